@@ -1,0 +1,48 @@
+"""Model code of the vision team: plain Lightning, nothing platform-specific."""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class DigitsMLP(L.LightningModule):
+    """A two-layer classifier for 8x8 digit images flattened to 64 features.
+
+    Args:
+        n_features: input width (the platform passes the number of feature columns).
+        n_classes: number of classes.
+        hidden: width of the hidden layer.
+        lr: Adam learning rate.
+    """
+
+    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x / 16.0)
+
+    def _step(self, batch, stage: str) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        acc = (logits.argmax(dim=1) == y).float().mean()
+        self.log(f"{stage}_loss", loss, prog_bar=False, sync_dist=stage != "train")
+        self.log(f"{stage}_acc", acc, prog_bar=True, sync_dist=stage != "train")
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test")
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)

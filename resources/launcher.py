@@ -1,0 +1,241 @@
+"""Launchers: run `training.entrypoint` somewhere and bring back its result.
+
+`LocalLauncher` (the embedded default) runs torchrun's elastic agent on this
+machine with N CPU processes over gloo. The command line comes from the pure
+function `torchrun_command`, which the Kubernetes launcher shares, so a trial runs
+the same program in both places.
+
+Outcomes map to a small error hierarchy: `retryable` errors (lost workers,
+preemption, infrastructure) may be retried by Dagster's RetryPolicy; terminal
+ones (bad config, an exception in model code) fail at once with the failing
+rank's traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import fsspec
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from training.spec import EXIT_PREEMPTED, FAILURE_DIR, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
+
+
+class LaunchError(Exception):
+    """A training launch did not produce a result."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, log_tail: str = "", rank: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.rank = rank
+
+
+class TrainingConfigError(LaunchError):
+    """The spec cannot work (unknown import path, rejected hyperparameters)."""
+
+
+class TrainingCodeError(LaunchError):
+    """Model or data code raised, or the loss diverged."""
+
+
+class TrainingPreempted(LaunchError):
+    """Stopped on request after checkpointing; resume by launching again."""
+
+    retryable = True
+
+
+class InfrastructureError(LaunchError):
+    """Workers died without reporting a failure (killed, OOM, lost node), or a timeout."""
+
+    retryable = True
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *parts])
+
+
+def torchrun_command(
+    spec: TrainSpec,
+    spec_uri: str,
+    *,
+    python: str = "python",
+    node_rank: Optional[str] = None,
+    master_addr: Optional[str] = None,
+    master_port: int = 29500,
+    log_dir: Optional[str] = None,
+) -> list[str]:
+    """The command every node runs: torchrun's agent around `training.entrypoint`.
+
+    One node uses `--standalone` (a private rendezvous on a free port); several
+    nodes use a static rendezvous at `master_addr:master_port` with the given
+    node rank (on Kubernetes, `$(JOB_COMPLETION_INDEX)`).
+    """
+    dist = spec.distribution
+    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={dist.nodes}", f"--nproc-per-node={dist.procs_per_node}"]
+    cmd.append(f"--max-restarts={dist.max_restarts}")
+    if dist.nodes == 1 and master_addr is None:
+        cmd.append("--standalone")
+    else:
+        if master_addr is None or node_rank is None:
+            raise ValueError(f"a {dist.nodes}-node launch needs master_addr and node_rank")
+        cmd += [f"--node-rank={node_rank}", f"--master-addr={master_addr}", f"--master-port={master_port}"]
+    if log_dir is not None:
+        cmd += [f"--log-dir={log_dir}", "--redirects=3", "--tee=3"]
+    return [*cmd, "-m", "training.entrypoint", "--spec", spec_uri]
+
+
+@dataclass
+class LaunchOutcome:
+    result: TrainResult
+    log_uri: str
+    seconds: float
+    progress: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_failures(output_uri: str) -> list[dict[str, Any]]:
+    fs, path = fsspec.core.url_to_fs(join(output_uri, FAILURE_DIR))
+    if not fs.exists(path):
+        return []
+    records = []
+    for p in sorted(fs.glob(f"{path}/rank-*.json")):
+        with fs.open(p, "r") as f:
+            records.append(json.load(f))
+    return records
+
+
+def outcome_error(returncode: int, failures: list[dict[str, Any]], log_tail: str, trial_id: str) -> LaunchError:
+    """Map a failed launch to the error a retry policy understands."""
+    by_category = {f["category"]: f for f in failures}
+    if "config" in by_category:
+        f = by_category["config"]
+        return TrainingConfigError(f"trial {trial_id}: bad config (rank {f['rank']}): {f['error']}", log_tail=log_tail, rank=f["rank"])
+    if "user" in by_category:
+        f = by_category["user"]
+        return TrainingCodeError(
+            f"trial {trial_id}: rank {f['rank']} raised {f['error']}\n{f['traceback']}", log_tail=log_tail, rank=f["rank"]
+        )
+    if returncode == EXIT_PREEMPTED or "preempted" in by_category:
+        return TrainingPreempted(f"trial {trial_id}: preempted; will resume from its last checkpoint", log_tail=log_tail)
+    return InfrastructureError(
+        f"trial {trial_id}: workers exited with status {returncode} without reporting an error "
+        f"(killed, out of memory or lost); last log lines:\n{log_tail}",
+        log_tail=log_tail,
+    )
+
+
+class Launcher(ConfigurableResource):
+    """Runs a `TrainSpec` to completion and returns its `TrainResult`."""
+
+    def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
+        raise NotImplementedError
+
+
+class LocalLauncher(Launcher):
+    """torchrun on this machine: N CPU processes with gloo, logs captured.
+
+    Args:
+        timeout_seconds: the whole launch is stopped (SIGTERM, then SIGKILL) past this.
+        log_tail_lines: lines of output carried in error messages.
+    """
+
+    timeout_seconds: float = Field(3600.0, gt=0)
+    log_tail_lines: int = Field(40, ge=1)
+    python: str = Field(default_factory=lambda: sys.executable)
+
+    def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
+        spec_uri = join(spec.output_uri, SPEC_FILE)
+        fs, out_path = fsspec.core.url_to_fs(spec.output_uri)
+        fs.makedirs(out_path, exist_ok=True)
+        failures_path = f"{out_path}/{FAILURE_DIR}"
+        if fs.exists(failures_path):
+            fs.rm(failures_path, recursive=True)
+        result_path = f"{out_path}/{RESULT_FILE}"
+        if fs.exists(result_path):
+            fs.rm(result_path)
+        with fs.open(f"{out_path}/{SPEC_FILE}", "w") as f:
+            f.write(spec.to_json())
+
+        if context is None:
+            return self._run(spec, spec_uri, extra_env={})
+        from dagster import PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session
+
+        with open_pipes_session(
+            context=context,
+            context_injector=PipesTempFileContextInjector(),
+            message_reader=PipesTempFileMessageReader(),
+            extras={"trial_id": spec.trial_id},
+        ) as session:
+            outcome = self._run(spec, spec_uri, extra_env=session.get_bootstrap_env_vars())
+        outcome.progress = [m for m in session.get_custom_messages() if isinstance(m, dict)]
+        return outcome
+
+    def _run(self, spec: TrainSpec, spec_uri: str, extra_env: dict[str, str]) -> LaunchOutcome:
+        started = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="trainyard-launch-") as tmp:
+            log_path = os.path.join(tmp, "launcher.log")
+            cmd = torchrun_command(spec, spec_uri, python=self.python, log_dir=os.path.join(tmp, "ranks"))
+            env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            tail: deque[str] = deque(maxlen=self.log_tail_lines)
+            with open(log_path, "w") as log_file:
+                proc = subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+                )
+                pump = threading.Thread(target=_pump, args=(proc.stdout, log_file, tail), daemon=True)
+                pump.start()
+                timed_out = False
+                try:
+                    returncode = proc.wait(timeout=self.timeout_seconds)
+                except subprocess.TimeoutExpired:
+                    timed_out = True
+                    _stop(proc)
+                    returncode = proc.wait()
+                finally:
+                    if proc.poll() is None:
+                        _stop(proc)
+                pump.join(timeout=10)
+            log_uri = join(spec.output_uri, "logs", "launcher.log")
+            fs, path = fsspec.core.url_to_fs(log_uri)
+            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            fs.put_file(log_path, path)
+        seconds = time.monotonic() - started
+        log_tail = "\n".join(tail)
+        if timed_out:
+            raise InfrastructureError(
+                f"trial {spec.trial_id}: no result after {self.timeout_seconds:.0f} s; stopped. Last log lines:\n{log_tail}",
+                log_tail=log_tail,
+            )
+        result_uri = join(spec.output_uri, RESULT_FILE)
+        fs, path = fsspec.core.url_to_fs(result_uri)
+        if returncode == 0 and fs.exists(path):
+            with fs.open(path, "r") as f:
+                result = TrainResult.model_validate_json(f.read())
+            return LaunchOutcome(result=result, log_uri=log_uri, seconds=seconds)
+        raise outcome_error(returncode, read_failures(spec.output_uri), log_tail, spec.trial_id)
+
+
+def _pump(stream: Any, log_file: Any, tail: deque) -> None:
+    for line in stream:
+        log_file.write(line)
+        tail.append(line.rstrip("\n"))
+
+
+def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """SIGTERM torchrun's agent (it forwards to its workers), then SIGKILL the group."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)

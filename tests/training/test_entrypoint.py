@@ -1,0 +1,94 @@
+"""The entrypoint in one process (no torchrun): result, export, failure records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.digits import features, write_splits
+from training import entrypoint
+from training.spec import EXIT_BAD_CONFIG, EXIT_USER_ERROR, DataSpec, FaultInjection, ImportTarget, TrainResult, TrainSpec
+
+
+def make_spec(tmp: Path, **over) -> TrainSpec:
+    paths = write_splits(str(tmp / "data"), n=300)
+    base = dict(
+        pipeline="vision/digits",
+        trial_id="trial-0000",
+        model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs={"hidden": 16, "lr": 0.02}),
+        data=DataSpec(train_uri=paths["train"], val_uri=paths["val"], test_uri=paths["test"], features=features(), target="label", version="0" * 32),
+        output_uri=str(tmp / "run"),
+        max_epochs=2,
+        batch_size=32,
+    )
+    base.update(over)
+    spec = TrainSpec(**base)
+    (tmp / "spec.json").write_text(spec.to_json())
+    return spec
+
+
+def test_trains_exports_and_writes_result(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == 0
+    result = TrainResult.model_validate_json((tmp_path / "run" / "result.json").read_text())
+    assert result.epochs == 2 and result.world_size == 1
+    assert set(result.metrics) == {"val_acc", "test_acc"}
+    assert 0.0 <= result.metrics["test_acc"] <= 1.0
+    assert result.train_samples == 2 * 210  # 70% of 300 rows, two epochs
+    meta = json.loads((tmp_path / "run" / "model" / "meta.json").read_text())
+    assert meta["features"] == spec.data.features and meta["classes"] == list(range(10))
+    exported = torch.export.load(str(tmp_path / "run" / "model" / "model.pt2")).module()
+    assert exported(torch.zeros(5, 64)).shape == (5, 10)
+
+
+def test_same_seed_gives_identical_weights(tmp_path: Path) -> None:
+    weights = []
+    for i in range(2):
+        d = tmp_path / str(i)
+        make_spec(d)
+        assert entrypoint.main(["--spec", str(d / "spec.json")]) == 0
+        ckpt = torch.load(d / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+        weights.append(ckpt)
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_unknown_model_module_is_a_config_error(tmp_path: Path) -> None:
+    make_spec(tmp_path, model=ImportTarget(path="pipelines.vision.nope:Model"))
+    assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == EXIT_BAD_CONFIG
+    failure = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())
+    assert failure["category"] == "config"
+    assert "cannot import module 'pipelines.vision.nope'" in failure["error"]
+
+
+def test_rejected_hyperparameter_is_a_config_error(tmp_path: Path) -> None:
+    make_spec(tmp_path, model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs={"depth": 3}))
+    assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == EXIT_BAD_CONFIG
+    failure = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())
+    assert "rejected hyperparameters" in failure["error"] and "depth" in failure["error"]
+
+
+def test_exception_in_training_is_a_user_error_with_traceback(tmp_path: Path) -> None:
+    make_spec(tmp_path, faults=FaultInjection(raise_at_step=3))
+    assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == EXIT_USER_ERROR
+    failure = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())
+    assert failure["category"] == "user"
+    assert "injected fault at step 3" in failure["error"]
+    assert "Traceback" in failure["traceback"]
+    assert not (tmp_path / "run" / "result.json").exists()
+
+
+def test_world_size_mismatch_is_a_config_error(tmp_path: Path) -> None:
+    from training.spec import Distribution
+
+    make_spec(tmp_path, distribution=Distribution(procs_per_node=2))
+    assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == EXIT_BAD_CONFIG
+    failure = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())
+    assert "launch with torchrun --nproc-per-node 2" in failure["error"]
+
+
+def test_missing_spec_file(tmp_path: Path) -> None:
+    assert entrypoint.main(["--spec", str(tmp_path / "missing.json")]) == EXIT_BAD_CONFIG

@@ -1,0 +1,188 @@
+"""The contract between the orchestrator and a training process.
+
+`TrainSpec` is the only object that crosses the boundary between orchestration
+(`assets`, `resources`, `pipelines`) and the pod side (`training`). It is plain
+pydantic over the standard library, so both sides can import it without pulling
+in Dagster or torch, and it serialises to JSON that is written next to the
+trial's checkpoints.
+
+Example:
+    >>> spec = TrainSpec(
+    ...     pipeline="vision/digits", trial_id="trial-0000", task="lightning",
+    ...     model=ImportTarget(path="pipelines.vision.models:DigitsMLP"),
+    ...     data=DataSpec(train_uri="/d/train.parquet", val_uri="/d/val.parquet",
+    ...                   test_uri="/d/test.parquet", features=["a"], target="y",
+    ...                   version="abc"),
+    ...     output_uri="/runs/trial-0000",
+    ... )
+    >>> TrainSpec.model_validate_json(spec.model_dump_json()) == spec
+    True
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Exit statuses of `python -m training.entrypoint`. Launchers map them to
+# retryable or terminal errors; the Kubernetes podFailurePolicy fails a Job at
+# once on EXIT_BAD_CONFIG instead of retrying a spec that can never work.
+EXIT_OK = 0
+EXIT_USER_ERROR = 1  # an exception raised by model or data module code
+EXIT_BAD_CONFIG = 78  # EX_CONFIG: the spec cannot work (bad import path, bad hparams)
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: stopped on request after a checkpoint
+
+RESULT_FILE = "result.json"
+SPEC_FILE = "spec.json"
+FAILURE_DIR = "failures"
+
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ImportTarget(_Strict):
+    """A class named by import path (`package.module:Class`) and its keyword arguments."""
+
+    path: str
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, v: str) -> str:
+        if not _IMPORT_PATH.match(v):
+            raise ValueError(
+                f"import path {v!r} is malformed; expected 'package.module:ClassName'"
+            )
+        return v
+
+
+class DataSpec(_Strict):
+    """Where the split data lives and what version it is."""
+
+    train_uri: str
+    val_uri: str
+    test_uri: str
+    features: list[str]
+    target: str
+    version: str = Field(description="DVC md5 of the raw snapshot the split came from")
+
+    @field_validator("features")
+    @classmethod
+    def _non_empty(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("features must name at least one column")
+        return v
+
+
+class Distribution(_Strict):
+    """How many processes train and how the model is spread over them."""
+
+    nodes: int = Field(1, ge=1)
+    procs_per_node: int = Field(1, ge=1)
+    strategy: Literal["ddp", "fsdp", "tp"] = "ddp"
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of the worker group")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+class TrackerSpec(_Strict):
+    """Experiment tracking settings handed to the pod (W&B)."""
+
+    kind: Literal["wandb", "none"] = "wandb"
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "trainyard"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    name: Optional[str] = None
+    dir: Optional[str] = None
+    config: dict[str, Any] = Field(default_factory=dict, description="lineage record")
+
+
+class OptunaSpec(_Strict):
+    """The Optuna trial this run belongs to, for intermediate reports."""
+
+    storage_url: str
+    study_name: str
+    trial_number: int = Field(ge=0)
+
+
+class FaultInjection(_Strict):
+    """Test-only faults; never set in production pipelines."""
+
+    raise_at_step: Optional[int] = Field(None, ge=0)
+
+
+class TrainSpec(_Strict):
+    """Everything a training process needs; JSON-serialisable."""
+
+    pipeline: str = Field(description="'<team>/<pipeline>'")
+    trial_id: str
+    task: Literal["lightning", "gbt"] = "lightning"
+    model: ImportTarget
+    datamodule: ImportTarget = ImportTarget(path="training.data:ParquetDataModule")
+    data: DataSpec
+    output_uri: str = Field(description="trial directory: spec, result, checkpoints, model")
+    max_epochs: int = Field(10, ge=1)
+    batch_size: int = Field(64, ge=1)
+    limit_train_batches: Optional[int] = Field(None, ge=1)
+    monitor: str = "val_acc"
+    monitor_mode: Literal["max", "min"] = "max"
+    distribution: Distribution = Distribution()
+    seed: int = 0
+    deterministic: bool = True
+    tracker: TrackerSpec = TrackerSpec(kind="none")
+    optuna: Optional[OptunaSpec] = None
+    faults: FaultInjection = FaultInjection()
+    lineage: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("pipeline")
+    @classmethod
+    def _pipeline_name(cls, v: str) -> str:
+        if not re.match(r"^[a-z0-9][a-z0-9_-]*/[a-z0-9][a-z0-9_-]*$", v):
+            raise ValueError(
+                f"pipeline {v!r} must be '<team>/<name>' in lowercase letters, digits, '-' or '_'"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _strategy_fits(self) -> "TrainSpec":
+        if self.task == "gbt" and self.distribution.world_size != 1:
+            raise ValueError(
+                f"distribution: gbt tasks run in one process, got world size {self.distribution.world_size}"
+            )
+        return self
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TrainSpec":
+        return cls.model_validate_json(text)
+
+
+class TrainResult(_Strict):
+    """What a finished training process writes to `<output_uri>/result.json`."""
+
+    trial_id: str
+    status: Literal["completed"] = "completed"
+    metrics: dict[str, float]
+    best_metric: float
+    epochs: int
+    global_step: int
+    train_samples: int
+    fit_seconds: float
+    samples_per_second: float
+    wall_seconds: float
+    world_size: int
+    device_hours: float
+    model_uri: str = Field(description="directory holding the exported serving model")
+    checkpoint_uri: Optional[str] = None
+    tracker_run: Optional[str] = None
+    lineage: dict[str, Any] = Field(default_factory=dict)
