@@ -220,7 +220,7 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             logger=logger,
             enable_progress_bar=False,
             enable_model_summary=False,
-            log_every_n_steps=1,
+            log_every_n_steps=spec.log_every_n_steps,
         )
         reporter.info(f"trial {spec.trial_id}: training {spec.model.path} on data {spec.data.version[:12]}")
         fit_started = time.perf_counter()

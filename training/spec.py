@@ -132,6 +132,7 @@ class TrainSpec(_Strict):
     max_epochs: int = Field(10, ge=1)
     batch_size: int = Field(64, ge=1)
     limit_train_batches: Optional[int] = Field(None, ge=1)
+    log_every_n_steps: int = Field(50, ge=1, description="metric logging interval of the tracker")
     monitor: str = "val_acc"
     monitor_mode: Literal["max", "min"] = "max"
     distribution: Distribution = Distribution()

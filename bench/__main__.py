@@ -1,0 +1,20 @@
+"""`make bench`: run every benchmark and write bench/results/<name>.json."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+BENCHMARKS = ["bench.overhead"]
+
+
+def main(names: list[str]) -> int:
+    for module in names or BENCHMARKS:
+        record = importlib.import_module(module).main()
+        print(json.dumps({k: record[k] for k in ("name", "value", "unit", "baseline", "ratio")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,65 @@
+"""`trainyard` command line: the demo and operational commands.
+
+The Dagster UI and CLI stay the main way to work; these commands drive the
+same definitions through real Dagster runs recorded in `DAGSTER_HOME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+from pipelines.environments import PROJECT_ROOT, trainyard_home
+
+
+def ensure_dagster_home() -> Path:
+    """Point `DAGSTER_HOME` at `<TRAINYARD_HOME>/dagster` and give it the project's dagster.yaml."""
+    home = Path(os.environ.setdefault("DAGSTER_HOME", str(trainyard_home() / "dagster")))
+    home.mkdir(parents=True, exist_ok=True)
+    target = home / "dagster.yaml"
+    if not target.exists():
+        shutil.copyfile(PROJECT_ROOT / "dagster.yaml", target)
+    return home
+
+
+def write_digits_landing(store_root: Path) -> Path:
+    """Write scikit-learn's bundled digits as the landing CSV (same bytes every time)."""
+    from sklearn.datasets import load_digits
+
+    landing = store_root / "landing" / "vision" / "digits"
+    landing.mkdir(parents=True, exist_ok=True)
+    path = landing / "digits.csv"
+    frame = load_digits(as_frame=True).frame.rename(columns={"target": "label"})
+    text = frame.to_csv(index=False)
+    if not path.exists() or path.read_text() != text:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipelines.demo import run_demo
+
+    ensure_dagster_home()
+    write_digits_landing(trainyard_home() / "store")
+    return run_demo()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: raw data to registered models, on Dagster")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the vision/digits pipeline end to end through Dagster")
+    demo.set_defaults(func=cmd_demo)
+    init = sub.add_parser("init", help="create TRAINYARD_HOME and DAGSTER_HOME")
+    init.set_defaults(func=lambda a: (ensure_dagster_home(), 0)[1])
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

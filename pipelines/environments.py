@@ -1,0 +1,85 @@
+"""One builder per environment, chosen once per code location by `TRAINYARD_ENV`.
+
+- `local` (default, embedded): everything under `TRAINYARD_HOME` (default
+  `./.trainyard`): object store on the local filesystem, DVC remote inside it,
+  W&B offline unless `WANDB_API_KEY` is set, MLflow and Optuna on SQLite,
+  torchrun on this machine.
+- `cluster`: object store and DVC remote on S3 (`TRAINYARD_S3_ROOT`, optional
+  `AWS_ENDPOINT_URL`), Optuna on PostgreSQL (`TRAINYARD_OPTUNA_URL`), an MLflow
+  tracking server (`MLFLOW_TRACKING_URI`) with artifacts on S3.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from resources.io_manager import ObjectStoreJsonIOManager
+from resources.launcher import LocalLauncher
+from resources.registry import ModelRegistry
+from resources.storage import ObjectStore
+from resources.sweeps import SweepStore
+from resources.tracking import Tracking
+from resources.versioning import DataVersioning
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENVIRONMENTS = ("local", "cluster")
+
+
+class EnvironmentError_(ValueError):
+    """The environment is unknown or misses a required setting."""
+
+
+def trainyard_home() -> Path:
+    return Path(os.environ.get("TRAINYARD_HOME", PROJECT_ROOT / ".trainyard")).resolve()
+
+
+def local_resources(home: Path | None = None) -> dict[str, Any]:
+    home = Path(home) if home is not None else trainyard_home()
+    store = ObjectStore(root=str(home / "store"))
+    return {
+        "store": store,
+        "versioning": DataVersioning(repo_dir=str(home / "dvc"), remote_url=str(home / "store" / "dvc-remote")),
+        "tracking": Tracking(mode="auto", dir=str(home / "wandb")),
+        "launcher": LocalLauncher(),
+        "sweeps": SweepStore(storage_url=f"sqlite:///{home / 'optuna.db'}"),
+        "registry": ModelRegistry(tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "store" / "mlflow-artifacts")),
+        "io_manager": ObjectStoreJsonIOManager(store=store),
+    }
+
+
+def _require(env: dict[str, str], name: str) -> str:
+    value = env.get(name)
+    if not value:
+        raise EnvironmentError_(f"environment 'cluster' needs {name} to be set")
+    return value
+
+
+def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
+    env = dict(os.environ if env is None else env)
+    root = _require(env, "TRAINYARD_S3_ROOT").rstrip("/")
+    if not root.startswith("s3://"):
+        raise EnvironmentError_(f"TRAINYARD_S3_ROOT must be an s3:// URI, got {root!r}")
+    endpoint = env.get("AWS_ENDPOINT_URL") or None
+    store = ObjectStore(root=root, endpoint_url=endpoint)
+    home = Path(env.get("TRAINYARD_HOME", "/tmp/trainyard"))
+    return {
+        "store": store,
+        "versioning": DataVersioning(repo_dir=str(home / "dvc"), remote_url=f"{root}/dvc-remote", remote_endpoint_url=endpoint),
+        "tracking": Tracking(mode=env.get("TRAINYARD_TRACKING_MODE", "auto"), entity=env.get("WANDB_ENTITY") or None),  # type: ignore[arg-type]
+        # Until the Kubernetes launcher lands, cluster code locations train in the run's own pod.
+        "launcher": LocalLauncher(),
+        "sweeps": SweepStore(storage_url=_require(env, "TRAINYARD_OPTUNA_URL")),
+        "registry": ModelRegistry(tracking_uri=_require(env, "MLFLOW_TRACKING_URI"), artifact_root=f"{root}/mlflow-artifacts"),
+        "io_manager": ObjectStoreJsonIOManager(store=store),
+    }
+
+
+def resources_for(name: str | None = None) -> dict[str, Any]:
+    name = name or os.environ.get("TRAINYARD_ENV", "local")
+    if name == "local":
+        return local_resources()
+    if name == "cluster":
+        return cluster_resources()
+    raise EnvironmentError_(f"TRAINYARD_ENV={name!r} is not an environment; use one of {ENVIRONMENTS}")

@@ -1,0 +1,747 @@
+"""Model registry resource on MLflow: versions, aliases, lineage tags, serving checks.
+
+`ModelRegistry` turns an exported model directory (`model.pt2` + `meta.json`,
+written by the training process) into an MLflow model version that serves with
+nothing but `mlflow.pyfunc` and torch: the pyfunc is the models-from-code file
+`training/serving_model.py`, logged by path, so loading a version never imports
+trainyard or Dagster.
+
+Registration is idempotent on a *trial key*: the version carries the tag
+`trainyard.trial_key`, and registering the same key again returns the existing
+version. The tag is written in the same call that creates the version, so a
+version that exists is always complete; a failure before that point deletes
+any half-made version and marks the MLflow run FAILED.
+
+All calls go through an `MlflowClient` built from `tracking_uri`. The few MLflow
+APIs that only read process-global state (`mlflow.pyfunc.log_model`,
+`mlflow.pyfunc.load_model`) run inside `_fluent_uris`, which sets and then
+restores that state under a lock.
+
+`import mlflow` is deferred to first use, so importing this module is cheap.
+
+Example:
+    >>> registry = ModelRegistry(
+    ...     tracking_uri="sqlite:////var/trainyard/mlflow.db",
+    ...     artifact_root="/var/trainyard/mlartifacts",
+    ... )
+    >>> info = registry.register(
+    ...     "vision-digits", "/runs/trial-0003/model", trial_key="vision/digits/ab12/trial-0003",
+    ...     tags={"trainyard.data_version": "ab12"}, metrics={"test_accuracy": 0.97},
+    ...     description="best of sweep ab12", input_example=test_frame.head(5),
+    ... )
+    >>> registry.set_alias("vision-digits", "champion", info.version)
+    >>> registry.evaluate_accuracy("models:/vision-digits@champion", test_frame, "label")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Optional
+
+import dagster as dg
+from pydantic import Field, field_validator
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    from mlflow import MlflowClient
+    from mlflow.entities.model_registry import ModelVersion
+
+logger = logging.getLogger(__name__)
+
+TRIAL_KEY_TAG = "trainyard.trial_key"
+"""Model version (and run) tag that makes `ModelRegistry.register` idempotent."""
+
+SERVING_MODEL_PATH = Path(__file__).resolve().parent.parent / "training" / "serving_model.py"
+"""The models-from-code pyfunc logged with every version (a path, never imported here)."""
+
+MODEL_ARTIFACT_NAME = "model"
+MODEL_DIR_ARTIFACT = "model_dir"
+# Packages the pyfunc imports; pinned to this process's versions in requirements.txt.
+SERVING_REQUIREMENTS = ("mlflow", "torch", "numpy", "pandas")
+INPUT_EXAMPLE_ROWS = 5
+
+# Same rule as MLflow's own (no '/' or ':'), plus characters that would need
+# escaping in search filters and `models:/` URIs.
+_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,255}$")
+# Trial keys are embedded in a quoted MLflow search filter.
+_TRIAL_KEY_RE = re.compile(r"^[A-Za-z0-9._:/@=+-]{1,250}$")
+_URI_SCHEME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+# MLflow's fluent APIs read process-wide tracking/registry URIs; serialise the
+# code that borrows them so two threads never see each other's URI.
+_FLUENT_LOCK = threading.RLock()
+
+
+class RegistryError(Exception):
+    """A registry operation failed and retrying will not help (terminal)."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The registry could not be reached or answered 5xx; retrying may succeed."""
+
+
+class RegistryConflict(RegistryError):
+    """The registry's state contradicts the request (e.g. a deleted experiment, a race)."""
+
+
+class RegistryNotFound(RegistryError):
+    """The registered model or model version does not exist."""
+
+
+@dataclass(frozen=True)
+class ModelVersionInfo:
+    """One registered model version, as trainyard sees it.
+
+    Attributes:
+        name: Registered model name.
+        version: Version number as a string (MLflow's own representation).
+        run_id: MLflow run that logged the model.
+        model_uri: `models:/<name>/<version>`, loadable by `mlflow.pyfunc.load_model`.
+        source: Where MLflow says the artifacts live (the logged model's URI).
+        tags: Version tags, including `trainyard.trial_key` when registered here.
+        aliases: Aliases pointing at this version (e.g. `champion`).
+        created: True only when the call that returned this created the version.
+    """
+
+    name: str
+    version: str
+    run_id: Optional[str]
+    model_uri: str
+    source: str
+    tags: dict[str, str] = field(default_factory=dict)
+    aliases: tuple[str, ...] = ()
+    created: bool = False
+
+    @property
+    def trial_key(self) -> Optional[str]:
+        """The trial this version was registered from, if it was registered by trainyard."""
+        return self.tags.get(TRIAL_KEY_TAG)
+
+
+@functools.lru_cache(maxsize=None)
+def _mlflow() -> Any:
+    import mlflow
+    import mlflow.pyfunc
+
+    return mlflow
+
+
+@functools.lru_cache(maxsize=16)
+def _client(tracking_uri: str) -> "MlflowClient":
+    # Building a client opens the backend store (for SQLite: schema checks); reuse it.
+    return _mlflow().MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
+@contextlib.contextmanager
+def _fluent_uris(tracking_uri: str) -> Iterator[None]:
+    """Points MLflow's process-global tracking/registry URIs at `tracking_uri`, then restores.
+
+    `mlflow.pyfunc.log_model`, `mlflow.start_run`/`end_run` and loading `models:/`
+    URIs take no URI argument; this is the one place trainyard lets them see ours.
+    """
+    mlflow = _mlflow()
+    with _FLUENT_LOCK:
+        saved_env = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_registry_uri(tracking_uri)
+        try:
+            yield
+        finally:
+            # MLflow mirrors the globals into these env vars; clearing the globals and
+            # restoring the env leaves resolution exactly as the caller had it.
+            mlflow.set_tracking_uri(None)
+            mlflow.set_registry_uri(None)
+            for key, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def _iter_chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _is_retryable(exc: BaseException) -> bool:
+    """True for transport failures, timeouts, 5xx/429 answers and locked databases."""
+    import requests
+    from mlflow.exceptions import MlflowException, RestException
+    from mlflow.protos.databricks_pb2 import (
+        REQUEST_LIMIT_EXCEEDED,
+        TEMPORARILY_UNAVAILABLE,
+        ErrorCode,
+    )
+
+    retryable_codes = {
+        ErrorCode.Name(TEMPORARILY_UNAVAILABLE),
+        ErrorCode.Name(REQUEST_LIMIT_EXCEEDED),
+    }
+    transport: tuple[type[BaseException], ...] = (
+        requests.exceptions.ConnectionError,
+        requests.exceptions.Timeout,
+        requests.exceptions.RetryError,  # MLflow's own HTTP retries on 429/5xx ran out
+        ConnectionError,
+        TimeoutError,
+    )
+    try:
+        import sqlalchemy.exc
+    except ImportError:  # mlflow-skinny: no SQL backends, so no SQL errors either
+        pass
+    else:
+        transport += (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DisconnectionError)
+    for e in _iter_chain(exc):
+        if isinstance(e, transport):
+            return True
+        if isinstance(e, MlflowException):
+            if e.error_code in retryable_codes:
+                return True
+            # A JSON error body from the server with a 5xx status.
+            if isinstance(e, RestException) and e.get_http_status_code() >= 500:
+                return True
+    return False
+
+
+def _error_code(exc: BaseException) -> Optional[str]:
+    from mlflow.exceptions import MlflowException
+
+    return exc.error_code if isinstance(exc, MlflowException) else None
+
+
+def _translate(exc: BaseException, action: str) -> RegistryError:
+    """Maps an exception raised while talking to MLflow onto the registry hierarchy."""
+    message = f"{action}: {type(exc).__name__}: {exc}"
+    if _is_retryable(exc):
+        return RegistryUnavailable(message)
+    code = _error_code(exc)
+    if code == "RESOURCE_DOES_NOT_EXIST":
+        return RegistryNotFound(message)
+    if code == "RESOURCE_ALREADY_EXISTS":
+        return RegistryConflict(message)
+    return RegistryError(message)
+
+
+def _is_missing(exc: BaseException) -> bool:
+    return _error_code(exc) == "RESOURCE_DOES_NOT_EXIST"
+
+
+def _check_model_name(model_name: str) -> None:
+    if not isinstance(model_name, str) or not _MODEL_NAME_RE.match(model_name):
+        raise ValueError(
+            f"model_name={model_name!r} is not a valid registered model name: use 1-256 "
+            "letters, digits, '.', '_' or '-', starting with a letter or digit "
+            "(no '/' or ':', which MLflow reserves for URIs)"
+        )
+
+
+def _check_trial_key(trial_key: str) -> None:
+    if not isinstance(trial_key, str) or not _TRIAL_KEY_RE.match(trial_key):
+        raise ValueError(
+            f"trial_key={trial_key!r} is not valid: use 1-250 characters from "
+            "letters, digits and '._:/@=+-'"
+        )
+
+
+def _to_uri(location: str) -> str:
+    """A local path becomes a `file://` URI; anything with a scheme is kept."""
+    if _URI_SCHEME_RE.match(location):
+        return location.rstrip("/")
+    return Path(location).resolve().as_uri()
+
+
+def _serving_requirements() -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    requirements = []
+    for package in SERVING_REQUIREMENTS:
+        try:
+            # Local version labels ("+cpu") name a wheel index, not a PyPI release.
+            requirements.append(f"{package}=={Version(version(package)).public}")
+        except PackageNotFoundError:
+            requirements.append(package)
+    return requirements
+
+
+def _read_model_dir(model_dir: str) -> dict[str, Any]:
+    """Validates a local exported model directory and returns its `meta.json`."""
+    path = Path(model_dir)
+    missing = [n for n in ("model.pt2", "meta.json") if not (path / n).is_file()]
+    if missing:
+        raise ValueError(
+            f"model_dir={model_dir!r} is not an exported model directory: missing {missing} "
+            "(expected model.pt2 and meta.json written by the training process)"
+        )
+    try:
+        meta = json.loads((path / "meta.json").read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"model_dir={model_dir!r}: meta.json is not valid JSON: {e}") from e
+    features = meta.get("features") if isinstance(meta, dict) else None
+    if not isinstance(features, list) or not features:
+        raise ValueError(
+            f"model_dir={model_dir!r}: meta.json field 'features' must be a non-empty list, "
+            f"got {features!r}"
+        )
+    return meta
+
+
+def _version_info(mv: "ModelVersion", *, created: bool = False) -> ModelVersionInfo:
+    return ModelVersionInfo(
+        name=mv.name,
+        version=str(mv.version),
+        run_id=mv.run_id,
+        model_uri=f"models:/{mv.name}/{mv.version}",
+        source=mv.source,
+        tags=dict(mv.tags or {}),
+        aliases=tuple(mv.aliases or ()),
+        created=created,
+    )
+
+
+class ModelRegistry(dg.ConfigurableResource):
+    """MLflow model registry: idempotent registration, aliases and serving checks.
+
+    Attributes:
+        tracking_uri: MLflow tracking (and registry) URI: `sqlite:////abs/path/mlflow.db`
+            for the embedded environment, `http(s)://host:port` for a tracking server.
+        artifact_root: Local directory or `s3://bucket/prefix` under which each
+            experiment gets `<experiment_prefix>/<model_name>/` as its artifact location
+            when this resource creates it.
+        experiment_prefix: Experiments are named `<experiment_prefix>/<model_name>`.
+    """
+
+    tracking_uri: str = Field(description="MLflow tracking URI (sqlite:////abs/path.db or http(s)://...)")
+    artifact_root: str = Field(description="Local directory or s3:// prefix for run artifacts")
+    experiment_prefix: str = Field(default="trainyard", description="Prefix of experiment names")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _check_tracking_uri(cls, value: str) -> str:
+        if not _URI_SCHEME_RE.match(value):
+            raise ValueError(
+                f"tracking_uri={value!r} has no URI scheme; expected e.g. "
+                "'sqlite:////abs/path/mlflow.db' or 'http://mlflow:5000'"
+            )
+        if value.startswith("sqlite:///") and not value.startswith("sqlite:////"):
+            raise ValueError(
+                f"tracking_uri={value!r} is a relative SQLite path, which changes with the "
+                "working directory; use four slashes and an absolute path: 'sqlite:////abs/mlflow.db'"
+            )
+        return value
+
+    @field_validator("artifact_root")
+    @classmethod
+    def _check_artifact_root(cls, value: str) -> str:
+        if not _URI_SCHEME_RE.match(value) and not os.path.isabs(value):
+            raise ValueError(
+                f"artifact_root={value!r} must be an absolute local path or a URI such as "
+                "'s3://bucket/prefix'"
+            )
+        return value
+
+    @field_validator("experiment_prefix")
+    @classmethod
+    def _check_experiment_prefix(cls, value: str) -> str:
+        if not value or value != value.strip("/ "):
+            raise ValueError(
+                f"experiment_prefix={value!r} must be non-empty without leading or trailing "
+                "'/' or spaces"
+            )
+        return value
+
+    # -- lookups -----------------------------------------------------------------
+
+    def find_version(self, model_name: str, trial_key: str) -> Optional[ModelVersionInfo]:
+        """Finds the version registered from `trial_key`.
+
+        Args:
+            model_name: Registered model name.
+            trial_key: Key the version was registered with.
+
+        Returns:
+            The lowest-numbered usable version tagged `trainyard.trial_key == trial_key`,
+            or None when there is none (also when the model does not exist).
+
+        Raises:
+            ValueError: `model_name` or `trial_key` is malformed.
+            RegistryUnavailable: The registry could not be reached.
+            RegistryError: Any other registry failure.
+        """
+        _check_model_name(model_name)
+        _check_trial_key(trial_key)
+        matches = self._search_versions(
+            f"name = '{model_name}' and tags.`{TRIAL_KEY_TAG}` = '{trial_key}'",
+            action=f"find version of {model_name!r} for trial {trial_key!r}",
+        )
+        return _version_info(matches[0]) if matches else None
+
+    def get_version(self, model_name: str, version: str) -> ModelVersionInfo:
+        """Returns one model version.
+
+        Raises:
+            RegistryNotFound: The model or version does not exist.
+            RegistryUnavailable: The registry could not be reached.
+        """
+        _check_model_name(model_name)
+        try:
+            mv = _client(self.tracking_uri).get_model_version(model_name, str(version))
+        except Exception as e:
+            raise _translate(e, f"get version {version} of {model_name!r}") from e
+        return _version_info(mv)
+
+    def list_versions(self, model_name: str) -> list[ModelVersionInfo]:
+        """Returns all versions of a model, oldest first ([] when the model does not exist)."""
+        _check_model_name(model_name)
+        matches = self._search_versions(
+            f"name = '{model_name}'",
+            action=f"list versions of {model_name!r}",
+            usable_only=False,
+        )
+        return [_version_info(mv) for mv in matches]
+
+    def get_alias(self, model_name: str, alias: str) -> Optional[ModelVersionInfo]:
+        """Returns the version an alias points at.
+
+        Returns:
+            The version, or None when the model or the alias does not exist
+            (e.g. before the first champion is promoted).
+
+        Raises:
+            RegistryUnavailable: The registry could not be reached.
+            RegistryError: Any other registry failure.
+        """
+        _check_model_name(model_name)
+        client = _client(self.tracking_uri)
+        action = f"get alias {alias!r} of {model_name!r}"
+        # Read the model's alias map rather than `get_model_version_by_alias`, which
+        # reports a missing alias as INVALID_PARAMETER_VALUE, like a malformed request.
+        try:
+            registered = client.get_registered_model(model_name)
+        except Exception as e:
+            if _is_missing(e):
+                return None
+            raise _translate(e, action) from e
+        version = (registered.aliases or {}).get(alias)
+        if version is None:
+            return None
+        return self.get_version(model_name, version)
+
+    def set_alias(self, model_name: str, alias: str, version: str) -> ModelVersionInfo:
+        """Points `alias` at `version` (moving it if it pointed elsewhere).
+
+        Returns:
+            The version now holding the alias.
+
+        Raises:
+            RegistryNotFound: The model or version does not exist.
+            RegistryUnavailable: The registry could not be reached.
+            RegistryError: Any other failure (e.g. an alias name MLflow rejects).
+        """
+        _check_model_name(model_name)
+        client = _client(self.tracking_uri)
+        action = f"set alias {alias!r} of {model_name!r} to version {version}"
+        try:
+            # MLflow's SQL store accepts an alias to a version that does not exist.
+            client.get_model_version(model_name, str(version))
+            client.set_registered_model_alias(model_name, alias, str(version))
+            mv = client.get_model_version(model_name, str(version))
+        except Exception as e:
+            raise _translate(e, action) from e
+        return _version_info(mv)
+
+    def set_version_tags(self, model_name: str, version: str, tags: dict[str, str]) -> None:
+        """Sets tags on one version (e.g. the promotion decision and its evidence)."""
+        _check_model_name(model_name)
+        client = _client(self.tracking_uri)
+        try:
+            for key, value in tags.items():
+                client.set_model_version_tag(model_name, str(version), key, str(value))
+        except Exception as e:
+            raise _translate(e, f"tag version {version} of {model_name!r}") from e
+
+    # -- registration ------------------------------------------------------------
+
+    def register(
+        self,
+        model_name: str,
+        model_dir: str,
+        *,
+        trial_key: str,
+        tags: dict[str, str],
+        metrics: dict[str, float],
+        description: str,
+        input_example: "pd.DataFrame",
+    ) -> ModelVersionInfo:
+        """Registers an exported model as a new version, once per trial.
+
+        Steps: find an existing version for `trial_key` (return it, `created=False`);
+        otherwise create a run in experiment `<experiment_prefix>/<model_name>` with
+        `tags` and `metrics`, log the pyfunc (`training/serving_model.py` with
+        `model_dir` as its `model_dir` artifact, signature inferred from
+        `input_example`), create the version with `tags`, `trainyard.trial_key` and
+        `description`, and finish the run. If any step after the run exists fails,
+        a version created by this call is deleted and the run is marked FAILED.
+
+        Args:
+            model_name: Registered model name (letters, digits, '.', '_', '-').
+            model_dir: Exported model directory (`model.pt2`, `meta.json`): a local
+                path or a URI MLflow can download (`s3://...`).
+            trial_key: Identity of the trial; registering it twice is a no-op.
+            tags: Lineage tags for the run and the version (data version, git commit...).
+            metrics: Metrics logged to the run.
+            description: Version description.
+            input_example: A few rows holding at least `meta["features"]`; the first
+                rows of those columns become the input example and signature.
+
+        Returns:
+            The version, with `created` telling whether this call created it.
+
+        Raises:
+            ValueError: An argument is malformed (names the argument and value).
+            RegistryUnavailable: The registry could not be reached; safe to retry.
+            RegistryConflict: The experiment `<experiment_prefix>/<model_name>` is deleted.
+            RegistryError: Any other failure; nothing half-written is left behind.
+        """
+        _check_model_name(model_name)
+        _check_trial_key(trial_key)
+        tags = {str(k): str(v) for k, v in tags.items()}
+        if tags.get(TRIAL_KEY_TAG, trial_key) != trial_key:
+            raise ValueError(
+                f"tags[{TRIAL_KEY_TAG!r}]={tags[TRIAL_KEY_TAG]!r} contradicts trial_key={trial_key!r}"
+            )
+        tags[TRIAL_KEY_TAG] = trial_key
+        try:
+            metric_values = {str(k): float(v) for k, v in metrics.items()}
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"metrics={metrics!r} must map names to numbers: {e}") from e
+
+        existing = self.find_version(model_name, trial_key)
+        if existing is not None:
+            return existing
+
+        with tempfile.TemporaryDirectory(prefix="trainyard-register-") as scratch:
+            local_dir = self._localize(model_dir, scratch)
+            meta = _read_model_dir(local_dir)
+            example = self._input_example(input_example, meta["features"])
+            experiment_id = self._ensure_experiment(model_name)
+            self._ensure_registered_model(model_name)
+            return self._register_new(
+                model_name, local_dir,
+                experiment_id=experiment_id, trial_key=trial_key, tags=tags,
+                metrics=metric_values, description=description, example=example,
+            )
+
+    def _register_new(
+        self,
+        model_name: str,
+        local_dir: str,
+        *,
+        experiment_id: str,
+        trial_key: str,
+        tags: dict[str, str],
+        metrics: dict[str, float],
+        description: str,
+        example: "pd.DataFrame",
+    ) -> ModelVersionInfo:
+        mlflow = _mlflow()
+        from mlflow.entities import Metric, RunStatus
+
+        client = _client(self.tracking_uri)
+        action = f"register {model_name!r} for trial {trial_key!r}"
+        run_tags = {**tags, "mlflow.note.content": description}
+        try:
+            run = client.create_run(experiment_id, run_name=trial_key, tags=run_tags)
+        except Exception as e:
+            raise _translate(e, action) from e
+        run_id = run.info.run_id
+
+        try:
+            now = run.info.start_time
+            client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
+            with _fluent_uris(self.tracking_uri), mlflow.start_run(run_id=run_id):
+                logged = mlflow.pyfunc.log_model(
+                    name=MODEL_ARTIFACT_NAME,
+                    python_model=str(SERVING_MODEL_PATH),
+                    artifacts={MODEL_DIR_ARTIFACT: local_dir},
+                    input_example=example,
+                    signature=None,  # inferred from input_example and the model's output
+                    pip_requirements=_serving_requirements(),
+                )
+                mv = client.create_model_version(
+                    model_name, source=logged.model_uri, run_id=run_id, tags=tags,
+                    description=description, model_id=logged.model_id,
+                )
+                if mv.status != "READY":
+                    raise RegistryError(
+                        f"{action}: version {mv.version} ended in status {mv.status}: "
+                        f"{mv.status_message}"
+                    )
+                winner = self.find_version(model_name, trial_key)
+        except BaseException as e:
+            self._abort(model_name, run_id, RunStatus.to_string(RunStatus.FAILED))
+            if isinstance(e, Exception) and not isinstance(e, RegistryError):
+                raise _translate(e, action) from e
+            raise
+
+        if winner is not None and winner.version != str(mv.version):
+            # A concurrent register for the same trial created an older version; keep that one.
+            self._abort(model_name, run_id, RunStatus.to_string(RunStatus.KILLED))
+            return winner
+        return _version_info(mv, created=True)
+
+    def _abort(self, model_name: str, run_id: str, status: str) -> None:
+        """Best-effort rollback so the registry never holds a half-written registration.
+
+        Versions are found by run id rather than remembered, because
+        `create_model_version` can fail after the version exists (e.g. it timed
+        out waiting for READY).
+        """
+        client = _client(self.tracking_uri)
+        try:
+            for mv in client.search_model_versions(f"name = '{model_name}' and run_id = '{run_id}'"):
+                client.delete_model_version(model_name, str(mv.version))
+        except Exception:
+            logger.exception("could not delete versions of %r from run %s during rollback", model_name, run_id)
+        try:
+            client.set_terminated(run_id, status)
+        except Exception:
+            logger.exception("could not mark run %s %s during rollback", run_id, status)
+
+    def _localize(self, model_dir: str, scratch: str) -> str:
+        if not _URI_SCHEME_RE.match(model_dir) or model_dir.startswith("file://"):
+            path = model_dir[len("file://"):] if model_dir.startswith("file://") else model_dir
+            if not os.path.isdir(path):
+                raise ValueError(f"model_dir={model_dir!r} is not a directory")
+            return os.path.abspath(path)
+        from mlflow.artifacts import download_artifacts
+
+        try:
+            return download_artifacts(artifact_uri=model_dir, dst_path=scratch)
+        except Exception as e:
+            raise _translate(e, f"download model_dir={model_dir!r}") from e
+
+    @staticmethod
+    def _input_example(input_example: "pd.DataFrame", features: list[str]) -> "pd.DataFrame":
+        import pandas as pd
+
+        if not isinstance(input_example, pd.DataFrame) or input_example.empty:
+            raise ValueError(
+                f"input_example must be a pandas DataFrame with at least one row, got {input_example!r:.200}"
+            )
+        missing = [c for c in features if c not in input_example.columns]
+        if missing:
+            raise ValueError(
+                f"input_example is missing feature columns {missing} listed in meta.json; "
+                f"it has {list(input_example.columns)}"
+            )
+        # float64 makes the signature accept int, float32 and float64 inputs alike;
+        # the pyfunc casts to the model's float32 itself.
+        return input_example[features].head(INPUT_EXAMPLE_ROWS).astype("float64").reset_index(drop=True)
+
+    def _ensure_experiment(self, model_name: str) -> str:
+        client = _client(self.tracking_uri)
+        name = f"{self.experiment_prefix}/{model_name}"
+        action = f"create experiment {name!r}"
+        location = f"{_to_uri(self.artifact_root)}/{self.experiment_prefix}/{model_name}"
+        try:
+            experiment = client.get_experiment_by_name(name)
+            if experiment is None:
+                try:
+                    return client.create_experiment(name, artifact_location=location)
+                except Exception as e:
+                    if _error_code(e) != "RESOURCE_ALREADY_EXISTS":
+                        raise
+                    experiment = client.get_experiment_by_name(name)  # lost a creation race
+        except Exception as e:
+            raise _translate(e, action) from e
+        if experiment is None or experiment.lifecycle_stage != "active":
+            raise RegistryConflict(
+                f"{action}: experiment exists but is deleted; restore it "
+                "(`mlflow experiments restore`) or purge it (`mlflow gc`) before registering"
+            )
+        return experiment.experiment_id
+
+    def _ensure_registered_model(self, model_name: str) -> None:
+        client = _client(self.tracking_uri)
+        try:
+            client.create_registered_model(model_name)
+        except Exception as e:
+            if _error_code(e) != "RESOURCE_ALREADY_EXISTS":
+                raise _translate(e, f"create registered model {model_name!r}") from e
+
+    def _search_versions(
+        self, filter_string: str, *, action: str, usable_only: bool = True
+    ) -> list["ModelVersion"]:
+        client = _client(self.tracking_uri)
+        results: list[ModelVersion] = []
+        page_token: Optional[str] = None
+        try:
+            while True:
+                page = client.search_model_versions(filter_string, page_token=page_token)
+                results.extend(page)
+                page_token = page.token
+                if not page_token:
+                    break
+        except Exception as e:
+            raise _translate(e, action) from e
+        if usable_only:
+            results = [mv for mv in results if mv.status != "FAILED_REGISTRATION"]
+        return sorted(results, key=lambda mv: int(mv.version))
+
+    # -- serving -----------------------------------------------------------------
+
+    def predict(self, model_uri: str, df: "pd.DataFrame") -> "np.ndarray":
+        """Loads a model as MLflow serving would and predicts.
+
+        Args:
+            model_uri: `models:/<name>/<version>`, `models:/<name>@<alias>` or any
+                URI `mlflow.pyfunc.load_model` accepts.
+            df: Rows holding the model's feature columns (extra columns are ignored).
+
+        Returns:
+            One prediction per row.
+
+        Raises:
+            RegistryNotFound: The model or version does not exist.
+            RegistryUnavailable: The registry or artifact store could not be reached.
+            RegistryError: Loading or predicting failed (e.g. missing feature columns,
+                or an alias that does not exist, which MLflow reports as a bad parameter).
+        """
+        import numpy as np
+
+        mlflow = _mlflow()
+        try:
+            with _fluent_uris(self.tracking_uri):
+                model = mlflow.pyfunc.load_model(model_uri)
+            return np.asarray(model.predict(df))
+        except Exception as e:
+            raise _translate(e, f"predict with {model_uri!r}") from e
+
+    def evaluate_accuracy(self, model_uri: str, df: "pd.DataFrame", target: str) -> float:
+        """Fraction of rows of `df` whose prediction equals `df[target]`.
+
+        Raises:
+            ValueError: `target` is not a column of `df`, or `df` has no rows.
+            RegistryError: As for `predict`.
+        """
+        if target not in df.columns:
+            raise ValueError(f"target={target!r} is not a column of df; columns: {list(df.columns)}")
+        if len(df) == 0:
+            raise ValueError("df has no rows; accuracy is undefined")
+        predictions = self.predict(model_uri, df.drop(columns=[target]))
+        return float((predictions == df[target].to_numpy()).mean())
