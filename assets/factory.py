@@ -134,7 +134,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         }
         if not report.success or drifted:
             where = store.uri("quarantine", spec.team, spec.name, raw_data["md5"])
-            store.write_bytes(f"{where}/data.parquet", store.read_bytes(raw_data["uri"]))
+            store.copy(raw_data["uri"], f"{where}/data.parquet")
             store.write_json(
                 f"{where}/report.json",
                 {"raw": raw_data, "validation": report.model_dump(mode="json"), "drift": drift, "drifted": drifted},

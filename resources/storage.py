@@ -380,7 +380,7 @@ class ObjectStore(ConfigurableResource):
             raise PermanentStorageError(f"cannot download {base}: no files under it", uri=base)
         written = []
         for file_uri in sorted(files):
-            rel = file_uri[len(base) :].lstrip("/")
+            rel = file_uri[len(base) :].lstrip("/") or file_uri.rsplit("/", 1)[-1]  # `uri` was a single file
             target = os.path.join(local_dir, *rel.split("/"))
             self.get_file(file_uri, target)
             written.append(os.path.abspath(target))

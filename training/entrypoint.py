@@ -110,21 +110,12 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
 
 
 def _trainer_kwargs(spec: TrainSpec) -> dict[str, Any]:
-    dist = spec.distribution
-    env_world = int(os.environ.get("WORLD_SIZE", "1"))
-    if env_world != dist.world_size:
-        raise ConfigError(
-            f"distribution asks for world size {dist.world_size} ({dist.nodes} nodes x {dist.procs_per_node} "
-            f"processes) but this process group has {env_world}; launch with torchrun --nproc-per-node {dist.procs_per_node}"
-        )
-    if dist.strategy != "ddp":
-        raise ConfigError(f"distribution.strategy {dist.strategy!r} is not available in this release; use 'ddp'")
-    kwargs: dict[str, Any] = {"accelerator": "cpu", "devices": dist.procs_per_node, "num_nodes": dist.nodes}
-    if dist.world_size > 1:
-        from lightning.pytorch.strategies import DDPStrategy
+    from training.strategies import StrategyConfigError, trainer_kwargs
 
-        kwargs["strategy"] = DDPStrategy(process_group_backend="gloo")
-    return kwargs
+    try:
+        return trainer_kwargs(spec.distribution, int(os.environ.get("WORLD_SIZE", "1")))
+    except StrategyConfigError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _logger(spec: TrainSpec) -> Any:

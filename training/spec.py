@@ -80,16 +80,44 @@ class DataSpec(_Strict):
 
 
 class Distribution(_Strict):
-    """How many processes train and how the model is spread over them."""
+    """How many processes train and how the model is spread over them.
+
+    - `ddp`: every rank holds the whole model (tensor_parallel_size must be 1).
+    - `fsdp`: parameters, gradients and optimizer state sharded over all ranks (FSDP2).
+    - `tp`: tensor parallel over groups of `tensor_parallel_size` ranks, FSDP2 over
+      the remaining `world_size / tensor_parallel_size` (2-D when both exceed 1).
+    On GPUs one process drives one device, so devices per node = procs_per_node.
+    """
 
     nodes: int = Field(1, ge=1)
     procs_per_node: int = Field(1, ge=1)
     strategy: Literal["ddp", "fsdp", "tp"] = "ddp"
+    tensor_parallel_size: int = Field(1, ge=1)
+    accelerator: Literal["cpu", "gpu"] = "cpu"
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of the worker group")
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.world_size // self.tensor_parallel_size
+
+    @model_validator(mode="after")
+    def _mesh_fits(self) -> "Distribution":
+        tp = self.tensor_parallel_size
+        if self.strategy in ("ddp", "fsdp") and tp != 1:
+            raise ValueError(f"tensor_parallel_size={tp} needs strategy 'tp'; strategy {self.strategy!r} takes 1")
+        if self.strategy == "tp":
+            if tp < 2:
+                raise ValueError("strategy 'tp' needs tensor_parallel_size >= 2")
+            if self.world_size % tp:
+                raise ValueError(
+                    f"tensor_parallel_size={tp} does not divide world size {self.world_size} "
+                    f"({self.nodes} nodes x {self.procs_per_node} processes); mesh sizes must multiply to the world size"
+                )
+        return self
 
 
 class TrackerSpec(_Strict):

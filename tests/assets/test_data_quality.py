@@ -140,7 +140,12 @@ def test_unparseable_file_is_named(store):
 
 def test_to_canonical_selects_orders_and_casts():
     spec = make_spec(
-        columns={"x": ColumnSpec(dtype="float"), "n": ColumnSpec(dtype="str"), "ok": ColumnSpec(dtype="bool"), "label": ColumnSpec(dtype="int")}
+        columns={
+            "x": ColumnSpec(dtype="float"),
+            "n": ColumnSpec(dtype="str"),
+            "ok": ColumnSpec(dtype="bool"),
+            "label": ColumnSpec(dtype="int"),
+        }
     )
     raw = pa.table({"label": ["1", "0"], "extra": [9, 9], "ok": ["true", "false"], "n": [10, 20], "x": [1, 2]})
     table = dq.to_canonical(raw, spec)
@@ -159,7 +164,8 @@ def test_to_canonical_missing_column_names_it_and_the_columns_found(spec, digits
 def test_to_canonical_uncastable_values_are_named():
     spec = make_spec(columns={"x": ColumnSpec(dtype="float"), "label": ColumnSpec(dtype="int")})
     raw = pa.table({"x": [1.0, 2.0, 3.0, 4.0], "label": ["1", "two", None, "three"]})
-    with pytest.raises(dq.SchemaMismatch, match=r"column 'label' cannot be cast from string to declared dtype 'int' \(int64\); offending values: \['two', 'three'\]"):
+    expected = r"column 'label' cannot be cast from string to declared dtype 'int' \(int64\); offending values: \['two', 'three'\]"
+    with pytest.raises(dq.SchemaMismatch, match=expected):
         dq.to_canonical(raw, spec)
     fractional = pa.table({"x": [1.0], "label": [1.5]})
     with pytest.raises(dq.SchemaMismatch, match=r"offending values: \[1.5\]"):
@@ -210,7 +216,10 @@ def test_expectation_configs_exact():
         {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "x"}},
         {"type": "expect_column_values_to_be_between", "kwargs": {"column": "x", "min_value": 0.0, "max_value": 1.0}},
         {"type": "expect_column_to_exist", "kwargs": {"column": "n"}},
-        {"type": "expect_column_values_to_be_in_type_list", "kwargs": {"column": "n", "type_list": ["int64", "int", "Int64Dtype", "float64"]}},
+        {
+            "type": "expect_column_values_to_be_in_type_list",
+            "kwargs": {"column": "n", "type_list": ["int64", "int", "Int64Dtype", "float64"]},
+        },
         {"type": "expect_column_to_exist", "kwargs": {"column": "label"}},
         {"type": "expect_column_values_to_be_in_type_list", "kwargs": {"column": "label", "type_list": ["str", "StringDtype"]}},
         {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "label"}},
@@ -296,7 +305,10 @@ def test_int_range_is_checked():
 
 
 def test_nullable_int_read_back_as_float_passes(tmp_path):
-    spec = make_spec(columns={"x": ColumnSpec(dtype="float"), "n": ColumnSpec(dtype="int", nullable=True), "label": ColumnSpec(dtype="int")}, min_rows=1)
+    spec = make_spec(
+        columns={"x": ColumnSpec(dtype="float"), "n": ColumnSpec(dtype="int", nullable=True), "label": ColumnSpec(dtype="int")},
+        min_rows=1,
+    )
     table = dq.to_canonical(pa.table({"x": [1.0, 2.0, 3.0], "n": [1, None, 3], "label": [0, 1, 0]}), spec)
     path = str(tmp_path / "d.parquet")
     dq.write_parquet_deterministic(table, path)

@@ -1,0 +1,710 @@
+"""Committed checkpoints on any fsspec filesystem, an asynchronous writer, RNG capture.
+
+Every layer of fault tolerance (torchrun, the Job, Dagster's retry) resumes from
+the newest *committed* checkpoint. Layout under the root (a local path or
+`s3://bucket/prefix`)::
+
+    <root>/step-000000012/state.pt        payload, written as `.tmp-<uuid>` and moved into place
+    <root>/step-000000012/MANIFEST.json   written last, the same way: the commit marker
+
+A step directory without `MANIFEST.json` is partial and never loaded. A
+committed one whose files do not match the sizes and sha256 in its manifest is
+skipped with a warning and the previous one is used.
+
+One process writes a root (rank 0 under DDP, where the state is replicated);
+readers may be any number of processes.
+
+Example:
+    >>> import tempfile
+    >>> store = CheckpointStore(tempfile.mkdtemp(), keep_last=2)
+    >>> uri = store.save(100, {"weights": torch.zeros(2), "rng": rng_state()}, metrics={"val_acc": 0.9}, best=True)
+    >>> resumed = store.latest()
+    >>> resumed.step, resumed.metrics
+    (100, {'val_acc': 0.9})
+    >>> set_rng_state(resumed.state["rng"])
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import math
+import random
+import re
+import threading
+import time
+import uuid
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional, TypeVar
+
+import fsspec
+from fsspec.spec import AbstractBufferedFile
+import numpy as np
+import torch
+
+log = logging.getLogger("trainyard.training.checkpointing")
+
+MANIFEST = "MANIFEST.json"
+PAYLOAD = "state.pt"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"step-(\d{9,})")
+# ConnectionError and TimeoutError are OSError subclasses; named for the reader.
+_TRANSIENT = (OSError, ConnectionError, TimeoutError)
+
+T = TypeVar("T")
+
+
+class CheckpointError(Exception):
+    """Base class of checkpoint store errors."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written after all attempts; earlier checkpoints are intact.
+
+    Storage being unavailable is an infrastructure failure, so a run-level retry
+    may succeed.
+
+    Attributes:
+        uri: The file that could not be written.
+        attempts: How many times it was tried.
+    """
+
+    def __init__(self, uri: str, attempts: int, cause: BaseException) -> None:
+        super().__init__(f"could not write checkpoint file {uri} after {attempts} attempts: {type(cause).__name__}: {cause}")
+        self.uri = uri
+        self.attempts = attempts
+
+
+class SkippedCheckpointWarning(UserWarning):
+    """A partial or corrupt checkpoint was passed over in favour of an older one."""
+
+
+class _Unusable(Exception):
+    """Internal: why a checkpoint directory cannot be loaded."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A verified, committed checkpoint and its deserialised state.
+
+    Attributes:
+        uri: The checkpoint directory, e.g. `s3://bucket/run/checkpoints/step-000000012`.
+        step: Global step it was taken at.
+        epoch: Epoch it was taken in.
+        metrics: Metric values the caller recorded with it.
+        state: The dict passed to `CheckpointStore.save`.
+        best: Whether it was saved as the best so far.
+    """
+
+    uri: str
+    step: int
+    epoch: int
+    metrics: dict[str, float]
+    state: dict[str, Any]
+    best: bool = False
+
+
+@dataclasses.dataclass
+class _Entry:
+    name: str
+    step: int
+    committed: bool = False
+
+
+class _HashingWriter:
+    """Passes bytes through to a file while counting and hashing them, so the payload is read once."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.sha256.update(view)
+        self.size += view.nbytes
+        self._f.write(view)
+        return view.nbytes
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
+def _check(ok: bool, field: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{field}={value!r} is invalid; it must be {rule}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class CheckpointStore:
+    """Writes, verifies, lists and prunes committed checkpoints under one root.
+
+    Args:
+        root_uri: Directory for checkpoints: a local path or any fsspec URI (`s3://...`).
+        keep_last: Committed checkpoints kept after each save, besides the best one.
+        max_write_attempts: Tries per file before `CheckpointWriteError`; transient
+            errors (`OSError`, `ConnectionError`, `TimeoutError`) are retried.
+        retry_backoff_s: Sleep before the second attempt; doubles for each further one.
+        fail_next_writes: Fault injection for tests and drills: the next this-many
+            payload write attempts raise `OSError`. Also settable as an attribute.
+        weights_only: Passed to `torch.load`. States made of tensors, containers,
+            numbers and strings (including `rng_state()`) load with `True`; set
+            `False` only for trusted checkpoints holding arbitrary objects.
+        storage_options: Passed to fsspec, e.g.
+            `{"client_kwargs": {"endpoint_url": "http://minio:9000"}}`.
+        sleep: Called with the backoff in seconds; tests pass a recorder.
+        clock: Wall-clock time in seconds for the manifest's creation time.
+
+    Example:
+        >>> store = CheckpointStore("s3://runs/trial-0001/checkpoints", keep_last=3)  # doctest: +SKIP
+        >>> uri = store.save(1200, state, epoch=3, metrics={"val_acc": 0.91}, best=True)  # doctest: +SKIP
+        >>> store.latest().step  # doctest: +SKIP
+        1200
+    """
+
+    def __init__(
+        self,
+        root_uri: str,
+        keep_last: int = 3,
+        max_write_attempts: int = 3,
+        retry_backoff_s: float = 0.2,
+        *,
+        fail_next_writes: int = 0,
+        weights_only: bool = True,
+        storage_options: Optional[dict[str, Any]] = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        _check(isinstance(root_uri, str) and root_uri.strip("/") != "", "root_uri", root_uri, "a non-empty path or URI")
+        _check(_is_int(keep_last) and keep_last >= 1, "keep_last", keep_last, "an integer >= 1")
+        _check(_is_int(max_write_attempts) and max_write_attempts >= 1, "max_write_attempts", max_write_attempts, "an integer >= 1")
+        _check(
+            isinstance(retry_backoff_s, (int, float)) and not isinstance(retry_backoff_s, bool)
+            and math.isfinite(retry_backoff_s) and retry_backoff_s >= 0,
+            "retry_backoff_s", retry_backoff_s, "a finite number of seconds >= 0",
+        )
+        _check(_is_int(fail_next_writes) and fail_next_writes >= 0, "fail_next_writes", fail_next_writes, "an integer >= 0")
+        self.root_uri = root_uri.rstrip("/")
+        self.keep_last = keep_last
+        self.max_write_attempts = max_write_attempts
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.fail_next_writes = fail_next_writes
+        self.weights_only = weights_only
+        self._sleep = sleep
+        self._clock = clock
+        self.fs, path = fsspec.core.url_to_fs(self.root_uri, **(storage_options or {}))
+        self._root = path.rstrip("/")
+
+    # ---- naming -------------------------------------------------------------
+
+    def uri(self, step: int) -> str:
+        """The URI of the checkpoint directory for `step`."""
+        return f"{self.root_uri}/{self._name(step)}"
+
+    @staticmethod
+    def _name(step: int) -> str:
+        return f"step-{step:09d}"
+
+    def _path(self, *parts: str) -> str:
+        return "/".join([self._root, *parts])
+
+    # ---- writing ------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        *,
+        epoch: int = 0,
+        metrics: Optional[dict[str, float]] = None,
+        best: bool = False,
+    ) -> str:
+        """Write `state` as the checkpoint of `step`, commit it, then apply retention.
+
+        Args:
+            step: Global step; names the directory. Saving a step again replaces it
+                (it is uncommitted first, so readers fall back to the previous one
+                until the new one is committed).
+            state: Anything `torch.save` can write; keep it to tensors, containers,
+                numbers and strings so it loads with `weights_only=True`.
+            epoch: Recorded in the manifest.
+            metrics: Scalar values recorded in the manifest.
+            best: Mark this checkpoint as the best so far; retention keeps the newest
+                one marked best even when it is older than the last `keep_last`.
+
+        Returns:
+            The URI of the committed checkpoint directory.
+
+        Raises:
+            CheckpointWriteError: A file could not be written within `max_write_attempts`.
+        """
+        _check(_is_int(step) and step >= 0, "step", step, "an integer >= 0")
+        _check(_is_int(epoch) and epoch >= 0, "epoch", epoch, "an integer >= 0")
+        _check(isinstance(state, dict), "state", type(state).__name__, "a dict")
+        values = {str(k): float(v) for k, v in (metrics or {}).items()}
+        name = self._name(step)
+        directory = self._path(name)
+        manifest_path = self._path(name, MANIFEST)
+
+        def uncommit() -> None:
+            if self.fs.exists(manifest_path):
+                self.fs.rm(manifest_path)
+
+        self._with_retries(f"{self.root_uri}/{name}/{MANIFEST}", uncommit)
+
+        def write_payload() -> dict[str, Any]:
+            if self.fail_next_writes > 0:
+                self.fail_next_writes -= 1
+                raise OSError(f"injected transient write failure ({self.fail_next_writes} more to come)")
+            self.fs.makedirs(directory, exist_ok=True)
+            with self._staged(directory, PAYLOAD) as f:
+                writer = _HashingWriter(f)
+                torch.save(state, writer)
+            return {"sha256": writer.sha256.hexdigest(), "size": writer.size}
+
+        payload = self._with_retries(f"{self.root_uri}/{name}/{PAYLOAD}", write_payload)
+        created = self._clock()
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "epoch": epoch,
+            "created_unix": created,
+            "created": datetime.fromtimestamp(created, timezone.utc).isoformat(),
+            "metrics": values,
+            "best": bool(best),
+            "files": {PAYLOAD: payload},
+        }
+        body = json.dumps(manifest, indent=2, sort_keys=True).encode()
+
+        def write_manifest() -> None:
+            with self._staged(directory, MANIFEST) as f:
+                f.write(body)
+
+        self._with_retries(f"{self.root_uri}/{name}/{MANIFEST}", write_manifest)
+        log.info("committed checkpoint %s (%d bytes)", self.uri(step), payload["size"])
+        self._apply_retention(step)
+        return self.uri(step)
+
+    def _staged(self, directory: str, name: str) -> "_StagedFile":
+        return _StagedFile(self.fs, directory, name)
+
+    def _with_retries(self, uri: str, op: Callable[[], T]) -> T:
+        last: Optional[BaseException] = None
+        for attempt in range(1, self.max_write_attempts + 1):
+            try:
+                return op()
+            except _TRANSIENT as e:
+                last = e
+                if attempt == self.max_write_attempts:
+                    break
+                delay = self.retry_backoff_s * 2 ** (attempt - 1)
+                log.warning(
+                    "writing %s failed (attempt %d of %d): %s; retrying in %.2f s",
+                    uri, attempt, self.max_write_attempts, e, delay,
+                )
+                self._sleep(delay)
+        assert last is not None
+        raise CheckpointWriteError(uri, self.max_write_attempts, last) from last
+
+    def _apply_retention(self, saved_step: int) -> None:
+        """Keep the last `keep_last` committed plus the newest marked best; drop stale partials.
+
+        Checkpoints with a higher step than the one just saved belong to a timeline
+        the run abandoned (it resumed from an earlier one, e.g. because the newest
+        was corrupt), so they go too: the checkpoint just saved is always the newest.
+        """
+        entries = self._scan()
+        superseded = [e for e in entries if e.step > saved_step]
+        entries = [e for e in entries if e.step <= saved_step]
+        committed = [e for e in entries if e.committed]
+        keep = {e.step for e in committed[-self.keep_last:]}
+        for e in reversed(committed):
+            try:
+                if self._read_manifest(e).get("best"):
+                    keep.add(e.step)
+                    break
+            except _Unusable:
+                continue
+        doomed = superseded + [e for e in committed if e.step not in keep]
+        doomed += [e for e in entries if not e.committed and e.step < saved_step]
+        for e in doomed:
+            try:
+                self.fs.rm(self._path(e.name), recursive=True)
+            except OSError as err:
+                # The new checkpoint is committed; a failed cleanup only costs space
+                # and is retried after the next save.
+                log.warning("could not delete old checkpoint %s/%s: %s", self.root_uri, e.name, err)
+
+    # ---- reading ------------------------------------------------------------
+
+    def _scan(self) -> list[_Entry]:
+        """Step directories under the root, oldest first, from one listing."""
+        self.fs.invalidate_cache(self._root)
+        try:
+            paths = self.fs.find(self._root, withdirs=True)
+        except FileNotFoundError:
+            return []
+        prefix = self._root + "/"
+        entries: dict[int, _Entry] = {}
+        for p in paths:
+            if not p.startswith(prefix):
+                continue
+            parts = p[len(prefix):].split("/")
+            m = _STEP_DIR.fullmatch(parts[0])
+            if not m:
+                continue
+            entry = entries.setdefault(int(m.group(1)), _Entry(parts[0], int(m.group(1))))
+            if parts[1:] == [MANIFEST]:
+                entry.committed = True
+        return [entries[s] for s in sorted(entries)]
+
+    def _read_manifest(self, entry: _Entry) -> dict[str, Any]:
+        try:
+            manifest = json.loads(self.fs.cat_file(self._path(entry.name, MANIFEST)))
+            files = manifest["files"]
+            if not isinstance(manifest["step"], int) or not isinstance(files, dict) or PAYLOAD not in files:
+                raise ValueError(f"needs an integer step and files[{PAYLOAD!r}]")
+            for meta in files.values():
+                if not isinstance(meta["sha256"], str) or not isinstance(meta["size"], int):
+                    raise ValueError("each file needs a sha256 string and an integer size")
+        except FileNotFoundError as e:
+            raise _Unusable("missing manifest (vanished while reading)") from e
+        except (ValueError, KeyError, TypeError) as e:
+            raise _Unusable(f"unreadable manifest: {type(e).__name__}: {e}") from e
+        return manifest
+
+    def _load(self, entry: _Entry) -> LoadedCheckpoint:
+        manifest = self._read_manifest(entry)
+        payload = b""
+        for fname, meta in sorted(manifest["files"].items()):
+            try:
+                data = self.fs.cat_file(self._path(entry.name, fname))
+            except FileNotFoundError as e:
+                raise _Unusable(f"file {fname} listed in the manifest is missing") from e
+            if len(data) != meta["size"]:
+                raise _Unusable(f"size mismatch for file {fname}: manifest says {meta['size']} bytes, found {len(data)}")
+            if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+                raise _Unusable(f"checksum mismatch for file {fname}")
+            if fname == PAYLOAD:
+                payload = data
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=self.weights_only)
+        return LoadedCheckpoint(
+            uri=f"{self.root_uri}/{entry.name}",
+            step=manifest["step"],
+            epoch=int(manifest.get("epoch", 0)),
+            metrics=dict(manifest.get("metrics", {})),
+            state=state,
+            best=bool(manifest.get("best", False)),
+        )
+
+    def _skip(self, entry: _Entry, why: str) -> None:
+        msg = f"skipping checkpoint {self.root_uri}/{entry.name}: {why}; trying the previous one"
+        log.warning(msg)
+        warnings.warn(msg, SkippedCheckpointWarning, stacklevel=4)
+
+    def _first_loadable(self, entries: list[_Entry]) -> Optional[LoadedCheckpoint]:
+        for entry in entries:
+            if not entry.committed:
+                self._skip(entry, "missing manifest (partial or in-flight write)")
+                continue
+            try:
+                return self._load(entry)
+            except _Unusable as e:
+                self._skip(entry, str(e))
+        return None
+
+    def latest(self) -> Optional[LoadedCheckpoint]:
+        """The newest committed checkpoint whose files match their checksums, or None.
+
+        Newer partial or corrupt checkpoints are skipped with a
+        `SkippedCheckpointWarning` (also logged) that names the checkpoint and why.
+        """
+        return self._first_loadable(list(reversed(self._scan())))
+
+    def best(self) -> Optional[LoadedCheckpoint]:
+        """The newest verified checkpoint saved with `best=True`, or None."""
+        marked = []
+        for entry in reversed(self._scan()):
+            if not entry.committed:
+                continue
+            try:
+                if self._read_manifest(entry).get("best"):
+                    marked.append(entry)
+            except _Unusable:
+                continue
+        return self._first_loadable(marked)
+
+    def list_committed(self) -> list[dict[str, Any]]:
+        """Manifests of committed checkpoints, newest first, each with its `uri` added.
+
+        Checksums are not verified here; unreadable manifests are left out.
+        """
+        out = []
+        for entry in reversed(self._scan()):
+            if not entry.committed:
+                continue
+            try:
+                manifest = self._read_manifest(entry)
+            except _Unusable:
+                continue
+            out.append({**manifest, "uri": f"{self.root_uri}/{entry.name}"})
+        return out
+
+    # ---- fault injection ----------------------------------------------------
+
+    def corrupt_latest(self) -> str:
+        """Flip bytes in the middle of the newest committed payload (tests and drills only).
+
+        The size is unchanged, so only the checksum catches it.
+
+        Returns:
+            The URI of the corrupted checkpoint.
+        """
+        committed = [e for e in self._scan() if e.committed]
+        if not committed:
+            raise CheckpointError(f"no committed checkpoint under {self.root_uri} to corrupt")
+        entry = committed[-1]
+        path = self._path(entry.name, PAYLOAD)
+        data = bytearray(self.fs.cat_file(path))
+        mid = len(data) // 2
+        for i in range(mid, min(mid + 16, len(data))):
+            data[i] ^= 0xFF
+        self.fs.pipe_file(path, bytes(data))
+        return f"{self.root_uri}/{entry.name}"
+
+
+class _StagedFile:
+    """A file written under `.tmp-<uuid>` and moved to its name on a clean close.
+
+    The move is an atomic rename on local disks; on object stores it is a copy,
+    which is why the manifest, not the move, is the commit.
+    """
+
+    def __init__(self, fs: Any, directory: str, name: str) -> None:
+        self.fs = fs
+        self.tmp = f"{directory}/.tmp-{uuid.uuid4().hex}"
+        self.final = f"{directory}/{name}"
+        self._f: Any = None
+
+    def __enter__(self) -> Any:
+        self._f = self.fs.open(self.tmp, "wb")
+        return self._f
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None:
+                self._f.close()
+                self.fs.mv(self.tmp, self.final)
+                return
+        except BaseException:
+            self._discard()
+            raise
+        self._discard()
+
+    def _discard(self) -> None:
+        try:
+            if not self._f.closed:
+                # Abandon rather than close: closing an object-store file uploads it.
+                if isinstance(self._f, AbstractBufferedFile):
+                    self._f.discard()
+                else:
+                    self._f.close()
+            self.fs.rm(self.tmp)
+        except OSError as e:
+            log.debug("could not remove temporary file %s: %s", self.tmp, e)
+
+
+def snapshot_to_cpu(obj: Any, _memo: Optional[dict[int, Any]] = None) -> Any:
+    """A deep copy of `obj` whose tensors are detached copies in CPU memory.
+
+    Dicts (keeping their type), lists, tuples and namedtuples are copied
+    recursively; an object reachable twice is copied once, so tied weights stay
+    tied. Anything else is `copy.deepcopy`'d.
+    """
+    memo: dict[int, Any] = {} if _memo is None else _memo
+    key = id(obj)
+    if key in memo:
+        return memo[key]
+    out: Any
+    if isinstance(obj, torch.Tensor):
+        # One copy whether the tensor is on CPU (where .cpu() would alias) or a device.
+        out = obj.detach().to("cpu", copy=True)
+    elif isinstance(obj, dict):
+        out = copy.copy(obj)
+        out.clear()
+        for k, v in obj.items():
+            out[k] = snapshot_to_cpu(v, memo)
+    elif isinstance(obj, list):
+        out = [snapshot_to_cpu(v, memo) for v in obj]
+    elif isinstance(obj, tuple):
+        items = [snapshot_to_cpu(v, memo) for v in obj]
+        out = type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    else:
+        out = copy.deepcopy(obj)
+    memo[key] = out
+    return out
+
+
+class AsyncCheckpointWriter:
+    """Saves checkpoints in one background thread so training waits only for a CPU copy.
+
+    `submit` copies the state to CPU memory, then hands it to the writer thread.
+    At most one write is in flight: a second `submit` first waits for the
+    previous write. A checkpoint counts once its write has committed (the store
+    writes the manifest last, so `latest()` never returns an in-flight one).
+
+    Attributes:
+        blocking_seconds: Total time `submit` held the caller (waiting + copying).
+        save_seconds: Duration of each completed write, in order; the measured
+            save time for `young_daly_interval`.
+        last_uri: URI of the newest committed checkpoint written here.
+
+    Example:
+        >>> with AsyncCheckpointWriter(store) as writer:  # doctest: +SKIP
+        ...     for step in steps:
+        ...         if step % every == 0:
+        ...             writer.submit(step, {"model": model.state_dict(), "rng": rng_state()})
+    """
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        self.blocking_seconds = 0.0
+        self.save_seconds: list[float] = []
+        self.last_uri: Optional[str] = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._pending: Optional[Future[str]] = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether a write has been submitted and not finished."""
+        return self._pending is not None and not self._pending.done()
+
+    def submit(self, step: int, state: dict[str, Any], **kwargs: Any) -> None:
+        """Copy `state` to CPU now and save it in the background as `store.save(step, state, **kwargs)`.
+
+        Raises:
+            CheckpointWriteError: The previous write failed; raised here so a
+                failure is never silent (and then cleared). The new state was not submitted.
+            RuntimeError: The writer is closed.
+        """
+        started = time.perf_counter()
+        try:
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("AsyncCheckpointWriter is closed; create a new one to write more checkpoints")
+                self._await_pending()
+                snapshot = snapshot_to_cpu(state)
+                self._pending = self._executor.submit(self._write, step, snapshot, kwargs)
+        finally:
+            self.blocking_seconds += time.perf_counter() - started
+
+    def _write(self, step: int, state: dict[str, Any], kwargs: dict[str, Any]) -> str:
+        started = time.perf_counter()
+        uri = self.store.save(step, state, **kwargs)
+        self.save_seconds.append(time.perf_counter() - started)
+        self.last_uri = uri
+        return uri
+
+    def _await_pending(self) -> Optional[str]:
+        pending, self._pending = self._pending, None
+        return pending.result() if pending is not None else None
+
+    def wait(self) -> Optional[str]:
+        """Block until the last submitted write finishes; re-raise its error.
+
+        Returns:
+            The URI it committed, or None when nothing was pending.
+        """
+        with self._lock:
+            return self._await_pending()
+
+    def close(self) -> None:
+        """Wait for the last write (re-raising its error) and stop the thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._await_pending()
+            finally:
+                self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> "AsyncCheckpointWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.close()
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and (when available) CUDA RNG states, for exact resume.
+
+    Plain tuples, lists, ints and tensors only, so it loads with `weights_only=True`.
+    """
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "state": {"key": np_state["state"]["key"].tolist(), "pos": int(np_state["state"]["pos"])},
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore the generators captured by `rng_state`; keys that are absent are left alone."""
+    if "python" in state:
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+    if "numpy" in state:
+        s = state["numpy"]
+        np.random.set_state(
+            {
+                "bit_generator": s["bit_generator"],
+                "state": {"key": np.asarray(s["state"]["key"], dtype=np.uint32), "pos": s["state"]["pos"]},
+                "has_gauss": s["has_gauss"],
+                "gauss": s["gauss"],
+            }
+        )
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = list(state["cuda"])[: torch.cuda.device_count()]
+        for device, s in enumerate(cuda_states):
+            torch.cuda.set_rng_state(s, device)
+
+
+def young_daly_interval(save_seconds: float, node_mtbf_hours: float, nodes: int) -> float:
+    """The Young/Daly checkpoint interval in seconds: `sqrt(2 * save_seconds * job_mtbf)`.
+
+    The job fails when any node fails, so `job_mtbf = node_mtbf / nodes`.
+
+    Example:
+        >>> round(young_daly_interval(60.0, 1000.0, 100))  # job MTBF 10 h
+        2078
+    """
+    for field, value in (("save_seconds", save_seconds), ("node_mtbf_hours", node_mtbf_hours)):
+        _check(
+            isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0,
+            field, value, "a finite number > 0",
+        )
+    _check(_is_int(nodes) and nodes >= 1, "nodes", nodes, "an integer >= 1")
+    job_mtbf_seconds = node_mtbf_hours * 3600.0 / nodes
+    return math.sqrt(2.0 * save_seconds * job_mtbf_seconds)
