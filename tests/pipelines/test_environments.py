@@ -1,0 +1,95 @@
+"""Every environment builds; the cluster one talks to a real PostgreSQL and S3 endpoint."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from pipelines.environments import EnvironmentError_, cluster_resources, local_resources, resources_for
+from pipelines.spec import FloatParam, SearchSpec
+
+PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+
+RESOURCE_KEYS = {"store", "versioning", "tracking", "launcher", "sweeps", "registry", "io_manager"}
+
+
+def postgres_available() -> bool:
+    import sqlalchemy
+
+    try:
+        with sqlalchemy.create_engine(PG).connect():
+            return True
+    except Exception:  # any connection failure means "not here"
+        return False
+
+
+@pytest.fixture()
+def pg_databases():
+    """Two fresh PostgreSQL databases (Optuna and MLflow each keep their own alembic version).
+
+    Skips, outside CI only, when no server is reachable.
+    """
+    if not postgres_available():
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL at 127.0.0.1:5432 is required in CI")
+        pytest.skip("no PostgreSQL reachable at 127.0.0.1:5432")
+    import uuid
+
+    import sqlalchemy
+
+    names = [f"trainyard_test_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    admin = sqlalchemy.create_engine(PG, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        for name in names:
+            c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    yield [f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}" for name in names]
+    with admin.connect() as c:
+        for name in names:
+            c.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
+
+
+def test_local_environment(tmp_path: Path) -> None:
+    res = local_resources(tmp_path)
+    assert set(res) == RESOURCE_KEYS
+    assert res["store"].root == str(tmp_path / "store")
+    assert res["sweeps"].storage_url == f"sqlite:///{tmp_path / 'optuna.db'}"
+    assert res["registry"].tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def test_unknown_environment() -> None:
+    with pytest.raises(EnvironmentError_, match="TRAINYARD_ENV='staging' is not an environment; use one of"):
+        resources_for("staging")
+
+
+def test_cluster_environment_names_missing_settings() -> None:
+    with pytest.raises(EnvironmentError_, match="needs TRAINYARD_S3_ROOT"):
+        cluster_resources({})
+    with pytest.raises(EnvironmentError_, match="must be an s3:// URI"):
+        cluster_resources({"TRAINYARD_S3_ROOT": "/data"})
+
+
+def test_cluster_environment_against_postgres_and_s3(s3_endpoint, pg_databases, tmp_path: Path) -> None:
+    optuna_db, mlflow_db = pg_databases
+    env = {
+        "TRAINYARD_S3_ROOT": s3_endpoint.root("trainyard"),
+        "AWS_ENDPOINT_URL": s3_endpoint.url,
+        "TRAINYARD_OPTUNA_URL": optuna_db,
+        "MLFLOW_TRACKING_URI": mlflow_db,
+        "TRAINYARD_HOME": str(tmp_path),
+    }
+    res = cluster_resources(env)
+    assert set(res) == RESOURCE_KEYS
+    store = res["store"]
+    store.write_json(store.uri("probe.json"), {"ok": True})
+    assert store.read_json(store.uri("probe.json")) == {"ok": True}
+    sweeps = res["sweeps"]
+    search = SearchSpec(params={"lr": FloatParam(low=0.01, high=0.1)}, n_trials=3)
+    study = sweeps.load_or_create("cluster.probe", "max", search)
+    assert sweeps.ensure_trials(study, search) == [0, 1, 2]
+    again = sweeps.load_or_create("cluster.probe", "max", search)
+    assert sweeps.ensure_trials(again, search) == [0, 1, 2]  # resumed, no duplicates
+    sweeps.tell("cluster.probe", 1, 0.5, {"result_uri": "x"})
+    assert sweeps.trial("cluster.probe", 1).value == 0.5
+    assert res["registry"].list_versions("cluster.probe") == []
