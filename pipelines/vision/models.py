@@ -1,11 +1,15 @@
-"""Model code of the vision team: plain Lightning, nothing platform-specific."""
+"""Model code of the vision team: plain Lightning, plus a variant that opts into sharding."""
 
 from __future__ import annotations
 
 import lightning as L
 import torch
 from torch import nn
+from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
 from torch.nn import functional as F
+from typing_extensions import override
+
+from training.parallel import ParallelizableModule
 
 
 class DigitsMLP(L.LightningModule):
@@ -46,3 +50,17 @@ class DigitsMLP(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+
+
+class DigitsParallelMLP(ParallelizableModule, DigitsMLP):
+    """`DigitsMLP` that also trains under `fsdp` and `tp` distributions.
+
+    Same layers, parameter names and initialisation as `DigitsMLP`, so its
+    checkpoints load into either class. Tensor parallel splits the hidden layer:
+    the first Linear colwise, the second rowwise (`hidden` must be divisible by
+    `tensor_parallel_size`).
+    """
+
+    @override
+    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
+        return {"net.0": ColwiseParallel(), "net.2": RowwiseParallel()}

@@ -1,0 +1,5 @@
+"""Errors a training process classifies its failures by (see `training.entrypoint.main`)."""
+
+
+class ConfigError(ValueError):
+    """The spec cannot work (bad import path, rejected hyperparameters, a misfit strategy); retrying cannot help."""
