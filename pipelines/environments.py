@@ -6,7 +6,9 @@
   torchrun on this machine.
 - `cluster`: object store and DVC remote on S3 (`TRAINYARD_S3_ROOT`, optional
   `AWS_ENDPOINT_URL`), Optuna on PostgreSQL (`TRAINYARD_OPTUNA_URL`), an MLflow
-  tracking server (`MLFLOW_TRACKING_URI`) with artifacts on S3.
+  tracking server (`MLFLOW_TRACKING_URI`) with artifacts on S3, training as
+  Kueue-admitted Kubernetes Jobs (`TRAINYARD_K8S_NAMESPACE`,
+  `TRAINYARD_TRAINER_IMAGE`, see `KubernetesLauncher.from_env`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from resources.io_manager import ObjectStoreJsonIOManager
+from resources.k8s_launcher import KubernetesLauncher
 from resources.launcher import LocalLauncher
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
@@ -68,8 +71,7 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
         "store": store,
         "versioning": DataVersioning(repo_dir=str(home / "dvc"), remote_url=f"{root}/dvc-remote", remote_endpoint_url=endpoint),
         "tracking": Tracking(mode=env.get("TRAINYARD_TRACKING_MODE", "auto"), entity=env.get("WANDB_ENTITY") or None),  # type: ignore[arg-type]
-        # Until the Kubernetes launcher lands, cluster code locations train in the run's own pod.
-        "launcher": LocalLauncher(),
+        "launcher": KubernetesLauncher.from_env(env),
         "sweeps": SweepStore(storage_url=_require(env, "TRAINYARD_OPTUNA_URL")),
         "registry": ModelRegistry(tracking_uri=_require(env, "MLFLOW_TRACKING_URI"), artifact_root=f"{root}/mlflow-artifacts"),
         "io_manager": ObjectStoreJsonIOManager(store=store),

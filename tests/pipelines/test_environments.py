@@ -78,9 +78,12 @@ def test_cluster_environment_against_postgres_and_s3(s3_endpoint, pg_databases, 
         "TRAINYARD_OPTUNA_URL": optuna_db,
         "MLFLOW_TRACKING_URI": mlflow_db,
         "TRAINYARD_HOME": str(tmp_path),
+        "TRAINYARD_K8S_NAMESPACE": "team-vision",
+        "TRAINYARD_TRAINER_IMAGE": "registry.example/trainyard-trainer:1.0",
     }
     res = cluster_resources(env)
     assert set(res) == RESOURCE_KEYS
+    assert type(res["launcher"]).__name__ == "KubernetesLauncher"
     store = res["store"]
     store.write_json(store.uri("probe.json"), {"ok": True})
     assert store.read_json(store.uri("probe.json")) == {"ok": True}

@@ -1,0 +1,91 @@
+"""The Job manifest's own command trains a 2-node DDP gang, one torchrun agent per "node".
+
+No cluster runs here, so this test does what the kubelet would do with the
+manifest of a 2-node x 1-process trial, once per completion index:
+
+- expands `$(VAR)` references in the container command from the container's env,
+  where JOB_COMPLETION_INDEX (a fieldRef to the completion-index annotation in the
+  manifest) is the node's index, as Kubernetes does;
+- replaces the master address `<job>-0.<job>` (rank 0's name through the headless
+  Service, which only cluster DNS resolves) by 127.0.0.1, the one substitution
+  that is not Kubernetes behaviour;
+- replaces the `python` of the image by this virtualenv's interpreter.
+
+Everything else (torchrun flags, node rank, port, entrypoint, spec URI) is taken
+verbatim from the manifest, so the test fails if the manifest's command could not
+form a gang.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from resources.k8s_manifests import COMPLETION_INDEX_ANNOTATION, K8sJobConfig, job_manifest
+from tests.training.test_entrypoint import make_spec
+from training.spec import Distribution, TrainResult
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_process_args(container: dict, index: int, name: str) -> tuple[list[str], dict[str, str]]:
+    """The command and environment the kubelet would start for completion index `index`."""
+    env: dict[str, str] = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        else:
+            assert var["valueFrom"] == {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
+            env[var["name"]] = str(index)
+    command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg) for arg in container["command"]]
+    master = f"--master-addr={name}-0.{name}"
+    assert master in command, command
+    command = [("--master-addr=127.0.0.1" if arg == master else arg) for arg in command]
+    assert command[0] == "python"
+    return [sys.executable, *command[1:]], env
+
+
+@pytest.mark.slow
+def test_manifest_command_trains_two_nodes(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, distribution=Distribution(nodes=2, procs_per_node=1))
+    spec_uri = str(tmp_path / "spec.json")
+    cfg = K8sJobConfig(namespace="vision", image="trainer:1", queue_name="trainyard", master_port=free_port())
+    job = job_manifest(spec, spec_uri, 0, cfg)
+    name = job["metadata"]["name"]
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+
+    procs = []
+    try:
+        for index in range(2):
+            command, pod_env = node_process_args(container, index, name)
+            assert f"--node-rank={index}" in command
+            env = {**os.environ, **pod_env, "OMP_NUM_THREADS": "1"}
+            procs.append(subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True,
+            ))
+        outputs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    for index, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"node {index} exited {p.returncode}:\n{out[-4000:]}"
+    result = TrainResult.model_validate_json(Path(spec.output_uri, "result.json").read_text())
+    assert result.world_size == 2
+    assert result.train_samples == 2 * 210  # 70% of 300 rows, two epochs, split across both ranks
