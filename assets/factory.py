@@ -10,6 +10,7 @@ by `ObjectStoreJsonIOManager`; data and models live in the object store.
 
 import os
 import tempfile
+import time
 from typing import Any, Iterator
 
 from dagster import (
@@ -24,13 +25,14 @@ from dagster import (
     Failure,
     MetadataValue,
     Output,
+    RetryRequested,
     asset,
 )
 
 from assets import lineage
 from assets.promotion import decide_promotion
 from pipelines.spec import PipelineSpec
-from resources.launcher import Launcher, LaunchError
+from resources.launcher import Launcher, LaunchError, TrainingPreempted
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
 from resources.sweeps import SweepStore
@@ -50,6 +52,48 @@ def trial_number(key: str) -> int:
     if prefix != "trial" or not num.isdigit():
         raise ValueError(f"partition key {key!r} is not a trial key like 'trial-0003'")
     return int(num)
+
+
+def handle_launch_error(
+    context: AssetExecutionContext,
+    error: LaunchError,
+    spec: PipelineSpec,
+    store: ObjectStore,
+    sweeps: SweepStore,
+    study: str,
+    number: int,
+    output_uri: str,
+) -> None:
+    """Fail at once on user errors; re-launch on infrastructure errors and preemption within budget.
+
+    Every launch failure is appended to `<trial>/launches.json` (reset on the
+    first attempt of a run), which is the budget's ledger and the record of
+    restart causes.
+    """
+    ledger_uri = f"{output_uri}/launches.json"
+    launches = store.read_json(ledger_uri) if context.retry_number > 0 and store.exists(ledger_uri) else []
+    launches.append({"retry_number": context.retry_number, "cause": type(error).__name__, "message": str(error)[:1000], "at": time.time()})
+    store.write_json(ledger_uri, launches)
+    log_tail = MetadataValue.md(f"```\n{error.log_tail}\n```")
+    if not error.retryable:
+        sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
+        raise Failure(description=str(error), metadata={"log_tail": log_tail, "retried": False}) from error
+    preemptions = sum(1 for x in launches if x["cause"] == TrainingPreempted.__name__)
+    infra = len(launches) - preemptions
+    budget = spec.retries
+    if infra > budget.max_infra_retries or preemptions > budget.max_preemptions:
+        sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
+        raise Failure(
+            description=f"{context.partition_key}: giving up after {infra} infrastructure failure(s) (budget {budget.max_infra_retries}) "
+            f"and {preemptions} preemption(s) (budget {budget.max_preemptions}); last: {error}",
+            metadata={"log_tail": log_tail, "launches": MetadataValue.json(launches)},
+        ) from error
+    context.log.warning(
+        f"{context.partition_key}: {type(error).__name__}: {str(error).splitlines()[0]} -- retrying "
+        f"(infrastructure failures {infra}/{budget.max_infra_retries}, preemptions {preemptions}/{budget.max_preemptions}); "
+        "the next attempt resumes from the newest committed checkpoint"
+    )
+    raise RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=budget.wait_seconds) from error
 
 
 def trials_partitions(spec: PipelineSpec) -> DynamicPartitionsDefinition:
@@ -237,6 +281,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                 monitor_mode=spec.model.monitor_mode,
                 distribution=spec.distribution,
                 seed=spec.model.seed,
+                checkpoint=spec.checkpoint,
                 tracker=tracking.tracker_spec(
                     project=f"{spec.team}-{spec.name}", group=sweep["study"], name=context.partition_key, config=record
                 ),
@@ -246,10 +291,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
             try:
                 outcome = launcher.launch(train_spec, context=context)
             except LaunchError as e:
-                if not e.retryable:
-                    sweeps.tell(sweep["study"], number, None, {"error": str(e)[:2000]}, failed=True)
-                    raise Failure(description=str(e), metadata={"log_tail": MetadataValue.md(f"```\n{e.log_tail}\n```")}) from e
-                raise
+                handle_launch_error(context, e, spec, store, sweeps, sweep["study"], number, output_uri)
             result = outcome.result.model_dump(mode="json")
             sweeps.tell(
                 sweep["study"],
@@ -271,6 +313,10 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                 "model": MetadataValue.path(result["model_uri"]),
                 "tracker_run": result["tracker_run"] or "",
                 "lineage": MetadataValue.json(record),
+                "resumed_from": result.get("resumed_from") or "",
+                "checkpoint_interval_seconds": result.get("checkpoint_interval_seconds") or 0.0,
+                "checkpoint_interval_source": result.get("checkpoint_interval_source") or "",
+                "goodput": MetadataValue.json(result.get("goodput") or {}),
             },
         )
 

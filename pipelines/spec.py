@@ -32,7 +32,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from training.spec import Distribution, ImportTarget
+from training.spec import CheckpointPolicy, Distribution, ImportTarget
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
 
@@ -186,6 +186,20 @@ class ModelSpec(_Strict):
         return v
 
 
+class RetrySpec(_Strict):
+    """Run-level retries of a trial (Dagster re-launches; the pod resumes from its newest checkpoint).
+
+    Infrastructure failures (killed or lost workers, storage outages) spend
+    `max_infra_retries`; preemptions have their own, larger budget so a busy
+    cluster does not use up the failure budget. Errors in model code and bad
+    configuration are never retried.
+    """
+
+    max_infra_retries: int = Field(3, ge=0)
+    max_preemptions: int = Field(20, ge=0)
+    wait_seconds: float = Field(2.0, ge=0)
+
+
 class PromotionSpec(_Strict):
     """When a new version may take the `champion` alias."""
 
@@ -211,6 +225,8 @@ class PipelineSpec(_Strict):
     search: SearchSpec = SearchSpec()
     distribution: Distribution = Distribution()
     promotion: PromotionSpec = PromotionSpec()
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
+    retries: RetrySpec = RetrySpec()
 
     @field_validator("team", "name")
     @classmethod

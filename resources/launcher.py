@@ -29,7 +29,7 @@ import fsspec
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from training.spec import EXIT_PREEMPTED, FAILURE_DIR, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
+from training.spec import EXIT_PREEMPTED, LAUNCH_ID_ENV, FAILURE_DIR, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
 
 
 class LaunchError(Exception):
@@ -118,7 +118,9 @@ def read_failures(output_uri: str) -> list[dict[str, Any]]:
 
 def outcome_error(returncode: int, failures: list[dict[str, Any]], log_tail: str, trial_id: str) -> LaunchError:
     """Map a failed launch to the error a retry policy understands."""
-    by_category = {f["category"]: f for f in failures}
+    by_category: dict[str, dict[str, Any]] = {}
+    for f in sorted(failures, key=lambda r: r.get("time", 0.0)):
+        by_category.setdefault(f["category"], f)  # the first failure of each kind is the root cause
     if "config" in by_category:
         f = by_category["config"]
         return TrainingConfigError(f"trial {trial_id}: bad config (rank {f['rank']}): {f['error']}", log_tail=log_tail, rank=f["rank"])
@@ -128,7 +130,13 @@ def outcome_error(returncode: int, failures: list[dict[str, Any]], log_tail: str
             f"trial {trial_id}: rank {f['rank']} raised {f['error']}\n{f['traceback']}", log_tail=log_tail, rank=f["rank"]
         )
     if returncode == EXIT_PREEMPTED or "preempted" in by_category:
-        return TrainingPreempted(f"trial {trial_id}: preempted; will resume from its last checkpoint", log_tail=log_tail)
+        detail = by_category.get("preempted", {}).get("error", "SIGTERM")
+        return TrainingPreempted(f"trial {trial_id}: preempted ({detail}); will resume from its last checkpoint", log_tail=log_tail)
+    if "infra" in by_category:
+        f = by_category["infra"]
+        return InfrastructureError(
+            f"trial {trial_id}: rank {f['rank']} lost a dependency: {f['error']}; last log lines:\n{log_tail}", log_tail=log_tail, rank=f["rank"]
+        )
     return InfrastructureError(
         f"trial {trial_id}: workers exited with status {returncode} without reporting an error "
         f"(killed, out of memory or lost); last log lines:\n{log_tail}",
@@ -187,7 +195,13 @@ class LocalLauncher(Launcher):
         with tempfile.TemporaryDirectory(prefix="trainyard-launch-") as tmp:
             log_path = os.path.join(tmp, "launcher.log")
             cmd = torchrun_command(spec, spec_uri, python=self.python, log_dir=os.path.join(tmp, "ranks"))
-            env = {**os.environ, **extra_env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            env = {
+                **os.environ,
+                **extra_env,
+                "PYTHONUNBUFFERED": "1",
+                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                LAUNCH_ID_ENV: f"{time.time_ns():x}",
+            }
             tail: deque[str] = deque(maxlen=self.log_tail_lines)
             with open(log_path, "w") as log_file:
                 proc = subprocess.Popen(

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Optional
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
@@ -36,7 +37,9 @@ class ProgressCallback(Callback):
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.train_samples += len(batch[0]) * trainer.world_size
+        # Ranks of one tensor-parallel group share a batch: count data-parallel replicas only.
+        replicas = (getattr(trainer.strategy, "distributed_sampler_kwargs", None) or {}).get("num_replicas", trainer.world_size)
+        self.train_samples += len(batch[0]) * replicas
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is not None and not math.isfinite(float(loss)):
             raise UserCodeError(f"training loss is {float(loss)} at step {trainer.global_step} (epoch {trainer.current_epoch})")
@@ -56,12 +59,22 @@ class ProgressCallback(Callback):
 
 
 class FaultInjectionCallback(Callback):
-    """Raises inside `training_step`'s hook at a given step (tests and drills only)."""
+    """Faults in model code at a given step (tests and drills only).
 
-    def __init__(self, raise_at_step: int) -> None:
+    Args:
+        raise_at_step: raise an exception on every rank, as a bug in training_step would.
+        nan_at_step: poison the weights with NaN, as a diverging run would.
+    """
+
+    def __init__(self, raise_at_step: Optional[int] = None, nan_at_step: Optional[int] = None) -> None:
         self.raise_at_step = raise_at_step
+        self.nan_at_step = nan_at_step
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self.raise_at_step:
             raise RuntimeError(f"injected fault at step {trainer.global_step} on rank {trainer.global_rank}")
+        if trainer.global_step == self.nan_at_step:
+            with torch.no_grad():
+                for p in pl_module.parameters():
+                    p.fill_(float("nan"))

@@ -10,6 +10,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from training.resumable import ResumableDataLoader, ResumableSampler
+
 
 def read_parquet_tensors(uri: str, features: list[str], target: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Read a Parquet split into (float32 features, int64 targets)."""
@@ -22,6 +24,11 @@ def read_parquet_tensors(uri: str, features: list[str], target: str) -> tuple[to
 
 class ParquetDataModule(L.LightningDataModule):
     """Train/val/test splits of a tabular dataset stored as Parquet (local or s3://).
+
+    Training batches come from a `ResumableSampler` (sharded over ranks, resumable
+    mid-epoch); validation and test run over the full split on every rank, so
+    their metrics are exact. Loaders carry their own generator, so creating an
+    iterator never draws from the global RNG a resumed run restores.
 
     Args:
         train_uri, val_uri, test_uri: split files written by `validated_data`.
@@ -40,6 +47,7 @@ class ParquetDataModule(L.LightningDataModule):
         target: str,
         batch_size: int = 64,
         num_workers: int = 0,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -49,6 +57,7 @@ class ParquetDataModule(L.LightningDataModule):
         self.target = target
         self.batch_size = batch_size
         self.num_workers = num_workers
+        self.seed = seed
         self._sets: dict[str, TensorDataset] = {}
 
     def setup(self, stage: Optional[str] = None) -> None:
@@ -56,17 +65,35 @@ class ParquetDataModule(L.LightningDataModule):
             if split not in self._sets:
                 self._sets[split] = TensorDataset(*read_parquet_tensors(uri, self.features, self.target))
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
-        return DataLoader(self._sets[split], batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers)
+    # The entrypoint turns off Lightning's sampler replacement for data modules that shard themselves.
+    handles_distributed_sampling = True
+
+    def _loader(self, split: str, sampler: Optional[ResumableSampler] = None) -> DataLoader:
+        cls = ResumableDataLoader if sampler is not None else DataLoader
+        return cls(
+            self._sets[split],
+            batch_size=self.batch_size,
+            sampler=sampler,
+            shuffle=False,
+            num_workers=self.num_workers,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def train_dataloader(self) -> DataLoader:
-        return self._loader("train", shuffle=True)
+        # Shard by the strategy's data-parallel rank: under tensor parallelism the
+        # ranks of one group must see the same batch.
+        shard = (getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}) if self.trainer is not None else {}
+        sampler = ResumableSampler(
+            len(self._sets["train"]), self.batch_size, seed=self.seed, shuffle=True,
+            rank=shard.get("rank"), world=shard.get("num_replicas"),
+        )
+        return self._loader("train", sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return self._loader("val", shuffle=False)
+        return self._loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self._loader("test", shuffle=False)
+        return self._loader("test")
 
     @property
     def n_features(self) -> int:

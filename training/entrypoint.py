@@ -28,10 +28,15 @@ from typing import Any, Optional
 
 import fsspec
 
+from training.errors import ConfigError
 from training.spec import (
+    CHECKPOINT_DIR,
     EXIT_BAD_CONFIG,
+    EXIT_INFRA,
+    EXIT_PREEMPTED,
     EXIT_USER_ERROR,
     FAILURE_DIR,
+    LAUNCH_ID_ENV,
     RESULT_FILE,
     ImportTarget,
     TrainResult,
@@ -39,10 +44,6 @@ from training.spec import (
 )
 
 log = logging.getLogger("trainyard.training")
-
-
-class ConfigError(ValueError):
-    """The spec names something that cannot be built; retrying cannot help."""
 
 
 def _rank() -> int:
@@ -92,6 +93,8 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
         "batch_size": spec.batch_size,
         **spec.datamodule.kwargs,
     }
+    if "seed" in inspect.signature(dm_cls.__init__).parameters:
+        dm_kwargs.setdefault("seed", spec.seed)
     try:
         dm = dm_cls(**dm_kwargs)
     except TypeError as e:
@@ -173,34 +176,102 @@ def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
             fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
 
 
+def _attempt_id() -> str:
+    return f"{os.environ.get(LAUNCH_ID_ENV, 'direct')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+def select_resume(store: Any, spec: TrainSpec, markers: Any, rank: int) -> Any:
+    """The newest committed checkpoint to resume from (None for a fresh start).
+
+    The `corrupt_latest_checkpoint` drill corrupts the newest checkpoint here, on
+    rank 0, before any rank loads; the others wait for it, so all ranks resume
+    from the same (previous) checkpoint.
+    """
+    if spec.faults.corrupt_latest_checkpoint and not markers.fired("corrupt") and store.list_committed():
+        if rank == 0:
+            uri = store.corrupt_latest()
+            log.warning("fault injection: corrupted the newest checkpoint %s", uri)
+            markers.mark("corrupt")
+        else:
+            deadline = time.monotonic() + 120
+            while not markers.fired("corrupt"):
+                if time.monotonic() > deadline:
+                    raise TimeoutError("rank 0 did not finish the checkpoint-corruption drill within 120 s")
+                time.sleep(0.1)
+    return store.latest()
+
+
 def train(spec: TrainSpec) -> Optional[TrainResult]:
-    """Fit, evaluate, export; returns the result on rank 0 and None elsewhere."""
+    """Fit, evaluate, export; returns the result on rank 0 and None elsewhere.
+
+    DDP (and single-process) runs checkpoint through the committed store with
+    exact resume (`training.fault_tolerance`); fsdp/tp runs write Lightning's
+    distributed checkpoints, whose shards the store does not yet commit.
+    """
     import lightning as L
-    import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from training.callbacks import FaultInjectionCallback, ProgressCallback
+    from training.checkpointing import CheckpointStore
     from training.data import read_parquet_tensors
+    from training.distributed import init_process_group
+    from training.fault_tolerance import AttemptLog, FaultMarkers, FaultTolerance, StoreCheckpointIO, goodput, read_attempts
     from training.reporting import Reporter
+    from training.strategies import evaluation_model
 
+    started_wall = time.time()
     started = time.perf_counter()
     L.seed_everything(spec.seed, workers=True, verbose=False)
     model, dm = build(spec)
     trainer_kwargs = _trainer_kwargs(spec)
+    init_process_group("gloo" if spec.distribution.accelerator == "cpu" else "nccl")
     rank = _rank()
+    committed = spec.distribution.strategy == "ddp" or spec.distribution.world_size == 1
+    markers = FaultMarkers(spec.output_uri)
+    faults = spec.faults
     with Reporter(rank) as reporter:
         progress = ProgressCallback(reporter)
-        checkpoint = ModelCheckpoint(
-            dirpath=join(spec.output_uri, "checkpoints"),
-            monitor=spec.monitor,
-            mode=spec.monitor_mode,
-            save_top_k=1,
-            save_last=True,
-            filename="best-{epoch:03d}",
-        )
-        callbacks: list[Any] = [progress, checkpoint]
-        if spec.faults.raise_at_step is not None:
-            callbacks.append(FaultInjectionCallback(spec.faults.raise_at_step))
+        callbacks: list[Any] = [progress]
+        if faults.raise_at_step is not None or faults.nan_at_step is not None:
+            callbacks.append(FaultInjectionCallback(faults.raise_at_step, faults.nan_at_step))
+        plugins: list[Any] = []
+        resume_path: Optional[str] = None
+        ft: Optional[FaultTolerance] = None
+        checkpoint: Optional[ModelCheckpoint] = None
+        if committed:
+            fail_writes = 0
+            if rank == 0 and faults.fail_storage_writes and not markers.fired("storage"):
+                markers.mark("storage")
+                fail_writes = faults.fail_storage_writes
+            store = CheckpointStore(
+                join(spec.output_uri, CHECKPOINT_DIR),
+                keep_last=spec.checkpoint.keep_last,
+                max_write_attempts=spec.checkpoint.write_attempts,
+                fail_next_writes=fail_writes,
+                weights_only=False,
+            )
+            loaded = select_resume(store, spec, markers, rank)
+            io = StoreCheckpointIO(store, async_save=spec.checkpoint.async_save)
+            attempt = AttemptLog(spec.output_uri, _attempt_id(), started_wall)
+            if loaded is not None:
+                resume_path = io.remember(loaded)
+                attempt.record.update(resumed_from=loaded.uri, resumed_from_step=loaded.step)
+                reporter.info(f"trial {spec.trial_id}: resuming from committed checkpoint {loaded.uri} (step {loaded.step})")
+            ft = FaultTolerance(
+                spec.checkpoint, io, spec.distribution.nodes, spec.monitor, spec.monitor_mode, faults, markers, attempt
+            )
+            callbacks.append(ft)
+            plugins.append(io)
+        else:
+            checkpoint = ModelCheckpoint(
+                dirpath=join(spec.output_uri, CHECKPOINT_DIR),
+                monitor=spec.monitor,
+                mode=spec.monitor_mode,
+                save_top_k=1,
+                save_last=True,
+                filename="best-{epoch:03d}",
+            )
+            callbacks.append(checkpoint)
         logger = _logger(spec)
         trainer = L.Trainer(
             **trainer_kwargs,
@@ -208,6 +279,10 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             limit_train_batches=spec.limit_train_batches,
             deterministic=spec.deterministic,
             callbacks=callbacks,
+            plugins=plugins or None,
+            enable_checkpointing=not committed,
+            num_sanity_val_steps=0,
+            use_distributed_sampler=not getattr(dm, "handles_distributed_sampling", False),
             logger=logger,
             enable_progress_bar=False,
             enable_model_summary=False,
@@ -215,15 +290,21 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
         )
         reporter.info(f"trial {spec.trial_id}: training {spec.model.path} on data {spec.data.version[:12]}")
         fit_started = time.perf_counter()
-        trainer.fit(model, datamodule=dm)
+        trainer.fit(model, datamodule=dm, ckpt_path=resume_path)
         fit_seconds = time.perf_counter() - fit_started
         if trainer.global_rank != 0:
             return None
 
-        best_path = checkpoint.best_model_path or checkpoint.last_model_path
-        with fsspec.open(best_path, "rb") as f:
-            state = torch.load(f, map_location="cpu", weights_only=True)["state_dict"]
-        model.load_state_dict(state)
+        if ft is not None:
+            ft.attempt.update(force=True, status="completed", last_step=trainer.global_step)
+            best = store.best() or store.latest()
+            model.load_state_dict(best.state["state_dict"])
+            best_uri, best_score = best.uri, ft.best_score
+        else:
+            assert checkpoint is not None
+            best_uri = checkpoint.best_model_path or checkpoint.last_model_path
+            model = evaluation_model(model, best_uri, rebuild=lambda: build(spec)[0])
+            best_score = float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None
         metrics = {}
         for split, uri in (("val", spec.data.val_uri), ("test", spec.data.test_uri)):
             x, y = read_parquet_tensors(uri, spec.data.features, spec.data.target)
@@ -236,11 +317,11 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             tracker_run = f"{logger.experiment.project}/{logger.experiment.id}"
         wall = time.perf_counter() - started
         world = trainer.world_size
-        best_score = checkpoint.best_model_score
+        accounting = goodput(read_attempts(spec.output_uri), world, time.time()) if ft is not None else {}
         result = TrainResult(
             trial_id=spec.trial_id,
             metrics=metrics,
-            best_metric=float(best_score) if best_score is not None else metrics["val_acc"],
+            best_metric=best_score if best_score is not None else metrics["val_acc"],
             epochs=trainer.current_epoch,
             global_step=trainer.global_step,
             train_samples=progress.train_samples,
@@ -248,11 +329,15 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             samples_per_second=progress.train_samples / fit_seconds if fit_seconds > 0 else 0.0,
             wall_seconds=wall,
             world_size=world,
-            device_hours=wall * world / 3600.0,
+            device_hours=accounting.get("device_hours", wall * world / 3600.0),
             model_uri=model_uri,
-            checkpoint_uri=best_path,
+            checkpoint_uri=best_uri,
             tracker_run=tracker_run,
             lineage=spec.lineage,
+            resumed_from=resume_path,
+            checkpoint_interval_seconds=ft.interval_seconds if ft else None,
+            checkpoint_interval_source=ft.interval_source if ft else None,
+            goodput=accounting,
         )
         reporter.info(f"trial {spec.trial_id}: done, {metrics}")
         if logger:
@@ -260,9 +345,54 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
         return result
 
 
+def failure_category(exc: BaseException) -> str:
+    """config | user | preempted | infra: what the launcher maps to terminal or retryable."""
+    from training import fault_tolerance
+    from training.checkpointing import CheckpointError
+
+    if isinstance(exc, ConfigError):
+        return "config"
+    if isinstance(exc, fault_tolerance.Preempted):
+        return "preempted"
+    if isinstance(exc, CheckpointError):
+        return "infra"
+    text = str(exc).lower()
+    comm = type(exc).__name__ in ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+    comm = comm or any(s in text for s in ("connection closed by peer", "connection reset by peer", "gloo", "nccl"))
+    # A rank that lost a peer, or was told to stop while blocked in a collective, is an infrastructure casualty.
+    if comm or fault_tolerance.SIGTERM_RECEIVED:
+        return "infra"
+    return "user"
+
+
+EXIT_CODES = {"config": EXIT_BAD_CONFIG, "user": EXIT_USER_ERROR, "preempted": EXIT_PREEMPTED, "infra": EXIT_INFRA}
+
+
+def earlier_terminal_failure(output_uri: str) -> Optional[dict[str, Any]]:
+    """A config or user failure recorded by an earlier worker group of this same launch.
+
+    torchrun restarts the worker group after any failure; a bug in model code
+    would fail the same way again, so a restarted group stops at once instead.
+    """
+    launch = os.environ.get(LAUNCH_ID_ENV)
+    if launch is None or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        return None
+    fs, path = fsspec.core.url_to_fs(join(output_uri, FAILURE_DIR))
+    if not fs.exists(path):
+        return None
+    for p in sorted(fs.glob(f"{path}/rank-*.json")):
+        with fs.open(p, "r") as f:
+            record = json.load(f)
+        if record.get("launch") == launch and record["category"] in ("config", "user"):
+            return record
+    return None
+
+
 def write_failure(spec_uri: str, output_uri: Optional[str], category: str, exc: BaseException) -> None:
     record = {
         "rank": _rank(),
+        "launch": os.environ.get(LAUNCH_ID_ENV),
+        "time": time.time(),
         "category": category,
         "error": f"{type(exc).__name__}: {exc}",
         "traceback": "".join(traceback.format_exception(exc)),
@@ -285,15 +415,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     spec: Optional[TrainSpec] = None
     try:
         spec = load_spec(args.spec)
+        earlier = earlier_terminal_failure(spec.output_uri)
+        if earlier is not None:
+            log.error("an earlier worker group of this launch failed on rank %s (%s); not training again", earlier["rank"], earlier["error"])
+            return EXIT_CODES[earlier["category"]]
         result = train(spec)
-    except ConfigError as e:
-        write_failure(args.spec, spec.output_uri if spec else None, "config", e)
-        log.error("bad config: %s", e)
-        return EXIT_BAD_CONFIG
     except Exception as e:
-        write_failure(args.spec, spec.output_uri if spec else None, "user", e)
-        traceback.print_exc()
-        return EXIT_USER_ERROR
+        category = failure_category(e)
+        write_failure(args.spec, spec.output_uri if spec else None, category, e)
+        if category == "config":
+            log.error("bad config: %s", e)
+        elif category == "preempted":
+            log.warning("preempted: %s", e)
+        else:
+            traceback.print_exc()
+        return EXIT_CODES[category]
     if result is not None:
         with fsspec.open(join(spec.output_uri, RESULT_FILE), "w", auto_mkdir=True) as f:
             f.write(result.model_dump_json(indent=2))

@@ -33,10 +33,14 @@ EXIT_OK = 0
 EXIT_USER_ERROR = 1  # an exception raised by model or data module code
 EXIT_BAD_CONFIG = 78  # EX_CONFIG: the spec cannot work (bad import path, bad hparams)
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: stopped on request after a checkpoint
+EXIT_INFRA = 75  # EX_TEMPFAIL: storage or another dependency failed; a retry may succeed
 
+LAUNCH_ID_ENV = "TRAINYARD_LAUNCH_ID"  # set by launchers, one value per launch
 RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"
 FAILURE_DIR = "failures"
+ATTEMPTS_DIR = "attempts"
+CHECKPOINT_DIR = "checkpoints"
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
@@ -141,10 +145,43 @@ class OptunaSpec(_Strict):
     trial_number: int = Field(ge=0)
 
 
-class FaultInjection(_Strict):
-    """Test-only faults; never set in production pipelines."""
+class CheckpointPolicy(_Strict):
+    """When and how the pod checkpoints.
 
-    raise_at_step: Optional[int] = Field(None, ge=0)
+    With neither `every_n_steps` nor `every_seconds` set, the interval is the
+    Young/Daly optimum sqrt(2 x save time x job MTBF) from the measured time of
+    the first save, with job MTBF = `node_mtbf_hours` / nodes.
+    """
+
+    every_n_steps: Optional[int] = Field(None, ge=1)
+    every_seconds: Optional[float] = Field(None, gt=0)
+    node_mtbf_hours: float = Field(5000.0, gt=0)
+    keep_last: int = Field(3, ge=1)
+    async_save: bool = True
+    preemption_deadline_seconds: float = Field(60.0, gt=0)
+    write_attempts: int = Field(3, ge=1)
+
+
+class FaultInjection(_Strict):
+    """Test-only faults and pre-flight drills; never set in production pipelines.
+
+    Each fault fires once per trial (a marker under the trial directory records
+    it), so the resumed attempt runs clean.
+    """
+
+    raise_at_step: Optional[int] = Field(None, ge=0, description="raise in training on every rank at this step")
+    kill_rank: Optional[int] = Field(None, ge=0, description="SIGKILL this rank at kill_at_step")
+    kill_at_step: Optional[int] = Field(None, ge=1)
+    sigterm_at_step: Optional[int] = Field(None, ge=1, description="SIGTERM the launcher agent (a preemption) at this step")
+    corrupt_latest_checkpoint: bool = Field(False, description="corrupt the newest checkpoint before resuming")
+    fail_storage_writes: int = Field(0, ge=0, description="the next n checkpoint writes fail transiently")
+    nan_at_step: Optional[int] = Field(None, ge=1, description="make the loss NaN at this step")
+
+    @model_validator(mode="after")
+    def _kill_pair(self) -> "FaultInjection":
+        if (self.kill_rank is None) != (self.kill_at_step is None):
+            raise ValueError("kill_rank and kill_at_step are set together")
+        return self
 
 
 class TrainSpec(_Strict):
@@ -168,6 +205,7 @@ class TrainSpec(_Strict):
     deterministic: bool = True
     tracker: TrackerSpec = TrackerSpec(kind="none")
     optuna: Optional[OptunaSpec] = None
+    checkpoint: CheckpointPolicy = CheckpointPolicy()
     faults: FaultInjection = FaultInjection()
     lineage: dict[str, Any] = Field(default_factory=dict)
 
@@ -215,3 +253,7 @@ class TrainResult(_Strict):
     checkpoint_uri: Optional[str] = None
     tracker_run: Optional[str] = None
     lineage: dict[str, Any] = Field(default_factory=dict)
+    resumed_from: Optional[str] = Field(None, description="checkpoint the last attempt resumed from")
+    checkpoint_interval_seconds: Optional[float] = None
+    checkpoint_interval_source: Optional[str] = None
+    goodput: dict[str, Any] = Field(default_factory=dict)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 
 import pyarrow as pa
@@ -12,7 +11,6 @@ import pytest
 
 from resources.versioning import DataVersioning, DataVersioningError, Pin, parse_dvc_file
 
-HAS_DVC_S3 = importlib.util.find_spec("dvc_s3") is not None
 
 
 def _md5(path) -> str:
@@ -119,14 +117,6 @@ def test_parse_dvc_file_rejects_malformed_text(text, match):
         parse_dvc_file(text)
 
 
-@pytest.mark.skipif(HAS_DVC_S3, reason="dvc-s3 is installed; the round trip below covers S3")
-def test_s3_remote_without_the_plugin_fails_before_running_dvc(tmp_path, parquet_file):
-    dv = DataVersioning(repo_dir=str(tmp_path / "work"), remote_url="s3://bucket/dvc")
-    with pytest.raises(DataVersioningError, match="needs the dvc-s3 plugin, which is not installed"):
-        dv.pin(parquet_file)
-
-
-@pytest.mark.skipif(not HAS_DVC_S3, reason="the dvc-s3 plugin is not installed")
 def test_s3_remote_round_trip(s3_endpoint, tmp_path, parquet_file):
     dv = DataVersioning(
         repo_dir=str(tmp_path / "work"), remote_url=s3_endpoint.root("dvc"), remote_endpoint_url=s3_endpoint.url

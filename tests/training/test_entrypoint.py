@@ -10,6 +10,7 @@ import torch
 
 from tests.digits import features, write_splits
 from training import entrypoint
+from training.checkpointing import CheckpointStore
 from training.spec import EXIT_BAD_CONFIG, EXIT_USER_ERROR, DataSpec, FaultInjection, ImportTarget, TrainResult, TrainSpec
 
 
@@ -50,8 +51,8 @@ def test_same_seed_gives_identical_weights(tmp_path: Path) -> None:
         d = tmp_path / str(i)
         make_spec(d)
         assert entrypoint.main(["--spec", str(d / "spec.json")]) == 0
-        ckpt = torch.load(d / "run" / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-        weights.append(ckpt)
+        latest = CheckpointStore(str(d / "run" / "checkpoints"), weights_only=False).latest()
+        weights.append(latest.state["state_dict"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
 

@@ -1,0 +1,168 @@
+"""Fault drills on CPU with 2 processes and a fixed seed: every interruption ends with the same weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from resources.launcher import InfrastructureError, LocalLauncher, TrainingCodeError, TrainingPreempted
+from tests.training.test_entrypoint import make_spec
+from training.checkpointing import CheckpointStore
+from training.fault_tolerance import goodput
+from training.resumable import ResumableDataLoader, ResumableSampler
+from training.spec import CheckpointPolicy, Distribution, FaultInjection
+
+EVERY = 4  # checkpoint interval in steps for the drills
+
+
+def test_sampler_is_a_deterministic_shard_per_epoch() -> None:
+    a0 = ResumableSampler(10, batch_size=2, seed=3, rank=0, world=2)
+    a1 = ResumableSampler(10, batch_size=2, seed=3, rank=1, world=2)
+    assert sorted(list(a0) + list(a1)) == list(range(10))
+    again = ResumableSampler(10, batch_size=2, seed=3, rank=0, world=2)
+    assert list(again) == list(a0)
+    a0.set_epoch(1)
+    assert list(a0) != list(again)
+
+
+def test_sampler_resumes_mid_epoch() -> None:
+    full = ResumableSampler(20, batch_size=3, seed=0, rank=0, world=1)
+    full.set_epoch(2)
+    order = list(full)
+    resumed = ResumableSampler(20, batch_size=3, seed=0, rank=0, world=1)
+    loader = ResumableDataLoader(list(range(20)), batch_size=3, sampler=resumed)
+    loader.load_state_dict({"epoch": 2, "batches_done": 4})
+    assert list(resumed) == order[12:]
+    assert list(resumed) == order  # the skip applies once
+
+
+def test_loader_state_at_epoch_end_moves_to_next_epoch() -> None:
+    sampler = ResumableSampler(9, batch_size=3, seed=0, rank=0, world=1)
+    loader = ResumableDataLoader(list(range(9)), batch_size=3, sampler=sampler)
+    loader.load_state_dict({"epoch": 1, "batches_done": 3})
+    assert sampler.epoch == 2 and loader.state_dict() == {"epoch": 2, "batches_done": 0}
+
+
+def test_goodput_accounts_for_lost_and_restart_time() -> None:
+    attempts = [
+        {"started": 0.0, "first_step_at": 2.0, "last_heartbeat": 12.0, "resumed_from_step": 0, "last_step": 10,
+         "productive_seconds": 10.0, "steps": 10, "checkpoint_blocking_seconds": 0.5, "status": "running"},
+        {"started": 13.0, "first_step_at": 15.0, "last_heartbeat": 25.0, "resumed_from_step": 8, "last_step": 20,
+         "productive_seconds": 12.0, "steps": 12, "checkpoint_blocking_seconds": 0.5, "status": "completed"},
+    ]
+    g = goodput(attempts, world_size=2, ended=25.0)
+    assert g["lost_steps"] == 2 and g["lost_seconds"] == pytest.approx(2.0)
+    assert g["productive_seconds"] == pytest.approx(20.0)
+    assert g["restart_seconds"] == pytest.approx(3.0)
+    assert g["startup_seconds"] == pytest.approx(2.0)
+    assert g["goodput"] == pytest.approx(20.0 / 25.0)
+    assert g["device_hours"] == pytest.approx(25.0 * 2 / 3600)
+    assert g["restarts"] == 1 and g["restart_causes"] == ["lost (process killed)"]
+
+
+def drill_spec(tmp: Path, **over):
+    base = dict(
+        distribution=Distribution(procs_per_node=2, max_restarts=1),
+        checkpoint=CheckpointPolicy(every_n_steps=EVERY, keep_last=2),
+        max_epochs=3,
+        batch_size=16,
+    )
+    base.update(over)
+    return make_spec(tmp, **base)
+
+
+def final_weights(spec) -> dict[str, torch.Tensor]:
+    latest = CheckpointStore(spec.output_uri + "/checkpoints", weights_only=False).latest()
+    assert latest is not None
+    return latest.state["state_dict"]
+
+
+def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory):
+    """An uninterrupted run of the drill configuration."""
+    tmp = tmp_path_factory.mktemp("reference")
+    spec = drill_spec(tmp)
+    result = LocalLauncher().launch(spec).result
+    return result, final_weights(spec)
+
+
+@pytest.mark.slow
+def test_killed_rank_recovers_in_job_with_identical_weights(reference, tmp_path: Path) -> None:
+    ref_result, ref_weights = reference
+    spec = drill_spec(tmp_path, faults=FaultInjection(kill_rank=1, kill_at_step=10))
+    result = LocalLauncher().launch(spec).result
+    assert result.global_step == ref_result.global_step
+    assert_same(final_weights(spec), ref_weights)
+    # checkpoints: step 4 (interval), step 7 (best, end of epoch 0; restarts the interval); killed at 10
+    assert result.resumed_from and result.resumed_from.endswith("step-000000007")
+    assert result.goodput["restarts"] == 1
+    assert 0 <= result.goodput["lost_steps"] <= EVERY
+
+
+@pytest.mark.slow
+def test_preemption_checkpoints_then_retry_resumes_with_identical_weights(reference, tmp_path: Path) -> None:
+    _, ref_weights = reference
+    spec = drill_spec(tmp_path, faults=FaultInjection(sigterm_at_step=7))
+    with pytest.raises(TrainingPreempted) as err:
+        LocalLauncher().launch(spec)
+    assert "checkpoint at step 7 committed" in str(err.value)
+    store = CheckpointStore(spec.output_uri + "/checkpoints", weights_only=False)
+    assert store.latest().step == 7
+    result = LocalLauncher().launch(spec).result  # what Dagster's retry does
+    assert result.resumed_from.endswith("step-000000007")
+    assert_same(final_weights(spec), ref_weights)
+    assert result.goodput["restart_causes"][0] == "preempted"
+
+
+@pytest.mark.slow
+def test_corrupt_newest_checkpoint_falls_back_with_identical_weights(reference, tmp_path: Path) -> None:
+    _, ref_weights = reference
+    spec = drill_spec(tmp_path, faults=FaultInjection(kill_rank=0, kill_at_step=10, corrupt_latest_checkpoint=True))
+    result = LocalLauncher().launch(spec).result
+    # step 7 was corrupted before the restart loaded it, so the restart used step 4
+    assert result.resumed_from.endswith("step-000000004")
+    assert_same(final_weights(spec), ref_weights)
+    log = Path(spec.output_uri, "logs", "launcher.log").read_text()
+    assert "step-000000007" in log and "checksum mismatch" in log
+
+
+@pytest.mark.slow
+def test_transient_storage_failures_are_retried(reference, tmp_path: Path) -> None:
+    _, ref_weights = reference
+    spec = drill_spec(tmp_path, faults=FaultInjection(fail_storage_writes=2))
+    LocalLauncher().launch(spec)
+    assert_same(final_weights(spec), ref_weights)
+
+
+@pytest.mark.slow
+def test_permanent_storage_failure_is_a_clear_retryable_error(tmp_path: Path) -> None:
+    spec = drill_spec(tmp_path, faults=FaultInjection(fail_storage_writes=1000), distribution=Distribution(procs_per_node=2))
+    with pytest.raises(InfrastructureError, match="could not write checkpoint") as err:
+        LocalLauncher().launch(spec)
+    assert err.value.retryable
+
+
+@pytest.mark.slow
+def test_user_error_is_not_restarted(tmp_path: Path) -> None:
+    spec = drill_spec(tmp_path, faults=FaultInjection(raise_at_step=5), distribution=Distribution(procs_per_node=2, max_restarts=3))
+    with pytest.raises(TrainingCodeError, match="injected fault at step 5"):
+        LocalLauncher().launch(spec)
+    log = Path(spec.output_uri, "logs", "launcher.log").read_text()
+    raised = [line for line in log.splitlines() if line.startswith("[default0]:RuntimeError: injected fault at step 5")]
+    assert len(raised) == 1  # trained once, not again on every restart
+    assert "not training again" in log
+
+
+@pytest.mark.slow
+def test_nan_loss_is_a_user_error(tmp_path: Path) -> None:
+    spec = drill_spec(tmp_path, faults=FaultInjection(nan_at_step=3))
+    with pytest.raises(TrainingCodeError, match="training loss is nan"):
+        LocalLauncher().launch(spec)

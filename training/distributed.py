@@ -1,0 +1,39 @@
+"""Process-group start-up that survives torchrun's in-job restarts.
+
+torchrun (torch 2.13) restarts a failed worker group against the same agent
+store, and gloo's full-mesh connect then reads peer addresses left by the
+previous group ("Connection refused" to a dead worker; a restart that never
+comes up). Each group therefore starts its process group on a store prefixed
+with the launch and restart count, so every group sees only its own keys.
+Lightning finds the group initialized and uses it.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from training.spec import LAUNCH_ID_ENV
+
+
+def init_process_group(backend: str, timeout_seconds: float = 600.0) -> bool:
+    """Initialize the default process group from torchrun's environment; False when single-process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 or dist.is_initialized():
+        return False
+    rank = int(os.environ["RANK"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=not agent_store and rank == 0,
+        timeout=timedelta(seconds=timeout_seconds),
+    )
+    prefix = f"trainyard/{os.environ.get(LAUNCH_ID_ENV, 'direct')}/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    dist.init_process_group(
+        backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timedelta(seconds=timeout_seconds)
+    )
+    return True

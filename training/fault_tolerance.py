@@ -1,0 +1,427 @@
+"""Checkpoint, resume and preemption for the Lightning Trainer, plus goodput accounting.
+
+Pieces:
+- `StoreCheckpointIO`: a Lightning CheckpointIO plugin that commits checkpoints
+  through `CheckpointStore` (temp name, checksums, manifest last, retention),
+  asynchronously through `AsyncCheckpointWriter` when asked.
+- `FaultTolerance`: a callback that decides *when* to checkpoint (every N steps,
+  every T seconds, or the Young/Daly optimum from the measured save time), keeps
+  the best checkpoint, captures every rank's RNG state and the sampler position
+  for exact resume, and turns SIGTERM on any rank into an agreed checkpoint and a
+  `Preempted` exit. Decisions are all-reduced so ranks never disagree.
+- `AttemptLog`: one record per attempt (launch x torchrun restart), from which
+  `goodput` derives productive, lost, restart and checkpoint time.
+- Fault injection (tests and drills), each firing once per trial.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any, Optional
+
+import fsspec
+import lightning as L
+import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from training.checkpointing import AsyncCheckpointWriter, CheckpointStore, LoadedCheckpoint, rng_state, set_rng_state, young_daly_interval
+from training.resumable import ResumableSampler
+from training.spec import ATTEMPTS_DIR, CheckpointPolicy, FaultInjection
+
+log = logging.getLogger("trainyard.training")
+
+
+SYNC_PERIOD = 0.5  # seconds between rank agreements (preemption, time-based saves)
+CALIBRATION_STEPS = 10
+SIGTERM_RECEIVED = False  # set by the handler; the entrypoint reads it to classify a failure during shutdown
+
+
+class Preempted(Exception):
+    """SIGTERM reached a rank; a checkpoint was committed and the run stops to be resumed."""
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *parts])
+
+
+class StoreCheckpointIO(CheckpointIO):
+    """Lightning checkpoint IO backed by the committed-checkpoint store.
+
+    `storage_options` of `trainer.save_checkpoint` carries `best`, `metrics` and
+    `sync` (wait for the write, e.g. on preemption).
+    """
+
+    def __init__(self, store: CheckpointStore, async_save: bool = True) -> None:
+        self.store = store
+        self.writer = AsyncCheckpointWriter(store) if async_save else None
+        self.blocking_seconds = 0.0
+        self.sync_save_seconds: list[float] = []
+        self.saves = 0
+        self._loaded: dict[str, LoadedCheckpoint] = {}
+
+    def remember(self, loaded: LoadedCheckpoint) -> str:
+        """Make a checkpoint loaded (and verified) by the store available to `load_checkpoint`."""
+        self._loaded[loaded.uri] = loaded
+        return loaded.uri
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        opts = dict(storage_options or {})
+        step, epoch = int(checkpoint["global_step"]), int(checkpoint["epoch"])
+        kwargs = {"epoch": epoch, "metrics": opts.get("metrics") or {}, "best": bool(opts.get("best", False))}
+        started = time.perf_counter()
+        if self.writer is not None and not opts.get("sync"):
+            self.writer.submit(step, checkpoint, **kwargs)
+        else:
+            if self.writer is not None:
+                self.writer.wait()
+            self.store.save(step, checkpoint, **kwargs)
+            self.sync_save_seconds.append(time.perf_counter() - started)
+        self.blocking_seconds += time.perf_counter() - started
+        self.saves += 1
+
+    @override
+    def load_checkpoint(self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        if str(path) not in self._loaded:
+            raise FileNotFoundError(f"checkpoint {path} was not selected by the store; resume through CheckpointStore.latest()")
+        return self._loaded[str(path)].state
+
+    @override
+    def remove_checkpoint(self, path: Any) -> None:
+        """Retention belongs to the store (last K plus best)."""
+
+    def last_save_seconds(self) -> Optional[float]:
+        if self.writer is not None and self.writer.save_seconds:
+            return self.writer.save_seconds[-1]
+        return self.sync_save_seconds[-1] if self.sync_save_seconds else None
+
+    @override
+    def teardown(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class FaultMarkers:
+    """Once-per-trial fault firing, recorded as files under `<trial>/faults/`."""
+
+    def __init__(self, output_uri: str) -> None:
+        self.root = join(output_uri, "faults")
+
+    def fired(self, name: str) -> bool:
+        fs, path = fsspec.core.url_to_fs(join(self.root, name))
+        return fs.exists(path)
+
+    def mark(self, name: str) -> None:
+        with fsspec.open(join(self.root, name), "w", auto_mkdir=True) as f:
+            f.write(str(time.time()))
+
+
+class AttemptLog:
+    """Rank 0's record of this attempt, rewritten as a heartbeat (at most every `every` seconds)."""
+
+    def __init__(self, output_uri: str, attempt_id: str, started: float, every: float = 2.0) -> None:
+        self.uri = join(output_uri, ATTEMPTS_DIR, f"{attempt_id}.json")
+        self.every = every
+        self.record: dict[str, Any] = {
+            "attempt": attempt_id,
+            "started": started,
+            "first_step_at": None,
+            "last_heartbeat": started,
+            "resumed_from_step": 0,
+            "resumed_from": None,
+            "last_step": 0,
+            "productive_seconds": 0.0,
+            "steps": 0,
+            "checkpoint_blocking_seconds": 0.0,
+            "status": "running",
+        }
+        self._written = 0.0
+
+    def update(self, force: bool = False, **fields: Any) -> None:
+        self.record.update(fields)
+        now = time.time()
+        self.record["last_heartbeat"] = now
+        if force or now - self._written >= self.every:
+            with fsspec.open(self.uri, "w", auto_mkdir=True) as f:
+                json.dump(self.record, f, indent=2, sort_keys=True)
+            self._written = now
+
+
+def read_attempts(output_uri: str) -> list[dict[str, Any]]:
+    fs, path = fsspec.core.url_to_fs(join(output_uri, ATTEMPTS_DIR))
+    if not fs.exists(path):
+        return []
+    records = []
+    for p in fs.glob(f"{path}/*.json"):
+        with fs.open(p, "r") as f:
+            records.append(json.load(f))
+    return sorted(records, key=lambda r: r["started"])
+
+
+def goodput(attempts: list[dict[str, Any]], world_size: int, ended: float) -> dict[str, Any]:
+    """Where the trial's time went, across every attempt.
+
+    - productive: step time of steps that count toward the final model;
+    - lost: step time of steps recomputed after a restart (done, then lost with the
+      attempt because they came after its last committed checkpoint);
+    - restart: from an attempt's last sign of life to the next attempt's first step
+      (failure detection, relaunch, start-up);
+    - checkpoint: time training was blocked by checkpoint saves.
+    Goodput = productive / wall.
+    """
+    if not attempts:
+        return {}
+    wall = ended - attempts[0]["started"]
+    step_time = sum(a["productive_seconds"] for a in attempts)
+    steps = sum(a["steps"] for a in attempts)
+    per_step = step_time / steps if steps else 0.0
+    lost_steps = 0
+    restart = 0.0
+    causes: list[str] = []
+    for prev, cur in zip(attempts, attempts[1:]):
+        lost_steps += max(0, prev["last_step"] - cur["resumed_from_step"])
+        if cur["first_step_at"] is not None:
+            restart += max(0.0, cur["first_step_at"] - prev["last_heartbeat"])
+        causes.append(prev["status"] if prev["status"] != "running" else "lost (process killed)")
+    startup = attempts[0]["first_step_at"] - attempts[0]["started"] if attempts[0]["first_step_at"] else 0.0
+    lost = lost_steps * per_step
+    productive = max(0.0, step_time - lost)
+    return {
+        "wall_seconds": wall,
+        "productive_seconds": productive,
+        "lost_seconds": lost,
+        "lost_steps": lost_steps,
+        "restart_seconds": restart,
+        "startup_seconds": startup,
+        "checkpoint_blocking_seconds": sum(a["checkpoint_blocking_seconds"] for a in attempts),
+        "goodput": productive / wall if wall > 0 else 0.0,
+        "device_hours": wall * world_size / 3600.0,
+        "attempts": len(attempts),
+        "restarts": len(attempts) - 1,
+        "restart_causes": causes,
+    }
+
+
+def _train_sampler(trainer: L.Trainer) -> Optional[ResumableSampler]:
+    loader = trainer.train_dataloader
+    sampler = getattr(loader, "sampler", None)
+    return sampler if isinstance(sampler, ResumableSampler) else None
+
+
+def _all_reduce_max(values: list[float], trainer: L.Trainer) -> list[float]:
+    if trainer.world_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    return t.tolist()
+
+
+class FaultTolerance(Callback):
+    """When to checkpoint, exact-resume state, and agreed preemption.
+
+    Args:
+        policy: interval, retention and preemption settings.
+        io: the store-backed checkpoint IO installed in the Trainer.
+        nodes: job node count, for the Young/Daly interval.
+        monitor, mode: metric that marks the best checkpoint.
+        faults: fault injection for tests and drills.
+        attempt: this attempt's log (rank 0 writes it).
+    """
+
+    def __init__(
+        self,
+        policy: CheckpointPolicy,
+        io: StoreCheckpointIO,
+        nodes: int,
+        monitor: str,
+        mode: str,
+        faults: FaultInjection,
+        markers: FaultMarkers,
+        attempt: AttemptLog,
+    ) -> None:
+        if mode not in ("max", "min"):
+            raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+        self.policy = policy
+        self.io = io
+        self.nodes = nodes
+        self.monitor = monitor
+        self.mode = mode
+        self.faults = faults
+        self.markers = markers
+        self.attempt = attempt
+        self.interval_seconds: Optional[float] = policy.every_seconds
+        self.interval_source = "steps" if policy.every_n_steps else ("seconds" if policy.every_seconds else "young_daly")
+        self.best_score: Optional[float] = None
+        self.last_save_step = 0
+        self.last_save_time = time.monotonic()
+        self.preempt_requested = False
+        self.preempt_save_seconds: Optional[float] = None
+        self._batch_started = 0.0
+        self._previous_handler: Any = None
+        # Ranks agree (one all-reduce) every `sync_every` steps: every step at first,
+        # then about every SYNC_PERIOD seconds once the step time is known, so the
+        # collective costs well under 1% of a step.
+        self.sync_every = 1
+
+    # -- signals -----------------------------------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        # Only set a flag: collectives inside a signal handler can deadlock.
+        global SIGTERM_RECEIVED
+        SIGTERM_RECEIVED = True
+        self.preempt_requested = True
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Installed after Lightning's own handler, which broadcasts from rank 0 only.
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.last_save_time = time.monotonic()
+        self.last_save_step = trainer.global_step
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    # -- steps -------------------------------------------------------------------
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._batch_started = time.perf_counter()
+        if self.attempt.record["first_step_at"] is None:
+            self.attempt.record["first_step_at"] = time.time()
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        rec = self.attempt.record
+        rec["productive_seconds"] += time.perf_counter() - self._batch_started
+        rec["steps"] += 1
+        step = trainer.global_step
+        sampler = _train_sampler(trainer)
+        if sampler is not None:
+            sampler.mark_consumed(trainer.current_epoch, batch_idx + 1)
+        self._inject(trainer, step)
+        if rec["steps"] == CALIBRATION_STEPS and trainer.world_size > 1:
+            (mean_step,) = _all_reduce_max([rec["productive_seconds"] / rec["steps"]], trainer)
+            self.sync_every = max(1, int(SYNC_PERIOD / max(mean_step, 1e-6)))
+        if self.policy.every_n_steps is not None:
+            # Step-based saves are decided identically on every rank; only preemption needs agreement.
+            due = self._due(step)
+            preempt = self.preempt_requested
+            if step % self.sync_every == 0:
+                (preempt,) = _all_reduce_max([float(self.preempt_requested)], trainer)
+        elif step % self.sync_every == 0:
+            preempt, due = _all_reduce_max([float(self.preempt_requested), float(self._due(step))], trainer)
+        else:
+            preempt = due = False
+        if preempt:
+            started = time.perf_counter()
+            self.save(trainer, sync=True)
+            self.preempt_save_seconds = time.perf_counter() - started
+            if trainer.is_global_zero:
+                self.attempt.update(force=True, last_step=step, status="preempted", preempt_save_seconds=self.preempt_save_seconds)
+            raise Preempted(
+                f"SIGTERM: checkpoint at step {step} committed in {self.preempt_save_seconds:.2f} s "
+                f"(deadline {self.policy.preemption_deadline_seconds:.0f} s)"
+            )
+        if due:
+            self.save(trainer)
+            if self.interval_source == "young_daly" and self.interval_seconds is None:
+                self._choose_interval()
+        if trainer.is_global_zero:
+            self.attempt.update(last_step=step)
+
+    def _due(self, step: int) -> bool:
+        if self.policy.every_n_steps is not None:
+            return step - self.last_save_step >= self.policy.every_n_steps
+        if self.interval_seconds is None:
+            return step >= 1 and self.io.saves == 0  # first save measures the save time
+        return time.monotonic() - self.last_save_time >= self.interval_seconds
+
+    def _choose_interval(self) -> None:
+        if self.io.writer is not None:
+            self.io.writer.wait()
+        measured = self.io.last_save_seconds() or self.io.blocking_seconds or 1e-3
+        self.interval_seconds = young_daly_interval(measured, self.policy.node_mtbf_hours, self.nodes)
+        log.info(
+            "checkpoint interval %.1f s (Young/Daly: save %.3f s, node MTBF %.0f h, %d node(s))",
+            self.interval_seconds, measured, self.policy.node_mtbf_hours, self.nodes,
+        )
+
+    def save(self, trainer: L.Trainer, sync: bool = False, best: bool = False) -> None:
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        before = self.io.blocking_seconds
+        trainer.save_checkpoint(
+            self.io.store.uri(trainer.global_step), storage_options={"sync": sync, "best": best, "metrics": metrics}
+        )
+        self.attempt.record["checkpoint_blocking_seconds"] += self.io.blocking_seconds - before
+        self.last_save_step = trainer.global_step
+        self.last_save_time = time.monotonic()
+        if trainer.is_global_zero:
+            self.attempt.update(force=True, last_step=trainer.global_step)
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking or self.monitor not in trainer.callback_metrics:
+            return
+        score = float(trainer.callback_metrics[self.monitor])
+        better = self.best_score is None or (score > self.best_score if self.mode == "max" else score < self.best_score)
+        if better:
+            self.best_score = score
+            self.save(trainer, best=True)
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The final state is always committed, so the newest checkpoint is the trained model.
+        if self.last_save_step != trainer.global_step:
+            self.save(trainer, sync=True)
+        elif self.io.writer is not None:
+            self.io.writer.wait()
+
+    # -- exact resume state --------------------------------------------------------
+
+    @override
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        states: list[Any] = [rng_state()]
+        if trainer.world_size > 1:
+            gathered: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(gathered, states[0])
+            states = gathered
+        checkpoint["trainyard"] = {"rng": states, "best_score": self.best_score, "interval_seconds": self.interval_seconds}
+
+    @override
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get("trainyard")
+        if not saved:
+            return
+        states = saved["rng"]
+        if len(states) != trainer.world_size:
+            log.warning("checkpoint has RNG states of %d ranks, this run has %d; RNG not restored", len(states), trainer.world_size)
+        else:
+            set_rng_state(states[trainer.global_rank])
+        self.best_score = saved.get("best_score")
+        if saved.get("interval_seconds") and self.interval_source == "young_daly":
+            self.interval_seconds = saved["interval_seconds"]
+
+    # -- faults ------------------------------------------------------------------
+
+    def _inject(self, trainer: L.Trainer, step: int) -> None:
+        f = self.faults
+        if f.kill_at_step == step and trainer.global_rank == f.kill_rank and not self.markers.fired("kill"):
+            self.markers.mark("kill")
+            log.warning("fault injection: SIGKILL rank %d at step %d", trainer.global_rank, step)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if f.sigterm_at_step == step and trainer.is_global_zero and not self.markers.fired("sigterm"):
+            self.markers.mark("sigterm")
+            log.warning("fault injection: SIGTERM the launcher agent at step %d", step)
+            agent = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
+            os.kill(agent, signal.SIGTERM)
+            if agent != os.getpid():
+                time.sleep(0.5)  # let the agent forward SIGTERM to every rank before the agreement below
