@@ -50,14 +50,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo()
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+# Command groups living in their own modules; each defines `register(subparsers)`
+# and sets `func` on its parsers. Imported lazily so `trainyard --help` stays fast.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
     parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: raw data to registered models, on Dagster")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the vision/digits pipeline end to end through Dagster")
     demo.set_defaults(func=cmd_demo)
     init = sub.add_parser("init", help="create TRAINYARD_HOME and DAGSTER_HOME")
     init.set_defaults(func=lambda a: (ensure_dagster_home(), 0)[1])
-    args = parser.parse_args(argv)
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 
