@@ -11,7 +11,7 @@ by `ObjectStoreJsonIOManager`; data and models live in the object store.
 import os
 import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 from dagster import (
     AssetCheckResult,
@@ -24,6 +24,7 @@ from dagster import (
     DynamicPartitionsDefinition,
     Failure,
     MetadataValue,
+    Config,
     Output,
     RetryRequested,
     asset,
@@ -38,9 +39,34 @@ from resources.storage import ObjectStore
 from resources.sweeps import SweepStore
 from resources.tracking import Tracking
 from resources.versioning import DataVersioning
-from training.spec import DataSpec, Distribution, ImportTarget, OptunaSpec, TrainSpec
+from training.spec import DataSpec, Distribution, FaultInjection, ImportTarget, OptunaSpec, TrainSpec
 
 CHECK_NAME = "expectations"
+
+
+class TrialConfig(Config):
+    """Run config of a trial: launch-time overrides (the last configuration layer) and fault drills.
+
+    A drill rehearses recovery before a long job: e.g. `drill_kill_rank=1,
+    drill_kill_at_step=50` kills a rank mid-epoch; the trial must finish with the
+    same weights. Each drill fires once per trial.
+    """
+
+    max_epochs: Optional[int] = None
+    drill_kill_rank: Optional[int] = None
+    drill_kill_at_step: Optional[int] = None
+    drill_sigterm_at_step: Optional[int] = None
+    drill_corrupt_latest_checkpoint: bool = False
+    drill_fail_storage_writes: int = 0
+
+    def faults(self) -> FaultInjection:
+        return FaultInjection(
+            kill_rank=self.drill_kill_rank,
+            kill_at_step=self.drill_kill_at_step,
+            sigterm_at_step=self.drill_sigterm_at_step,
+            corrupt_latest_checkpoint=self.drill_corrupt_latest_checkpoint,
+            fail_storage_writes=self.drill_fail_storage_writes,
+        )
 
 
 def trial_key(number: int) -> str:
@@ -246,6 +272,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
     )
     def trial_model(
         context: AssetExecutionContext,
+        config: TrialConfig,
         validated_data: dict,
         sweep: dict,
         store: ObjectStore,
@@ -257,6 +284,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         trial = sweeps.trial(sweep["study"], number)
         output_uri = store.uri("runs", spec.team, spec.name, sweep["study"], context.partition_key)
         record = lineage.record(spec, validated_data["md5"], params=trial.params, seed=spec.model.seed)
+        record["max_epochs"] = config.max_epochs or spec.model.max_epochs  # run config overrides the spec
         if trial.state.name == "COMPLETE" and store.exists(f"{output_uri}/result.json"):
             context.log.info(f"{context.partition_key} already completed with these inputs; reusing its result")
             result = store.read_json(f"{output_uri}/result.json")
@@ -275,9 +303,10 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                     version=validated_data["md5"],
                 ),
                 output_uri=output_uri,
-                max_epochs=spec.model.max_epochs,
+                max_epochs=config.max_epochs or spec.model.max_epochs,
                 batch_size=spec.model.batch_size,
                 monitor=spec.model.monitor,
+                faults=config.faults(),
                 monitor_mode=spec.model.monitor_mode,
                 distribution=spec.distribution,
                 seed=spec.model.seed,

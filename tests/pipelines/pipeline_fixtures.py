@@ -54,9 +54,9 @@ class Harness:
         self.instance = DagsterInstance.local_temp(str(home / "dagster"), overrides={"telemetry": {"enabled": False}})
         self.names = job_names(spec)
 
-    def run(self, job: str, partition_key: Optional[str] = None):
+    def run(self, job: str, partition_key: Optional[str] = None, run_config: Optional[dict] = None):
         return self.defs.resolve_job_def(self.names[job]).execute_in_process(
-            instance=self.instance, partition_key=partition_key, raise_on_error=False
+            instance=self.instance, partition_key=partition_key, raise_on_error=False, run_config=run_config
         )
 
     def node(self, asset: str) -> str:
