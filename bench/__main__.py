@@ -6,7 +6,7 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = ["bench.overhead"]
+BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory"]
 
 
 def main(names: list[str]) -> int:

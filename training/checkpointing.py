@@ -523,12 +523,44 @@ class _StagedFile:
             log.debug("could not remove temporary file %s: %s", self.tmp, e)
 
 
-def snapshot_to_cpu(obj: Any, _memo: Optional[dict[int, Any]] = None) -> Any:
+class HostBuffers:
+    """CPU tensors of the previous snapshot, reused when the next one has the same layout.
+
+    Copying into warm buffers avoids allocating (and page-faulting) the whole
+    checkpoint's worth of host memory on every save. Safe because the writer
+    keeps at most one write in flight and snapshots only after it finished.
+    """
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self._next = 0
+
+    def start(self) -> None:
+        self._next = 0
+
+    def copy(self, t: torch.Tensor) -> torch.Tensor:
+        src = t.detach()
+        i = self._next
+        self._next += 1
+        if i < len(self.tensors):
+            buf = self.tensors[i]
+            if buf.shape == src.shape and buf.dtype == src.dtype and buf.layout == src.layout and src.layout == torch.strided:
+                return buf.copy_(src)
+        out = src.to("cpu", copy=True)
+        if i < len(self.tensors):
+            self.tensors[i] = out
+        else:
+            self.tensors.append(out)
+        return out
+
+
+def snapshot_to_cpu(obj: Any, _memo: Optional[dict[int, Any]] = None, buffers: Optional[HostBuffers] = None) -> Any:
     """A deep copy of `obj` whose tensors are detached copies in CPU memory.
 
     Dicts (keeping their type), lists, tuples and namedtuples are copied
     recursively; an object reachable twice is copied once, so tied weights stay
-    tied. Anything else is `copy.deepcopy`'d.
+    tied. Anything else is `copy.deepcopy`'d. With `buffers`, tensors are copied
+    into the previous snapshot's host memory where the layout matches.
     """
     memo: dict[int, Any] = {} if _memo is None else _memo
     key = id(obj)
@@ -537,16 +569,16 @@ def snapshot_to_cpu(obj: Any, _memo: Optional[dict[int, Any]] = None) -> Any:
     out: Any
     if isinstance(obj, torch.Tensor):
         # One copy whether the tensor is on CPU (where .cpu() would alias) or a device.
-        out = obj.detach().to("cpu", copy=True)
+        out = buffers.copy(obj) if buffers is not None else obj.detach().to("cpu", copy=True)
     elif isinstance(obj, dict):
         out = copy.copy(obj)
         out.clear()
         for k, v in obj.items():
-            out[k] = snapshot_to_cpu(v, memo)
+            out[k] = snapshot_to_cpu(v, memo, buffers)
     elif isinstance(obj, list):
-        out = [snapshot_to_cpu(v, memo) for v in obj]
+        out = [snapshot_to_cpu(v, memo, buffers) for v in obj]
     elif isinstance(obj, tuple):
-        items = [snapshot_to_cpu(v, memo) for v in obj]
+        items = [snapshot_to_cpu(v, memo, buffers) for v in obj]
         out = type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     else:
         out = copy.deepcopy(obj)
@@ -581,6 +613,7 @@ class AsyncCheckpointWriter:
         self.save_seconds: list[float] = []
         self.last_uri: Optional[str] = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self._buffers = HostBuffers()
         self._pending: Optional[Future[str]] = None
         self._lock = threading.Lock()
         self._closed = False
@@ -604,7 +637,8 @@ class AsyncCheckpointWriter:
                 if self._closed:
                     raise RuntimeError("AsyncCheckpointWriter is closed; create a new one to write more checkpoints")
                 self._await_pending()
-                snapshot = snapshot_to_cpu(state)
+                self._buffers.start()
+                snapshot = snapshot_to_cpu(state, buffers=self._buffers)
                 self._pending = self._executor.submit(self._write, step, snapshot, kwargs)
         finally:
             self.blocking_seconds += time.perf_counter() - started

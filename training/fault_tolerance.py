@@ -125,7 +125,7 @@ class FaultMarkers:
 class AttemptLog:
     """Rank 0's record of this attempt, rewritten as a heartbeat (at most every `every` seconds)."""
 
-    def __init__(self, output_uri: str, attempt_id: str, started: float, every: float = 2.0) -> None:
+    def __init__(self, output_uri: str, attempt_id: str, started: float, every: float = 1.0) -> None:
         self.uri = join(output_uri, ATTEMPTS_DIR, f"{attempt_id}.json")
         self.every = every
         self.record: dict[str, Any] = {
@@ -148,8 +148,13 @@ class AttemptLog:
         now = time.time()
         self.record["last_heartbeat"] = now
         if force or now - self._written >= self.every:
-            with fsspec.open(self.uri, "w", auto_mkdir=True) as f:
+            # Written under a temporary name and moved: the SIGTERM handler may write while a write is in progress.
+            fs, path = fsspec.core.url_to_fs(self.uri)
+            tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            with fs.open(tmp, "w") as f:
                 json.dump(self.record, f, indent=2, sort_keys=True)
+            fs.mv(tmp, path)
             self._written = now
 
 
@@ -268,6 +273,7 @@ class FaultTolerance(Callback):
         # then about every SYNC_PERIOD seconds once the step time is known, so the
         # collective costs well under 1% of a step.
         self.sync_every = 1
+        self._rank = 0
 
     # -- signals -----------------------------------------------------------------
 
@@ -276,6 +282,10 @@ class FaultTolerance(Callback):
         global SIGTERM_RECEIVED
         SIGTERM_RECEIVED = True
         self.preempt_requested = True
+        if self._rank == 0:
+            # torchrun also sends SIGTERM when it tears down a group that lost a rank:
+            # record how far this attempt got, so lost work is counted.
+            self.attempt.update(force=True)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -283,6 +293,7 @@ class FaultTolerance(Callback):
         self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
         self.last_save_time = time.monotonic()
         self.last_save_step = trainer.global_step
+        self._rank = trainer.global_rank
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -336,7 +347,8 @@ class FaultTolerance(Callback):
             if self.interval_source == "young_daly" and self.interval_seconds is None:
                 self._choose_interval()
         if trainer.is_global_zero:
-            self.attempt.update(last_step=step)
+            self.attempt.record["last_step"] = step
+            self.attempt.update()
 
     def _due(self, step: int) -> bool:
         if self.policy.every_n_steps is not None:
@@ -376,6 +388,11 @@ class FaultTolerance(Callback):
         if better:
             self.best_score = score
             self.save(trainer, best=True)
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if trainer.is_global_zero and self.attempt.record["status"] == "running":
+            self.attempt.update(force=True, status=f"failed: {type(exception).__name__}: {str(exception)[:200]}")
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,0 +1,79 @@
+"""Recovery time: from a rank's death to the first training step after resume (local launcher).
+
+A 2-process DDP run of the digits model, checkpointing every 20 steps, loses
+rank 1 to SIGKILL mid-epoch; torchrun restarts the worker group, which resumes
+from the newest committed checkpoint. Measured from the kill (the drill's
+marker time) to the first step of the restarted group (its attempt record),
+so it covers failure detection, worker-group restart, process start-up
+(imports), checkpoint load and data set-up. Baseline: a cold start of the same
+job (launch to first step), so the ratio says how many cold starts a recovery costs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bench.harness import write_result
+from bench.overhead import _splits
+from resources.launcher import LocalLauncher
+from training.fault_tolerance import read_attempts
+from training.spec import CheckpointPolicy, DataSpec, Distribution, FaultInjection, ImportTarget, TrainSpec
+
+REPEATS = 2
+
+
+def run(tmp: Path, features: list[str], i: int) -> tuple[float, float, dict]:
+    out = tmp / f"run-{i}"
+    spec = TrainSpec(
+        pipeline="bench/recovery",
+        trial_id="trial-0000",
+        model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs={"hidden": 64, "lr": 0.01}),
+        data=DataSpec(train_uri=str(tmp / "train.parquet"), val_uri=str(tmp / "val.parquet"), test_uri=str(tmp / "test.parquet"),
+                      features=features, target="label", version="bench"),
+        output_uri=str(out),
+        max_epochs=4,
+        batch_size=16,
+        distribution=Distribution(procs_per_node=2, max_restarts=1),
+        checkpoint=CheckpointPolicy(every_n_steps=20),
+        faults=FaultInjection(kill_rank=1, kill_at_step=50),
+    )
+    launched = time.time()
+    result = LocalLauncher().launch(spec).result
+    killed_at = float((out / "faults" / "kill").read_text())
+    attempts = read_attempts(str(out))
+    assert len(attempts) == 2, attempts
+    recovery = attempts[1]["first_step_at"] - killed_at
+    startup = attempts[0]["first_step_at"] - launched  # a cold launch: torchrun, imports, set-up
+    return recovery, startup, result.goodput
+
+
+def main() -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        features = _splits(tmp_path)
+        runs = [run(tmp_path, features, i) for i in range(REPEATS)]
+    recoveries = [r for r, _, _ in runs]
+    startups = [s for _, s, _ in runs]
+    return write_result(
+        "recovery_seconds",
+        statistics.median(recoveries),
+        "s",
+        statistics.median(startups),
+        {
+            "recovery_seconds": recoveries,
+            "baseline": "cold start of the same job: launch to first step",
+            "startup_seconds": startups,
+            "lost_steps": [g["lost_steps"] for _, _, g in runs],
+            "goodput": [g["goodput"] for _, _, g in runs],
+            "checkpoint_every_steps": 20,
+            "processes": 2,
+        },
+    )
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
