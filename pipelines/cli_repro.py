@@ -1,0 +1,61 @@
+"""`trainyard compare` and `trainyard reproduce`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def _resources() -> dict[str, Any]:
+    from pipelines.environments import resources_for
+
+    return resources_for()
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pipelines.compare import render, trial_rows, version_rows
+
+    res = _resources()
+    if args.trials:
+        store = res["store"]
+        team, _, name = args.target.partition("/")
+        if not name:
+            print(f"--trials takes a pipeline key like 'vision/digits', got {args.target!r}")
+            return 2
+        results = [store.read_json(u) for u in store.glob(store.uri("runs", team, name, "*", "*", "result.json"))]
+        rows = trial_rows(results)
+    else:
+        rows = version_rows(res["registry"], args.target, args.versions.split(",") if args.versions else None)
+    print(render(rows, args.format, only_differences=args.differences))
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from pipelines.reproduce import ReproductionError, reproduce
+
+    try:
+        report = reproduce(args.ref, _resources(), strict=args.strict)
+    except ReproductionError as e:
+        print(f"not reproduced: {e}")
+        return 1
+    print(report.to_markdown())
+    print(f"\nreport: {report.report_uri}")
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    return 0 if report.reproduced else 1
+
+
+def register(sub: Any) -> None:
+    compare = sub.add_parser("compare", help="compare registered versions of a model, or the trials of a pipeline")
+    compare.add_argument("target", help="a registered model name (e.g. vision.digits), or a pipeline key with --trials")
+    compare.add_argument("--trials", action="store_true", help="compare the trials of pipeline TARGET (e.g. vision/digits)")
+    compare.add_argument("--versions", help="comma-separated versions to compare (default: all)")
+    compare.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
+    compare.add_argument("--differences", action="store_true", help="show only the fields that differ")
+    compare.set_defaults(func=cmd_compare)
+    repro = sub.add_parser("reproduce", help="rebuild a registered model from its lineage and compare weights")
+    repro.add_argument("ref", help="<model>@<version|alias>, e.g. vision.digits@champion")
+    repro.add_argument("--strict", action="store_true", help="abort when the code or lock differs from the recorded one")
+    repro.add_argument("--json", action="store_true", help="also print the report as JSON")
+    repro.set_defaults(func=cmd_reproduce)

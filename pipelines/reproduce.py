@@ -1,0 +1,191 @@
+"""Rebuild a registered model from its lineage record and prove it is the same model.
+
+`reproduce(ref)`:
+1. resolves `<model>@<alias>` or `<model>@<version>` in the registry and reads its
+   lineage tags and the trial's `spec.json`;
+2. restores the pinned raw snapshot with DVC into a fresh directory, checks its
+   md5 against the recorded data version, re-splits it with the pipeline's split
+   and compares the splits with the files the trial trained on;
+3. compares code version (git commit, dirty flag) and dependency lock hash with
+   this checkout: a mismatch is a warning, or a failure with `strict=True`;
+4. retrains with the same spec (seed, config, world size) on the restored data;
+5. compares the best checkpoint's weights bitwise (CPU) and the metrics, and
+   writes a report next to the other reproductions in the object store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from assets import lineage
+from pipelines.catalog import find_pipeline
+from pipelines.spec import PipelineSpec
+from resources.launcher import LocalLauncher
+from resources.registry import ModelRegistry
+from resources.storage import ObjectStore
+from resources.versioning import DataVersioning, parse_dvc_file
+from training.spec import SPEC_FILE, TrackerSpec, TrainSpec
+
+
+class ReproductionError(Exception):
+    """The reproduction could not be attempted (unknown model, missing lineage, strict mismatch)."""
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    warning: bool = False
+
+
+@dataclass
+class Report:
+    model: str
+    version: str
+    checks: list[Check] = field(default_factory=list)
+    report_uri: Optional[str] = None
+
+    @property
+    def reproduced(self) -> bool:
+        return all(c.ok or c.warning for c in self.checks)
+
+    def add(self, name: str, ok: bool, detail: str, warning: bool = False) -> None:
+        self.checks.append(Check(name, ok, detail, warning and not ok))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "version": self.version,
+            "reproduced": self.reproduced,
+            "checks": [c.__dict__ for c in self.checks],
+        }
+
+    def to_markdown(self) -> str:
+        lines = [f"# Reproduction of {self.model} version {self.version}: {'REPRODUCED' if self.reproduced else 'NOT REPRODUCED'}", "",
+                 "| check | result | detail |", "|---|---|---|"]
+        for c in self.checks:
+            verdict = "ok" if c.ok else ("warning" if c.warning else "FAILED")
+            lines.append(f"| {c.name} | {verdict} | {c.detail} |")
+        return "\n".join(lines)
+
+
+def parse_ref(ref: str) -> tuple[str, Optional[str], Optional[str]]:
+    """`name@champion` -> (name, None, 'champion'); `name@3` -> (name, '3', None)."""
+    name, sep, selector = ref.partition("@")
+    if not sep or not name or not selector:
+        raise ReproductionError(f"model reference {ref!r} must be '<model>@<version>' or '<model>@<alias>', e.g. 'vision.digits@champion'")
+    return (name, selector, None) if selector.isdigit() else (name, None, selector)
+
+
+def _sha(path: str) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipeline: Optional[PipelineSpec] = None) -> Report:
+    """Rebuild `ref` and compare; `pipeline` defaults to the team definition named by its lineage."""
+    registry: ModelRegistry = resources["registry"]
+    store: ObjectStore = resources["store"]
+    versioning: DataVersioning = resources["versioning"]
+    name, number, alias = parse_ref(ref)
+    version = registry.get_version(name, number) if number else registry.get_alias(name, alias or "")
+    if version is None:
+        raise ReproductionError(f"{ref}: model {name!r} has no alias {alias!r}")
+    tags = version.tags
+    for required in ("trainyard.data_version", "trainyard.checkpoint_uri", "trainyard.pipeline"):
+        if required not in tags:
+            raise ReproductionError(f"{ref}: version {version.version} has no {required} tag; it was not registered by trainyard")
+    report = Report(name, version.version)
+    checkpoint_uri = tags["trainyard.checkpoint_uri"]
+    trial_dir = checkpoint_uri.rstrip("/").rsplit("/", 2)[0]
+    spec = TrainSpec.from_json(store.read_bytes(f"{trial_dir}/{SPEC_FILE}").decode())
+    pipeline = pipeline or find_pipeline(tags["trainyard.pipeline"])
+
+    # Code and environment.
+    commit, dirty = lineage.code_version()
+    recorded = tags.get("trainyard.code_version", "unknown")
+    code_ok = commit == recorded and not dirty
+    detail = f"recorded {recorded[:12]}, checkout {commit[:12]}{' with uncommitted changes' if dirty else ''}"
+    if not code_ok and strict:
+        report.add("code version", False, detail)
+        raise ReproductionError(f"{ref}: code mismatch ({detail}); rerun without --strict to reproduce anyway")
+    report.add("code version", code_ok, detail, warning=True)
+    lock = lineage.lock_hash()
+    lock_ok = lock == tags.get("trainyard.lock_hash")
+    report.add("dependency lock", lock_ok, f"recorded {tags.get('trainyard.lock_hash')}, here {lock}", warning=not strict)
+
+    with tempfile.TemporaryDirectory(prefix="trainyard-reproduce-") as tmp:
+        # Data: the pinned snapshot, restored by DVC, then split as the pipeline splits.
+        md5 = tags["trainyard.data_version"]
+        dvc_text = store.read_bytes(store.uri("data", pipeline.team, pipeline.name, "raw", md5, "data.parquet.dvc")).decode()
+        pinned_md5, _, rel = parse_dvc_file(dvc_text)
+        restored = versioning.restore(dvc_text, rel, os.path.join(tmp, "restored"))
+        import hashlib
+
+        with open(restored, "rb") as f:
+            restored_md5 = hashlib.md5(f.read()).hexdigest()
+        report.add("data version", restored_md5 == md5 == pinned_md5, f"recorded {md5}, restored with DVC {restored_md5}")
+
+        import pandas as pd
+        import pyarrow as pa
+
+        from assets import data_quality as dq
+
+        train, val, test = dq.split(pd.read_parquet(restored), pipeline)
+        split_dir = os.path.join(tmp, "splits")
+        os.makedirs(split_dir)
+        uris = {}
+        same = []
+        for part, frame in (("train", train), ("val", val), ("test", test)):
+            uris[part] = os.path.join(split_dir, f"{part}.parquet")
+            dq.write_parquet_deterministic(pa.Table.from_pandas(frame, preserve_index=False), uris[part])
+            used = getattr(spec.data, f"{part}_uri")
+            if store.exists(used):
+                with tempfile.NamedTemporaryFile(dir=tmp, delete=False) as f:
+                    f.write(store.read_bytes(used))
+                same.append(_sha(f.name) == _sha(uris[part]))
+            else:
+                same.append(False)
+        report.add("training data", all(same),
+                   "the files the trial trained on equal the re-split of the pinned snapshot" if all(same)
+                   else f"data mismatch: split files that differ from the pinned snapshot's re-split: {[p for p, s in zip(('train', 'val', 'test'), same) if not s]}")
+
+        # Retrain with the same spec on the restored data.
+        out = store.uri("reproductions", name, f"v{version.version}-{int(time.time())}")
+        again = spec.model_copy(
+            update={
+                "output_uri": f"{out}/run",
+                "data": spec.data.model_copy(update=uris),
+                "tracker": TrackerSpec(kind="none"),
+                "optuna": None,
+            }
+        )
+        result = LocalLauncher().launch(again).result
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.verify", f"{trial_dir}/checkpoints", f"{again.output_uri}/checkpoints"],
+        capture_output=True, text=True, timeout=600,
+    )
+    try:
+        verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as e:
+        raise ReproductionError(f"weight comparison failed: {proc.stderr[-2000:]}") from e
+    report.add("weights", verdict["identical"], verdict["detail"])
+    for key, value in result.metrics.items():
+        recorded_metric = tags.get(f"trainyard.metric.{key}")
+        if recorded_metric is not None:
+            report.add(f"metric {key}", float(recorded_metric) == value, f"recorded {float(recorded_metric):.6f}, rebuilt {value:.6f}")
+    report.report_uri = f"{out}/report.json"
+    store.write_json(report.report_uri, report.to_dict())
+    store.write_bytes(f"{out}/report.md", report.to_markdown().encode())
+    return report
