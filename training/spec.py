@@ -203,6 +203,7 @@ class TrainSpec(_Strict):
     distribution: Distribution = Distribution()
     seed: int = 0
     deterministic: bool = True
+    precision: Literal["32-true", "bf16-mixed", "16-mixed"] = "32-true"
     tracker: TrackerSpec = TrackerSpec(kind="none")
     optuna: Optional[OptunaSpec] = None
     checkpoint: CheckpointPolicy = CheckpointPolicy()

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# GPU smoke test for a machine with NVIDIA GPUs (never needed by tests or CI):
+# DDP and FSDP with NCCL and bf16 on all local GPUs through the platform's entrypoint,
+# against a bare PyTorch loop. Writes bench/results/gpu_smoke.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PY:-.venv/bin/python}"
+nvidia-smi --query-gpu=name,memory.total --format=csv
+"$PY" -m bench.gpu_smoke "$@"
