@@ -8,8 +8,6 @@ by `ObjectStoreJsonIOManager`; data and models live in the object store.
 """
 
 
-import os
-import tempfile
 import time
 from typing import Any, Iterator, Optional
 
@@ -30,16 +28,28 @@ from dagster import (
     asset,
 )
 
-from assets import lineage
-from assets.promotion import decide_promotion
+from assets import lineage, promotion
 from pipelines.spec import PipelineSpec
+from resources.handoff import HandoffPublisher
 from resources.launcher import Launcher, LaunchError, TrainingPreempted
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
-from resources.sweeps import SweepStore
+from resources.sweeps import (
+    SweepError,
+    SweepStore,
+    build_report,
+    failure_reason,
+    objective_values,
+    objectives_of,
+    pareto_front,
+    pick_trial,
+    report_metadata,
+    study_directions,
+    trials_markdown,
+)
 from resources.tracking import Tracking
 from resources.versioning import DataVersioning
-from training.spec import DataSpec, Distribution, FaultInjection, ImportTarget, OptunaSpec, TrainSpec
+from training.spec import DataSpec, Distribution, FaultInjection, ImportTarget, OptunaSpec, PrunerSpec, TrainSpec
 
 CHECK_NAME = "expectations"
 
@@ -143,33 +153,44 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         key=key("raw_data"),
         group_name=group,
         code_version=code_version,
-        description=f"Snapshot of {spec.source.prefix}/{spec.source.pattern} as canonical Parquet, pinned with DVC.",
+        description=f"Incremental snapshot of {spec.source.prefix}/{spec.source.pattern} as canonical Parquet, pinned with DVC.",
     )
     def raw_data(context: AssetExecutionContext, store: ObjectStore, versioning: DataVersioning) -> Output[dict]:
         from assets import data_quality as dq
+        from assets import ingest
 
         try:
-            table = dq.to_canonical(dq.read_landing(store, spec.source), spec)
+            result = ingest.ingest(store, spec, versioning, log=context.log.warning)
+        except ingest.IngestRejected as e:
+            raise Failure(
+                description=f"{spec.key}: raw data rejected: {e}",
+                metadata={
+                    "files": MetadataValue.md(ingest.records_markdown(e.records)),
+                    "quarantine": MetadataValue.path(dq.quarantine_root(store, spec.team, spec.name)),
+                },
+            ) from e
+        except ingest.LandingFileChanged as e:
+            raise Failure(description=f"{spec.key}: landing data is still changing, try again once uploads finish: {e}") from e
         except dq.DataQualityError as e:
             raise Failure(description=f"{spec.key}: raw data rejected: {e}") from e
-        with tempfile.TemporaryDirectory() as tmp:
-            local = os.path.join(tmp, "data.parquet")
-            dq.write_parquet_deterministic(table, local)
-            pin = versioning.pin(local)
-            base = store.uri("data", spec.team, spec.name, "raw", pin.md5)
-            store.put_file(local, f"{base}/data.parquet")
-        store.write_bytes(f"{base}/data.parquet.dvc", pin.dvc_file.encode())
-        value = {"uri": f"{base}/data.parquet", "md5": pin.md5, "rows": table.num_rows, "dvc_file": pin.dvc_file}
+        snap = result.snapshot
+        value = {"uri": snap.uri, "md5": snap.md5, "rows": snap.rows, "dvc_file": snap.dvc_file, "files": len(snap.files), "warnings": result.warnings}
         return Output(
             value,
-            data_version=DataVersion(pin.md5),
+            data_version=DataVersion(snap.md5),
             metadata={
-                "dvc_md5": pin.md5,
-                "rows": table.num_rows,
-                "columns": table.num_columns,
-                "bytes": pin.size,
-                "uri": MetadataValue.path(value["uri"]),
-                "restore": MetadataValue.md(f"`dvc pull` with this pin:\n```\n{pin.dvc_file}```"),
+                "dvc_md5": snap.md5,
+                "rows": snap.rows,
+                "columns": len(spec.columns),
+                "files": len(snap.files),
+                "new_files": len(result.ingested),
+                "rejected_files": len(result.rejected),
+                "reused_snapshot": result.reused_snapshot,
+                "warnings": len(result.warnings),
+                "ingest": MetadataValue.md(result.files_markdown()),
+                "uri": MetadataValue.path(snap.uri),
+                "manifest": MetadataValue.path(ingest.manifest_uri(store, spec)),
+                "restore": MetadataValue.md(f"`dvc pull` with this pin:\n```\n{snap.dvc_file}```"),
             },
         )
 
@@ -177,90 +198,92 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         key=key("validated_data"),
         group_name=group,
         code_version=code_version,
-        check_specs=[AssetCheckSpec(CHECK_NAME, asset=key("validated_data"), blocking=True, description="Great Expectations suite and drift")],
-        description="Great Expectations suite and drift check, then a deterministic train/val/test split.",
+        check_specs=[AssetCheckSpec(CHECK_NAME, asset=key("validated_data"), blocking=True, description="Great Expectations suite, platform checks and drift")],
+        description="Great Expectations suite, platform checks and drift, then a deterministic train/val/test split.",
     )
     def validated_data(context: AssetExecutionContext, raw_data: dict, store: ObjectStore) -> Iterator[Any]:
-        import pandas as pd
-
         from assets import data_quality as dq
+        from assets.expectations import UnsupportedExpectation
 
-        with store.open(raw_data["uri"], "rb") as f:
-            df = pd.read_parquet(f)
-        report = dq.validate(df, spec)
-        latest_uri = store.uri("data", spec.team, spec.name, "validated", "latest.json")
-        drift: dict[str, float] = {}
-        if store.exists(latest_uri):
-            previous = store.read_json(latest_uri)
-            if previous["md5"] != raw_data["md5"]:
-                with store.open(previous["raw_uri"], "rb") as f:
-                    drift = dq.drift_report(pd.read_parquet(f), df, spec)
-        drifted = {c: v for c, v in drift.items() if spec.max_drift_psi is not None and v > spec.max_drift_psi}
-        check_meta = {
+        try:
+            outcome = dq.validate_version(store, spec, raw_data)
+        except (dq.DataQualityError, UnsupportedExpectation) as e:
+            raise Failure(description=f"{spec.key}: cannot validate data version {raw_data['md5']}: {e}") from e
+        report, verdict = outcome.validation.report, outcome.verdict
+        check_meta: dict[str, Any] = {
             "expectations": report.evaluated,
             "failed": report.failed,
+            "rows": report.rows,
+            "policy": spec.on_bad_data,
             "results": MetadataValue.md(report.to_markdown()),
-            "max_psi": max(drift.values()) if drift else 0.0,
+            "failing_rows": MetadataValue.md(report.failing_rows_markdown()),
+            "drift": MetadataValue.md(dq.drift_markdown(outcome.drift, spec)),
+            "max_psi": max((d["psi"] for d in outcome.drift if d["psi"] is not None), default=0.0),
+            "max_ks": max((d["ks"] for d in outcome.drift if d["ks"] is not None), default=0.0),
+            "data_docs": MetadataValue.path(outcome.docs_uri),
         }
-        if not report.success or drifted:
-            where = store.uri("quarantine", spec.team, spec.name, raw_data["md5"])
-            store.copy(raw_data["uri"], f"{where}/data.parquet")
-            store.write_json(
-                f"{where}/report.json",
-                {"raw": raw_data, "validation": report.model_dump(mode="json"), "drift": drift, "drifted": drifted},
-            )
-            check_meta["quarantine"] = MetadataValue.path(where)
+        if not verdict.accepted:
+            check_meta["quarantine"] = MetadataValue.path(outcome.quarantine)
             yield AssetCheckResult(check_name=CHECK_NAME, passed=False, severity=AssetCheckSeverity.ERROR, metadata=check_meta)
-            reasons = [f"{report.failed} of {report.evaluated} expectations failed"] if not report.success else []
-            reasons += [f"drift PSI above {spec.max_drift_psi} in {sorted(drifted)}"] if drifted else []
             raise Failure(
-                description=f"{spec.key}: data version {raw_data['md5']} rejected ({'; '.join(reasons)}); "
-                f"kept in quarantine at {where}",
+                description=f"{spec.key}: data version {raw_data['md5']} rejected ({'; '.join(verdict.reasons[:6])}); "
+                f"kept in quarantine at {outcome.quarantine}",
                 metadata=check_meta,
             )
-        train, val, test = dq.split(df, spec)
-        split_id = f"{raw_data['md5']}-{spec.fingerprint()}"
-        base = store.uri("data", spec.team, spec.name, "validated", split_id)
-        uris = {}
-        for name, part in (("train", train), ("val", val), ("test", test)):
-            uris[name] = f"{base}/{name}.parquet"
-            with tempfile.TemporaryDirectory() as tmp:
-                local = os.path.join(tmp, f"{name}.parquet")
-                import pyarrow as pa
-
-                dq.write_parquet_deterministic(pa.Table.from_pandas(part, preserve_index=False), local)
-                store.put_file(local, uris[name])
-        store.write_json(latest_uri, {"md5": raw_data["md5"], "raw_uri": raw_data["uri"]})
+        if verdict.warnings:
+            # The rows that go on passed every row-level check; what did not is set aside or released.
+            for line in verdict.warnings:
+                context.log.warning(f"{spec.key}: {line}")
+            check_meta["warnings"] = MetadataValue.md("\n".join(f"- {w}" for w in verdict.warnings))
+        if outcome.quarantine:
+            check_meta["set_aside"] = MetadataValue.path(outcome.quarantine)
+        if verdict.release:
+            check_meta["released_by"] = verdict.release["released_by"]
+            check_meta["release_reason"] = verdict.release["reason"]
         yield AssetCheckResult(check_name=CHECK_NAME, passed=True, metadata=check_meta)
-        value = {"md5": raw_data["md5"], "split_id": split_id, **uris, "rows": {"train": len(train), "val": len(val), "test": len(test)}}
+        value = outcome.value
+        assert value is not None
         yield Output(
             value,
-            data_version=DataVersion(split_id),
-            metadata={"train_rows": len(train), "val_rows": len(val), "test_rows": len(test), "data_version": raw_data["md5"]},
+            data_version=DataVersion(value["split_id"]),
+            metadata={
+                "train_rows": value["rows"]["train"],
+                "val_rows": value["rows"]["val"],
+                "test_rows": value["rows"]["test"],
+                "set_aside_rows": value["set_aside"],
+                "data_version": raw_data["md5"],
+                "profile": MetadataValue.path(value["profile"]),
+            },
         )
 
     @asset(
         key=key("sweep"),
         group_name=group,
         code_version=code_version,
-        description=f"Optuna study of {spec.search.n_trials} trial(s); registers them as partitions of trial_model.",
+        description=f"Optuna study of {spec.search.n_trials} trial(s), {spec.search.window} in flight; registers them as "
+        "partitions of trial_model (the sweep sensor asks the rest) and reports best parameters, history and importance.",
     )
-    def sweep(context: AssetExecutionContext, validated_data: dict, sweeps: SweepStore) -> Output[dict]:
+    def sweep(
+        context: AssetExecutionContext, validated_data: dict, sweeps: SweepStore, store: ObjectStore, tracking: Tracking
+    ) -> Output[dict]:
         name = study_name(spec, validated_data["md5"])
-        study = sweeps.load_or_create(name, spec.model.monitor_mode, spec.search)
+        study = sweeps.load_or_create(name, study_directions(spec), spec.search)
         numbers = sweeps.ensure_trials(study, spec.search)
         keys = [trial_key(n) for n in numbers]
         existing = set(context.instance.get_dynamic_partitions(partitions.name))
         new = [k for k in keys if k not in existing]
         if new:
             context.instance.add_dynamic_partitions(partitions.name, new)
-        rows = [(t.number, t.state.name, t.value, t.params) for t in study.get_trials(deepcopy=False)]
-        table = "| trial | state | value | params |\n|---|---|---|---|\n" + "\n".join(
-            f"| {trial_key(n)} | {s} | {'' if v is None else f'{v:.4f}'} | {p} |" for n, s, v, p in rows
-        )
+        report = build_report(sweeps, study, spec)
+        meta = report_metadata(report, store, store.uri("reports", spec.team, spec.name, name), objectives_of(spec))
+        if report.status.stop_reason:
+            context.log.warning(f"{spec.key}: sweep {name} stopped: {report.status.stop_reason}")
+        wandb = {"wandb_project": f"{spec.team}-{spec.name}", "wandb_group": name, "wandb_mode": tracking.resolved_mode()}
+        if tracking.resolved_mode() == "online" and tracking.entity:
+            wandb["wandb_url"] = MetadataValue.url(f"https://wandb.ai/{tracking.entity}/{spec.team}-{spec.name}/groups/{name}")
         return Output(
             {"study": name, "trials": keys, "data_md5": validated_data["md5"]},
-            metadata={"study": name, "storage": sweeps.storage_url.split("?")[0], "trials": len(keys), "new_partitions": len(new), "table": MetadataValue.md(table)},
+            metadata={"study": name, "storage": sweeps.storage_url.split("?")[0], "trials": len(keys), "new_partitions": len(new), **meta, **wandb},
         )
 
     @asset(
@@ -285,13 +308,20 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         output_uri = store.uri("runs", spec.team, spec.name, sweep["study"], context.partition_key)
         record = lineage.record(spec, validated_data["md5"], params=trial.params, seed=spec.model.seed)
         record["max_epochs"] = config.max_epochs or spec.model.max_epochs  # run config overrides the spec
-        if trial.state.name == "COMPLETE" and store.exists(f"{output_uri}/result.json"):
-            context.log.info(f"{context.partition_key} already completed with these inputs; reusing its result")
+        if trial.state.name in ("COMPLETE", "PRUNED") and store.exists(f"{output_uri}/result.json"):
+            context.log.info(f"{context.partition_key} already {trial.state.name.lower()} with these inputs; reusing its result")
             result = store.read_json(f"{output_uri}/result.json")
+        elif trial.state.name in ("FAIL", "PRUNED"):
+            raise Failure(
+                description=f"{context.partition_key}: trial {number} of study {sweep['study']} is {trial.state.name} "
+                f"({failure_reason(trial) if trial.state.name == 'FAIL' else 'stopped early by the pruner'}) and has no result; "
+                "finished trials are not trained again (the sweep asks a new trial in its place)"
+            )
         else:
             train_spec = TrainSpec(
                 pipeline=spec.key,
                 trial_id=context.partition_key,
+                task=spec.model.task,
                 model=ImportTarget(path=spec.model.path, kwargs={**spec.model.hparams, **trial.params}),
                 datamodule=ImportTarget(path=spec.model.datamodule),
                 data=DataSpec(
@@ -314,24 +344,43 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                 tracker=tracking.tracker_spec(
                     project=f"{spec.team}-{spec.name}", group=sweep["study"], name=context.partition_key, config=record
                 ),
-                optuna=OptunaSpec(storage_url=sweeps.storage_url, study_name=sweep["study"], trial_number=number),
+                optuna=OptunaSpec(
+                    storage_url=sweeps.storage_url,
+                    study_name=sweep["study"],
+                    trial_number=number,
+                    # A finished trial (retrained because its result is gone) takes no more reports.
+                    pruner=spec.search.pruner if trial.state.name == "RUNNING" else PrunerSpec(),
+                ),
                 lineage=record,
             )
             try:
-                outcome = launcher.launch(train_spec, context=context)
+                with sweeps.heartbeat(sweep["study"], number):
+                    outcome = launcher.launch(train_spec, context=context)
             except LaunchError as e:
                 handle_launch_error(context, e, spec, store, sweeps, sweep["study"], number, output_uri)
             result = outcome.result.model_dump(mode="json")
-            sweeps.tell(
-                sweep["study"],
-                number,
-                outcome.result.best_metric,
-                {"result_uri": f"{output_uri}/result.json", "metrics": outcome.result.metrics},
-            )
+            attrs = {"result_uri": f"{output_uri}/result.json", "metrics": outcome.result.metrics}
+            if outcome.result.status == "pruned" or sweeps.trial(sweep["study"], number).state.name == "PRUNED":
+                sweeps.tell(sweep["study"], number, None, attrs, pruned=True)
+                result["status"] = "pruned"
+            else:
+                needs_size = any(o.metric == "model_bytes" for o in objectives_of(spec))
+                model_bytes = sum(f.size for f in store.list_files(f"{result['model_uri']}/**")) if needs_size else None
+                try:
+                    values = objective_values(result, objectives_of(spec), spec.model.monitor, model_bytes)
+                except SweepError as e:
+                    sweeps.tell(sweep["study"], number, None, {**attrs, "error": str(e)}, failed=True)
+                    raise Failure(description=f"{context.partition_key}: {e}") from e
+                result["objectives"] = dict(zip([o.metric for o in objectives_of(spec)], values))
+                sweeps.tell(sweep["study"], number, values if spec.search.multi_objective else values[0], attrs)
         value = {"trial": context.partition_key, "number": number, "params": trial.params, "result_uri": f"{output_uri}/result.json", **result}
+        pruned = result.get("status") == "pruned"
         return Output(
             value,
             metadata={
+                "status": result.get("status", "completed"),
+                **({"pruned_at_epoch": result["epochs"]} if pruned else {}),
+                **{f"objective_{k}": float(v) for k, v in (result.get("objectives") or {}).items()},
                 **{k: float(v) for k, v in result["metrics"].items()},
                 spec.model.monitor: result["best_metric"],
                 "params": MetadataValue.json(trial.params),
@@ -358,25 +407,41 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
     )
     def best_model(context: AssetExecutionContext, sweep: dict, sweeps: SweepStore, store: ObjectStore) -> Output[dict]:
         study = sweeps.load(sweep["study"])
-        done = [t for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"]
+        trials = study.get_trials(deepcopy=False)
+        done = [t for t in trials if t.state.name == "COMPLETE"]
         if not done:
             raise Failure(description=f"{spec.key}: study {sweep['study']} has no completed trial; materialize trial_model partitions first")
-        best = max(done, key=lambda t: t.value) if spec.model.monitor_mode == "max" else min(done, key=lambda t: t.value)
+        objectives = objectives_of(spec)
+        extra: dict[str, Any] = {}
+        if spec.search.multi_objective:
+            front = pareto_front(trials, [o.mode for o in objectives])
+            try:
+                best, reason = pick_trial(front, objectives, spec.search.pick)
+            except SweepError as e:
+                raise Failure(description=f"{spec.key}: study {sweep['study']}: {e}; relax search.pick.limits") from e
+            extra = {"pareto_front": MetadataValue.md(trials_markdown(front, objectives, limit=len(front))), "pareto_size": len(front)}
+        else:
+            sign = 1.0 if spec.model.monitor_mode == "max" else -1.0
+            best = max(done, key=lambda t: (sign * t.values[0], -t.number))
+            reason = f"best {spec.model.monitor} ({spec.model.monitor_mode}) of {len(done)} completed trial(s)"
         result = store.read_json(best.user_attrs["result_uri"])
         value = {"study": sweep["study"], "trial": trial_key(best.number), "number": best.number, "params": best.params,
-                 "value": best.value, "result_uri": best.user_attrs["result_uri"], **result}
-        rows = sorted(done, key=lambda t: t.value, reverse=spec.model.monitor_mode == "max")
-        table = f"| trial | {spec.model.monitor} | params |\n|---|---|---|\n" + "\n".join(
-            f"| {trial_key(t.number)} | {t.value:.4f} | {t.params} |" for t in rows
+                 "value": best.values[0], "values": list(best.values), "result_uri": best.user_attrs["result_uri"], **result}
+        rows = sorted(done, key=lambda t: t.values[0], reverse=objectives[0].mode == "max")
+        table = f"| trial | {', '.join(o.metric for o in objectives)} | params |\n|---|---|---|\n" + "\n".join(
+            f"| {trial_key(t.number)} | {', '.join(f'{v:.4f}' for v in t.values)} | {t.params} |" for t in rows
         )
         return Output(
             value,
             metadata={
                 "trial": value["trial"],
-                spec.model.monitor: best.value,
+                spec.model.monitor: result["best_metric"],
+                **{f"objective_{o.metric}": float(v) for o, v in zip(objectives, best.values)},
                 **{k: float(v) for k, v in result["metrics"].items()},
                 "completed_trials": len(done),
+                "pick": reason,
                 "trials": MetadataValue.md(table),
+                **extra,
             },
         )
 
@@ -384,15 +449,32 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         key=key("registered_model"),
         group_name=group,
         code_version=code_version,
-        description="An MLflow model version with lineage tags; alias 'champion' moves only when the new version wins.",
+        description="An MLflow model version with lineage tags and a model card; it becomes 'challenger', and "
+        "'champion' only when the pipeline's promotion policy passes (metric vs threshold and champion on the same "
+        "test split, data validation, serving smoke test). Champion changes are published as handoff events.",
     )
     def registered_model(
-        context: AssetExecutionContext, best_model: dict, validated_data: dict, registry: ModelRegistry, store: ObjectStore
+        context: AssetExecutionContext,
+        best_model: dict,
+        validated_data: dict,
+        registry: ModelRegistry,
+        store: ObjectStore,
+        handoff: HandoffPublisher,
     ) -> Output[dict]:
         import pandas as pd
 
+        metrics = {k: float(v) for k, v in best_model["metrics"].items()}
+        if spec.promotion.metric not in metrics:
+            raise Failure(
+                description=f"{spec.key}: promotion.metric {spec.promotion.metric!r} is not among the trial's metrics "
+                f"{sorted(metrics)}; declare one of them in PromotionSpec(metric=...)"
+            )
         with store.open(validated_data["test"], "rb") as f:
             test_df = pd.read_parquet(f)
+        quarantine = store.uri("quarantine", spec.team, spec.name, validated_data["md5"])
+        validation = promotion.validation_evidence(
+            context.instance, key("validated_data"), CHECK_NAME, validated_data["md5"], store.exists(quarantine)
+        )
         record = best_model["lineage"]
         tags = {f"trainyard.{k}": str(v) for k, v in lineage.flatten(record).items()}
         tags.update(
@@ -401,36 +483,42 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                 "trainyard.study": best_model["study"],
                 "trainyard.checkpoint_uri": str(best_model["checkpoint_uri"]),
                 "trainyard.tracker_run": str(best_model["tracker_run"] or ""),
-                "trainyard.validation": "passed",
-                "trainyard.test_split": validated_data["split_id"],
+                promotion.TEST_SPLIT_TAG: validated_data["split_id"],
+                promotion.TEST_URI_TAG: validated_data["test"],
+                promotion.TARGET_TAG: spec.target,
+                promotion.POLICY_TAG: spec.promotion.model_dump_json(),
+                **validation.tags(),
             }
         )
-        metrics = {k: float(v) for k, v in best_model["metrics"].items()}
-        tags.update({f"trainyard.metric.{k}": repr(v) for k, v in metrics.items()})
+        tags.update({f"{promotion.METRIC_TAG}{k}": repr(v) for k, v in metrics.items()})
         version = registry.register(
             spec.model_name,
             best_model["model_uri"],
             trial_key=f"{best_model['study']}/{best_model['trial']}",
             tags=tags,
             metrics=metrics,
-            description=lineage.model_card(spec, best_model, validated_data),
+            description=promotion.model_card(spec, best_model, validated_data, validation),
             input_example=test_df[spec.features].head(5),
         )
-        decision = decide_promotion(spec, registry, version, metrics, test_df, validated_data["split_id"])
-        context.log.info(decision.reason)
+        candidate = promotion.Candidate(
+            version=version, policy=spec.promotion, metrics=metrics, split_id=validated_data["split_id"],
+            test_df=test_df[[*spec.features, spec.target]], target=spec.target, validation=validation,
+        )
+        decision = promotion.decide(registry, handoff, candidate, action="register", decided_by=f"dagster run {context.run_id}")
+        context.log.info(f"{spec.model_name} v{version.version}: {decision.outcome}: {decision.reason}")
         return Output(
-            {"name": spec.model_name, "version": version.version, "model_uri": version.model_uri, "champion": decision.promoted or decision.already_champion,
-             "created": version.created, **metrics},
+            {"name": spec.model_name, "version": version.version, "model_uri": version.model_uri, "champion": decision.champion,
+             "created": version.created, "decision": decision.outcome, **metrics},
             metadata={
                 "model": spec.model_name,
                 "version": version.version,
                 "model_uri": version.model_uri,
                 "new_version": version.created,
-                "champion": decision.promoted or decision.already_champion,
-                "decision": decision.reason,
+                **decision.metadata(),
                 **metrics,
                 "data_version": record.get("data_version", ""),
                 "code_version": record.get("code_version", ""),
+                "validation": validation.detail,
             },
         )
 

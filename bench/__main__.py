@@ -6,7 +6,7 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory"]
+BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory", "bench.validation_throughput", "bench.ingest_memory", "bench.gbt_overhead", "bench.cluster_sim"]
 
 
 def main(names: list[str]) -> int:

@@ -52,7 +52,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 # Command groups living in their own modules; each defines `register(subparsers)`
 # and sets `func` on its parsers. Imported lazily so `trainyard --help` stays fast.
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("pipelines.cli_registry", "pipelines.cli_repro", "pipelines.cli_data")
 
 
 def build_parser() -> argparse.ArgumentParser:

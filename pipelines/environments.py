@@ -9,6 +9,9 @@
   tracking server (`MLFLOW_TRACKING_URI`) with artifacts on S3, training as
   Kueue-admitted Kubernetes Jobs (`TRAINYARD_K8S_NAMESPACE`,
   `TRAINYARD_TRAINER_IMAGE`, see `KubernetesLauncher.from_env`).
+
+Both publish champion changes as handoff events under `<store>/handoff/` and,
+when `TRAINYARD_HANDOFF_WEBHOOK` is set, POST them to that URL.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from resources.handoff import HandoffPublisher
 from resources.io_manager import ObjectStoreJsonIOManager
 from resources.k8s_launcher import KubernetesLauncher
 from resources.launcher import LocalLauncher
@@ -48,6 +52,7 @@ def local_resources(home: Path | None = None) -> dict[str, Any]:
         "launcher": LocalLauncher(),
         "sweeps": SweepStore(storage_url=f"sqlite:///{home / 'optuna.db'}"),
         "registry": ModelRegistry(tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "store" / "mlflow-artifacts")),
+        "handoff": HandoffPublisher(store=store, webhook_url=os.environ.get("TRAINYARD_HANDOFF_WEBHOOK") or None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }
 
@@ -74,6 +79,7 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
         "launcher": KubernetesLauncher.from_env(env),
         "sweeps": SweepStore(storage_url=_require(env, "TRAINYARD_OPTUNA_URL")),
         "registry": ModelRegistry(tracking_uri=_require(env, "MLFLOW_TRACKING_URI"), artifact_root=f"{root}/mlflow-artifacts"),
+        "handoff": HandoffPublisher(store=store, webhook_url=env.get("TRAINYARD_HANDOFF_WEBHOOK") or None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }
 

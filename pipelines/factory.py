@@ -20,13 +20,20 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
 
     Jobs per pipeline: `prepare` (raw_data, validated_data, sweep), `train`
     (one trial_model partition per run) and `promote` (best_model,
-    registered_model).
+    registered_model). Sensors per pipeline: `<team>__<name>__landing`
+    (new landing files -> `prepare`, see `pipelines.landing_sensor`) and
+    `<team>__<name>__sweep` (keeps `search.parallelism` trials in flight, see
+    `pipelines.sensors`). Every `train` run is tagged `trainyard/team=<team>`,
+    the key of the per-team run limit in `dagster.yaml`.
     """
     from pipelines.environments import resources_for
+    from pipelines.landing_sensor import build_landing_sensor
+    from pipelines.sensors import TEAM_TAG, sweep_sensor
 
     seen: set[str] = set()
     assets: list[Any] = []
     jobs: list[Any] = []
+    sensors: list[Any] = []
     for spec in specs:
         if spec.key in seen:
             raise ValueError(f"pipeline {spec.key!r} is defined twice")
@@ -34,9 +41,10 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
         assets += build_assets(spec)
         names = job_names(spec)
         k = lambda n: AssetKey([spec.team, spec.name, n])  # noqa: E731
-        jobs += [
-            define_asset_job(names["prepare"], selection=AssetSelection.assets(k("raw_data"), k("validated_data"), k("sweep"))),
-            define_asset_job(names["train"], selection=AssetSelection.assets(k("trial_model")), partitions_def=trials_partitions(spec)),
-            define_asset_job(names["promote"], selection=AssetSelection.assets(k("best_model"), k("registered_model"))),
-        ]
-    return Definitions(assets=assets, jobs=jobs, resources=resources if resources is not None else resources_for())
+        prepare = define_asset_job(names["prepare"], selection=AssetSelection.assets(k("raw_data"), k("validated_data"), k("sweep")))
+        train = define_asset_job(
+            names["train"], selection=AssetSelection.assets(k("trial_model")), partitions_def=trials_partitions(spec), tags={TEAM_TAG: spec.team}
+        )
+        jobs += [prepare, train, define_asset_job(names["promote"], selection=AssetSelection.assets(k("best_model"), k("registered_model")))]
+        sensors += [build_landing_sensor(spec, names["prepare"]), sweep_sensor(spec, train, prepare)]
+    return Definitions(assets=assets, jobs=jobs, sensors=sensors, resources=resources if resources is not None else resources_for())

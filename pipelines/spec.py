@@ -27,12 +27,13 @@ import ast
 import hashlib
 import importlib.util
 import json
+import os
 import re
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from training.spec import CheckpointPolicy, Distribution, ImportTarget
+from training.spec import CheckpointPolicy, Distribution, ImportTarget, PrunerSpec
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
 
@@ -69,26 +70,80 @@ class _Strict(BaseModel):
 
 
 class SourceSpec(_Strict):
-    """Landing files, relative to the object store root (or absolute `s3://...`)."""
+    """Landing files: where they are, which of them to take and how to parse them.
+
+    Attributes:
+        prefix: Directory or prefix, relative to the object store root, or
+            absolute (`s3://bucket/prefix` on an S3 store, `/data/...` on a
+            local one).
+        pattern: A glob, or a list of globs, relative to `prefix` (`*`, `?`,
+            `[...]`, and `**` for any depth); a file matching any of them is
+            a landing file.
+        format: `csv`, `parquet`, `jsonl` (JSON lines), or `auto` to tell by
+            extension (`.csv`; `.parquet`/`.pq`; `.jsonl`/`.ndjson`/`.json`).
+        encoding: Text encoding of CSV files (a Python codec name).
+
+    Example:
+        >>> SourceSpec(prefix="s3://lake/churn", pattern=["2024/**/*.parquet", "backfill/*.csv"], format="auto").globs
+        ['2024/**/*.parquet', 'backfill/*.csv']
+    """
 
     prefix: str
-    pattern: str = "*.csv"
-    format: Literal["csv", "parquet", "jsonl"] = "csv"
+    pattern: Union[str, list[str]] = "*.csv"
+    format: Literal["csv", "parquet", "jsonl", "auto"] = "csv"
+    encoding: str = "utf-8"
+
+    @field_validator("pattern")
+    @classmethod
+    def _relative_globs(cls, v: Union[str, list[str]]) -> Union[str, list[str]]:
+        globs = [v] if isinstance(v, str) else v
+        if not globs:
+            raise ValueError("pattern must name at least one glob, e.g. '*.csv'")
+        for glob in globs:
+            if not glob.strip() or glob.startswith("/") or "://" in glob or ".." in glob.split("/"):
+                raise ValueError(
+                    f"pattern {glob!r} must be a non-empty glob relative to prefix, without '..' "
+                    "(put absolute locations in prefix)"
+                )
+        return v
+
+    @field_validator("encoding")
+    @classmethod
+    def _known_encoding(cls, v: str) -> str:
+        import codecs
+
+        try:
+            codecs.lookup(v)
+        except LookupError as e:
+            raise ValueError(f"encoding {v!r} is not a codec Python knows (e.g. 'utf-8', 'latin-1', 'cp1252')") from e
+        return v
+
+    @property
+    def globs(self) -> list[str]:
+        """The patterns as a list."""
+        return [self.pattern] if isinstance(self.pattern, str) else list(self.pattern)
 
 
 class ColumnSpec(_Strict):
-    """Expectations on one column: type, nulls, range and categorical domain."""
+    """Expectations on one column: type, nulls, range, categorical domain, finiteness.
+
+    `finite` (float columns only): NaN and +-inf are bad values, reported by
+    the platform check `trainyard_values_are_finite`.
+    """
 
     dtype: Literal["int", "float", "str", "bool"]
     nullable: bool = False
     min: Optional[float] = None
     max: Optional[float] = None
     domain: Optional[list[Union[int, str, bool]]] = None
+    finite: bool = True
 
     @model_validator(mode="after")
     def _range_ordered(self) -> "ColumnSpec":
         if self.min is not None and self.max is not None and self.min > self.max:
             raise ValueError(f"min {self.min} is greater than max {self.max}")
+        if not self.finite and self.dtype != "float":
+            raise ValueError(f"finite=False applies to float columns only; this column's dtype is {self.dtype!r}")
         return self
 
 
@@ -144,17 +199,86 @@ class CategoricalParam(_Strict):
 Param = Union[FloatParam, IntParam, CategoricalParam]
 
 
+# Metrics an objective may name besides the model's monitor and other `val_*` metrics:
+# fields of the trial's result, and the size of its exported model.
+RESULT_OBJECTIVES = ("model_bytes", "fit_seconds", "wall_seconds", "device_hours", "samples_per_second")
+# SearchSpec fields that steer a sweep without changing what its trials train; changing
+# them resumes the same study (they are not part of the pipeline fingerprint).
+SWEEP_CONTROL_FIELDS = ("n_trials", "parallelism", "timeout_seconds", "target", "max_failures", "pick")
+# Trials in flight when `parallelism` is unset: all of a small sweep, a bounded window of a large one.
+DEFAULT_WINDOW = 64
+
+
+class Objective(_Strict):
+    """One objective of a multi-objective sweep: a metric of the trial's result and its better direction."""
+
+    metric: str
+    mode: Literal["max", "min"]
+
+
+class PickPolicy(_Strict):
+    """Which trial of a multi-objective sweep's Pareto front `best_model` promotes.
+
+    First the front is narrowed to trials within `limits` ({metric: bound}; a
+    ceiling for "min" objectives, a floor for "max" ones). Then:
+
+    - `primary`: the best trial on `metric` (default: the first objective), ties
+      broken by the next objectives in order, then the lower trial number;
+    - `utopia`: the trial closest (Euclidean) to the ideal point after scaling
+      each objective to [0, 1] over the front; ties go to the lower trial number.
+
+    Example:
+        >>> PickPolicy(rule="primary", metric="val_acc", limits={"model_bytes": 60_000})
+    """
+
+    rule: Literal["primary", "utopia"] = "primary"
+    metric: Optional[str] = None
+    limits: dict[str, float] = Field(default_factory=dict)
+
+
 class SearchSpec(_Strict):
-    """An Optuna search space over model hyperparameters.
+    """An Optuna search space over model hyperparameters, and how the sweep runs.
 
     A pipeline without a search space is a sweep of one trial with the model's
     own hyperparameters, so small and large jobs share one path.
+
+    Attributes:
+        params: the search space.
+        n_trials: trials that must finish (complete or pruned); failed trials
+            are replaced and counted against `max_failures` instead.
+        sampler: `tpe` (default; constant liar when trials run in parallel),
+            `random`, `grid` (int and categorical params only; n_trials at most
+            the grid size) or `cmaes` (needs the `cmaes` package; single objective).
+        seed: sampler seed.
+        pruner: early stopping of unpromising trials (single objective only).
+        parallelism: trials in flight at once; the sweep sensor asks for a new
+            trial when one finishes. Unset: all n_trials, at most 64.
+        timeout_seconds: time budget from the sweep's start; after it no new
+            trial is asked (trials in flight finish).
+        target: stop asking once the best value of the first objective reaches it.
+        max_failures: stop asking once this many trials failed (default:
+            max(3, n_trials / 5)), with the failures named in the reason.
+        objectives: two or more metrics for a multi-objective sweep (Pareto
+            front); empty: the model's monitor alone. A metric is the model's
+            monitor, another `val_*` metric, or one of `RESULT_OBJECTIVES`.
+        pick: which Pareto-front trial `best_model` promotes.
+
+    Example:
+        >>> SearchSpec(params={"lr": FloatParam(low=1e-4, high=1e-1, log=True)}, n_trials=40,
+        ...            parallelism=4, pruner=PrunerSpec(kind="median", n_startup_trials=5))
     """
 
     params: dict[str, Param] = Field(default_factory=dict)
     n_trials: int = Field(1, ge=1)
-    sampler: Literal["tpe", "random"] = "tpe"
+    sampler: Literal["tpe", "random", "grid", "cmaes"] = "tpe"
     seed: int = 0
+    pruner: PrunerSpec = PrunerSpec()
+    parallelism: Optional[int] = Field(None, ge=1)
+    timeout_seconds: Optional[float] = Field(None, gt=0)
+    target: Optional[float] = None
+    max_failures: Optional[int] = Field(None, ge=1)
+    objectives: list[Objective] = Field(default_factory=list)
+    pick: PickPolicy = PickPolicy()
 
     @model_validator(mode="after")
     def _space(self) -> "SearchSpec":
@@ -163,12 +287,95 @@ class SearchSpec(_Strict):
                 f"n_trials={self.n_trials} needs a non-empty search space in 'params' "
                 "(e.g. {'lr': FloatParam(low=1e-4, high=1e-1, log=True)})"
             )
+        if self.sampler == "grid":
+            continuous = [n for n, p in self.params.items() if isinstance(p, FloatParam)]
+            if continuous:
+                raise ValueError(
+                    f"sampler 'grid' needs discrete parameters; {continuous} are FloatParam "
+                    "(use IntParam or CategoricalParam with the values to try)"
+                )
+            if self.n_trials > self.grid_size:
+                raise ValueError(f"n_trials={self.n_trials} exceeds the {self.grid_size} points of the grid; set n_trials <= {self.grid_size}")
+        if self.sampler == "cmaes":
+            if importlib.util.find_spec("cmaes") is None:
+                raise ValueError("sampler 'cmaes' needs the 'cmaes' package, which is not installed here; use 'tpe' or 'random', or install cmaes")
+            if self.multi_objective:
+                raise ValueError("sampler 'cmaes' optimizes a single objective; use 'tpe' or 'random' for multi-objective sweeps")
+        if self.objectives:
+            metrics = [o.metric for o in self.objectives]
+            if len(metrics) < 2:
+                raise ValueError("objectives lists two or more metrics for a multi-objective sweep; a single objective is the model's monitor")
+            if len(set(metrics)) != len(metrics):
+                raise ValueError(f"objectives name a metric twice: {metrics}")
+            leaked = [m for m in metrics if m.startswith("test_")]
+            if leaked:
+                raise ValueError(f"objectives {leaked} are measured on the test split; choose trials on validation metrics (val_*) so the test split stays held out")
+            if self.pruner.enabled:
+                raise ValueError(f"pruner {self.pruner.kind!r} cannot be used with objectives: Optuna prunes single-objective studies only")
+            unknown = sorted({m for m in [self.pick.metric, *self.pick.limits] if m is not None} - set(metrics))
+            if unknown:
+                raise ValueError(f"pick names {unknown}, which are not among the objectives {metrics}")
+        elif self.pick != PickPolicy():
+            raise ValueError("pick chooses among a Pareto front and applies to multi-objective sweeps only; declare objectives or drop pick")
         return self
+
+    def check_objectives(self, monitor: str) -> None:
+        """Check that every objective is a metric a trial reports (the monitor, a `val_*` metric or a result field)."""
+        for o in self.objectives:
+            if o.metric != monitor and not o.metric.startswith("val_") and o.metric not in RESULT_OBJECTIVES:
+                raise ValueError(
+                    f"objective metric {o.metric!r} is not reported by trials; use the monitor {monitor!r}, "
+                    f"a val_* metric or one of {list(RESULT_OBJECTIVES)}"
+                )
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.objectives) > 1
+
+    @property
+    def grid_size(self) -> int:
+        """Points of the grid over int and categorical params (float params count as 0)."""
+        size = 1
+        for p in self.params.values():
+            if isinstance(p, IntParam):
+                size *= len(range(p.low, p.high + 1, p.step))
+            elif isinstance(p, CategoricalParam):
+                size *= len(p.choices)
+            else:
+                return 0
+        return size
+
+    @property
+    def window(self) -> int:
+        """Trials kept in flight: `parallelism`, or all n_trials up to DEFAULT_WINDOW."""
+        return self.parallelism if self.parallelism is not None else min(self.n_trials, DEFAULT_WINDOW)
+
+    @property
+    def failure_budget(self) -> int:
+        """Failed trials after which the sweep stops asking."""
+        return self.max_failures if self.max_failures is not None else max(3, -(-self.n_trials // 5))
+
+
+GBT_MODEL_PATH = "lightgbm:train"
+# Metrics a gbt trial reports (training/gbt.py) and the direction each is better in.
+GBT_MONITORS = {"val_acc": "max", "val_logloss": "min", "val_rmse": "min"}
+GBT_METRICS = {"classification": ("val_acc", "val_logloss", "test_acc", "test_logloss"), "regression": ("val_rmse", "test_rmse")}
 
 
 class ModelSpec(_Strict):
-    """A LightningModule by import path, its fixed hyperparameters and the fit loop."""
+    """What trains: a LightningModule by import path (`task="lightning"`) or LightGBM (`task="gbt"`).
 
+    For `task="gbt"` leave `path` unset (it is `lightgbm:train`); `hparams` are
+    LightGBM parameters plus `objective` (inferred from the target when unset)
+    and `early_stopping_rounds`; `max_epochs` is the number of boosting rounds;
+    `monitor` is `val_acc` or `val_logloss` (classification) or `val_rmse`
+    (regression, with `monitor_mode="min"`); `datamodule` and `batch_size` are unused.
+
+    Example:
+        >>> ModelSpec(task="gbt", hparams={"num_leaves": 15}, max_epochs=300)
+    """
+
+    task: Literal["lightning", "gbt"] = "lightning"
     path: str
     hparams: dict[str, Any] = Field(default_factory=dict)
     datamodule: str = "training.data:ParquetDataModule"
@@ -178,12 +385,39 @@ class ModelSpec(_Strict):
     monitor_mode: Literal["max", "min"] = "max"
     seed: int = 0
 
+    @model_validator(mode="before")
+    @classmethod
+    def _gbt_path(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("task") == "gbt" and data.get("path") is None:
+            return {**data, "path": GBT_MODEL_PATH}
+        return data
+
     @field_validator("path", "datamodule")
     @classmethod
-    def _importable(cls, v: str) -> str:
+    def _importable(cls, v: str, info: ValidationInfo) -> str:
+        if info.field_name == "path" and info.data.get("task") == "gbt":
+            if v != GBT_MODEL_PATH:
+                raise ValueError(f"task 'gbt' trains LightGBM and takes no model path; leave path unset (or {GBT_MODEL_PATH!r}), got {v!r}")
+            return v
         ImportTarget(path=v)  # raises on a malformed path
         check_import_path(v)
         return v
+
+    @model_validator(mode="after")
+    def _gbt_monitor(self) -> "ModelSpec":
+        if self.task == "gbt":
+            if self.monitor not in GBT_MONITORS:
+                raise ValueError(f"monitor {self.monitor!r} is not a gbt metric; use one of {sorted(GBT_MONITORS)}")
+            if self.monitor_mode != GBT_MONITORS[self.monitor]:
+                raise ValueError(f"monitor_mode {self.monitor_mode!r} does not fit monitor {self.monitor!r}; use {GBT_MONITORS[self.monitor]!r}")
+        return self
+
+    @property
+    def gbt_metrics(self) -> tuple[str, ...]:
+        """Metrics a gbt trial of this spec reports (empty for lightning)."""
+        if self.task != "gbt":
+            return ()
+        return GBT_METRICS["regression" if self.monitor == "val_rmse" else "classification"]
 
 
 class RetrySpec(_Strict):
@@ -201,15 +435,110 @@ class RetrySpec(_Strict):
 
 
 class PromotionSpec(_Strict):
-    """When a new version may take the `champion` alias."""
+    """When a new version may take the `champion` alias (checked by `assets.promotion`).
+
+    Every new version gets alias `challenger`; `champion` moves to it only when all hold:
+
+    - threshold: `metric` on the pinned test split is at least `threshold` (mode
+      "max") or at most `threshold` (mode "min"); skipped when `threshold` is None;
+    - beats_champion: `metric` beats the current champion's, on the same test
+      split, by more than `min_improvement` (the champion is re-evaluated on this
+      split when its recorded metric is from another one);
+    - data_validation: the blocking expectations check passed for the data
+      version the model was trained on, and that data is not quarantined;
+    - serving_smoke_test: a fresh process with only the serving dependencies
+      loads `models:/<name>@challenger`, predicts on the input example and the
+      test split, and its test accuracy equals the training-side one within
+      `served_metric_tolerance`; it must finish within `smoke_test_timeout_s`.
+
+    Each decision and its evidence is recorded on the version; `trainyard
+    registry promote|rollback --force --reason ...` is the only way past a
+    failing check, and is recorded as an override.
+    """
 
     metric: str = "test_acc"
     mode: Literal["max", "min"] = "max"
     min_improvement: float = Field(0.0, ge=0.0)
+    threshold: Optional[float] = None
+    smoke_test_timeout_s: float = Field(300.0, gt=0, le=1800)
+    served_metric_tolerance: float = Field(1e-6, ge=0, le=0.1)
+
+    @field_validator("metric")
+    @classmethod
+    def _test_metric(cls, v: str) -> str:
+        if not re.match(r"^test_[a-z0-9_]+$", v):
+            raise ValueError(
+                f"promotion.metric {v!r} must be a metric measured on the held-out test split, named "
+                "'test_<name>' (e.g. 'test_acc'), so versions are compared on the same pinned test data"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _direction(self) -> "PromotionSpec":
+        lower_is_better = self.metric.endswith(("_loss", "_logloss", "_rmse", "_mae", "_mse", "_error"))
+        if lower_is_better and self.mode == "max":
+            raise ValueError(
+                f"promotion.mode 'max' with metric {self.metric!r} would promote worse models; use mode='min'"
+            )
+        return self
+
+
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def resolve_suite_path(path: str) -> str:
+    """A suite path made absolute: relative paths are taken from the project root."""
+    return path if os.path.isabs(path) else os.path.join(_PROJECT_ROOT, path)
+
+
+def load_suite_file(path: str) -> dict[str, Any]:
+    """Read a Great Expectations suite JSON file and check its shape.
+
+    The file is what `trainyard data profile` writes (GE 1.x suite JSON):
+    `{"name": ..., "expectations": [{"type": "expect_...", "kwargs": {...}}, ...]}`.
+    Whether each type exists is checked when the suite runs (GE is slow to import).
+
+    Raises:
+        ValueError: The file is missing, not JSON, or not shaped like a suite;
+            the message names the file and the offending entry.
+    """
+    full = resolve_suite_path(path)
+    try:
+        with open(full, encoding="utf-8") as f:
+            doc = json.load(f)
+    except OSError as e:
+        raise ValueError(f"suite {path!r}: cannot read {full} ({e.strerror or e})") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"suite {path!r}: {full} is not valid JSON ({e})") from e
+    expectations = doc.get("expectations") if isinstance(doc, dict) else None
+    if not isinstance(expectations, list) or not expectations:
+        raise ValueError(f"suite {path!r}: expected a JSON object with a non-empty 'expectations' list")
+    for i, entry in enumerate(expectations):
+        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str) or not entry["type"].startswith("expect_"):
+            raise ValueError(f"suite {path!r}: expectations[{i}] needs a 'type' like 'expect_column_values_to_be_between', got {entry!r}")
+        if not isinstance(entry.get("kwargs", {}), dict):
+            raise ValueError(f"suite {path!r}: expectations[{i}].kwargs must be an object, got {entry['kwargs']!r}")
+    return doc
 
 
 class PipelineSpec(_Strict):
-    """One team pipeline: source, expectations, model, search and promotion."""
+    """One team pipeline: source, expectations, model, search and promotion.
+
+    Data fields (see docs/data.md):
+
+    - `on_bad_data`: what happens to bad input. `"reject"`: any bad file or
+      failing expectation stops the graph; the file or snapshot is kept in
+      quarantine with a report. `"warn"`: bad files are skipped and bad rows set
+      aside (both kept in quarantine), the rest goes on with warnings; table-level
+      failures (row count, columns) still reject.
+    - `allow_duplicate_rows`: when False, rows repeating an earlier row are bad rows.
+    - `max_drift_psi` / `max_drift_ks`: per-column drift thresholds against the
+      previous validated version (PSI for every feature, KS statistic for
+      numeric ones); None turns a test off.
+    - `suite`: a Great Expectations suite JSON file (e.g. made by `trainyard data
+      profile` and then edited), relative to the project root or absolute; it
+      replaces the suite built from `columns`. Platform checks always run.
+    """
 
     team: str
     name: str
@@ -220,6 +549,10 @@ class PipelineSpec(_Strict):
     min_rows: int = Field(10, ge=1)
     max_rows: Optional[int] = Field(None, ge=1)
     max_drift_psi: Optional[float] = Field(None, gt=0)
+    max_drift_ks: Optional[float] = Field(None, gt=0, le=1)
+    on_bad_data: Literal["reject", "warn"] = "reject"
+    allow_duplicate_rows: bool = False
+    suite: Optional[str] = None
     split: SplitSpec = SplitSpec()
     model: ModelSpec
     search: SearchSpec = SearchSpec()
@@ -237,6 +570,17 @@ class PipelineSpec(_Strict):
             )
         return v
 
+    @field_validator("suite")
+    @classmethod
+    def _suite_file(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            load_suite_file(v)
+        return v
+
+    def suite_path(self) -> Optional[str]:
+        """The absolute path of `suite`, or None when the suite is built from `columns`."""
+        return None if self.suite is None else resolve_suite_path(self.suite)
+
     @model_validator(mode="after")
     def _consistent(self) -> "PipelineSpec":
         if self.target not in self.columns:
@@ -245,6 +589,11 @@ class PipelineSpec(_Strict):
             raise ValueError("columns must declare at least one feature besides the target")
         if self.max_rows is not None and self.max_rows < self.min_rows:
             raise ValueError(f"max_rows {self.max_rows} is below min_rows {self.min_rows}")
+        if self.model.task == "gbt" and self.distribution.world_size != 1:
+            raise ValueError(f"distribution: task 'gbt' trains in one process; got world size {self.distribution.world_size} (leave distribution unset)")
+        if self.model.gbt_metrics and self.promotion.metric not in self.model.gbt_metrics:
+            raise ValueError(f"promotion.metric {self.promotion.metric!r} is not reported by this gbt model; use one of {list(self.model.gbt_metrics)}")
+        self.search.check_objectives(self.model.monitor)
         overlap = set(self.search.params) & set(self.model.hparams)
         if overlap:
             raise ValueError(
@@ -268,4 +617,6 @@ class PipelineSpec(_Strict):
     def fingerprint(self) -> str:
         """Hash of everything that changes what a trial trains (not the data)."""
         payload = self.model_dump(mode="json", include={"columns", "target", "split", "model", "search", "distribution"})
+        # How a sweep is run (budget, pace, stop rules, pick) does not change its trials: the same study resumes.
+        payload["search"] = self.search.model_dump(mode="json", exclude=set(SWEEP_CONTROL_FIELDS))
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -166,6 +167,41 @@ def classify_error(e: BaseException) -> type[StorageError]:
     return PermanentStorageError
 
 
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """What the store knows about one file/object without reading it.
+
+    Attributes:
+        uri: Full URI.
+        size: Size in bytes.
+        mtime: Modification time (seconds since the epoch; S3 `LastModified`).
+        etag: S3 ETag (content hash for single-part uploads); for local files
+            `<inode>:<mtime_ns>`, so an atomic replace with the same size and
+            second is still seen as a change.
+    """
+
+    uri: str
+    size: int
+    mtime: Optional[float]
+    etag: Optional[str]
+
+    @property
+    def identity(self) -> tuple[int, Optional[float], Optional[str]]:
+        """(size, mtime, etag): equal identities mean the content was not replaced in between."""
+        return (self.size, self.mtime, self.etag)
+
+
+def _file_info(uri: str, info: dict[str, Any]) -> FileInfo:
+    mtime = info.get("mtime")
+    modified = info.get("LastModified")
+    if mtime is None and modified is not None:
+        mtime = modified.timestamp() if hasattr(modified, "timestamp") else None
+    etag = info.get("ETag")
+    if etag is None and info.get("ino") is not None and mtime is not None:
+        etag = f"{info['ino']}:{int(float(mtime) * 1e9)}"
+    return FileInfo(uri=uri, size=int(info.get("size") or 0), mtime=None if mtime is None else float(mtime), etag=None if etag is None else str(etag).strip('"'))
+
+
 class ObjectStore(ConfigurableResource):
     """Files and objects under one root, on the local filesystem or S3.
 
@@ -255,6 +291,32 @@ class ObjectStore(ConfigurableResource):
         if self.is_s3:
             found = [_S3 + p for p in found]
         return sorted(found)
+
+    def list_files(self, uri_pattern: str) -> list[FileInfo]:
+        """Files/objects matching a glob pattern with their size, mtime and etag, sorted by URI.
+
+        Directories (and S3 "directory" placeholders) are left out.
+        """
+        pattern = self._check(uri_pattern)
+        with self._errors("list", pattern):
+            found = self.fs.glob(pattern, detail=True)
+        files = []
+        for path, info in found.items():
+            if info.get("type") != "file":
+                continue
+            files.append(_file_info(_S3 + path if self.is_s3 else path, info))
+        return sorted(files, key=lambda f: f.uri)
+
+    def stat(self, uri: str) -> FileInfo:
+        """Size, mtime and etag of one file/object, read fresh (never from a listing cache)."""
+        path = self._check(uri)
+        with self._errors("stat", path):
+            if self.is_s3:
+                self.fs.invalidate_cache(path)
+            info = self.fs.info(path)
+        if info.get("type") != "file":
+            raise PermanentStorageError(f"cannot stat {path}: it is a directory, not a file", uri=path)
+        return _file_info(uri if self.is_s3 else path, info)
 
     def read_bytes(self, uri: str) -> bytes:
         """The whole content of one file/object."""

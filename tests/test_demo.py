@@ -42,6 +42,15 @@ def test_demo_registers_champion_once(tmp_path: Path) -> None:
     offline_runs = list((tmp_path / "wandb").rglob("offline-run-*"))
     assert len(offline_runs) == 4
 
+    env = {k: v for k, v in os.environ.items() if k != "DAGSTER_HOME"}
+    env["TRAINYARD_HOME"] = str(tmp_path)
+    repro = subprocess.run(
+        [sys.executable, "-m", "pipelines.cli", "reproduce", "vision.digits@champion"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )
+    assert repro.returncode == 0, repro.stdout[-3000:] + repro.stderr[-3000:]
+    assert "REPRODUCED" in repro.stdout and "bitwise identical" in repro.stdout
+
     second = run_demo(tmp_path)
     assert "version 1 (existing, no duplicate)" in second
     assert "vision__digits__train [" not in second

@@ -140,6 +140,7 @@ def _logger(spec: TrainSpec) -> Any:
         offline=t.mode == "offline",
         config={**t.config, "trial_id": spec.trial_id},
         log_model=False,
+        resume="allow",  # a resumed trial continues the same run
     )
 
 
@@ -208,13 +209,19 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     exact resume (`training.fault_tolerance`); fsdp/tp runs write Lightning's
     distributed checkpoints, whose shards the store does not yet commit.
     """
+    if spec.task == "gbt":
+        from training.gbt import run_gbt
+
+        return run_gbt(spec)
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from training.callbacks import FaultInjectionCallback, ProgressCallback
     from training.checkpointing import CheckpointStore
     from training.data import read_parquet_tensors
+    from training import determinism
     from training.distributed import init_process_group
+    from training.pruning import pruning_callback
     from training.fault_tolerance import AttemptLog, FaultMarkers, FaultTolerance, StoreCheckpointIO, goodput, read_attempts
     from training.reporting import Reporter
     from training.strategies import evaluation_model
@@ -225,6 +232,11 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     model, dm = build(spec)
     trainer_kwargs = _trainer_kwargs(spec)
     init_process_group("gloo" if spec.distribution.accelerator == "cpu" else "nccl")
+    caveats = determinism.apply(
+        spec.deterministic, spec.distribution.accelerator, getattr(dm, "num_workers", 0), spec.distribution.world_size
+    )
+    if caveats and _rank() == 0:
+        log.warning("determinism: %s", "; ".join(caveats))
     rank = _rank()
     committed = spec.distribution.strategy == "ddp" or spec.distribution.world_size == 1
     markers = FaultMarkers(spec.output_uri)
@@ -232,6 +244,9 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     with Reporter(rank) as reporter:
         progress = ProgressCallback(reporter)
         callbacks: list[Any] = [progress]
+        pruning = pruning_callback(spec)  # None unless spec.optuna enables a pruner
+        if pruning is not None:
+            callbacks.append(pruning)
         if faults.raise_at_step is not None or faults.nan_at_step is not None:
             callbacks.append(FaultInjectionCallback(faults.raise_at_step, faults.nan_at_step))
         plugins: list[Any] = []
@@ -278,6 +293,7 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             max_epochs=spec.max_epochs,
             limit_train_batches=spec.limit_train_batches,
             deterministic=spec.deterministic,
+            precision=spec.precision,
             callbacks=callbacks,
             plugins=plugins or None,
             enable_checkpointing=not committed,
@@ -320,6 +336,7 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
         accounting = goodput(read_attempts(spec.output_uri), world, time.time()) if ft is not None else {}
         result = TrainResult(
             trial_id=spec.trial_id,
+            status="pruned" if pruning is not None and pruning.pruned else "completed",
             metrics=metrics,
             best_metric=best_score if best_score is not None else metrics["val_acc"],
             epochs=trainer.current_epoch,
@@ -333,7 +350,7 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             model_uri=model_uri,
             checkpoint_uri=best_uri,
             tracker_run=tracker_run,
-            lineage=spec.lineage,
+            lineage={**spec.lineage, "determinism_caveats": caveats},
             resumed_from=resume_path,
             checkpoint_interval_seconds=ft.interval_seconds if ft else None,
             checkpoint_interval_source=ft.interval_source if ft else None,

@@ -137,12 +137,69 @@ class TrackerSpec(_Strict):
     config: dict[str, Any] = Field(default_factory=dict, description="lineage record")
 
 
+class PrunerSpec(_Strict):
+    """How a sweep stops unpromising trials early (an Optuna pruner).
+
+    A trial reports its monitored metric once per epoch (the step is the epoch
+    number); rank 0 asks the pruner and every rank stops together.
+
+    - `none`: every trial runs to `max_epochs`.
+    - `median`: stop a trial whose best value so far is worse than the median of
+      the completed trials at the same epoch, once `n_startup_trials` trials
+      completed and after `n_warmup_steps` epochs, checked every `interval_steps`.
+    - `successive_halving`: asynchronous successive halving: at epochs
+      `min_resource * reduction_factor**k` only the top `1/reduction_factor` go on.
+    - `hyperband`: several successive-halving brackets between `min_resource`
+      and `max_resource` epochs (None: the trial's `max_epochs`).
+    - `threshold`: stop when the value leaves `[lower, upper]` after
+      `n_warmup_steps` epochs; deterministic, and catches diverging runs.
+
+    Example:
+        >>> PrunerSpec(kind="median", n_startup_trials=3, n_warmup_steps=2).enabled
+        True
+    """
+
+    kind: Literal["none", "median", "successive_halving", "hyperband", "threshold"] = "none"
+    n_startup_trials: int = Field(5, ge=0)
+    n_warmup_steps: int = Field(0, ge=0)
+    interval_steps: int = Field(1, ge=1)
+    min_resource: int = Field(1, ge=1)
+    max_resource: Optional[int] = Field(None, ge=1)
+    reduction_factor: int = Field(3, ge=2)
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+
+    @model_validator(mode="after")
+    def _settings_fit(self) -> "PrunerSpec":
+        if self.kind == "threshold":
+            if self.lower is None and self.upper is None:
+                raise ValueError("pruner 'threshold' needs lower or upper (or both), e.g. PrunerSpec(kind='threshold', lower=0.2)")
+            if self.lower is not None and self.upper is not None and not self.lower < self.upper:
+                raise ValueError(f"pruner 'threshold': lower {self.lower} must be below upper {self.upper}")
+        elif self.lower is not None or self.upper is not None:
+            raise ValueError(f"lower/upper apply to pruner 'threshold' only; this pruner is {self.kind!r}")
+        if self.kind == "hyperband" and self.max_resource is not None and self.max_resource <= self.min_resource:
+            raise ValueError(f"pruner 'hyperband': max_resource {self.max_resource} must exceed min_resource {self.min_resource}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+
 class OptunaSpec(_Strict):
-    """The Optuna trial this run belongs to, for intermediate reports."""
+    """The Optuna trial this run belongs to, and how it is pruned.
+
+    With an enabled `pruner`, rank 0 reports `report_metric` (default: the
+    spec's `monitor`) after every validation and the run stops early when the
+    pruner says so; the trial then ends PRUNED and `result.json` says `pruned`.
+    """
 
     storage_url: str
     study_name: str
     trial_number: int = Field(ge=0)
+    pruner: PrunerSpec = PrunerSpec()
+    report_metric: Optional[str] = None
 
 
 class CheckpointPolicy(_Strict):
@@ -239,7 +296,7 @@ class TrainResult(_Strict):
     """What a finished training process writes to `<output_uri>/result.json`."""
 
     trial_id: str
-    status: Literal["completed"] = "completed"
+    status: Literal["completed", "pruned"] = Field("completed", description="pruned: stopped early by the sweep's pruner")
     metrics: dict[str, float]
     best_metric: float
     epochs: int

@@ -35,6 +35,7 @@ def make_spec(**overrides) -> PipelineSpec:
         max_rows=1000,
         split=SplitSpec(val_fraction=0.2, test_fraction=0.2, seed=7),
         model=ModelSpec(path="pipelines.vision.models:DigitsMLP"),
+        allow_duplicate_rows=True,  # four pixels of 300 digits repeat; the duplicate check has its own tests
     )
     fields.update(overrides)
     return PipelineSpec(**fields)
@@ -58,81 +59,9 @@ def spec() -> PipelineSpec:
     return make_spec()
 
 
-# --------------------------------------------------------------------------- landing
-
-
-def _write_csv(path, text: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w") as f:
-        f.write(text)
-
-
 @pytest.fixture
 def store(tmp_path) -> ObjectStore:
     return ObjectStore(root=str(tmp_path / "store"))
-
-
-def test_read_landing_concatenates_files_in_sorted_order(store):
-    _write_csv(store.uri("landing", "2024-02.csv"), "x,label\n3.5,1\n")
-    _write_csv(store.uri("landing", "2024-01.csv"), "label,x\n0,1\n1,2\n")  # column order may differ
-    _write_csv(store.uri("landing", "notes.txt"), "ignored")
-    table = dq.read_landing(store, SourceSpec(prefix="landing", pattern="*.csv"))
-    assert table.column_names == ["label", "x"]
-    assert table.to_pydict() == {"label": [0, 1, 1], "x": [1.0, 2.0, 3.5]}
-
-
-def test_read_landing_parquet_and_jsonl(store, tmp_path):
-    dq.write_parquet_deterministic(pa.table({"a": [1, 2]}), store.uri("pq", "p1.parquet"))
-    dq.write_parquet_deterministic(pa.table({"a": [3]}), store.uri("pq", "p2.parquet"))
-    assert dq.read_landing(store, SourceSpec(prefix="pq", pattern="*.parquet", format="parquet")).to_pydict() == {"a": [1, 2, 3]}
-    _write_csv(store.uri("js", "a.jsonl"), '{"a": 1, "b": "x"}\n{"a": 2, "b": "y"}\n')
-    assert dq.read_landing(store, SourceSpec(prefix="js", pattern="*.jsonl", format="jsonl")).to_pydict() == {
-        "a": [1, 2],
-        "b": ["x", "y"],
-    }
-
-
-def test_read_landing_accepts_an_absolute_prefix(store, tmp_path):
-    _write_csv(str(tmp_path / "elsewhere" / "a.csv"), "x\n1\n")
-    table = dq.read_landing(store, SourceSpec(prefix=str(tmp_path / "elsewhere")))
-    assert table.to_pydict() == {"x": [1]}
-
-
-def test_read_landing_from_s3(s3_endpoint):
-    store = ObjectStore(root=s3_endpoint.root("dq"), endpoint_url=s3_endpoint.url)
-    store.write_bytes(store.uri("landing", "b.csv"), b"x\n2\n")
-    store.write_bytes(store.uri("landing", "a.csv"), b"x\n1\n")
-    assert dq.read_landing(store, SourceSpec(prefix="landing")).to_pydict() == {"x": [1, 2]}
-    absolute = SourceSpec(prefix=s3_endpoint.root("dq", "landing"), pattern="a.csv")
-    assert dq.read_landing(store, absolute).to_pydict() == {"x": [1]}
-
-
-def test_missing_landing_data_names_prefix_and_pattern(store):
-    with pytest.raises(dq.MissingLandingData, match=r"no landing files match prefix 'landing/none' with pattern '\*.csv'"):
-        dq.read_landing(store, SourceSpec(prefix="landing/none"))
-
-
-def test_schema_mismatch_between_files_names_file_and_columns(store):
-    _write_csv(store.uri("landing", "a.csv"), "x,y,label\n1,2,0\n")
-    _write_csv(store.uri("landing", "b.csv"), "x,z,label\n1,2,0\n")
-    with pytest.raises(dq.SchemaMismatch) as info:
-        dq.read_landing(store, SourceSpec(prefix="landing"))
-    message = str(info.value)
-    assert "b.csv has different columns from" in message and "a.csv" in message
-    assert "missing ['y'], extra ['z']" in message
-
-
-def test_type_conflict_between_files_names_the_column(store):
-    _write_csv(store.uri("landing", "a.csv"), "x,label\n1,0\n")
-    _write_csv(store.uri("landing", "b.csv"), "x,label\nabc,0\n")
-    with pytest.raises(dq.SchemaMismatch, match=r"column 'x' is int64 in .*a.csv, string in .*b.csv"):
-        dq.read_landing(store, SourceSpec(prefix="landing"))
-
-
-def test_unparseable_file_is_named(store):
-    _write_csv(store.uri("landing", "a.jsonl"), "{not json\n")
-    with pytest.raises(dq.MalformedLandingFile, match=r"cannot parse .*a.jsonl as jsonl"):
-        dq.read_landing(store, SourceSpec(prefix="landing", pattern="*.jsonl", format="jsonl"))
 
 
 # --------------------------------------------------------------------------- canonical
@@ -235,8 +164,13 @@ def test_good_data_passes(digits, spec):
     report = dq.validate(digits, spec)
     assert report.success, report.to_markdown()
     assert report.failed == 0
-    assert report.evaluated == len(dq.expectation_configs(spec)) == 2 + 4 * 4 + 4 + 3 + 4
-    assert [r["expectation"] for r in report.results] == [c["type"] for c in dq.expectation_configs(spec)]
+    configs = dq.expectation_configs(spec)
+    assert len(configs) == 2 + 4 * 4 + 4 + 3 + 4
+    # the suite, then one finite check per float column (duplicates are allowed by this spec)
+    assert report.evaluated == len(configs) + 4
+    assert [r["expectation"] for r in report.results] == [c["type"] for c in configs] + [dq.FINITE_EXPECTATION] * 4
+    assert [r["source"] for r in report.results] == ["suite"] * len(configs) + ["platform"] * 4
+    assert report.rows == 300
     row_count = report.results[0]
     assert row_count["observed_value"] == 300 and row_count["column"] is None
     json.dumps(report.model_dump(mode="json"))  # fit for Dagster metadata and the quarantine report
@@ -262,14 +196,59 @@ def test_out_of_range_fails_between_with_samples(digits, spec):
     result = report.failures()[0]
     assert result["unexpected_count"] == 2
     assert result["unexpected_values"] == [99.0, -1.0]
+    assert result["unexpected_index_list"] == [3, 9]
+    assert result["row_level"]
+    assert [r["_row"] for r in result["sample_rows"]] == [3, 9]
+    assert result["sample_rows"][0]["pixel_4_4"] == 99.0 and result["sample_rows"][0]["label"] == bad.loc[3, "label"]
+    markdown = report.failing_rows_markdown()
+    assert "**expect_column_values_to_be_between** on `pixel_4_4`: 2 unexpected" in markdown
+    assert "| row | pixel_2_3 | pixel_3_4 | pixel_4_4 | pixel_5_2 | source | checked | label |" in markdown
 
 
 def test_null_fails_not_null(digits, spec):
     bad = digits.copy()
     bad.loc[5, "pixel_2_3"] = np.nan
     report = dq.validate(bad, spec)
+    # a pandas NaN is a missing value (Arrow null), as in GE's pandas engine
     assert _failed(report) == {("expect_column_values_to_not_be_null", "pixel_2_3")}
     assert report.failures()[0]["unexpected_count"] == 1
+
+
+def test_nan_and_inf_fail_the_finite_check(tmp_path, digits, spec):
+    table = pa.Table.from_pandas(digits, preserve_index=False).replace_schema_metadata(None)
+    values = table.column("pixel_3_4").to_numpy().copy()
+    values[[4, 8, 12]] = [np.inf, -np.inf, np.nan]  # a real NaN, as Parquet and Arrow keep it
+    bad = table.set_column(1, "pixel_3_4", pa.array(values, from_pandas=False))
+    store = ObjectStore(root=str(tmp_path))
+    dq.write_parquet_deterministic(bad, store.uri("d.parquet"))
+    report = dq.validate_snapshot(store, store.uri("d.parquet"), spec).report
+    finite = next(r for r in report.failures() if r["expectation"] == dq.FINITE_EXPECTATION)
+    assert finite["column"] == "pixel_3_4"
+    assert finite["observed_value"] == {"nan": 1, "+inf": 1, "-inf": 1}
+    assert finite["unexpected_count"] == 3 and finite["unexpected_index_list"] == [4, 8, 12]
+    assert finite["unexpected_values"] == [math.inf, -math.inf, "nan"]
+    assert [r["_row"] for r in finite["sample_rows"]] == [4, 8, 12]
+    # +-inf are also outside the declared range; NaN is also missing
+    between = next(r for r in report.failures() if r["expectation"] == "expect_column_values_to_be_between")
+    assert between["unexpected_index_list"] == [4, 8]
+    assert ("expect_column_values_to_not_be_null", "pixel_3_4") in _failed(report)
+    allowed = make_spec(columns={**make_spec().columns, "pixel_3_4": ColumnSpec(dtype="float", nullable=True, finite=False)})
+    assert dq.validate_snapshot(store, store.uri("d.parquet"), allowed).report.success
+
+
+def test_duplicate_rows_fail_unless_allowed(digits):
+    strict = make_spec(allow_duplicate_rows=False)
+    unique = digits.drop_duplicates().reset_index(drop=True)
+    assert dq.validate(unique, strict).success
+    doubled = pd.concat([unique, unique.iloc[[5, 5, 9]]], ignore_index=True)
+    report = dq.validate(doubled, strict)
+    assert _failed(report) == {(dq.UNIQUE_ROWS_EXPECTATION, None)}
+    dup = report.failures()[0]
+    n = len(unique)
+    assert dup["unexpected_count"] == 3 and dup["observed_value"] == {"duplicate_rows": 3}
+    assert dup["unexpected_index_list"] == [n, n + 1, n + 2]
+    assert dup["unexpected_values"] == [f"row {n} repeats row 5", f"row {n + 1} repeats row 5", f"row {n + 2} repeats row 9"]
+    assert dq.validate(doubled, make_spec(allow_duplicate_rows=True)).success
 
 
 def test_unknown_category_fails_in_set(digits, spec):
@@ -322,9 +301,10 @@ def test_markdown_lists_every_expectation(digits, spec):
     bad.loc[0, "source"] = "fax|x"
     markdown = dq.validate(bad, spec).to_markdown()
     lines = markdown.splitlines()
-    assert lines[0] == f"**FAILED**: {len(dq.expectation_configs(spec)) - 1} of {len(dq.expectation_configs(spec))} expectations passed"
+    total = len(dq.expectation_configs(spec)) + 4
+    assert lines[0] == f"**FAILED**: {total - 1} of {total} expectations passed"
     assert lines[2] == "| expectation | column | success | observed | unexpected | sample |"
-    assert len(lines) == 4 + len(dq.expectation_configs(spec))
+    assert len(lines) == 4 + total
     assert "| expect_column_values_to_be_in_set | source | **no** |  | 1 | 'fax\\|x' |" in lines
 
 
@@ -415,3 +395,340 @@ def test_drift_report_per_feature(digits, spec):
     assert report["pixel_2_3"] == 0.0 and report["checked"] == 0.0
     with pytest.raises(dq.SchemaMismatch, match="feature column 'checked' not found in the current data"):
         dq.drift_report(digits, digits.drop(columns=["checked"]), spec)
+
+
+# --------------------------------------------------------------------------- canonical writer
+
+
+def test_canonical_writer_bytes_do_not_depend_on_batch_sizes(tmp_path, digits, monkeypatch):
+    monkeypatch.setitem(dq.PARQUET_OPTIONS, "row_group_size", 64)  # several row groups from 300 rows
+    table = pa.Table.from_pandas(digits, preserve_index=False).replace_schema_metadata(None)
+    paths = []
+    for i, size in enumerate((1, 37, 64, 300)):
+        path = str(tmp_path / f"{i}.parquet")
+        with dq.CanonicalParquetWriter(path, table.schema) as writer:
+            for batch in table.to_batches(max_chunksize=size):
+                writer.write(batch)
+        assert writer.rows == 300
+        paths.append(path)
+    contents = {open(p, "rb").read() for p in paths}
+    assert len(contents) == 1
+    meta = pq.ParquetFile(paths[0]).metadata
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [64, 64, 64, 64, 44]
+    assert pq.read_table(paths[0]).equals(table)
+    # a float column is written without a dictionary, the others with one
+    encodings = {meta.schema.column(c).name: meta.row_group(0).column(c).encodings for c in range(meta.num_columns)}
+    assert "RLE_DICTIONARY" not in encodings["pixel_2_3"] and "RLE_DICTIONARY" in encodings["source"]
+
+
+def test_canonical_writer_leaves_nothing_on_error(tmp_path, digits):
+    table = pa.Table.from_pandas(digits, preserve_index=False).replace_schema_metadata(None)
+    with pytest.raises(ValueError, match="differs from the writer's schema"):
+        with dq.CanonicalParquetWriter(str(tmp_path / "x.parquet"), table.schema) as writer:
+            writer.write(table.to_batches()[0])
+            writer.write(table.drop_columns(["label"]).to_batches()[0])
+    assert os.listdir(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- duplicate rows
+
+
+def test_row_hashes_treat_equal_values_as_equal():
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "x": pa.array([0.0, -0.0, float("nan"), float("nan"), None, 1.0], type=pa.float64()),
+            "s": pa.array(["a", "a", "b", "b", None, None]),
+            "n": pa.array([1, 1, None, None, 0, 0], type=pa.int64()),
+        }
+    )
+    h = dq.row_hashes(batch)
+    assert h[0] == h[1] and h[2] == h[3]
+    assert len({int(v) for v in h[[0, 2, 4, 5]]}) == 4
+    swapped = pa.RecordBatch.from_pydict({"a": [1, 2], "b": [2, 1]})
+    assert dq.row_hashes(swapped)[0] != dq.row_hashes(swapped)[1]
+
+
+def test_duplicate_check_spills_to_disk_with_the_same_answer(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 20_000
+    values = rng.integers(0, 5_000, size=(n, 2))  # plenty of repeated pairs
+    batches = pa.Table.from_pydict({"a": values[:, 0], "b": values[:, 1]}).to_batches(max_chunksize=3_000)
+    expected = np.flatnonzero(pd.DataFrame(values).duplicated().to_numpy())
+    answers = []
+    for memory in (dq.DEDUP_MEMORY_BYTES, 16 * 1024):
+        work = tmp_path / str(memory)
+        work.mkdir()
+        check = dq._DuplicateRows(n, str(work), memory_bytes=memory)
+        offset = 0
+        for batch in batches:
+            check.update(batch, offset)
+            offset += batch.num_rows
+        check.finish()
+        answers.append((check.bits, check.count, check.positions.tolist(), check.samples))
+        assert os.listdir(work) == []  # bucket files are removed
+    (bits_mem, *in_memory), (bits_disk, *on_disk) = answers
+    assert bits_mem == 0 and bits_disk == 5
+    assert in_memory == on_disk
+    assert in_memory[1] == expected.tolist()
+    first_dup = int(expected[0])
+    original = int(np.flatnonzero((values == values[first_dup]).all(axis=1))[0])
+    assert in_memory[2][0] == (first_dup, original)
+
+
+# --------------------------------------------------------------------------- profile and generated suites
+
+
+def test_profile_of_a_small_snapshot_is_exact(store):
+    table = pa.table(
+        {
+            "x": pa.array([0.5, 2.0, None, float("inf"), -1.5], type=pa.float64()),
+            "s": ["a", "b", "a", "a", None],
+            "n": pa.array([3, 1, 3, 2, 3], type=pa.int64()),
+            "ok": [True, False, True, True, True],
+        }
+    )
+    dq.write_parquet_deterministic(table, store.uri("snap.parquet"))
+    profile, sample = dq.profile_snapshot(store, store.uri("snap.parquet"))
+    assert sample.equals(table)  # small data: the sample is every row
+    assert profile == {
+        "rows": 5,
+        "columns": {
+            "x": {"type": "double", "nulls": 1, "nan": 0, "posinf": 1, "neginf": 0, "min": -1.5, "max": 2.0, "counts": None, "distinct": None},
+            "s": {"type": "string", "nulls": 1, "nan": 0, "posinf": 0, "neginf": 0, "min": "a", "max": "b", "counts": [["a", 3], ["b", 1]], "distinct": ["a", "b"]},
+            "n": {"type": "int64", "nulls": 0, "nan": 0, "posinf": 0, "neginf": 0, "min": 1, "max": 3, "counts": [[3, 3], [1, 1], [2, 1]], "distinct": [1, 2, 3]},
+            "ok": {"type": "bool", "nulls": 0, "nan": 0, "posinf": 0, "neginf": 0, "min": False, "max": True, "counts": [[True, 4], [False, 1]], "distinct": [False, True]},
+        },
+    }
+
+
+def test_suite_generated_from_a_profile_is_exact_and_passes_its_own_data(tmp_path, store, digits):
+    table = pa.Table.from_pandas(digits, preserve_index=False).replace_schema_metadata(None)
+    dq.write_parquet_deterministic(table, store.uri("snap.parquet"))
+    profile, _ = dq.profile_snapshot(store, store.uri("snap.parquet"))
+    suite = dq.profile_to_suite(profile, "vision/digits", row_margin=0.5, range_margin=0.1)
+    kinds = [(e["type"], e["kwargs"].get("column")) for e in suite["expectations"]]
+    assert kinds[:2] == [("expect_table_row_count_to_be_between", None), ("expect_table_columns_to_match_ordered_list", None)]
+    assert suite["expectations"][0]["kwargs"] == {"min_value": 150, "max_value": 450}
+    by = {(e["type"], e["kwargs"].get("column")): e["kwargs"] for e in suite["expectations"]}
+    low, high = digits["pixel_4_4"].min(), digits["pixel_4_4"].max()
+    pad = (high - low) * 0.1
+    assert by[("expect_column_values_to_be_between", "pixel_4_4")] == {"column": "pixel_4_4", "min_value": low - pad, "max_value": high + pad}
+    assert by[("expect_column_values_to_be_in_set", "source")]["value_set"] == ["scan", "tablet", "web"]
+    assert by[("expect_column_values_to_be_in_set", "label")]["value_set"] == list(range(10))
+    # int ranges widen to whole numbers: 0..9 plus 10% of 9 on each side
+    assert by[("expect_column_values_to_be_between", "label")] == {"column": "label", "min_value": -1, "max_value": 10}
+    assert ("expect_column_values_to_be_in_set", "pixel_4_4") not in by  # floats get ranges, not sets
+    assert all(e["meta"] == {"generated_from": "profile"} for e in suite["expectations"])
+
+    # edited, named in the spec, and run in place of the column-built suite
+    suite["expectations"][0]["kwargs"]["min_value"] = 400  # the edit: at least 400 rows
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    spec = make_spec(suite=str(path))
+    assert dq.suite_expectations(spec) == [{"type": e["type"], "kwargs": e["kwargs"]} for e in suite["expectations"]]
+    report = dq.validate(digits, spec)
+    assert _failed(report) == {("expect_table_row_count_to_be_between", None)}
+    assert report.evaluated == len(suite["expectations"]) + 4
+
+
+def test_a_bad_suite_file_fails_at_spec_time(tmp_path):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"suite '.*nope.json': cannot read"):
+        make_spec(suite=str(tmp_path / "nope.json"))
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"expectations": [{"type": "column_values_between"}]}))
+    with pytest.raises(ValidationError, match=r"expectations\[0\] needs a 'type' like 'expect_column_values_to_be_between'"):
+        make_spec(suite=str(bad))
+
+
+def test_unsupported_expectation_is_named_before_reading(digits, tmp_path):
+    from assets.expectations import UnsupportedExpectation
+
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps({"expectations": [{"type": "expect_column_median_to_be_between", "kwargs": {"column": "label", "min_value": 0}}]}))
+    with pytest.raises(UnsupportedExpectation, match=r"expectation 0 \('expect_column_median_to_be_between'\): needs metric 'column.median'"):
+        dq.validate(digits, make_spec(suite=str(path)))
+
+
+# --------------------------------------------------------------------------- drift from profiles
+
+
+def _profiled(store, frame: pd.DataFrame, name: str):
+    dq.write_parquet_deterministic(pa.Table.from_pandas(frame, preserve_index=False), store.uri(f"{name}.parquet"))
+    return dq.profile_snapshot(store, store.uri(f"{name}.parquet"))
+
+
+def test_drift_from_profiles_equals_psi_on_small_data_and_adds_ks(store, digits, spec):
+    from scipy.stats import ks_2samp
+
+    moved = digits.assign(pixel_3_4=digits["pixel_3_4"] / 2, source="web")
+    prev, cur = _profiled(store, digits, "prev"), _profiled(store, moved, "cur")
+    rows = dq.drift(*prev, *cur, spec)
+    assert [r["column"] for r in rows] == spec.features
+    expected_psi = dq.drift_report(digits, moved, spec)
+    for r in rows:
+        assert r["psi"] == pytest.approx(expected_psi[r["column"]], abs=1e-12), r["column"]
+    by = {r["column"]: r for r in rows}
+    assert by["source"]["method"] == "psi-categories" and by["source"]["ks"] is None
+    assert by["pixel_3_4"]["method"] == "psi-quantiles+ks"
+    assert by["pixel_3_4"]["ks"] == pytest.approx(ks_2samp(digits["pixel_3_4"], moved["pixel_3_4"]).statistic)
+    assert by["pixel_2_3"]["ks"] == 0.0 and by["checked"]["psi"] == 0.0
+    assert not any(r["drifted"] for r in rows)  # no thresholds set
+
+    strict = make_spec(max_drift_psi=0.25, max_drift_ks=0.2)
+    flagged = {r["column"] for r in dq.drift(*prev, *cur, strict) if r["drifted"]}
+    assert flagged == {"pixel_3_4", "source"}
+    markdown = dq.drift_markdown(dq.drift(*prev, *cur, strict), strict)
+    assert markdown.startswith("thresholds: PSI > 0.25, KS > 0.2")
+    assert "| source | psi-categories |" in markdown and "**yes**" in markdown
+
+
+# --------------------------------------------------------------------------- policy
+
+
+def _report(*failures: dict) -> dq.ValidationReport:
+    results = [
+        {"expectation": "expect_a", "column": "x", "kwargs": {}, "success": True, "observed_value": None, "unexpected_count": 0,
+         "unexpected_values": [], "unexpected_index_list": [], "exception": None, "source": "suite", "row_level": True, "sample_rows": []},
+        *failures,
+    ]
+    return dq.ValidationReport(success=not failures, evaluated=len(results), failed=len(failures), results=results, suite={})
+
+
+ROW_FAILURE = {"expectation": "expect_column_values_to_be_between", "column": "x", "kwargs": {}, "success": False, "observed_value": None,
+               "unexpected_count": 3, "unexpected_values": [99], "unexpected_index_list": [1], "exception": None, "source": "suite",
+               "row_level": True, "sample_rows": []}
+TABLE_FAILURE = {**ROW_FAILURE, "expectation": "expect_table_row_count_to_be_between", "column": None, "unexpected_count": None,
+                 "observed_value": 3, "row_level": False}
+DRIFTED = {"column": "x", "method": "psi-quantiles+ks", "psi": 0.9, "ks": 0.5, "ks_pvalue": 0.0, "drifted": True, "note": ""}
+
+
+def test_decide_follows_the_policy():
+    reject, warn = make_spec(), make_spec(on_bad_data="warn")
+    assert dq.decide(_report(), [], reject) == dq.Verdict(accepted=True, set_aside=False, reasons=[], warnings=[])
+
+    rejected = dq.decide(_report(ROW_FAILURE), [DRIFTED], reject)
+    assert not rejected.accepted
+    assert rejected.reasons == [
+        "1 of 2 expectations failed",
+        "drift above threshold in ['x']",
+        "expect_column_values_to_be_between on 'x': 3 unexpected",
+        "drift on 'x': PSI 0.900, KS 0.500",
+    ]
+    warned = dq.decide(_report(ROW_FAILURE), [DRIFTED], warn)
+    assert warned.accepted and warned.set_aside
+    assert warned.warnings[0] == "3 failing value(s) set aside in quarantine"
+    drift_only = dq.decide(_report(), [DRIFTED], warn)
+    assert drift_only.accepted and not drift_only.set_aside and drift_only.warnings == ["drift on 'x': PSI 0.900, KS 0.500"]
+    assert not dq.decide(_report(TABLE_FAILURE), [], warn).accepted  # too few rows cannot be fixed by dropping rows
+
+    release = {"released_by": "ada", "released_at": "2026-01-01T00:00:00+00:00", "reason": "checked with the owner"}
+    released = dq.decide(_report(TABLE_FAILURE), [], reject, release)
+    assert released.accepted and not released.set_aside and released.release == release
+    assert released.warnings[0] == "released by ada at 2026-01-01T00:00:00+00:00: checked with the owner"
+
+
+# --------------------------------------------------------------------------- snapshots: set aside, split
+
+
+def test_set_aside_rows_moves_exactly_the_failing_rows(store, digits):
+    spec = make_spec(on_bad_data="warn", allow_duplicate_rows=False)
+    unique = digits.drop_duplicates().reset_index(drop=True)
+    bad = pd.concat([unique, unique.iloc[[7]]], ignore_index=True)  # one duplicate at the end
+    bad.loc[3, "pixel_4_4"] = 99.0
+    bad.loc[10, "source"] = "fax"
+    table = pa.Table.from_pandas(bad, preserve_index=False).replace_schema_metadata(None)
+    dq.write_parquet_deterministic(table, store.uri("snap.parquet"))
+    validation = dq.validate_snapshot(store, store.uri("snap.parquet"), spec)
+    assert {(r["expectation"], r["column"]) for r in validation.report.failures()} == {
+        ("expect_column_values_to_be_between", "pixel_4_4"),
+        ("expect_column_values_to_be_in_set", "source"),
+        (dq.UNIQUE_ROWS_EXPECTATION, None),
+    }
+    good_path, bad_path = str(store.uri("good.parquet")), str(store.uri("bad.parquet"))
+    kept, moved = dq.set_aside_rows(store, store.uri("snap.parquet"), validation, spec, good_path, bad_path)
+    assert (kept, moved) == (len(bad) - 3, 3)
+    rejected = pq.read_table(bad_path).to_pandas()
+    assert rejected["_row"].tolist() == [3, 10, len(bad) - 1]
+    accepted = pq.read_table(good_path).to_pandas()
+    pd.testing.assert_frame_equal(accepted, bad.drop(index=[3, 10, len(bad) - 1]).reset_index(drop=True))
+    assert dq.validate(accepted, spec).success
+
+
+def test_split_snapshot_streams_the_same_split_as_in_memory(store, digits, spec, tmp_path, monkeypatch):
+    table = pa.Table.from_pandas(digits, preserve_index=False).replace_schema_metadata(None)
+    dq.write_parquet_deterministic(table, store.uri("snap.parquet"))
+    counts = dq.split_snapshot(store, store.uri("snap.parquet"), spec, str(tmp_path / "out"), batch_rows=50)
+    assert counts == {"train": 180, "val": 60, "test": 60}
+    for name, expected in zip(("train", "val", "test"), dq.split(digits, spec)):
+        pd.testing.assert_frame_equal(pq.read_table(tmp_path / "out" / f"{name}.parquet").to_pandas(), expected)
+
+
+# --------------------------------------------------------------------------- validate_version and the quarantine
+
+
+def _raw(store, frame: pd.DataFrame, md5: str) -> dict:
+    uri = store.uri("data", "vision", "digits", "raw", md5, "data.parquet")
+    dq.write_parquet_deterministic(pa.Table.from_pandas(frame, preserve_index=False), uri)
+    return {"uri": uri, "md5": md5, "rows": len(frame), "dvc_file": ""}
+
+
+def test_validate_version_rejects_then_a_release_lets_it_through(store, digits, spec):
+    good = dq.validate_version(store, spec, _raw(store, digits, "a" * 32))
+    assert good.verdict.accepted and good.quarantine is None and good.drift == []
+    assert good.value["rows"] == {"train": 180, "val": 60, "test": 60} and good.value["set_aside"] == 0
+    latest = store.read_json(store.uri("data", "vision", "digits", "validated", "latest.json"))
+    assert latest["md5"] == "a" * 32 and store.exists(latest["profile_uri"]) and store.exists(latest["sample_uri"])
+    assert "<html" in open(good.docs_uri).read()
+
+    bad = digits.copy()
+    bad.loc[[3, 9], "pixel_4_4"] = [99.0, -1.0]
+    outcome = dq.validate_version(store, spec, _raw(store, bad, "b" * 32))
+    assert not outcome.verdict.accepted and outcome.value is None
+    assert [d["column"] for d in outcome.drift] == spec.features  # against version a
+    where = outcome.quarantine
+    assert where == store.uri("quarantine", "vision", "digits", "b" * 32)
+    report = store.read_json(f"{where}/report.json")
+    assert report["kind"] == "snapshot" and report["md5"] == "b" * 32 and report["policy"] == "reject"
+    assert report["reasons"][0] == "1 of 33 expectations failed"
+    failing = [r for r in report["validation"]["results"] if not r["success"]]
+    assert [r["_row"] for r in failing[0]["sample_rows"]] == [3, 9]
+    assert open(f"{where}/data.parquet", "rb").read() == open(store.uri("data", "vision", "digits", "raw", "b" * 32, "data.parquet"), "rb").read()
+    assert report["data_docs"] == outcome.docs_uri
+    assert store.read_json(store.uri("data", "vision", "digits", "validated", "latest.json"))["md5"] == "a" * 32
+
+    [entry] = dq.list_quarantine(store, "vision/digits")
+    assert (entry.id, entry.kind, entry.summary, entry.released) == ("b" * 32, "snapshot", "1 of 33 expectations failed", None)
+    with pytest.raises(dq.QuarantineError, match="release needs a reason"):
+        dq.release_quarantine(store, "vision/digits", "b" * 32, "  ", by="ada")
+    with pytest.raises(dq.QuarantineError, match=r"no quarantine entry 'c+' for pipeline 'vision/digits'; entries: \['b+'\]"):
+        dq.release_quarantine(store, "vision/digits", "c" * 32, "ok", by="ada")
+    record = dq.release_quarantine(store, "vision/digits", "b" * 32, "range checked with the owner", by="ada", at="2026-02-03T04:05:06+00:00")
+    assert record == {"pipeline": "vision/digits", "md5": "b" * 32, "released_by": "ada", "released_at": "2026-02-03T04:05:06+00:00", "reason": "range checked with the owner"}
+    with pytest.raises(dq.QuarantineError, match="already released by ada at 2026-02-03T04:05:06"):
+        dq.release_quarantine(store, "vision/digits", "b" * 32, "again", by="bob")
+    assert dq.read_quarantine(store, "vision/digits", "b" * 32)["release"] == record
+
+    released = dq.validate_version(store, spec, _raw(store, bad, "b" * 32))
+    assert released.verdict.accepted and released.verdict.release == record
+    assert released.value["rows"]["train"] == 180
+    assert store.exists(f"{where}/data.parquet")  # released data stays inspectable where it was
+
+
+def test_validate_version_under_warn_sets_rows_aside(store, digits):
+    spec = make_spec(on_bad_data="warn")
+    bad = digits.copy()
+    bad.loc[[3, 9], "pixel_4_4"] = [99.0, -1.0]
+    outcome = dq.validate_version(store, spec, _raw(store, bad, "d" * 32))
+    assert outcome.verdict.accepted and outcome.verdict.set_aside
+    assert outcome.value["set_aside"] == 2
+    assert sum(outcome.value["rows"].values()) == 298
+    assert outcome.value["split_id"] == f"{'d' * 32}-{spec.fingerprint()}-{dq.suite_hash(spec)}"
+    assert outcome.quarantine == store.uri("quarantine", "vision", "digits", "rows", "d" * 32)
+    assert pq.read_table(f"{outcome.quarantine}/rows.parquet").column("_row").to_pylist() == [3, 9]
+    [entry] = dq.list_quarantine(store)
+    assert (entry.pipeline, entry.kind, entry.id) == ("vision/digits", "rows", "d" * 32)
+    assert not store.exists(store.uri("quarantine", "vision", "digits", "d" * 32))  # the version itself is not quarantined
+    with pytest.raises(dq.QuarantineError, match="rows set aside from an accepted version"):
+        dq.release_quarantine(store, "vision/digits", "d" * 32, "x", by="ada")

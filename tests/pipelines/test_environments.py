@@ -12,7 +12,7 @@ from pipelines.spec import FloatParam, SearchSpec
 
 PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 
-RESOURCE_KEYS = {"store", "versioning", "tracking", "launcher", "sweeps", "registry", "io_manager"}
+RESOURCE_KEYS = {"store", "versioning", "tracking", "launcher", "sweeps", "registry", "handoff", "io_manager"}
 
 
 def postgres_available() -> bool:

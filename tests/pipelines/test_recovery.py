@@ -46,6 +46,10 @@ def test_preempted_trial_is_retried_by_dagster_and_resumes(tmp_path: Path) -> No
     assert value["goodput"]["restart_causes"] == ["preempted"]
     launches = json.loads(Path(value["result_uri"]).with_name("launches.json").read_text())
     assert [x["cause"] for x in launches] == ["TrainingPreempted"]
+    # the resumed attempt continued the same W&B run: two offline directories, one run id
+    run_dirs = list((harness.home / "wandb").rglob("offline-run-*"))
+    assert len(run_dirs) == 2
+    assert len({d.name.split("-", 3)[-1] for d in run_dirs}) == 1
     materialization = result.asset_materializations_for_node(harness.node("trial_model"))[0]
     assert materialization.metadata["resumed_from"].value.endswith("step-000000004")
     assert materialization.metadata["checkpoint_interval_source"].value == "steps"

@@ -248,7 +248,7 @@ def test_fluent_state_is_restored(
 def test_unreachable_tracking_server_is_retryable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    registry = ModelRegistry(tracking_uri="http://127.0.0.1:1", artifact_root=str(tmp_path))
+    registry = ModelRegistry(tracking_uri="http://127.0.0.1:1", artifact_root=str(tmp_path), retry_backoff_s=0.1)
     started = time.monotonic()
     with pytest.raises(RegistryUnavailable):
         registry.get_alias(MODEL, "champion")
@@ -305,3 +305,127 @@ def test_s3_artifact_root_and_model_dir(
     stored = s3.list_objects_v2(Bucket=s3_endpoint.bucket, Prefix="mlartifacts/cluster/tiny-s3/")
     assert any(o["Key"].endswith("/model.pt2") for o in stored.get("Contents", []))
     np.testing.assert_array_equal(on_s3.predict(info.model_uri, frame), torch_labels(model, frame))
+
+
+# -- retries, locks and the cluster server command ---------------------------------
+
+
+def test_unreachable_registry_is_retried_then_fails_clearly(
+    tmp_path: Path, model_dir: Path, frame: pd.DataFrame, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import resources.registry as registry_module
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    waits: list[float] = []
+    monkeypatch.setattr(registry_module, "_sleep", waits.append)
+    down = ModelRegistry(
+        tracking_uri="http://user:secret@127.0.0.1:1", artifact_root=str(tmp_path / "artifacts"),
+        retry_attempts=3, retry_backoff_s=0.5,
+    )
+    with pytest.raises(RegistryUnavailable, match=r"registry http://user:\*\*\*@127.0.0.1:1 unavailable; gave up after 3 attempt\(s\)") as caught:
+        _register(down, model_dir, frame, "down/trial-0000", name="tiny-down")
+    assert "secret" not in str(caught.value)
+    assert waits == [0.5, 1.0]  # exponential backoff, outermost call only (register -> find_version does not multiply)
+    assert not (tmp_path / "artifacts").exists()  # nothing half-written
+
+
+def test_transient_failure_mid_registration_is_retried_to_exactly_one_version(
+    registry: ModelRegistry, model_dir: Path, frame: pd.DataFrame, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import requests
+    from mlflow import MlflowClient
+
+    import resources.registry as registry_module
+
+    monkeypatch.setattr(registry_module, "_sleep", lambda s: None)
+    original = MlflowClient.create_model_version
+    calls = {"n": 0}
+
+    def create_then_lose_the_answer(self, *args, **kwargs):
+        calls["n"] += 1
+        mv = original(self, *args, **kwargs)
+        if calls["n"] == 1:
+            raise requests.exceptions.ConnectionError("connection reset while reading the answer")
+        return mv
+
+    monkeypatch.setattr(MlflowClient, "create_model_version", create_then_lose_the_answer)
+    info = _register(registry, model_dir, frame, "flaky/trial-0000", name="tiny-flaky")
+    assert calls["n"] == 2
+    assert info.created is True
+    assert [v.version for v in registry.list_versions("tiny-flaky")] == [info.version]
+    client = MlflowClient(tracking_uri=registry.tracking_uri)
+    experiment = client.get_experiment_by_name("trainyard/tiny-flaky")
+    statuses = sorted(r.info.status for r in client.search_runs([experiment.experiment_id]))
+    assert statuses == ["FAILED", "FINISHED"]
+
+
+def test_concurrent_registration_of_one_trial_gives_one_version(
+    registry: ModelRegistry, model_dir: Path, frame: pd.DataFrame
+) -> None:
+    import threading
+
+    results, errors = [], []
+
+    def go() -> None:
+        try:
+            results.append(_register(registry, model_dir, frame, "race/trial-0000", name="tiny-race"))
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert {r.version for r in results} == {"1"}
+    assert [v.version for v in registry.list_versions("tiny-race") if v.tags.get(TRIAL_KEY_TAG)] == ["1"]
+
+
+def test_lock_is_exclusive_expires_and_names_its_holder(registry: ModelRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    import resources.registry as registry_module
+
+    monkeypatch.setattr(registry_module, "_sleep", lambda s: None)
+    with registry.lock("locked", purpose="first holder") as owner:
+        assert registry.get_model_tags(f"locked{registry_module.LOCK_MODEL_SUFFIX}")[registry_module.LOCK_OWNER_TAG] == owner
+        with pytest.raises(RegistryUnavailable, match="'locked' is locked by .* for 'first holder'; waited 0s"):
+            with registry.lock("locked", purpose="second", wait_s=0):
+                pass
+    assert registry.get_model_tags(f"locked{registry_module.LOCK_MODEL_SUFFIX}") == {}
+    assert "locked.trainyard-lock" not in registry.list_models()
+    # a holder that died: its lock expires and the next caller takes over
+    with registry.lock("stale", purpose="crashed", ttl_s=-1):
+        with registry.lock("stale", purpose="next", wait_s=0) as second:
+            tags = registry.get_model_tags(f"stale{registry_module.LOCK_MODEL_SUFFIX}")
+            assert tags[registry_module.LOCK_OWNER_TAG] == second
+    assert registry.get_model_tags(f"stale{registry_module.LOCK_MODEL_SUFFIX}") == {}
+
+
+def test_model_tags_and_artifact_uri(registry: ModelRegistry, registered) -> None:
+    registry.set_model_tags(MODEL, {"trainyard.note": "x"})
+    assert registry.get_model_tags(MODEL)["trainyard.note"] == "x"
+    assert registry.get_model_tags("no-such-model") == {}
+    location = registry.artifact_uri(MODEL, registered.version)
+    assert location.startswith(Path(registry.artifact_root).as_uri())
+    assert (Path(location.removeprefix("file://")) / "MLmodel").is_file()
+
+
+def test_tracking_server_command_exact() -> None:
+    from resources.registry import tracking_server_command
+
+    assert tracking_server_command("postgresql://mlflow@db:5432/mlflow", "s3://ml/artifacts", port=5001, workers=4) == [
+        "mlflow", "server",
+        "--backend-store-uri", "postgresql://mlflow@db:5432/mlflow",
+        "--default-artifact-root", "s3://ml/artifacts",
+        "--no-serve-artifacts",
+        "--host", "0.0.0.0",
+        "--port", "5001",
+        "--workers", "4",
+    ]
+    with pytest.raises(ValueError, match="backend_store_uri='db' must be a database URI such as"):
+        tracking_server_command("db", "s3://ml")
+    with pytest.raises(ValueError, match="artifact_root='/local' must be a URI"):
+        tracking_server_command("postgresql://db/x", "/local")
+    with pytest.raises(ValueError, match="port=0 must be between 1 and 65535"):
+        tracking_server_command("postgresql://db/x", "s3://ml", port=0)

@@ -1,0 +1,679 @@
+"""Incremental ingestion of landing files into canonical Parquet snapshots, in bounded memory.
+
+A pipeline's landing area is a local directory or `s3://` prefix with CSV,
+Parquet or JSON-lines files matching its globs. `ingest` makes the pipeline's
+next snapshot from it:
+
+1. list the landing files with their size, mtime and etag;
+2. for each file the manifest does not know in that exact state, stream it
+   (pyarrow readers, one block at a time), cast it to the declared columns
+   and write it as an Arrow IPC *part* in the object store; files already
+   ingested are not read again;
+3. check the file's size, mtime and etag after reading: a file that changed
+   while being read is not ingested (it is taken as still being written);
+4. the snapshot is the union of every accepted part -- files that have since
+   left the landing area included, so nothing once accepted is lost -- in
+   order of landing URI, written as canonical Parquet one row group at a
+   time. Equal landing files therefore give equal bytes and an equal DVC md5,
+   however many runs they arrived over;
+5. the snapshot is pinned with DVC (pushed to the remote) and stored under
+   `data/<team>/<name>/raw/<md5>/` with its `.dvc` file and the list of files
+   it was made of.
+
+The manifest (`data/<team>/<name>/ingest/manifest.json`) records every file
+ingested or rejected, with size/mtime/etag, rows, its part and its issues.
+
+Bad files follow `PipelineSpec.on_bad_data`. With "reject" any issue rejects
+the file and the run fails with `IngestRejected` after every file was looked
+at. With "warn" unusable files are skipped and usable ones with issues (added
+columns, ragged rows, no rows) are accepted; the snapshot is made of the rest.
+Either way a file with issues is copied to
+`quarantine/<team>/<name>/files/<id>/` with a `report.json`.
+
+Memory: one block or batch of one file, plus at most two Parquet row groups
+of the snapshot being written; it does not grow with the data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import hashlib
+import os
+import tempfile
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional
+
+import pyarrow as pa
+from pydantic import BaseModel, Field
+
+from assets.data_quality import (
+    CanonicalParquetWriter,
+    DataQualityError,
+    MissingLandingData,
+    SchemaMismatch,
+    canonical_schema,
+    to_canonical,
+)
+from pipelines.spec import PipelineSpec, SourceSpec
+from resources.storage import FileInfo, ObjectStore
+
+if TYPE_CHECKING:
+    from resources.versioning import DataVersioning
+
+READ_BLOCK_BYTES = 1024 * 1024
+"""Bytes of CSV/JSON text parsed at a time."""
+
+PARQUET_BATCH_ROWS = 64 * 1024
+"""Rows read at a time from a landing Parquet file."""
+
+MANIFEST_VERSION = 1
+
+EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+
+IssueKind = Literal[
+    "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "type", "format"
+]
+
+
+class LandingFileChanged(Exception):
+    """A landing file changed while it was read. Retryable: it is taken as still being written."""
+
+
+class IngestRejected(DataQualityError):
+    """At least one landing file was rejected under `on_bad_data="reject"`; `records` says which and why."""
+
+    def __init__(self, message: str, records: list["FileRecord"]) -> None:
+        super().__init__(message)
+        self.records = records
+
+
+class FileIssue(BaseModel):
+    """Something wrong with one landing file.
+
+    Attributes:
+        kind: What kind of problem.
+        message: What exactly, naming columns, rows and values.
+        fatal: The file cannot be used at all (else it can, e.g. with the
+            added column dropped or the ragged rows skipped).
+    """
+
+    kind: IssueKind
+    message: str
+    fatal: bool
+
+
+class FileRecord(BaseModel):
+    """The manifest's entry for one landing file in one state (size, mtime, etag)."""
+
+    uri: str
+    size: int
+    mtime: Optional[float]
+    etag: Optional[str]
+    status: Literal["accepted", "rejected"]
+    rows: int = 0
+    part: Optional[str] = None
+    schema_key: str
+    issues: list[FileIssue] = Field(default_factory=list)
+    quarantine: Optional[str] = None
+    ingested_at: str
+
+    def same_state(self, info: FileInfo, schema_key: str) -> bool:
+        """Whether `info` is this file unchanged, read for the same declared columns."""
+        return (self.size, self.mtime, self.etag) == info.identity and self.schema_key == schema_key
+
+
+class SnapshotRecord(BaseModel):
+    """One snapshot: its md5 (the data version), where it is, and which files it was made of."""
+
+    md5: str
+    uri: str
+    rows: int
+    files: list[str]
+    key: str
+    dvc_file: str
+    created_at: str
+
+
+class Manifest(BaseModel):
+    """Every landing file a pipeline ingested or rejected, and its latest snapshot."""
+
+    version: int = MANIFEST_VERSION
+    files: dict[str, FileRecord] = Field(default_factory=dict)
+    snapshot: Optional[SnapshotRecord] = None
+
+
+@dataclasses.dataclass
+class IngestResult:
+    """What one `ingest` call did.
+
+    Attributes:
+        snapshot: The snapshot now current (new or reused).
+        reused_snapshot: No accepted file changed, so the previous snapshot stands.
+        ingested: Files read in this call and accepted.
+        rejected: Files rejected in this call or before and still in the landing area.
+        skipped_changing: Files that changed while read (not ingested; picked up later).
+        unchanged: Files already ingested in this exact state.
+        retained: Accepted files no longer in the landing area, still in the snapshot.
+        warnings: One line per file issue accepted or skipped under "warn".
+    """
+
+    snapshot: SnapshotRecord
+    reused_snapshot: bool
+    ingested: list[FileRecord]
+    rejected: list[FileRecord]
+    skipped_changing: list[str]
+    unchanged: int
+    retained: list[str]
+    warnings: list[str]
+
+    def files_markdown(self) -> str:
+        """A Markdown table of the files read or rejected in this call."""
+        if not self.ingested and not self.rejected and not self.skipped_changing:
+            return f"no new or changed files; {self.unchanged} unchanged\n"
+        return records_markdown([*self.ingested, *self.rejected], self.skipped_changing) + f"\n{self.unchanged} file(s) unchanged since the last snapshot\n"
+
+
+def records_markdown(records: list[FileRecord], changing: Optional[list[str]] = None) -> str:
+    """A Markdown table of file records: file, status, rows, bytes, issues."""
+    lines = ["| file | status | rows | bytes | issues |", "|---|---|---|---|---|"]
+    for r in records:
+        issues = "; ".join(f"{i.kind}: {i.message}" for i in r.issues)
+        lines.append(f"| {_short(r.uri)} | {r.status} | {r.rows} | {r.size} | {_cell(issues)} |")
+    lines += [f"| {_short(u)} | changed while read | | | ingested once it stops changing |" for u in changing or []]
+    return "\n".join(lines) + "\n"
+
+
+def _short(uri: str) -> str:
+    return uri.rsplit("/", 2)[-1] if uri.count("/") > 2 else uri
+
+
+def _cell(text: str, width: int = 200) -> str:
+    text = text.replace("|", "\\|").replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def landing_patterns(store: ObjectStore, source: SourceSpec) -> list[str]:
+    """The source's globs as full URIs.
+
+    `source.prefix` is relative to the store root unless it is absolute
+    (`s3://...` or `/...`).
+    """
+    prefix = source.prefix
+    if prefix.startswith("s3://"):
+        return [f"{prefix.rstrip('/')}/{g.lstrip('/')}" for g in source.globs]
+    if prefix.startswith("/"):
+        return [os.path.join(prefix, g.lstrip("/")) for g in source.globs]
+    return [store.uri(prefix, g) for g in source.globs]
+
+
+def list_landing(store: ObjectStore, source: SourceSpec) -> list[FileInfo]:
+    """Landing files matching any of the source's globs, sorted by URI, with size/mtime/etag.
+
+    Names starting with `.` or `_` (`.crc` files, `_SUCCESS` markers) are left out.
+    """
+    found: dict[str, FileInfo] = {}
+    for pattern in landing_patterns(store, source):
+        for info in store.list_files(pattern):
+            name = info.uri.rsplit("/", 1)[-1]
+            if not name.startswith((".", "_")):
+                found[info.uri] = info
+    return [found[u] for u in sorted(found)]
+
+
+def landing_digest(files: list[FileInfo]) -> str:
+    """A digest of the landing area's state: changes when any file is added, removed or replaced."""
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.uri}\0{f.size}\0{f.mtime}\0{f.etag}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def schema_key(spec: PipelineSpec) -> str:
+    """Hash of the declared columns and types: parts made for other declarations are re-read."""
+    return hashlib.sha256(str(canonical_schema(spec)).encode()).hexdigest()[:16]
+
+
+def manifest_uri(store: ObjectStore, spec: PipelineSpec) -> str:
+    return store.uri("data", spec.team, spec.name, "ingest", "manifest.json")
+
+
+def load_manifest(store: ObjectStore, spec: PipelineSpec) -> Manifest:
+    """The pipeline's manifest, or an empty one before the first ingest."""
+    uri = manifest_uri(store, spec)
+    return Manifest.model_validate(store.read_json(uri)) if store.exists(uri) else Manifest()
+
+
+def pending_files(store: ObjectStore, spec: PipelineSpec, files: Optional[list[FileInfo]] = None) -> list[FileInfo]:
+    """Landing files not yet ingested (or rejected) in their current state."""
+    manifest = load_manifest(store, spec)
+    key = schema_key(spec)
+    files = list_landing(store, spec.source) if files is None else files
+    return [f for f in files if f.uri not in manifest.files or not manifest.files[f.uri].same_state(f, key)]
+
+
+# --------------------------------------------------------------------------- reading one file
+
+
+def file_format(source: SourceSpec, uri: str) -> Optional[str]:
+    """The format to parse `uri` as: the source's, or by extension for `auto` (None when unknown)."""
+    if source.format != "auto":
+        return source.format
+    return EXTENSIONS.get(os.path.splitext(uri)[1].lower())
+
+
+class _BadFile(Exception):
+    def __init__(self, issue: FileIssue) -> None:
+        super().__init__(issue.message)
+        self.issue = issue
+
+
+def _classify(e: BaseException, uri: str, fmt: str) -> FileIssue:
+    text = str(e)
+    if isinstance(e, UnicodeDecodeError) or "UTF8" in text or "UTF-8" in text:
+        return FileIssue(kind="encoding", message=f"{uri} is not valid in the declared encoding: {text}", fatal=True)
+    if "conversion error" in text or "Failed to convert" in text or "changed from" in text:
+        return FileIssue(kind="type", message=f"{uri}: a value does not fit its declared type: {text}", fatal=True)
+    if text.startswith("Empty") or "size is 0 bytes" in text:
+        return FileIssue(kind="empty", message=f"{uri} is empty: {text}", fatal=True)
+    return FileIssue(kind="corrupt", message=f"cannot parse {uri} as {fmt}: {type(e).__name__}: {text}", fatal=True)
+
+
+class _FileReader:
+    """Streams one landing file as canonical record batches, collecting its issues."""
+
+    def __init__(self, store: ObjectStore, info: FileInfo, spec: PipelineSpec, block_bytes: int) -> None:
+        self.store = store
+        self.info = info
+        self.spec = spec
+        self.block_bytes = block_bytes
+        self.issues: list[FileIssue] = []
+        self.rows = 0
+        self.fmt = file_format(spec.source, info.uri)
+        self._ragged: list[str] = []
+        self._ragged_count = 0
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Canonical batches; raises `_BadFile` when the file cannot be used."""
+        uri = self.info.uri
+        if self.fmt is None:
+            raise _BadFile(
+                FileIssue(kind="format", message=f"{uri}: cannot tell the format from the extension; use one of {sorted(EXTENSIONS)}", fatal=True)
+            )
+        if self.info.size == 0:
+            raise _BadFile(FileIssue(kind="empty", message=f"{uri} is empty (0 bytes)", fatal=True))
+        readers = {"csv": self._csv, "parquet": self._parquet, "jsonl": self._jsonl}
+        try:
+            for batch in readers[self.fmt]():
+                canonical = to_canonical(batch, self.spec).to_batches()
+                for b in canonical:
+                    if self.fmt != "csv":
+                        self._check_utf8(b)
+                    self.rows += b.num_rows
+                    yield b
+        except SchemaMismatch as e:
+            raise _BadFile(FileIssue(kind="type", message=f"{uri}: {e}", fatal=True)) from e
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
+            raise _BadFile(_classify(e, uri, self.fmt)) from e
+        if self._ragged_count:
+            shown = "; ".join(self._ragged)
+            self.issues.append(
+                FileIssue(kind="ragged_rows", message=f"{uri}: {self._ragged_count} row(s) with the wrong number of fields skipped, e.g. {shown}", fatal=False)
+            )
+        if self.rows == 0:
+            self.issues.append(FileIssue(kind="empty", message=f"{uri} has a header but no rows", fatal=False))
+
+    def _check_utf8(self, batch: pa.RecordBatch) -> None:
+        for name, column in zip(batch.schema.names, batch.columns):
+            if pa.types.is_string(column.type):
+                try:
+                    column.validate(full=True)
+                except pa.ArrowInvalid as e:
+                    raise _BadFile(FileIssue(kind="encoding", message=f"{self.info.uri}: column {name!r} holds text that is not valid UTF-8 ({e})", fatal=True)) from e
+
+    def _columns(self, found: list[str]) -> list[str]:
+        """Check the file's columns against the declared ones; returns the declared columns to read."""
+        declared = list(self.spec.columns)
+        missing = [c for c in declared if c not in found]
+        extra = [c for c in found if c not in declared]
+        uri = self.info.uri
+        if missing and extra:
+            lowered = {c.lower().strip(): c for c in extra}
+            hints = [f"{lowered[m.lower()]!r} -> {m!r}" for m in missing if m.lower() in lowered]
+            hint = f"; renamed? {', '.join(hints)}" if hints else ""
+            raise _BadFile(
+                FileIssue(
+                    kind="columns_renamed",
+                    message=f"{uri}: declared column(s) {missing} not found and undeclared column(s) {extra} found{hint}; the file has {found}",
+                    fatal=True,
+                )
+            )
+        if missing:
+            raise _BadFile(
+                FileIssue(kind="columns_missing", message=f"{uri}: declared column(s) {missing} not found; the file has {found}", fatal=True)
+            )
+        if extra:
+            self.issues.append(
+                FileIssue(kind="columns_added", message=f"{uri}: undeclared column(s) {extra} are not ingested (declare them in columns to keep them)", fatal=False)
+            )
+        return declared
+
+    def _invalid_row(self, row: Any) -> str:
+        self._ragged_count += 1
+        if len(self._ragged) < 3:
+            self._ragged.append(f"expected {row.expected_columns} fields, got {row.actual_columns}: {row.text[:80]!r}")
+        return "skip"
+
+    def _csv(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.csv as pacsv
+
+        encoding = self.spec.source.encoding
+        parse = pacsv.ParseOptions(invalid_row_handler=self._invalid_row)
+        with self.store.open(self.info.uri, "rb") as f:
+            head = pacsv.open_csv(
+                f,
+                read_options=pacsv.ReadOptions(block_size=min(self.block_bytes, 1 << 20), encoding=encoding),
+                parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"),
+            )
+            found = head.schema.names
+        columns = self._columns(found)
+        types = {c: canonical_schema(self.spec).field(c).type for c in columns}
+        with self.store.open(self.info.uri, "rb") as f:
+            reader = pacsv.open_csv(
+                f,
+                read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=encoding),
+                parse_options=parse,
+                convert_options=pacsv.ConvertOptions(column_types=types, include_columns=columns),
+            )
+            yield from reader
+
+    def _parquet(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        with self.store.open(self.info.uri, "rb") as f:
+            pf = pq.ParquetFile(f)
+            columns = self._columns(pf.schema_arrow.names)
+            yield from pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns, use_threads=True)
+
+    def _jsonl(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.json as pajson
+
+        with self.store.open(self.info.uri, "rb") as f:
+            found = pajson.open_json(f, read_options=pajson.ReadOptions(block_size=min(self.block_bytes, 1 << 20))).schema.names
+        columns = self._columns(found)
+        schema = canonical_schema(self.spec)
+        with self.store.open(self.info.uri, "rb") as f:
+            reader = pajson.open_json(
+                f,
+                read_options=pajson.ReadOptions(block_size=self.block_bytes),
+                parse_options=pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+            )
+            for batch in reader:
+                yield batch.select(columns)
+
+
+# --------------------------------------------------------------------------- parts
+
+
+def _part_uri(store: ObjectStore, spec: PipelineSpec, info: FileInfo, key: str) -> str:
+    digest = hashlib.sha256(f"{info.uri}\0{info.identity}\0{key}".encode()).hexdigest()[:24]
+    return store.uri("data", spec.team, spec.name, "ingest", "parts", f"{digest}.arrow")
+
+
+def _file_id(info: FileInfo) -> str:
+    return hashlib.sha256(f"{info.uri}\0{info.identity}".encode()).hexdigest()[:16]
+
+
+def _write_part(reader: _FileReader, schema: pa.Schema, path: str) -> None:
+    """Write the file's canonical batches as an LZ4-compressed Arrow IPC file (fast to write and read back)."""
+    import pyarrow.ipc as ipc
+
+    with ipc.new_file(path, schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer:
+        for batch in reader.batches():
+            writer.write_batch(batch)
+
+
+def iter_part(store: ObjectStore, uri: str) -> Iterator[pa.RecordBatch]:
+    """The record batches of a part, one at a time."""
+    import pyarrow.ipc as ipc
+
+    with store.open(uri, "rb") as f:
+        reader = ipc.open_file(f)
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+
+
+def _quarantine_file(store: ObjectStore, spec: PipelineSpec, info: FileInfo, issues: list[FileIssue], status: str) -> str:
+    where = store.uri("quarantine", spec.team, spec.name, "files", _file_id(info))
+    name = info.uri.rsplit("/", 1)[-1]
+    if info.size and not store.exists(f"{where}/{name}"):
+        store.copy(info.uri, f"{where}/{name}")
+    fatal = [i for i in issues if i.fatal]
+    store.write_json(
+        f"{where}/report.json",
+        {
+            "kind": "file",
+            "pipeline": spec.key,
+            "file": info.uri,
+            "size": info.size,
+            "mtime": info.mtime,
+            "etag": info.etag,
+            "status": status,
+            "policy": spec.on_bad_data,
+            "issues": [i.model_dump() for i in issues],
+            "reasons": [i.message for i in (fatal or issues)],
+            "copy": f"{where}/{name}" if info.size else None,
+            "quarantined_at": _now(),
+        },
+    )
+    return where
+
+
+def ingest_file(store: ObjectStore, spec: PipelineSpec, info: FileInfo, block_bytes: int = READ_BLOCK_BYTES) -> FileRecord:
+    """Read one landing file into a part in the object store, or decide why it cannot be.
+
+    The file's state is checked after reading: if its size, mtime or etag
+    moved, nothing is recorded and `LandingFileChanged` is raised. Under
+    "reject" any issue rejects the file; under "warn" only fatal ones do.
+    A file with issues is copied to quarantine with a report.
+
+    Raises:
+        LandingFileChanged: The file changed while it was read.
+    """
+    key = schema_key(spec)
+    part = _part_uri(store, spec, info, key)
+    with tempfile.TemporaryDirectory(prefix="trainyard-ingest-") as tmp:
+        local = os.path.join(tmp, "part.arrow")
+        # Small blocks keep memory low; a row longer than a block needs bigger ones.
+        for block in (block_bytes, block_bytes * 16, block_bytes * 256):
+            reader = _FileReader(store, info, spec, block)
+            try:
+                _write_part(reader, canonical_schema(spec), local)
+                bad = None
+            except _BadFile as e:
+                bad = e.issue
+            if bad is None or "straddl" not in bad.message:
+                break
+        after = store.stat(info.uri) if store.exists(info.uri) else None
+        if after is None or after.identity != info.identity:
+            raise LandingFileChanged(
+                f"{info.uri} changed while being read (size/mtime/etag {info.identity} before, "
+                f"{None if after is None else after.identity} after); it is ingested once it stops changing"
+            )
+        issues = [*reader.issues, *([bad] if bad else [])]
+        rejected = bad is not None or (spec.on_bad_data == "reject" and bool(issues))
+        if not rejected:
+            store.put_file(local, part)
+    record = FileRecord(
+        uri=info.uri,
+        size=info.size,
+        mtime=info.mtime,
+        etag=info.etag,
+        status="rejected" if rejected else "accepted",
+        rows=0 if rejected else reader.rows,
+        part=None if rejected else part,
+        schema_key=key,
+        issues=issues,
+        ingested_at=_now(),
+    )
+    if issues:
+        record.quarantine = _quarantine_file(store, spec, info, issues, record.status)
+    return record
+
+
+# --------------------------------------------------------------------------- snapshot
+
+
+def _snapshot_key(records: list[FileRecord]) -> str:
+    h = hashlib.sha256()
+    for r in records:
+        h.update(f"{r.uri}\0{r.part}\n".encode())
+    return h.hexdigest()[:32]
+
+
+def _md5(path: str) -> str:
+    h = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_snapshot(store: ObjectStore, records: list[FileRecord], schema: pa.Schema, path: str) -> int:
+    """Stream the parts of `records`, in order, into one canonical Parquet file at `path`; returns its rows."""
+    with CanonicalParquetWriter(path, schema) as writer:
+        for record in records:
+            assert record.part is not None
+            for batch in iter_part(store, record.part):
+                writer.write(batch)
+    return writer.rows
+
+
+def ingest(
+    store: ObjectStore,
+    spec: PipelineSpec,
+    versioning: Optional["DataVersioning"] = None,
+    *,
+    block_bytes: int = READ_BLOCK_BYTES,
+    log: Optional[Callable[[str], None]] = None,
+) -> IngestResult:
+    """Bring the pipeline's snapshot up to date with its landing area (see the module docstring).
+
+    Args:
+        store: The object store (landing area, parts, snapshots, quarantine).
+        spec: The pipeline: source, declared columns, `on_bad_data`.
+        versioning: Pins each new snapshot with DVC and pushes it to the
+            remote; when None the md5 is computed here and nothing is pinned
+            (the `.dvc` text is then empty).
+        block_bytes: Bytes of CSV/JSON parsed at a time.
+        log: Called with one line per warning.
+
+    Returns:
+        What happened, with the current snapshot.
+
+    Raises:
+        MissingLandingData: No landing file matches and nothing was ever accepted.
+        IngestRejected: Under "reject", a landing file was rejected (now or
+            earlier, and it is still there unchanged).
+        LandingFileChanged: Under "reject", a file changed while being read.
+        DataVersioningError: DVC failed.
+        StorageError: The object store failed.
+    """
+    files = list_landing(store, spec.source)
+    manifest = load_manifest(store, spec)
+    key = schema_key(spec)
+    if not files and not any(r.status == "accepted" for r in manifest.files.values()):
+        raise MissingLandingData(
+            f"no landing files match prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r} "
+            f"(looked for {', '.join(landing_patterns(store, spec.source))})"
+        )
+    ingested: list[FileRecord] = []
+    rejected: list[FileRecord] = []
+    changing: list[str] = []
+    warnings: list[str] = []
+    unchanged = 0
+    for info in files:
+        known = manifest.files.get(info.uri)
+        if known is not None and known.same_state(info, key) and (known.status == "rejected" or _part_exists(store, known)):
+            unchanged += 1
+            if known.status == "rejected":
+                rejected.append(known)
+                warnings.append(f"{info.uri} was rejected before and has not changed; see {known.quarantine}")
+            continue
+        try:
+            record = ingest_file(store, spec, info, block_bytes)
+        except LandingFileChanged as e:
+            changing.append(info.uri)
+            warnings.append(str(e))
+            continue
+        was_accepted = known is not None and known.status == "accepted" and _part_exists(store, known)
+        if was_accepted and record.status == "accepted":
+            warnings.append(f"{info.uri} was replaced since it was ingested (size {known.size} -> {info.size}); the new content replaces the old in the snapshot")
+        if was_accepted and record.status == "rejected":
+            # Keep what was accepted: a bad replacement must not take good data out of the snapshot.
+            warnings.append(f"{info.uri} was replaced by content that is rejected; the snapshot keeps the version ingested at {known.ingested_at}")
+        else:
+            manifest.files[info.uri] = record
+        (ingested if record.status == "accepted" else rejected).append(record)
+        warnings += [f"{i.kind}: {i.message}" + ("" if record.status == "rejected" else " (accepted)") for i in record.issues]
+    if log is not None:
+        for line in warnings:
+            log(line)
+    _save_manifest(store, spec, manifest)
+    if spec.on_bad_data == "reject" and (rejected or changing):
+        if rejected:
+            reasons = "; ".join(i.message for r in rejected for i in r.issues)
+            raise IngestRejected(
+                f"{len(rejected)} landing file(s) rejected (on_bad_data='reject'); each is kept in quarantine with a report: {reasons}",
+                rejected,
+            )
+        raise LandingFileChanged("; ".join(w for w in warnings if "changed while being read" in w))
+    landing = {f.uri for f in files}
+    accepted = sorted((r for r in manifest.files.values() if r.status == "accepted"), key=lambda r: r.uri)
+    if not accepted:
+        raise MissingLandingData(
+            f"no usable landing files under prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r}: "
+            f"{len(rejected)} rejected, {len(changing)} still changing"
+        )
+    retained = [r.uri for r in accepted if r.uri not in landing]
+    snapshot_key = _snapshot_key(accepted)
+    current = manifest.snapshot
+    if current is not None and current.key == snapshot_key and store.exists(current.uri):
+        return IngestResult(current, True, ingested, rejected, changing, unchanged, retained, warnings)
+    schema = canonical_schema(spec)
+    with tempfile.TemporaryDirectory(prefix="trainyard-snapshot-") as tmp:
+        local = os.path.join(tmp, "data.parquet")
+        rows = write_snapshot(store, accepted, schema, local)
+        if versioning is not None:
+            pin = versioning.pin(local)
+            md5, dvc_file = pin.md5, pin.dvc_file
+        else:
+            md5, dvc_file = _md5(local), ""
+        base = store.uri("data", spec.team, spec.name, "raw", md5)
+        store.put_file(local, f"{base}/data.parquet")
+    if dvc_file:
+        store.write_bytes(f"{base}/data.parquet.dvc", dvc_file.encode())
+    snapshot = SnapshotRecord(
+        md5=md5, uri=f"{base}/data.parquet", rows=rows, files=[r.uri for r in accepted], key=snapshot_key, dvc_file=dvc_file, created_at=_now()
+    )
+    store.write_json(
+        f"{base}/manifest.json",
+        {"snapshot": snapshot.model_dump(), "files": [manifest.files[u].model_dump() for u in snapshot.files]},
+    )
+    manifest.snapshot = snapshot
+    _save_manifest(store, spec, manifest)
+    return IngestResult(snapshot, False, ingested, rejected, changing, unchanged, retained, warnings)
+
+
+def _part_exists(store: ObjectStore, record: FileRecord) -> bool:
+    return record.part is not None and store.exists(record.part)
+
+
+def _save_manifest(store: ObjectStore, spec: PipelineSpec, manifest: Manifest) -> None:
+    store.write_json(manifest_uri(store, spec), manifest.model_dump(mode="json"))

@@ -1,0 +1,314 @@
+"""`trainyard registry`: show, promote and roll back registered models.
+
+    trainyard registry show vision.digits              # the champion, its lineage and promotion evidence
+    trainyard registry show digits --version 3         # a short name works when it is unambiguous
+    trainyard registry promote vision.digits           # apply the policy to the challenger
+    trainyard registry promote vision.digits --version 4 --force --reason "hotfix, INC-123"
+    trainyard registry rollback vision.digits          # back to the previous champion
+    trainyard registry list
+
+`promote` and `rollback` apply the same checks as the `registered_model` asset
+(`assets.promotion`), with the policy and pinned test split recorded on the
+version when it was registered. `--force` moves the alias past failing checks
+and is recorded as an override with its reason. The registry, object store and
+handoff publisher are the environment's (`TRAINYARD_ENV`, default `local`
+under `TRAINYARD_HOME`).
+
+Exit status: 0 done (or nothing to do), 1 the policy rejected the request,
+2 bad input (unknown model or version), 3 the registry failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Optional
+
+EXIT_REJECTED = 1
+EXIT_BAD_INPUT = 2
+EXIT_REGISTRY = 3
+
+LINEAGE_TAGS = (
+    ("pipeline", "trainyard.pipeline"),
+    ("data version", "trainyard.data_version"),
+    ("validation", "trainyard.validation"),
+    ("validation detail", "trainyard.validation.summary"),
+    ("test split", "trainyard.test_split"),
+    ("code version", "trainyard.code_version"),
+    ("code dirty", "trainyard.code_dirty"),
+    ("dependency lock", "trainyard.lock_hash"),
+    ("study", "trainyard.study"),
+    ("trial", "trainyard.trial"),
+    ("params", None),
+    ("seed", "trainyard.seed"),
+    ("world size", "trainyard.world_size"),
+    ("strategy", "trainyard.strategy"),
+    ("checkpoint", "trainyard.checkpoint_uri"),
+    ("tracker run", "trainyard.tracker_run"),
+)
+
+
+def register(subparsers: Any) -> None:
+    """Adds `registry` and its subcommands to the `trainyard` parser."""
+    parser = subparsers.add_parser("registry", help="show, promote and roll back registered models")
+    sub = parser.add_subparsers(dest="registry_command", required=True)
+
+    show = sub.add_parser("show", help="a version (default: the champion) with lineage and promotion evidence")
+    show.add_argument("model", help="registered model name (e.g. vision.digits), team/pipeline, or a unique short name")
+    show.add_argument("--version", help="version number or alias (default: champion)")
+    show.add_argument("--json", action="store_true", help="print JSON instead of text")
+    show.set_defaults(func=cmd_show)
+
+    lst = sub.add_parser("list", help="registered models with their champion and challenger")
+    lst.set_defaults(func=cmd_list)
+
+    for name, helptext in (
+        ("promote", "apply the promotion policy to a version (default: the challenger) and move champion if it passes"),
+        ("rollback", "move champion back to the previous champion (or --version), after the same checks"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("model", help="registered model name (e.g. vision.digits)")
+        p.add_argument("--version", help="version number (promote: default challenger; rollback: default previous champion)")
+        p.add_argument("--force", action="store_true", help="move the alias even if checks fail (needs --reason)")
+        p.add_argument("--reason", help="why; required with --force and recorded as the override's justification")
+        p.set_defaults(func=cmd_promote if name == "promote" else cmd_rollback)
+
+
+def _environment() -> dict[str, Any]:
+    from pipelines.environments import resources_for
+
+    return resources_for()
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"trainyard registry: error: {message}", file=sys.stderr)
+    return code
+
+
+def resolve_model(registry: Any, text: str) -> str:
+    """A registered model name from what the user typed.
+
+    Accepts the exact name (`vision.digits`), `team/pipeline` (`vision/digits`)
+    or a suffix after the team that is unique (`digits`).
+
+    Raises:
+        LookupError: No model, or several, match (the message lists the candidates).
+    """
+    names = registry.list_models()
+    wanted = text.replace("/", ".")
+    if wanted in names:
+        return wanted
+    matches = [n for n in names if n.endswith(f".{wanted}")]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise LookupError(f"model {text!r} is ambiguous: {', '.join(matches)}")
+    known = ", ".join(names) or "none yet (run `trainyard demo` or a promote job)"
+    raise LookupError(f"no registered model {text!r}; registered models: {known}")
+
+
+def _version(registry: Any, model: str, version: Optional[str]) -> Any:
+    from resources.registry import RegistryNotFound
+
+    if version is None or not version.isdigit():
+        alias = version or "champion"
+        info = registry.get_alias(model, alias)
+        if info is None:
+            raise LookupError(f"{model} has no alias {alias!r}; give a version number with --version")
+        return info
+    try:
+        return registry.get_version(model, version)
+    except RegistryNotFound as e:
+        raise LookupError(f"{model} has no version {version}") from e
+
+
+def describe(registry: Any, model: str, info: Any, handoff: Any = None) -> dict[str, Any]:
+    """Everything `show` prints, as a JSON-serialisable dict."""
+    from assets import promotion as pr
+
+    tags = info.tags
+    registered = registry.get_model_tags(model)
+    history = json.loads(registered.get(pr.HISTORY_TAG) or "{}") if registered.get(pr.HISTORY_TAG) else {}
+    aliases = {}
+    for alias in (pr.CHAMPION, pr.CHALLENGER):
+        holder = registry.get_alias(model, alias)
+        aliases[alias] = holder.version if holder else None
+    params = {k[len("trainyard.params."):]: v for k, v in tags.items() if k.startswith("trainyard.params.")}
+    lineage = {}
+    for label, key in LINEAGE_TAGS:
+        value = json.dumps(params, sort_keys=True) if key is None and params else tags.get(key) if key else None
+        if value not in (None, ""):
+            lineage[label] = value
+    lineage["mlflow run"] = info.run_id
+    checks = json.loads(tags.get(f"{pr.P}checks", "[]"))
+    smoke = json.loads(tags.get("trainyard.smoke.evidence", "{}"))
+    out: dict[str, Any] = {
+        "model": model,
+        "version": info.version,
+        "model_uri": info.model_uri,
+        "aliases": aliases,
+        "is_champion": aliases[pr.CHAMPION] == info.version,
+        "artifact_uri": registry.artifact_uri(model, info.version),
+        "metrics": pr.recorded_metrics(tags),
+        "lineage": lineage,
+        "promotion": {
+            "decision": tags.get(f"{pr.P}decision"),
+            "action": tags.get(f"{pr.P}action"),
+            "at": tags.get(f"{pr.P}at"),
+            "by": tags.get(f"{pr.P}by"),
+            "reason": tags.get(f"{pr.P}reason"),
+            "override": tags.get(f"{pr.P}override") == "true",
+            "override_reason": tags.get(f"{pr.P}override_reason") or None,
+            "champion_before": tags.get(f"{pr.P}champion_before") or None,
+            "checks": checks,
+            "smoke_test": smoke,
+            "policy": json.loads(tags[pr.POLICY_TAG]) if tags.get(pr.POLICY_TAG) else None,
+            "replaced": tags.get("trainyard.champion.replaced"),
+            "rolled_back": tags.get("trainyard.champion.rolled_back"),
+        },
+        "handoff": {"event_uri": tags.get(pr.HANDOFF_URI_TAG), "webhook": tags.get(pr.HANDOFF_WEBHOOK_TAG)},
+        "history": history.get("log", [])[-10:],
+    }
+    return out
+
+
+def render(d: dict[str, Any]) -> str:
+    """The text form of `describe`'s output."""
+    role = "champion: version" if d["is_champion"] else "version"
+    lines = [
+        f"{d['model']} {role} {d['version']}  ({d['model_uri']})" + ("" if d["is_champion"] else "  [not champion]"),
+        f"  aliases          : champion -> {d['aliases']['champion'] or '-'}, challenger -> {d['aliases']['challenger'] or '-'}",
+        f"  artifacts        : {d['artifact_uri']}",
+        "  metrics          : " + (", ".join(f"{k}={v:.4f}" for k, v in sorted(d["metrics"].items())) or "-"),
+        "",
+        "lineage",
+    ]
+    lines += [f"  {label:<17}: {value}" for label, value in d["lineage"].items()]
+    p = d["promotion"]
+    lines += ["", "promotion evidence"]
+    if p["decision"] is None:
+        lines.append("  no decision recorded (registered outside trainyard's promotion policy)")
+    else:
+        lines.append(f"  decision         : {p['decision']} ({p['action']}) at {p['at']} by {p['by']}")
+        if p["override"]:
+            lines.append(f"  OVERRIDE         : {p['override_reason']}")
+        if p["champion_before"]:
+            lines.append(f"  champion then    : version {p['champion_before']}")
+        for check in p["checks"]:
+            lines.append(f"  [{'pass' if check['passed'] else 'FAIL'}] {check['name']}: {check['detail']}")
+        smoke = p["smoke_test"]
+        if smoke.get("served_metric") is not None:
+            lines.append(
+                f"  smoke test       : {smoke.get('model_uri')} in {smoke.get('seconds')}s, served {smoke['served_metric']} "
+                f"{smoke['served_value']:.6f} on {smoke.get('test_rows')} rows (training-side {smoke['training_value']:.6f})"
+            )
+        if p["policy"]:
+            lines.append(f"  policy           : {json.dumps(p['policy'], sort_keys=True)}")
+    for key, label in (("replaced", "replaced"), ("rolled_back", "rolled back")):
+        if p[key]:
+            lines.append(f"  {label:<17}: {p[key]}")
+    if d["handoff"]["event_uri"]:
+        lines += ["", f"handoff event      : {d['handoff']['event_uri']} (webhook: {d['handoff']['webhook']})"]
+    if d["history"]:
+        lines += ["", "champion history (newest last)"]
+        for h in d["history"]:
+            forced = " OVERRIDE" if h.get("override") else ""
+            lines.append(f"  v{h['version']} {h['action']}{forced} at {h['at']} by {h['by']} ({'was v' + h['from'] if h.get('from') else 'first champion'})")
+    return "\n".join(lines)
+
+
+def _guard(fn: Any) -> Any:
+    """Maps the registry's errors onto exit codes and one-line messages."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(args: argparse.Namespace) -> int:
+        from assets.promotion import PromotionError
+        from resources.handoff import HandoffError
+        from resources.registry import RegistryError, RegistryUnavailable
+
+        try:
+            return fn(args)
+        except (LookupError, PromotionError) as e:
+            return _fail(str(e).strip("'\""), EXIT_BAD_INPUT)
+        except ValueError as e:
+            return _fail(str(e), EXIT_BAD_INPUT)
+        except RegistryUnavailable as e:
+            return _fail(f"registry unavailable: {e}", EXIT_REGISTRY)
+        except (RegistryError, HandoffError) as e:
+            return _fail(str(e), EXIT_REGISTRY)
+
+    return wrapper
+
+
+@_guard
+def cmd_show(args: argparse.Namespace) -> int:
+    env = _environment()
+    registry = env["registry"]
+    model = resolve_model(registry, args.model)
+    info = _version(registry, model, args.version)
+    d = describe(registry, model, info)
+    print(json.dumps(d, indent=2, sort_keys=True) if args.json else render(d))
+    return 0
+
+
+@_guard
+def cmd_list(args: argparse.Namespace) -> int:
+    registry = _environment()["registry"]
+    names = registry.list_models()
+    if not names:
+        print("no registered models")
+    for name in names:
+        champion = registry.get_alias(name, "champion")
+        challenger = registry.get_alias(name, "challenger")
+        print(f"{name}: champion {champion.version if champion else '-'}, challenger {challenger.version if challenger else '-'}, "
+              f"{len(registry.list_versions(name))} version(s)")
+    return 0
+
+
+def _decision_text(decision: Any) -> str:
+    verb = {"champion": "is now champion", "rolled_back_to": "is champion again (rollback)",
+            "already_champion": "is already champion; nothing to do", "rejected": "was NOT promoted"}[decision.outcome]
+    lines = [f"{decision.model} version {decision.version} {verb}"]
+    if decision.override:
+        lines.append(f"  OVERRIDE recorded: {decision.override_reason}")
+    lines += [f"  [{'pass' if c.passed else 'FAIL'}] {c.name}: {c.detail}" for c in decision.checks]
+    if decision.handoff_uri:
+        lines.append(f"  handoff event: {decision.handoff_uri} (webhook: {decision.webhook})")
+    return "\n".join(lines)
+
+
+def _check_force(args: argparse.Namespace) -> None:
+    if args.force and not (args.reason or "").strip():
+        raise ValueError("--force needs --reason \"...\": an override is recorded with its justification")
+    if args.reason and not args.force:
+        raise ValueError("--reason is only used with --force")
+
+
+@_guard
+def cmd_promote(args: argparse.Namespace) -> int:
+    from assets import promotion
+
+    _check_force(args)
+    env = _environment()
+    model = resolve_model(env["registry"], args.model)
+    decision = promotion.promote(
+        env["registry"], env["handoff"], env["store"], model, version=args.version, force=args.force, reason=args.reason
+    )
+    print(_decision_text(decision))
+    return 0 if decision.champion else EXIT_REJECTED
+
+
+@_guard
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from assets import promotion
+
+    _check_force(args)
+    env = _environment()
+    model = resolve_model(env["registry"], args.model)
+    decision = promotion.rollback(
+        env["registry"], env["handoff"], env["store"], model, version=args.version, force=args.force, reason=args.reason
+    )
+    print(_decision_text(decision))
+    return 0 if decision.champion else EXIT_REJECTED

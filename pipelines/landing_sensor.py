@@ -1,0 +1,89 @@
+"""A sensor per pipeline that starts the `prepare` job when new landing files arrive.
+
+Each tick lists the landing files (size, mtime, etag; no content is read) and
+compares the listing's digest with the sensor's cursor:
+
+- same digest: nothing changed since the last tick -> skip;
+- different digest, but every file is already in the ingest manifest in
+  its current state (e.g. a manual run ingested them, or files were only
+  removed) -> move the cursor, skip;
+- otherwise -> one `RunRequest` for the `prepare` job, keyed by the digest,
+  so the same landing state never starts two runs; `raw_data` then ingests
+  only the new or changed files.
+
+A file still being written changes the digest on every tick; the run it
+starts skips it (`LandingFileChanged`) and the next tick, seeing it stable,
+starts another.
+"""
+
+from __future__ import annotations
+
+from dagster import DefaultSensorStatus, RunRequest, SensorDefinition, SensorEvaluationContext, SkipReason, sensor
+
+from pipelines.spec import PipelineSpec
+from resources.storage import ObjectStore
+
+MINIMUM_INTERVAL_SECONDS = 60
+
+
+def sensor_name(spec: PipelineSpec) -> str:
+    return f"{spec.team}__{spec.name}__landing"
+
+
+def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None) -> tuple[RunRequest | SkipReason, str | None]:
+    """One tick of the landing sensor, as a pure function of the store and the cursor.
+
+    Returns:
+        The run request or skip reason, and the new cursor (the landing
+        listing's digest; unchanged when nothing is listed).
+    """
+    from assets import ingest
+
+    files = ingest.list_landing(store, spec.source)
+    if not files:
+        patterns = ", ".join(ingest.landing_patterns(store, spec.source))
+        return SkipReason(f"no landing files match {patterns}"), cursor
+    digest = ingest.landing_digest(files)
+    if digest == cursor:
+        return SkipReason(f"{len(files)} landing file(s), unchanged since the last tick"), cursor
+    pending = ingest.pending_files(store, spec, files)
+    if not pending:
+        return SkipReason(f"{len(files)} landing file(s), all already ingested in their current state"), digest
+    names = [f.uri.rsplit("/", 1)[-1] for f in pending]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    request = RunRequest(
+        run_key=f"landing-{digest}",
+        tags={
+            "trainyard/pipeline": spec.key,
+            "trainyard/landing_digest": digest,
+            "trainyard/new_files": str(len(pending)),
+            "trainyard/new_file_names": shown[:200],
+        },
+    )
+    return request, digest
+
+
+def build_landing_sensor(spec: PipelineSpec, job_name: str, minimum_interval_seconds: int = MINIMUM_INTERVAL_SECONDS) -> SensorDefinition:
+    """The landing sensor of one pipeline, targeting its `prepare` job.
+
+    It starts stopped: turn it on in the Dagster UI (Automation) or with
+    `dagster sensor start <name>`, so nothing runs behind the back of
+    `trainyard demo` or a test.
+    """
+
+    @sensor(
+        name=sensor_name(spec),
+        job_name=job_name,
+        minimum_interval_seconds=minimum_interval_seconds,
+        default_status=DefaultSensorStatus.STOPPED,
+        description=f"New or changed files under {spec.source.prefix} ({spec.source.pattern}) -> {job_name}",
+    )
+    def landing(context: SensorEvaluationContext, store: ObjectStore):
+        result, cursor = evaluate_landing(spec, store, context.cursor)
+        if cursor is not None and cursor != context.cursor:
+            context.update_cursor(cursor)
+        if isinstance(result, RunRequest):
+            context.log.info(f"{spec.key}: new landing data ({result.tags['trainyard/new_file_names']}), requesting {job_name}")
+        return result
+
+    return landing

@@ -1,0 +1,1 @@
+"""The platform's own code location: assets about all teams (usage and cost)."""

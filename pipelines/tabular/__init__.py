@@ -1,0 +1,1 @@
+"""The tabular team: gradient-boosted trees on tabular data."""

@@ -1,0 +1,245 @@
+"""Handoff events: how serving learns that a model's `champion` changed.
+
+Each champion change (a promotion whose policy passed, a forced override, a
+rollback) becomes one `HandoffEvent`:
+
+1. a JSON record in the object store at
+   `<store>/handoff/<model>/<UTC timestamp>-v<version>.json` (written first; the
+   durable source of truth, which a serving controller can poll or list), then
+2. when `webhook_url` is set, an HTTP `POST` of the same JSON to it (the
+   notification), retried on connection errors, timeouts, 408, 429 and 5xx.
+
+Records never change once written; a webhook that failed is re-delivered from
+the record with the same `event_id`, so consumers deduplicate on it.
+
+Example:
+    >>> handoff = HandoffPublisher(store=ObjectStore(root="/var/trainyard/store"))
+    >>> receipt = handoff.publish(event)
+    >>> receipt.uri
+    '/var/trainyard/store/handoff/vision.digits/20250130T070102.123456Z-v3.json'
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal, Optional
+
+from dagster import ConfigurableResource
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from resources.storage import ObjectStore, StorageError
+
+logger = logging.getLogger(__name__)
+
+HANDOFF_PREFIX = "handoff"
+EVENT_ID_HEADER = "X-Trainyard-Event-Id"
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class HandoffError(Exception):
+    """A handoff event could not be written or is malformed (terminal)."""
+
+
+class HandoffDeliveryFailed(HandoffError):
+    """The record is written but the webhook did not accept it; re-delivering may succeed.
+
+    Attributes:
+        uri: The written record, from which `HandoffPublisher.deliver` re-sends it.
+        status: The last HTTP status, or None when no answer came back.
+    """
+
+    def __init__(self, message: str, uri: str, status: Optional[int] = None) -> None:
+        super().__init__(message)
+        self.uri = uri
+        self.status = status
+
+
+class HandoffEvent(BaseModel):
+    """One champion change, as serving consumes it.
+
+    Attributes:
+        event_id: Unique id; consumers deduplicate re-deliveries on it.
+        model: Registered model name.
+        version: The version that now holds `alias`.
+        alias: The alias that moved (`champion`).
+        alias_uri: `models:/<model>@<alias>`: what MLServer or `mlflow models serve` load.
+        model_uri: `models:/<model>/<version>`: the same model, pinned.
+        artifact_uri: Storage location of the version's MLflow model directory
+            (`s3://...`): what KServe's `storageUri` takes.
+        previous_version: The version that held the alias before, if any.
+        action: `promote` (policy passed or forced) or `rollback`.
+        override: True when the change was forced past a failing check.
+        reason: Why, in words (the policy's verdict or the override's reason).
+        decided_by: Who or what decided (a Dagster run, a CLI user).
+        at: When, ISO 8601 in UTC.
+        run_id: MLflow run that logged the model.
+        lineage: Data version, code version, trial... copied from the version's tags.
+        checks: The policy checks and their outcome.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: Literal[1] = 1
+    event_id: str
+    model: str
+    version: str
+    alias: str = "champion"
+    alias_uri: str
+    model_uri: str
+    artifact_uri: str
+    previous_version: Optional[str] = None
+    action: Literal["promote", "rollback"]
+    override: bool = False
+    reason: str
+    decided_by: str
+    at: str
+    run_id: Optional[str] = None
+    lineage: dict[str, str] = Field(default_factory=dict)
+    checks: list[dict[str, Any]] = Field(default_factory=list)
+
+    @field_validator("at")
+    @classmethod
+    def _utc(cls, value: str) -> str:
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError as e:
+            raise ValueError(f"at={value!r} is not an ISO 8601 timestamp") from e
+        if parsed.utcoffset() is None or parsed.utcoffset().total_seconds() != 0:
+            raise ValueError(f"at={value!r} must be in UTC (e.g. '2025-01-30T07:01:02.123456+00:00')")
+        return value
+
+    def file_name(self) -> str:
+        """`<YYYYmmddTHHMMSS.ffffff>Z-v<version>.json`: sorts by time within a model's folder."""
+        stamp = datetime.fromisoformat(self.at).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        return f"{stamp}-v{self.version}.json"
+
+
+@dataclass(frozen=True)
+class HandoffReceipt:
+    """Where an event went.
+
+    Attributes:
+        uri: The record in the object store.
+        webhook: `delivered`, or `disabled` when no webhook is configured.
+        status: HTTP status of the accepted delivery.
+        attempts: Webhook attempts made (0 when disabled).
+    """
+
+    uri: str
+    webhook: Literal["delivered", "disabled"]
+    status: Optional[int] = None
+    attempts: int = 0
+
+
+def now_iso() -> str:
+    """The current time as the ISO 8601 UTC string `HandoffEvent.at` expects."""
+    return datetime.now(timezone.utc).isoformat()
+
+
+class HandoffPublisher(ConfigurableResource):
+    """Writes handoff events to the object store and, optionally, POSTs them to a webhook.
+
+    Attributes:
+        store: Object store the records go to (under `handoff/`).
+        webhook_url: `http(s)://` endpoint notified of each event; None disables it.
+        webhook_timeout_s: Deadline per webhook request.
+        webhook_attempts: Tries per delivery on retryable failures.
+        webhook_backoff_s: Wait before the first retry; doubles on each further one.
+    """
+
+    store: ObjectStore
+    webhook_url: Optional[str] = Field(default=None, description="http(s):// URL POSTed each event; None disables")
+    webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
+    webhook_attempts: int = Field(default=3, ge=1, le=10)
+    webhook_backoff_s: float = Field(default=0.5, ge=0, le=60)
+
+    @field_validator("webhook_url")
+    @classmethod
+    def _check_webhook(cls, value: Optional[str]) -> Optional[str]:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"webhook_url={value!r} must start with http:// or https://")
+        return value or None
+
+    def event_uri(self, event: HandoffEvent) -> str:
+        """`<store>/handoff/<model>/<timestamp>-v<version>.json`."""
+        return self.store.uri(HANDOFF_PREFIX, event.model, event.file_name())
+
+    def publish(self, event: HandoffEvent) -> HandoffReceipt:
+        """Writes the record, then delivers it to the webhook when one is configured.
+
+        Raises:
+            HandoffError: The record could not be written (nothing was sent).
+            HandoffDeliveryFailed: The record is written, the webhook did not accept it.
+        """
+        uri = self.event_uri(event)
+        try:
+            self.store.write_json(uri, event.model_dump(mode="json"))
+        except StorageError as e:
+            raise HandoffError(f"could not write handoff event {event.event_id} to {uri}: {e}") from e
+        return self.deliver(event, uri)
+
+    def deliver(self, event: HandoffEvent, uri: str) -> HandoffReceipt:
+        """POSTs the event (with its record's URI) to the webhook, retrying transient failures.
+
+        Raises:
+            HandoffDeliveryFailed: No 2xx answer after `webhook_attempts` tries, or a
+                4xx answer that retrying cannot change.
+        """
+        if self.webhook_url is None:
+            return HandoffReceipt(uri=uri, webhook="disabled")
+        body = json.dumps({**event.model_dump(mode="json"), "record_uri": uri}).encode()
+        last_error = ""
+        status: Optional[int] = None
+        for attempt in range(1, self.webhook_attempts + 1):
+            request = urllib.request.Request(
+                self.webhook_url,
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json", EVENT_ID_HEADER: event.event_id},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=self.webhook_timeout_s) as response:
+                    return HandoffReceipt(uri=uri, webhook="delivered", status=response.status, attempts=attempt)
+            except urllib.error.HTTPError as e:
+                status = e.code
+                last_error = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
+                if e.code not in _RETRY_STATUSES:
+                    break
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                status = None
+                last_error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+            if attempt < self.webhook_attempts:
+                delay = self.webhook_backoff_s * 2 ** (attempt - 1)
+                logger.warning(
+                    "handoff webhook %s failed for event %s (attempt %d of %d), retrying in %.1fs: %s",
+                    self.webhook_url, event.event_id, attempt, self.webhook_attempts, delay, last_error,
+                )
+                time.sleep(delay)
+        raise HandoffDeliveryFailed(
+            f"webhook {self.webhook_url} did not accept handoff event {event.event_id} "
+            f"({event.model} v{event.version}) after {attempt} attempt(s): {last_error}; "
+            f"the record is at {uri}",
+            uri=uri,
+            status=status,
+        )
+
+    def read(self, uri: str) -> HandoffEvent:
+        """Reads one record back.
+
+        Raises:
+            HandoffError: The record is missing or not a valid event.
+        """
+        try:
+            return HandoffEvent.model_validate(self.store.read_json(uri))
+        except (StorageError, ValidationError) as e:
+            raise HandoffError(f"could not read handoff event at {uri}: {e}") from e
+
+    def list_events(self, model: str) -> list[str]:
+        """URIs of a model's records, oldest first."""
+        return sorted(self.store.glob(self.store.uri(HANDOFF_PREFIX, model, "*.json")))

@@ -1,0 +1,40 @@
+"""A code location for daemon drills: the drill pipeline with its sweep sensor started and ticking every second.
+
+Loaded by `dagster-daemon run` in tests (see test_sensors.py); configured by
+environment: SWEEP_DRILL_HOME (store and data), SWEEP_DRILL_OPTUNA_URL (study
+storage), SWEEP_DRILL_TRIALS and SWEEP_DRILL_PARALLELISM.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dagster import DefaultSensorStatus, Definitions
+
+from pipelines.factory import build_definitions
+from pipelines.sensors import with_sweep_sensors
+from pipelines.spec import PipelineSpec
+from resources.launcher import LocalLauncher
+from resources.sweeps import SweepStore
+from tests.pipelines.sweep_drill import drill_resources, drill_spec
+from training.spec import PrunerSpec
+
+
+def daemon_spec(n_trials: int, parallelism: int) -> PipelineSpec:
+    """The drill pipeline with real one-epoch trials that report to the study every epoch (median pruner)."""
+    spec = drill_spec(n_trials=n_trials, parallelism=parallelism, pruner=PrunerSpec(kind="median", n_startup_trials=1))
+    return spec.model_copy(update={"model": spec.model.model_copy(update={"max_epochs": 1})})
+
+
+def drill_definitions() -> Definitions:
+    home = Path(os.environ["SWEEP_DRILL_HOME"])
+    spec = daemon_spec(int(os.environ["SWEEP_DRILL_TRIALS"]), int(os.environ["SWEEP_DRILL_PARALLELISM"]))
+    sweeps = SweepStore(storage_url=os.environ["SWEEP_DRILL_OPTUNA_URL"], heartbeat_interval=2, grace_period=30)
+    resources = drill_resources(home, LocalLauncher(timeout_seconds=300), sweeps)
+    full = build_definitions(spec, resources=resources)
+    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=resources)
+    return with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
+
+
+defs = drill_definitions() if "SWEEP_DRILL_HOME" in os.environ else Definitions()

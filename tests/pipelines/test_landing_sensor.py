@@ -1,0 +1,92 @@
+"""The landing sensor asks for one prepare run per new landing state and skips unchanged data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from dagster import DagsterInstance, RunRequest, SkipReason, build_sensor_context
+
+from assets import ingest
+from pipelines.factory import build_definitions, job_names
+from pipelines.landing_sensor import build_landing_sensor, evaluate_landing, sensor_name
+from resources.storage import ObjectStore
+from tests.digits import digits_frame
+from tests.pipelines.pipeline_fixtures import Harness, failure_text, small_spec, write_landing
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ObjectStore:
+    return ObjectStore(root=str(tmp_path / "store"))
+
+
+def test_new_files_request_a_run_and_unchanged_data_is_skipped(store: ObjectStore, tmp_path: Path) -> None:
+    spec = small_spec()
+    result, cursor = evaluate_landing(spec, store, None)
+    assert isinstance(result, SkipReason) and "no landing files match" in result.skip_message and cursor is None
+
+    write_landing(tmp_path, digits_frame(200), "part-0.csv")
+    result, cursor = evaluate_landing(spec, store, None)
+    assert isinstance(result, RunRequest)
+    digest = ingest.landing_digest(ingest.list_landing(store, spec.source))
+    assert cursor == digest and result.run_key == f"landing-{digest}"
+    assert result.tags["trainyard/new_files"] == "1" and result.tags["trainyard/new_file_names"] == "part-0.csv"
+
+    again, same = evaluate_landing(spec, store, cursor)
+    assert isinstance(again, SkipReason) and again.skip_message == "1 landing file(s), unchanged since the last tick" and same == cursor
+
+    ingest.ingest(store, spec)  # e.g. a manual run ingested it before the sensor ticked
+    done, moved = evaluate_landing(spec, store, None)
+    assert isinstance(done, SkipReason) and "all already ingested in their current state" in done.skip_message and moved == digest
+
+    write_landing(tmp_path, digits_frame(300).iloc[200:], "part-1.csv")
+    new, newer = evaluate_landing(spec, store, moved)
+    assert isinstance(new, RunRequest) and new.tags["trainyard/new_file_names"] == "part-1.csv" and newer != moved
+
+
+def test_sensor_definition_targets_prepare_and_keeps_its_cursor(store: ObjectStore, tmp_path: Path) -> None:
+    spec = small_spec()
+    sensor = build_landing_sensor(spec, job_names(spec)["prepare"])
+    assert sensor.name == sensor_name(spec) == "test__digits__landing"
+    assert sensor.job_name == "test__digits__prepare"
+    assert sensor.default_status.value == "STOPPED"
+    write_landing(tmp_path, digits_frame(200))
+    with DagsterInstance.ephemeral() as instance:
+        tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"store": store}))
+        assert [r.run_key for r in tick.run_requests] == [f"landing-{tick.cursor}"]
+        quiet = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=tick.cursor, resources={"store": store}))
+        assert quiet.run_requests == [] and "unchanged since the last tick" in quiet.skip_message
+    defs = build_definitions(spec, resources={"store": store})
+    assert "test__digits__landing" in [s.name for s in defs.sensors]
+
+
+@pytest.mark.slow
+def test_sensor_run_ingests_only_the_new_file(tmp_path: Path) -> None:
+    spec = small_spec()
+    write_landing(tmp_path, digits_frame(300).iloc[:150].reset_index(drop=True), "part-0.csv")
+    harness = Harness(tmp_path, spec)
+    store = harness.resources["store"]
+    sensor = build_landing_sensor(spec, harness.names["prepare"])
+
+    def tick(cursor):
+        return sensor.evaluate_tick(build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store}))
+
+    first = tick(None)
+    assert len(first.run_requests) == 1
+    run = harness.run("prepare")
+    assert run.success, failure_text(run)
+    raw = run.output_for_node(harness.node("raw_data"))
+    assert raw["files"] == 1 and raw["rows"] == 150
+
+    assert tick(first.cursor).run_requests == []
+    write_landing(tmp_path, digits_frame(300).iloc[150:].reset_index(drop=True), "part-1.csv")
+    second = tick(first.cursor)
+    assert len(second.run_requests) == 1 and second.run_requests[0].tags["trainyard/new_file_names"] == "part-1.csv"
+    run = harness.run("prepare")
+    assert run.success, failure_text(run)
+    raw2 = run.output_for_node(harness.node("raw_data"))
+    assert raw2["files"] == 2 and raw2["rows"] == 300 and raw2["md5"] != raw["md5"]
+    materialization = next(e for e in run.all_events if e.event_type_value == "ASSET_MATERIALIZATION" and "raw_data" in str(e.asset_key))
+    meta = materialization.event_specific_data.materialization.metadata
+    assert meta["new_files"].value == 1 and meta["files"].value == 2
+    assert tick(second.cursor).run_requests == []

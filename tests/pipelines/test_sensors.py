@@ -1,0 +1,362 @@
+"""The sweep sensor through real Dagster runs: parallelism, team limits, crashes, budgets, restarts, reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, DagsterRunStatus, RunsFilter, SensorResult, build_sensor_context
+
+from pipelines.factory import build_definitions, job_names
+from pipelines.sensors import ACTIVE, STUDY_TAG, TEAM_TAG, SweepCursor, evaluate_sweep, run_tick, sensor_name, team_run_limit, with_sweep_sensors
+from pipelines.spec import IntParam, Objective, PickPolicy
+from resources.sweeps import STOPPED
+from tests.pipelines.sweep_drill import (
+    TrivialLauncher,
+    drill_resources,
+    drill_spec,
+    open_instance,
+    prepared_home,
+    score,
+    submit,
+)
+from tests.pipelines.test_environments import pg_databases  # noqa: F401  (fixture: fresh PostgreSQL databases)
+from training.spec import PrunerSpec
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def tick(spec, instance, resources, cursor=None):
+    names = job_names(spec)
+    return run_tick(spec, instance, resources["sweeps"], cursor, train_job=names["train"], prepare_job=names["prepare"])
+
+
+def study_of(resources, sweep):
+    return resources["sweeps"].load(sweep["study"])
+
+
+def states(resources, sweep) -> list[tuple[int, str]]:
+    return [(t.number, t.state.name) for t in study_of(resources, sweep).get_trials()]
+
+
+def test_sensor_waits_for_the_sweep_asset(tmp_path: Path) -> None:
+    spec = drill_spec()
+    resources = drill_resources(tmp_path, TrivialLauncher())
+    instance = open_instance(tmp_path)
+    defs = build_definitions(spec, resources=resources)
+    sensor = defs.get_sensor_def(sensor_name(spec))
+    result = sensor(build_sensor_context(instance=instance, resources={"sweeps": resources["sweeps"]}))
+    assert isinstance(result, SensorResult) and not result.run_requests
+    assert result.skip_reason.skip_message == "test/digits: the sweep asset has not been materialized yet (run the prepare job)"
+
+
+def test_keeps_parallelism_in_flight_until_the_budget(tmp_path: Path) -> None:
+    spec = drill_spec(n_trials=5, parallelism=2)
+    resources = drill_resources(tmp_path, TrivialLauncher())
+    instance = open_instance(tmp_path)
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    assert sweep["trials"] == ["trial-0000", "trial-0001"]  # the sweep asset asks the first window
+    defs = build_definitions(spec, resources=resources)
+    sensor = defs.get_sensor_def(sensor_name(spec))
+    first = sensor(build_sensor_context(instance=instance, resources={"sweeps": resources["sweeps"]}))
+    assert [r.partition_key for r in first.run_requests] == ["trial-0000", "trial-0001"]
+    assert [r.run_key for r in first.run_requests] == [f"{sweep['study']}/trial-0000", f"{sweep['study']}/trial-0001"]
+    assert first.run_requests[0].tags == {TEAM_TAG: "test", STUDY_TAG: sweep["study"], "trainyard/pipeline": "test/digits"}
+    assert first.dynamic_partitions_requests[0].partition_keys == ["trial-0000", "trial-0001"]
+    cursor = SweepCursor.parse(first.cursor)
+    assert (cursor.study, cursor.next) == (sweep["study"], 2)
+    # nothing finished: both slots are taken, nothing is asked
+    again = tick(spec, instance, resources, first.cursor)
+    assert again.run_requests == [] and again.asked == []
+    assert "2 in flight of parallelism 2" in again.message
+    for request in first.run_requests:
+        assert submit(defs, instance, request).success
+    seen = list(first.run_requests)
+    cursor_text = again.cursor.dump()
+    for _ in range(10):
+        t = tick(spec, instance, resources, cursor_text)
+        cursor_text = t.cursor.dump()
+        seen += t.run_requests
+        for request in t.run_requests:
+            assert submit(defs, instance, request).success
+        if any(r.job_name == job_names(spec)["prepare"] for r in t.run_requests):
+            break
+    trial_keys = [r.partition_key for r in seen if r.partition_key]
+    assert trial_keys == [f"trial-{n:04d}" for n in range(5)]
+    assert sorted(instance.get_dynamic_partitions("test__digits__trials")) == trial_keys
+    assert states(resources, sweep) == [(n, "COMPLETE") for n in range(5)]
+    report = seen[-1]
+    assert report.run_key == f"{sweep['study']}/report/5" and report.asset_selection == [AssetKey(["test", "digits", "sweep"])]
+    # the report run re-materialized the sweep with its report, and the sensor rests
+    meta = instance.get_latest_materialization_event(AssetKey(["test", "digits", "sweep"])).asset_materialization.metadata
+    assert meta["status"].value == "finished" and meta["finished_trials"].value == 5
+    best = max(study_of(resources, sweep).get_trials(), key=lambda t: t.value)
+    assert meta["best_trial"].value == f"trial-{best.number:04d}" and meta["best_params"].value == best.params
+    assert meta["history_plot"].value.startswith("![history](data:image/png;base64,")
+    assert meta["importance_plot"].value.startswith("![importance](data:image/png;base64,")
+    assert Path(meta["history_png"].value).read_bytes().startswith(b"\x89PNG")
+    assert set(meta["param_importance"].value) == {"lr"}
+    assert meta["wandb_group"].value == sweep["study"] and meta["wandb_project"].value == "test-digits"
+    assert meta["table"].value.count("| COMPLETE |") == 5
+    rest = tick(spec, instance, resources, cursor_text)
+    assert rest.run_requests == [] and "5/5 finished" in rest.message
+
+
+def test_team_limit_holds_with_more_pending_trials_than_slots(tmp_path: Path) -> None:
+    limit = {"run_queue": {"tag_concurrency_limits": [{"key": TEAM_TAG, "value": {"applyLimitPerUniqueValue": True}, "limit": 1}]}}
+    instance = open_instance(tmp_path, **limit)
+    assert team_run_limit(instance, "test") == 1
+    gates = tmp_path / "gates"
+    spec = drill_spec(n_trials=3, parallelism=3)
+    resources = drill_resources(tmp_path, TrivialLauncher(gate_dir=str(gates), started_dir=str(tmp_path / "started")))
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    assert len(sweep["trials"]) == 3  # three trials pending, one team slot
+    defs = build_definitions(spec, resources=resources)
+    first = tick(spec, instance, resources)
+    assert [r.partition_key for r in first.run_requests] == ["trial-0000"]
+    assert "team test 0/1 runs" in first.message
+    runner = threading.Thread(target=submit, args=(defs, instance, first.run_requests[0]))
+    runner.start()
+    deadline = time.time() + 60
+    while not (tmp_path / "started" / "trial-0000").exists():
+        assert time.time() < deadline
+        time.sleep(0.05)
+    held = tick(spec, instance, resources, first.cursor.dump())
+    assert held.run_requests == [] and "team test 1/1 runs" in held.message
+    assert instance.get_runs_count(RunsFilter(tags={TEAM_TAG: "test"}, statuses=ACTIVE)) == 1
+    gates.mkdir()
+    (gates / "trial-0000").write_text("go")
+    runner.join(timeout=60)
+    freed = tick(spec, instance, resources, held.cursor.dump())
+    assert [r.partition_key for r in freed.run_requests] == ["trial-0001"]
+
+
+def test_a_run_that_ended_without_a_result_fails_its_trial_and_the_sweep_goes_on(tmp_path: Path) -> None:
+    spec = drill_spec(n_trials=2, parallelism=1)
+    resources = drill_resources(tmp_path, TrivialLauncher(crash=True))
+    instance = open_instance(tmp_path)
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    first = tick(spec, instance, resources)
+    crashed = submit(build_definitions(spec, resources=resources), instance, first.run_requests[0])
+    assert not crashed.success
+    assert states(resources, sweep) == [(0, "RUNNING")]
+    resources["launcher"] = TrivialLauncher()
+    second = tick(spec, instance, resources, first.cursor.dump())
+    assert second.failed == [0] and second.asked == [1]
+    trial = resources["sweeps"].trial(sweep["study"], 0)
+    assert trial.state.name == "FAIL" and trial.user_attrs["error"] == f"run {crashed.run_id} ended FAILURE without reporting the trial"
+    assert [r.partition_key for r in second.run_requests] == ["trial-0001"]
+
+
+def test_failure_budget_stops_the_sweep_with_its_reason(tmp_path: Path) -> None:
+    spec = drill_spec(n_trials=4, parallelism=1, max_failures=2)
+    resources = drill_resources(tmp_path, TrivialLauncher(fail=True))
+    instance = open_instance(tmp_path)
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    defs = build_definitions(spec, resources=resources)
+    cursor, requests = None, []
+    for _ in range(4):
+        t = tick(spec, instance, resources, cursor)
+        cursor = t.cursor.dump()
+        requests += t.run_requests
+        for request in t.run_requests:
+            submit(defs, instance, request)
+    assert [r.partition_key for r in requests] == ["trial-0000", "trial-0001", None]  # two trials, then the report
+    reason = "failure budget spent: 2 trials failed (max_failures 2); last error: trial trial-0001: rank 0 raised RuntimeError: injected failure"
+    assert study_of(resources, sweep).user_attrs[STOPPED] == reason
+    meta = instance.get_latest_materialization_event(AssetKey(["test", "digits", "sweep"])).asset_materialization.metadata
+    assert meta["status"].value == "stopped" and meta["stop_reason"].value == reason
+    assert meta["param_importance_note"].value == "parameter importance needs at least 2 completed trials, the study has 0"
+    assert "history_plot" not in meta
+
+
+def test_target_stops_asking(tmp_path: Path) -> None:
+    spec = drill_spec(n_trials=6, parallelism=1, target=0.0)
+    resources = drill_resources(tmp_path, TrivialLauncher())
+    instance = open_instance(tmp_path)
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    defs = build_definitions(spec, resources=resources)
+    first = tick(spec, instance, resources)
+    submit(defs, instance, first.run_requests[0])
+    second = tick(spec, instance, resources, first.cursor.dump())
+    value = score(resources["sweeps"].trial(sweep["study"], 0).params)
+    assert second.asked == [] and f"stopped: target reached: best {value:.6g} >= target 0" in second.message
+    assert [r.run_key for r in second.run_requests] == [f"{sweep['study']}/report/1"]
+
+
+def test_multi_objective_sweep_promotes_by_its_pick_policy(tmp_path: Path) -> None:
+    objectives = [Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")]
+    spec = drill_spec(
+        params={"lr": drill_spec().search.params["lr"], "hidden": IntParam(low=16, high=128, step=16)},
+        n_trials=6, objectives=objectives, pick=PickPolicy(limits={"model_bytes": 70_000}),
+    )
+    resources = drill_resources(tmp_path, TrivialLauncher())
+    instance = open_instance(tmp_path)
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    defs = build_definitions(spec, resources=resources)
+    for key in sweep["trials"]:
+        result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(instance=instance, partition_key=key)
+        materialization = result.asset_materializations_for_node("test__digits__trial_model")[0]
+        assert materialization.metadata["objective_model_bytes"].value > 0
+    study = study_of(resources, sweep)
+    assert [len(t.values) for t in study.get_trials()] == [2] * 6
+    promote = defs.resolve_job_def(job_names(spec)["promote"]).execute_in_process(
+        instance=instance, asset_selection=[AssetKey(["test", "digits", "best_model"])]
+    )
+    best = promote.output_for_node("test__digits__best_model")
+    front = [t for t in study.best_trials if t.values[1] <= 70_000]
+    expected = max(front, key=lambda t: (t.values[0], -t.values[1], -t.number))
+    assert best["number"] == expected.number and best["values"] == expected.values
+    meta = promote.asset_materializations_for_node("test__digits__best_model")[0].metadata
+    assert meta["pick"].value.startswith("best val_acc (max) of ") and meta["pick"].value.endswith("within {'model_bytes': 70000.0}")
+    assert meta["pareto_size"].value == len(study.best_trials)
+
+
+def test_with_sweep_sensors_adds_configured_sensors(tmp_path: Path) -> None:
+    from dagster import DefaultSensorStatus, Definitions
+
+    spec = drill_spec()
+    defs = build_definitions(spec, resources=drill_resources(tmp_path, TrivialLauncher()))
+    bare = Definitions(assets=list(defs.assets), jobs=list(defs.jobs), resources=defs.resources)
+    out = with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
+    sensor = out.get_sensor_def(sensor_name(spec))
+    assert sensor.minimum_interval_seconds == 1 and sensor.default_status == DefaultSensorStatus.RUNNING
+    with pytest.raises(ValueError, match="Definitions has no job"):
+        with_sweep_sensors(Definitions(), spec)
+
+
+@pytest.mark.slow
+def test_pruned_trial_is_recorded_as_pruned_and_keeps_its_checkpoint(tmp_path: Path) -> None:
+    from resources.launcher import LocalLauncher
+
+    spec = drill_spec(n_trials=1, sampler="tpe", pruner=PrunerSpec(kind="threshold", lower=0.99, n_warmup_steps=1))
+    spec = spec.model_copy(update={"model": spec.model.model_copy(update={"max_epochs": 4})})
+    resources = drill_resources(tmp_path, LocalLauncher(timeout_seconds=300))
+    instance = open_instance(tmp_path)
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    defs = build_definitions(spec, resources=resources)
+    result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(instance=instance, partition_key="trial-0000")
+    assert result.success  # a pruned trial is no failure
+    meta = result.asset_materializations_for_node("test__digits__trial_model")[0].metadata
+    assert meta["status"].value == "pruned" and meta["pruned_at_epoch"].value == 2
+    trial = resources["sweeps"].trial(sweep["study"], 0)
+    assert trial.state.name == "PRUNED" and sorted(trial.intermediate_values) == [0, 1]
+    checkpoint = Path(meta["checkpoint"].value)
+    assert checkpoint.exists()
+    again = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(instance=instance, partition_key="trial-0000")
+    assert again.success and again.output_for_node("test__digits__trial_model")["status"] == "pruned"  # reused, not retrained
+
+
+def drill(home: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tests.pipelines.sweep_drill", str(home), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def drill_outcome(home: Path) -> tuple[list[tuple[int, str]], list[str], dict[str, int]]:
+    spec = drill_spec()
+    resources = drill_resources(home, TrivialLauncher())
+    instance = open_instance(home)
+    study = resources["sweeps"].load(json.loads((home / "sweep_cursor.json").read_text())["study"])
+    runs: dict[str, int] = {}
+    for run in instance.get_runs(RunsFilter(job_name=job_names(spec)["train"], statuses=[DagsterRunStatus.SUCCESS])):
+        key = run.tags["dagster/partition"]
+        runs[key] = runs.get(key, 0) + 1
+    return [(t.number, t.state.name) for t in study.get_trials()], sorted(instance.get_dynamic_partitions("test__digits__trials")), runs
+
+
+@pytest.mark.slow
+def test_sweep_killed_between_asking_and_running_restarts_without_duplicates(tmp_path: Path) -> None:
+    killed = drill(tmp_path, "6", "2", "--kill-after-tick", "2")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    done = drill(tmp_path, "6", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials, partitions, runs = drill_outcome(tmp_path)
+    assert trials == [(n, "COMPLETE") for n in range(6)]  # the trials asked before the kill were run, not asked again
+    assert partitions == [f"trial-{n:04d}" for n in range(6)]
+    assert runs == {k: 1 for k in partitions}
+
+
+@pytest.mark.slow
+def test_sweep_killed_mid_trial_fails_it_by_heartbeat_and_finishes_the_budget(tmp_path: Path) -> None:
+    killed = drill(tmp_path, "5", "2", "--kill-in-run")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    done = drill(tmp_path, "5", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials, partitions, runs = drill_outcome(tmp_path)
+    assert trials == [(0, "FAIL")] + [(n, "COMPLETE") for n in range(1, 6)]
+    assert partitions == [f"trial-{n:04d}" for n in range(6)]
+    assert runs == {f"trial-{n:04d}": 1 for n in range(1, 6)}
+
+
+DAEMON_YAML = """telemetry:
+  enabled: false
+run_queue:
+  max_concurrent_runs: 10
+  tag_concurrency_limits:
+    - key: trainyard/team
+      value:
+        applyLimitPerUniqueValue: true
+      limit: 2
+"""
+
+
+def max_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+@pytest.mark.slow
+def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp_path: Path, pg_databases) -> None:  # noqa: F811
+    """The real thing: dagster-daemon ticks the sensor, the run queue applies dagster.yaml's team limit (2),
+    run workers train real one-epoch trials under torchrun, and the study lives in PostgreSQL."""
+    from dagster import DagsterInstance
+
+    from tests.pipelines.sweep_location import daemon_spec
+
+    optuna_url = pg_databases[0]
+    env = {**os.environ, "SWEEP_DRILL_HOME": str(tmp_path), "SWEEP_DRILL_OPTUNA_URL": optuna_url, "SWEEP_DRILL_TRIALS": "3",
+           "SWEEP_DRILL_PARALLELISM": "3", "DAGSTER_HOME": str(tmp_path / "dagster"), "PYTHONPATH": str(ROOT)}
+    (tmp_path / "dagster").mkdir()
+    (tmp_path / "dagster" / "dagster.yaml").write_text(DAEMON_YAML)
+    (tmp_path / "workspace.yaml").write_text(
+        f"load_from:\n  - python_module:\n      module_name: tests.pipelines.sweep_location\n      working_directory: {ROOT}\n"
+    )
+    spec = daemon_spec(3, 3)
+    from resources.sweeps import SweepStore
+
+    resources = drill_resources(tmp_path, TrivialLauncher(), SweepStore(storage_url=optuna_url, heartbeat_interval=2, grace_period=30))
+    instance = DagsterInstance.from_config(str(tmp_path / "dagster"))
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    assert len(sweep["trials"]) == 3  # three trials pending, two team slots
+    daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(tmp_path / "workspace.yaml")], cwd=ROOT,
+                              env=env, stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 420
+        while time.time() < deadline:
+            runs = instance.get_runs(RunsFilter(job_name=job_names(spec)["train"]))
+            if len([r for r in runs if r.status == DagsterRunStatus.SUCCESS]) == 3:
+                break
+            assert not any(r.status == DagsterRunStatus.FAILURE for r in runs), (tmp_path / "daemon.log").read_text()[-3000:]
+            time.sleep(1)
+        else:
+            pytest.fail(f"3 trial runs did not finish in time: {[r.status for r in runs]}\n" + (tmp_path / "daemon.log").read_text()[-3000:])
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=60)
+    records = instance.get_run_records(RunsFilter(job_name=job_names(spec)["train"]))
+    intervals = [(r.start_time, r.end_time) for r in records]
+    assert max_overlap(intervals) == 2  # two trials trained at once, never three
+    study = resources["sweeps"].load(sweep["study"])
+    assert [t.state.name for t in study.get_trials()] == ["COMPLETE"] * 3
+    assert all(t.intermediate_values == {0: t.value} for t in study.get_trials())  # rank 0 reported to PostgreSQL
+    assert sorted(r.dagster_run.tags["dagster/partition"] for r in records) == sweep["trials"]

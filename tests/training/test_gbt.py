@@ -1,0 +1,285 @@
+"""LightGBM trials (`task="gbt"`) through the entrypoint in one process: objectives, checkpoint resume, pruning, serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from training import entrypoint, gbt
+from training.spec import (
+    EXIT_BAD_CONFIG,
+    EXIT_PREEMPTED,
+    EXIT_USER_ERROR,
+    LAUNCH_ID_ENV,
+    CheckpointPolicy,
+    DataSpec,
+    FaultInjection,
+    ImportTarget,
+    OptunaSpec,
+    TrainResult,
+    TrainSpec,
+)
+
+FAST = {"num_threads": 1, "num_leaves": 7, "min_child_samples": 5}  # one thread: tiny data on a shared machine
+
+
+def _frame(kind: str) -> tuple[pd.DataFrame, str]:
+    from sklearn import datasets
+
+    if kind == "binary":
+        frame = datasets.load_breast_cancer(as_frame=True).frame
+    elif kind == "multiclass":
+        frame = datasets.load_wine(as_frame=True).frame
+    else:
+        frame = datasets.load_diabetes(as_frame=True).frame
+        frame["target"] = frame["target"].astype("float64")
+    frame.columns = [c.replace(" ", "_").replace("/", "_") for c in frame.columns]
+    return frame.sample(frac=1.0, random_state=0).reset_index(drop=True), "target"
+
+
+def write_data(directory: Path, kind: str) -> DataSpec:
+    frame, target = _frame(kind)
+    directory.mkdir(parents=True, exist_ok=True)
+    n = len(frame)
+    parts = {"train": frame.iloc[: int(n * 0.7)], "val": frame.iloc[int(n * 0.7) : int(n * 0.85)], "test": frame.iloc[int(n * 0.85) :]}
+    for name, part in parts.items():
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"{name}.parquet")
+    return DataSpec(
+        train_uri=str(directory / "train.parquet"), val_uri=str(directory / "val.parquet"), test_uri=str(directory / "test.parquet"),
+        features=[c for c in frame.columns if c != target], target=target, version="0" * 32,
+    )
+
+
+def make_spec(tmp: Path, kind: str = "binary", out: str = "run", **over: Any) -> TrainSpec:
+    monitor = {"binary": ("val_acc", "max"), "multiclass": ("val_logloss", "min"), "regression": ("val_rmse", "min")}[kind]
+    base: dict[str, Any] = dict(
+        pipeline="tabular/test",
+        trial_id="trial-0000",
+        task="gbt",
+        model=ImportTarget(path="lightgbm:train", kwargs=dict(FAST)),
+        data=write_data(tmp / f"data-{kind}", kind),
+        output_uri=str(tmp / out),
+        max_epochs=60,
+        monitor=monitor[0],
+        monitor_mode=monitor[1],
+    )
+    base.update(over)
+    spec = TrainSpec(**base)
+    (tmp / f"{out}.json").write_text(spec.to_json())
+    return spec
+
+
+def run(tmp: Path, out: str = "run", launch: str = "launch-1") -> int:
+    os.environ[LAUNCH_ID_ENV] = launch  # one id per launch, as launchers set it; names the attempt record
+    try:
+        return entrypoint.main(["--spec", str(tmp / f"{out}.json")])
+    finally:
+        del os.environ[LAUNCH_ID_ENV]
+
+
+def result(tmp: Path, out: str = "run") -> TrainResult:
+    return TrainResult.model_validate_json((tmp / out / "result.json").read_text())
+
+
+def serve(model_dir: Path, frame: pd.DataFrame) -> pd.Series:
+    from training.serving_model import ExportedClassifier
+
+    model = ExportedClassifier()
+    model.load_context(SimpleNamespace(artifacts={"model_dir": str(model_dir)}))
+    return model.predict(None, frame)
+
+
+def test_binary_trains_exports_and_serves_its_test_accuracy(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    assert run(tmp_path) == 0
+    res = result(tmp_path)
+    assert set(res.metrics) == {"val_acc", "val_logloss", "test_acc", "test_logloss", "best_iteration"}
+    assert res.world_size == 1 and res.best_metric == res.metrics["val_acc"]
+    assert res.metrics["test_acc"] > 0.9
+    assert res.checkpoint_uri == str(tmp_path / "run" / "checkpoints" / "model.txt")
+    assert res.goodput["attempts"] == 1 and 0 < res.goodput["goodput"] <= 1
+    assert res.device_hours == pytest.approx(res.goodput["wall_seconds"] / 3600)
+    meta = json.loads((tmp_path / "run" / "model" / "meta.json").read_text())
+    assert meta["format"] == "lightgbm" and meta["task"] == "classification" and meta["classes"] == [0, 1]
+    assert meta["objective"] == "binary" and meta["best_iteration"] == int(res.metrics["best_iteration"])
+    test = pd.read_parquet(spec.data.test_uri)
+    predicted = serve(tmp_path / "run" / "model", test.drop(columns=["target"]))
+    assert float((predicted.to_numpy() == test["target"].to_numpy()).mean()) == res.metrics["test_acc"]
+
+
+def test_multiclass_serves_original_labels(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "multiclass")
+    assert run(tmp_path) == 0
+    res = result(tmp_path)
+    assert res.best_metric == res.metrics["val_logloss"]
+    meta = json.loads((tmp_path / "run" / "model" / "meta.json").read_text())
+    assert meta["objective"] == "multiclass" and meta["classes"] == [0, 1, 2]
+    test = pd.read_parquet(spec.data.test_uri)
+    predicted = serve(tmp_path / "run" / "model", test)
+    assert set(predicted) <= {0, 1, 2}
+    assert float((predicted.to_numpy() == test["target"].to_numpy()).mean()) == res.metrics["test_acc"]
+
+
+def test_regression_reports_rmse_and_serves_values(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, "regression")
+    assert run(tmp_path) == 0
+    res = result(tmp_path)
+    assert set(res.metrics) == {"val_rmse", "test_rmse", "best_iteration"}
+    assert res.best_metric == res.metrics["val_rmse"]
+    meta = json.loads((tmp_path / "run" / "model" / "meta.json").read_text())
+    assert meta["task"] == "regression" and "classes" not in meta
+    test = pd.read_parquet(spec.data.test_uri)
+    predicted = serve(tmp_path / "run" / "model", test).to_numpy()
+    assert float(np.sqrt(np.mean((predicted - test["target"].to_numpy()) ** 2))) == pytest.approx(res.metrics["test_rmse"], rel=1e-12)
+
+
+def test_objective_is_inferred_from_the_target_type(tmp_path: Path) -> None:
+    for kind, objective in (("binary", "binary"), ("multiclass", "multiclass"), ("regression", "regression")):
+        spec = make_spec(tmp_path, kind)
+        splits = gbt.load_splits(spec, None)
+        params, patience = gbt.lightgbm_params(spec, splits, None)
+        assert params["objective"] == objective and patience == gbt.DEFAULT_EARLY_STOPPING_ROUNDS
+        assert params["seed"] == 0 and params["deterministic"] is True and params["metric"] == "None"
+    assert params.get("num_class") is None
+    multi = make_spec(tmp_path, "multiclass")
+    assert gbt.lightgbm_params(multi, gbt.load_splits(multi, None), None)[0]["num_class"] == 3
+
+
+def test_platform_layers_merge_in_order(tmp_path: Path) -> None:
+    kwargs = {"force_row_wise": True, "early_stopping_rounds": 5, "learning_rate": 0.2}
+    spec = make_spec(tmp_path, model=ImportTarget(path="lightgbm:train", kwargs=kwargs))
+    params, patience = gbt.lightgbm_params(spec, gbt.load_splits(spec, None), None)
+    assert patience == 5 and "early_stopping_rounds" not in params
+    assert params["force_row_wise"] is True and "force_col_wise" not in params  # the pipeline's choice wins over the default
+    assert params["learning_rate"] == 0.2 and params["verbosity"] == -1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "monitor", "message"),
+    [
+        ({"objective": "lambdarank"}, ("val_acc", "max"), "model.kwargs.objective='lambdarank' is not supported"),
+        ({"n_estimators": 500}, ("val_acc", "max"), "['n_estimators']; the number of boosting rounds is max_epochs"),
+        ({"seed": 3}, ("val_acc", "max"), "sets ['seed'], which the platform owns"),
+        ({"early_stopping_rounds": 0}, ("val_acc", "max"), "early_stopping_rounds=0 must be an integer >= 1"),
+        ({}, ("val_rmse", "min"), "monitor='val_rmse' measures regression, but this is a classification task; use one of ['val_acc', 'val_logloss']"),
+        ({}, ("val_acc", "min"), "monitor_mode='min' does not fit monitor='val_acc'"),
+        ({"num_leaves": -3}, ("val_acc", "max"), "LightGBM rejected"),
+    ],
+)
+def test_bad_config_exits_with_the_config_status_and_names_the_field(tmp_path: Path, kwargs: dict, monitor: tuple, message: str) -> None:
+    make_spec(tmp_path, model=ImportTarget(path="lightgbm:train", kwargs={**FAST, **kwargs}), monitor=monitor[0], monitor_mode=monitor[1])
+    assert run(tmp_path) == EXIT_BAD_CONFIG
+    failure = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())
+    assert failure["category"] == "config" and message in failure["error"]
+
+
+def test_missing_split_is_a_config_error(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    os.remove(spec.data.val_uri)
+    assert run(tmp_path) == EXIT_BAD_CONFIG
+    assert "does not exist" in json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())["error"]
+
+
+def _predictions(tmp: Path, out: str, spec: TrainSpec) -> np.ndarray:
+    import lightgbm as lgb
+
+    booster = lgb.Booster(model_file=str(tmp / out / "model" / "model.txt"))
+    return booster.predict(pd.read_parquet(spec.data.test_uri)[spec.data.features].to_numpy("float64"))
+
+
+@pytest.mark.parametrize("lose_state", [False, True], ids=["state-file", "state-rescored"])
+def test_interrupted_trial_resumes_from_the_model_file_exactly(tmp_path: Path, lose_state: bool) -> None:
+    kw = dict(kind="multiclass", max_epochs=80, checkpoint=CheckpointPolicy(every_n_steps=10))
+    spec = make_spec(tmp_path, out="straight", **kw)
+    assert run(tmp_path, "straight") == 0
+    straight = result(tmp_path, "straight")
+
+    make_spec(tmp_path, out="broken", faults=FaultInjection(raise_at_step=25), **kw)
+    assert run(tmp_path, "broken") == EXIT_USER_ERROR
+    state = json.loads((tmp_path / "broken" / "checkpoints" / "state.json").read_text())
+    assert state["iterations"] == 20 and len(state["history"]) == 20
+    if lose_state:
+        (tmp_path / "broken" / "checkpoints" / "state.json").unlink()
+    assert run(tmp_path, "broken", launch="launch-2") == 0  # the fault fires once per trial
+    resumed = result(tmp_path, "broken")
+    assert resumed.resumed_from == str(tmp_path / "broken" / "checkpoints" / "model.txt")
+    assert resumed.metrics == straight.metrics and resumed.epochs == straight.epochs
+    assert np.array_equal(_predictions(tmp_path, "broken", spec), _predictions(tmp_path, "straight", spec))
+    assert resumed.goodput["attempts"] == 2 and resumed.goodput["lost_steps"] == 5  # iterations 21..25 were redone
+    assert resumed.goodput["restart_causes"] == ["failed"]
+
+
+def test_a_finished_model_file_is_not_trained_again(tmp_path: Path) -> None:
+    make_spec(tmp_path)
+    assert run(tmp_path) == 0
+    first = result(tmp_path)
+    (tmp_path / "run" / "result.json").unlink()
+    assert run(tmp_path) == 0
+    again = result(tmp_path)
+    assert again.metrics == first.metrics and again.epochs == first.epochs
+
+
+def test_sigterm_commits_the_model_file_and_exits_preempted(tmp_path: Path) -> None:
+    make_spec(tmp_path, kind="multiclass", max_epochs=80, faults=FaultInjection(sigterm_at_step=17))
+    previous = signal.getsignal(signal.SIGTERM)
+    assert run(tmp_path) == EXIT_PREEMPTED
+    assert signal.getsignal(signal.SIGTERM) == previous  # the trial's handler is removed again
+    state = json.loads((tmp_path / "run" / "checkpoints" / "state.json").read_text())
+    assert state["iterations"] == 17
+    assert run(tmp_path, launch="launch-2") == 0
+    resumed = result(tmp_path)
+    assert resumed.resumed_from is not None and resumed.goodput["restart_causes"] == ["preempted"]
+
+
+def test_optuna_pruner_stops_a_bad_trial_and_marks_it_pruned(tmp_path: Path) -> None:
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    for _ in range(5):  # the default MedianPruner's startup trials, all far better than a real model
+        t = study.ask()
+        for step in range(gbt.REPORT_EVERY, 200, gbt.REPORT_EVERY):
+            t.report(0.0, step)
+        study.tell(t, 0.0)
+    number = study.ask().number
+    make_spec(tmp_path, kind="multiclass", max_epochs=80, optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number))
+    assert run(tmp_path) == 0
+    res = result(tmp_path)
+    assert res.epochs == gbt.REPORT_EVERY  # stopped at the first report
+    trial = optuna.load_study(study_name="s", storage=url).trials[number]
+    assert trial.state == optuna.trial.TrialState.PRUNED
+    assert trial.intermediate_values == {gbt.REPORT_EVERY: pytest.approx(res.metrics["val_logloss"])}
+    assert (tmp_path / "run" / "model" / "model.txt").exists()  # a pruned trial still keeps its model
+
+
+def test_metric_values_are_exact() -> None:
+    y = np.array([0, 1, 1, 0])
+    assert gbt.metric_value("acc", np.array([0.2, 0.7, 0.4, 0.5]), y) == 0.75  # 0.5 is not above the threshold
+    assert gbt.metric_value("logloss", np.array([0.5, 0.5, 0.5, 0.5]), y) == pytest.approx(np.log(2))
+    assert gbt.metric_value("acc", np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.5, 0.5]]), y) == 0.75  # ties go to the first class
+    assert gbt.metric_value("rmse", np.array([1.0, 2.0]), np.array([1.0, 4.0])) == pytest.approx(np.sqrt(2.0))
+
+
+def test_accounting_counts_redone_iterations_as_lost() -> None:
+    attempts = [
+        {"started": 0.0, "first_step_at": 1.0, "last_heartbeat": 11.0, "resumed_from_step": 0, "last_step": 25,
+         "productive_seconds": 10.0, "steps": 25, "checkpoint_blocking_seconds": 0.5, "status": "running"},
+        {"started": 12.0, "first_step_at": 13.0, "last_heartbeat": 20.0, "resumed_from_step": 20, "last_step": 40,
+         "productive_seconds": 8.0, "steps": 20, "checkpoint_blocking_seconds": 0.25, "status": "completed"},
+    ]
+    acc = gbt.accounting(attempts, ended=20.0)
+    assert acc["lost_steps"] == 5 and acc["lost_seconds"] == pytest.approx(2.0)
+    assert acc["productive_seconds"] == pytest.approx(16.0) and acc["goodput"] == pytest.approx(0.8)
+    assert acc["restart_seconds"] == pytest.approx(2.0) and acc["startup_seconds"] == 1.0
+    assert acc["checkpoint_blocking_seconds"] == 0.75 and acc["restart_causes"] == ["lost (process killed)"]
+    assert acc["device_hours"] == pytest.approx(20.0 / 3600)
