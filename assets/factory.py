@@ -471,9 +471,9 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
             )
         with store.open(validated_data["test"], "rb") as f:
             test_df = pd.read_parquet(f)
-        quarantine = store.uri("quarantine", spec.team, spec.name, validated_data["md5"])
         validation = promotion.validation_evidence(
-            context.instance, key("validated_data"), CHECK_NAME, validated_data["md5"], store.exists(quarantine)
+            context.instance, key("validated_data"), CHECK_NAME, validated_data["md5"],
+            promotion.is_quarantined(store, spec.key, validated_data["md5"]),
         )
         record = best_model["lineage"]
         tags = {f"trainyard.{k}": str(v) for k, v in lineage.flatten(record).items()}

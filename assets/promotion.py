@@ -786,14 +786,19 @@ def candidate_from_tags(registry: ModelRegistry, store: Any, version: ModelVersi
     )
 
 
+def is_quarantined(store: Any, pipeline: str, md5: str) -> bool:
+    """Whether a data version sits in quarantine and has not been released (with a recorded reason)."""
+    where = store.uri("quarantine", *pipeline.split("/"), md5)
+    return store.exists(where) and not store.exists(f"{where}/release.json")
+
+
 def _validation_now(store: Any, tags: dict[str, str]) -> ValidationEvidence:
-    """Recorded validation evidence, failed if the data has been quarantined since."""
+    """Recorded validation evidence, failed if the data has been quarantined (and not released) since."""
     evidence = ValidationEvidence.from_tags(tags)
     pipeline, md5 = tags.get("trainyard.pipeline"), tags.get("trainyard.data_version")
-    if evidence.passed and store is not None and pipeline and md5:
+    if evidence.passed and store is not None and pipeline and md5 and is_quarantined(store, pipeline, md5):
         where = store.uri("quarantine", *pipeline.split("/"), md5)
-        if store.exists(where):
-            return ValidationEvidence(False, f"data version {md5} has been quarantined since ({where})", md5)
+        return ValidationEvidence(False, f"data version {md5} has been quarantined since ({where})", md5)
     return evidence
 
 
