@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import fsspec
 
-from training.errors import ConfigError
+from training.errors import ConfigError, Preempted
 from training.spec import (
     CHECKPOINT_DIR,
     EXIT_BAD_CONFIG,
@@ -177,10 +177,6 @@ def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
             fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
 
 
-def _attempt_id() -> str:
-    return f"{os.environ.get(LAUNCH_ID_ENV, 'direct')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-
-
 def select_resume(store: Any, spec: TrainSpec, markers: Any, rank: int) -> Any:
     """The newest committed checkpoint to resume from (None for a fresh start).
 
@@ -222,7 +218,8 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     from training import determinism
     from training.distributed import init_process_group
     from training.pruning import pruning_callback
-    from training.fault_tolerance import AttemptLog, FaultMarkers, FaultTolerance, StoreCheckpointIO, goodput, read_attempts
+    from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
+    from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
     from training.reporting import Reporter
     from training.strategies import evaluation_model
 
@@ -267,7 +264,7 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             )
             loaded = select_resume(store, spec, markers, rank)
             io = StoreCheckpointIO(store, async_save=spec.checkpoint.async_save)
-            attempt = AttemptLog(spec.output_uri, _attempt_id(), started_wall)
+            attempt = AttemptLog(spec.output_uri, attempt_id(), started_wall)
             if loaded is not None:
                 resume_path = io.remember(loaded)
                 attempt.record.update(resumed_from=loaded.uri, resumed_from_step=loaded.step)
@@ -364,12 +361,13 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
 
 def failure_category(exc: BaseException) -> str:
     """config | user | preempted | infra: what the launcher maps to terminal or retryable."""
-    from training import fault_tolerance
+    # The SIGTERM flag lives in training.fault_tolerance; not imported (GBT, early failures) means never set.
+    fault_tolerance = sys.modules.get("training.fault_tolerance")
     from training.checkpointing import CheckpointError
 
     if isinstance(exc, ConfigError):
         return "config"
-    if isinstance(exc, fault_tolerance.Preempted):
+    if isinstance(exc, Preempted):
         return "preempted"
     if isinstance(exc, CheckpointError):
         return "infra"
@@ -377,7 +375,7 @@ def failure_category(exc: BaseException) -> str:
     comm = type(exc).__name__ in ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
     comm = comm or any(s in text for s in ("connection closed by peer", "connection reset by peer", "gloo", "nccl"))
     # A rank that lost a peer, or was told to stop while blocked in a collective, is an infrastructure casualty.
-    if comm or fault_tolerance.SIGTERM_RECEIVED:
+    if comm or (fault_tolerance is not None and fault_tolerance.SIGTERM_RECEIVED):
         return "infra"
     return "user"
 

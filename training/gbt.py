@@ -56,9 +56,10 @@ from typing import Any, Callable, Optional
 import fsspec
 import numpy as np
 
-from training.errors import ConfigError
+from training.errors import ConfigError, Preempted
 from training.reporting import Reporter
-from training.spec import ATTEMPTS_DIR, CHECKPOINT_DIR, LAUNCH_ID_ENV, TrainResult, TrainSpec
+from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
+from training.spec import CHECKPOINT_DIR, TrainResult, TrainSpec
 
 log = logging.getLogger("trainyard.training")
 
@@ -250,7 +251,7 @@ def _read_text(uri: str) -> Optional[str]:
         return f.read()
 
 
-class ModelCheckpoint:
+class ModelFileCheckpoint:
     """`model.txt` (the whole model so far) and `state.json` (monitored value per iteration)."""
 
     def __init__(self, directory_uri: str) -> None:
@@ -292,73 +293,6 @@ class ModelCheckpoint:
 # -- the training loop --------------------------------------------------------------------
 
 
-class _Attempt:
-    """This attempt's record under `<output>/attempts/` (same fields as the Lightning runs write)."""
-
-    def __init__(self, output_uri: str, started: float) -> None:
-        attempt_id = f"{os.environ.get(LAUNCH_ID_ENV, 'direct')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-        self.uri = f"{output_uri.rstrip('/')}/{ATTEMPTS_DIR}/{attempt_id}.json"
-        self.record: dict[str, Any] = {
-            "attempt": attempt_id, "started": started, "first_step_at": None, "last_heartbeat": started,
-            "resumed_from_step": 0, "resumed_from": None, "last_step": 0, "productive_seconds": 0.0, "steps": 0,
-            "checkpoint_blocking_seconds": 0.0, "status": "running",
-        }
-        self._written = 0.0
-
-    def update(self, force: bool = False, **fields: Any) -> None:
-        self.record.update(fields)
-        now = time.time()
-        self.record["last_heartbeat"] = now
-        if force or now - self._written >= HEARTBEAT_SECONDS:
-            with fsspec.open(self.uri, "w", auto_mkdir=True) as f:
-                json.dump(self.record, f, indent=2, sort_keys=True)
-            self._written = now
-
-
-def read_attempts(output_uri: str) -> list[dict[str, Any]]:
-    fs, path = fsspec.core.url_to_fs(f"{output_uri.rstrip('/')}/{ATTEMPTS_DIR}")
-    if not fs.exists(path):
-        return []
-    records = []
-    for p in fs.glob(f"{path}/*.json"):
-        with fs.open(p, "r") as f:
-            records.append(json.load(f))
-    return sorted(records, key=lambda r: r["started"])
-
-
-def accounting(attempts: list[dict[str, Any]], ended: float) -> dict[str, Any]:
-    """Where a single-process trial's time went across its attempts (same keys as Lightning trials).
-
-    productive: boosting time of iterations in the final model; lost: boosting time
-    of iterations redone after a restart; restart: last sign of life to the next
-    attempt's first iteration; checkpoint: time blocked writing the model file.
-    """
-    if not attempts:
-        return {}
-    wall = ended - attempts[0]["started"]
-    steps = sum(a["steps"] for a in attempts)
-    step_time = sum(a["productive_seconds"] for a in attempts)
-    per_step = step_time / steps if steps else 0.0
-    lost_steps = sum(max(0, p["last_step"] - c["resumed_from_step"]) for p, c in zip(attempts, attempts[1:]))
-    restart = sum(max(0.0, c["first_step_at"] - p["last_heartbeat"]) for p, c in zip(attempts, attempts[1:]) if c["first_step_at"])
-    productive = max(0.0, step_time - lost_steps * per_step)
-    first = attempts[0]
-    return {
-        "wall_seconds": wall,
-        "productive_seconds": productive,
-        "lost_seconds": lost_steps * per_step,
-        "lost_steps": lost_steps,
-        "restart_seconds": restart,
-        "startup_seconds": first["first_step_at"] - first["started"] if first["first_step_at"] else 0.0,
-        "checkpoint_blocking_seconds": sum(a["checkpoint_blocking_seconds"] for a in attempts),
-        "goodput": productive / wall if wall > 0 else 0.0,
-        "device_hours": wall / 3600.0,
-        "attempts": len(attempts),
-        "restarts": len(attempts) - 1,
-        "restart_causes": [p["status"] if p["status"] != "running" else "lost (process killed)" for p in attempts[:-1]],
-    }
-
-
 class OptunaReporter:
     """Reports the monitored value to the spec's Optuna trial and asks its pruner (single process: no broadcast)."""
 
@@ -394,17 +328,20 @@ class _Loop:
 
     order = 100  # after LightGBM's own callbacks
 
-    def __init__(self, spec: TrainSpec, patience: int, history: list[float], ckpt: ModelCheckpoint, attempt: _Attempt,
-                 reporter: Reporter, optuna: Optional[OptunaReporter], score: Callable[[Any], float]) -> None:
+    def __init__(self, spec: TrainSpec, patience: int, history: list[float], ckpt: ModelFileCheckpoint, attempt: AttemptLog,
+                 reporter: Reporter, optuna: Optional[OptunaReporter]) -> None:
+        self.markers = FaultMarkers(spec.output_uri)
         self.spec = spec
         self.patience = patience
-        self.history = history
+        self.history: list[float] = []
         self.better = (lambda a, b: a > b) if spec.monitor_mode == "max" else (lambda a, b: a < b)
+        self.best: tuple[int, Optional[float]] = (0, None)  # (1-based best iteration, its value)
+        for value in history:
+            self._observe(value)
         self.ckpt = ckpt
         self.attempt = attempt
         self.reporter = reporter
         self.optuna = optuna
-        self.score = score
         self.policy = spec.checkpoint
         self.save_every_seconds = self.policy.every_seconds or DEFAULT_SAVE_SECONDS
         self.last_save = (time.monotonic(), len(history))
@@ -412,14 +349,10 @@ class _Loop:
         self.preempt_requested = False
         self._tick = time.perf_counter()
 
-    @property
-    def best(self) -> tuple[int, Optional[float]]:
-        """(1-based best iteration, its value); (0, None) before the first iteration."""
-        best_i, best_v = 0, None
-        for i, v in enumerate(self.history, start=1):
-            if best_v is None or self.better(v, best_v):
-                best_i, best_v = i, v
-        return best_i, best_v
+    def _observe(self, value: float) -> None:
+        self.history.append(value)
+        if self.best[1] is None or self.better(value, self.best[1]):
+            self.best = (len(self.history), value)
 
     def start(self) -> None:
         self._tick = time.perf_counter()
@@ -435,10 +368,8 @@ class _Loop:
             rec["first_step_at"] = time.time() - (now - self._tick)
         it = env.iteration + 1
         rec["last_step"] = it
-        value = next((r[2] for r in env.evaluation_result_list if r[0] == "val"), None)
-        if value is None:
-            value = self.score(env.model)  # no validation result this iteration (should not happen)
-        self.history.append(float(value))
+        value = float(next(r[2] for r in env.evaluation_result_list if r[0] == "val"))
+        self._observe(value)
         best_i, best_v = self.best
         if it % self.spec.log_every_n_steps == 0 or it == env.end_iteration:
             self.reporter.progress({"epoch": it, "max_epochs": env.end_iteration, "step": it,
@@ -452,7 +383,6 @@ class _Loop:
         if self.preempt_requested:
             self._save(env.model, it)
             self.attempt.update(force=True, last_step=it, status="preempted")
-            from training.fault_tolerance import Preempted
 
             raise Preempted(f"SIGTERM: model file at iteration {it} committed")
         if self._save_due(it):
@@ -479,31 +409,21 @@ class _Loop:
 
     def _inject(self, it: int) -> None:
         f = self.spec.faults
-        if f.raise_at_step == it and not _fired(self.spec.output_uri, "raise"):
-            _mark(self.spec.output_uri, "raise")
+        if f.raise_at_step == it and not self.markers.fired("raise"):
+            self.markers.mark("raise")
             raise RuntimeError(f"injected fault at iteration {it}")
-        if f.kill_at_step == it and f.kill_rank == 0 and not _fired(self.spec.output_uri, "kill"):
-            _mark(self.spec.output_uri, "kill")
+        if f.kill_at_step == it and f.kill_rank == 0 and not self.markers.fired("kill"):
+            self.markers.mark("kill")
             log.warning("fault injection: SIGKILL at iteration %d", it)
             os.kill(os.getpid(), signal.SIGKILL)
-        if f.sigterm_at_step == it and not _fired(self.spec.output_uri, "sigterm"):
-            _mark(self.spec.output_uri, "sigterm")
+        if f.sigterm_at_step == it and not self.markers.fired("sigterm"):
+            self.markers.mark("sigterm")
             agent = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
             log.warning("fault injection: SIGTERM %s at iteration %d", "the launcher agent" if agent != os.getpid() else "this process", it)
             os.kill(agent, signal.SIGTERM)
             deadline = time.monotonic() + 5.0
             while not self.preempt_requested and time.monotonic() < deadline:
                 time.sleep(0.05)  # the agent forwards SIGTERM to this process
-
-
-def _fired(output_uri: str, name: str) -> bool:
-    fs, path = fsspec.core.url_to_fs(f"{output_uri.rstrip('/')}/faults/{name}")
-    return fs.exists(path)
-
-
-def _mark(output_uri: str, name: str) -> None:
-    with fsspec.open(f"{output_uri.rstrip('/')}/faults/{name}", "w", auto_mkdir=True) as f:
-        f.write(str(time.time()))
 
 
 def _replay(booster: Any, history: list[float], score_at: Callable[[Any, int], float]) -> list[float]:
@@ -554,7 +474,7 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
 
     Raises:
         ConfigError: the spec cannot work (bad objective, parameter or monitor, missing data).
-        training.fault_tolerance.Preempted: SIGTERM arrived; the model file was committed first.
+        training.errors.Preempted: SIGTERM arrived; the model file was committed first.
     """
     import lightgbm as lgb
 
@@ -572,9 +492,9 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     def feval(pred: np.ndarray, data: Any) -> tuple[str, float, bool]:
         return spec.monitor, metric_value(metric, pred, splits.y["val"]), spec.monitor_mode == "max"
 
-    ckpt = ModelCheckpoint(f"{out}/{CHECKPOINT_DIR}")
+    ckpt = ModelFileCheckpoint(f"{out}/{CHECKPOINT_DIR}")
     init_model, history = ckpt.load()
-    attempt = _Attempt(out, started_wall)
+    attempt = AttemptLog(out, attempt_id(), started_wall, every=HEARTBEAT_SECONDS)
     done = 0
     if init_model is not None:
         history = _replay(init_model, history, score_at)
@@ -586,7 +506,7 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     optuna = OptunaReporter(spec.optuna.storage_url, spec.optuna.study_name, spec.optuna.trial_number) if spec.optuna else None
     tracker = _tracker(spec)
     with Reporter(0) as reporter:
-        loop = _Loop(spec, patience, history, ckpt, attempt, reporter, optuna, lambda b: score_at(b, b.current_iteration()))
+        loop = _Loop(spec, patience, history, ckpt, attempt, reporter, optuna)
         previous = signal.signal(signal.SIGTERM, lambda *_: setattr(loop, "preempt_requested", True))
         best_i, _ = loop.best
         remaining = spec.max_epochs - done
@@ -630,7 +550,7 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
             tracker.finish()
         iterations = booster.current_iteration()
         trained = attempt.record["steps"]
-        accounts = accounting(read_attempts(out), time.time())
+        accounts = goodput(read_attempts(out), 1, time.time())
         reporter.info(f"trial {spec.trial_id}: done after {iterations} iterations (best {best_i}), {metrics}")
         return TrainResult(
             trial_id=spec.trial_id,

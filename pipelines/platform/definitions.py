@@ -9,7 +9,7 @@ from dagster import AssetSelection, Definitions, ScheduleDefinition, define_asse
 from assets.usage import USAGE_KEY, gpu_usage
 from pipelines.environments import resources_for
 
-usage_job = define_asset_job("platform__gpu_usage", selection=AssetSelection.assets(USAGE_KEY))
+usage_job = define_asset_job("platform__usage", selection=AssetSelection.assets(USAGE_KEY))
 
 defs = Definitions(
     assets=[gpu_usage],

@@ -138,4 +138,5 @@ def test_platform_is_its_own_code_location_with_a_daily_schedule() -> None:
     locations = {e["python_module"]["location_name"]: e["python_module"]["module_name"] for e in yaml.safe_load((root / "workspace.yaml").read_text())["load_from"]}
     assert locations["platform"] == "pipelines.platform.definitions"
     assert USAGE_KEY in defs.resolve_asset_graph().get_all_asset_keys()
-    assert defs.resolve_schedule_def("platform__gpu_usage_schedule").cron_schedule == "0 6 * * *"
+    assert defs.resolve_schedule_def("platform__usage_schedule").cron_schedule == "0 6 * * *"
+    defs.get_repository_def().load_all_definitions()  # what a code server does: names must not clash

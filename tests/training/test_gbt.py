@@ -270,16 +270,16 @@ def test_metric_values_are_exact() -> None:
     assert gbt.metric_value("rmse", np.array([1.0, 2.0]), np.array([1.0, 4.0])) == pytest.approx(np.sqrt(2.0))
 
 
-def test_accounting_counts_redone_iterations_as_lost() -> None:
-    attempts = [
-        {"started": 0.0, "first_step_at": 1.0, "last_heartbeat": 11.0, "resumed_from_step": 0, "last_step": 25,
-         "productive_seconds": 10.0, "steps": 25, "checkpoint_blocking_seconds": 0.5, "status": "running"},
-        {"started": 12.0, "first_step_at": 13.0, "last_heartbeat": 20.0, "resumed_from_step": 20, "last_step": 40,
-         "productive_seconds": 8.0, "steps": 20, "checkpoint_blocking_seconds": 0.25, "status": "completed"},
-    ]
-    acc = gbt.accounting(attempts, ended=20.0)
-    assert acc["lost_steps"] == 5 and acc["lost_seconds"] == pytest.approx(2.0)
-    assert acc["productive_seconds"] == pytest.approx(16.0) and acc["goodput"] == pytest.approx(0.8)
-    assert acc["restart_seconds"] == pytest.approx(2.0) and acc["startup_seconds"] == 1.0
-    assert acc["checkpoint_blocking_seconds"] == 0.75 and acc["restart_causes"] == ["lost (process killed)"]
-    assert acc["device_hours"] == pytest.approx(20.0 / 3600)
+def test_a_gbt_trial_is_a_single_pod_job_on_kubernetes(tmp_path: Path) -> None:
+    from resources.k8s_manifests import K8sJobConfig, job_manifest
+    from tests.resources.test_k8s_manifests import k8s_validate
+
+    spec = make_spec(tmp_path)
+    job = job_manifest(spec, "s3://bucket/runs/tabular/test/trial-0000/spec.json", 0, K8sJobConfig(namespace="tabular", image="trainer:1", queue_name="tabular"))
+    s = job["spec"]
+    assert (s["parallelism"], s["completions"], s["suspend"]) == (1, 1, True)
+    container = s["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in container["resources"]["requests"]
+    assert container["command"][-3:] == ["training.entrypoint", "--spec", "s3://bucket/runs/tabular/test/trial-0000/spec.json"]
+    assert "--nproc-per-node=1" in container["command"]
+    k8s_validate(job)

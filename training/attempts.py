@@ -1,0 +1,131 @@
+"""Attempt records, goodput accounting and once-per-trial fault markers (torch-free).
+
+Shared by the Lightning path (`training.fault_tolerance`) and the GBT runner
+(`training.gbt`), so importing them costs no torch or Lightning start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import fsspec
+
+from training.spec import ATTEMPTS_DIR, LAUNCH_ID_ENV
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *parts])
+
+
+def attempt_id() -> str:
+    """One id per launch x torchrun restart."""
+    return f"{os.environ.get(LAUNCH_ID_ENV, 'direct')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
+
+class FaultMarkers:
+    """Once-per-trial fault firing, recorded as files under `<trial>/faults/`."""
+
+    def __init__(self, output_uri: str) -> None:
+        self.root = join(output_uri, "faults")
+
+    def fired(self, name: str) -> bool:
+        fs, path = fsspec.core.url_to_fs(join(self.root, name))
+        return fs.exists(path)
+
+    def mark(self, name: str) -> None:
+        with fsspec.open(join(self.root, name), "w", auto_mkdir=True) as f:
+            f.write(str(time.time()))
+
+
+class AttemptLog:
+    """Rank 0's record of this attempt, rewritten as a heartbeat (at most every `every` seconds)."""
+
+    def __init__(self, output_uri: str, attempt_id: str, started: float, every: float = 1.0) -> None:
+        self.uri = join(output_uri, ATTEMPTS_DIR, f"{attempt_id}.json")
+        self.every = every
+        self.record: dict[str, Any] = {
+            "attempt": attempt_id,
+            "started": started,
+            "first_step_at": None,
+            "last_heartbeat": started,
+            "resumed_from_step": 0,
+            "resumed_from": None,
+            "last_step": 0,
+            "productive_seconds": 0.0,
+            "steps": 0,
+            "checkpoint_blocking_seconds": 0.0,
+            "status": "running",
+        }
+        self._written = 0.0
+
+    def update(self, force: bool = False, **fields: Any) -> None:
+        self.record.update(fields)
+        now = time.time()
+        self.record["last_heartbeat"] = now
+        if force or now - self._written >= self.every:
+            # Written under a temporary name and moved: the SIGTERM handler may write while a write is in progress.
+            fs, path = fsspec.core.url_to_fs(self.uri)
+            tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+            with fs.open(tmp, "w") as f:
+                json.dump(self.record, f, indent=2, sort_keys=True)
+            fs.mv(tmp, path)
+            self._written = now
+
+
+def read_attempts(output_uri: str) -> list[dict[str, Any]]:
+    fs, path = fsspec.core.url_to_fs(join(output_uri, ATTEMPTS_DIR))
+    if not fs.exists(path):
+        return []
+    records = []
+    for p in fs.glob(f"{path}/*.json"):
+        with fs.open(p, "r") as f:
+            records.append(json.load(f))
+    return sorted(records, key=lambda r: r["started"])
+
+
+def goodput(attempts: list[dict[str, Any]], world_size: int, ended: float) -> dict[str, Any]:
+    """Where the trial's time went, across every attempt.
+
+    - productive: step time of steps that count toward the final model;
+    - lost: step time of steps recomputed after a restart (done, then lost with the
+      attempt because they came after its last committed checkpoint);
+    - restart: from an attempt's last sign of life to the next attempt's first step
+      (failure detection, relaunch, start-up);
+    - checkpoint: time training was blocked by checkpoint saves.
+    Goodput = productive / wall.
+    """
+    if not attempts:
+        return {}
+    wall = ended - attempts[0]["started"]
+    step_time = sum(a["productive_seconds"] for a in attempts)
+    steps = sum(a["steps"] for a in attempts)
+    per_step = step_time / steps if steps else 0.0
+    lost_steps = 0
+    restart = 0.0
+    causes: list[str] = []
+    for prev, cur in zip(attempts, attempts[1:]):
+        lost_steps += max(0, prev["last_step"] - cur["resumed_from_step"])
+        if cur["first_step_at"] is not None:
+            restart += max(0.0, cur["first_step_at"] - prev["last_heartbeat"])
+        causes.append(prev["status"] if prev["status"] != "running" else "lost (process killed)")
+    startup = attempts[0]["first_step_at"] - attempts[0]["started"] if attempts[0]["first_step_at"] else 0.0
+    lost = lost_steps * per_step
+    productive = max(0.0, step_time - lost)
+    return {
+        "wall_seconds": wall,
+        "productive_seconds": productive,
+        "lost_seconds": lost,
+        "lost_steps": lost_steps,
+        "restart_seconds": restart,
+        "startup_seconds": startup,
+        "checkpoint_blocking_seconds": sum(a["checkpoint_blocking_seconds"] for a in attempts),
+        "goodput": productive / wall if wall > 0 else 0.0,
+        "device_hours": wall * world_size / 3600.0,
+        "attempts": len(attempts),
+        "restarts": len(attempts) - 1,
+        "restart_causes": causes,
+    }
