@@ -132,6 +132,14 @@ def handle_launch_error(
     raise RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=budget.wait_seconds) from error
 
 
+def trial_comparison(store: ObjectStore, trials: list[Any]) -> str:
+    """The `trainyard compare --trials` table (fields that differ between trials) for the UI."""
+    from pipelines.compare import render, trial_rows
+
+    results = [store.read_json(t.user_attrs["result_uri"]) for t in trials if "result_uri" in t.user_attrs]
+    return render(trial_rows(results), "markdown", only_differences=True)
+
+
 def trials_partitions(spec: PipelineSpec) -> DynamicPartitionsDefinition:
     return DynamicPartitionsDefinition(name=f"{spec.team}__{spec.name}__trials")
 
@@ -441,6 +449,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                 "completed_trials": len(done),
                 "pick": reason,
                 "trials": MetadataValue.md(table),
+                "comparison": MetadataValue.md(trial_comparison(store, rows)),
                 **extra,
             },
         )
