@@ -47,6 +47,8 @@ def node_process_args(container: dict, index: int, name: str) -> tuple[list[str]
     for var in container["env"]:
         if "value" in var:
             env[var["name"]] = var["value"]
+        elif var["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}:
+            env[var["name"]] = name  # the Job controller labels each pod with its Job's name
         else:
             assert var["valueFrom"] == {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}
             env[var["name"]] = str(index)
