@@ -6,7 +6,7 @@ import importlib
 import json
 import sys
 
-BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory", "bench.validation_throughput", "bench.ingest_memory", "bench.gbt_overhead", "bench.cluster_sim"]
+BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory", "bench.validation_throughput", "bench.ingest_memory", "bench.gbt_overhead", "bench.cluster_sim", "bench.sweep_10k", "bench.pruning_savings"]
 
 
 def main(names: list[str]) -> int:

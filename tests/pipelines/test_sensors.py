@@ -15,7 +15,7 @@ import pytest
 from dagster import AssetKey, DagsterRunStatus, RunsFilter, SensorResult, build_sensor_context
 
 from pipelines.factory import build_definitions, job_names
-from pipelines.sensors import ACTIVE, STUDY_TAG, TEAM_TAG, SweepCursor, evaluate_sweep, run_tick, sensor_name, team_run_limit, with_sweep_sensors
+from pipelines.sensors import ACTIVE, STUDY_TAG, TEAM_TAG, SweepCursor, run_tick, sensor_name, team_run_limit, with_sweep_sensors
 from pipelines.spec import IntParam, Objective, PickPolicy
 from resources.sweeps import STOPPED
 from tests.pipelines.sweep_drill import (
@@ -341,15 +341,16 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
     daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(tmp_path / "workspace.yaml")], cwd=ROOT,
                               env=env, stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.time() + 420
+        deadline = time.time() + 480
         while time.time() < deadline:
             runs = instance.get_runs(RunsFilter(job_name=job_names(spec)["train"]))
-            if len([r for r in runs if r.status == DagsterRunStatus.SUCCESS]) == 3:
+            reports = instance.get_runs(RunsFilter(tags={"trainyard/report": "final"}, statuses=[DagsterRunStatus.SUCCESS]))
+            if len([r for r in runs if r.status == DagsterRunStatus.SUCCESS]) == 3 and reports:
                 break
             assert not any(r.status == DagsterRunStatus.FAILURE for r in runs), (tmp_path / "daemon.log").read_text()[-3000:]
             time.sleep(1)
         else:
-            pytest.fail(f"3 trial runs did not finish in time: {[r.status for r in runs]}\n" + (tmp_path / "daemon.log").read_text()[-3000:])
+            pytest.fail(f"trial runs and the report did not finish in time: {[r.status for r in runs]}\n" + (tmp_path / "daemon.log").read_text()[-3000:])
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait(timeout=60)
@@ -360,3 +361,5 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
     assert [t.state.name for t in study.get_trials()] == ["COMPLETE"] * 3
     assert all(t.intermediate_values == {0: t.value} for t in study.get_trials())  # rank 0 reported to PostgreSQL
     assert sorted(r.dagster_run.tags["dagster/partition"] for r in records) == sweep["trials"]
+    report = instance.get_latest_materialization_event(AssetKey(["test", "digits", "sweep"])).asset_materialization.metadata
+    assert report["status"].value == "finished" and report["complete_trials"].value == 3  # the daemon ran the final report

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
-from optuna.distributions import FloatDistribution, IntDistribution
+from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 from pydantic import ValidationError
 
