@@ -29,6 +29,7 @@ from dagster import (
 )
 
 from assets import lineage, promotion
+from pipelines import planner
 from pipelines.spec import PipelineSpec
 from resources.handoff import HandoffPublisher
 from resources.launcher import Launcher, LaunchError, TrainingPreempted
@@ -299,6 +300,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         group_name=group,
         code_version=code_version,
         partitions_def=partitions,
+        pool=spec.gpu_pool,  # per-team limit on trials training at once (TeamSpec.gpu_pool_limit)
         description="One Optuna trial trained by the launcher (torchrun) from a TrainSpec.",
     )
     def trial_model(
@@ -316,6 +318,9 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         output_uri = store.uri("runs", spec.team, spec.name, sweep["study"], context.partition_key)
         record = lineage.record(spec, validated_data["md5"], params=trial.params, seed=spec.model.seed)
         record["max_epochs"] = config.max_epochs or spec.model.max_epochs  # run config overrides the spec
+        # The capacity plan (strategy 'auto' resolved here, before any TrainSpec exists), shown for every trial.
+        plan = planner.plan_trial(spec, {**spec.model.hparams, **trial.params}, lambda: planner.count_classes(spec, validated_data, store), launcher)
+        record["strategy"] = plan.distribution.strategy
         if trial.state.name in ("COMPLETE", "PRUNED") and store.exists(f"{output_uri}/result.json"):
             context.log.info(f"{context.partition_key} already {trial.state.name.lower()} with these inputs; reusing its result")
             result = store.read_json(f"{output_uri}/result.json")
@@ -326,6 +331,11 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                 "finished trials are not trained again (the sweep asks a new trial in its place)"
             )
         else:
+            if plan.error:
+                sweeps.tell(sweep["study"], number, None, {"error": plan.error[:2000]}, failed=True)
+                raise Failure(description=f"{context.partition_key}: {plan.error}", metadata=plan.metadata())
+            for warning in plan.warnings:
+                context.log.warning(f"{context.partition_key}: {warning}")
             train_spec = TrainSpec(
                 pipeline=spec.key,
                 trial_id=context.partition_key,
@@ -346,7 +356,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                 monitor=spec.model.monitor,
                 faults=config.faults(),
                 monitor_mode=spec.model.monitor_mode,
-                distribution=spec.distribution,
+                distribution=plan.distribution,
                 seed=spec.model.seed,
                 checkpoint=spec.checkpoint,
                 tracker=tracking.tracker_spec(
@@ -403,6 +413,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
                 "checkpoint_interval_seconds": result.get("checkpoint_interval_seconds") or 0.0,
                 "checkpoint_interval_source": result.get("checkpoint_interval_source") or "",
                 "goodput": MetadataValue.json(result.get("goodput") or {}),
+                **plan.metadata(),
             },
         )
 

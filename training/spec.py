@@ -90,12 +90,16 @@ class Distribution(_Strict):
     - `fsdp`: parameters, gradients and optimizer state sharded over all ranks (FSDP2).
     - `tp`: tensor parallel over groups of `tensor_parallel_size` ranks, FSDP2 over
       the remaining `world_size / tensor_parallel_size` (2-D when both exceed 1).
+    - `auto`: a pipeline-level choice only. The orchestrator's capacity planner
+      (`pipelines.planner.plan_trial`) replaces it, per trial and before launch,
+      by the cheapest of the above whose per-device memory fits (and picks
+      `tensor_parallel_size`, so leave it at 1). A `TrainSpec` never holds `auto`.
     On GPUs one process drives one device, so devices per node = procs_per_node.
     """
 
     nodes: int = Field(1, ge=1)
     procs_per_node: int = Field(1, ge=1)
-    strategy: Literal["ddp", "fsdp", "tp"] = "ddp"
+    strategy: Literal["ddp", "fsdp", "tp", "auto"] = "ddp"
     tensor_parallel_size: int = Field(1, ge=1)
     accelerator: Literal["cpu", "gpu"] = "cpu"
     max_restarts: int = Field(0, ge=0, description="torchrun restarts of the worker group")
@@ -111,6 +115,8 @@ class Distribution(_Strict):
     @model_validator(mode="after")
     def _mesh_fits(self) -> "Distribution":
         tp = self.tensor_parallel_size
+        if self.strategy == "auto" and tp != 1:
+            raise ValueError(f"tensor_parallel_size={tp} with strategy 'auto': the planner picks the size; leave it at 1")
         if self.strategy in ("ddp", "fsdp") and tp != 1:
             raise ValueError(f"tensor_parallel_size={tp} needs strategy 'tp'; strategy {self.strategy!r} takes 1")
         if self.strategy == "tp":
@@ -278,6 +284,9 @@ class TrainSpec(_Strict):
 
     @model_validator(mode="after")
     def _strategy_fits(self) -> "TrainSpec":
+        if self.distribution.strategy == "auto":
+            raise ValueError("distribution.strategy 'auto' must be resolved by pipelines.planner.plan_trial before launch; "
+                             "a TrainSpec takes 'ddp', 'fsdp' or 'tp'")
         if self.task == "gbt" and self.distribution.world_size != 1:
             raise ValueError(
                 f"distribution: gbt tasks run in one process, got world size {self.distribution.world_size}"

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from pipelines.planner import (
+    DEVICE_MEMORY_ENV,
     GIB,
     NothingFitsError,
     TransformerShape,
@@ -15,10 +16,15 @@ from pipelines.planner import (
     checkpoint_gb,
     checkpoint_seconds,
     estimate_params,
+    device_memory,
     memory_per_device,
     plan,
+    plan_distribution,
+    plan_trial,
+    quantity_gib,
     training_time,
 )
+from training.spec import Distribution
 
 B = 1_000_000_000
 
@@ -132,3 +138,147 @@ def test_estimate_params_counts_tied_weights_once() -> None:
 def test_planner_imports_without_torch() -> None:
     code = "import sys, pipelines.planner; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- plan_trial: strategy 'auto' resolved from the real model before launch ---
+
+DIGITS_PARAMS = 64 * 64 + 64 + 64 * 10 + 10  # DigitsMLP(n_features=64, hidden=64, n_classes=10)
+KIB = 1 / 1024 / 1024  # GiB
+# Per device, fp32 + Adam, 2 devices, one FSDP unit: ddp 20 B/param (93.9 KiB), fsdp 16 (75.2), fsdp x tp=2 8 (37.6).
+
+
+def _trial(strategy: str = "auto", procs: int = 2, nodes: int = 1, memory_gb: float = 16.0,
+           path: str = "pipelines.vision.models:DigitsMLP", **over):
+    from pipelines.spec import ModelSpec
+    from tests.pipelines.pipeline_fixtures import small_spec
+
+    spec = small_spec(model=ModelSpec(path=path, max_epochs=1), distribution=Distribution(nodes=nodes, procs_per_node=procs, strategy=strategy))
+    return plan_trial(spec, {"lr": 0.01, **over}, lambda: 10, environ={DEVICE_MEMORY_ENV: repr(memory_gb)})
+
+
+def test_auto_resolves_to_ddp_for_the_digits_model() -> None:
+    p = _trial()
+    assert (p.distribution.strategy, p.distribution.tensor_parallel_size, p.chosen_by, p.error) == ("ddp", 1, "planner", None)
+    assert p.params == DIGITS_PARAMS and p.distribution.procs_per_node == 2
+    assert p.reasoning.startswith("ddp fits: 93.9 KiB of 14.4 GiB usable per device. Chosen by the planner")
+    assert f"{DIGITS_PARAMS:,} parameters, 4-byte weights and adam = 16 bytes" in p.reasoning
+    table = p.table_markdown().splitlines()
+    assert table[0] == "| strategy | params | grads | optimizer | buffers | activations | total | usable | fits |"
+    assert table[2] == "| **ddp** (chosen) | 18.8 KiB | 18.8 KiB | 37.6 KiB | 18.8 KiB | 0 | 93.9 KiB | 14.4 GiB | yes |"
+    assert [row.split(" | ")[0] for row in table[3:]] == ["| fsdp", "| fsdp x tp (tp=2)"]
+    assert _trial(hidden=128).params == 64 * 128 + 128 + 128 * 10 + 10  # the trial's own hyperparameters
+
+
+def test_auto_resolves_to_fsdp_when_device_memory_is_tiny() -> None:
+    p = _trial(memory_gb=90 * KIB, path="pipelines.vision.models:DigitsParallelMLP")  # 81 KiB usable
+    assert (p.distribution.strategy, p.distribution.tensor_parallel_size, p.error) == ("fsdp", 1, None)
+    assert p.reasoning.startswith("ddp needs 93.9 KiB > 81.0 KiB; fsdp fits: 75.2 KiB of 81.0 KiB usable per device")
+
+
+def test_auto_resolves_to_tensor_parallel_dividing_the_world_size() -> None:
+    p = _trial(memory_gb=50 * KIB, path="pipelines.vision.models:DigitsParallelMLP")  # 45 KiB usable
+    assert (p.distribution.strategy, p.distribution.tensor_parallel_size) == ("tp", 2)
+    assert "fsdp needs 75.2 KiB > 45.0 KiB; fsdp x tp (tp=2) fits: 37.6 KiB" in p.reasoning
+    # 4 devices, 27 KiB usable: fsdp 12 B/param (56.4 KiB), tp=2 8 (37.6) do not fit; tp=4 4 (18.8, nothing to gather) does
+    p4 = _trial(procs=4, memory_gb=30 * KIB, path="pipelines.vision.models:DigitsParallelMLP")
+    assert (p4.distribution.strategy, p4.distribution.tensor_parallel_size, p4.distribution.world_size) == ("tp", 4, 4)
+    # 2 nodes x 2: tensor parallel stays inside a node, so tp=2 (dividing the world size 4) is the only size tried
+    d = plan_distribution(Distribution(nodes=2, procs_per_node=2, strategy="auto"), DIGITS_PARAMS, 4, 50 * KIB)
+    assert (d.distribution.strategy, d.distribution.tensor_parallel_size, d.distribution.data_parallel_size) == ("tp", 2, 2)
+
+
+def test_nothing_fits_names_the_field() -> None:
+    with pytest.raises(NothingFitsError, match=r"^distribution\.strategy='auto': no strategy fits 9\.0 KiB usable per device") as err:
+        plan_distribution(Distribution(procs_per_node=2, strategy="auto"), DIGITS_PARAMS, 4, 10 * KIB, device_memory_source="test")
+    assert "distribution.procs_per_node" in str(err.value) and DEVICE_MEMORY_ENV in str(err.value)
+    p = _trial(memory_gb=10 * KIB)
+    assert p.error is not None and p.error.startswith("distribution.strategy='auto': no strategy fits")
+    assert p.distribution.strategy == "auto"  # nothing to launch with
+
+
+def test_auto_only_chooses_what_the_model_supports() -> None:
+    p = _trial(memory_gb=90 * KIB)  # fsdp would fit, but DigitsMLP is no ParallelizableModule
+    assert p.error is not None and "model DigitsMLP does not support strategy 'fsdp'" in p.error
+    bad = _trial(strategy="ddp", depth=3)  # fails before launch, like the pod would
+    assert bad.error is not None and "rejected hyperparameters" in bad.error and "depth" in bad.error
+
+
+def test_fixed_strategy_is_kept_with_a_warning_when_it_does_not_fit() -> None:
+    p = _trial(strategy="ddp", memory_gb=90 * KIB)
+    assert (p.distribution.strategy, p.chosen_by, p.error) == ("ddp", "user", None)
+    assert p.warnings == (
+        "distribution.strategy='ddp' may not fit: ddp (fixed by the pipeline) needs 93.9 KiB > 81.0 KiB usable per device "
+        "and may run out of memory; strategy 'auto' would choose fsdp (75.2 KiB)",
+    )
+    assert "**ddp** (fixed)" in p.table_markdown() and p.metadata()["plan_warning"] == p.warnings[0]
+    ok = _trial(strategy="fsdp", path="pipelines.vision.models:DigitsParallelMLP")
+    assert ok.warnings == () and ok.reasoning.startswith("fsdp (fixed by the pipeline) fits: 75.2 KiB of 14.4 GiB usable per device; strategy 'auto' would choose ddp")
+
+
+def test_gbt_is_not_planned() -> None:
+    from pipelines.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
+
+    spec = PipelineSpec(
+        team="t", name="p", source=SourceSpec(prefix="landing/t/p"), columns={"x": ColumnSpec(dtype="float"), "y": ColumnSpec(dtype="float")},
+        target="y", model=ModelSpec(task="gbt", monitor="val_rmse", monitor_mode="min"), promotion=PromotionSpec(metric="test_rmse", mode="min"),
+        distribution=Distribution(strategy="auto"),
+    )
+    p = plan_trial(spec, {}, lambda: 0)
+    assert (p.chosen_by, p.distribution.strategy, p.estimates) == ("skipped", "ddp", ())
+    meta = p.metadata()
+    assert meta["strategy"] == "none (one process)" and "gbt task" in meta["plan_reasoning"].value and "plan" not in meta
+
+
+def test_auto_is_a_pipeline_setting_only() -> None:
+    from pydantic import ValidationError
+
+    from training.spec import DataSpec, ImportTarget, TrainSpec
+
+    with pytest.raises(ValidationError, match="tensor_parallel_size=2 with strategy 'auto': the planner picks the size"):
+        Distribution(procs_per_node=2, strategy="auto", tensor_parallel_size=2)
+    data = DataSpec(train_uri="a", val_uri="b", test_uri="c", features=["x"], target="y", version="v")
+    with pytest.raises(ValidationError, match="distribution.strategy 'auto' must be resolved by pipelines.planner.plan_trial"):
+        TrainSpec(pipeline="t/p", trial_id="trial-0000", model=ImportTarget(path="m:M"), data=data, output_uri="/o",
+                  distribution=Distribution(strategy="auto"))
+
+
+def test_device_memory_sources() -> None:
+    from types import SimpleNamespace
+
+    cpu2 = Distribution(procs_per_node=2)
+    assert device_memory(cpu2, None, {DEVICE_MEMORY_ENV: "24"}) == (24.0, f"{DEVICE_MEMORY_ENV}=24")
+    assert device_memory(cpu2, SimpleNamespace(device_memory_gb=40.0), {})[0] == 40.0
+    assert device_memory(Distribution(procs_per_node=8, accelerator="gpu"), None, {})[0] == 79.6
+    pod = device_memory(cpu2, SimpleNamespace(memory="8Gi", memory_limit=None), {})
+    assert pod == (4.0, "SimpleNamespace pod memory 8Gi / 2 process(es) per pod")
+    host, source = device_memory(cpu2, None, {})
+    assert host > 0 and source.startswith("host RAM")
+    assert (quantity_gib("512Mi"), quantity_gib("2G"), quantity_gib(str(GIB))) == (0.5, 2e9 / GIB, 1.0)
+    with pytest.raises(ValueError, match=f"{DEVICE_MEMORY_ENV}='lots' is not a number of GiB"):
+        device_memory(cpu2, None, {DEVICE_MEMORY_ENV: "lots"})
+
+
+def test_trial_model_materialization_carries_the_plan(tmp_path, monkeypatch) -> None:
+    from dagster import AssetKey
+
+    from pipelines.factory import build_definitions, job_names
+    from pipelines.spec import FloatParam, SearchSpec
+    from tests.pipelines.pipeline_fixtures import small_spec
+    from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, open_instance, prepared_home
+
+    monkeypatch.setenv(DEVICE_MEMORY_ENV, "16")
+    spec = small_spec(
+        search=SearchSpec(params={"lr": FloatParam(low=1e-3, high=1e-1, log=True)}, n_trials=1, sampler="random", seed=7),
+        distribution=Distribution(procs_per_node=2, strategy="auto"),
+    )
+    resources = drill_resources(tmp_path, TrivialLauncher())
+    instance = open_instance(tmp_path)
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    defs = build_definitions(spec, resources=resources)
+    result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(instance=instance, partition_key=sweep["trials"][0])
+    assert result.success  # the TrainSpec it launched with (which refuses 'auto') was built
+    meta = instance.get_latest_materialization_event(AssetKey(["test", "digits", "trial_model"])).asset_materialization.metadata
+    assert (meta["strategy"].value, meta["strategy_chosen_by"].value, meta["model_params"].value) == ("ddp", "planner", DIGITS_PARAMS)
+    assert meta["plan_reasoning"].value.startswith("ddp fits: 93.9 KiB of 14.4 GiB usable per device")
+    assert "| **ddp** (chosen) |" in meta["plan"].value and meta["device_memory_source"].value == f"{DEVICE_MEMORY_ENV}=16"
+    assert meta["lineage"].value["strategy"] == "ddp"
