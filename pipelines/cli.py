@@ -26,6 +26,21 @@ def ensure_dagster_home() -> Path:
     return home
 
 
+def cmd_init(args: argparse.Namespace) -> int:
+    """Create the homes and set each team's GPU pool limit (`TeamSpec.gpu_pool_limit`) on the instance."""
+    from dagster import DagsterInstance
+
+    from pipelines.team import apply_pool_limits, workspace_teams
+
+    home = ensure_dagster_home()
+    with DagsterInstance.get() as instance:
+        limits = apply_pool_limits(instance, workspace_teams())
+    print(f"DAGSTER_HOME={home}")
+    for pool, limit in sorted(limits.items()):
+        print(f"pool {pool}: at most {limit} trial(s) at once")
+    return 0
+
+
 def write_digits_landing(store_root: Path) -> Path:
     """Write scikit-learn's bundled digits as the landing CSV (same bytes every time)."""
     from sklearn.datasets import load_digits
@@ -62,8 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the vision/digits pipeline end to end through Dagster")
     demo.set_defaults(func=cmd_demo)
-    init = sub.add_parser("init", help="create TRAINYARD_HOME and DAGSTER_HOME")
-    init.set_defaults(func=lambda a: (ensure_dagster_home(), 0)[1])
+    init = sub.add_parser("init", help="create TRAINYARD_HOME and DAGSTER_HOME and set each team's GPU pool limit")
+    init.set_defaults(func=cmd_init)
     for module in COMMAND_MODULES:
         importlib.import_module(module).register(sub)
     return parser

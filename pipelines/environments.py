@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from resources.handoff import HandoffPublisher
 from resources.io_manager import ObjectStoreJsonIOManager
@@ -38,12 +38,14 @@ class EnvironmentError_(ValueError):
     """The environment is unknown or misses a required setting."""
 
 
-def trainyard_home() -> Path:
-    return Path(os.environ.get("TRAINYARD_HOME", PROJECT_ROOT / ".trainyard")).resolve()
+def trainyard_home(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    return Path(env.get("TRAINYARD_HOME", PROJECT_ROOT / ".trainyard")).resolve()
 
 
-def local_resources(home: Path | None = None) -> dict[str, Any]:
-    home = Path(home) if home is not None else trainyard_home()
+def local_resources(home: Path | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    env = os.environ if env is None else env
+    home = Path(home) if home is not None else trainyard_home(env)
     store = ObjectStore(root=str(home / "store"))
     return {
         "store": store,
@@ -52,7 +54,7 @@ def local_resources(home: Path | None = None) -> dict[str, Any]:
         "launcher": LocalLauncher(),
         "sweeps": SweepStore(storage_url=f"sqlite:///{home / 'optuna.db'}"),
         "registry": ModelRegistry(tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "store" / "mlflow-artifacts")),
-        "handoff": HandoffPublisher(store=store, webhook_url=os.environ.get("TRAINYARD_HANDOFF_WEBHOOK") or None),
+        "handoff": HandoffPublisher(store=store, webhook_url=env.get("TRAINYARD_HANDOFF_WEBHOOK") or None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }
 
@@ -84,10 +86,12 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
     }
 
 
-def resources_for(name: str | None = None) -> dict[str, Any]:
-    name = name or os.environ.get("TRAINYARD_ENV", "local")
+def resources_for(name: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The resources of environment `name` (default `TRAINYARD_ENV`), configured from `env` (default `os.environ`)."""
+    env = dict(os.environ if env is None else env)
+    name = name or env.get("TRAINYARD_ENV", "local")
     if name == "local":
-        return local_resources()
+        return local_resources(env=env)
     if name == "cluster":
-        return cluster_resources()
+        return cluster_resources(env)
     raise EnvironmentError_(f"TRAINYARD_ENV={name!r} is not an environment; use one of {ENVIRONMENTS}")

@@ -24,16 +24,22 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
     (new landing files -> `prepare`, see `pipelines.landing_sensor`) and
     `<team>__<name>__sweep` (keeps `search.parallelism` trials in flight, see
     `pipelines.sensors`). Every `train` run is tagged `trainyard/team=<team>`,
-    the key of the per-team run limit in `dagster.yaml`.
+    the key of the per-team run limit in `dagster.yaml`. The pipeline's
+    `RetrainPolicy` adds the schedule `<team>__<name>__retrain` (cron) and the
+    sensor `<team>__<name>__drift` (drift against the champion's data), see
+    `pipelines.retrain`; without `on_new_data` there is no landing sensor.
+    A team module builds them with `pipelines.team.team_definitions`.
     """
     from pipelines.environments import resources_for
     from pipelines.landing_sensor import build_landing_sensor
+    from pipelines.retrain import build_drift_sensor, build_retrain_schedule, prepare_selection
     from pipelines.sensors import TEAM_TAG, sweep_sensor
 
     seen: set[str] = set()
     assets: list[Any] = []
     jobs: list[Any] = []
     sensors: list[Any] = []
+    schedules: list[Any] = []
     for spec in specs:
         if spec.key in seen:
             raise ValueError(f"pipeline {spec.key!r} is defined twice")
@@ -46,5 +52,15 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
             names["train"], selection=AssetSelection.assets(k("trial_model")), partitions_def=trials_partitions(spec), tags={TEAM_TAG: spec.team}
         )
         jobs += [prepare, train, define_asset_job(names["promote"], selection=AssetSelection.assets(k("best_model"), k("registered_model")))]
-        sensors += [build_landing_sensor(spec, names["prepare"]), sweep_sensor(spec, train, prepare)]
-    return Definitions(assets=assets, jobs=jobs, sensors=sensors, resources=resources if resources is not None else resources_for())
+        policy = spec.retrain_policy
+        gated = policy.drift_psi is not None
+        if policy.on_new_data:
+            sensors.append(build_landing_sensor(spec, names["prepare"], asset_selection=prepare_selection(spec) if gated else None))
+        sensors.append(sweep_sensor(spec, train, prepare))
+        if gated:
+            sensors.append(build_drift_sensor(spec, names["prepare"]))
+        if policy.cron is not None:
+            schedules.append(build_retrain_schedule(spec, names["prepare"]))
+    return Definitions(
+        assets=assets, jobs=jobs, sensors=sensors, schedules=schedules, resources=resources if resources is not None else resources_for()
+    )

@@ -18,7 +18,9 @@ starts another.
 
 from __future__ import annotations
 
-from dagster import DefaultSensorStatus, RunRequest, SensorDefinition, SensorEvaluationContext, SkipReason, sensor
+from typing import Optional, Sequence
+
+from dagster import AssetKey, DefaultSensorStatus, RunRequest, SensorDefinition, SensorEvaluationContext, SkipReason, sensor
 
 from pipelines.spec import PipelineSpec
 from resources.storage import ObjectStore
@@ -63,8 +65,14 @@ def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None)
     return request, digest
 
 
-def build_landing_sensor(spec: PipelineSpec, job_name: str, minimum_interval_seconds: int = MINIMUM_INTERVAL_SECONDS) -> SensorDefinition:
-    """The landing sensor of one pipeline, targeting its `prepare` job.
+def build_landing_sensor(
+    spec: PipelineSpec, job_name: str, minimum_interval_seconds: int = MINIMUM_INTERVAL_SECONDS,
+    asset_selection: Optional[Sequence[AssetKey]] = None,
+) -> SensorDefinition:
+    """The landing sensor of one pipeline, targeting its `prepare` job (or `asset_selection` of it).
+
+    With a drift-gated `RetrainPolicy` the selection is ingest and validation
+    only; the drift sensor decides whether the new version is swept.
 
     It starts stopped: turn it on in the Dagster UI (Automation) or with
     `dagster sensor start <name>`, so nothing runs behind the back of
@@ -80,6 +88,8 @@ def build_landing_sensor(spec: PipelineSpec, job_name: str, minimum_interval_sec
     )
     def landing(context: SensorEvaluationContext, store: ObjectStore):
         result, cursor = evaluate_landing(spec, store, context.cursor)
+        if isinstance(result, RunRequest) and asset_selection is not None:
+            result = result.with_replaced_attrs(asset_selection=list(asset_selection))
         if cursor is not None and cursor != context.cursor:
             context.update_cursor(cursor)
         if isinstance(result, RunRequest):

@@ -483,6 +483,68 @@ class PromotionSpec(_Strict):
         return self
 
 
+class RetrainPolicy(_Strict):
+    """When a pipeline retrains (see `pipelines.retrain`); a team sets a default in its `TeamSpec`.
+
+    - `on_new_data`: the landing sensor (`<team>__<name>__landing`) starts the
+      `prepare` job when new or changed files land;
+    - `cron`: a schedule (`<team>__<name>__retrain`) starts the `prepare` job on
+      this cron string (in `timezone`); a tick whose data version did not change
+      since the last sweep is skipped, so nothing retrains on the same data;
+    - `drift_psi`: new data alone does not retrain. Landing and scheduled runs
+      ingest and validate only; the drift sensor (`<team>__<name>__drift`)
+      compares the newest validated version with the data the `champion` model
+      was trained on and starts the sweep only when the largest per-feature PSI
+      exceeds this threshold (or when there is no champion yet).
+
+    Example:
+        >>> RetrainPolicy(cron="0 3 * * *", on_new_data=False, drift_psi=0.2)
+    """
+
+    on_new_data: bool = True
+    cron: Optional[str] = None
+    timezone: str = "UTC"
+    drift_psi: Optional[float] = None
+
+    @field_validator("cron")
+    @classmethod
+    def _cron(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        from dagster._utils.schedules import is_valid_cron_string
+
+        if not is_valid_cron_string(v):
+            raise ValueError(f"cron {v!r} is not a cron string; use five fields 'minute hour day month weekday', e.g. '0 3 * * *' (03:00 daily)")
+        return v
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone(cls, v: str) -> str:
+        import zoneinfo
+
+        try:
+            zoneinfo.ZoneInfo(v)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError) as e:
+            raise ValueError(f"timezone {v!r} is not an IANA time zone; use e.g. 'UTC' or 'Europe/Berlin'") from e
+        return v
+
+    @field_validator("drift_psi")
+    @classmethod
+    def _psi(cls, v: Optional[float]) -> Optional[float]:
+        if v is not None and not v > 0:
+            raise ValueError(f"drift_psi {v!r} must be above 0 (0.1: moderate shift, 0.25: large shift), or None to retrain on any new data")
+        return v
+
+    @model_validator(mode="after")
+    def _something_ingests(self) -> "RetrainPolicy":
+        if self.drift_psi is not None and not self.on_new_data and self.cron is None:
+            raise ValueError(
+                "drift_psi gates retraining on new data, but with on_new_data=False and no cron nothing ingests new data; "
+                "set on_new_data=True or a cron schedule"
+            )
+        return self
+
+
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -538,6 +600,9 @@ class PipelineSpec(_Strict):
     - `suite`: a Great Expectations suite JSON file (e.g. made by `trainyard data
       profile` and then edited), relative to the project root or absolute; it
       replaces the suite built from `columns`. Platform checks always run.
+
+    `retrain` (a `RetrainPolicy`): landing data, cron and drift triggers; unset, the
+    team's default applies (see `pipelines.team.TeamSpec`).
     """
 
     team: str
@@ -560,6 +625,8 @@ class PipelineSpec(_Strict):
     promotion: PromotionSpec = PromotionSpec()
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     retries: RetrySpec = RetrySpec()
+    # None: the team's default (`TeamSpec.retrain`), else the platform's (new landing data retrains).
+    retrain: Optional[RetrainPolicy] = None
 
     @field_validator("team", "name")
     @classmethod
@@ -604,6 +671,16 @@ class PipelineSpec(_Strict):
     @property
     def key(self) -> str:
         return f"{self.team}/{self.name}"
+
+    @property
+    def gpu_pool(self) -> str:
+        """The Dagster pool of this team's trial steps; its limit is `TeamSpec.gpu_pool_limit` (set by `trainyard init`)."""
+        return f"{self.team}_gpu"
+
+    @property
+    def retrain_policy(self) -> RetrainPolicy:
+        """`retrain`, or the platform default (retrain when new landing data arrives)."""
+        return self.retrain if self.retrain is not None else RetrainPolicy()
 
     @property
     def features(self) -> list[str]:

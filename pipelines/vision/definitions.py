@@ -1,6 +1,10 @@
 """Code location of the vision team (see workspace.yaml)."""
 
-from pipelines.factory import build_definitions
+from pipelines.team import TeamSpec, team_definitions
 from pipelines.vision.digits import digits
 
-defs = build_definitions(digits)
+# At most two trials train at once (Dagster pool `vision_gpu`, set by `trainyard init`);
+# on Kubernetes the trials queue in LocalQueue `trainyard` at sweep priority.
+team = TeamSpec(name="vision", gpu_pool_limit=2, queue="trainyard", priority_class="trainyard-sweep")
+
+defs = team_definitions(team, digits)
