@@ -210,3 +210,17 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
     assert len(intervals) == 4
     assert max_overlap(intervals) == 2  # two trial steps at once, never more
     assert instance.event_log_storage.get_concurrency_info("test_gpu").claimed_slots == []
+
+
+def test_readme_team_example_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
+    code = re.search(r"```python\n(# pipelines/fraud/definitions.py.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    assert len(code.splitlines()) <= 35
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    defs = namespace["defs"]
+    assert sorted(s.name for s in defs.sensors) == ["fraud__transactions__drift", "fraud__transactions__landing", "fraud__transactions__sweep"]
+    assert [s.name for s in defs.schedules] == ["fraud__transactions__retrain"]
+    assert defs.get_assets_def(AssetKey(["fraud", "transactions", "trial_model"])).op.pool == namespace["team"].pool == "fraud_gpu"
