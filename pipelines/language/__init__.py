@@ -1,0 +1,1 @@
+"""The language team: small sequence models trained sharded (FSDP2 or tensor parallel)."""
