@@ -78,8 +78,9 @@ def test_bag_of_words_is_at_chance_but_a_small_transformer_learns_the_order() ->
     model = SequenceTransformer(n_features=LENGTH, n_classes=SIGNALS, vocab=VOCAB, lr=5e-3)
     optimizer = model.configure_optimizers()
     x, y = torch.tensor(xtr, dtype=torch.float32), torch.tensor(ytr)
+    order = torch.Generator().manual_seed(0)
     for _ in range(8):
-        for idx in torch.randperm(len(x), generator=torch.Generator().manual_seed(0)).split(64):
+        for idx in torch.randperm(len(x), generator=order).split(64):
             optimizer.zero_grad()
             F.cross_entropy(model(x[idx]), y[idx]).backward()
             optimizer.step()
