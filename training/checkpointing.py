@@ -11,8 +11,21 @@ A step directory without `MANIFEST.json` is partial and never loaded. A
 committed one whose files do not match the sizes and sha256 in its manifest is
 skipped with a warning and the previous one is used.
 
-One process writes a root (rank 0 under DDP, where the state is replicated);
-readers may be any number of processes.
+Replicated state (DDP, one process): rank 0 writes `state.pt`. Sharded state
+(FSDP2, tensor parallel: parameters and optimizer states are DTensors) is
+written by every rank at once, without gathering::
+
+    <root>/step-000000012/shard-00001.pt    rank 1's own state: each DTensor as its local shard
+    <root>/step-000000012/shard-00001.json  rank 1's sidecar: sha256, size and the save's token
+    <root>/step-000000012/MANIFEST.json     rank 0 writes it once every rank's sidecar carries this save's token
+
+Each DTensor is stored as its local tensor plus its global shape and offset
+(`localize_dtensors`), so a rank resumes from its own file (same world size and
+mesh) and one process can reassemble the full state (`merge_shards`) for
+evaluation, export and tools. `load(name, rank=r)` verifies only rank r's file;
+ranks agree on which checkpoint to use (see `training.entrypoint`).
+
+Readers may be any number of processes.
 
 Example:
     >>> import tempfile
@@ -47,6 +60,8 @@ import fsspec
 from fsspec.spec import AbstractBufferedFile
 import numpy as np
 import torch
+
+from training.errors import ConfigError
 
 log = logging.getLogger("trainyard.training.checkpointing")
 
@@ -85,8 +100,52 @@ class SkippedCheckpointWarning(UserWarning):
     """A partial or corrupt checkpoint was passed over in favour of an older one."""
 
 
-class _Unusable(Exception):
-    """Internal: why a checkpoint directory cannot be loaded."""
+class CheckpointUnusable(CheckpointError):
+    """A checkpoint directory cannot be loaded (partial, corrupt, unreadable manifest); the message says why."""
+
+
+_Unusable = CheckpointUnusable
+
+
+class CheckpointLayoutError(ConfigError):
+    """A sharded checkpoint was written by a different number of ranks than the run resuming it.
+
+    A configuration problem (the distribution changed), not a storage one: the
+    checkpoints are intact, and retrying with the same distribution cannot help.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardSpec:
+    """Who writes which part of a sharded checkpoint.
+
+    Attributes:
+        rank: This process's global rank; it writes `shard-<rank>.pt`.
+        world_size: Ranks writing the checkpoint; rank 0 commits once all have.
+        token: Identifies this save on every rank (same value everywhere), so rank 0
+            never commits a sidecar left by an earlier attempt at the same step.
+        commit_timeout_s: How long rank 0 waits for the other ranks' files.
+        poll_s: Listing interval while rank 0 waits.
+    """
+
+    rank: int
+    world_size: int
+    token: str
+    commit_timeout_s: float = 600.0
+    poll_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        _check(_is_int(self.world_size) and self.world_size >= 1, "world_size", self.world_size, "an integer >= 1")
+        _check(_is_int(self.rank) and 0 <= self.rank < self.world_size, "rank", self.rank, f"an integer in [0, {self.world_size})")
+        _check(isinstance(self.token, str) and self.token != "", "token", self.token, "a non-empty string")
+
+
+def shard_file(rank: int) -> str:
+    return f"shard-{rank:05d}.pt"
+
+
+def _sidecar(rank: int) -> str:
+    return f"shard-{rank:05d}.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +159,7 @@ class LoadedCheckpoint:
         metrics: Metric values the caller recorded with it.
         state: The dict passed to `CheckpointStore.save`.
         best: Whether it was saved as the best so far.
+        world_size: Ranks that wrote a sharded checkpoint; None for replicated state.
     """
 
     uri: str
@@ -108,6 +168,7 @@ class LoadedCheckpoint:
     metrics: dict[str, float]
     state: dict[str, Any]
     best: bool = False
+    world_size: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -227,6 +288,7 @@ class CheckpointStore:
         epoch: int = 0,
         metrics: Optional[dict[str, float]] = None,
         best: bool = False,
+        shard: Optional[ShardSpec] = None,
     ) -> str:
         """Write `state` as the checkpoint of `step`, commit it, then apply retention.
 
@@ -240,12 +302,18 @@ class CheckpointStore:
             metrics: Scalar values recorded in the manifest.
             best: Mark this checkpoint as the best so far; retention keeps the newest
                 one marked best even when it is older than the last `keep_last`.
+            shard: For sharded state: this rank's part. Every rank calls `save` with
+                its own state; rank 0 commits once all ranks' files are written and
+                applies retention; the others return after writing their shard.
 
         Returns:
-            The URI of the committed checkpoint directory.
+            The URI of the checkpoint directory (committed, except on ranks other
+            than 0 of a sharded save, which do not wait for the commit).
 
         Raises:
-            CheckpointWriteError: A file could not be written within `max_write_attempts`.
+            CheckpointWriteError: A file could not be written within
+                `max_write_attempts`, or (rank 0 of a sharded save) another rank's
+                file did not arrive within `shard.commit_timeout_s`.
         """
         _check(_is_int(step) and step >= 0, "step", step, "an integer >= 0")
         _check(_is_int(epoch) and epoch >= 0, "epoch", epoch, "an integer >= 0")
@@ -254,24 +322,39 @@ class CheckpointStore:
         name = self._name(step)
         directory = self._path(name)
         manifest_path = self._path(name, MANIFEST)
+        committer = shard is None or shard.rank == 0
 
         def uncommit() -> None:
             if self.fs.exists(manifest_path):
                 self.fs.rm(manifest_path)
 
-        self._with_retries(f"{self.root_uri}/{name}/{MANIFEST}", uncommit)
+        if committer:
+            self._with_retries(f"{self.root_uri}/{name}/{MANIFEST}", uncommit)
+        fname = PAYLOAD if shard is None else shard_file(shard.rank)
 
         def write_payload() -> dict[str, Any]:
             if self.fail_next_writes > 0:
                 self.fail_next_writes -= 1
                 raise OSError(f"injected transient write failure ({self.fail_next_writes} more to come)")
             self.fs.makedirs(directory, exist_ok=True)
-            with self._staged(directory, PAYLOAD) as f:
+            with self._staged(directory, fname) as f:
                 writer = _HashingWriter(f)
                 torch.save(state, writer)
             return {"sha256": writer.sha256.hexdigest(), "size": writer.size}
 
-        payload = self._with_retries(f"{self.root_uri}/{name}/{PAYLOAD}", write_payload)
+        payload = self._with_retries(f"{self.root_uri}/{name}/{fname}", write_payload)
+        files = {fname: payload}
+        if shard is not None:
+            sidecar = json.dumps({**payload, "token": shard.token, "rank": shard.rank}).encode()
+
+            def write_sidecar() -> None:
+                with self._staged(directory, _sidecar(shard.rank)) as f:
+                    f.write(sidecar)
+
+            self._with_retries(f"{self.root_uri}/{name}/{_sidecar(shard.rank)}", write_sidecar)
+            if shard.rank != 0:
+                return self.uri(step)
+            files = self._await_shards(name, shard)
         created = self._clock()
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -281,8 +364,10 @@ class CheckpointStore:
             "created": datetime.fromtimestamp(created, timezone.utc).isoformat(),
             "metrics": values,
             "best": bool(best),
-            "files": {PAYLOAD: payload},
+            "files": files,
         }
+        if shard is not None:
+            manifest["world_size"] = shard.world_size
         body = json.dumps(manifest, indent=2, sort_keys=True).encode()
 
         def write_manifest() -> None:
@@ -290,9 +375,38 @@ class CheckpointStore:
                 f.write(body)
 
         self._with_retries(f"{self.root_uri}/{name}/{MANIFEST}", write_manifest)
-        log.info("committed checkpoint %s (%d bytes)", self.uri(step), payload["size"])
-        self._apply_retention(step)
+        log.info("committed checkpoint %s (%d bytes)", self.uri(step), sum(f["size"] for f in files.values()))
+        # Other ranks may already be writing a later step: a sharded run abandons a
+        # timeline once, when it resumes (`discard_after`), not at every commit.
+        self._apply_retention(step, drop_superseded=shard is None)
         return self.uri(step)
+
+    def _await_shards(self, name: str, shard: ShardSpec) -> dict[str, Any]:
+        """Rank 0 of a sharded save: every rank's file metadata once its sidecar carries `shard.token`."""
+        found: dict[int, dict[str, Any]] = {}
+        deadline = time.monotonic() + shard.commit_timeout_s
+        while True:
+            for rank in range(shard.world_size):
+                if rank in found:
+                    continue
+                try:
+                    meta = json.loads(self.fs.cat_file(self._path(name, _sidecar(rank))))
+                except (FileNotFoundError, ValueError):
+                    continue
+                except OSError as e:
+                    log.warning("reading %s/%s/%s failed: %s; retrying", self.root_uri, name, _sidecar(rank), e)
+                    continue
+                if meta.get("token") == shard.token:
+                    found[rank] = {"sha256": meta["sha256"], "size": meta["size"]}
+            if len(found) == shard.world_size:
+                return {shard_file(r): found[r] for r in range(shard.world_size)}
+            if time.monotonic() > deadline:
+                missing = sorted(set(range(shard.world_size)) - set(found))
+                raise CheckpointWriteError(
+                    f"{self.root_uri}/{name}", 1,
+                    TimeoutError(f"rank(s) {missing} did not write their shard within {shard.commit_timeout_s:.0f} s; not committed"),
+                )
+            time.sleep(shard.poll_s)
 
     def _staged(self, directory: str, name: str) -> "_StagedFile":
         return _StagedFile(self.fs, directory, name)
@@ -315,15 +429,38 @@ class CheckpointStore:
         assert last is not None
         raise CheckpointWriteError(uri, self.max_write_attempts, last) from last
 
-    def _apply_retention(self, saved_step: int) -> None:
+    def discard_after(self, step: int) -> list[str]:
+        """Delete every checkpoint directory (committed or partial) above `step`.
+
+        A run resuming from `step` (or -1 for a fresh start) abandons the timeline
+        that went further; called once, before any rank writes, so a later save of
+        the same step never meets an abandoned run's files.
+
+        Returns:
+            The URIs deleted.
+        """
+        gone = []
+        for e in self._scan():
+            if e.step > step:
+                try:
+                    self.fs.rm(self._path(e.name), recursive=True)
+                    gone.append(f"{self.root_uri}/{e.name}")
+                except FileNotFoundError:
+                    pass
+        if gone:
+            log.info("discarded %d checkpoint(s) of an abandoned timeline above step %d: %s", len(gone), step, gone)
+        return gone
+
+    def _apply_retention(self, saved_step: int, drop_superseded: bool = True) -> None:
         """Keep the last `keep_last` committed plus the newest marked best; drop stale partials.
 
         Checkpoints with a higher step than the one just saved belong to a timeline
         the run abandoned (it resumed from an earlier one, e.g. because the newest
-        was corrupt), so they go too: the checkpoint just saved is always the newest.
+        was corrupt), so they go too (`drop_superseded`): the checkpoint just saved
+        is always the newest.
         """
         entries = self._scan()
-        superseded = [e for e in entries if e.step > saved_step]
+        superseded = [e for e in entries if e.step > saved_step] if drop_superseded else []
         entries = [e for e in entries if e.step <= saved_step]
         committed = [e for e in entries if e.committed]
         keep = {e.step for e in committed[-self.keep_last:]}
@@ -371,8 +508,12 @@ class CheckpointStore:
         try:
             manifest = json.loads(self.fs.cat_file(self._path(entry.name, MANIFEST)))
             files = manifest["files"]
-            if not isinstance(manifest["step"], int) or not isinstance(files, dict) or PAYLOAD not in files:
-                raise ValueError(f"needs an integer step and files[{PAYLOAD!r}]")
+            if not isinstance(manifest["step"], int) or not isinstance(files, dict):
+                raise ValueError("needs an integer step and a files table")
+            world = manifest.get("world_size")
+            expected = {PAYLOAD} if world is None else {shard_file(r) for r in range(world)}
+            if not expected <= set(files):
+                raise ValueError(f"files must list {sorted(expected)[:3]}{'...' if len(expected) > 3 else ''}")
             for meta in files.values():
                 if not isinstance(meta["sha256"], str) or not isinstance(meta["size"], int):
                     raise ValueError("each file needs a sha256 string and an integer size")
@@ -382,29 +523,88 @@ class CheckpointStore:
             raise _Unusable(f"unreadable manifest: {type(e).__name__}: {e}") from e
         return manifest
 
-    def _load(self, entry: _Entry) -> LoadedCheckpoint:
+    def _verified(self, entry: _Entry, fname: str, meta: dict[str, Any]) -> bytes:
+        try:
+            data = self.fs.cat_file(self._path(entry.name, fname))
+        except FileNotFoundError as e:
+            raise _Unusable(f"file {fname} listed in the manifest is missing") from e
+        if len(data) != meta["size"]:
+            raise _Unusable(f"size mismatch for file {fname}: manifest says {meta['size']} bytes, found {len(data)}")
+        if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            raise _Unusable(f"checksum mismatch for file {fname}")
+        return data
+
+    def _load(self, entry: _Entry, rank: Optional[int] = None, world_size: Optional[int] = None) -> LoadedCheckpoint:
         manifest = self._read_manifest(entry)
-        payload = b""
-        for fname, meta in sorted(manifest["files"].items()):
-            try:
-                data = self.fs.cat_file(self._path(entry.name, fname))
-            except FileNotFoundError as e:
-                raise _Unusable(f"file {fname} listed in the manifest is missing") from e
-            if len(data) != meta["size"]:
-                raise _Unusable(f"size mismatch for file {fname}: manifest says {meta['size']} bytes, found {len(data)}")
-            if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-                raise _Unusable(f"checksum mismatch for file {fname}")
-            if fname == PAYLOAD:
-                payload = data
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=self.weights_only)
+        world = manifest.get("world_size")
+        uri = f"{self.root_uri}/{entry.name}"
+        if world is None:
+            # Replicated state: every file is checked, whoever reads it.
+            payload = b""
+            for fname, meta in sorted(manifest["files"].items()):
+                data = self._verified(entry, fname, meta)
+                if fname == PAYLOAD:
+                    payload = data
+            state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=self.weights_only)
+        elif rank is not None:
+            if world_size is not None and world_size != world:
+                raise CheckpointLayoutError(
+                    f"checkpoint {uri} is sharded over {world} ranks but this run has {world_size}; sharded checkpoints "
+                    f"resume with the same distribution (world size and mesh): set it back to {world} ranks, or start a new trial"
+                )
+            if rank >= world:
+                raise CheckpointLayoutError(f"checkpoint {uri} has {world} shards; there is none for rank {rank}")
+            fname = shard_file(rank)
+            data = self._verified(entry, fname, manifest["files"][fname])
+            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=self.weights_only)
+        else:
+            # One process reading a sharded checkpoint whole (evaluation, export, tools).
+            shards = []
+            for r in range(world):
+                fname = shard_file(r)
+                data = self._verified(entry, fname, manifest["files"][fname])
+                shards.append(torch.load(io.BytesIO(data), map_location="cpu", weights_only=self.weights_only))
+            state = merge_shards(shards)
         return LoadedCheckpoint(
-            uri=f"{self.root_uri}/{entry.name}",
+            uri=uri,
             step=manifest["step"],
             epoch=int(manifest.get("epoch", 0)),
             metrics=dict(manifest.get("metrics", {})),
             state=state,
             best=bool(manifest.get("best", False)),
+            world_size=world,
         )
+
+    def committed(self) -> list[tuple[str, bool]]:
+        """(directory name, saved as best) of every committed checkpoint, newest first; manifests unverified."""
+        out = []
+        for entry in reversed(self._scan()):
+            if entry.committed:
+                try:
+                    out.append((entry.name, bool(self._read_manifest(entry).get("best"))))
+                except _Unusable:
+                    out.append((entry.name, False))
+        return out
+
+    def load(self, name: str, rank: Optional[int] = None, world_size: Optional[int] = None) -> LoadedCheckpoint:
+        """Verify and load the committed checkpoint directory `name` (e.g. `step-000000012`).
+
+        Args:
+            rank: For a sharded checkpoint, load (and verify) only this rank's
+                shard, DTensors left as `localize_dtensors` markers. None reads
+                every shard and merges them into full tensors (`merge_shards`).
+            world_size: The reading run's world size, checked against the
+                checkpoint's when `rank` is given.
+
+        Raises:
+            CheckpointUnusable: partial, corrupt or unreadable; the message says why.
+            CheckpointLayoutError: sharded over a different number of ranks.
+        """
+        m = _STEP_DIR.fullmatch(name)
+        if not m:
+            raise CheckpointUnusable(f"{name!r} is not a checkpoint directory name (step-NNNNNNNNN)")
+        entry = _Entry(name, int(m.group(1)), committed=True)
+        return self._load(entry, rank, world_size)
 
     def _skip(self, entry: _Entry, why: str) -> None:
         msg = f"skipping checkpoint {self.root_uri}/{entry.name}: {why}; trying the previous one"
@@ -473,7 +673,8 @@ class CheckpointStore:
         if not committed:
             raise CheckpointError(f"no committed checkpoint under {self.root_uri} to corrupt")
         entry = committed[-1]
-        path = self._path(entry.name, PAYLOAD)
+        files = sorted(self._read_manifest(entry)["files"])
+        path = self._path(entry.name, PAYLOAD if PAYLOAD in files else files[0])
         data = bytearray(self.fs.cat_file(path))
         mid = len(data) // 2
         for i in range(mid, min(mid + 16, len(data))):
@@ -584,6 +785,81 @@ def snapshot_to_cpu(obj: Any, _memo: Optional[dict[int, Any]] = None, buffers: O
         out = copy.deepcopy(obj)
     memo[key] = out
     return out
+
+
+DTENSOR = "__trainyard_dtensor__"
+
+
+def localize_dtensors(obj: Any) -> Any:
+    """`obj` with every DTensor replaced by a marker holding its local shard and where it sits.
+
+    Marker: `{DTENSOR: 1, "local": tensor, "global_shape": [...], "offset": [...]}`,
+    plain data that loads with `weights_only=True`. Containers are rebuilt
+    (dicts keep their type); other leaves are shared, not copied.
+    """
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        local = obj.to_local()
+        shape, offset = compute_local_shape_and_global_offset(obj.shape, obj.device_mesh, obj.placements)
+        if tuple(local.shape) != tuple(shape):
+            raise CheckpointError(f"DTensor local shard has shape {tuple(local.shape)}, its placements say {tuple(shape)}")
+        return {DTENSOR: 1, "local": local, "global_shape": list(obj.shape), "offset": list(offset)}
+    if isinstance(obj, dict):
+        out = copy.copy(obj)
+        out.clear()
+        for k, v in obj.items():
+            out[k] = localize_dtensors(v)
+        return out
+    if isinstance(obj, list):
+        return [localize_dtensors(v) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(localize_dtensors(v) for v in obj)
+    return obj
+
+
+def is_dtensor_marker(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get(DTENSOR) == 1 and "local" in obj
+
+
+def merge_shards(shards: list[Any]) -> Any:
+    """One state from every rank's localized state: DTensor markers become full tensors.
+
+    Each full tensor is assembled from the local shards at their offsets (a
+    replicated dimension is written identically by several ranks). Everything
+    else is taken from rank 0's state.
+
+    Raises:
+        CheckpointError: the shards do not have the same structure or do not cover a tensor.
+    """
+    first = shards[0]
+    if is_dtensor_marker(first):
+        parts = [s for s in shards if is_dtensor_marker(s)]
+        if len(parts) != len(shards):
+            raise CheckpointError("shards disagree: a DTensor on rank 0 is not a DTensor on every rank")
+        full = torch.empty(first["global_shape"], dtype=first["local"].dtype)
+        covered = torch.zeros(first["global_shape"], dtype=torch.bool) if full.dim() else None
+        for part in parts:
+            local = part["local"]
+            index = tuple(slice(o, o + n) for o, n in zip(part["offset"], local.shape))
+            full[index] = local
+            if covered is not None:
+                covered[index] = True
+        if covered is not None and not bool(covered.all()):
+            raise CheckpointError(f"shards of a tensor of shape {tuple(full.shape)} do not cover it")
+        return full
+    if isinstance(first, dict):
+        out = copy.copy(first)
+        out.clear()
+        for k in first:
+            out[k] = merge_shards([s[k] if isinstance(s, dict) and k in s else first[k] for s in shards])
+        return out
+    if isinstance(first, (list, tuple)) and not hasattr(first, "_fields"):
+        items = [merge_shards([s[i] if isinstance(s, (list, tuple)) and len(s) > i else first[i] for s in shards]) for i in range(len(first))]
+        return items if isinstance(first, list) else tuple(items)
+    return first
 
 
 class AsyncCheckpointWriter:

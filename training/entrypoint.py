@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from typing import Any, Optional
 
 import fsspec
@@ -177,8 +178,9 @@ def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
             fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
 
 
-def select_resume(store: Any, spec: TrainSpec, markers: Any, rank: int) -> Any:
-    """The newest committed checkpoint to resume from (None for a fresh start).
+def select_resume(store: Any, spec: TrainSpec, markers: Any, rank: int, sharded: bool = False) -> Any:
+    """The newest committed checkpoint to resume from (None for a fresh start, and for sharded runs,
+    which choose with `select_sharded_resume` once the drill has run).
 
     The `corrupt_latest_checkpoint` drill corrupts the newest checkpoint here, on
     rank 0, before any rank loads; the others wait for it, so all ranks resume
@@ -195,22 +197,66 @@ def select_resume(store: Any, spec: TrainSpec, markers: Any, rank: int) -> Any:
                 if time.monotonic() > deadline:
                     raise TimeoutError("rank 0 did not finish the checkpoint-corruption drill within 120 s")
                 time.sleep(0.1)
-    return store.latest()
+    return None if sharded else store.latest()
+
+
+def select_sharded_resume(store: Any, rank: int, world: int) -> tuple[Any, str]:
+    """For fsdp/tp: the newest committed checkpoint whose shard every rank verified, and this run's save token.
+
+    Rank 0 lists the committed checkpoints and broadcasts the list, with a fresh
+    token that tags this attempt's shard files; then, newest first, each rank
+    verifies its own shard and all ranks exchange the verdicts, so they resume
+    from the same checkpoint (a corrupt shard on any rank skips it for all,
+    with a warning naming the rank and why). Rank 0 then discards checkpoints
+    above the chosen one (an abandoned timeline) before anyone writes.
+
+    Raises:
+        CheckpointLayoutError: the checkpoint was sharded over another world size.
+    """
+    import uuid
+
+    import torch.distributed as dist
+
+    from training.checkpointing import CheckpointUnusable, SkippedCheckpointWarning
+
+    shared: list[Any] = [(store.committed(), uuid.uuid4().hex[:12])] if rank == 0 else [None]
+    dist.broadcast_object_list(shared, src=0)
+    candidates, token = shared[0]
+    chosen = None
+    for name, _ in candidates:
+        try:
+            loaded, why = store.load(name, rank=rank, world_size=world), ""
+        except CheckpointUnusable as e:
+            loaded, why = None, str(e)
+        verdicts: list[Any] = [None] * world
+        dist.all_gather_object(verdicts, why)
+        bad = {r: w for r, w in enumerate(verdicts) if w}
+        if not bad:
+            chosen = loaded
+            break
+        if rank == 0:
+            msg = f"skipping checkpoint {store.root_uri}/{name}: " + "; ".join(f"rank {r}: {w}" for r, w in bad.items()) + "; trying the previous one"
+            log.warning(msg)
+            warnings.warn(msg, SkippedCheckpointWarning, stacklevel=2)
+    if rank == 0:
+        store.discard_after(chosen.step if chosen is not None else -1)
+    dist.barrier()
+    return chosen, token
 
 
 def train(spec: TrainSpec) -> Optional[TrainResult]:
     """Fit, evaluate, export; returns the result on rank 0 and None elsewhere.
 
-    DDP (and single-process) runs checkpoint through the committed store with
-    exact resume (`training.fault_tolerance`); fsdp/tp runs write Lightning's
-    distributed checkpoints, whose shards the store does not yet commit.
+    Every run checkpoints through the committed store with exact resume
+    (`training.fault_tolerance`): DDP and single-process runs as one payload
+    written by rank 0, fsdp/tp runs as one shard per rank committed by rank 0
+    (`training.strategies.CheckedModelParallelStrategy`).
     """
     if spec.task == "gbt":
         from training.gbt import run_gbt
 
         return run_gbt(spec)
     import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from training.callbacks import FaultInjectionCallback, ProgressCallback
     from training.checkpointing import CheckpointStore
@@ -221,7 +267,8 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
     from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
     from training.reporting import Reporter
-    from training.strategies import evaluation_model
+    from training.checkpointing import CheckpointError
+    from training.strategies import is_sharded
 
     started_wall = time.time()
     started = time.perf_counter()
@@ -235,7 +282,8 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     if caveats and _rank() == 0:
         log.warning("determinism: %s", "; ".join(caveats))
     rank = _rank()
-    committed = spec.distribution.strategy == "ddp" or spec.distribution.world_size == 1
+    world = spec.distribution.world_size
+    sharded = spec.distribution.strategy != "ddp" and world > 1
     markers = FaultMarkers(spec.output_uri)
     faults = spec.faults
     with Reporter(rank) as reporter:
@@ -248,42 +296,32 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             callbacks.append(FaultInjectionCallback(faults.raise_at_step, faults.nan_at_step))
         plugins: list[Any] = []
         resume_path: Optional[str] = None
-        ft: Optional[FaultTolerance] = None
-        checkpoint: Optional[ModelCheckpoint] = None
-        if committed:
-            fail_writes = 0
-            if rank == 0 and faults.fail_storage_writes and not markers.fired("storage"):
-                markers.mark("storage")
-                fail_writes = faults.fail_storage_writes
-            store = CheckpointStore(
-                join(spec.output_uri, CHECKPOINT_DIR),
-                keep_last=spec.checkpoint.keep_last,
-                max_write_attempts=spec.checkpoint.write_attempts,
-                fail_next_writes=fail_writes,
-                weights_only=False,
-            )
-            loaded = select_resume(store, spec, markers, rank)
-            io = StoreCheckpointIO(store, async_save=spec.checkpoint.async_save)
-            attempt = AttemptLog(spec.output_uri, attempt_id(), started_wall)
-            if loaded is not None:
-                resume_path = io.remember(loaded)
-                attempt.record.update(resumed_from=loaded.uri, resumed_from_step=loaded.step)
-                reporter.info(f"trial {spec.trial_id}: resuming from committed checkpoint {loaded.uri} (step {loaded.step})")
-            ft = FaultTolerance(
-                spec.checkpoint, io, spec.distribution.nodes, spec.monitor, spec.monitor_mode, faults, markers, attempt
-            )
-            callbacks.append(ft)
-            plugins.append(io)
+        fail_writes = 0
+        if rank == 0 and faults.fail_storage_writes and not markers.fired("storage"):
+            markers.mark("storage")
+            fail_writes = faults.fail_storage_writes
+        store = CheckpointStore(
+            join(spec.output_uri, CHECKPOINT_DIR),
+            keep_last=spec.checkpoint.keep_last,
+            max_write_attempts=spec.checkpoint.write_attempts,
+            fail_next_writes=fail_writes,
+            weights_only=False,
+        )
+        loaded = select_resume(store, spec, markers, rank, sharded)
+        io = StoreCheckpointIO(store, async_save=spec.checkpoint.async_save)
+        if sharded:
+            loaded, token = select_sharded_resume(store, rank, world)
+            strategy = trainer_kwargs["strategy"]
+            strategy.committed_io, strategy.shard_token = io, token
         else:
-            checkpoint = ModelCheckpoint(
-                dirpath=join(spec.output_uri, CHECKPOINT_DIR),
-                monitor=spec.monitor,
-                mode=spec.monitor_mode,
-                save_top_k=1,
-                save_last=True,
-                filename="best-{epoch:03d}",
-            )
-            callbacks.append(checkpoint)
+            plugins.append(io)
+        attempt = AttemptLog(spec.output_uri, attempt_id(), started_wall)
+        if loaded is not None:
+            resume_path = io.remember(loaded)
+            attempt.record.update(resumed_from=loaded.uri, resumed_from_step=loaded.step)
+            reporter.info(f"trial {spec.trial_id}: resuming from committed checkpoint {loaded.uri} (step {loaded.step})")
+        ft = FaultTolerance(spec.checkpoint, io, spec.distribution.nodes, spec.monitor, spec.monitor_mode, faults, markers, attempt)
+        callbacks.append(ft)
         logger = _logger(spec)
         trainer = L.Trainer(
             **trainer_kwargs,
@@ -293,7 +331,7 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             precision=spec.precision,
             callbacks=callbacks,
             plugins=plugins or None,
-            enable_checkpointing=not committed,
+            enable_checkpointing=False,
             num_sanity_val_steps=0,
             use_distributed_sampler=not getattr(dm, "handles_distributed_sampling", False),
             logger=logger,
@@ -308,16 +346,15 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
         if trainer.global_rank != 0:
             return None
 
-        if ft is not None:
-            ft.attempt.update(force=True, status="completed", last_step=trainer.global_step)
-            best = store.best() or store.latest()
-            model.load_state_dict(best.state["state_dict"])
-            best_uri, best_score = best.uri, ft.best_score
-        else:
-            assert checkpoint is not None
-            best_uri = checkpoint.best_model_path or checkpoint.last_model_path
-            model = evaluation_model(model, best_uri, rebuild=lambda: build(spec)[0])
-            best_score = float(checkpoint.best_model_score) if checkpoint.best_model_score is not None else None
+        ft.attempt.update(force=True, status="completed", last_step=trainer.global_step)
+        # Sharded checkpoints are read whole here (every rank's shard merged); rank 0 alone, no collectives.
+        best = store.best() or store.latest()
+        if best is None:
+            raise CheckpointError(f"training finished but no committed checkpoint is readable under {store.root_uri}")
+        if is_sharded(model):
+            model = build(spec)[0]
+        model.load_state_dict(best.state["state_dict"])
+        best_uri, best_score = best.uri, ft.best_score
         metrics = {}
         for split, uri in (("val", spec.data.val_uri), ("test", spec.data.test_uri)):
             x, y = read_parquet_tensors(uri, spec.data.features, spec.data.target)
@@ -330,7 +367,7 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             tracker_run = f"{logger.experiment.project}/{logger.experiment.id}"
         wall = time.perf_counter() - started
         world = trainer.world_size
-        accounting = goodput(read_attempts(spec.output_uri), world, time.time()) if ft is not None else {}
+        accounting = goodput(read_attempts(spec.output_uri), world, time.time())
         result = TrainResult(
             trial_id=spec.trial_id,
             status="pruned" if pruning is not None and pruning.pruned else "completed",
@@ -349,8 +386,8 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
             tracker_run=tracker_run,
             lineage={**spec.lineage, "determinism_caveats": caveats},
             resumed_from=resume_path,
-            checkpoint_interval_seconds=ft.interval_seconds if ft else None,
-            checkpoint_interval_source=ft.interval_source if ft else None,
+            checkpoint_interval_seconds=ft.interval_seconds,
+            checkpoint_interval_source=ft.interval_source,
             goodput=accounting,
         )
         reporter.info(f"trial {spec.trial_id}: done, {metrics}")

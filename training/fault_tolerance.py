@@ -46,7 +46,8 @@ class StoreCheckpointIO(CheckpointIO):
     """Lightning checkpoint IO backed by the committed-checkpoint store.
 
     `storage_options` of `trainer.save_checkpoint` carries `best`, `metrics` and
-    `sync` (wait for the write, e.g. on preemption).
+    `sync` (wait for the write, e.g. on preemption); the sharded strategy adds
+    `shard` (a `ShardSpec`). Under DDP only rank 0 saves; under fsdp/tp every rank does.
     """
 
     def __init__(self, store: CheckpointStore, async_save: bool = True) -> None:
@@ -67,6 +68,8 @@ class StoreCheckpointIO(CheckpointIO):
         opts = dict(storage_options or {})
         step, epoch = int(checkpoint["global_step"]), int(checkpoint["epoch"])
         kwargs = {"epoch": epoch, "metrics": opts.get("metrics") or {}, "best": bool(opts.get("best", False))}
+        if opts.get("shard") is not None:
+            kwargs["shard"] = opts["shard"]  # sharded state: every rank writes its part, rank 0 commits
         started = time.perf_counter()
         if self.writer is not None and not opts.get("sync"):
             self.writer.submit(step, checkpoint, **kwargs)
@@ -231,7 +234,7 @@ class FaultTolerance(Callback):
         if due:
             self.save(trainer)
             if self.interval_source == "young_daly" and self.interval_seconds is None:
-                self._choose_interval()
+                self._choose_interval(trainer)
         if trainer.is_global_zero:
             self.attempt.record["last_step"] = step
             self.attempt.update()
@@ -243,10 +246,11 @@ class FaultTolerance(Callback):
             return step >= 1 and self.io.saves == 0  # first save measures the save time
         return time.monotonic() - self.last_save_time >= self.interval_seconds
 
-    def _choose_interval(self) -> None:
+    def _choose_interval(self, trainer: L.Trainer) -> None:
         if self.io.writer is not None:
             self.io.writer.wait()
-        measured = self.io.last_save_seconds() or self.io.blocking_seconds or 1e-3
+        # Every rank decides at the same step; ranks that wrote nothing (DDP) take the writer's time.
+        (measured,) = _all_reduce_max([self.io.last_save_seconds() or self.io.blocking_seconds or 1e-3], trainer)
         self.interval_seconds = young_daly_interval(measured, self.policy.node_mtbf_hours, self.nodes)
         log.info(
             "checkpoint interval %.1f s (Young/Daly: save %.3f s, node MTBF %.0f h, %d node(s))",

@@ -13,10 +13,14 @@ inherit `training.parallel.ParallelizableModule` for `fsdp` and `tp`, and give
 a tensor parallel plan for `tp`; `check_model_supports` says what is missing
 before any compute is spent.
 
-Checkpoints under `fsdp`/`tp` are distributed (a directory, one shard file per
-rank, written without gathering); `full_state_dict` reads full weights back in
-one process, and `evaluation_model` turns the trained module into an
-unsharded one for rank-0 evaluation and export.
+Checkpoints under `fsdp`/`tp` go through the same committed store as DDP
+(`training.checkpointing`): with `committed_io` set, every rank writes its own
+shard (DTensors as local shards, no gathering) and rank 0 commits; resuming
+loads each rank's shard back into the sharded model and optimizer through
+`torch.distributed.checkpoint.state_dict` (`restore_sharded`). Without it
+the strategy writes Lightning's distributed checkpoint directories, which
+`full_state_dict` reads back in one process; `evaluation_model` turns the
+trained module into an unsharded one for rank-0 evaluation and export.
 
 A one-process `fsdp` run has nothing to shard and trains like one-process DDP.
 """
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import warnings
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from typing_extensions import override
@@ -93,10 +97,88 @@ class CheckedModelParallelStrategy(ModelParallelStrategy):
         self.data_parallel_size = distribution.data_parallel_size
         self.tensor_parallel_size = distribution.tensor_parallel_size
 
+        # Set by the entrypoint: checkpoints go through the committed store (one shard per rank).
+        self.committed_io: Any = None
+        self.shard_token = ""
+        self._saves = 0
+
     @override
     def setup_environment(self) -> None:
         check_model_supports(self.lightning_module, self.distribution)
         super().setup_environment()
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
+        if self.committed_io is None:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        from training.checkpointing import ShardSpec, localize_dtensors
+
+        self._saves += 1  # saves are collective, so the count (and the token) agrees on every rank
+        opts = dict(storage_options or {})
+        opts["shard"] = ShardSpec(rank=self.global_rank, world_size=self.world_size, token=f"{self.shard_token}:{self._saves}")
+        self.committed_io.save_checkpoint(localize_dtensors(checkpoint), filepath, opts)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        if self.committed_io is None:
+            return super().load_checkpoint(checkpoint_path, weights_only)
+        state = dict(self.committed_io.load_checkpoint(checkpoint_path))
+        assert self.model is not None
+        restore_sharded(self.model, [getattr(o, "_optimizer", o) for o in self.optimizers], state)
+        return state
+
+
+def _sharded_like(saved: Any, like: Any, where: str) -> Any:
+    """A DTensor shaped and placed like `like` holding a marker's local shard (anything else as saved)."""
+    from torch.distributed.tensor import DTensor
+
+    from training.checkpointing import CheckpointLayoutError, is_dtensor_marker
+
+    if not is_dtensor_marker(saved):
+        return saved
+    if not isinstance(like, DTensor):
+        raise CheckpointLayoutError(f"checkpoint holds a shard of {where} but the model's {where} is not sharded; resume with the same distribution")
+    if list(like.shape) != list(saved["global_shape"]):
+        raise CheckpointLayoutError(f"checkpoint's {where} has shape {saved['global_shape']}, the model's {list(like.shape)}")
+    local = saved["local"].to(like.to_local().device)
+    if tuple(local.shape) != tuple(like.to_local().shape):
+        raise CheckpointLayoutError(
+            f"checkpoint's shard of {where} has shape {tuple(local.shape)}, this rank holds {tuple(like.to_local().shape)}; "
+            "resume with the same distribution (world size and mesh)"
+        )
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
+
+
+def restore_sharded(model: "nn.Module", optimizers: list[Any], state: dict[str, Any]) -> None:
+    """Load this rank's shard of a committed checkpoint into a sharded model and its optimizers.
+
+    `state` is what `CheckpointStore.load(name, rank=r)` returned for this rank
+    (DTensors as `localize_dtensors` markers). Model weights and optimizer
+    states are rebuilt as DTensors placed like the live parameters and set
+    through `torch.distributed.checkpoint.state_dict`; `state` keeps the
+    rest (loops, schedulers, callbacks) and loses `state_dict` and
+    `optimizer_states`.
+
+    Raises:
+        CheckpointLayoutError: the checkpoint's shards do not fit this model's placement.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict, get_model_state_dict
+
+    live = get_model_state_dict(model)
+    saved = state.pop("state_dict")
+    missing = sorted(set(live) - set(saved))
+    if missing:
+        from training.checkpointing import CheckpointLayoutError
+
+        raise CheckpointLayoutError(f"checkpoint lacks model weights {missing[:5]}")
+    weights = {k: _sharded_like(v, live.get(k), f"weight {k!r}") for k, v in saved.items()}
+    set_model_state_dict(model, weights, options=StateDictOptions(strict=True))
+    for i, (optimizer, osd) in enumerate(zip(optimizers, state.pop("optimizer_states", []))):
+        per_param = {
+            fqn: {k: _sharded_like(v, live.get(fqn), f"optimizer {i} state {k!r} of {fqn!r}") for k, v in values.items()}
+            for fqn, values in osd["state"].items()
+        }
+        set_optimizer_state_dict(model, optimizer, {"state": per_param, "param_groups": osd["param_groups"]})
 
 
 def _matching_modules(root: "nn.Module", fqn: str) -> list["nn.Module"]:

@@ -372,3 +372,96 @@ def test_s3_round_trip(s3_endpoint) -> None:
     corrupted = store.corrupt_latest()
     with pytest.warns(SkippedCheckpointWarning, match=re.escape(corrupted) + ": checksum mismatch"):
         assert store.latest().step == 2
+
+
+# --- sharded checkpoints: every rank writes its part, rank 0 commits -------------------------------
+
+from training.checkpointing import DTENSOR, CheckpointLayoutError, CheckpointUnusable, ShardSpec, merge_shards  # noqa: E402
+
+
+def _marker(local: torch.Tensor, global_shape: list[int], offset: list[int]) -> dict:
+    return {DTENSOR: 1, "local": local, "global_shape": global_shape, "offset": offset}
+
+
+def _rank_state(rank: int) -> dict:
+    # A 4x3 weight sharded on dim 0 over 2 ranks, a replicated bias, and per-rank bookkeeping.
+    weight = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    return {
+        "state_dict": {
+            "w": _marker(weight[2 * rank: 2 * rank + 2].clone(), [4, 3], [2 * rank, 0]),
+            "b": _marker(torch.ones(3), [3], [0]),
+        },
+        "global_step": 5,
+    }
+
+
+def _save_sharded(store: CheckpointStore, step: int, token: str, ranks=(0, 1)) -> list[str]:
+    """Both ranks' saves at once, as two threads (rank 0 blocks until rank 1's shard is there)."""
+    out: list = [None] * len(ranks)
+
+    def run(i: int, rank: int) -> None:
+        try:
+            out[i] = store.save(step, _rank_state(rank), shard=ShardSpec(rank=rank, world_size=2, token=token, commit_timeout_s=5))
+        except Exception as e:  # surfaced below
+            out[i] = e
+
+    threads = [threading.Thread(target=run, args=(i, r)) for i, r in enumerate(ranks)]
+    for t in reversed(threads):  # rank 1 first or last makes no difference; start rank 0 last
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_sharded_save_commits_once_every_rank_wrote_and_merges_back(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    assert _save_sharded(store, 5, "a:1") == [store.uri(5)] * 2
+    manifest = store.list_committed()[0]
+    assert manifest["world_size"] == 2 and sorted(manifest["files"]) == ["shard-00000.pt", "shard-00001.pt"]
+    mine = store.load("step-000000005", rank=1, world_size=2)
+    assert torch.equal(mine.state["state_dict"]["w"]["local"], torch.arange(6, 12, dtype=torch.float32).reshape(2, 3))
+    whole = store.latest()  # one process, every shard verified and merged
+    assert torch.equal(whole.state["state_dict"]["w"], torch.arange(12, dtype=torch.float32).reshape(4, 3))
+    assert torch.equal(whole.state["state_dict"]["b"], torch.ones(3)) and whole.state["global_step"] == 5
+
+
+def test_sharded_save_never_commits_with_a_stale_shard_of_an_earlier_attempt(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path), max_write_attempts=1)
+    _save_sharded(store, 5, "old:1")
+    store.fs.rm(str(tmp_path / "step-000000005" / MANIFEST))  # the old attempt never committed
+    # The new attempt's rank 1 dies before writing: rank 0 must not commit with the old sidecar.
+    (result,) = _save_sharded(store, 5, "new:1", ranks=(0,))
+    assert isinstance(result, CheckpointWriteError) and "rank(s) [1] did not write their shard" in str(result)
+    assert store.latest() is None
+
+
+def test_sharded_checkpoint_refuses_another_world_size_with_the_fix(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    _save_sharded(store, 5, "a:1")
+    with pytest.raises(CheckpointLayoutError, match="sharded over 2 ranks but this run has 4.*same distribution"):
+        store.load("step-000000005", rank=0, world_size=4)
+
+
+def test_a_corrupt_shard_makes_the_checkpoint_unusable_for_that_rank_only(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    _save_sharded(store, 5, "a:1")
+    assert store.corrupt_latest().endswith("step-000000005")
+    with pytest.raises(CheckpointUnusable, match="checksum mismatch for file shard-00000.pt"):
+        store.load("step-000000005", rank=0, world_size=2)
+    assert store.load("step-000000005", rank=1, world_size=2).step == 5  # the ranks must agree (entrypoint)
+    with pytest.warns(SkippedCheckpointWarning, match="shard-00000.pt"):
+        assert store.latest() is None
+
+
+def test_merge_refuses_shards_that_do_not_cover_the_tensor() -> None:
+    half = _marker(torch.zeros(2, 3), [4, 3], [0, 0])
+    with pytest.raises(Exception, match=r"do not cover"):
+        merge_shards([{"w": half}, {"w": half}])
+
+
+def test_discard_after_removes_an_abandoned_timeline(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path), keep_last=5)
+    for step in (4, 8, 12):
+        store.save(step, {"x": torch.zeros(1)})
+    assert store.discard_after(4) == [store.uri(8), store.uri(12)]
+    assert [m["step"] for m in store.list_committed()] == [4]

@@ -12,7 +12,7 @@ from tests.training.test_entrypoint import make_spec
 from training.checkpointing import CheckpointStore
 from training.fault_tolerance import goodput
 from training.resumable import ResumableDataLoader, ResumableSampler
-from training.spec import CheckpointPolicy, Distribution, FaultInjection
+from training.spec import CheckpointPolicy, Distribution, FaultInjection, ImportTarget
 
 EVERY = 4  # checkpoint interval in steps for the drills
 
@@ -166,3 +166,65 @@ def test_nan_loss_is_a_user_error(tmp_path: Path) -> None:
     spec = drill_spec(tmp_path, faults=FaultInjection(nan_at_step=3))
     with pytest.raises(TrainingCodeError, match="training loss is nan"):
         LocalLauncher().launch(spec)
+
+
+# --- sharded state (FSDP2, tensor parallel): one shard per rank through the same store --------------
+
+PARALLEL_MODEL = ImportTarget(path="pipelines.vision.models:DigitsParallelMLP", kwargs={"hidden": 16, "lr": 0.02})
+SHARDED = {
+    "fsdp": Distribution(procs_per_node=2, strategy="fsdp", max_restarts=1),
+    "tp": Distribution(procs_per_node=2, strategy="tp", tensor_parallel_size=2, max_restarts=1),
+}
+
+
+def sharded_spec(tmp: Path, strategy: str, **over):
+    return drill_spec(tmp, model=PARALLEL_MODEL, distribution=SHARDED[strategy], **over)
+
+
+@pytest.fixture(scope="module")
+def sharded_reference(tmp_path_factory: pytest.TempPathFactory):
+    """Uninterrupted fsdp and tp runs of the drill configuration, by strategy."""
+    out = {}
+    for strategy in SHARDED:
+        spec = sharded_spec(tmp_path_factory.mktemp(f"reference-{strategy}"), strategy)
+        out[strategy] = (LocalLauncher().launch(spec).result, final_weights(spec))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fsdp", "tp"])
+def test_sharded_killed_rank_resumes_from_its_shards_with_identical_weights(sharded_reference, strategy: str, tmp_path: Path) -> None:
+    ref_result, ref_weights = sharded_reference[strategy]
+    spec = sharded_spec(tmp_path, strategy, faults=FaultInjection(kill_rank=1, kill_at_step=10))
+    result = LocalLauncher().launch(spec).result
+    assert result.global_step == ref_result.global_step
+    resumed_step = int(result.resumed_from.rsplit("step-", 1)[1])  # fsdp: best at epoch end (7); tp (whole batch per rank): interval (8)
+    assert 10 - EVERY <= resumed_step < 10
+    assert 0 <= result.goodput["lost_steps"] <= EVERY
+    assert_same(final_weights(spec), ref_weights)  # model and optimizer shards, RNG and sampler restored exactly
+    newest = CheckpointStore(spec.output_uri + "/checkpoints").list_committed()[0]
+    assert newest["world_size"] == 2 and sorted(newest["files"]) == ["shard-00000.pt", "shard-00001.pt"]
+
+
+@pytest.mark.slow
+def test_sharded_preemption_commits_every_shard_and_the_retry_resumes(sharded_reference, tmp_path: Path) -> None:
+    _, ref_weights = sharded_reference["tp"]
+    spec = sharded_spec(tmp_path, "tp", faults=FaultInjection(sigterm_at_step=7))
+    with pytest.raises(TrainingPreempted, match="checkpoint at step 7 committed"):
+        LocalLauncher().launch(spec)
+    assert CheckpointStore(spec.output_uri + "/checkpoints").list_committed()[0]["step"] == 7
+    result = LocalLauncher().launch(spec).result
+    assert result.resumed_from.endswith("step-000000007")
+    assert_same(final_weights(spec), ref_weights)
+
+
+@pytest.mark.slow
+def test_sharded_corrupt_shard_is_skipped_by_every_rank(sharded_reference, tmp_path: Path) -> None:
+    _, ref_weights = sharded_reference["fsdp"]
+    spec = sharded_spec(tmp_path, "fsdp", faults=FaultInjection(kill_rank=0, kill_at_step=10, corrupt_latest_checkpoint=True))
+    result = LocalLauncher().launch(spec).result
+    # rank 0's shard of step 7 was corrupted; rank 1's was fine, yet both resumed from step 4
+    assert result.resumed_from.endswith("step-000000004")
+    assert_same(final_weights(spec), ref_weights)
+    log = Path(spec.output_uri, "logs", "launcher.log").read_text()
+    assert "step-000000007: rank 0: checksum mismatch for file shard-00000.pt" in log

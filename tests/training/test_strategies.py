@@ -60,7 +60,7 @@ def single_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.
 
 
 def committed_weights(tmp: Path) -> dict[str, torch.Tensor]:
-    """Final weights of a DDP or single-process run: the newest committed checkpoint."""
+    """Final weights of a run: the newest committed checkpoint (sharded ones merged in this process)."""
     latest = CheckpointStore(str(tmp / "run" / "checkpoints"), weights_only=False).latest()
     assert latest is not None
     return latest.state["state_dict"]
@@ -201,9 +201,10 @@ def test_fsdp_two_processes_match_one_process(tmp_path: Path, single_process: di
     spec = _spec(tmp_path, TRAIN_ROWS // 2, model=PARALLEL, distribution=Distribution(procs_per_node=2, strategy="fsdp"))
     result = LocalLauncher(timeout_seconds=300).launch(spec).result
     assert result.global_step == STEPS and result.train_samples == STEPS * TRAIN_ROWS
-    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == 2  # one shard per rank
-    _assert_close(full_state_dict(str(checkpoint)), single_process)
+    newest = CheckpointStore(str(tmp_path / "run" / "checkpoints")).committed()[0][0]
+    shards = sorted(p.name for p in (tmp_path / "run" / "checkpoints" / newest).glob("shard-*.pt"))
+    assert shards == ["shard-00000.pt", "shard-00001.pt"]  # one shard per rank, committed by rank 0
+    _assert_close(committed_weights(tmp_path), single_process)
     _exported_runs(tmp_path / "run")
 
 
@@ -213,7 +214,7 @@ def test_tp_matches_the_unsharded_model(tmp_path: Path, single_process: dict[str
     spec = _spec(tmp_path, TRAIN_ROWS, model=PARALLEL, distribution=Distribution(procs_per_node=2, strategy="tp", tensor_parallel_size=2))
     result = LocalLauncher(timeout_seconds=300).launch(spec).result
     assert result.global_step == STEPS and result.train_samples == STEPS * TRAIN_ROWS
-    _assert_close(full_state_dict(str(tmp_path / "run" / "checkpoints" / "last.ckpt")), single_process)
+    _assert_close(committed_weights(tmp_path), single_process)
     _exported_runs(tmp_path / "run")
 
 
@@ -224,4 +225,4 @@ def test_2d_fsdp_by_tp_on_four_processes_matches(tmp_path: Path, single_process:
     spec = _spec(tmp_path, TRAIN_ROWS // 2, model=PARALLEL, distribution=dist)
     result = LocalLauncher(timeout_seconds=300).launch(spec).result
     assert result.world_size == 4 and result.global_step == STEPS
-    _assert_close(full_state_dict(str(tmp_path / "run" / "checkpoints" / "last.ckpt")), single_process)
+    _assert_close(committed_weights(tmp_path), single_process)
