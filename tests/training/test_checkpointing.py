@@ -465,3 +465,21 @@ def test_discard_after_removes_an_abandoned_timeline(tmp_path: Path) -> None:
         store.save(step, {"x": torch.zeros(1)})
     assert store.discard_after(4) == [store.uri(8), store.uri(12)]
     assert [m["step"] for m in store.list_committed()] == [4]
+
+
+def test_sharded_save_on_s3_commits_and_merges(s3_endpoint) -> None:
+    def store() -> CheckpointStore:  # one client per "rank", as in separate processes
+        return CheckpointStore(s3_endpoint.root("runs/trial-0001/checkpoints"), retry_backoff_s=0.0,
+                               storage_options={"client_kwargs": {"endpoint_url": s3_endpoint.url}})
+
+    results: dict = {}
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(r, store().save(
+        7, _rank_state(r), shard=ShardSpec(rank=r, world_size=2, token="s3:1", commit_timeout_s=30)))) for r in (1, 0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0] == results[1] == f"s3://{s3_endpoint.bucket}/runs/trial-0001/checkpoints/step-000000007"
+    whole = store().latest()
+    assert whole.world_size == 2 and torch.equal(whole.state["state_dict"]["w"], torch.arange(12, dtype=torch.float32).reshape(4, 3))
+    assert store().load("step-000000007", rank=0, world_size=2).state["global_step"] == 5
