@@ -173,6 +173,34 @@ def test_tensor_parallel_forward_and_backward_match_the_unsharded_model(tmp_path
         assert out["logits_scale"] > 0.01  # not a vacuous comparison
 
 
+@pytest.mark.slow
+def test_tensor_parallel_training_through_torchrun_learns_the_order(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from resources.launcher import LocalLauncher
+    from training.spec import DataSpec, ImportTarget, TrainSpec
+
+    frame = landing_frame().astype({t: "float64" for t in TOKENS})  # as validated_data writes it
+    uris = {}
+    for split, rows in {"train": frame.iloc[:1400], "val": frame.iloc[1400:1700], "test": frame.iloc[1700:]}.items():
+        uris[split] = str(tmp_path / f"{split}.parquet")
+        pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), uris[split])
+    spec = TrainSpec(
+        pipeline="language/precedence", trial_id="trial-0000",
+        model=ImportTarget(path="pipelines.language.models:SequenceTransformer", kwargs={"vocab": VOCAB, "lr": 5e-3}),
+        data=DataSpec(train_uri=uris["train"], val_uri=uris["val"], test_uri=uris["test"], features=TOKENS, target=TARGET, version="0" * 32),
+        output_uri=str(tmp_path / "run"), max_epochs=8, batch_size=64,
+        distribution=Distribution(procs_per_node=2, strategy="tp", tensor_parallel_size=2),
+    )
+    result = LocalLauncher(timeout_seconds=300).launch(spec).result
+    assert result.world_size == 2 and result.metrics["test_acc"] > 0.6, result.metrics
+    exported = torch.export.load(str(tmp_path / "run" / "model" / "model.pt2")).module()
+    test = frame.iloc[1700:]
+    predicted = exported(torch.tensor(test[TOKENS].to_numpy(), dtype=torch.float32)).argmax(1).numpy()
+    assert (predicted == test[TARGET].to_numpy()).mean() == pytest.approx(result.metrics["test_acc"], abs=1e-6)
+
+
 # --- the whole chain: prepare -> 2 FSDP trials (torchrun, 2 CPU processes each) -> promote ---------
 
 
