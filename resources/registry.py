@@ -1131,9 +1131,11 @@ class ModelRegistry(dg.ConfigurableResource):
                 f"input_example is missing feature columns {missing} listed in meta.json; "
                 f"it has {list(input_example.columns)}"
             )
-        # float64 makes the signature accept int, float32 and float64 inputs alike;
-        # the pyfunc casts to the model's float32 itself.
-        return input_example[features].head(INPUT_EXAMPLE_ROWS).astype("float64").reset_index(drop=True)
+        # Integer columns stay int64 ("long" in the signature: int inputs pass, MLflow refuses
+        # int64 -> double as unsafe), everything else becomes float64 ("double": float32 and
+        # float64 pass); the pyfunc casts to the model's float32 itself.
+        example = input_example[features].head(INPUT_EXAMPLE_ROWS).reset_index(drop=True)
+        return example.astype({c: "int64" if pd.api.types.is_integer_dtype(example[c]) else "float64" for c in features})
 
     def _ensure_experiment(self, model_name: str) -> str:
         client = _client(self.tracking_uri)

@@ -7,6 +7,7 @@ from typing import Optional
 import fsspec
 import lightning as L
 import pyarrow.parquet as pq
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -17,7 +18,9 @@ def read_parquet_tensors(uri: str, features: list[str], target: str) -> tuple[to
     """Read a Parquet split into (float32 features, int64 targets)."""
     with fsspec.open(uri, "rb") as f:
         table = pq.read_table(f, columns=[*features, target])
-    x = torch.tensor(table.select(features).to_pandas().to_numpy(dtype="float32"))
+    # Row-major: pandas hands a multi-column frame over column-major, and torch.export
+    # specialises the batch size of a strided view (an embedding lookup on x[:2] guards batch != N).
+    x = torch.tensor(np.ascontiguousarray(table.select(features).to_pandas().to_numpy(dtype="float32")))
     y = torch.tensor(table.column(target).to_numpy().astype("int64"))
     return x, y
 

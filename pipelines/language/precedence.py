@@ -32,9 +32,9 @@ precedence = PipelineSpec(
     description="Which of four signal tokens occurs first in a 32-token sequence; a one-block transformer, FSDP2 on 2 processes.",
     source=SourceSpec(prefix="landing/language/precedence", pattern="*.csv"),
     columns={
-        # Token ids are declared float: the model reads float32 features like every model on the
-        # platform, and the registered model's signature takes doubles (MLflow refuses int64 for them).
-        **{t: ColumnSpec(dtype="float", min=0, max=VOCAB - 1) for t in TOKENS},
+        # Token ids are integers (the registered signature takes them as longs); the model
+        # reads them as float32 features like every model on the platform and casts back.
+        **{t: ColumnSpec(dtype="int", min=0, max=VOCAB - 1) for t in TOKENS},
         TARGET: ColumnSpec(dtype="int", domain=list(range(SIGNALS))),
     },
     target=TARGET,
