@@ -65,14 +65,3 @@ def flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out[f"{prefix}{k}"] = v
     return out
 
-
-def model_card(spec: PipelineSpec, best: dict[str, Any], validated: dict[str, Any]) -> str:
-    metrics = "\n".join(f"- {k}: {v:.4f}" for k, v in sorted(best["metrics"].items()))
-    rec = best["lineage"]
-    return (
-        f"# {spec.model_name}\n\n{spec.description or 'Trained by trainyard.'}\n\n"
-        f"## Metrics (held-out test split {validated['split_id']})\n{metrics}\n\n"
-        f"## Data\n- data version (DVC md5): {rec['data_version']}\n- rows: {validated['rows']}\n- validation: passed\n\n"
-        f"## Training\n- trial: {best['trial']} of study {best['study']}\n- params: {best['params']}\n"
-        f"- code: {rec['code_version']}{' (dirty)' if rec['code_dirty'] else ''}\n- lock: {rec['lock_hash']}\n"
-    )
