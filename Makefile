@@ -23,8 +23,11 @@ demo: $(STAMP)
 	$(BIN)/trainyard demo
 
 # Fast suite; slow end-to-end tests also run when CI is set (as .ci/run does) or with SLOW=1.
+# Two workers (one test file each at a time): much of a test is waiting on subprocesses,
+# so two files overlap well even on 2 cores. WORKERS=0 runs in this process.
+WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/pytest $(if $(SLOW),--slow,) $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) $(PYTEST_ARGS)
 
 ui: $(STAMP)
 	$(BIN)/trainyard init

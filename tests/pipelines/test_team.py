@@ -17,6 +17,7 @@ from pipelines.retrain import drift_sensor_name, schedule_name
 from pipelines.spec import RetrainPolicy
 from pipelines.team import TeamSpec, apply_pool_limits, check_pipelines, team_definitions, team_resources, workspace_teams
 from tests.pipelines.pipeline_fixtures import small_spec
+from tests.pipelines.test_environments import pg_databases  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -160,15 +161,20 @@ def blocked_runs(instance: DagsterInstance, pool: str = "test_gpu") -> set[str]:
 
 
 @pytest.mark.slow
-def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: Path) -> None:
+def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: Path, pg_databases) -> None:  # noqa: F811
     """Four trial runs, each its own process, on one instance whose pool `test_gpu` has two slots:
-    two trials train, two wait for a slot; each trial is held open until the test saw who waited."""
+    two trials train, two wait for a slot; each trial is held open until the test saw who waited.
+
+    The instance stores runs, events and slots in PostgreSQL, as the cluster's does: slot claims
+    from concurrent processes are row-locked there (on SQLite two claims can race).
+    """
     from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, prepared_home
     from tests.pipelines.test_sensors import max_overlap
 
     home = tmp_path
     (home / "dagster").mkdir()
-    (home / "dagster" / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    postgres_url = pg_databases[1]
+    (home / "dagster" / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {postgres_url}\n")
     spec = drill_spec(n_trials=4, parallelism=4)
     instance = DagsterInstance.from_config(str(home / "dagster"))
     assert apply_pool_limits(instance, [TeamSpec(name="test", gpu_pool_limit=2)]) == {"test_gpu": 2}

@@ -320,3 +320,20 @@ def test_multi_objective_report_has_the_pareto_front(tmp_path: Path) -> None:
     report = build_report(sweeps, study, spec)
     assert report.pareto_md is not None and report.pareto_md.startswith(f"picked trial-{report.best_trial:04d}: best val_acc (max)")
     assert report.best_values[1] <= 48_000 and "pareto" in report.plots
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cmaes") is None, reason="cmaes is not installed")
+def test_cmaes_sweep_adapts_across_fresh_samplers(tmp_path: Path) -> None:
+    """Every ask builds a fresh sampler (as a sensor tick does); CMA-ES keeps its state in the study and converges."""
+    search = SearchSpec(params={"x": FloatParam(low=-5, high=5), "y": FloatParam(low=-5, high=5)}, n_trials=40, sampler="cmaes", parallelism=1)
+    assert type(build_sampler(search, 1)).__name__ == "CmaEsSampler"
+    sweeps = store_at(tmp_path)
+    sweeps.load_or_create("c", "min", search)
+    values = []
+    for _ in range(40):
+        (number,) = sweeps.ask(sweeps.load("c", search), search, 1)
+        p = sweeps.trial("c", number).params
+        values.append((p["x"] - 1) ** 2 + (p["y"] + 2) ** 2)
+        sweeps.tell("c", number, values[-1], {})
+    assert any(k.startswith("cma:") for t in sweeps.load("c").get_trials() for k in t.system_attrs)
+    assert sum(values[-10:]) < 0.25 * sum(values[:10]), values  # the search distribution moved to the optimum and narrowed
