@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 from dagster import AssetExecutionContext, AssetKey, Config, MaterializeResult, MetadataValue, asset
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from resources.storage import ObjectStore
 
@@ -36,7 +36,19 @@ class UsageConfig(Config):
 
     price_per_gpu_hour: float = Field(2.50, ge=0, description="price of one GPU for one hour")
     price_per_cpu_hour: float = Field(0.05, ge=0, description="price of one CPU training process for one hour")
+    team_gpu_prices: dict[str, float] = Field(
+        default_factory=dict,
+        description="price of one GPU-hour per team where it differs (reserved capacity, internal chargeback); other teams pay price_per_gpu_hour",
+    )
     currency: str = "USD"
+
+    @field_validator("team_gpu_prices")
+    @classmethod
+    def _team_prices(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {team: p for team, p in v.items() if not p >= 0}
+        if bad:
+            raise ValueError(f"team_gpu_prices must be >= 0 per GPU-hour for every team; got {bad}")
+        return v
     capacity_devices: Optional[int] = Field(None, ge=1, description="devices in the cluster, for idle capacity")
     window_hours: Optional[float] = Field(None, gt=0, description="period for idle capacity; default: first launch to last finish")
 
@@ -100,7 +112,10 @@ def collect_runs(store: ObjectStore) -> list[RunUsage]:
 
 
 def price(run: RunUsage, config: UsageConfig) -> float:
-    return config.price_per_gpu_hour if run.accelerator == "gpu" else config.price_per_cpu_hour
+    """Price of one device-hour of `run`: its team's GPU price, the platform's, or the CPU price."""
+    if run.accelerator != "gpu":
+        return config.price_per_cpu_hour
+    return config.team_gpu_prices.get(run.team, config.price_per_gpu_hour)
 
 
 def summarize(runs: list[RunUsage], config: UsageConfig) -> dict[str, Any]:
@@ -217,6 +232,7 @@ def gpu_usage(context: AssetExecutionContext, config: UsageConfig, store: Object
         "goodput": total["goodput"] if total["goodput"] is not None else 0.0,
         f"cost_{config.currency.lower()}": total["cost"],
         "price_per_gpu_hour": config.price_per_gpu_hour,
+        **({"team_gpu_prices": MetadataValue.json(dict(config.team_gpu_prices))} if config.team_gpu_prices else {}),
         "teams": MetadataValue.md(team_table(summary)),
         "per_run": MetadataValue.md(run_table(runs, config)),
         "plot": MetadataValue.md(f"![device-hours per team](data:image/png;base64,{base64.b64encode(png).decode()})"),

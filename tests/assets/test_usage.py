@@ -69,6 +69,16 @@ def test_summary_numbers_are_exact(store: ObjectStore) -> None:
     assert "| **total** | 3 | 0.8500 |" in table
 
 
+def test_a_team_price_overrides_the_gpu_price_for_that_team_only(store: ObjectStore) -> None:
+    config = UsageConfig(price_per_gpu_hour=2.0, price_per_cpu_hour=0.1, team_gpu_prices={"vision": 1.2, "tabular": 9.0})
+    s = summarize(collect_runs(store), config)
+    assert s["teams"]["vision"]["cost"] == pytest.approx(0.75 * 1.2)
+    assert s["teams"]["tabular"]["cost"] == pytest.approx(0.01)  # its run is on CPU: the CPU price applies
+    assert s["total"]["cost"] == pytest.approx(0.9 + 0.01)
+    with pytest.raises(Exception, match=r"team_gpu_prices must be >= 0.*'vision': -1.0"):
+        UsageConfig(team_gpu_prices={"vision": -1.0})
+
+
 def test_no_runs_summarize_to_zero(tmp_path: Path) -> None:
     s = summarize(collect_runs(ObjectStore(root=str(tmp_path))), CONFIG)
     assert s["total"]["runs"] == 0 and s["total"]["goodput"] is None and "capacity" not in s
@@ -82,9 +92,10 @@ def _materialize(store: ObjectStore, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_asset_reports_table_plot_and_cost(store: ObjectStore, tmp_path: Path) -> None:
-    meta = _materialize(store, {"price_per_gpu_hour": 2.0, "price_per_cpu_hour": 0.1, "capacity_devices": 4, "window_hours": 10.0})
+    meta = _materialize(store, {"price_per_gpu_hour": 2.0, "price_per_cpu_hour": 0.1, "capacity_devices": 4, "window_hours": 10.0,
+                                "team_gpu_prices": {"tabular": 3.0}})
     assert meta["runs"] == 3 and meta["device_hours"] == pytest.approx(0.85) and meta["cost_usd"] == pytest.approx(1.51)
-    assert meta["idle_device_hours"] == pytest.approx(39.15)
+    assert meta["idle_device_hours"] == pytest.approx(39.15) and meta["team_gpu_prices"] == {"tabular": 3.0}
     assert "| tabular | 1 |" in meta["teams"] and "trial-0001" in meta["per_run"]
     assert meta["plot"].startswith("![device-hours per team](data:image/png;base64,")
     assert (tmp_path / "platform" / "gpu_usage" / "usage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
