@@ -44,7 +44,7 @@ from typing_extensions import override
 
 from training.strategies import StrategyConfigError
 
-__all__ = ["MLPClassifier", "ParallelizableModule", "ColwiseParallel", "RowwiseParallel"]
+__all__ = ["ClassifierSteps", "MLPClassifier", "ParallelizableModule", "ColwiseParallel", "RowwiseParallel"]
 
 
 class ParallelizableModule(L.LightningModule):
@@ -93,7 +93,32 @@ class _Block(nn.Module):
         return x + self.down(F.relu(self.up(x)))
 
 
-class MLPClassifier(ParallelizableModule):
+class ClassifierSteps(L.LightningModule):
+    """Cross-entropy train/val/test steps logging `<stage>_loss` and `<stage>_acc` (synced across ranks off train)."""
+
+    def _step(self, batch: Any, stage: str) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        acc = (logits.argmax(dim=1) == y).float().mean()
+        self.log(f"{stage}_loss", loss, sync_dist=stage != "train")
+        self.log(f"{stage}_acc", acc, prog_bar=True, sync_dist=stage != "train")
+        return loss
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    @override
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    @override
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+
+class MLPClassifier(ClassifierSteps, ParallelizableModule):
     """Tabular classifier of residual feed-forward blocks, shardable by FSDP2 and tensor parallel.
 
     Each block's `up` projection is split colwise and `down` rowwise, so a block
@@ -139,27 +164,6 @@ class MLPClassifier(ParallelizableModule):
         for block in self.blocks:
             h = block(h)
         return self.head(h)
-
-    def _step(self, batch: Any, stage: str) -> torch.Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(dim=1) == y).float().mean()
-        self.log(f"{stage}_loss", loss, sync_dist=stage != "train")
-        self.log(f"{stage}_acc", acc, prog_bar=True, sync_dist=stage != "train")
-        return loss
-
-    @override
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    @override
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    @override
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "test")
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

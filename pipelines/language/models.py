@@ -17,7 +17,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from torch.nn import functional as F
 from typing_extensions import override
 
-from training.parallel import ParallelizableModule
+from training.parallel import ClassifierSteps, ParallelizableModule
 from training.strategies import StrategyConfigError
 
 
@@ -83,7 +83,7 @@ class Block(nn.Module):
         return x + self.down(F.gelu(self.up(self.norm2(x))))
 
 
-class SequenceTransformer(ParallelizableModule):
+class SequenceTransformer(ClassifierSteps, ParallelizableModule):
     """Classifies fixed-length token sequences: embeddings, encoder blocks, mean pool, linear head.
 
     Token ids arrive as float32 feature columns (the platform's Parquet reader
@@ -151,35 +151,14 @@ class SequenceTransformer(ParallelizableModule):
         super().configure_model()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The platform's Parquet reader yields column-major feature tensors; an embedding lookup on a
-        # column-major view makes torch.export guard on the batch size, so make the ids contiguous first.
+        # An embedding lookup on a strided view makes torch.export guard on the batch size; the
+        # platform's reader yields row-major tensors, other callers may not.
         tokens = x.contiguous().long()
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.embed(tokens) + self.position(positions)
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h).mean(dim=1))
-
-    def _step(self, batch: Any, stage: str) -> torch.Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(dim=1) == y).float().mean()
-        self.log(f"{stage}_loss", loss, sync_dist=stage != "train")
-        self.log(f"{stage}_acc", acc, prog_bar=True, sync_dist=stage != "train")
-        return loss
-
-    @override
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    @override
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    @override
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "test")
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
