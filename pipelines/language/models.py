@@ -9,7 +9,6 @@ costs two all-reduces).
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 from torch import nn
