@@ -9,7 +9,6 @@ costs two all-reduces).
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel
