@@ -4,7 +4,7 @@ A 33.6M-parameter `MLPClassifier` (width 1024, 4 residual blocks of 1024 -> 4096
 -> 1024, fp32, Adam) trains for a few steps through the platform launcher with
 each strategy. Every rank measures its own peak memory:
 
-    peak delta = peak RSS over the training steps (ru_maxrss, read at the end
+    peak delta = peak RSS over the training steps (VmHWM, read at the end
                  of each training batch, before validation and checkpointing)
                - RSS just before the model's parameters are allocated
     measured   = peak delta(width 1024) - peak delta(width 16) + planner(width 16)
@@ -19,13 +19,20 @@ tracks live memory. The planner's estimate for the same model, dtype,
 optimizer, device count and FSDP units is the prediction; the value written
 is the mean predicted/measured ratio over the strategies (1.0 is a perfect
 model, below 1 the planner underestimates).
+
+No checkpoint is saved within the measured steps. The planner predicts
+accelerator memory; an asynchronous save copies what the rank writes into
+host RAM (DDP: rank 0, all model states; FSDP/TP: each rank its shard), which
+on a GPU machine is not device memory, but on CPU would land in the same RSS.
+That host copy is measured separately, by a run of the big model with the
+default checkpoint policy (first save after the first step), and reported in
+`details.checkpoint_host_copy` next to the bytes the rank saves.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -34,6 +41,7 @@ from typing import Any
 
 from typing_extensions import override
 
+from bench.harness import peak_rss_bytes, write_result
 from training.parallel import MLPClassifier
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,7 +64,7 @@ class MemoryProbeMLP(MLPClassifier):
 
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        peak = peak_rss_bytes()  # not ru_maxrss: a spawned rank inherits its launcher's high-water mark
         record = {"rank": self.global_rank, "steps": self.trainer.global_step, "rss_before_model": self.rss_before_model,
                   "peak_rss": peak, "measured_bytes": peak - self.rss_before_model, "rss_now": _rss_bytes()}
         path = Path(self.probe_dir) / f"rank-{self.global_rank}.json"
@@ -74,11 +82,10 @@ def _activation_gb(width: int) -> float:
 
 def main() -> dict:
     sys.path.insert(0, str(ROOT))
-    from bench.harness import write_result
     from pipelines.planner import GIB, estimate_params, memory_per_device
     from resources.launcher import LocalLauncher
     from tests.digits import features, write_splits
-    from training.spec import DataSpec, Distribution, ImportTarget, TrainSpec
+    from training.spec import CheckpointPolicy, DataSpec, Distribution, ImportTarget, TrainSpec
 
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
@@ -88,21 +95,23 @@ def main() -> dict:
         data = DataSpec(train_uri=paths["train"], val_uri=paths["val"], test_uri=paths["test"], features=features(),
                         target="label", version="bench")
 
-        def run(strategy: str, width: int) -> tuple[list[float], float]:
+        def run(strategy: str, width: int, save_in_window: bool = False) -> tuple[list[float], Any]:
             """Measured GiB per rank and the planner's prediction for one run."""
             t = 2 if strategy == "tp" else 1
             hparams = {"width": width, "blocks": BLOCKS, "expansion": EXPANSION, "lr": 1e-3, "input_scale": 16.0}
-            probe = Path(tmp) / f"{strategy}-{width}" / "probe"
+            name = f"{strategy}-{width}{'-saving' if save_in_window else ''}"
+            probe = Path(tmp) / name / "probe"
             spec = TrainSpec(
                 pipeline="bench/planner-memory",
-                trial_id=f"trial-{strategy}-{width}",
+                trial_id=f"trial-{name}",
                 model=ImportTarget(path="bench.planner_memory:MemoryProbeMLP", kwargs={**hparams, "probe_dir": str(probe)}),
                 data=data,
-                output_uri=str(Path(tmp) / f"{strategy}-{width}" / "run"),
+                output_uri=str(Path(tmp) / name / "run"),
                 max_epochs=1,
                 limit_train_batches=STEPS,
                 batch_size=BATCH,
                 distribution=Distribution(procs_per_node=PROCS, strategy=strategy, tensor_parallel_size=t),
+                checkpoint=CheckpointPolicy() if save_in_window else CheckpointPolicy(every_n_steps=10 * STEPS),
             )
             LocalLauncher(timeout_seconds=300).launch(spec)
             ranks = [json.loads(p.read_text()) for p in sorted(probe.glob("rank-*.json"))]
@@ -113,6 +122,10 @@ def main() -> dict:
         for strategy in ("ddp", "fsdp", "tp"):
             big, predicted = run(strategy, WIDTH)
             tiny, predicted_tiny = run(strategy, CALIBRATION_WIDTH)
+            saving, _ = run(strategy, WIDTH, save_in_window=True)
+            # what a rank saves: weights and both Adam moments of its part, 3 of the 4 model-state copies (no grads)
+            saved = predicted.model_states_gb * 3 / 4
+            saved_per_rank = [saved] + [0.0 if strategy == "ddp" else saved] * (PROCS - 1)  # DDP: rank 0 writes
             # the tiny run pays the same fixed costs (code pages, process group, Lightning, data)
             measured = [b - s + predicted_tiny.total_gb for b, s in zip(big, tiny)]
             per_strategy[strategy] = {
@@ -124,6 +137,10 @@ def main() -> dict:
                 "raw_peak_delta_gib_per_rank": [round(b, 4) for b in big],
                 "calibration_peak_delta_gib_per_rank": [round(s, 4) for s in tiny],
                 "ratio": round(predicted.total_gb / max(measured), 4),
+                "checkpoint_host_copy": {
+                    "measured_gib_per_rank": [round(a - b, 4) for a, b in zip(saving, big)],
+                    "saved_gib_per_rank": [round(x, 4) for x in saved_per_rank],
+                },
             }
     value = statistics.mean(s["ratio"] for s in per_strategy.values())
     return write_result(
@@ -140,7 +157,7 @@ def main() -> dict:
             "batch_per_rank": BATCH,
             "steps": STEPS,
             "fsdp_units": BLOCKS,
-            "measurement": "per rank: ru_maxrss at the end of each training batch minus RSS before the model's parameters "
+            "measurement": "per rank: VmHWM at the end of each training batch minus RSS before the model's parameters "
             f"exist, minus the same for width {CALIBRATION_WIDTH} (fixed costs); ratio uses the larger rank; "
             "MALLOC_MMAP_THRESHOLD_=65536",
             "target": "ratio within 0.8..1.2 for each strategy",
