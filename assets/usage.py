@@ -41,6 +41,8 @@ class UsageConfig(Config):
         description="price of one GPU-hour per team where it differs (reserved capacity, internal chargeback); other teams pay price_per_gpu_hour",
     )
     currency: str = "USD"
+    capacity_devices: Optional[int] = Field(None, ge=1, description="devices in the cluster, for idle capacity")
+    window_hours: Optional[float] = Field(None, gt=0, description="period for idle capacity; default: first launch to last finish")
 
     @field_validator("team_gpu_prices")
     @classmethod
@@ -49,8 +51,6 @@ class UsageConfig(Config):
         if bad:
             raise ValueError(f"team_gpu_prices must be >= 0 per GPU-hour for every team; got {bad}")
         return v
-    capacity_devices: Optional[int] = Field(None, ge=1, description="devices in the cluster, for idle capacity")
-    window_hours: Optional[float] = Field(None, gt=0, description="period for idle capacity; default: first launch to last finish")
 
 
 @dataclass(frozen=True)
