@@ -139,13 +139,13 @@ def _sweep(home: Path, seed: int, pruned: bool, data: tuple[Any, Any], bar: Opti
     sweeps = SweepStore(storage_url=url)
     sweeps.load_or_create(name, "max", search)
     curves: list[list[float]] = []
-    while len(curves) < budget:
-        if len(curves) >= N_TRIALS and (bar is None or _epochs_to(curves, bar) is not None):
-            break
+    reached = bar is None  # the unpruned sweep has no target and stops at its budget
+    while len(curves) < budget and not (reached and len(curves) >= N_TRIALS):
         (number,) = sweeps.ask(sweeps.load(name, search), search, 1)
         params = sweeps.trial(name, number).params
         callback = OptunaPruning(OptunaSpec(storage_url=url, study_name=name, trial_number=number, pruner=pruner), "val_acc") if pruned else None
         curves.append(_fit(params, data, callback))
+        reached = reached or max(curves[-1]) >= bar
         if callback is not None and callback.pruned:
             sweeps.tell(name, number, None, {}, pruned=True)
         else:
