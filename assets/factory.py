@@ -28,9 +28,10 @@ from dagster import (
     asset,
 )
 
-from assets import lineage, promotion
-from pipelines import planner
-from pipelines.spec import PipelineSpec
+from assets import promotion
+from trainyard import lineage
+from trainyard import planner
+from trainyard.spec import PipelineSpec
 from resources.handoff import HandoffPublisher
 from resources.launcher import Launcher, LaunchError, TrainingPreempted
 from resources.registry import ModelRegistry
@@ -135,7 +136,7 @@ def handle_launch_error(
 
 def trial_comparison(store: ObjectStore, trials: list[Any]) -> str:
     """The `trainyard compare --trials` table (fields that differ between trials) for the UI."""
-    from pipelines.compare import render, trial_rows
+    from trainyard.compare import render, trial_rows
 
     results = [store.read_json(t.user_attrs["result_uri"]) for t in trials if "result_uri" in t.user_attrs]
     return render(trial_rows(results), "markdown", only_differences=True)
@@ -165,7 +166,7 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         description=f"Incremental snapshot of {spec.source.prefix}/{spec.source.pattern} as canonical Parquet, pinned with DVC.",
     )
     def raw_data(context: AssetExecutionContext, store: ObjectStore, versioning: DataVersioning) -> Output[dict]:
-        from assets import data_quality as dq
+        from trainyard.data import quality as dq
         from assets import ingest
 
         try:
@@ -211,8 +212,8 @@ def build_assets(spec: PipelineSpec) -> list[AssetsDefinition]:
         description="Great Expectations suite, platform checks and drift, then a deterministic train/val/test split.",
     )
     def validated_data(context: AssetExecutionContext, raw_data: dict, store: ObjectStore) -> Iterator[Any]:
-        from assets import data_quality as dq
-        from assets.expectations import UnsupportedExpectation
+        from trainyard.data import quality as dq
+        from trainyard.data.expectations import UnsupportedExpectation
 
         try:
             outcome = dq.validate_version(store, spec, raw_data)

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
-from assets.data_quality import (
+from trainyard.data.quality import (
     CanonicalParquetWriter,
     DataQualityError,
     MissingLandingData,
@@ -54,7 +54,7 @@ from assets.data_quality import (
     canonical_schema,
     to_canonical,
 )
-from pipelines.spec import PipelineSpec, SourceSpec
+from trainyard.spec import PipelineSpec, SourceSpec
 from resources.storage import FileInfo, ObjectStore
 
 if TYPE_CHECKING:

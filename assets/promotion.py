@@ -29,7 +29,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional
 
-from pipelines.spec import PromotionSpec
+from trainyard.spec import PromotionSpec
 from resources.handoff import HandoffDeliveryFailed, HandoffEvent, HandoffPublisher, now_iso
 from resources.registry import ModelRegistry, ModelVersionInfo, RegistryError, SmokeResult
 

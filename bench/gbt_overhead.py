@@ -58,7 +58,7 @@ print(json.dumps({"seconds": time.perf_counter() - started, "test_acc": acc, "be
 
 
 def _spec() -> Any:
-    from pipelines.spec import SearchSpec
+    from trainyard.spec import SearchSpec
     from pipelines.tabular.breast_cancer import breast_cancer
 
     model = breast_cancer.model.model_copy(update={"hparams": HPARAMS})

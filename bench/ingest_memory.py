@@ -72,7 +72,7 @@ def child(work: str, pattern: str) -> None:
     """Runs in the measured process: ingest with a DVC pin, then print the peak RSS as JSON."""
     sys.path.insert(0, str(ROOT))
     from assets import ingest
-    from pipelines.spec import PipelineSpec
+    from trainyard.spec import PipelineSpec
     from resources.storage import ObjectStore
     from resources.versioning import DataVersioning
 

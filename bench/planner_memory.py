@@ -74,7 +74,7 @@ class MemoryProbeMLP(MLPClassifier):
 
 def _activation_gb(width: int) -> float:
     """fp32 tensors autograd keeps per block: block input, up output, ReLU output; plus the head's input."""
-    from pipelines.planner import GIB
+    from trainyard.planner import GIB
 
     per_block = BATCH * (width + 2 * width * EXPANSION) * 4
     return (BLOCKS * per_block + BATCH * width * 4) / GIB
@@ -82,7 +82,7 @@ def _activation_gb(width: int) -> float:
 
 def main() -> dict:
     sys.path.insert(0, str(ROOT))
-    from pipelines.planner import GIB, estimate_params, memory_per_device
+    from trainyard.planner import GIB, estimate_params, memory_per_device
     from resources.launcher import LocalLauncher
     from tests.digits import features, write_splits
     from training.spec import CheckpointPolicy, DataSpec, Distribution, ImportTarget, TrainSpec

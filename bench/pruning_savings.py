@@ -125,7 +125,7 @@ def _sweep(home: Path, seed: int, pruned: bool, data: tuple[Any, Any], bar: Opti
     Unpruned: `N_TRIALS` trials. Pruned: at least `N_TRIALS`, then on until a
     trial has reached `bar`, at most `CAP_TRIALS`.
     """
-    from pipelines.spec import FloatParam, IntParam, SearchSpec
+    from trainyard.spec import FloatParam, IntParam, SearchSpec
     from resources.sweeps import SweepStore
     from training.pruning import OptunaPruning
     from training.spec import OptunaSpec, PrunerSpec

@@ -8,7 +8,7 @@ category) and duplicate rows, so every check has something to find.
 Platform, in this process (Great Expectations imported beforehand, as in a
 running Dagster code server): `assets.ingest.ingest` (read the landing files,
 cast, write parts, write the canonical zstd Parquet snapshot, md5) then
-`assets.data_quality.validate_snapshot` (the pipeline's GE suite of 26
+`trainyard.data.quality.validate_snapshot` (the pipeline's GE suite of 26
 expectations through `ArrowSuite`, 3 finite checks and the duplicate-row
 check, the profile, Data Docs, and reading back the failing rows).
 
@@ -44,7 +44,7 @@ CATS = ["a", "b", "c", "d"]
 
 
 def _spec(landing: Path) -> Any:
-    from pipelines.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
+    from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 
     return PipelineSpec(
         team="bench",
@@ -89,7 +89,7 @@ def generate(landing: Path) -> dict[str, int]:
 
 
 def platform(work: Path, spec: Any) -> tuple[float, dict[str, int], str, Any]:
-    from assets import data_quality as dq
+    from trainyard.data import quality as dq
     from assets import ingest
     from resources.storage import ObjectStore
 
@@ -119,7 +119,7 @@ def baseline(landing: Path) -> tuple[float, dict[str, int]]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from assets.data_quality import row_hashes
+    from trainyard.data.quality import row_hashes
 
     expected_schema = pa.schema([*(pa.field(c, pa.float64()) for c in FLOAT_RANGES), ("cat", pa.string()), ("n", pa.int64()), ("label", pa.int64())])
     domains = {"cat": pa.array(CATS), "n": pa.array(range(50)), "label": pa.array([0, 1])}
@@ -150,7 +150,7 @@ def baseline(landing: Path) -> tuple[float, dict[str, int]]:
 
 def main() -> dict:
     sys.path.insert(0, str(ROOT))
-    from assets.expectations import great_expectations
+    from trainyard.data.expectations import great_expectations
 
     great_expectations()  # a running code server has imported it already
     with tempfile.TemporaryDirectory(prefix="trainyard-bench-validate-") as tmp:

@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 
 import pipelines
-from pipelines.spec import PipelineSpec
+from trainyard.spec import PipelineSpec
 
 # Modules of a team package that hold no pipeline definitions (model code is imported by pods).
 _SKIP = {"models", "definitions"}

@@ -14,7 +14,7 @@ def _resources() -> dict[str, Any]:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from pipelines.compare import render, trial_rows, version_rows
+    from trainyard.compare import render, trial_rows, version_rows
 
     res = _resources()
     if args.trials:

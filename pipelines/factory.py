@@ -7,7 +7,7 @@ from typing import Any, Optional
 from dagster import AssetKey, AssetSelection, Definitions, define_asset_job
 
 from assets.factory import build_assets, trials_partitions
-from pipelines.spec import PipelineSpec
+from trainyard.spec import PipelineSpec
 
 
 def job_names(spec: PipelineSpec) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from dagster import AssetKey, DefaultSensorStatus, RunRequest, SensorDefinition, SensorEvaluationContext, SkipReason, sensor
 
-from pipelines.spec import PipelineSpec
+from trainyard.spec import PipelineSpec
 from resources.storage import ObjectStore
 
 MINIMUM_INTERVAL_SECONDS = 60

@@ -24,9 +24,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from assets import lineage
+from trainyard import lineage
 from pipelines.catalog import find_pipeline
-from pipelines.spec import PipelineSpec
+from trainyard.spec import PipelineSpec
 from resources.launcher import LocalLauncher
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
@@ -139,7 +139,7 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
         import pandas as pd
         import pyarrow as pa
 
-        from assets import data_quality as dq
+        from trainyard.data import quality as dq
 
         train, val, test = dq.split(pd.read_parquet(restored), pipeline)
         split_dir = os.path.join(tmp, "splits")

@@ -1,7 +1,7 @@
 """Retraining triggers besides new landing data: a cron schedule and a drift sensor.
 
 A pipeline's `RetrainPolicy` (or its team's default) chooses them; see
-`pipelines.spec.RetrainPolicy`. The rule they share: nothing retrains on a data
+`trainyard.spec.RetrainPolicy`. The rule they share: nothing retrains on a data
 version that was already trained on. A data version is the DVC md5 of the raw
 snapshot (`raw_data`'s `DataVersion`); a sweep is one Optuna study per pipeline
 definition and data version (`assets.factory.study_name`), so "already trained
@@ -15,7 +15,7 @@ on" means the latest `sweep` materialization is that version's study.
 - Sensor `<team>__<name>__drift` (`RetrainPolicy.drift_psi`): compares the newest
   validated version with the version the `champion` model was trained on (its
   registry tags `trainyard.data_version` and `trainyard.test_split`), with the
-  same per-feature drift as `validated_data` (`assets.data_quality.drift`, PSI
+  same per-feature drift as `validated_data` (`trainyard.data.quality.drift`, PSI
   over the kept profiles and samples), and requests the sweep only when the
   largest PSI exceeds `drift_psi`. The measured drift goes into the run's tags
   (`trainyard/drift_psi`, `trainyard/drift_column`, ...) or the skip reason.
@@ -42,13 +42,13 @@ from dagster import (
     sensor,
 )
 
-from pipelines.spec import PipelineSpec
+from trainyard.spec import PipelineSpec
 from resources.registry import ModelRegistry, ModelVersionInfo
 from resources.storage import ObjectStore
 
 TRIGGER_TAG = "trainyard/trigger"
 PIPELINE_TAG = "trainyard/pipeline"
-DATA_VERSION_TAG = "trainyard.data_version"  # lineage tag on every registered version (assets.lineage)
+DATA_VERSION_TAG = "trainyard.data_version"  # lineage tag on every registered version (trainyard.lineage)
 DRIFT_MINIMUM_INTERVAL_SECONDS = 300
 
 
@@ -162,7 +162,7 @@ def evaluate_drift(
         A run request for the sweep (tags carry the measured drift) or a skip
         reason, and the new cursor.
     """
-    from assets import data_quality as dq
+    from trainyard.data import quality as dq
 
     threshold = spec.retrain_policy.drift_psi
     assert threshold is not None, f"{spec.key}: retrain.drift_psi is unset"

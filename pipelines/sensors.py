@@ -53,7 +53,7 @@ from dagster import (
     sensor,
 )
 
-from pipelines.spec import PipelineSpec
+from trainyard.spec import PipelineSpec
 from resources.sweeps import SweepError, SweepStore
 
 TEAM_TAG = "trainyard/team"

@@ -28,6 +28,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from resources.launcher import torchrun_command
+from trainyard.team import PRIORITIES
 from training.spec import EXIT_BAD_CONFIG, LAUNCH_ID_ENV, TrainSpec
 
 LABEL_PIPELINE = "trainyard.io/pipeline"
@@ -586,11 +587,6 @@ class TeamQuota(_Frozen):
 
 # Priority values: interactive (a person waiting) > production (scheduled
 # retraining) > sweep (exploration that can wait and be preempted).
-PRIORITIES: dict[str, tuple[int, str]] = {
-    "trainyard-interactive": (100_000, "A person is waiting: notebooks, debugging runs."),
-    "trainyard-production": (10_000, "Scheduled and sensor-triggered retraining of registered models."),
-    "trainyard-sweep": (1_000, "Hyperparameter sweep trials: preemptible, never preempt others."),
-}
 
 
 def priority_classes() -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from pipelines.spec import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, PipelineSpec, SearchSpec
+from trainyard.spec import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, PipelineSpec, SearchSpec
 
 CREATED_AT = "trainyard.created_at"
 STOPPED = "trainyard.stopped"

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from assets import data_quality as dq
+from trainyard.data import quality as dq
 from assets import ingest
 from pipelines.cli import main
-from pipelines.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 from resources.storage import ObjectStore
 
 

@@ -342,7 +342,7 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
     import torch
 
     from assets import promotion
-    from pipelines.spec import PromotionSpec
+    from trainyard.spec import PromotionSpec
     from resources.registry import tracking_server_command
     from tests.resources.test_registry import export_model
 

@@ -91,7 +91,7 @@ class Distribution(_Strict):
     - `tp`: tensor parallel over groups of `tensor_parallel_size` ranks, FSDP2 over
       the remaining `world_size / tensor_parallel_size` (2-D when both exceed 1).
     - `auto`: a pipeline-level choice only. The orchestrator's capacity planner
-      (`pipelines.planner.plan_trial`) replaces it, per trial and before launch,
+      (`trainyard.planner.plan_trial`) replaces it, per trial and before launch,
       by the cheapest of the above whose per-device memory fits (and picks
       `tensor_parallel_size`, so leave it at 1). A `TrainSpec` never holds `auto`.
     On GPUs one process drives one device, so devices per node = procs_per_node.
@@ -285,7 +285,7 @@ class TrainSpec(_Strict):
     @model_validator(mode="after")
     def _strategy_fits(self) -> "TrainSpec":
         if self.distribution.strategy == "auto":
-            raise ValueError("distribution.strategy 'auto' must be resolved by pipelines.planner.plan_trial before launch; "
+            raise ValueError("distribution.strategy 'auto' must be resolved by trainyard.planner.plan_trial before launch; "
                              "a TrainSpec takes 'ddp', 'fsdp' or 'tp'")
         if self.task == "gbt" and self.distribution.world_size != 1:
             raise ValueError(

@@ -1,7 +1,8 @@
 """Code location of the language team (see workspace.yaml)."""
 
 from pipelines.language.precedence import precedence
-from pipelines.team import TeamSpec, team_definitions
+from pipelines.team import team_definitions
+from trainyard import TeamSpec
 
 # At most two trials train at once (Dagster pool `language_gpu`, set by `trainyard init`), each a
 # 2-process FSDP gang; on Kubernetes the trials queue in LocalQueue `trainyard` at sweep priority.

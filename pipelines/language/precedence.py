@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipelines.spec import CategoricalParam, ColumnSpec, FloatParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
-from training.spec import Distribution
+from trainyard import CategoricalParam, ColumnSpec, Distribution, FloatParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipelines.spec import ColumnSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
+from trainyard import ColumnSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
 
 if TYPE_CHECKING:
     import pandas as pd

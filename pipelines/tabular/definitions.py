@@ -1,6 +1,7 @@
 """Code location of the tabular team (see workspace.yaml)."""
 
-from pipelines.team import TeamSpec, team_definitions
+from pipelines.team import team_definitions
+from trainyard import TeamSpec
 from pipelines.tabular.breast_cancer import breast_cancer
 
 # At most two trials train at once (Dagster pool `tabular_gpu`, set by `trainyard init`);

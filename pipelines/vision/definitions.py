@@ -1,6 +1,7 @@
 """Code location of the vision team (see workspace.yaml)."""
 
-from pipelines.team import TeamSpec, team_definitions
+from pipelines.team import team_definitions
+from trainyard import TeamSpec
 from pipelines.vision.digits import digits
 
 # At most two trials train at once (Dagster pool `vision_gpu`, set by `trainyard init`);

@@ -1,7 +1,6 @@
 """The vision team's digit classifier: scikit-learn's bundled 8x8 digits, 2-process DDP, a 4-trial sweep."""
 
-from pipelines.spec import ColumnSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
-from training.spec import Distribution
+from trainyard import ColumnSpec, Distribution, FloatParam, IntParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
 
 PIXELS = [f"pixel_{r}_{c}" for r in range(8) for c in range(8)]
 

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from assets import data_quality as dq
-from pipelines.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec, SplitSpec
+from trainyard.data import quality as dq
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec, SplitSpec
 from resources.storage import ObjectStore
 
 PIXELS = ["pixel_2_3", "pixel_3_4", "pixel_4_4", "pixel_5_2"]
@@ -543,7 +543,7 @@ def test_a_bad_suite_file_fails_at_spec_time(tmp_path):
 
 
 def test_unsupported_expectation_is_named_before_reading(digits, tmp_path):
-    from assets.expectations import UnsupportedExpectation
+    from trainyard.data.expectations import UnsupportedExpectation
 
     path = tmp_path / "suite.json"
     path.write_text(json.dumps({"expectations": [{"type": "expect_column_median_to_be_between", "kwargs": {"column": "label", "min_value": 0}}]}))

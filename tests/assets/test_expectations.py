@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from assets.expectations import ArrowSuite, UnsupportedExpectation, great_expectations, pandas_frame_for, render_data_docs
+from trainyard.data.expectations import ArrowSuite, UnsupportedExpectation, great_expectations, pandas_frame_for, render_data_docs
 
 CONFIGS = [
     {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 10, "max_value": 400}},

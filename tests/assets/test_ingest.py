@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from assets import data_quality as dq
+from trainyard.data import quality as dq
 from assets import ingest
-from pipelines.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 from resources.storage import ObjectStore
 
 GOOD = "x,s,label\n1.5,a,0\n2.5,b,1\n"

@@ -37,7 +37,7 @@ from assets.promotion import (
     rollback_target,
     summarize,
 )
-from pipelines.spec import PromotionSpec
+from trainyard.spec import PromotionSpec
 from resources.registry import SmokeResult
 
 MAX = PromotionSpec(metric="test_acc", mode="max", min_improvement=0.01, threshold=0.8)

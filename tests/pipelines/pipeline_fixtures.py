@@ -9,7 +9,7 @@ from dagster import DagsterInstance, Definitions
 
 from pipelines.environments import local_resources
 from pipelines.factory import build_definitions, job_names
-from pipelines.spec import ColumnSpec, FloatParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
+from trainyard.spec import ColumnSpec, FloatParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
 from tests.digits import digits_frame
 from training.spec import Distribution
 

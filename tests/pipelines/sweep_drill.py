@@ -27,7 +27,7 @@ from pydantic import Field
 from pipelines.environments import local_resources
 from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import run_tick
-from pipelines.spec import FloatParam, PipelineSpec, SearchSpec
+from trainyard.spec import FloatParam, PipelineSpec, SearchSpec
 from resources.launcher import Launcher, LaunchOutcome, TrainingCodeError
 from resources.sweeps import SweepStore
 from tests.digits import write_splits

@@ -14,7 +14,7 @@ from dagster import DefaultSensorStatus, Definitions
 
 from pipelines.factory import build_definitions
 from pipelines.sensors import with_sweep_sensors
-from pipelines.spec import PipelineSpec
+from trainyard.spec import PipelineSpec
 from resources.launcher import LocalLauncher
 from resources.sweeps import SweepStore
 from tests.pipelines.sweep_drill import drill_resources, drill_spec

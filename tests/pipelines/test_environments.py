@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.environments import EnvironmentError_, cluster_resources, local_resources, resources_for
-from pipelines.spec import FloatParam, SearchSpec
+from trainyard.spec import FloatParam, SearchSpec
 
 PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 

@@ -121,7 +121,7 @@ def test_wrong_schema_is_named(tmp_path: Path) -> None:
 def test_bad_model_path_fails_before_compute_and_registers_nothing(tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from pipelines.spec import ModelSpec
+    from trainyard.spec import ModelSpec
 
     with pytest.raises(ValidationError, match="defines no 'Nope'"):
         small_spec(model=ModelSpec(path="pipelines.vision.models:Nope"))

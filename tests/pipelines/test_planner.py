@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pipelines.planner import (
+from trainyard.planner import (
     DEVICE_MEMORY_ENV,
     GIB,
     NothingFitsError,
@@ -136,7 +136,7 @@ def test_estimate_params_counts_tied_weights_once() -> None:
 
 
 def test_planner_imports_without_torch() -> None:
-    code = "import sys, pipelines.planner; assert 'torch' not in sys.modules, 'torch was imported'"
+    code = "import sys, trainyard.planner; assert 'torch' not in sys.modules, 'torch was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -149,7 +149,7 @@ KIB = 1 / 1024 / 1024  # GiB
 
 def _trial(strategy: str = "auto", procs: int = 2, nodes: int = 1, memory_gb: float = 16.0,
            path: str = "pipelines.vision.models:DigitsMLP", **over):
-    from pipelines.spec import ModelSpec
+    from trainyard.spec import ModelSpec
     from tests.pipelines.pipeline_fixtures import small_spec
 
     spec = small_spec(model=ModelSpec(path=path, max_epochs=1), distribution=Distribution(nodes=nodes, procs_per_node=procs, strategy=strategy))
@@ -216,7 +216,7 @@ def test_fixed_strategy_is_kept_with_a_warning_when_it_does_not_fit() -> None:
 
 
 def test_gbt_is_not_planned() -> None:
-    from pipelines.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
+    from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
 
     spec = PipelineSpec(
         team="t", name="p", source=SourceSpec(prefix="landing/t/p"), columns={"x": ColumnSpec(dtype="float"), "y": ColumnSpec(dtype="float")},
@@ -237,7 +237,7 @@ def test_auto_is_a_pipeline_setting_only() -> None:
     with pytest.raises(ValidationError, match="tensor_parallel_size=2 with strategy 'auto': the planner picks the size"):
         Distribution(procs_per_node=2, strategy="auto", tensor_parallel_size=2)
     data = DataSpec(train_uri="a", val_uri="b", test_uri="c", features=["x"], target="y", version="v")
-    with pytest.raises(ValidationError, match="distribution.strategy 'auto' must be resolved by pipelines.planner.plan_trial"):
+    with pytest.raises(ValidationError, match="distribution.strategy 'auto' must be resolved by trainyard.planner.plan_trial"):
         TrainSpec(pipeline="t/p", trial_id="trial-0000", model=ImportTarget(path="m:M"), data=data, output_uri="/o",
                   distribution=Distribution(strategy="auto"))
 
@@ -262,7 +262,7 @@ def test_trial_model_materialization_carries_the_plan(tmp_path, monkeypatch) -> 
     from dagster import AssetKey
 
     from pipelines.factory import build_definitions, job_names
-    from pipelines.spec import FloatParam, SearchSpec
+    from trainyard.spec import FloatParam, SearchSpec
     from tests.pipelines.pipeline_fixtures import small_spec
     from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, open_instance, prepared_home
 

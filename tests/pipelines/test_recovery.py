@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.spec import ModelSpec, RetrySpec
+from trainyard.spec import ModelSpec, RetrySpec
 from tests.pipelines.pipeline_fixtures import Harness, failure_text, small_spec, write_landing
 from training.spec import CheckpointPolicy, Distribution
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from assets import lineage
-from pipelines.compare import DIFF_MARK, render, trial_rows, version_rows
+from trainyard import lineage
+from trainyard.compare import DIFF_MARK, render, trial_rows, version_rows
 from pipelines.reproduce import ReproductionError, parse_ref, reproduce
 from tests.pipelines.pipeline_fixtures import Harness, small_spec, write_landing
 

@@ -10,11 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, RunRequest, SkipReason, build_schedule_context, build_sensor_context
 
-from assets import data_quality as dq
+from trainyard.data import quality as dq
 from assets.factory import study_name
 from assets.promotion import CHAMPION, TEST_SPLIT_TAG
 from pipelines.retrain import DATA_VERSION_TAG, drift_sensor_name, evaluate_drift, prepare_selection, schedule_name
-from pipelines.spec import RetrainPolicy
+from trainyard.spec import RetrainPolicy
 from resources.registry import ModelVersionInfo
 from resources.storage import ObjectStore
 from tests.digits import digits_frame

@@ -16,7 +16,7 @@ from dagster import AssetKey, DagsterRunStatus, RunsFilter, SensorResult, build_
 
 from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import ACTIVE, STUDY_TAG, TEAM_TAG, SweepCursor, run_tick, sensor_name, team_run_limit, with_sweep_sensors
-from pipelines.spec import IntParam, Objective, PickPolicy
+from trainyard.spec import IntParam, Objective, PickPolicy
 from resources.sweeps import STOPPED
 from tests.pipelines.sweep_drill import (
     TrivialLauncher,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from pipelines.spec import ColumnSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
+from trainyard.spec import ColumnSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
 from pipelines.vision.digits import digits
 
 

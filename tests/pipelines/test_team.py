@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from pipelines.environments import local_resources
 from pipelines.retrain import drift_sensor_name, schedule_name
-from pipelines.spec import RetrainPolicy
+from trainyard.spec import RetrainPolicy
 from pipelines.team import TeamSpec, apply_pool_limits, check_pipelines, team_definitions, team_resources, workspace_teams
 from tests.pipelines.pipeline_fixtures import small_spec
 from tests.pipelines.test_environments import pg_databases  # noqa: F401  (fixture)

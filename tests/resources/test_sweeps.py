@@ -10,7 +10,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 from pydantic import ValidationError
 
-from pipelines.spec import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, SearchSpec
+from trainyard.spec import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, SearchSpec
 from resources.sweeps import (
     SweepError,
     SweepStore,

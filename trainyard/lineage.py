@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from pipelines.spec import PipelineSpec
+from trainyard.spec import PipelineSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 LOCK_FILE = PROJECT_ROOT / "constraints.txt"

@@ -7,7 +7,7 @@ The chain, as the assets use it (ingestion itself is `assets.ingest`):
    bytes (hence an equal DVC md5, hence an equal Dagster data version),
    holding at most one row group in memory;
 3. `validate_snapshot` streams a snapshot once through the pipeline's Great
-   Expectations suite (`assets.expectations.ArrowSuite`), the platform checks
+   Expectations suite (`trainyard.data.expectations.ArrowSuite`), the platform checks
    (finite floats, duplicate rows) and the profiler (schema, ranges, domains,
    a sample for drift), then renders GE's Data Docs;
 4. `drift` compares the profile with the previous validated version's: PSI
@@ -46,11 +46,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
-from pipelines.spec import PipelineSpec, load_suite_file
+from trainyard.spec import PipelineSpec, load_suite_file
 
 if TYPE_CHECKING:
-    from assets.expectations import ArrowSuite
-    from resources.storage import ObjectStore
+    from trainyard.data.expectations import ArrowSuite
+    from trainyard.store import FileStore
 
 ARROW_TYPES: dict[str, pa.DataType] = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
 """Canonical Arrow type of each `ColumnSpec.dtype`."""
@@ -304,7 +304,7 @@ def write_parquet_deterministic(table: pa.Table, path: str) -> None:
             writer.write(batch)
 
 
-def read_rows(store: "ObjectStore", uri: str, positions: Iterable[int]) -> dict[int, dict[str, Any]]:
+def read_rows(store: "FileStore", uri: str, positions: Iterable[int]) -> dict[int, dict[str, Any]]:
     """The rows at global `positions` of a Parquet file, as dicts, reading only their row groups."""
     import pyarrow.parquet as pq
 
@@ -884,7 +884,7 @@ def _validate_batches(
     batches: Iterable[pa.RecordBatch], schema: pa.Schema, total_rows: int, spec: PipelineSpec, workdir: str, run_name: Optional[str], seed: int = 0
 ) -> tuple[ValidationReport, dict[str, Any], pa.Table, str, "ArrowSuite", np.ndarray]:
     """One pass of suite, platform checks and profiler; Data Docs only when `run_name` is given."""
-    from assets.expectations import ArrowSuite, render_data_docs
+    from trainyard.data.expectations import ArrowSuite, render_data_docs
 
     suite = ArrowSuite(suite_expectations(spec), schema, name=spec.key)
     floats = [
@@ -920,7 +920,7 @@ def _validate_batches(
 def validate(df: pd.DataFrame, spec: PipelineSpec) -> ValidationReport:
     """Run the pipeline's suite and platform checks on an in-memory frame.
 
-    The same engine as `validate_snapshot` (see `assets.expectations`); the
+    The same engine as `validate_snapshot` (see `trainyard.data.expectations`); the
     frame is converted to Arrow as it is, so a wrongly typed column fails
     the type expectation rather than being cast.
 
@@ -952,7 +952,7 @@ def _with_sample_rows(report: ValidationReport, rows: dict[int, dict[str, Any]])
 
 
 def validate_snapshot(
-    store: "ObjectStore", uri: str, spec: PipelineSpec, *, run_name: Optional[str] = None, batch_rows: int = BATCH_ROWS
+    store: "FileStore", uri: str, spec: PipelineSpec, *, run_name: Optional[str] = None, batch_rows: int = BATCH_ROWS
 ) -> SnapshotValidation:
     """Stream a canonical Parquet snapshot once through the suite, the platform checks and the profiler.
 
@@ -989,7 +989,7 @@ def validate_snapshot(
     return SnapshotValidation(report=report, profile=profile, sample=sample, docs_html=docs, suite=suite, duplicate_positions=dups)
 
 
-def profile_snapshot(store: "ObjectStore", uri: str, batch_rows: int = BATCH_ROWS) -> tuple[dict[str, Any], pa.Table]:
+def profile_snapshot(store: "FileStore", uri: str, batch_rows: int = BATCH_ROWS) -> tuple[dict[str, Any], pa.Table]:
     """The profile and sample of a Parquet snapshot (one streaming pass, no suite)."""
     import pyarrow.parquet as pq
 
@@ -1062,7 +1062,7 @@ def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec:
 
 
 def set_aside_rows(
-    store: "ObjectStore", uri: str, validation: SnapshotValidation, spec: PipelineSpec, accepted_path: str, rejected_path: str, batch_rows: int = BATCH_ROWS
+    store: "FileStore", uri: str, validation: SnapshotValidation, spec: PipelineSpec, accepted_path: str, rejected_path: str, batch_rows: int = BATCH_ROWS
 ) -> tuple[int, int]:
     """Split a snapshot into the rows that pass every row-level check and those that do not.
 
@@ -1136,7 +1136,7 @@ class VersionOutcome:
     value: Optional[dict[str, Any]]
 
 
-def _load_profile(store: "ObjectStore", latest: dict[str, Any]) -> tuple[dict[str, Any], pa.Table]:
+def _load_profile(store: "FileStore", latest: dict[str, Any]) -> tuple[dict[str, Any], pa.Table]:
     import pyarrow.parquet as pq
 
     if latest.get("profile_uri") and store.exists(latest["profile_uri"]):
@@ -1146,7 +1146,7 @@ def _load_profile(store: "ObjectStore", latest: dict[str, Any]) -> tuple[dict[st
     return profile_snapshot(store, latest["raw_uri"])  # versions validated before profiles were kept
 
 
-def validate_version(store: "ObjectStore", spec: PipelineSpec, raw: dict[str, Any]) -> VersionOutcome:
+def validate_version(store: "FileStore", spec: PipelineSpec, raw: dict[str, Any]) -> VersionOutcome:
     """Validate one raw snapshot, measure drift, apply the policy, and quarantine or split it.
 
     Steps: `validate_snapshot`; Data Docs to `data_docs/<team>/<name>/<md5>/index.html`;
@@ -1307,7 +1307,7 @@ def split(df: pd.DataFrame, spec: PipelineSpec) -> tuple[pd.DataFrame, pd.DataFr
     return tuple(df.iloc[np.flatnonzero(parts == k)].reset_index(drop=True) for k in range(3))  # type: ignore[return-value]
 
 
-def split_snapshot(store: "ObjectStore", uri: str, spec: PipelineSpec, out_dir: str, batch_rows: int = BATCH_ROWS) -> dict[str, int]:
+def split_snapshot(store: "FileStore", uri: str, spec: PipelineSpec, out_dir: str, batch_rows: int = BATCH_ROWS) -> dict[str, int]:
     """Write the split of a Parquet snapshot to `out_dir/{train,val,test}.parquet` in canonical form.
 
     Only the target column is read whole (to stratify); rows then stream to
@@ -1554,7 +1554,7 @@ def drift_markdown(rows: Sequence[dict[str, Any]], spec: PipelineSpec) -> str:
 _SUBDIRS = ("files", "rows")
 
 
-def quarantine_root(store: "ObjectStore", team: str, name: str) -> str:
+def quarantine_root(store: "FileStore", team: str, name: str) -> str:
     """`<store>/quarantine/<team>/<name>`: rejected versions under `<md5>/`, rejected landing
     files under `files/<id>/`, rows set aside from accepted versions under `rows/<md5>/`."""
     return store.uri("quarantine", team, name)
@@ -1565,7 +1565,7 @@ def _now() -> str:
 
 
 def quarantine_snapshot(
-    store: "ObjectStore", team: str, name: str, md5: str, snapshot_uri: str, report: dict[str, Any], docs_uri: Optional[str] = None
+    store: "FileStore", team: str, name: str, md5: str, snapshot_uri: str, report: dict[str, Any], docs_uri: Optional[str] = None
 ) -> str:
     """Keep a rejected snapshot: a copy of its data and its report under `quarantine/<team>/<name>/<md5>/`.
 
@@ -1585,7 +1585,7 @@ def quarantine_snapshot(
     return where
 
 
-def quarantine_rows(store: "ObjectStore", team: str, name: str, md5: str, rows_file: str, report: dict[str, Any]) -> str:
+def quarantine_rows(store: "FileStore", team: str, name: str, md5: str, rows_file: str, report: dict[str, Any]) -> str:
     """Keep rows set aside from an accepted snapshot under `quarantine/<team>/<name>/rows/<md5>/rows.parquet`.
 
     They live apart from rejected versions (`quarantine/<team>/<name>/<md5>/`):
@@ -1624,7 +1624,7 @@ class QuarantineEntry:
     released: Optional[dict[str, Any]]
 
 
-def list_quarantine(store: "ObjectStore", pipeline: Optional[str] = None) -> list[QuarantineEntry]:
+def list_quarantine(store: "FileStore", pipeline: Optional[str] = None) -> list[QuarantineEntry]:
     """Every quarantine entry (of one `<team>/<name>` pipeline, or all), oldest first."""
     base = store.uri("quarantine")
     pattern_parts = pipeline.split("/") if pipeline else ["*", "*"]
@@ -1654,7 +1654,7 @@ def list_quarantine(store: "ObjectStore", pipeline: Optional[str] = None) -> lis
     return sorted(entries, key=lambda e: (e.quarantined_at, e.pipeline, e.id))
 
 
-def _entry_dir(store: "ObjectStore", pipeline: str, entry_id: str) -> str:
+def _entry_dir(store: "FileStore", pipeline: str, entry_id: str) -> str:
     team, _, name = pipeline.partition("/")
     if not team or not name or "/" in name:
         raise QuarantineError(f"pipeline {pipeline!r} must be '<team>/<name>', e.g. 'vision/digits'")
@@ -1665,7 +1665,7 @@ def _entry_dir(store: "ObjectStore", pipeline: str, entry_id: str) -> str:
     raise QuarantineError(f"no quarantine entry {entry_id!r} for pipeline {pipeline!r}; entries: {known or 'none'}")
 
 
-def read_quarantine(store: "ObjectStore", pipeline: str, entry_id: str) -> dict[str, Any]:
+def read_quarantine(store: "FileStore", pipeline: str, entry_id: str) -> dict[str, Any]:
     """The report of a quarantine entry, with `uri` and `release` (or None) added.
 
     Raises:
@@ -1677,7 +1677,7 @@ def read_quarantine(store: "ObjectStore", pipeline: str, entry_id: str) -> dict[
     return {**report, "uri": where, "release": store.read_json(release_uri) if store.exists(release_uri) else None}
 
 
-def release_quarantine(store: "ObjectStore", pipeline: str, md5: str, reason: str, by: str, at: Optional[str] = None) -> dict[str, Any]:
+def release_quarantine(store: "FileStore", pipeline: str, md5: str, reason: str, by: str, at: Optional[str] = None) -> dict[str, Any]:
     """Record that a person accepts a quarantined snapshot; the next `validated_data` run lets it through.
 
     The data stays in quarantine (nothing is moved or deleted); the release
@@ -1719,7 +1719,7 @@ def release_quarantine(store: "ObjectStore", pipeline: str, md5: str, reason: st
     return record
 
 
-def release_of(store: "ObjectStore", team: str, name: str, md5: str) -> Optional[dict[str, Any]]:
+def release_of(store: "FileStore", team: str, name: str, md5: str) -> Optional[dict[str, Any]]:
     """The release record of a quarantined snapshot, or None."""
     uri = store.uri("quarantine", team, name, md5, "release.json")
     return store.read_json(uri) if store.exists(uri) else None

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional
 from training.spec import Distribution
 
 if TYPE_CHECKING:
-    from pipelines.spec import PipelineSpec
+    from trainyard.spec import PipelineSpec
 
 GIB = 2**30
 Strategy = Literal["ddp", "fsdp", "tp"]

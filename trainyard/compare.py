@@ -6,7 +6,7 @@ import csv
 import io
 from typing import Any, Iterable
 
-from assets.lineage import flatten
+from trainyard.lineage import flatten
 
 DIFF_MARK = "≠ "
 

@@ -1,0 +1,50 @@
+"""trainyard's public API and Dagster-free core.
+
+A team's pipeline module needs this one import:
+
+    from trainyard import ColumnSpec, Distribution, ModelSpec, PipelineSpec, SearchSpec, SourceSpec, TeamSpec
+
+Everything exported here is a validated, declarative value (pydantic); nothing
+imports Dagster, torch or the data stack. The code location that turns a team's
+specs into Dagster definitions is one line on top (`pipelines.team.team_definitions`).
+"""
+
+from training.spec import CheckpointPolicy, Distribution, PrunerSpec
+from trainyard.spec import (
+    CategoricalParam,
+    ColumnSpec,
+    FloatParam,
+    IntParam,
+    ModelSpec,
+    Objective,
+    PickPolicy,
+    PipelineSpec,
+    PromotionSpec,
+    RetrainPolicy,
+    RetrySpec,
+    SearchSpec,
+    SourceSpec,
+    SplitSpec,
+)
+from trainyard.team import TeamSpec
+
+__all__ = [
+    "CategoricalParam",
+    "CheckpointPolicy",
+    "ColumnSpec",
+    "Distribution",
+    "FloatParam",
+    "IntParam",
+    "ModelSpec",
+    "Objective",
+    "PickPolicy",
+    "PipelineSpec",
+    "PromotionSpec",
+    "PrunerSpec",
+    "RetrainPolicy",
+    "RetrySpec",
+    "SearchSpec",
+    "SourceSpec",
+    "SplitSpec",
+    "TeamSpec",
+]
