@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from resources.handoff import HandoffPublisher
 from resources.io_manager import ObjectStoreJsonIOManager
-from resources.k8s_launcher import KubernetesLauncher
+from resources.k8s.launcher import KubernetesLauncher
 from resources.launcher import LocalLauncher
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore

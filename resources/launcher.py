@@ -29,7 +29,7 @@ import fsspec
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from training.spec import EXIT_PREEMPTED, LAUNCH_ID_ENV, FAILURE_DIR, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
+from training.spec import EXIT_PREEMPTED, FAILURE_DIR, LAUNCH_ID_ENV, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
 
 
 class LaunchError(Exception):
@@ -64,6 +64,7 @@ class InfrastructureError(LaunchError):
 
 
 def join(uri: str, *parts: str) -> str:
+    """`uri` with `parts` appended, one '/' between each (works for local paths and URLs)."""
     return "/".join([uri.rstrip("/"), *parts])
 
 
@@ -105,7 +106,33 @@ class LaunchOutcome:
     progress: list[dict[str, Any]] = field(default_factory=list)
 
 
+def prepare_output(spec: TrainSpec, spec_uri: str) -> None:
+    """Get `spec.output_uri` ready for a fresh launch: drop a stale result and failure records, write the spec.
+
+    A result or failure record left by an earlier launch would otherwise be read
+    as this launch's outcome.
+    """
+    fs, out = fsspec.core.url_to_fs(spec.output_uri)
+    fs.makedirs(out, exist_ok=True)
+    if fs.exists(f"{out}/{FAILURE_DIR}"):
+        fs.rm(f"{out}/{FAILURE_DIR}", recursive=True)
+    if fs.exists(f"{out}/{RESULT_FILE}"):
+        fs.rm(f"{out}/{RESULT_FILE}")
+    with fsspec.open(spec_uri, "w") as f:
+        f.write(spec.to_json())
+
+
+def read_result(output_uri: str) -> Optional[TrainResult]:
+    """The `result.json` the entrypoint wrote under `output_uri`; None when there is none."""
+    fs, path = fsspec.core.url_to_fs(join(output_uri, RESULT_FILE))
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "r") as f:
+        return TrainResult.model_validate_json(f.read())
+
+
 def read_failures(output_uri: str) -> list[dict[str, Any]]:
+    """The failure records the ranks wrote under `output_uri`, in rank file order."""
     fs, path = fsspec.core.url_to_fs(join(output_uri, FAILURE_DIR))
     if not fs.exists(path):
         return []
@@ -165,16 +192,7 @@ class LocalLauncher(Launcher):
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         spec_uri = join(spec.output_uri, SPEC_FILE)
-        fs, out_path = fsspec.core.url_to_fs(spec.output_uri)
-        fs.makedirs(out_path, exist_ok=True)
-        failures_path = f"{out_path}/{FAILURE_DIR}"
-        if fs.exists(failures_path):
-            fs.rm(failures_path, recursive=True)
-        result_path = f"{out_path}/{RESULT_FILE}"
-        if fs.exists(result_path):
-            fs.rm(result_path)
-        with fs.open(f"{out_path}/{SPEC_FILE}", "w") as f:
-            f.write(spec.to_json())
+        prepare_output(spec, spec_uri)
 
         if context is None:
             return self._run(spec, spec_uri, extra_env={})
@@ -231,11 +249,8 @@ class LocalLauncher(Launcher):
                 f"trial {spec.trial_id}: no result after {self.timeout_seconds:.0f} s; stopped. Last log lines:\n{log_tail}",
                 log_tail=log_tail,
             )
-        result_uri = join(spec.output_uri, RESULT_FILE)
-        fs, path = fsspec.core.url_to_fs(result_uri)
-        if returncode == 0 and fs.exists(path):
-            with fs.open(path, "r") as f:
-                result = TrainResult.model_validate_json(f.read())
+        result = read_result(spec.output_uri) if returncode == 0 else None
+        if result is not None:
             return LaunchOutcome(result=result, log_uri=log_uri, seconds=seconds)
         raise outcome_error(returncode, read_failures(spec.output_uri), log_tail, spec.trial_id)
 

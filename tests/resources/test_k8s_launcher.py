@@ -30,24 +30,15 @@ import kmock
 import pytest
 from dagster import DagsterExecutionInterruptedError
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
-from resources.k8s_launcher import (
-    JobSupervisor,
-    KubernetesAPIError,
-    KubernetesLauncher,
-    LogFollower,
-    QueueTimeout,
-    attempt_number,
-)
-from resources.k8s_manifests import (
-    COMPLETION_INDEX_ANNOTATION,
-    LABEL_JOB,
-    K8sJobConfig,
-    job_manifest,
-    job_name,
-    service_manifest,
-    trial_labels,
-)
+from resources.k8s.config import K8sJobConfig
+from resources.k8s.errors import KubernetesAPIError, QueueTimeout
+from resources.k8s.launcher import KubernetesLauncher, attempt_number
+from resources.k8s.manifests import job_manifest, service_manifest
+from resources.k8s.names import COMPLETION_INDEX_ANNOTATION, LABEL_JOB, job_name, trial_labels
+from resources.k8s.pods import LogFollower
+from resources.k8s.supervisor import JobSupervisor
 from resources.launcher import (
     InfrastructureError,
     LaunchError,
@@ -690,6 +681,22 @@ def test_unreachable_api_server_is_retryable(tmp_path: Path) -> None:
     with pytest.raises(InfrastructureError, match="Kubernetes API unavailable"):
         run(sup, two_node_spec(tmp_path))
     assert t.sleeps == [1.0]
+
+
+def test_api_backoff_is_capped_and_the_last_error_is_chained() -> None:
+    calls: list[dict[str, Any]] = []
+
+    def unavailable(*args: Any, **kwargs: Any) -> None:
+        calls.append(kwargs)
+        raise ApiException(status=503, reason="Service Unavailable")
+
+    t = FakeTime()
+    sup = JobSupervisor(None, None, None, t.clock, t.sleep, namespace=NS, api_retries=4, api_backoff=1.0, api_backoff_max=3.0)
+    with pytest.raises(InfrastructureError, match="could not list things after 5 tries; last error 503 Service Unavailable") as err:
+        sup._api("list things", unavailable)
+    assert t.sleeps == [1.0, 2.0, 3.0, 3.0] and len(calls) == 5
+    assert isinstance(err.value.__cause__, ApiException) and err.value.__cause__.status == 503
+    assert calls[0] == {"_request_timeout": sup.request_timeout}
 
 
 # -- pure pieces --------------------------------------------------------------------

@@ -23,22 +23,11 @@ import yaml
 from packaging.version import Version
 from pydantic import ValidationError
 
-from resources.k8s_manifests import (
-    K8sJobConfig,
-    ManifestError,
-    TeamQuota,
-    Toleration,
-    job_manifest,
-    job_name,
-    jobset_manifest,
-    kueue_objects,
-    label_value,
-    priority_classes,
-    rbac_objects,
-    service_manifest,
-    trial_labels,
-    workload_priority_classes,
-)
+from resources.k8s.cluster import kueue_objects, priority_classes, rbac_objects, workload_priority_classes
+from resources.k8s.config import K8sJobConfig, TeamQuota, Toleration
+from resources.k8s.errors import ManifestError
+from resources.k8s.manifests import job_manifest, jobset_manifest, service_manifest
+from resources.k8s.names import job_name, label_value, trial_labels
 from resources.launcher import torchrun_command
 from tests.training.test_entrypoint import make_spec
 from training.spec import Distribution

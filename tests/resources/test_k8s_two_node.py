@@ -28,7 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from resources.k8s_manifests import COMPLETION_INDEX_ANNOTATION, K8sJobConfig, job_manifest
+from resources.k8s.config import K8sJobConfig
+from resources.k8s.manifests import job_manifest
+from resources.k8s.names import COMPLETION_INDEX_ANNOTATION
 from tests.training.test_entrypoint import make_spec
 from training.spec import Distribution, TrainResult
 

@@ -271,7 +271,8 @@ def test_metric_values_are_exact() -> None:
 
 
 def test_a_gbt_trial_is_a_single_pod_job_on_kubernetes(tmp_path: Path) -> None:
-    from resources.k8s_manifests import K8sJobConfig, job_manifest
+    from resources.k8s.config import K8sJobConfig
+    from resources.k8s.manifests import job_manifest
     from tests.resources.test_k8s_manifests import k8s_validate
 
     spec = make_spec(tmp_path)

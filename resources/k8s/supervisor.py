@@ -1,9 +1,7 @@
-"""Kubernetes launcher: run a trial as an Indexed Job under Kueue and bring back its result.
+"""The waiter behind the Kubernetes launcher: submit a trial's Job, watch it, bring back its result.
 
-`KubernetesLauncher` is the Dagster resource (configuration and API clients);
-`JobSupervisor` holds the logic and takes its API objects, clock and sleep as
-arguments, so tests drive queueing, retries and timeouts without a cluster and
-without sleeping.
+`JobSupervisor` takes its API objects, clock and sleep as arguments, so tests
+drive queueing, retries and timeouts without a cluster and without sleeping.
 
 What a launch does:
 
@@ -13,7 +11,7 @@ What a launch does:
 2. Otherwise clears stale `result.json`/failure records, writes `spec.json` next to
    them, creates the headless Service, then the Job. A 409 on create means an
    earlier try went through: re-attach. 5xx and connection errors are retried with
-   backoff.
+   backoff (`training.retry`).
 3. Watches by polling. A suspended Job is queued (Kueue has not admitted the gang;
    the Workload's conditions say why); queued time counts against the queue
    timeout only, never against the run timeout. Running: pods that were disrupted
@@ -33,43 +31,33 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, Optional, TypeVar
 
 import fsspec
 import urllib3
-from dagster import Config
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
 from kubernetes.client import V1DeleteOptions
 from kubernetes.client.exceptions import ApiException
-from pydantic import Field, model_validator
 
-from resources.k8s_manifests import (
-    COMPLETION_INDEX_ANNOTATION,
-    CONTAINER_NAME,
-    LABEL_JOB,
-    K8sJobConfig,
-    Toleration,
-    job_manifest,
-    service_manifest,
-    trial_labels,
-)
+from resources.k8s.config import K8sJobConfig
+from resources.k8s.errors import KubernetesAPIError, QueueTimeout
+from resources.k8s.manifests import job_manifest, service_manifest
+from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, trial_labels
+from resources.k8s.pods import LogFollower, PodView, blame_order, rank0_pod
 from resources.launcher import (
     InfrastructureError,
     LaunchError,
-    Launcher,
     LaunchOutcome,
     TrainingConfigError,
     join,
     outcome_error,
+    prepare_output,
     read_failures,
+    read_result,
 )
-from training.spec import EXIT_BAD_CONFIG, EXIT_PREEMPTED, FAILURE_DIR, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
+from training.retry import RetriesExhausted, retry_call
+from training.spec import EXIT_BAD_CONFIG, RESULT_FILE, TrainSpec
 
 logger = logging.getLogger("trainyard.k8s")
 
@@ -80,19 +68,6 @@ TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
 # Container waiting reasons that no amount of waiting fixes (bad image name, a
 # missing Secret or ConfigMap): fail the launch instead of idling until the run timeout.
 STUCK_WAITING_REASONS = frozenset({"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"})
-KUEUE_GROUP = "kueue.x-k8s.io"
-
-
-class KubernetesAPIError(LaunchError):
-    """The API server refused a request for good (forbidden, invalid manifest, no such namespace)."""
-
-    def __init__(self, message: str, *, status: Optional[int] = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class QueueTimeout(InfrastructureError):
-    """Kueue did not admit the trial within the queue timeout; the Job was deleted."""
 
 
 def _api_message(e: Any) -> str:
@@ -102,98 +77,13 @@ def _api_message(e: Any) -> str:
         return str(getattr(e, "reason", e))
 
 
-@dataclass
-class PodView:
-    """What the launcher needs from one pod of the Job."""
+class _Transient(Exception):
+    """A failed API call worth retrying; `error` is what the client raised."""
 
-    name: str
-    index: Optional[int]
-    phase: str
-    disrupted: bool = False
-    exit_code: Optional[int] = None
-    reason: str = ""
-    message: str = ""
-    waiting_reason: str = ""
-    created: Optional[datetime] = None
-    finished: Optional[datetime] = None
-
-    @classmethod
-    def of(cls, pod: Any) -> "PodView":
-        meta, status = pod.metadata, pod.status
-        raw_index = (meta.annotations or {}).get(COMPLETION_INDEX_ANNOTATION) or (meta.labels or {}).get(COMPLETION_INDEX_ANNOTATION)
-        view = cls(
-            name=meta.name,
-            index=int(raw_index) if raw_index is not None and str(raw_index).isdigit() else None,
-            phase=(status.phase if status and status.phase else "Unknown"),
-            created=meta.creation_timestamp,
-        )
-        if status is None:
-            return view
-        for cond in status.conditions or []:
-            if cond.type == "DisruptionTarget" and cond.status == "True":
-                view.disrupted = True
-                view.reason, view.message = cond.reason or "", cond.message or ""
-        if not view.disrupted:
-            view.reason, view.message = status.reason or "", status.message or ""
-        for cs in status.container_statuses or []:
-            if cs.name != CONTAINER_NAME or cs.state is None:
-                continue
-            if cs.state.terminated is not None:
-                view.exit_code = cs.state.terminated.exit_code
-                view.finished = cs.state.terminated.finished_at
-                if not view.reason:
-                    view.reason = cs.state.terminated.reason or ""
-                    view.message = cs.state.terminated.message or ""
-            elif cs.state.waiting is not None:
-                view.waiting_reason = cs.state.waiting.reason or ""
-                if not view.message:
-                    view.message = cs.state.waiting.message or ""
-        return view
-
-    def describe(self) -> str:
-        parts = [f"pod {self.name} (node rank {self.index if self.index is not None else '?'}): {self.phase}"]
-        if self.exit_code is not None:
-            parts.append(f"exit code {self.exit_code}")
-        if self.reason or self.waiting_reason:
-            parts.append(self.reason or self.waiting_reason)
-        text = ", ".join(parts)
-        return f"{text}: {self.message}" if self.message else text
-
-
-_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?Z$")
-
-
-def _ts_key(stamp: str) -> Optional[tuple[str, str]]:
-    m = _TS.match(stamp)
-    return (m.group(1), (m.group(2) or "").ljust(9, "0")) if m else None
-
-
-@dataclass
-class LogFollower:
-    """Turns repeated reads of a pod log (with kubelet timestamps) into new lines only.
-
-    Each poll re-reads a recent window of the log; a line is new when its
-    timestamp is later than the last one emitted, or equal to it with a text not
-    yet emitted at that instant.
-    """
-
-    last: Optional[tuple[str, str]] = None
-    at_last: set[str] = field(default_factory=set)
-
-    def new_lines(self, text: str) -> list[str]:
-        out = []
-        for raw in text.splitlines():
-            stamp, _, line = raw.partition(" ")
-            key = _ts_key(stamp)
-            if key is None:
-                continue
-            if self.last is None or key > self.last:
-                self.last, self.at_last = key, {line}
-                out.append(line)
-            elif key == self.last and line not in self.at_last:
-                self.at_last.add(line)
-                out.append(line)
-        return out
+    def __init__(self, error: BaseException, detail: str) -> None:
+        super().__init__(detail)
+        self.error = error
+        self.detail = detail
 
 
 @dataclass
@@ -228,11 +118,14 @@ class JobSupervisor:
         run_timeout: seconds the Job may run once admitted (queued time excluded).
         queue_timeout: seconds the Job may wait for Kueue admission in total.
         log_tail_lines: rank 0's log lines carried in error messages.
+        saved_log_lines: rank 0's log lines kept with the trial's files when the Job ends.
         api_retries: retries of a transient API error (5xx, 429, connection) before
             giving up with a retryable `InfrastructureError`.
         api_backoff: first retry delay in seconds, doubled up to `api_backoff_max`.
+        request_timeout: (connect, read) seconds of each API request.
         stuck_seconds: how long a container may wait with a reason that never
             resolves by itself (missing Secret, invalid image) before the launch fails.
+        stream_tail_lines: most log lines read per poll when streaming rank 0's log.
         kueue_version: API version of Kueue's Workload resource.
     """
 
@@ -258,6 +151,12 @@ class JobSupervisor:
         stream_tail_lines: int = 1000,
         kueue_version: str = "v1beta2",
     ) -> None:
+        if api_retries < 0:
+            raise ValueError(f"api_retries={api_retries!r} is negative; accepted: 0 (no retry) or more")
+        if not 0 <= api_backoff <= api_backoff_max:
+            raise ValueError(
+                f"api_backoff={api_backoff!r}, api_backoff_max={api_backoff_max!r}; accepted: 0 <= api_backoff <= api_backoff_max"
+            )
         self.batch = batch_api
         self.core = core_api
         self.custom = custom_api
@@ -283,17 +182,18 @@ class JobSupervisor:
         """Call the API; retry transient errors; terminal ones become `KubernetesAPIError`.
 
         An `ApiException` whose status is in `expect` (404, 409) is re-raised for
-        the caller to handle.
+        the caller to handle. Transient errors (`TRANSIENT_STATUSES`, connection
+        failures) are retried `retries` times (default `api_retries`) with waits of
+        `api_backoff`, doubled up to `api_backoff_max`; then `InfrastructureError`.
         """
         retries = self.api_retries if retries is None else retries
-        delay = self.api_backoff
-        tries = 0
-        while True:
-            tries += 1
+        expected = tuple(expect)
+
+        def attempt() -> T:
             try:
                 return fn(*args, _request_timeout=self.request_timeout, **kwargs)
             except ApiException as e:
-                if e.status in tuple(expect):
+                if e.status in expected:
                     raise
                 if e.status not in TRANSIENT_STATUSES:
                     raise KubernetesAPIError(
@@ -301,17 +201,24 @@ class JobSupervisor:
                         f"{e.status} {e.reason}: {_api_message(e)}",
                         status=e.status,
                     ) from e
-                error: BaseException = e
-                detail = f"{e.status} {e.reason}"
+                raise _Transient(e, f"{e.status} {e.reason}") from e
             except (urllib3.exceptions.HTTPError, ConnectionError) as e:
-                error, detail = e, f"{type(e).__name__}: {e}"
-            if tries > retries:
-                raise InfrastructureError(
-                    f"Kubernetes API unavailable: could not {what} after {tries} tries; last error {detail}"
-                ) from error
-            logger.warning("could not %s (%s); retrying in %.1f s", what, detail, delay)
-            self.sleep(delay)
-            delay = min(delay * 2, self.api_backoff_max)
+                raise _Transient(e, f"{type(e).__name__}: {e}") from e
+
+        def on_retry(_attempt: int, error: BaseException, wait: float) -> None:
+            logger.warning("could not %s (%s); retrying in %.1f s", what, error, wait)
+
+        try:
+            return retry_call(
+                attempt, retry_on=_Transient, attempts=retries + 1, backoff_s=self.api_backoff,
+                max_backoff_s=self.api_backoff_max, sleep=self.sleep, clock=self.clock, on_retry=on_retry, describe=what,
+            )
+        except RetriesExhausted as e:
+            last = e.last
+            assert isinstance(last, _Transient)
+            raise InfrastructureError(
+                f"Kubernetes API unavailable: could not {what} after {e.attempts} tries; last error {last.detail}"
+            ) from last.error
 
     def _get_job(self, name: str) -> Any:
         try:
@@ -326,14 +233,6 @@ class JobSupervisor:
         # Filter here as well: the selector is an optimisation, the label is the truth.
         views = [PodView.of(p) for p in pods.items if (p.metadata.labels or {}).get(LABEL_JOB) == name]
         return sorted(views, key=lambda v: (v.index if v.index is not None else 1 << 30, v.created.timestamp() if v.created else 0.0))
-
-    @staticmethod
-    def _rank0(pods: list[PodView]) -> Optional[PodView]:
-        zero = [p for p in pods if p.index == 0]
-        if not zero:
-            return None
-        live = [p for p in zero if p.phase in ("Running", "Pending")]
-        return (live or zero)[-1]
 
     def _read_log(self, pod: str, **kwargs: Any) -> str:
         resp = self._api(
@@ -378,25 +277,13 @@ class JobSupervisor:
             self._api(f"create Job {name}", self.batch.create_namespaced_job, self.namespace, job, expect=(409,))
             w.owns_job = True
             return True
-        except ApiException:
+        except ApiException as e:
             existing = self._get_job(name)
             if existing is None:
-                raise InfrastructureError(f"Job {self.namespace}/{name} was reported to exist (409) but cannot be read")
+                raise InfrastructureError(f"Job {self.namespace}/{name} was reported to exist (409) but cannot be read") from e
             self._verify(existing, want, "Job", name)
             w.owns_job = True
             return False
-
-    @staticmethod
-    def _prepare_output(spec: TrainSpec, spec_uri: str) -> None:
-        """A fresh launch: drop a stale result and failure records, write the spec the pods read."""
-        fs, out = fsspec.core.url_to_fs(spec.output_uri)
-        fs.makedirs(out, exist_ok=True)
-        if fs.exists(f"{out}/{FAILURE_DIR}"):
-            fs.rm(f"{out}/{FAILURE_DIR}", recursive=True)
-        if fs.exists(f"{out}/{RESULT_FILE}"):
-            fs.rm(f"{out}/{RESULT_FILE}")
-        with fsspec.open(spec_uri, "w") as f:
-            f.write(spec.to_json())
 
     # -- cleanup ---------------------------------------------------------------------
 
@@ -444,7 +331,7 @@ class JobSupervisor:
                 log.info(f"trial {spec.trial_id}: re-attaching to existing Job {self.namespace}/{name}")
                 self._ensure_service(service, want, w)
             else:
-                self._prepare_output(spec, spec_uri)
+                prepare_output(spec, spec_uri)
                 self._ensure_service(service, want, w)
                 if self._create_job(job, want, w):
                     log.info(f"trial {spec.trial_id}: created Job {self.namespace}/{name} "
@@ -502,7 +389,7 @@ class JobSupervisor:
                     raise InfrastructureError(
                         f"trial {spec.trial_id}: Job {self.namespace}/{name} ran {w.running_seconds:.0f} s, past the run "
                         f"timeout of {self.run_timeout:.0f} s; deleted it. Last log lines of rank 0:\n"
-                        f"{self._log_tail(self._rank0(self._pods(name)), self.log_tail_lines)}"
+                        f"{self._log_tail(rank0_pod(self._pods(name)), self.log_tail_lines)}"
                     )
                 pods = self._pods(name)
                 self._report_pods(spec, pods, w, log, now)
@@ -580,7 +467,7 @@ class JobSupervisor:
 
     def _stream(self, name: str, w: _Watch, log: Any, pods: list[PodView]) -> None:
         """Send rank 0's new log lines to the log; a failed read skips this poll."""
-        rank0 = self._rank0(pods)
+        rank0 = rank0_pod(pods)
         if rank0 is None or rank0.phase == "Pending":
             return
         kwargs: dict[str, Any] = {"timestamps": True, "tail_lines": self.stream_tail_lines}
@@ -603,22 +490,15 @@ class JobSupervisor:
         uri = join(spec.output_uri, "logs", f"{name}.rank0.log")
         fs, path = fsspec.core.url_to_fs(uri)
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        rank0 = self._rank0(pods)
+        rank0 = rank0_pod(pods)
         with fs.open(path, "w") as f:
             f.write(self._log_tail(rank0, self.saved_log_lines) if rank0 else "(no rank 0 pod left to read a log from)")
             f.write("\n")
         return uri
 
-    def _read_result(self, spec: TrainSpec) -> Optional[TrainResult]:
-        fs, path = fsspec.core.url_to_fs(join(spec.output_uri, RESULT_FILE))
-        if not fs.exists(path):
-            return None
-        with fs.open(path, "r") as f:
-            return TrainResult.model_validate_json(f.read())
-
     def _success(self, spec: TrainSpec, name: str, started: float, pods: list[PodView]) -> LaunchOutcome:
         log_uri = self._save_log(spec, name, pods)
-        result = self._read_result(spec)
+        result = read_result(spec.output_uri)
         if result is None:
             raise InfrastructureError(
                 f"trial {spec.trial_id}: Job {self.namespace}/{name} completed but {join(spec.output_uri, RESULT_FILE)} "
@@ -628,7 +508,7 @@ class JobSupervisor:
 
     def _vanished(self, spec: TrainSpec, name: str, started: float, w: _Watch) -> LaunchOutcome:
         w.finished = True
-        result = self._read_result(spec)
+        result = read_result(spec.output_uri)
         if result is None:
             raise InfrastructureError(
                 f"trial {spec.trial_id}: Job {self.namespace}/{name} disappeared before finishing "
@@ -638,9 +518,9 @@ class JobSupervisor:
 
     def _failure(self, spec: TrainSpec, name: str, condition: Any, pods: list[PodView]) -> LaunchError:
         failed = [p for p in pods if p.phase == "Failed" and not p.disrupted]
-        culprit = min(failed, key=_blame, default=None)
+        culprit = min(failed, key=blame_order, default=None)
         code = culprit.exit_code if culprit is not None and culprit.exit_code is not None else -1
-        rank0 = self._rank0(pods)
+        rank0 = rank0_pod(pods)
         tail = self._log_tail(rank0, self.log_tail_lines)
         err = outcome_error(code, read_failures(spec.output_uri), tail, spec.trial_id)
         if code == EXIT_BAD_CONFIG and not isinstance(err, TrainingConfigError):
@@ -663,164 +543,6 @@ class JobSupervisor:
         return type(err)("\n".join([str(err), *details]), log_tail=tail, rank=err.rank)
 
 
-def _blame(pod: PodView) -> tuple[int, float, int]:
-    """Order failed pods by how likely they caused the Job's failure.
-
-    A bad config first; then pods that died on their own; pods that exited on
-    SIGTERM last, because failing a Job terminates its remaining pods, so they
-    are usually the victims; earliest termination first within each group.
-    """
-    if pod.exit_code == EXIT_BAD_CONFIG:
-        rank = 0
-    elif pod.exit_code not in (None, 0, EXIT_PREEMPTED):
-        rank = 1
-    else:
-        rank = 2
-    finished = pod.finished.timestamp() if pod.finished is not None else math.inf
-    return (rank, finished, pod.index if pod.index is not None else 1 << 30)
-
 
 def _true(cond: Any) -> bool:
     return cond is not None and cond.status == "True"
-
-
-def attempt_number(context: Any) -> int:
-    """The attempt a launch belongs to: 100 x run retry + step retry.
-
-    A step retry (RetryPolicy) or a run retry is a new attempt, hence a new Job
-    name; a restarted orchestrator in the same attempt computes the same name and
-    re-attaches.
-    """
-    if context is None:
-        return 0
-    step = int(getattr(context, "retry_number", 0) or 0)
-    run = getattr(context, "run", None)
-    tags = getattr(run, "tags", None) or {}
-    return 100 * int(tags.get("dagster/retry_number", 0)) + step
-
-
-class TolerationConfig(Config):
-    """A pod toleration; see `resources.k8s_manifests.Toleration`."""
-
-    key: Optional[str] = None
-    operator: str = "Equal"
-    value: Optional[str] = None
-    effect: Optional[str] = None
-    toleration_seconds: Optional[int] = None
-
-
-class KubernetesLauncher(Launcher):
-    """Runs each trial as an Indexed Job (one pod per node) under Kueue.
-
-    Cluster access, in order: `api_url` (a plain endpoint, for tests and
-    `kubectl proxy`), `in_cluster` (the run pod's service account), else
-    `kubeconfig`/`kube_context` (default kubeconfig when unset). The job fields
-    are those of `K8sJobConfig` and are validated when the resource is built.
-    """
-
-    namespace: str
-    image: str
-    queue_name: Optional[str] = "trainyard"
-    priority_class: Optional[str] = None
-    workload_priority_class: Optional[str] = None
-    service_account: Optional[str] = None
-    gpus_per_pod: Optional[int] = None
-    cpu: str = "2"
-    memory: str = "8Gi"
-    cpu_limit: Optional[str] = None
-    memory_limit: Optional[str] = None
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[TolerationConfig] = Field(default_factory=list)
-    shm_size: Optional[str] = "2Gi"
-    termination_grace_seconds: int = 120
-    ttl_seconds_after_finished: Optional[int] = 86400
-    backoff_limit: int = 3
-    active_deadline_seconds: Optional[int] = None
-    env_from_secrets: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    master_port: int = 29500
-    labels: dict[str, str] = Field(default_factory=dict)
-
-    api_url: Optional[str] = Field(None, description="explicit API server URL (tests, kubectl proxy)")
-    in_cluster: bool = False
-    kubeconfig: Optional[str] = None
-    kube_context: Optional[str] = None
-    kueue_version: str = "v1beta2"
-    poll_interval_seconds: float = Field(10.0, gt=0)
-    run_timeout_seconds: float = Field(7 * 86400.0, gt=0, description="running time after admission")
-    queue_timeout_seconds: float = Field(86400.0, gt=0, description="time waiting for Kueue admission")
-    log_tail_lines: int = Field(40, ge=1)
-    api_retries: int = Field(4, ge=0)
-
-    @model_validator(mode="after")
-    def _valid_job_config(self) -> "KubernetesLauncher":
-        self.job_config()
-        return self
-
-    def job_config(self) -> K8sJobConfig:
-        return K8sJobConfig(
-            namespace=self.namespace, image=self.image, queue_name=self.queue_name,
-            priority_class=self.priority_class, workload_priority_class=self.workload_priority_class,
-            service_account=self.service_account, gpus_per_pod=self.gpus_per_pod, cpu=self.cpu,
-            memory=self.memory, cpu_limit=self.cpu_limit, memory_limit=self.memory_limit,
-            node_selector=dict(self.node_selector),
-            tolerations=tuple(Toleration(**t.model_dump()) for t in self.tolerations),
-            shm_size=self.shm_size, termination_grace_seconds=self.termination_grace_seconds,
-            ttl_seconds_after_finished=self.ttl_seconds_after_finished, backoff_limit=self.backoff_limit,
-            active_deadline_seconds=self.active_deadline_seconds, env_from_secrets=tuple(self.env_from_secrets),
-            env=dict(self.env), master_port=self.master_port, labels=dict(self.labels),
-        )
-
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> "KubernetesLauncher":
-        """The launcher of the `cluster` environment, from `TRAINYARD_K8S_*` variables.
-
-        Required: TRAINYARD_K8S_NAMESPACE, TRAINYARD_TRAINER_IMAGE. Optional:
-        TRAINYARD_K8S_QUEUE (default 'trainyard'), TRAINYARD_K8S_PRIORITY_CLASS,
-        TRAINYARD_K8S_SERVICE_ACCOUNT, TRAINYARD_K8S_SECRETS (comma-separated Secret
-        names), TRAINYARD_K8S_GPUS_PER_POD; AWS_ENDPOINT_URL is passed to the pods.
-        """
-        missing = [k for k in ("TRAINYARD_K8S_NAMESPACE", "TRAINYARD_TRAINER_IMAGE") if not env.get(k)]
-        if missing:
-            raise ValueError(f"the Kubernetes launcher needs {', '.join(missing)} to be set")
-        pod_env = {"AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]} if env.get("AWS_ENDPOINT_URL") else {}
-        gpus = env.get("TRAINYARD_K8S_GPUS_PER_POD")
-        return cls(
-            namespace=env["TRAINYARD_K8S_NAMESPACE"],
-            image=env["TRAINYARD_TRAINER_IMAGE"],
-            queue_name=env.get("TRAINYARD_K8S_QUEUE", "trainyard") or None,
-            priority_class=env.get("TRAINYARD_K8S_PRIORITY_CLASS") or None,
-            service_account=env.get("TRAINYARD_K8S_SERVICE_ACCOUNT") or None,
-            env_from_secrets=[s.strip() for s in env.get("TRAINYARD_K8S_SECRETS", "").split(",") if s.strip()],
-            gpus_per_pod=int(gpus) if gpus else None,
-            env=pod_env,
-            in_cluster=bool(env.get("KUBERNETES_SERVICE_HOST")),
-        )
-
-    def _api_client(self) -> k8s_client.ApiClient:
-        if self.api_url is not None:
-            return k8s_client.ApiClient(k8s_client.Configuration(host=self.api_url))
-        if self.in_cluster:
-            configuration = k8s_client.Configuration()
-            k8s_config.load_incluster_config(client_configuration=configuration)
-            return k8s_client.ApiClient(configuration)
-        return k8s_config.new_client_from_config(config_file=self.kubeconfig, context=self.kube_context)
-
-    def supervisor(self, api_client: k8s_client.ApiClient) -> JobSupervisor:
-        return JobSupervisor(
-            k8s_client.BatchV1Api(api_client), k8s_client.CoreV1Api(api_client), k8s_client.CustomObjectsApi(api_client),
-            clock=time.monotonic, sleep=time.sleep, namespace=self.namespace,
-            poll_interval=self.poll_interval_seconds, run_timeout=self.run_timeout_seconds,
-            queue_timeout=self.queue_timeout_seconds, log_tail_lines=self.log_tail_lines,
-            api_retries=self.api_retries, kueue_version=self.kueue_version,
-        )
-
-    def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
-        api_client = self._api_client()
-        try:
-            return self.supervisor(api_client).run(
-                spec, join(spec.output_uri, SPEC_FILE), attempt_number(context), self.job_config(),
-                log=context.log if context is not None else logger,
-            )
-        finally:
-            api_client.close()

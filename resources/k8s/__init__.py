@@ -1,0 +1,11 @@
+"""Kubernetes: a trial as a gang of pods under Kueue.
+
+- `names`: label keys, object names and the deterministic Job name.
+- `config`: the validated inputs (`K8sJobConfig`, `Toleration`, `TeamQuota`).
+- `manifests`: pure builders of a trial's Job, Service and JobSet.
+- `cluster`: pure builders of the cluster-wide objects (PriorityClasses, Kueue, RBAC).
+- `pods`: read-side views of the API's pods and logs.
+- `supervisor`: `JobSupervisor`, the waiter that submits, watches and cleans up.
+- `launcher`: `KubernetesLauncher`, the Dagster resource around the supervisor.
+- `errors`: the errors this package adds to the launcher hierarchy.
+"""

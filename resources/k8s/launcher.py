@@ -1,0 +1,165 @@
+"""`KubernetesLauncher`: the Dagster resource that runs a trial as an Indexed Job under Kueue.
+
+It holds the configuration and builds the API clients; `JobSupervisor`
+(`resources.k8s.supervisor`) does the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Optional
+
+from dagster import Config
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+from pydantic import Field, model_validator
+
+from resources.k8s.config import K8sJobConfig, Toleration
+from resources.k8s.supervisor import JobSupervisor
+from resources.launcher import Launcher, LaunchOutcome, join
+from training.spec import SPEC_FILE, TrainSpec
+
+logger = logging.getLogger("trainyard.k8s")
+
+
+def attempt_number(context: Any) -> int:
+    """The attempt a launch belongs to: 100 x run retry + step retry.
+
+    A step retry (RetryPolicy) or a run retry is a new attempt, hence a new Job
+    name; a restarted orchestrator in the same attempt computes the same name and
+    re-attaches.
+    """
+    if context is None:
+        return 0
+    step = int(getattr(context, "retry_number", 0) or 0)
+    run = getattr(context, "run", None)
+    tags = getattr(run, "tags", None) or {}
+    return 100 * int(tags.get("dagster/retry_number", 0)) + step
+
+
+class TolerationConfig(Config):
+    """A pod toleration; see `resources.k8s.config.Toleration`."""
+
+    key: Optional[str] = None
+    operator: str = "Equal"
+    value: Optional[str] = None
+    effect: Optional[str] = None
+    toleration_seconds: Optional[int] = None
+
+
+class KubernetesLauncher(Launcher):
+    """Runs each trial as an Indexed Job (one pod per node) under Kueue.
+
+    Cluster access, in order: `api_url` (a plain endpoint, for tests and
+    `kubectl proxy`), `in_cluster` (the run pod's service account), else
+    `kubeconfig`/`kube_context` (default kubeconfig when unset). The job fields
+    are those of `K8sJobConfig` and are validated when the resource is built.
+    """
+
+    namespace: str
+    image: str
+    queue_name: Optional[str] = "trainyard"
+    priority_class: Optional[str] = None
+    workload_priority_class: Optional[str] = None
+    service_account: Optional[str] = None
+    gpus_per_pod: Optional[int] = None
+    cpu: str = "2"
+    memory: str = "8Gi"
+    cpu_limit: Optional[str] = None
+    memory_limit: Optional[str] = None
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[TolerationConfig] = Field(default_factory=list)
+    shm_size: Optional[str] = "2Gi"
+    termination_grace_seconds: int = 120
+    ttl_seconds_after_finished: Optional[int] = 86400
+    backoff_limit: int = 3
+    active_deadline_seconds: Optional[int] = None
+    env_from_secrets: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    master_port: int = 29500
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    api_url: Optional[str] = Field(None, description="explicit API server URL (tests, kubectl proxy)")
+    in_cluster: bool = False
+    kubeconfig: Optional[str] = None
+    kube_context: Optional[str] = None
+    kueue_version: str = "v1beta2"
+    poll_interval_seconds: float = Field(10.0, gt=0)
+    run_timeout_seconds: float = Field(7 * 86400.0, gt=0, description="running time after admission")
+    queue_timeout_seconds: float = Field(86400.0, gt=0, description="time waiting for Kueue admission")
+    log_tail_lines: int = Field(40, ge=1)
+    api_retries: int = Field(4, ge=0)
+
+    @model_validator(mode="after")
+    def _valid_job_config(self) -> "KubernetesLauncher":
+        self.job_config()
+        return self
+
+    def job_config(self) -> K8sJobConfig:
+        return K8sJobConfig(
+            namespace=self.namespace, image=self.image, queue_name=self.queue_name,
+            priority_class=self.priority_class, workload_priority_class=self.workload_priority_class,
+            service_account=self.service_account, gpus_per_pod=self.gpus_per_pod, cpu=self.cpu,
+            memory=self.memory, cpu_limit=self.cpu_limit, memory_limit=self.memory_limit,
+            node_selector=dict(self.node_selector),
+            tolerations=tuple(Toleration(**t.model_dump()) for t in self.tolerations),
+            shm_size=self.shm_size, termination_grace_seconds=self.termination_grace_seconds,
+            ttl_seconds_after_finished=self.ttl_seconds_after_finished, backoff_limit=self.backoff_limit,
+            active_deadline_seconds=self.active_deadline_seconds, env_from_secrets=tuple(self.env_from_secrets),
+            env=dict(self.env), master_port=self.master_port, labels=dict(self.labels),
+        )
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> "KubernetesLauncher":
+        """The launcher of the `cluster` environment, from `TRAINYARD_K8S_*` variables.
+
+        Required: TRAINYARD_K8S_NAMESPACE, TRAINYARD_TRAINER_IMAGE. Optional:
+        TRAINYARD_K8S_QUEUE (default 'trainyard'), TRAINYARD_K8S_PRIORITY_CLASS,
+        TRAINYARD_K8S_SERVICE_ACCOUNT, TRAINYARD_K8S_SECRETS (comma-separated Secret
+        names), TRAINYARD_K8S_GPUS_PER_POD; AWS_ENDPOINT_URL is passed to the pods.
+        """
+        missing = [k for k in ("TRAINYARD_K8S_NAMESPACE", "TRAINYARD_TRAINER_IMAGE") if not env.get(k)]
+        if missing:
+            raise ValueError(f"the Kubernetes launcher needs {', '.join(missing)} to be set")
+        pod_env = {"AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]} if env.get("AWS_ENDPOINT_URL") else {}
+        gpus = env.get("TRAINYARD_K8S_GPUS_PER_POD")
+        return cls(
+            namespace=env["TRAINYARD_K8S_NAMESPACE"],
+            image=env["TRAINYARD_TRAINER_IMAGE"],
+            queue_name=env.get("TRAINYARD_K8S_QUEUE", "trainyard") or None,
+            priority_class=env.get("TRAINYARD_K8S_PRIORITY_CLASS") or None,
+            service_account=env.get("TRAINYARD_K8S_SERVICE_ACCOUNT") or None,
+            env_from_secrets=[s.strip() for s in env.get("TRAINYARD_K8S_SECRETS", "").split(",") if s.strip()],
+            gpus_per_pod=int(gpus) if gpus else None,
+            env=pod_env,
+            in_cluster=bool(env.get("KUBERNETES_SERVICE_HOST")),
+        )
+
+    def _api_client(self) -> k8s_client.ApiClient:
+        if self.api_url is not None:
+            return k8s_client.ApiClient(k8s_client.Configuration(host=self.api_url))
+        if self.in_cluster:
+            configuration = k8s_client.Configuration()
+            k8s_config.load_incluster_config(client_configuration=configuration)
+            return k8s_client.ApiClient(configuration)
+        return k8s_config.new_client_from_config(config_file=self.kubeconfig, context=self.kube_context)
+
+    def supervisor(self, api_client: k8s_client.ApiClient) -> JobSupervisor:
+        return JobSupervisor(
+            k8s_client.BatchV1Api(api_client), k8s_client.CoreV1Api(api_client), k8s_client.CustomObjectsApi(api_client),
+            clock=time.monotonic, sleep=time.sleep, namespace=self.namespace,
+            poll_interval=self.poll_interval_seconds, run_timeout=self.run_timeout_seconds,
+            queue_timeout=self.queue_timeout_seconds, log_tail_lines=self.log_tail_lines,
+            api_retries=self.api_retries, kueue_version=self.kueue_version,
+        )
+
+    def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
+        api_client = self._api_client()
+        try:
+            return self.supervisor(api_client).run(
+                spec, join(spec.output_uri, SPEC_FILE), attempt_number(context), self.job_config(),
+                log=context.log if context is not None else logger,
+            )
+        finally:
+            api_client.close()

@@ -1,0 +1,297 @@
+"""The Kubernetes objects of one trial, built by pure functions (no API calls).
+
+A trial on Kubernetes is one Indexed Job (one pod per node, node rank = completion
+index) plus a headless Service that gives every pod a stable DNS name, so torchrun
+in each pod can reach rank 0 at `<job>-0.<job>`. Kueue admits the Job as one gang
+(it is created suspended with a queue label), PriorityClasses order teams' work,
+and a podFailurePolicy tells disruptions (not the trial's fault) from a spec that
+can never work. For clusters running the JobSet controller, `jobset_manifest`
+builds the same trial as a JobSet.
+
+Every function returns plain dicts that validate against the Kubernetes schemas
+(`kubernetes-validate`, strict) or, for JobSet, against its CRD.
+
+Example:
+    cfg = K8sJobConfig(namespace="vision", image="registry.example/trainer:1.4.0",
+                       queue_name="trainyard", priority_class="trainyard-sweep")
+    job = job_manifest(spec, "s3://bucket/runs/trial-0003/spec.json", attempt=0, cfg=cfg)
+    svc = service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(spec, 0))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from resources.k8s.config import K8sJobConfig
+from resources.k8s.errors import ManifestError
+from resources.k8s.names import (
+    ANNOTATION_SPEC_URI,
+    COMPLETION_INDEX_ANNOTATION,
+    CONTAINER_NAME,
+    GPU_RESOURCE,
+    JOBSET_API,
+    JOBSET_REPLICATED_JOB,
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
+    LABEL_JOB,
+    MAX_JOBSET_NAME,
+    job_name,
+    trial_labels,
+)
+from resources.launcher import torchrun_command
+from training.spec import EXIT_BAD_CONFIG, LAUNCH_ID_ENV, TrainSpec
+
+
+def _pod_gpus(spec: TrainSpec, cfg: K8sJobConfig) -> int:
+    dist = spec.distribution
+    wanted = dist.procs_per_node if dist.accelerator == "gpu" else 0
+    if cfg.gpus_per_pod is not None and cfg.gpus_per_pod != wanted:
+        if dist.accelerator == "gpu":
+            raise ManifestError(
+                f"gpus_per_pod={cfg.gpus_per_pod} does not match distribution.procs_per_node={dist.procs_per_node}: "
+                f"one process drives one GPU, so a pod must request exactly procs_per_node GPUs; accepted: {wanted} or unset"
+            )
+        raise ManifestError(
+            f"gpus_per_pod={cfg.gpus_per_pod} with distribution.accelerator='cpu' would hold GPUs nobody uses; "
+            "accepted: 0 or unset, or accelerator='gpu'"
+        )
+    return wanted
+
+
+def _resources(gpus: int, cfg: K8sJobConfig) -> dict[str, Any]:
+    requests: dict[str, Any] = {"cpu": cfg.cpu, "memory": cfg.memory}
+    # A memory limit equal to the request makes OOM behaviour predictable (the
+    # pod, not a neighbour, is killed); no CPU limit by default because CFS
+    # throttling stalls data loading while idle cores sit next to it.
+    limits: dict[str, Any] = {"memory": cfg.memory_limit or cfg.memory}
+    if cfg.cpu_limit is not None:
+        limits["cpu"] = cfg.cpu_limit
+    if gpus:
+        # Extended resources cannot be overcommitted: request must equal limit.
+        requests[GPU_RESOURCE] = gpus
+        limits[GPU_RESOURCE] = gpus
+    return {"requests": requests, "limits": limits}
+
+
+def _pod_template(
+    spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, labels: dict[str, str], *, master_addr: str, subdomain: Optional[str]
+) -> dict[str, Any]:
+    dist = spec.distribution
+    gpus = _pod_gpus(spec, cfg)
+    if dist.nodes == 1:
+        # One pod: torchrun's private rendezvous; no peers need to find it.
+        command = torchrun_command(spec, spec_uri, python="python")
+    else:
+        # Kubernetes expands $(JOB_COMPLETION_INDEX) from the container env below.
+        command = torchrun_command(
+            spec, spec_uri, python="python", node_rank="$(JOB_COMPLETION_INDEX)",
+            master_addr=master_addr, master_port=cfg.master_port,
+        )
+    env: list[dict[str, Any]] = [
+        # The node rank. Recent Job controllers inject the same variable into
+        # Indexed Job pods; declaring it here makes the $(JOB_COMPLETION_INDEX)
+        # reference in the command resolvable from the manifest alone.
+        {"name": "JOB_COMPLETION_INDEX",
+         "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}},
+        # Unbuffered output so rank 0's log lines reach `kubectl logs` (and the
+        # orchestrator's log stream) as they are printed.
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # One launch = one Job: attempt records and "fail at once" checks key on it.
+        {"name": LAUNCH_ID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+        *({"name": k, "value": v} for k, v in sorted(cfg.env.items())),
+    ]
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": cfg.image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": command,
+        "env": env,
+        "resources": _resources(gpus, cfg),
+        "ports": [{"name": "rendezvous", "containerPort": cfg.master_port, "protocol": "TCP"}],
+    }
+    if cfg.env_from_secrets:
+        # Credentials only by reference: the manifest (and the Dagster event log
+        # it may end up in) never holds a secret value.
+        container["envFrom"] = [{"secretRef": {"name": s}} for s in cfg.env_from_secrets]
+    volumes: list[dict[str, Any]] = []
+    if cfg.shm_size is not None:
+        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}})
+    pod_spec: dict[str, Any] = {
+        # Never restart a container in place: a failed torchrun agent must show up
+        # as a failed pod so the Job's podFailurePolicy and backoffLimit see it
+        # (podFailurePolicy requires Never), and a replacement pod gets a clean
+        # rendezvous; in-process restarts are torchrun's --max-restarts.
+        "restartPolicy": "Never",
+        # SIGTERM (preemption, drain, cancel) to SIGKILL: time to write the
+        # preemption checkpoint before the pod is killed.
+        "terminationGracePeriodSeconds": cfg.termination_grace_seconds,
+        # Trainer pods do not talk to the API server; no token to steal.
+        "automountServiceAccountToken": False,
+        # No per-Service environment variables: namespaces with many Services
+        # would otherwise flood the environment of every pod.
+        "enableServiceLinks": False,
+        "containers": [container],
+    }
+    if subdomain is not None:
+        # With the headless Service of the same name, pod `<job>-<i>` resolves as
+        # `<job>-<i>.<subdomain>`: that is how ranks find rank 0.
+        pod_spec["subdomain"] = subdomain
+    if cfg.service_account is not None:
+        pod_spec["serviceAccountName"] = cfg.service_account
+    if cfg.priority_class is not None:
+        # Kueue also orders the queue by this PriorityClass's value when no
+        # WorkloadPriorityClass is set.
+        pod_spec["priorityClassName"] = cfg.priority_class
+    if cfg.node_selector:
+        pod_spec["nodeSelector"] = dict(sorted(cfg.node_selector.items()))
+    if cfg.tolerations:
+        pod_spec["tolerations"] = [t.to_k8s() for t in cfg.tolerations]
+    if volumes:
+        pod_spec["volumes"] = volumes
+    return {"metadata": {"labels": labels}, "spec": pod_spec}
+
+
+def _pod_failure_policy() -> dict[str, Any]:
+    return {
+        "rules": [
+            # Preemption, node drain, eviction: not the trial's fault. The Job makes
+            # a replacement pod without counting it against backoffLimit; the
+            # trial resumes from its last committed checkpoint.
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            # The entrypoint exits EXIT_BAD_CONFIG when the spec cannot work (bad
+            # import path, rejected hyperparameters): retrying cannot help, so
+            # fail the whole Job at once instead of burning backoffLimit retries.
+            {"action": "FailJob",
+             "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": [EXIT_BAD_CONFIG]}},
+        ]
+    }
+
+
+def _metadata(name: str, cfg: K8sJobConfig, labels: dict[str, str], annotations: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": cfg.namespace, "labels": labels}
+    if annotations:
+        meta["annotations"] = annotations
+    return meta
+
+
+def _queue_labels(cfg: K8sJobConfig) -> dict[str, str]:
+    labels = {}
+    if cfg.queue_name is not None:
+        labels[KUEUE_QUEUE_LABEL] = cfg.queue_name
+    if cfg.workload_priority_class is not None:
+        labels[KUEUE_PRIORITY_LABEL] = cfg.workload_priority_class
+    return labels
+
+
+def service_manifest(name: str, cfg: K8sJobConfig, labels: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """The headless Service whose name is the pods' subdomain (`<job>-<i>.<name>`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(name, cfg, {**cfg.labels, **(labels or {}), LABEL_JOB: name}),
+        "spec": {
+            # Headless: DNS returns the pod addresses themselves, one record per pod.
+            "clusterIP": "None",
+            "selector": {LABEL_JOB: name},
+            # Ranks rendezvous before any pod is Ready (there is no readiness
+            # probe to pass), so records must exist as soon as pods have an IP.
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": cfg.master_port, "targetPort": cfg.master_port, "protocol": "TCP"}],
+        },
+    }
+
+
+def _job_spec(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, name: str, pod_labels: dict[str, str], *,
+              master_addr: str, subdomain: Optional[str], backoff_limit: int, suspend: bool) -> dict[str, Any]:
+    nodes = spec.distribution.nodes
+    job_spec: dict[str, Any] = {
+        # One pod per node with a stable index 0..nodes-1: the index is the
+        # torchrun node rank and names the pod's hostname `<job>-<index>`.
+        "completionMode": "Indexed",
+        "completions": nodes,
+        "parallelism": nodes,
+        "backoffLimit": backoff_limit,
+        "podFailurePolicy": _pod_failure_policy(),
+        "template": _pod_template(spec, spec_uri, cfg, pod_labels, master_addr=master_addr, subdomain=subdomain),
+    }
+    if suspend:
+        # Created suspended: Kueue unsuspends it once quota for ALL pods is
+        # reserved, so a gang never half-starts and holds GPUs waiting for peers.
+        job_spec["suspend"] = True
+    if cfg.active_deadline_seconds is not None:
+        # On the Job, not the pod, so it bounds the whole run including pod
+        # replacements; the timer restarts when Kueue unsuspends the Job, so
+        # queueing does not consume it.
+        job_spec["activeDeadlineSeconds"] = cfg.active_deadline_seconds
+    if cfg.ttl_seconds_after_finished is not None:
+        # Finished Jobs and their pods are kept this long for logs and debugging.
+        job_spec["ttlSecondsAfterFinished"] = cfg.ttl_seconds_after_finished
+    return job_spec
+
+
+def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig) -> dict[str, Any]:
+    """The batch/v1 Indexed Job that runs one attempt of a trial on `spec.distribution.nodes` pods.
+
+    Every pod runs `torchrun_command(...)` with node rank `$(JOB_COMPLETION_INDEX)`
+    and rank 0 at `<job>-0.<job>` (the headless Service from `service_manifest`).
+    """
+    name = job_name(spec.pipeline, spec.trial_id, attempt)
+    labels = {**cfg.labels, **trial_labels(spec, attempt), LABEL_JOB: name}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(name, cfg, {**labels, **_queue_labels(cfg)}, {ANNOTATION_SPEC_URI: spec_uri}),
+        "spec": _job_spec(
+            spec, spec_uri, cfg, name, labels, master_addr=f"{name}-0.{name}", subdomain=name,
+            backoff_limit=cfg.backoff_limit, suspend=cfg.queue_name is not None,
+        ),
+    }
+
+
+def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig) -> dict[str, Any]:
+    """The same trial as a JobSet (jobset.x-k8s.io/v1alpha2), for clusters running its controller.
+
+    The JobSet makes its own headless Service (`network.subdomain`), and restarts
+    the whole gang on a pod failure (`failurePolicy.maxRestarts`), which suits
+    torchrun's static rendezvous better than replacing one pod.
+    """
+    name = job_name(spec.pipeline, spec.trial_id, attempt, max_length=MAX_JOBSET_NAME)
+    labels = {**cfg.labels, **trial_labels(spec, attempt), LABEL_JOB: name}
+    child = _job_spec(
+        spec, spec_uri, cfg, name, labels,
+        # Pod hostnames are <jobset>-<replicated job>-<job index>-<pod index>.
+        master_addr=f"{name}-{JOBSET_REPLICATED_JOB}-0-0.{name}",
+        subdomain=None,  # set by the JobSet controller from network.subdomain
+        # Any counted pod failure fails the child Job at once, and the JobSet
+        # restarts every pod together: a fresh rendezvous for all ranks.
+        backoff_limit=0,
+        suspend=False,  # the JobSet is what Kueue suspends and admits
+    )
+    child.pop("ttlSecondsAfterFinished", None)
+    jobset_spec: dict[str, Any] = {
+        "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True, "subdomain": name},
+        "failurePolicy": {
+            "maxRestarts": cfg.backoff_limit,
+            "rules": [
+                # The child Job failed through the podFailurePolicy's FailJob rule
+                # (exit EXIT_BAD_CONFIG): restarting cannot help.
+                {"name": "bad-config", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            ],
+        },
+        "successPolicy": {"operator": "All"},
+        "replicatedJobs": [
+            {"name": JOBSET_REPLICATED_JOB, "replicas": 1, "template": {"metadata": {"labels": labels}, "spec": child}},
+        ],
+    }
+    if cfg.queue_name is not None:
+        jobset_spec["suspend"] = True
+    if cfg.ttl_seconds_after_finished is not None:
+        jobset_spec["ttlSecondsAfterFinished"] = cfg.ttl_seconds_after_finished
+    return {
+        "apiVersion": JOBSET_API,
+        "kind": "JobSet",
+        "metadata": _metadata(name, cfg, {**labels, **_queue_labels(cfg)}, {ANNOTATION_SPEC_URI: spec_uri}),
+        "spec": jobset_spec,
+    }
