@@ -2,7 +2,7 @@
 
 Landing data: CSV files whose rows take `3 x CAP` bytes in Arrow's in-memory
 form (the size pandas or `pq.read_table` would need just to hold them). A
-child process runs what `raw_data` runs -- `assets.ingest.ingest`: stream
+child process runs what `raw_data` runs -- `trainyard.data.ingest.ingest`: stream
 every file into canonical parts, write the snapshot as Parquet one row group
 at a time, pin it with DVC and push it to a local remote -- and reports its
 peak resident set size (`VmHWM`, see `bench.harness.peak_rss_bytes`); DVC runs in
@@ -71,10 +71,10 @@ def generate(landing: Path, rows: int) -> int:
 def child(work: str, pattern: str) -> None:
     """Runs in the measured process: ingest with a DVC pin, then print the peak RSS as JSON."""
     sys.path.insert(0, str(ROOT))
-    from assets import ingest
-    from trainyard.spec import PipelineSpec
     from resources.storage import ObjectStore
     from resources.versioning import DataVersioning
+    from trainyard.data import ingest
+    from trainyard.spec import PipelineSpec
 
     spec = PipelineSpec(**_spec_kwargs(os.path.join(work, "landing"), pattern))
     run = "run-all" if pattern == "*.csv" else "run-third"
@@ -139,7 +139,7 @@ def main() -> dict:
             "peak_rss_mib_one_third_of_the_data": round(third["peak_rss_mib"], 1),
             "rows_one_third": third["rows"],
             "dvc_children_peak_rss_mib_upper_bound": round(measured["dvc_children_peak_rss_mib"], 1),
-            "what": "assets.ingest.ingest in a fresh process: stream CSV -> Arrow parts -> canonical Parquet snapshot -> DVC pin + push (local remote)",
+            "what": "trainyard.data.ingest.ingest in a fresh process: stream CSV -> Arrow parts -> canonical Parquet snapshot -> DVC pin + push (local remote)",
         },
     )
 

@@ -6,9 +6,9 @@ domain), label (int, {0, 1}); a few planted bad values (out of range, unknown
 category) and duplicate rows, so every check has something to find.
 
 Platform, in this process (Great Expectations imported beforehand, as in a
-running Dagster code server): `assets.ingest.ingest` (read the landing files,
+running Dagster code server): `trainyard.data.ingest.ingest` (read the landing files,
 cast, write parts, write the canonical zstd Parquet snapshot, md5) then
-`trainyard.data.quality.validate_snapshot` (the pipeline's GE suite of 26
+`trainyard.data.validate_snapshot` (the pipeline's GE suite of 26
 expectations through `ArrowSuite`, 3 finite checks and the duplicate-row
 check, the profile, Data Docs, and reading back the failing rows).
 
@@ -89,9 +89,9 @@ def generate(landing: Path) -> dict[str, int]:
 
 
 def platform(work: Path, spec: Any) -> tuple[float, dict[str, int], str, Any]:
-    from trainyard.data import quality as dq
-    from assets import ingest
     from resources.storage import ObjectStore
+    from trainyard import data as dq
+    from trainyard.data import ingest
 
     store_dir = work / "store"
     shutil.rmtree(store_dir, ignore_errors=True)
@@ -119,7 +119,7 @@ def baseline(landing: Path) -> tuple[float, dict[str, int]]:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from trainyard.data.quality import row_hashes
+    from trainyard.data import row_hashes
 
     expected_schema = pa.schema([*(pa.field(c, pa.float64()) for c in FLOAT_RANGES), ("cat", pa.string()), ("n", pa.int64()), ("label", pa.int64())])
     domains = {"cat": pa.array(CATS), "n": pa.array(range(50)), "label": pa.array([0, 1])}

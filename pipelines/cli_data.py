@@ -63,7 +63,7 @@ def register(subparsers: Any) -> None:
 
 
 def _store() -> Any:
-    from pipelines.environments import resources_for
+    from pipelines.environments import resources_for  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
     return resources_for()["store"]
 
@@ -82,8 +82,8 @@ def _guard(fn: Any) -> Any:
     """Turn the data and storage error hierarchies into exit codes with their message."""
 
     def run(args: argparse.Namespace) -> int:
-        from trainyard.data.quality import DataQualityError
-        from resources.storage import StorageError
+        from resources.storage import StorageError  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
+        from trainyard.data import DataQualityError  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
         try:
             return fn(args)
@@ -97,7 +97,7 @@ def _guard(fn: Any) -> Any:
 
 @_guard
 def cmd_list(args: argparse.Namespace) -> int:
-    from trainyard.data.quality import list_quarantine
+    from trainyard.data import list_quarantine  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
     if args.pipeline and _split_pipeline(args.pipeline) is None:
         return _fail(f"pipeline {args.pipeline!r} must be '<team>/<name>', e.g. 'vision/digits'")
@@ -118,7 +118,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from trainyard.data.quality import read_quarantine
+    from trainyard.data import read_quarantine  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
     report = read_quarantine(_store(), args.pipeline, args.id)
     if args.json:
@@ -164,7 +164,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_release(args: argparse.Namespace) -> int:
-    from trainyard.data.quality import release_quarantine
+    from trainyard.data import release_quarantine  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
     by = args.by or os.environ.get("TRAINYARD_USER") or getpass.getuser()
     record = release_quarantine(_store(), args.pipeline, args.md5, args.reason, by)
@@ -175,7 +175,7 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_profile(args: argparse.Namespace) -> int:
-    from trainyard.data.quality import profile_snapshot, profile_to_suite
+    from trainyard.data import profile_snapshot, profile_to_suite  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
     parts = _split_pipeline(args.pipeline)
     if parts is None:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from trainyard.data import quality as dq
-from assets import ingest
 from pipelines.cli import main
-from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 from resources.storage import ObjectStore
+from trainyard import data as dq
+from trainyard.data import ingest
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 
 
 def make_spec(**over) -> PipelineSpec:

@@ -12,15 +12,17 @@ import io
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from trainyard.data import quality as dq
-from assets import ingest
-from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 from resources.storage import ObjectStore
+from trainyard import data as dq
+from trainyard.data import ingest
+from trainyard.data.landing import FileReader
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 
 GOOD = "x,s,label\n1.5,a,0\n2.5,b,1\n"
 
@@ -41,11 +43,6 @@ def make_spec(**over) -> PipelineSpec:
     )
     fields.update(over)
     return PipelineSpec(**fields)
-
-
-@pytest.fixture
-def store(tmp_path) -> ObjectStore:
-    return ObjectStore(root=str(tmp_path / "store"))
 
 
 def land(store: ObjectStore, name: str, data: str | bytes, prefix: str = "landing") -> str:
@@ -126,13 +123,13 @@ def test_only_new_files_are_read_and_the_snapshot_is_their_union(store, tmp_path
     assert [r.uri.rsplit("/", 1)[1] for r in first.ingested] == ["b.csv"]
 
     read = []
-    original = ingest._FileReader.batches
+    original = FileReader.batches
 
     def spy(self):
         read.append(self.info.uri.rsplit("/", 1)[1])
         return original(self)
 
-    monkeypatch.setattr(ingest._FileReader, "batches", spy)
+    monkeypatch.setattr(FileReader, "batches", spy)
     again = ingest.ingest(store, spec)
     assert read == [] and again.reused_snapshot and again.snapshot.md5 == first.snapshot.md5 and again.unchanged == 1
 
@@ -180,6 +177,23 @@ def test_a_latin1_source_is_read_with_its_encoding(store):
     land(store, "b.csv", "x,s,label\n2,café,1\n".encode("latin-1"))
     result = ingest.ingest(store, spec.model_copy(update={"source": SourceSpec(prefix="landing", encoding="latin-1")}))
     assert snapshot_rows(store, result)["s"] == ["a", "café"]
+
+
+def test_a_new_snapshot_is_pinned_by_the_pinner_given(store):
+    pinned = []
+
+    class Pinner:
+        def pin(self, local_file: str) -> SimpleNamespace:
+            pinned.append(pq.read_table(local_file).num_rows)
+            return SimpleNamespace(md5="f" * 32, dvc_file="outs:\n- md5: " + "f" * 32 + "\n")
+
+    land(store, "a.csv", GOOD)
+    result = ingest.ingest(store, make_spec(), Pinner())
+    assert pinned == [2] and result.snapshot.md5 == "f" * 32
+    assert result.snapshot.uri == store.uri("data", "t", "p", "raw", "f" * 32, "data.parquet")
+    assert store.read_bytes(result.snapshot.uri + ".dvc").decode() == result.snapshot.dvc_file == "outs:\n- md5: " + "f" * 32 + "\n"
+    again = ingest.ingest(store, make_spec(), Pinner())
+    assert again.reused_snapshot and pinned == [2]  # an unchanged snapshot is not pinned again
 
 
 # --------------------------------------------------------------------------- bad inputs, file by file
@@ -289,7 +303,7 @@ class _ChangingWhileRead:
 
     def __init__(self, monkeypatch, store: ObjectStore, name: str) -> None:
         self.done = False
-        original = ingest._FileReader.batches
+        original = FileReader.batches
 
         def batches(reader):
             for batch in original(reader):
@@ -299,7 +313,7 @@ class _ChangingWhileRead:
                     with open(reader.info.uri, "a") as f:
                         f.write("9,c,1\n")
 
-        monkeypatch.setattr(ingest._FileReader, "batches", batches)
+        monkeypatch.setattr(FileReader, "batches", batches)
 
 
 def test_a_file_changing_while_read_is_not_ingested(store, monkeypatch):

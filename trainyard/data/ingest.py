@@ -16,7 +16,7 @@ next snapshot from it:
    order of landing URI, written as canonical Parquet one row group at a
    time. Equal landing files therefore give equal bytes and an equal DVC md5,
    however many runs they arrived over;
-5. the snapshot is pinned with DVC (pushed to the remote) and stored under
+5. the snapshot is pinned (with DVC, pushed to the remote) and stored under
    `data/<team>/<name>/raw/<md5>/` with its `.dvc` file and the list of files
    it was made of.
 
@@ -37,42 +37,23 @@ of the snapshot being written; it does not grow with the data.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import hashlib
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Optional
+from typing import Callable, Iterator, Literal, Optional, Protocol
 
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
-from trainyard.data.quality import (
-    CanonicalParquetWriter,
-    DataQualityError,
-    MissingLandingData,
-    SchemaMismatch,
-    canonical_schema,
-    to_canonical,
-)
+from trainyard.data.canonical import CanonicalParquetWriter, canonical_schema
+from trainyard.data.errors import DataQualityError, MissingLandingData
+from trainyard.data.landing import READ_BLOCK_BYTES, BadFile, FileIssue, FileReader
+from trainyard.data.quarantine import utc_now
+from trainyard.data.report import md_cell
 from trainyard.spec import PipelineSpec, SourceSpec
-from resources.storage import FileInfo, ObjectStore
-
-if TYPE_CHECKING:
-    from resources.versioning import DataVersioning
-
-READ_BLOCK_BYTES = 1024 * 1024
-"""Bytes of CSV/JSON text parsed at a time."""
-
-PARQUET_BATCH_ROWS = 64 * 1024
-"""Rows read at a time from a landing Parquet file."""
+from trainyard.store import FileInfo, FileStore
 
 MANIFEST_VERSION = 1
-
-EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
-
-IssueKind = Literal[
-    "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "type", "format"
-]
 
 
 class LandingFileChanged(Exception):
@@ -85,21 +66,6 @@ class IngestRejected(DataQualityError):
     def __init__(self, message: str, records: list["FileRecord"]) -> None:
         super().__init__(message)
         self.records = records
-
-
-class FileIssue(BaseModel):
-    """Something wrong with one landing file.
-
-    Attributes:
-        kind: What kind of problem.
-        message: What exactly, naming columns, rows and values.
-        fatal: The file cannot be used at all (else it can, e.g. with the
-            added column dropped or the ragged rows skipped).
-    """
-
-    kind: IssueKind
-    message: str
-    fatal: bool
 
 
 class FileRecord(BaseModel):
@@ -178,7 +144,7 @@ def records_markdown(records: list[FileRecord], changing: Optional[list[str]] = 
     lines = ["| file | status | rows | bytes | issues |", "|---|---|---|---|---|"]
     for r in records:
         issues = "; ".join(f"{i.kind}: {i.message}" for i in r.issues)
-        lines.append(f"| {_short(r.uri)} | {r.status} | {r.rows} | {r.size} | {_cell(issues)} |")
+        lines.append(f"| {_short(r.uri)} | {r.status} | {r.rows} | {r.size} | {md_cell(issues, width=200)} |")
     lines += [f"| {_short(u)} | changed while read | | | ingested once it stops changing |" for u in changing or []]
     return "\n".join(lines) + "\n"
 
@@ -187,19 +153,10 @@ def _short(uri: str) -> str:
     return uri.rsplit("/", 2)[-1] if uri.count("/") > 2 else uri
 
 
-def _cell(text: str, width: int = 200) -> str:
-    text = text.replace("|", "\\|").replace("\n", " ")
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 # --------------------------------------------------------------------------- listing
 
 
-def landing_patterns(store: ObjectStore, source: SourceSpec) -> list[str]:
+def landing_patterns(store: FileStore, source: SourceSpec) -> list[str]:
     """The source's globs as full URIs.
 
     `source.prefix` is relative to the store root unless it is absolute
@@ -213,7 +170,7 @@ def landing_patterns(store: ObjectStore, source: SourceSpec) -> list[str]:
     return [store.uri(prefix, g) for g in source.globs]
 
 
-def list_landing(store: ObjectStore, source: SourceSpec) -> list[FileInfo]:
+def list_landing(store: FileStore, source: SourceSpec) -> list[FileInfo]:
     """Landing files matching any of the source's globs, sorted by URI, with size/mtime/etag.
 
     Names starting with `.` or `_` (`.crc` files, `_SUCCESS` markers) are left out.
@@ -240,17 +197,17 @@ def schema_key(spec: PipelineSpec) -> str:
     return hashlib.sha256(str(canonical_schema(spec)).encode()).hexdigest()[:16]
 
 
-def manifest_uri(store: ObjectStore, spec: PipelineSpec) -> str:
+def manifest_uri(store: FileStore, spec: PipelineSpec) -> str:
     return store.uri("data", spec.team, spec.name, "ingest", "manifest.json")
 
 
-def load_manifest(store: ObjectStore, spec: PipelineSpec) -> Manifest:
+def load_manifest(store: FileStore, spec: PipelineSpec) -> Manifest:
     """The pipeline's manifest, or an empty one before the first ingest."""
     uri = manifest_uri(store, spec)
     return Manifest.model_validate(store.read_json(uri)) if store.exists(uri) else Manifest()
 
 
-def pending_files(store: ObjectStore, spec: PipelineSpec, files: Optional[list[FileInfo]] = None) -> list[FileInfo]:
+def pending_files(store: FileStore, spec: PipelineSpec, files: Optional[list[FileInfo]] = None) -> list[FileInfo]:
     """Landing files not yet ingested (or rejected) in their current state."""
     manifest = load_manifest(store, spec)
     key = schema_key(spec)
@@ -258,170 +215,10 @@ def pending_files(store: ObjectStore, spec: PipelineSpec, files: Optional[list[F
     return [f for f in files if f.uri not in manifest.files or not manifest.files[f.uri].same_state(f, key)]
 
 
-# --------------------------------------------------------------------------- reading one file
-
-
-def file_format(source: SourceSpec, uri: str) -> Optional[str]:
-    """The format to parse `uri` as: the source's, or by extension for `auto` (None when unknown)."""
-    if source.format != "auto":
-        return source.format
-    return EXTENSIONS.get(os.path.splitext(uri)[1].lower())
-
-
-class _BadFile(Exception):
-    def __init__(self, issue: FileIssue) -> None:
-        super().__init__(issue.message)
-        self.issue = issue
-
-
-def _classify(e: BaseException, uri: str, fmt: str) -> FileIssue:
-    text = str(e)
-    if isinstance(e, UnicodeDecodeError) or "UTF8" in text or "UTF-8" in text:
-        return FileIssue(kind="encoding", message=f"{uri} is not valid in the declared encoding: {text}", fatal=True)
-    if "conversion error" in text or "Failed to convert" in text or "changed from" in text:
-        return FileIssue(kind="type", message=f"{uri}: a value does not fit its declared type: {text}", fatal=True)
-    if text.startswith("Empty") or "size is 0 bytes" in text:
-        return FileIssue(kind="empty", message=f"{uri} is empty: {text}", fatal=True)
-    return FileIssue(kind="corrupt", message=f"cannot parse {uri} as {fmt}: {type(e).__name__}: {text}", fatal=True)
-
-
-class _FileReader:
-    """Streams one landing file as canonical record batches, collecting its issues."""
-
-    def __init__(self, store: ObjectStore, info: FileInfo, spec: PipelineSpec, block_bytes: int) -> None:
-        self.store = store
-        self.info = info
-        self.spec = spec
-        self.block_bytes = block_bytes
-        self.issues: list[FileIssue] = []
-        self.rows = 0
-        self.fmt = file_format(spec.source, info.uri)
-        self._ragged: list[str] = []
-        self._ragged_count = 0
-
-    def batches(self) -> Iterator[pa.RecordBatch]:
-        """Canonical batches; raises `_BadFile` when the file cannot be used."""
-        uri = self.info.uri
-        if self.fmt is None:
-            raise _BadFile(
-                FileIssue(kind="format", message=f"{uri}: cannot tell the format from the extension; use one of {sorted(EXTENSIONS)}", fatal=True)
-            )
-        if self.info.size == 0:
-            raise _BadFile(FileIssue(kind="empty", message=f"{uri} is empty (0 bytes)", fatal=True))
-        readers = {"csv": self._csv, "parquet": self._parquet, "jsonl": self._jsonl}
-        try:
-            for batch in readers[self.fmt]():
-                canonical = to_canonical(batch, self.spec).to_batches()
-                for b in canonical:
-                    if self.fmt != "csv":
-                        self._check_utf8(b)
-                    self.rows += b.num_rows
-                    yield b
-        except SchemaMismatch as e:
-            raise _BadFile(FileIssue(kind="type", message=f"{uri}: {e}", fatal=True)) from e
-        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-            raise _BadFile(_classify(e, uri, self.fmt)) from e
-        if self._ragged_count:
-            shown = "; ".join(self._ragged)
-            self.issues.append(
-                FileIssue(kind="ragged_rows", message=f"{uri}: {self._ragged_count} row(s) with the wrong number of fields skipped, e.g. {shown}", fatal=False)
-            )
-        if self.rows == 0:
-            self.issues.append(FileIssue(kind="empty", message=f"{uri} has a header but no rows", fatal=False))
-
-    def _check_utf8(self, batch: pa.RecordBatch) -> None:
-        for name, column in zip(batch.schema.names, batch.columns):
-            if pa.types.is_string(column.type):
-                try:
-                    column.validate(full=True)
-                except pa.ArrowInvalid as e:
-                    raise _BadFile(FileIssue(kind="encoding", message=f"{self.info.uri}: column {name!r} holds text that is not valid UTF-8 ({e})", fatal=True)) from e
-
-    def _columns(self, found: list[str]) -> list[str]:
-        """Check the file's columns against the declared ones; returns the declared columns to read."""
-        declared = list(self.spec.columns)
-        missing = [c for c in declared if c not in found]
-        extra = [c for c in found if c not in declared]
-        uri = self.info.uri
-        if missing and extra:
-            lowered = {c.lower().strip(): c for c in extra}
-            hints = [f"{lowered[m.lower()]!r} -> {m!r}" for m in missing if m.lower() in lowered]
-            hint = f"; renamed? {', '.join(hints)}" if hints else ""
-            raise _BadFile(
-                FileIssue(
-                    kind="columns_renamed",
-                    message=f"{uri}: declared column(s) {missing} not found and undeclared column(s) {extra} found{hint}; the file has {found}",
-                    fatal=True,
-                )
-            )
-        if missing:
-            raise _BadFile(
-                FileIssue(kind="columns_missing", message=f"{uri}: declared column(s) {missing} not found; the file has {found}", fatal=True)
-            )
-        if extra:
-            self.issues.append(
-                FileIssue(kind="columns_added", message=f"{uri}: undeclared column(s) {extra} are not ingested (declare them in columns to keep them)", fatal=False)
-            )
-        return declared
-
-    def _invalid_row(self, row: Any) -> str:
-        self._ragged_count += 1
-        if len(self._ragged) < 3:
-            self._ragged.append(f"expected {row.expected_columns} fields, got {row.actual_columns}: {row.text[:80]!r}")
-        return "skip"
-
-    def _csv(self) -> Iterator[pa.RecordBatch]:
-        import pyarrow.csv as pacsv
-
-        encoding = self.spec.source.encoding
-        parse = pacsv.ParseOptions(invalid_row_handler=self._invalid_row)
-        with self.store.open(self.info.uri, "rb") as f:
-            head = pacsv.open_csv(
-                f,
-                read_options=pacsv.ReadOptions(block_size=min(self.block_bytes, 1 << 20), encoding=encoding),
-                parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"),
-            )
-            found = head.schema.names
-        columns = self._columns(found)
-        types = {c: canonical_schema(self.spec).field(c).type for c in columns}
-        with self.store.open(self.info.uri, "rb") as f:
-            reader = pacsv.open_csv(
-                f,
-                read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=encoding),
-                parse_options=parse,
-                convert_options=pacsv.ConvertOptions(column_types=types, include_columns=columns),
-            )
-            yield from reader
-
-    def _parquet(self) -> Iterator[pa.RecordBatch]:
-        import pyarrow.parquet as pq
-
-        with self.store.open(self.info.uri, "rb") as f:
-            pf = pq.ParquetFile(f)
-            columns = self._columns(pf.schema_arrow.names)
-            yield from pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns, use_threads=True)
-
-    def _jsonl(self) -> Iterator[pa.RecordBatch]:
-        import pyarrow.json as pajson
-
-        with self.store.open(self.info.uri, "rb") as f:
-            found = pajson.open_json(f, read_options=pajson.ReadOptions(block_size=min(self.block_bytes, 1 << 20))).schema.names
-        columns = self._columns(found)
-        schema = canonical_schema(self.spec)
-        with self.store.open(self.info.uri, "rb") as f:
-            reader = pajson.open_json(
-                f,
-                read_options=pajson.ReadOptions(block_size=self.block_bytes),
-                parse_options=pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
-            )
-            for batch in reader:
-                yield batch.select(columns)
-
-
 # --------------------------------------------------------------------------- parts
 
 
-def _part_uri(store: ObjectStore, spec: PipelineSpec, info: FileInfo, key: str) -> str:
+def _part_uri(store: FileStore, spec: PipelineSpec, info: FileInfo, key: str) -> str:
     digest = hashlib.sha256(f"{info.uri}\0{info.identity}\0{key}".encode()).hexdigest()[:24]
     return store.uri("data", spec.team, spec.name, "ingest", "parts", f"{digest}.arrow")
 
@@ -430,7 +227,7 @@ def _file_id(info: FileInfo) -> str:
     return hashlib.sha256(f"{info.uri}\0{info.identity}".encode()).hexdigest()[:16]
 
 
-def _write_part(reader: _FileReader, schema: pa.Schema, path: str) -> None:
+def _write_part(reader: FileReader, schema: pa.Schema, path: str) -> None:
     """Write the file's canonical batches as an LZ4-compressed Arrow IPC file (fast to write and read back)."""
     import pyarrow.ipc as ipc
 
@@ -439,7 +236,7 @@ def _write_part(reader: _FileReader, schema: pa.Schema, path: str) -> None:
             writer.write_batch(batch)
 
 
-def iter_part(store: ObjectStore, uri: str) -> Iterator[pa.RecordBatch]:
+def iter_part(store: FileStore, uri: str) -> Iterator[pa.RecordBatch]:
     """The record batches of a part, one at a time."""
     import pyarrow.ipc as ipc
 
@@ -449,7 +246,7 @@ def iter_part(store: ObjectStore, uri: str) -> Iterator[pa.RecordBatch]:
             yield reader.get_batch(i)
 
 
-def _quarantine_file(store: ObjectStore, spec: PipelineSpec, info: FileInfo, issues: list[FileIssue], status: str) -> str:
+def _quarantine_file(store: FileStore, spec: PipelineSpec, info: FileInfo, issues: list[FileIssue], status: str) -> str:
     where = store.uri("quarantine", spec.team, spec.name, "files", _file_id(info))
     name = info.uri.rsplit("/", 1)[-1]
     if info.size and not store.exists(f"{where}/{name}"):
@@ -469,13 +266,13 @@ def _quarantine_file(store: ObjectStore, spec: PipelineSpec, info: FileInfo, iss
             "issues": [i.model_dump() for i in issues],
             "reasons": [i.message for i in (fatal or issues)],
             "copy": f"{where}/{name}" if info.size else None,
-            "quarantined_at": _now(),
+            "quarantined_at": utc_now(),
         },
     )
     return where
 
 
-def ingest_file(store: ObjectStore, spec: PipelineSpec, info: FileInfo, block_bytes: int = READ_BLOCK_BYTES) -> FileRecord:
+def ingest_file(store: FileStore, spec: PipelineSpec, info: FileInfo, block_bytes: int = READ_BLOCK_BYTES) -> FileRecord:
     """Read one landing file into a part in the object store, or decide why it cannot be.
 
     The file's state is checked after reading: if its size, mtime or etag
@@ -492,11 +289,11 @@ def ingest_file(store: ObjectStore, spec: PipelineSpec, info: FileInfo, block_by
         local = os.path.join(tmp, "part.arrow")
         # Small blocks keep memory low; a row longer than a block needs bigger ones.
         for block in (block_bytes, block_bytes * 16, block_bytes * 256):
-            reader = _FileReader(store, info, spec, block)
+            reader = FileReader(store, info, spec, block)
             try:
                 _write_part(reader, canonical_schema(spec), local)
                 bad = None
-            except _BadFile as e:
+            except BadFile as e:
                 bad = e.issue
             if bad is None or "straddl" not in bad.message:
                 break
@@ -520,7 +317,7 @@ def ingest_file(store: ObjectStore, spec: PipelineSpec, info: FileInfo, block_by
         part=None if rejected else part,
         schema_key=key,
         issues=issues,
-        ingested_at=_now(),
+        ingested_at=utc_now(),
     )
     if issues:
         record.quarantine = _quarantine_file(store, spec, info, issues, record.status)
@@ -545,7 +342,7 @@ def _md5(path: str) -> str:
     return h.hexdigest()
 
 
-def write_snapshot(store: ObjectStore, records: list[FileRecord], schema: pa.Schema, path: str) -> int:
+def write_snapshot(store: FileStore, records: list[FileRecord], schema: pa.Schema, path: str) -> int:
     """Stream the parts of `records`, in order, into one canonical Parquet file at `path`; returns its rows."""
     with CanonicalParquetWriter(path, schema) as writer:
         for record in records:
@@ -555,10 +352,37 @@ def write_snapshot(store: ObjectStore, records: list[FileRecord], schema: pa.Sch
     return writer.rows
 
 
+class PinnedFile(Protocol):
+    """A local file pinned by a `DataPinner`: its md5 and the text that restores it (a `.dvc` file)."""
+
+    @property
+    def md5(self) -> str: ...
+
+    @property
+    def dvc_file(self) -> str: ...
+
+
+class DataPinner(Protocol):
+    """Pins a local file and pushes its bytes to a remote, e.g. the `DataVersioning` resource (DVC)."""
+
+    def pin(self, local_file: str) -> PinnedFile: ...
+
+
+@dataclasses.dataclass
+class _Scan:
+    """What one pass over the landing files found (see `IngestResult` for the fields)."""
+
+    ingested: list[FileRecord] = dataclasses.field(default_factory=list)
+    rejected: list[FileRecord] = dataclasses.field(default_factory=list)
+    changing: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    unchanged: int = 0
+
+
 def ingest(
-    store: ObjectStore,
+    store: FileStore,
     spec: PipelineSpec,
-    versioning: Optional["DataVersioning"] = None,
+    versioning: Optional[DataPinner] = None,
     *,
     block_bytes: int = READ_BLOCK_BYTES,
     log: Optional[Callable[[str], None]] = None,
@@ -568,8 +392,8 @@ def ingest(
     Args:
         store: The object store (landing area, parts, snapshots, quarantine).
         spec: The pipeline: source, declared columns, `on_bad_data`.
-        versioning: Pins each new snapshot with DVC and pushes it to the
-            remote; when None the md5 is computed here and nothing is pinned
+        versioning: Pins each new snapshot (with DVC, pushing it to the
+            remote); when None the md5 is computed here and nothing is pinned
             (the `.dvc` text is then empty).
         block_bytes: Bytes of CSV/JSON parsed at a time.
         log: Called with one line per warning.
@@ -587,65 +411,75 @@ def ingest(
     """
     files = list_landing(store, spec.source)
     manifest = load_manifest(store, spec)
-    key = schema_key(spec)
     if not files and not any(r.status == "accepted" for r in manifest.files.values()):
         raise MissingLandingData(
             f"no landing files match prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r} "
             f"(looked for {', '.join(landing_patterns(store, spec.source))})"
         )
-    ingested: list[FileRecord] = []
-    rejected: list[FileRecord] = []
-    changing: list[str] = []
-    warnings: list[str] = []
-    unchanged = 0
-    for info in files:
-        known = manifest.files.get(info.uri)
-        if known is not None and known.same_state(info, key) and (known.status == "rejected" or _part_exists(store, known)):
-            unchanged += 1
-            if known.status == "rejected":
-                rejected.append(known)
-                warnings.append(f"{info.uri} was rejected before and has not changed; see {known.quarantine}")
-            continue
-        try:
-            record = ingest_file(store, spec, info, block_bytes)
-        except LandingFileChanged as e:
-            changing.append(info.uri)
-            warnings.append(str(e))
-            continue
-        was_accepted = known is not None and known.status == "accepted" and _part_exists(store, known)
-        if was_accepted and record.status == "accepted":
-            warnings.append(f"{info.uri} was replaced since it was ingested (size {known.size} -> {info.size}); the new content replaces the old in the snapshot")
-        if was_accepted and record.status == "rejected":
-            # Keep what was accepted: a bad replacement must not take good data out of the snapshot.
-            warnings.append(f"{info.uri} was replaced by content that is rejected; the snapshot keeps the version ingested at {known.ingested_at}")
-        else:
-            manifest.files[info.uri] = record
-        (ingested if record.status == "accepted" else rejected).append(record)
-        warnings += [f"{i.kind}: {i.message}" + ("" if record.status == "rejected" else " (accepted)") for i in record.issues]
+    scan = _scan_landing(store, spec, files, manifest, block_bytes)
     if log is not None:
-        for line in warnings:
+        for line in scan.warnings:
             log(line)
     _save_manifest(store, spec, manifest)
-    if spec.on_bad_data == "reject" and (rejected or changing):
-        if rejected:
-            reasons = "; ".join(i.message for r in rejected for i in r.issues)
+    if spec.on_bad_data == "reject" and (scan.rejected or scan.changing):
+        if scan.rejected:
+            reasons = "; ".join(i.message for r in scan.rejected for i in r.issues)
             raise IngestRejected(
-                f"{len(rejected)} landing file(s) rejected (on_bad_data='reject'); each is kept in quarantine with a report: {reasons}",
-                rejected,
+                f"{len(scan.rejected)} landing file(s) rejected (on_bad_data='reject'); each is kept in quarantine with a report: {reasons}",
+                scan.rejected,
             )
-        raise LandingFileChanged("; ".join(w for w in warnings if "changed while being read" in w))
+        raise LandingFileChanged("; ".join(w for w in scan.warnings if "changed while being read" in w))
     landing = {f.uri for f in files}
     accepted = sorted((r for r in manifest.files.values() if r.status == "accepted"), key=lambda r: r.uri)
     if not accepted:
         raise MissingLandingData(
             f"no usable landing files under prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r}: "
-            f"{len(rejected)} rejected, {len(changing)} still changing"
+            f"{len(scan.rejected)} rejected, {len(scan.changing)} still changing"
         )
     retained = [r.uri for r in accepted if r.uri not in landing]
     snapshot_key = _snapshot_key(accepted)
     current = manifest.snapshot
-    if current is not None and current.key == snapshot_key and store.exists(current.uri):
-        return IngestResult(current, True, ingested, rejected, changing, unchanged, retained, warnings)
+    reused = current is not None and current.key == snapshot_key and store.exists(current.uri)
+    if current is None or not reused:
+        current = _new_snapshot(store, spec, manifest, accepted, snapshot_key, versioning)
+    return IngestResult(current, reused, scan.ingested, scan.rejected, scan.changing, scan.unchanged, retained, scan.warnings)
+
+
+def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest: Manifest, block_bytes: int) -> _Scan:
+    """Ingest every landing file the manifest does not know in its current state; updates `manifest.files`."""
+    key = schema_key(spec)
+    scan = _Scan()
+    for info in files:
+        known = manifest.files.get(info.uri)
+        if known is not None and known.same_state(info, key) and (known.status == "rejected" or _part_exists(store, known)):
+            scan.unchanged += 1
+            if known.status == "rejected":
+                scan.rejected.append(known)
+                scan.warnings.append(f"{info.uri} was rejected before and has not changed; see {known.quarantine}")
+            continue
+        try:
+            record = ingest_file(store, spec, info, block_bytes)
+        except LandingFileChanged as e:
+            scan.changing.append(info.uri)
+            scan.warnings.append(str(e))
+            continue
+        was_accepted = known is not None and known.status == "accepted" and _part_exists(store, known)
+        if known is not None and was_accepted and record.status == "accepted":
+            scan.warnings.append(f"{info.uri} was replaced since it was ingested (size {known.size} -> {info.size}); the new content replaces the old in the snapshot")
+        if known is not None and was_accepted and record.status == "rejected":
+            # Keep what was accepted: a bad replacement must not take good data out of the snapshot.
+            scan.warnings.append(f"{info.uri} was replaced by content that is rejected; the snapshot keeps the version ingested at {known.ingested_at}")
+        else:
+            manifest.files[info.uri] = record
+        (scan.ingested if record.status == "accepted" else scan.rejected).append(record)
+        scan.warnings += [f"{i.kind}: {i.message}" + ("" if record.status == "rejected" else " (accepted)") for i in record.issues]
+    return scan
+
+
+def _new_snapshot(
+    store: FileStore, spec: PipelineSpec, manifest: Manifest, accepted: list[FileRecord], snapshot_key: str, versioning: Optional[DataPinner]
+) -> SnapshotRecord:
+    """Write the accepted files' parts as the new snapshot, pin it, store it with its manifest, and make it current."""
     schema = canonical_schema(spec)
     with tempfile.TemporaryDirectory(prefix="trainyard-snapshot-") as tmp:
         local = os.path.join(tmp, "data.parquet")
@@ -660,7 +494,7 @@ def ingest(
     if dvc_file:
         store.write_bytes(f"{base}/data.parquet.dvc", dvc_file.encode())
     snapshot = SnapshotRecord(
-        md5=md5, uri=f"{base}/data.parquet", rows=rows, files=[r.uri for r in accepted], key=snapshot_key, dvc_file=dvc_file, created_at=_now()
+        md5=md5, uri=f"{base}/data.parquet", rows=rows, files=[r.uri for r in accepted], key=snapshot_key, dvc_file=dvc_file, created_at=utc_now()
     )
     store.write_json(
         f"{base}/manifest.json",
@@ -668,12 +502,12 @@ def ingest(
     )
     manifest.snapshot = snapshot
     _save_manifest(store, spec, manifest)
-    return IngestResult(snapshot, False, ingested, rejected, changing, unchanged, retained, warnings)
+    return snapshot
 
 
-def _part_exists(store: ObjectStore, record: FileRecord) -> bool:
+def _part_exists(store: FileStore, record: FileRecord) -> bool:
     return record.part is not None and store.exists(record.part)
 
 
-def _save_manifest(store: ObjectStore, spec: PipelineSpec, manifest: Manifest) -> None:
+def _save_manifest(store: FileStore, spec: PipelineSpec, manifest: Manifest) -> None:
     store.write_json(manifest_uri(store, spec), manifest.model_dump(mode="json"))

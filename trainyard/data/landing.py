@@ -1,0 +1,206 @@
+"""Reading one landing file (CSV, Parquet or JSON lines) as canonical record batches, in bounded memory.
+
+`FileReader` streams a file one block (CSV/JSON text) or batch (Parquet) at a
+time, casts it to the declared columns and collects what is wrong with it as
+`FileIssue`s: a fatal one (`BadFile`) means the file cannot be used at all.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, Literal, Optional
+
+import pyarrow as pa
+from pydantic import BaseModel
+
+from trainyard.data.canonical import canonical_schema, to_canonical
+from trainyard.data.errors import SchemaMismatch
+from trainyard.spec import PipelineSpec, SourceSpec
+from trainyard.store import FileInfo, FileStore
+
+READ_BLOCK_BYTES = 1024 * 1024
+"""Bytes of CSV/JSON text parsed at a time."""
+
+PARQUET_BATCH_ROWS = 64 * 1024
+"""Rows read at a time from a landing Parquet file."""
+
+EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+
+IssueKind = Literal[
+    "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "type", "format"
+]
+
+
+class FileIssue(BaseModel):
+    """Something wrong with one landing file.
+
+    Attributes:
+        kind: What kind of problem.
+        message: What exactly, naming columns, rows and values.
+        fatal: The file cannot be used at all (else it can, e.g. with the
+            added column dropped or the ragged rows skipped).
+    """
+
+    kind: IssueKind
+    message: str
+    fatal: bool
+
+
+def file_format(source: SourceSpec, uri: str) -> Optional[str]:
+    """The format to parse `uri` as: the source's, or by extension for `auto` (None when unknown)."""
+    if source.format != "auto":
+        return source.format
+    return EXTENSIONS.get(os.path.splitext(uri)[1].lower())
+
+
+class BadFile(Exception):
+    """The landing file cannot be used at all; `issue` says why."""
+
+    def __init__(self, issue: FileIssue) -> None:
+        super().__init__(issue.message)
+        self.issue = issue
+
+
+def _classify(e: BaseException, uri: str, fmt: str) -> FileIssue:
+    text = str(e)
+    if isinstance(e, UnicodeDecodeError) or "UTF8" in text or "UTF-8" in text:
+        return FileIssue(kind="encoding", message=f"{uri} is not valid in the declared encoding: {text}", fatal=True)
+    if "conversion error" in text or "Failed to convert" in text or "changed from" in text:
+        return FileIssue(kind="type", message=f"{uri}: a value does not fit its declared type: {text}", fatal=True)
+    if text.startswith("Empty") or "size is 0 bytes" in text:
+        return FileIssue(kind="empty", message=f"{uri} is empty: {text}", fatal=True)
+    return FileIssue(kind="corrupt", message=f"cannot parse {uri} as {fmt}: {type(e).__name__}: {text}", fatal=True)
+
+
+class FileReader:
+    """Streams one landing file as canonical record batches, collecting its issues."""
+
+    def __init__(self, store: FileStore, info: FileInfo, spec: PipelineSpec, block_bytes: int) -> None:
+        self.store = store
+        self.info = info
+        self.spec = spec
+        self.block_bytes = block_bytes
+        self.issues: list[FileIssue] = []
+        self.rows = 0
+        self.fmt = file_format(spec.source, info.uri)
+        self._ragged: list[str] = []
+        self._ragged_count = 0
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        """Canonical batches; raises `BadFile` when the file cannot be used."""
+        uri = self.info.uri
+        if self.fmt is None:
+            raise BadFile(
+                FileIssue(kind="format", message=f"{uri}: cannot tell the format from the extension; use one of {sorted(EXTENSIONS)}", fatal=True)
+            )
+        if self.info.size == 0:
+            raise BadFile(FileIssue(kind="empty", message=f"{uri} is empty (0 bytes)", fatal=True))
+        readers = {"csv": self._csv, "parquet": self._parquet, "jsonl": self._jsonl}
+        try:
+            for batch in readers[self.fmt]():
+                canonical = to_canonical(batch, self.spec).to_batches()
+                for b in canonical:
+                    if self.fmt != "csv":
+                        self._check_utf8(b)
+                    self.rows += b.num_rows
+                    yield b
+        except SchemaMismatch as e:
+            raise BadFile(FileIssue(kind="type", message=f"{uri}: {e}", fatal=True)) from e
+        except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
+            raise BadFile(_classify(e, uri, self.fmt)) from e
+        if self._ragged_count:
+            shown = "; ".join(self._ragged)
+            self.issues.append(
+                FileIssue(kind="ragged_rows", message=f"{uri}: {self._ragged_count} row(s) with the wrong number of fields skipped, e.g. {shown}", fatal=False)
+            )
+        if self.rows == 0:
+            self.issues.append(FileIssue(kind="empty", message=f"{uri} has a header but no rows", fatal=False))
+
+    def _check_utf8(self, batch: pa.RecordBatch) -> None:
+        for name, column in zip(batch.schema.names, batch.columns):
+            if pa.types.is_string(column.type):
+                try:
+                    column.validate(full=True)
+                except pa.ArrowInvalid as e:
+                    raise BadFile(FileIssue(kind="encoding", message=f"{self.info.uri}: column {name!r} holds text that is not valid UTF-8 ({e})", fatal=True)) from e
+
+    def _columns(self, found: list[str]) -> list[str]:
+        """Check the file's columns against the declared ones; returns the declared columns to read."""
+        declared = list(self.spec.columns)
+        missing = [c for c in declared if c not in found]
+        extra = [c for c in found if c not in declared]
+        uri = self.info.uri
+        if missing and extra:
+            lowered = {c.lower().strip(): c for c in extra}
+            hints = [f"{lowered[m.lower()]!r} -> {m!r}" for m in missing if m.lower() in lowered]
+            hint = f"; renamed? {', '.join(hints)}" if hints else ""
+            raise BadFile(
+                FileIssue(
+                    kind="columns_renamed",
+                    message=f"{uri}: declared column(s) {missing} not found and undeclared column(s) {extra} found{hint}; the file has {found}",
+                    fatal=True,
+                )
+            )
+        if missing:
+            raise BadFile(
+                FileIssue(kind="columns_missing", message=f"{uri}: declared column(s) {missing} not found; the file has {found}", fatal=True)
+            )
+        if extra:
+            self.issues.append(
+                FileIssue(kind="columns_added", message=f"{uri}: undeclared column(s) {extra} are not ingested (declare them in columns to keep them)", fatal=False)
+            )
+        return declared
+
+    def _invalid_row(self, row: Any) -> str:
+        self._ragged_count += 1
+        if len(self._ragged) < 3:
+            self._ragged.append(f"expected {row.expected_columns} fields, got {row.actual_columns}: {row.text[:80]!r}")
+        return "skip"
+
+    def _csv(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.csv as pacsv
+
+        encoding = self.spec.source.encoding
+        parse = pacsv.ParseOptions(invalid_row_handler=self._invalid_row)
+        with self.store.open(self.info.uri, "rb") as f:
+            head = pacsv.open_csv(
+                f,
+                read_options=pacsv.ReadOptions(block_size=min(self.block_bytes, 1 << 20), encoding=encoding),
+                parse_options=pacsv.ParseOptions(invalid_row_handler=lambda row: "skip"),
+            )
+            found = head.schema.names
+        columns = self._columns(found)
+        types = {c: canonical_schema(self.spec).field(c).type for c in columns}
+        with self.store.open(self.info.uri, "rb") as f:
+            reader = pacsv.open_csv(
+                f,
+                read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=encoding),
+                parse_options=parse,
+                convert_options=pacsv.ConvertOptions(column_types=types, include_columns=columns),
+            )
+            yield from reader
+
+    def _parquet(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.parquet as pq
+
+        with self.store.open(self.info.uri, "rb") as f:
+            pf = pq.ParquetFile(f)
+            columns = self._columns(pf.schema_arrow.names)
+            yield from pf.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=columns, use_threads=True)
+
+    def _jsonl(self) -> Iterator[pa.RecordBatch]:
+        import pyarrow.json as pajson
+
+        with self.store.open(self.info.uri, "rb") as f:
+            found = pajson.open_json(f, read_options=pajson.ReadOptions(block_size=min(self.block_bytes, 1 << 20))).schema.names
+        columns = self._columns(found)
+        schema = canonical_schema(self.spec)
+        with self.store.open(self.info.uri, "rb") as f:
+            reader = pajson.open_json(
+                f,
+                read_options=pajson.ReadOptions(block_size=self.block_bytes),
+                parse_options=pajson.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+            )
+            for batch in reader:
+                yield batch.select(columns)
+

@@ -1,0 +1,77 @@
+"""The pipeline's expectation suite: generated from its declared columns, or read from its suite file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from trainyard.spec import PipelineSpec, load_suite_file
+
+# Type names Great Expectations accepts for each declared dtype: the numpy or
+# pandas-extension dtype of a column, or, for object (text) columns, the Python
+# type of every value.
+GX_TYPE_NAMES: dict[str, list[str]] = {
+    "int": ["int64", "int", "Int64Dtype"],
+    "float": ["float64", "float", "Float64Dtype"],
+    "str": ["str", "StringDtype"],
+    "bool": ["bool", "BooleanDtype"],
+}
+
+
+def expectation_configs(spec: PipelineSpec) -> list[dict[str, Any]]:
+    """The expectation suite built from a pipeline's columns, as Great Expectations `type`/`kwargs` pairs.
+
+    Table-level expectations come first (row count, exact ordered columns),
+    then per declared column: it exists, its type, no nulls (unless
+    `nullable`), its range (if `min`/`max`), its domain (if `domain`).
+
+    A nullable int column may also be float64: pandas (`to_pandas`,
+    `read_parquet`) turns int64 with nulls into float64. Integrality is
+    still guaranteed by `to_canonical`, which refuses fractional values.
+
+    Example:
+        >>> expectation_configs(spec)[0]  # doctest: +SKIP
+        {'type': 'expect_table_row_count_to_be_between', 'kwargs': {'min_value': 10, 'max_value': None}}
+    """
+    configs: list[dict[str, Any]] = [
+        {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": spec.min_rows, "max_value": spec.max_rows}},
+        {"type": "expect_table_columns_to_match_ordered_list", "kwargs": {"column_list": list(spec.columns)}},
+    ]
+    for name, column in spec.columns.items():
+        types = list(GX_TYPE_NAMES[column.dtype])
+        if column.dtype == "int" and column.nullable:
+            types.append("float64")
+        configs.append({"type": "expect_column_to_exist", "kwargs": {"column": name}})
+        configs.append({"type": "expect_column_values_to_be_in_type_list", "kwargs": {"column": name, "type_list": types}})
+        if not column.nullable:
+            configs.append({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": name}})
+        if column.min is not None or column.max is not None:
+            configs.append(
+                {
+                    "type": "expect_column_values_to_be_between",
+                    "kwargs": {"column": name, "min_value": column.min, "max_value": column.max},
+                }
+            )
+        if column.domain is not None:
+            configs.append({"type": "expect_column_values_to_be_in_set", "kwargs": {"column": name, "value_set": list(column.domain)}})
+    return configs
+
+
+def suite_expectations(spec: PipelineSpec) -> list[dict[str, Any]]:
+    """The pipeline's suite: the `suite` file when the spec names one, else `expectation_configs(spec)`."""
+    if spec.suite is None:
+        return expectation_configs(spec)
+    doc = load_suite_file(spec.suite)
+    return [{"type": e["type"], "kwargs": dict(e.get("kwargs") or {})} for e in doc["expectations"]]
+
+
+def suite_hash(spec: PipelineSpec) -> str:
+    """Short hash of the suite and platform settings: equal hashes accept and reject the same rows."""
+    payload = {
+        "suite": suite_expectations(spec),
+        "finite": {n: c.finite for n, c in spec.columns.items()},
+        "duplicates": spec.allow_duplicate_rows,
+        "policy": spec.on_bad_data,
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:8]
