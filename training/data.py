@@ -6,8 +6,8 @@ from typing import Optional
 
 import fsspec
 import lightning as L
-import pyarrow.parquet as pq
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 

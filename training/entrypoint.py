@@ -24,12 +24,15 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 import warnings
 from typing import Any, Optional
 
 import fsspec
 
-from training.errors import ConfigError, Preempted
+from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
+from training.errors import ConfigError, Preempted, StrategyConfigError
+from training.reporting import Reporter
 from training.spec import (
     CHECKPOINT_DIR,
     EXIT_BAD_CONFIG,
@@ -114,7 +117,8 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
 
 
 def _trainer_kwargs(spec: TrainSpec) -> dict[str, Any]:
-    from training.strategies import StrategyConfigError, trainer_kwargs
+    # Lightning (and torch) load only for trials that train with it, never for GBT trials.
+    from training.strategies import trainer_kwargs
 
     try:
         return trainer_kwargs(spec.distribution, int(os.environ.get("WORLD_SIZE", "1")))
@@ -126,6 +130,7 @@ def _logger(spec: TrainSpec) -> Any:
     t = spec.tracker
     if t.kind == "none" or t.mode == "disabled":
         return False
+    # Lightning (and torch) load only for trials that train with it, never for GBT trials.
     from lightning.pytorch.loggers import WandbLogger
 
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -146,7 +151,7 @@ def _logger(spec: TrainSpec) -> Any:
 
 
 def evaluate(model: Any, x: Any, y: Any) -> float:
-    import torch
+    import torch  # only Lightning trials get here; GBT trials never load torch
 
     model.eval()
     with torch.no_grad():
@@ -156,7 +161,7 @@ def evaluate(model: Any, x: Any, y: Any) -> float:
 
 def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
     """Write `model.pt2` (torch.export, dynamic batch) and `meta.json` for serving."""
-    import torch
+    import torch  # only Lightning trials get here; GBT trials never load torch
 
     model.eval()
     example = dm.example_input()
@@ -213,8 +218,7 @@ def select_sharded_resume(store: Any, rank: int, world: int) -> tuple[Any, str]:
     Raises:
         CheckpointLayoutError: the checkpoint was sharded over another world size.
     """
-    import uuid
-
+    # torch loads only for Lightning trials, never for GBT trials.
     import torch.distributed as dist
 
     from training.checkpointing import CheckpointUnusable, SkippedCheckpointWarning
@@ -253,21 +257,20 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     (`training.strategies.CheckedModelParallelStrategy`).
     """
     if spec.task == "gbt":
+        # LightGBM loads only for GBT trials, never beside torch in a Lightning trial.
         from training.gbt import run_gbt
 
         return run_gbt(spec)
+    # Imported after the GBT branch: these load torch and Lightning, which a GBT trial never needs.
     import lightning as L
 
-    from training.callbacks import FaultInjectionCallback, ProgressCallback
-    from training.checkpointing import CheckpointStore
-    from training.data import read_parquet_tensors
     from training import determinism
+    from training.callbacks import FaultInjectionCallback, ProgressCallback
+    from training.checkpointing import CheckpointError, CheckpointStore
+    from training.data import read_parquet_tensors
     from training.distributed import init_process_group
-    from training.pruning import pruning_callback
-    from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
     from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
-    from training.reporting import Reporter
-    from training.checkpointing import CheckpointError
+    from training.pruning import pruning_callback
     from training.strategies import is_sharded
 
     started_wall = time.time()
@@ -400,6 +403,7 @@ def failure_category(exc: BaseException) -> str:
     """config | user | preempted | infra: what the launcher maps to terminal or retryable."""
     # The SIGTERM flag lives in training.fault_tolerance; not imported (GBT, early failures) means never set.
     fault_tolerance = sys.modules.get("training.fault_tolerance")
+    # The checkpoint store loads torch, which a GBT trial that failed never needs.
     from training.checkpointing import CheckpointError
 
     if isinstance(exc, ConfigError):

@@ -7,3 +7,10 @@ class ConfigError(ValueError):
 
 class Preempted(Exception):
     """SIGTERM reached a rank; a checkpoint was committed and the run stops to be resumed."""
+
+
+class StrategyConfigError(ConfigError):
+    """The distribution cannot run in this process group or with this model; retrying cannot help.
+
+    A `ConfigError`, so the entrypoint exits with `EXIT_BAD_CONFIG` wherever it is raised.
+    """

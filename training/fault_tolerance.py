@@ -29,8 +29,8 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from training.attempts import AttemptLog, FaultMarkers, goodput, read_attempts  # noqa: F401  (re-exported)
-from training.errors import Preempted  # noqa: F401  (raised here, classified by the entrypoint)
 from training.checkpointing import AsyncCheckpointWriter, CheckpointStore, LoadedCheckpoint, rng_state, set_rng_state, young_daly_interval
+from training.errors import Preempted
 from training.resumable import ResumableSampler
 from training.spec import CheckpointPolicy, FaultInjection
 

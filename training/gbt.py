@@ -54,11 +54,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import fsspec
+import lightgbm as lgb
 import numpy as np
+import pyarrow.parquet as pq
+import pyarrow.types as pat
 
+from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
 from training.errors import ConfigError, Preempted
 from training.reporting import Reporter
-from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
 from training.spec import CHECKPOINT_DIR, TrainResult, TrainSpec
 
 log = logging.getLogger("trainyard.training")
@@ -98,8 +101,6 @@ class Splits:
 
 
 def _read_split(uri: str, features: list[str], target: str) -> tuple[np.ndarray, np.ndarray, str]:
-    import pyarrow.parquet as pq
-    import pyarrow.types as pat
 
     try:
         with fsspec.open(uri, "rb") as f:
@@ -272,8 +273,6 @@ class ModelFileCheckpoint:
 
     def load(self) -> tuple[Optional[Any], list[float]]:
         """The saved booster (or None) and the monitored values the state file holds for it."""
-        import lightgbm as lgb
-
         text = _read_text(self.model_uri)
         if text is None:
             return None, []
@@ -297,7 +296,7 @@ class OptunaReporter:
     """Reports the monitored value to the spec's Optuna trial and asks its pruner (single process: no broadcast)."""
 
     def __init__(self, storage_url: str, study_name: str, number: int) -> None:
-        import optuna
+        import optuna  # loaded only for trials of a sweep
 
         kwargs: dict[str, Any] = {"engine_kwargs": {"connect_args": {"timeout": 60}}} if storage_url.startswith("sqlite") else {}
         storage = optuna.storages.RDBStorage(storage_url, **kwargs)
@@ -317,7 +316,7 @@ class OptunaReporter:
         return self.trial.should_prune()
 
     def mark_pruned(self) -> None:
-        from optuna.trial import TrialState
+        from optuna.trial import TrialState  # loaded only for trials of a sweep
 
         self.study.tell(self.number, state=TrialState.PRUNED)
         self.active = False
@@ -358,8 +357,6 @@ class _Loop:
         self._tick = time.perf_counter()
 
     def __call__(self, env: Any) -> None:
-        import lightgbm as lgb
-
         rec = self.attempt.record
         now = time.perf_counter()
         rec["productive_seconds"] += now - self._tick
@@ -457,7 +454,7 @@ def _tracker(spec: TrainSpec) -> Any:
     t = spec.tracker
     if t.kind == "none" or t.mode == "disabled":
         return None
-    import wandb
+    import wandb  # loaded only when the trial is tracked
 
     os.environ.setdefault("WANDB_SILENT", "true")
     if t.dir:
@@ -476,8 +473,6 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
         ConfigError: the spec cannot work (bad objective, parameter or monitor, missing data).
         training.errors.Preempted: SIGTERM arrived; the model file was committed first.
     """
-    import lightgbm as lgb
-
     started_wall, started = time.time(), time.perf_counter()
     out = spec.output_uri.rstrip("/")
     objective = resolve_objective(spec.model.kwargs)

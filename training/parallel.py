@@ -38,11 +38,12 @@ from typing import Any
 import lightning as L
 import torch
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 from torch.nn import functional as F
 from typing_extensions import override
 
-from training.strategies import StrategyConfigError
+from training.errors import StrategyConfigError
 
 __all__ = ["ClassifierSteps", "MLPClassifier", "ParallelizableModule", "ColwiseParallel", "RowwiseParallel"]
 
@@ -73,8 +74,6 @@ class ParallelizableModule(L.LightningModule):
                 )
             parallelize_module(self, tp_mesh, plan)
         if dp_mesh.size() > 1:
-            from torch.distributed.fsdp import fully_shard
-
             for unit in self.fsdp_units():
                 fully_shard(unit, mesh=dp_mesh)
             fully_shard(self, mesh=dp_mesh)

@@ -36,7 +36,7 @@ def build_pruner(spec: PrunerSpec, max_epochs: Optional[int] = None) -> Any:
         spec: the pruner settings.
         max_epochs: the trial's epoch budget; Hyperband's `max_resource` when unset.
     """
-    import optuna
+    import optuna  # every Lightning trial imports this module; Optuna loads only for trials of a sweep
 
     if spec.kind == "none":
         return optuna.pruners.NopPruner()
@@ -91,7 +91,7 @@ class OptunaPruning(Callback):
 
     def _connect(self) -> None:
         """Rank 0: open the storage and check the trial can still take reports (fail before compute)."""
-        import optuna
+        import optuna  # every Lightning trial imports this module; Optuna loads only for trials of a sweep
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         kwargs: dict[str, Any] = {}

@@ -28,7 +28,7 @@ class Reporter:
 
     def __enter__(self) -> "Reporter":
         if self.rank == 0 and os.environ.get(PIPES_ENV):
-            from dagster_pipes import open_dagster_pipes
+            from dagster_pipes import open_dagster_pipes  # needed only when launched through Dagster Pipes
 
             self._stack = open_dagster_pipes()
             self._pipes = self._stack.__enter__()

@@ -176,7 +176,7 @@ class ExportedModel(mlflow.pyfunc.PythonModel):
 
 
 def _load_torch_export(path: str) -> Callable[[np.ndarray], np.ndarray]:
-    import torch
+    import torch  # each runtime loads only for its own flavour: a LightGBM server needs no torch
 
     module = torch.export.load(path).module()
 
@@ -188,7 +188,7 @@ def _load_torch_export(path: str) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def _load_lightgbm(path: str, meta: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
-    import lightgbm
+    import lightgbm  # each runtime loads only for its own flavour: a torch server needs no LightGBM
 
     booster = lightgbm.Booster(model_file=path)
     best = meta.get("best_iteration")

@@ -29,24 +29,24 @@ from __future__ import annotations
 
 import warnings
 from fnmatch import fnmatch
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
+import fsspec
+import lightning as L
+import torch
+import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from torch import Tensor, nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import ParallelStyle
 from typing_extensions import override
 
-from training.errors import ConfigError
+from training.checkpointing import CheckpointLayoutError, ShardSpec, is_dtensor_marker, localize_dtensors
+from training.errors import StrategyConfigError
+from training.parallel import ParallelizableModule
 from training.spec import Distribution
-
-if TYPE_CHECKING:
-    import lightning as L
-    from torch import Tensor, nn
-
-
-class StrategyConfigError(ConfigError):
-    """The distribution cannot run in this process group or with this model; retrying cannot help.
-
-    A `ConfigError`, so the entrypoint exits with `EXIT_BAD_CONFIG` wherever it is raised.
-    """
 
 
 def _backend(dist: Distribution) -> str:
@@ -111,8 +111,6 @@ class CheckedModelParallelStrategy(ModelParallelStrategy):
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
         if self.committed_io is None:
             return super().save_checkpoint(checkpoint, filepath, storage_options)
-        from training.checkpointing import ShardSpec, localize_dtensors
-
         self._saves += 1  # saves are collective, so the count (and the token) agrees on every rank
         opts = dict(storage_options or {})
         opts["shard"] = ShardSpec(rank=self.global_rank, world_size=self.world_size, token=f"{self.shard_token}:{self._saves}")
@@ -130,10 +128,6 @@ class CheckedModelParallelStrategy(ModelParallelStrategy):
 
 def _sharded_like(saved: Any, like: Any, where: str) -> Any:
     """A DTensor shaped and placed like `like` holding a marker's local shard (anything else as saved)."""
-    from torch.distributed.tensor import DTensor
-
-    from training.checkpointing import CheckpointLayoutError, is_dtensor_marker
-
     if not is_dtensor_marker(saved):
         return saved
     if not isinstance(like, DTensor):
@@ -149,7 +143,7 @@ def _sharded_like(saved: Any, like: Any, where: str) -> Any:
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
 
 
-def restore_sharded(model: "nn.Module", optimizers: list[Any], state: dict[str, Any]) -> None:
+def restore_sharded(model: nn.Module, optimizers: list[Any], state: dict[str, Any]) -> None:
     """Load this rank's shard of a committed checkpoint into a sharded model and its optimizers.
 
     `state` is what `CheckpointStore.load(name, rank=r)` returned for this rank
@@ -162,14 +156,10 @@ def restore_sharded(model: "nn.Module", optimizers: list[Any], state: dict[str, 
     Raises:
         CheckpointLayoutError: the checkpoint's shards do not fit this model's placement.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict, get_model_state_dict
-
     live = get_model_state_dict(model)
     saved = state.pop("state_dict")
     missing = sorted(set(live) - set(saved))
     if missing:
-        from training.checkpointing import CheckpointLayoutError
-
         raise CheckpointLayoutError(f"checkpoint lacks model weights {missing[:5]}")
     weights = {k: _sharded_like(v, live.get(k), f"weight {k!r}") for k, v in saved.items()}
     set_model_state_dict(model, weights, options=StateDictOptions(strict=True))
@@ -181,7 +171,7 @@ def restore_sharded(model: "nn.Module", optimizers: list[Any], state: dict[str, 
         set_optimizer_state_dict(model, optimizer, {"state": per_param, "param_groups": osd["param_groups"]})
 
 
-def _matching_modules(root: "nn.Module", fqn: str) -> list["nn.Module"]:
+def _matching_modules(root: nn.Module, fqn: str) -> list[nn.Module]:
     """Submodules `parallelize_module` would apply a plan key to: fnmatch per dotted atom."""
     level = [root]
     for token in fqn.split("."):
@@ -202,11 +192,6 @@ def check_model_supports(model: Any, dist: Distribution) -> None:
     """
     if dist.strategy == "ddp":
         return
-    from torch import nn
-    from torch.distributed.tensor.parallel import ParallelStyle
-
-    from training.parallel import ParallelizableModule
-
     name = type(model).__name__
     if not isinstance(model, ParallelizableModule):
         plan_hint = " and implement tensor_parallel_plan() -> {submodule FQN: ColwiseParallel() | RowwiseParallel()}"
@@ -244,7 +229,7 @@ def check_model_supports(model: Any, dist: Distribution) -> None:
                 )
 
 
-def full_state_dict(checkpoint_path: str) -> dict[str, "Tensor"]:
+def full_state_dict(checkpoint_path: str) -> dict[str, Tensor]:
     """Full (unsharded, plain CPU tensors) model weights of a Lightning checkpoint.
 
     Reads a single-file checkpoint (DDP, one process) with `torch.load`, and a
@@ -253,16 +238,10 @@ def full_state_dict(checkpoint_path: str) -> dict[str, "Tensor"]:
     rank's shards in this process. No collectives: rank 0 may call it alone
     after the other ranks have finished.
     """
-    import fsspec
-    import torch
-
     fs, path = fsspec.core.url_to_fs(checkpoint_path)
     if not fs.isdir(path):
         with fs.open(path, "rb") as f:
             return torch.load(f, map_location="cpu", weights_only=True)["state_dict"]
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     if "file" not in protocols:
         raise ValueError(f"distributed checkpoint {checkpoint_path!r}: only local (or mounted) directories can be read back")
@@ -285,14 +264,12 @@ def full_state_dict(checkpoint_path: str) -> dict[str, "Tensor"]:
     return wrapped["state_dict"]
 
 
-def is_sharded(model: "nn.Module") -> bool:
+def is_sharded(model: nn.Module) -> bool:
     """Whether any parameter of `model` is a DTensor (sharded by FSDP2 or tensor parallel)."""
-    from torch.distributed.tensor import DTensor
-
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def evaluation_model(model: "L.LightningModule", checkpoint_path: str, rebuild: Callable[[], "L.LightningModule"]) -> "L.LightningModule":
+def evaluation_model(model: L.LightningModule, checkpoint_path: str, rebuild: Callable[[], L.LightningModule]) -> L.LightningModule:
     """An unsharded model holding the weights of `checkpoint_path`, for evaluation and export in one process.
 
     `model` itself when it is unsharded (DDP, one process); otherwise a fresh

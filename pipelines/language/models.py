@@ -15,8 +15,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from torch.nn import functional as F
 from typing_extensions import override
 
+from training.errors import StrategyConfigError
 from training.parallel import ClassifierSteps, ParallelizableModule
-from training.strategies import StrategyConfigError
 
 
 def check_heads_split(heads: int, tensor_parallel_size: int) -> None:

@@ -181,6 +181,18 @@ def test_transient_write_failures_are_retried_with_backoff(store: CheckpointStor
     assert store.latest().step == 1
 
 
+def test_backoff_doubles_without_a_cap_and_each_retry_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    sleeps: list[float] = []
+    store = CheckpointStore(str(tmp_path / "ckpt"), max_write_attempts=4, retry_backoff_s=40.0, sleep=sleeps.append)
+    store.fail_next_writes = 3
+    with caplog.at_level("WARNING", logger="trainyard.training.checkpointing"):
+        store.save(1, _state(1))
+    assert sleeps == [40.0, 80.0, 160.0]
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert [m.split("(attempt ")[1].split(")")[0] for m in retries] == ["1 of 4", "2 of 4", "3 of 4"]
+    assert store.latest().step == 1
+
+
 def test_failed_move_is_retried_and_leaves_no_temporary_files(
     store: CheckpointStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

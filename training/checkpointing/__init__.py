@@ -1,0 +1,81 @@
+"""Committed checkpoints on any fsspec filesystem, an asynchronous writer, RNG capture.
+
+Every layer of fault tolerance (torchrun, the Job, Dagster's retry) resumes from
+the newest *committed* checkpoint. Layout under the root (a local path or
+`s3://bucket/prefix`)::
+
+    <root>/step-000000012/state.pt        payload, written as `.tmp-<uuid>` and moved into place
+    <root>/step-000000012/MANIFEST.json   written last, the same way: the commit marker
+
+A step directory without `MANIFEST.json` is partial and never loaded. A
+committed one whose files do not match the sizes and sha256 in its manifest is
+skipped with a warning and the previous one is used.
+
+Replicated state (DDP, one process): rank 0 writes `state.pt`. Sharded state
+(FSDP2, tensor parallel: parameters and optimizer states are DTensors) is
+written by every rank at once, without gathering::
+
+    <root>/step-000000012/shard-00001.pt    rank 1's own state: each DTensor as its local shard
+    <root>/step-000000012/shard-00001.json  rank 1's sidecar: sha256, size and the save's token
+    <root>/step-000000012/MANIFEST.json     rank 0 writes it once every rank's sidecar carries this save's token
+
+Each DTensor is stored as its local tensor plus its global shape and offset
+(`localize_dtensors`), so a rank resumes from its own file (same world size and
+mesh) and one process can reassemble the full state (`merge_shards`) for
+evaluation, export and tools. `load(name, rank=r)` verifies only rank r's file;
+ranks agree on which checkpoint to use (see `training.entrypoint`).
+
+Readers may be any number of processes.
+
+Modules: `store` (`CheckpointStore`), `layout` (names and the manifest),
+`files` (staged, hashed writes), `sharding` (`ShardSpec`, DTensors as plain
+data), `writer` (`AsyncCheckpointWriter`, `young_daly_interval`), `rng`
+(`rng_state`), `errors`.
+
+Example:
+    >>> import tempfile
+    >>> store = CheckpointStore(tempfile.mkdtemp(), keep_last=2)
+    >>> uri = store.save(100, {"weights": torch.zeros(2), "rng": rng_state()}, metrics={"val_acc": 0.9}, best=True)
+    >>> resumed = store.latest()
+    >>> resumed.step, resumed.metrics
+    (100, {'val_acc': 0.9})
+    >>> set_rng_state(resumed.state["rng"])
+"""
+
+from training.checkpointing.errors import (
+    CheckpointError,
+    CheckpointLayoutError,
+    CheckpointUnusable,
+    CheckpointWriteError,
+    SkippedCheckpointWarning,
+)
+from training.checkpointing.layout import FORMAT_VERSION, MANIFEST, PAYLOAD
+from training.checkpointing.rng import rng_state, set_rng_state
+from training.checkpointing.sharding import DTENSOR, ShardSpec, is_dtensor_marker, localize_dtensors, merge_shards, shard_file
+from training.checkpointing.store import CheckpointStore, LoadedCheckpoint
+from training.checkpointing.writer import AsyncCheckpointWriter, HostBuffers, snapshot_to_cpu, young_daly_interval
+
+__all__ = [
+    "DTENSOR",
+    "FORMAT_VERSION",
+    "MANIFEST",
+    "PAYLOAD",
+    "AsyncCheckpointWriter",
+    "CheckpointError",
+    "CheckpointLayoutError",
+    "CheckpointStore",
+    "CheckpointUnusable",
+    "CheckpointWriteError",
+    "HostBuffers",
+    "LoadedCheckpoint",
+    "ShardSpec",
+    "SkippedCheckpointWarning",
+    "is_dtensor_marker",
+    "localize_dtensors",
+    "merge_shards",
+    "rng_state",
+    "set_rng_state",
+    "shard_file",
+    "snapshot_to_cpu",
+    "young_daly_interval",
+]
