@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional
 
 from training.spec import Distribution
+from trainyard.metadata import Markdown
 
 if TYPE_CHECKING:
     from trainyard.spec import PipelineSpec
@@ -426,17 +427,15 @@ class TrialPlan:
         return head + "\n".join(rows)
 
     def metadata(self) -> dict[str, Any]:
-        """Dagster metadata of the trial_model asset (markdown values are wrapped by the caller's `MetadataValue`)."""
-        from dagster import MetadataValue
-
+        """Metadata of the trial_model asset; markdown values are `Markdown` (rendered by the asset layer)."""
         meta: dict[str, Any] = {
             "strategy": self.strategy_label,
             "strategy_chosen_by": self.chosen_by,
-            "plan_reasoning": MetadataValue.md(self.reasoning),
+            "plan_reasoning": Markdown(self.reasoning),
         }
         if self.estimates:
             meta.update({
-                "plan": MetadataValue.md(self.table_markdown()),
+                "plan": Markdown(self.table_markdown()),
                 "model_params": self.params,
                 "usable_device_memory_gb": round(self.usable_gb, 3),
                 "device_memory_source": self.device_memory_source,

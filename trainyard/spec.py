@@ -34,6 +34,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from training.spec import CheckpointPolicy, Distribution, ImportTarget, PrunerSpec
+from trainyard.cron import is_valid_cron
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
 
@@ -511,9 +512,7 @@ class RetrainPolicy(_Strict):
     def _cron(cls, v: Optional[str]) -> Optional[str]:
         if v is None:
             return v
-        from dagster._utils.schedules import is_valid_cron_string
-
-        if not is_valid_cron_string(v):
+        if not is_valid_cron(v):
             raise ValueError(f"cron {v!r} is not a cron string; use five fields 'minute hour day month weekday', e.g. '0 3 * * *' (03:00 daily)")
         return v
 

@@ -25,6 +25,7 @@ from trainyard.planner import (
     training_time,
 )
 from training.spec import Distribution
+from trainyard.metadata import Markdown
 
 B = 1_000_000_000
 
@@ -226,7 +227,8 @@ def test_gbt_is_not_planned() -> None:
     p = plan_trial(spec, {}, lambda: 0)
     assert (p.chosen_by, p.distribution.strategy, p.estimates) == ("skipped", "ddp", ())
     meta = p.metadata()
-    assert meta["strategy"] == "none (one process)" and "gbt task" in meta["plan_reasoning"].value and "plan" not in meta
+    assert meta["strategy"] == "none (one process)" and "gbt task" in meta["plan_reasoning"] and "plan" not in meta
+    assert isinstance(meta["plan_reasoning"], Markdown)
 
 
 def test_auto_is_a_pipeline_setting_only() -> None:
