@@ -9,7 +9,7 @@ export GX_ANALYTICS_ENABLED := False
 export WANDB_SILENT := true
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-all ui mlflow-ui bench clean
+.PHONY: install demo test test-all lint ui mlflow-ui bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,11 +29,23 @@ WORKERS ?= 2
 test: $(STAMP)
 	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) $(PYTEST_ARGS)
 
+# The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.
+lint: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
 ui: $(STAMP)
 	$(BIN)/trainyard init
 	$(BIN)/dagster dev -w workspace.yaml
 
-mlflow-ui: $(STAMP)
+mlflow-# The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.
+lint: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(TRAINYARD_HOME)/mlflow.db --port 5000
 
 bench: $(STAMP)
