@@ -26,9 +26,9 @@ from dagster import AssetExecutionContext, AssetKey, Config, MaterializeResult, 
 from pydantic import Field, field_validator
 
 from resources.storage import ObjectStore
+from trainyard import naming
 
 USAGE_KEY = AssetKey(["platform", "gpu_usage"])
-RESULT_GLOB = "runs/*/*/*/*/result.json"
 
 
 class UsageConfig(Config):
@@ -79,7 +79,7 @@ class RunUsage:
 def collect_runs(store: ObjectStore) -> list[RunUsage]:
     """Every finished trial under `<store>/runs`, sorted by team, pipeline, study and trial."""
     runs = []
-    for info in store.list_files(store.uri(RESULT_GLOB)):
+    for info in store.list_files(naming.trial_results_glob(store)):
         directory = info.uri.rsplit("/", 1)[0]
         team, pipeline, study, trial = directory.split("/")[-4:]
         result = store.read_json(info.uri)
@@ -187,6 +187,7 @@ def run_table(runs: list[RunUsage], config: UsageConfig, limit: int = 200) -> st
 
 def usage_plot(summary: dict[str, Any]) -> bytes:
     """PNG: device-hours per team, productive and not, with the cost on each bar."""
+    # matplotlib is heavy and only this asset draws: import it when the asset runs, not with every code location.
     import matplotlib
 
     matplotlib.use("Agg")
@@ -220,7 +221,7 @@ def gpu_usage(context: AssetExecutionContext, config: UsageConfig, store: Object
     runs = collect_runs(store)
     summary = summarize(runs, config)
     png = usage_plot(summary)
-    base = store.uri("platform", "gpu_usage")
+    base = naming.usage_dir(store)
     store.write_bytes(f"{base}/usage.png", png)
     store.write_json(f"{base}/summary.json", {**summary, "runs": [asdict(r) for r in runs]})
     total = summary["total"]

@@ -110,12 +110,12 @@ def platform_once(home: Path) -> dict[str, Any]:
         "prepare_seconds": prepared - started,
         "train_seconds": ended - prepared,
         "steps": {**_step_seconds(instance, prepare.run_id), **_step_seconds(instance, train.run_id)},
-        "pod_wall_seconds": trial["wall_seconds"],
-        "pod_startup_seconds": trial["goodput"].get("startup_seconds"),
-        "pod_fit_seconds": trial["fit_seconds"],
-        "test_acc": trial["metrics"]["test_acc"],
-        "best_iteration": trial["metrics"]["best_iteration"],
-        "validated": prepare.output_for_node(f"{node}validated_data"),
+        "pod_wall_seconds": trial.wall_seconds,
+        "pod_startup_seconds": trial.goodput.get("startup_seconds"),
+        "pod_fit_seconds": trial.fit_seconds,
+        "test_acc": trial.metrics["test_acc"],
+        "best_iteration": trial.metrics["best_iteration"],
+        "validated": prepare.output_for_node(f"{node}validated_data").model_dump(),
     }
 
 

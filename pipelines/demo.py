@@ -48,9 +48,9 @@ def run_demo() -> int:
     from pipelines.environments import local_resources
 
     sweeps = local_resources()["sweeps"]
-    study = sweeps.load(sweep["study"])
+    study = sweeps.load(sweep.study)
     done = {t.number for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"}
-    for key in sweep["trials"]:
+    for key in sweep.trials:
         if int(key.split("-")[1]) in done:
             print(f"  {key}: already trained on this data and code, skipped")
             continue
@@ -62,10 +62,10 @@ def run_demo() -> int:
     reg = promote.output_for_node(f"{digits.team}__{digits.name}__registered_model")
     best = promote.output_for_node(f"{digits.team}__{digits.name}__best_model")
     print()
-    print(f"registered model : {reg['name']} version {reg['version']} ({'new' if reg['created'] else 'existing, no duplicate'})")
-    print(f"champion         : {reg['champion']}")
-    print(f"best trial       : {best['trial']} params {best['params']}")
-    print(f"test accuracy    : {reg['test_acc']:.4f}")
+    print(f"registered model : {reg.name} version {reg.version} ({'new' if reg.created else 'existing, no duplicate'})")
+    print(f"champion         : {reg.champion}")
+    print(f"best trial       : {best.trial} params {best.params}")
+    print(f"test accuracy    : {reg.metrics['test_acc']:.4f}")
     print(f"Dagster runs     : make ui, then open http://127.0.0.1:3000/runs (promote run {promote.run_id})")
-    print(f"MLflow           : make mlflow-ui, then open http://127.0.0.1:5000/#/models/{reg['name']}")
+    print(f"MLflow           : make mlflow-ui, then open http://127.0.0.1:5000/#/models/{reg.name}")
     return 0

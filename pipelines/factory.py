@@ -4,15 +4,18 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from dagster import AssetKey, AssetSelection, Definitions, define_asset_job
+from dagster import AssetSelection, Definitions, define_asset_job
 
-from assets.factory import build_assets, trials_partitions
+from assets.factory import asset_key, build_assets, trials_partitions
+from pipelines.environments import resources_for
+from pipelines.landing_sensor import build_landing_sensor
+from pipelines.retrain import build_drift_sensor, build_retrain_schedule, prepare_selection
+from pipelines.sensors import sweep_sensor
+from trainyard import naming
+from trainyard.naming import job_names
 from trainyard.spec import PipelineSpec
 
-
-def job_names(spec: PipelineSpec) -> dict[str, str]:
-    base = f"{spec.team}__{spec.name}"
-    return {"prepare": f"{base}__prepare", "train": f"{base}__train", "promote": f"{base}__promote"}
+__all__ = ["build_definitions", "job_names"]
 
 
 def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] = None) -> Definitions:
@@ -30,11 +33,6 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
     `pipelines.retrain`; without `on_new_data` there is no landing sensor.
     A team module builds them with `pipelines.team.team_definitions`.
     """
-    from pipelines.environments import resources_for
-    from pipelines.landing_sensor import build_landing_sensor
-    from pipelines.retrain import build_drift_sensor, build_retrain_schedule, prepare_selection
-    from pipelines.sensors import TEAM_TAG, sweep_sensor
-
     seen: set[str] = set()
     assets: list[Any] = []
     jobs: list[Any] = []
@@ -46,12 +44,13 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
         seen.add(spec.key)
         assets += build_assets(spec)
         names = job_names(spec)
-        k = lambda n: AssetKey([spec.team, spec.name, n])  # noqa: E731
-        prepare = define_asset_job(names["prepare"], selection=AssetSelection.assets(k("raw_data"), k("validated_data"), k("sweep")))
+        keys = {n: asset_key(spec, n) for n in naming.ASSETS}
+        prepare = define_asset_job(names["prepare"], selection=AssetSelection.assets(*(keys[n] for n in (naming.RAW_DATA, naming.VALIDATED_DATA, naming.SWEEP))))
         train = define_asset_job(
-            names["train"], selection=AssetSelection.assets(k("trial_model")), partitions_def=trials_partitions(spec), tags={TEAM_TAG: spec.team}
+            names["train"], selection=AssetSelection.assets(keys[naming.TRIAL_MODEL]), partitions_def=trials_partitions(spec), tags={naming.TEAM_TAG: spec.team}
         )
-        jobs += [prepare, train, define_asset_job(names["promote"], selection=AssetSelection.assets(k("best_model"), k("registered_model")))]
+        promote = define_asset_job(names["promote"], selection=AssetSelection.assets(keys[naming.BEST_MODEL], keys[naming.REGISTERED_MODEL]))
+        jobs += [prepare, train, promote]
         policy = spec.retrain_policy
         gated = policy.drift_psi is not None
         if policy.on_new_data:

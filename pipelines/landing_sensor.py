@@ -22,14 +22,13 @@ from typing import Optional, Sequence
 
 from dagster import AssetKey, DefaultSensorStatus, RunRequest, SensorDefinition, SensorEvaluationContext, SkipReason, sensor
 
-from trainyard.spec import PipelineSpec
 from resources.storage import ObjectStore
+from trainyard import naming
+from trainyard.data import ingest
+from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG
+from trainyard.spec import PipelineSpec
 
 MINIMUM_INTERVAL_SECONDS = 60
-
-
-def sensor_name(spec: PipelineSpec) -> str:
-    return f"{spec.team}__{spec.name}__landing"
 
 
 def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None) -> tuple[RunRequest | SkipReason, str | None]:
@@ -39,8 +38,6 @@ def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None)
         The run request or skip reason, and the new cursor (the landing
         listing's digest; unchanged when nothing is listed).
     """
-    from assets import ingest
-
     files = ingest.list_landing(store, spec.source)
     if not files:
         patterns = ", ".join(ingest.landing_patterns(store, spec.source))
@@ -56,9 +53,9 @@ def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None)
     request = RunRequest(
         run_key=f"landing-{digest}",
         tags={
-            "trainyard/pipeline": spec.key,
-            "trainyard/landing_digest": digest,
-            "trainyard/new_files": str(len(pending)),
+            PIPELINE_TAG: spec.key,
+            LANDING_DIGEST_TAG: digest,
+            NEW_FILES_TAG: str(len(pending)),
             "trainyard/new_file_names": shown[:200],
         },
     )
@@ -80,7 +77,7 @@ def build_landing_sensor(
     """
 
     @sensor(
-        name=sensor_name(spec),
+        name=naming.landing_sensor_name(spec),
         job_name=job_name,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=DefaultSensorStatus.STOPPED,

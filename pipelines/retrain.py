@@ -4,7 +4,7 @@ A pipeline's `RetrainPolicy` (or its team's default) chooses them; see
 `trainyard.spec.RetrainPolicy`. The rule they share: nothing retrains on a data
 version that was already trained on. A data version is the DVC md5 of the raw
 snapshot (`raw_data`'s `DataVersion`); a sweep is one Optuna study per pipeline
-definition and data version (`assets.factory.study_name`), so "already trained
+definition and data version (`trainyard.naming.study_name`), so "already trained
 on" means the latest `sweep` materialization is that version's study.
 
 - Schedule `<team>__<name>__retrain` (`RetrainPolicy.cron`): each tick lists the
@@ -15,7 +15,7 @@ on" means the latest `sweep` materialization is that version's study.
 - Sensor `<team>__<name>__drift` (`RetrainPolicy.drift_psi`): compares the newest
   validated version with the version the `champion` model was trained on (its
   registry tags `trainyard.data_version` and `trainyard.test_split`), with the
-  same per-feature drift as `validated_data` (`trainyard.data.quality.drift`, PSI
+  same per-feature drift as `validated_data` (`trainyard.data.drift`, PSI
   over the kept profiles and samples), and requests the sweep only when the
   largest PSI exceeds `drift_psi`. The measured drift goes into the run's tags
   (`trainyard/drift_psi`, `trainyard/drift_column`, ...) or the skip reason.
@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+import pyarrow.parquet as pq
 from dagster import (
     AssetKey,
     DagsterInstance,
@@ -42,53 +43,41 @@ from dagster import (
     sensor,
 )
 
-from trainyard.spec import PipelineSpec
+from assets.factory import asset_key
+from pipelines.sensors import latest_study
 from resources.registry import ModelRegistry, ModelVersionInfo
 from resources.storage import ObjectStore
+from trainyard import naming
+from trainyard.data import ingest
+from trainyard.data.drift import drift
+from trainyard.lineage import DATA_VERSION_TAG, TEST_SPLIT_TAG
+from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG, TRIGGER_TAG
+from trainyard.promotion import CHAMPION
+from trainyard.spec import PipelineSpec
 
-TRIGGER_TAG = "trainyard/trigger"
-PIPELINE_TAG = "trainyard/pipeline"
-DATA_VERSION_TAG = "trainyard.data_version"  # lineage tag on every registered version (trainyard.lineage)
 DRIFT_MINIMUM_INTERVAL_SECONDS = 300
-
-
-def schedule_name(spec: PipelineSpec) -> str:
-    return f"{spec.team}__{spec.name}__retrain"
-
-
-def drift_sensor_name(spec: PipelineSpec) -> str:
-    return f"{spec.team}__{spec.name}__drift"
-
-
-def _key(spec: PipelineSpec, asset: str) -> AssetKey:
-    return AssetKey([spec.team, spec.name, asset])
 
 
 def prepare_selection(spec: PipelineSpec) -> list[AssetKey]:
     """What a landing or scheduled run materializes: all of `prepare`, or ingest and validation only when drift gates retraining."""
-    names = ["raw_data", "validated_data"] + ([] if spec.retrain_policy.drift_psi is not None else ["sweep"])
-    return [_key(spec, n) for n in names]
+    names = [naming.RAW_DATA, naming.VALIDATED_DATA] + ([] if spec.retrain_policy.drift_psi is not None else [naming.SWEEP])
+    return [asset_key(spec, n) for n in names]
 
 
 def latest_validated(store: ObjectStore, spec: PipelineSpec) -> Optional[dict[str, Any]]:
     """The newest accepted data version (`validated/latest.json`: md5, split_id, profile and sample URIs), or None."""
-    uri = store.uri("data", spec.team, spec.name, "validated", "latest.json")
+    uri = naming.validated_latest(store, spec.team, spec.name)
     return store.read_json(uri) if store.exists(uri) else None
 
 
 def swept(instance: DagsterInstance, spec: PipelineSpec, md5: str) -> Optional[str]:
     """The study of the latest sweep when it is this data version's study (already trained on), else None."""
-    from assets.factory import study_name
-    from pipelines.sensors import latest_study
-
-    study = study_name(spec, md5)
+    study = naming.study_name(spec, md5)
     return study if latest_study(instance, spec) == study else None
 
 
 def evaluate_schedule(spec: PipelineSpec, store: ObjectStore, instance: DagsterInstance) -> RunRequest | SkipReason:
     """One tick of the retrain schedule (see the module docstring), as a function of the store and the instance."""
-    from assets import ingest
-
     files = ingest.list_landing(store, spec.source)
     if not files:
         return SkipReason(f"{spec.key}: no landing files match {', '.join(ingest.landing_patterns(store, spec.source))}")
@@ -98,7 +87,7 @@ def evaluate_schedule(spec: PipelineSpec, store: ObjectStore, instance: DagsterI
         digest = ingest.landing_digest(files)
         return RunRequest(
             asset_selection=prepare_selection(spec),
-            tags={**tags, "trainyard/landing_digest": digest, "trainyard/new_files": str(len(pending))},
+            tags={**tags, LANDING_DIGEST_TAG: digest, NEW_FILES_TAG: str(len(pending))},
         )
     latest = latest_validated(store, spec)
     if latest is None:
@@ -118,7 +107,7 @@ def build_retrain_schedule(spec: PipelineSpec, job_name: str, default_status: De
     assert policy.cron is not None, f"{spec.key}: retrain.cron is unset"
 
     @schedule(
-        name=schedule_name(spec),
+        name=naming.retrain_schedule_name(spec),
         cron_schedule=policy.cron,
         execution_timezone=policy.timezone,
         job_name=job_name,
@@ -135,8 +124,6 @@ def build_retrain_schedule(spec: PipelineSpec, job_name: str, default_status: De
 
 
 def _profile(store: ObjectStore, profile_uri: Optional[str], sample_uri: Optional[str]) -> Optional[tuple[dict[str, Any], Any]]:
-    import pyarrow.parquet as pq
-
     if not profile_uri or not sample_uri or not store.exists(profile_uri) or not store.exists(sample_uri):
         return None
     with store.open(sample_uri, "rb") as f:
@@ -162,8 +149,6 @@ def evaluate_drift(
         A run request for the sweep (tags carry the measured drift) or a skip
         reason, and the new cursor.
     """
-    from trainyard.data import quality as dq
-
     threshold = spec.retrain_policy.drift_psi
     assert threshold is not None, f"{spec.key}: retrain.drift_psi is unset"
     latest = latest_validated(store, spec)
@@ -174,7 +159,7 @@ def evaluate_drift(
     if study is not None:
         return SkipReason(f"{spec.key}: data version {md5} already swept (study {study})"), cursor
     tags = {PIPELINE_TAG: spec.key, TRIGGER_TAG: "drift", "trainyard/data_version": md5, "trainyard/drift_threshold": str(threshold)}
-    sweep = [_key(spec, "sweep")]
+    sweep = [asset_key(spec, naming.SWEEP)]
     if champion is None:
         request = RunRequest(run_key=f"drift-{md5}-first", asset_selection=sweep, tags={**tags, "trainyard/drift_reason": "no champion yet"})
         return request, cursor
@@ -185,16 +170,14 @@ def evaluate_drift(
     last = json.loads(cursor) if cursor else {}
     if last.get("pair") == pair:
         return SkipReason(f"{spec.key}: {last['message']} (measured before)"), cursor
-    from assets.promotion import TEST_SPLIT_TAG
-
     split_id = champion.tags.get(TEST_SPLIT_TAG)
-    base = store.uri("data", spec.team, spec.name, "validated", split_id) if split_id else None
+    base = naming.validated_dir(store, spec.team, spec.name, split_id) if split_id else None
     before = _profile(store, f"{base}/profile.json" if base else None, f"{base}/sample.parquet" if base else None)
     now = _profile(store, latest.get("profile_uri"), latest.get("sample_uri"))
     if before is None or now is None:
         which = f"the champion's (v{champion.version}, split {split_id})" if before is None else f"the newest version's ({md5})"
         return SkipReason(f"{spec.key}: {which} data profile is missing, so drift cannot be measured; run the sweep by hand"), cursor
-    rows = dq.drift(before[0], before[1], now[0], now[1], spec)
+    rows = drift(before[0], before[1], now[0], now[1], spec)
     psi, column = max_psi(rows)
     measured = f"max PSI {psi:.4f} ({column or 'no column'}) of data version {md5} against champion v{champion.version}'s data {trained_on}"
     state = {"pair": pair, "psi": psi, "column": column}
@@ -223,10 +206,8 @@ def build_drift_sensor(
     default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
 ) -> SensorDefinition:
     """The drift sensor of one pipeline, targeting the `sweep` asset of its `prepare` job; it starts stopped."""
-    from assets.promotion import CHAMPION
-
     @sensor(
-        name=drift_sensor_name(spec),
+        name=naming.drift_sensor_name(spec),
         job_name=job_name,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Optional
 
 from dagster import (
@@ -43,7 +43,6 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     Definitions,
-    DynamicPartitionsDefinition,
     QueuedRunCoordinator,
     RunRequest,
     RunsFilter,
@@ -53,12 +52,12 @@ from dagster import (
     sensor,
 )
 
-from trainyard.spec import PipelineSpec
+from assets.factory import trials_partitions
 from resources.sweeps import SweepError, SweepStore
+from trainyard import naming
+from trainyard.naming import PIPELINE_TAG, STUDY_TAG, TEAM_TAG, job_names, trial_key
+from trainyard.spec import PipelineSpec
 
-TEAM_TAG = "trainyard/team"
-STUDY_TAG = "trainyard/study"
-PIPELINE_TAG = "trainyard/pipeline"
 PARTITION_TAG = "dagster/partition"  # the tag Dagster puts on a partitioned run
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 ENDED_UNTOLD = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
@@ -66,14 +65,6 @@ ENDED_UNTOLD = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 MINIMUM_INTERVAL_SECONDS = 30
 MAX_ASKS_PER_TICK = 64
 TICK_BUDGET_SECONDS = 20.0  # a third of Dagster's default 60 s sensor timeout
-
-
-def sensor_name(spec: PipelineSpec) -> str:
-    return f"{spec.team}__{spec.name}__sweep"
-
-
-def trial_key(number: int) -> str:
-    return f"trial-{number:04d}"
 
 
 def team_run_limit(instance: DagsterInstance, team: str) -> Optional[int]:
@@ -127,7 +118,7 @@ class SweepTick:
 
 def latest_study(instance: DagsterInstance, spec: PipelineSpec) -> Optional[str]:
     """The study of the latest `sweep` materialization, or None before the first one."""
-    event = instance.get_latest_materialization_event(AssetKey([spec.team, spec.name, "sweep"]))
+    event = instance.get_latest_materialization_event(AssetKey(naming.asset_path(spec, naming.SWEEP)))
     if event is None or event.asset_materialization is None:
         return None
     entry = event.asset_materialization.metadata.get("study")
@@ -137,14 +128,14 @@ def latest_study(instance: DagsterInstance, spec: PipelineSpec) -> Optional[str]
 def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, study_name: str, since: float) -> list[int]:
     """Fail trials whose run ended (failed or canceled) without telling the study, unless another run has taken over."""
     records = instance.get_run_records(
-        RunsFilter(job_name=job_name, statuses=ENDED_UNTOLD, tags={STUDY_TAG: study_name}, updated_after=datetime.fromtimestamp(since, tz=timezone.utc))
+        RunsFilter(job_name=job_name, statuses=ENDED_UNTOLD, tags={STUDY_TAG: study_name}, updated_after=datetime.fromtimestamp(since, tz=UTC))
     )
     failed = []
     for record in records:
         key = record.dagster_run.tags.get(PARTITION_TAG, "")
-        if not key.startswith("trial-"):
+        if not naming.is_trial_key(key):
             continue
-        number = int(key.split("-", 1)[1])
+        number = naming.trial_number(key)
         if sweeps.trial(study_name, number).state.name != "RUNNING":
             continue
         if instance.get_runs_count(RunsFilter(job_name=job_name, statuses=ACTIVE, tags={PARTITION_TAG: key})):
@@ -228,7 +219,7 @@ def evaluate_sweep(
             RunRequest(
                 run_key=f"{study_name}/report/{after.finished}",
                 job_name=prepare_job,
-                asset_selection=[AssetKey([spec.team, spec.name, "sweep"])],
+                asset_selection=[AssetKey(naming.asset_path(spec, naming.SWEEP))],
                 tags={**tags, "trainyard/report": "final"},
             )
         )
@@ -264,11 +255,11 @@ def sweep_sensor(
         train_job, prepare_job: the pipeline's job definitions.
         max_asks_per_tick, tick_budget_seconds: the bound on one tick's work.
     """
-    partitions = DynamicPartitionsDefinition(name=f"{spec.team}__{spec.name}__trials")
+    partitions = trials_partitions(spec)
     train_name, prepare_name = train_job.name, prepare_job.name
 
     @sensor(
-        name=sensor_name(spec),
+        name=naming.sweep_sensor_name(spec),
         jobs=[train_job, prepare_job],
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
@@ -295,8 +286,6 @@ def sweep_sensor(
 
 def sweep_sensors(defs: Definitions, *specs: PipelineSpec, **options: Any) -> list[SensorDefinition]:
     """Sweep sensors for pipelines whose jobs are in `defs` (options as for `sweep_sensor`)."""
-    from pipelines.factory import job_names
-
     jobs = {j.name: j for j in (defs.jobs or [])}
     out = []
     for spec in specs:
@@ -331,5 +320,5 @@ def run_tick(
     """
     tick = evaluate_sweep(spec, instance, sweeps, cursor, train_job=train_job, prepare_job=prepare_job, **options)
     if tick.partitions:
-        instance.add_dynamic_partitions(f"{spec.team}__{spec.name}__trials", tick.partitions)
+        instance.add_dynamic_partitions(naming.trials_partitions_name(spec), tick.partitions)
     return tick

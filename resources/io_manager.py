@@ -2,7 +2,9 @@
 
 Asset values in trainyard are pointers and summaries (URIs, versions,
 metrics), never data, so JSON in the object store works the same locally and on
-a cluster where steps run in separate pods.
+a cluster where steps run in separate pods. Values with a model in
+`trainyard.values` are written as their fields and validated when loaded, so a
+stored value that does not fit fails naming the asset and the field.
 """
 
 from __future__ import annotations
@@ -12,24 +14,31 @@ from typing import Any
 from dagster import ConfigurableIOManager, InputContext, OutputContext
 
 from resources.storage import ObjectStore
+from trainyard import naming
+from trainyard.values import dump_value, parse_value
 
 
 class ObjectStoreJsonIOManager(ConfigurableIOManager):
     store: ObjectStore
-    prefix: str = "io"
+    prefix: str = naming.IO
 
     def _uri(self, context: Any) -> str:
-        parts = list(context.asset_key.path)
-        name = context.asset_partition_key if context.has_asset_partitions else "value"
-        return self.store.uri(self.prefix, *parts, f"{name}.json")
+        partition = context.asset_partition_key if context.has_asset_partitions else None
+        return naming.asset_value_uri(self.store, list(context.asset_key.path), partition, prefix=self.prefix)
 
     def handle_output(self, context: OutputContext, obj: Any) -> None:
         if obj is None:
             return
-        self.store.write_json(self._uri(context), obj)
+        self.store.write_json(self._uri(context), dump_value(obj))
 
     def load_input(self, context: InputContext) -> Any:
+        """The stored value, as its `trainyard.values` model when it has one.
+
+        Raises:
+            FileNotFoundError: Nothing is stored for the asset yet.
+            trainyard.values.ValueMismatch: The stored value does not fit its model.
+        """
         uri = self._uri(context)
         if not self.store.exists(uri):
             raise FileNotFoundError(f"no stored value for {context.asset_key.to_user_string()} at {uri}; materialize it first")
-        return self.store.read_json(uri)
+        return parse_value(context.asset_key.path[-1], self.store.read_json(uri), where=uri)

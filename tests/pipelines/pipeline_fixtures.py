@@ -66,15 +66,15 @@ class Harness:
         prepare = self.run("prepare")
         assert prepare.success, failure_text(prepare)
         sweep = prepare.output_for_node(self.node("sweep"))
-        for key in sweep["trials"]:
+        for key in sweep.trials:
             train = self.run("train", key)
             assert train.success, failure_text(train)
         promote = self.run("promote")
         assert promote.success, failure_text(promote)
-        return {
-            "sweep": sweep,
-            "best": promote.output_for_node(self.node("best_model")),
-            "registered": promote.output_for_node(self.node("registered_model")),
+        return {  # as plain JSON, the form the IO manager stores
+            "sweep": sweep.model_dump(mode="json"),
+            "best": promote.output_for_node(self.node("best_model")).model_dump(mode="json"),
+            "registered": promote.output_for_node(self.node("registered_model")).model_dump(mode="json"),
         }
 
 

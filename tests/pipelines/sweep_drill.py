@@ -130,7 +130,7 @@ def run_sweep_asset(spec: PipelineSpec, resources: dict[str, Any], instance: Dag
     key = AssetKey([spec.team, spec.name, "sweep"])
     result = defs.resolve_job_def(job_names(spec)["prepare"]).execute_in_process(instance=instance, asset_selection=[key])
     assert result.success
-    return result.output_for_node(f"{spec.team}__{spec.name}__sweep")
+    return result.output_for_node(f"{spec.team}__{spec.name}__sweep").model_dump()
 
 
 def submit(defs: Any, instance: DagsterInstance, request: Any) -> Optional[Any]:

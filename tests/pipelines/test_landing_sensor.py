@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from dagster import DagsterInstance, RunRequest, SkipReason, build_sensor_context
 
-from assets import ingest
 from pipelines.factory import build_definitions, job_names
-from pipelines.landing_sensor import build_landing_sensor, evaluate_landing, sensor_name
+from pipelines.landing_sensor import build_landing_sensor, evaluate_landing
 from resources.storage import ObjectStore
 from tests.digits import digits_frame
 from tests.pipelines.pipeline_fixtures import Harness, failure_text, small_spec, write_landing
+from trainyard.data import ingest
+from trainyard.naming import landing_sensor_name
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ def test_new_files_request_a_run_and_unchanged_data_is_skipped(store: ObjectStor
 def test_sensor_definition_targets_prepare_and_keeps_its_cursor(store: ObjectStore, tmp_path: Path) -> None:
     spec = small_spec()
     sensor = build_landing_sensor(spec, job_names(spec)["prepare"])
-    assert sensor.name == sensor_name(spec) == "test__digits__landing"
+    assert sensor.name == landing_sensor_name(spec) == "test__digits__landing"
     assert sensor.job_name == "test__digits__prepare"
     assert sensor.default_status.value == "STOPPED"
     write_landing(tmp_path, digits_frame(200))
@@ -76,7 +77,7 @@ def test_sensor_run_ingests_only_the_new_file(tmp_path: Path) -> None:
     run = harness.run("prepare")
     assert run.success, failure_text(run)
     raw = run.output_for_node(harness.node("raw_data"))
-    assert raw["files"] == 1 and raw["rows"] == 150
+    assert raw.files == 1 and raw.rows == 150
 
     assert tick(first.cursor).run_requests == []
     write_landing(tmp_path, digits_frame(300).iloc[150:].reset_index(drop=True), "part-1.csv")
@@ -85,7 +86,7 @@ def test_sensor_run_ingests_only_the_new_file(tmp_path: Path) -> None:
     run = harness.run("prepare")
     assert run.success, failure_text(run)
     raw2 = run.output_for_node(harness.node("raw_data"))
-    assert raw2["files"] == 2 and raw2["rows"] == 300 and raw2["md5"] != raw["md5"]
+    assert raw2.files == 2 and raw2.rows == 300 and raw2.md5 != raw.md5
     materialization = next(e for e in run.all_events if e.event_type_value == "ASSET_MATERIALIZATION" and "raw_data" in str(e.asset_key))
     meta = materialization.event_specific_data.materialization.metadata
     assert meta["new_files"].value == 1 and meta["files"].value == 2

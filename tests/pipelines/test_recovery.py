@@ -42,9 +42,9 @@ def test_preempted_trial_is_retried_by_dagster_and_resumes(tmp_path: Path) -> No
     assert result.success, failure_text(result)
     assert len(step_events(result, "STEP_UP_FOR_RETRY")) == 1
     value = result.output_for_node(harness.node("trial_model"))
-    assert value["resumed_from"].endswith("step-000000004")
-    assert value["goodput"]["restart_causes"] == ["preempted"]
-    launches = json.loads(Path(value["result_uri"]).with_name("launches.json").read_text())
+    assert value.resumed_from.endswith("step-000000004")
+    assert value.goodput["restart_causes"] == ["preempted"]
+    launches = json.loads(Path(value.result_uri).with_name("launches.json").read_text())
     assert [x["cause"] for x in launches] == ["TrainingPreempted"]
     # the resumed attempt continued the same W&B run: two offline directories, one run id
     run_dirs = list((harness.home / "wandb").rglob("offline-run-*"))
@@ -72,4 +72,4 @@ def test_run_config_overrides_the_pipeline_spec(tmp_path: Path) -> None:
     result = harness.run("train", "trial-0000", run_config=trial_config(max_epochs=1))
     assert result.success, failure_text(result)
     value = result.output_for_node(harness.node("trial_model"))
-    assert value["epochs"] == 1 and value["lineage"]["max_epochs"] == 1
+    assert value.epochs == 1 and value.lineage["max_epochs"] == 1

@@ -10,15 +10,16 @@ import pyarrow.parquet as pq
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, RunRequest, SkipReason, build_schedule_context, build_sensor_context
 
-from trainyard.data import quality as dq
-from assets.factory import study_name
-from assets.promotion import CHAMPION, TEST_SPLIT_TAG
-from pipelines.retrain import DATA_VERSION_TAG, drift_sensor_name, evaluate_drift, prepare_selection, schedule_name
-from trainyard.spec import RetrainPolicy
+from pipelines.retrain import DATA_VERSION_TAG, evaluate_drift, prepare_selection
 from resources.registry import ModelVersionInfo
 from resources.storage import ObjectStore
 from tests.digits import digits_frame
 from tests.pipelines.pipeline_fixtures import Harness, failure_text, small_spec, write_landing
+from trainyard import data as dq
+from trainyard.lineage import TEST_SPLIT_TAG
+from trainyard.naming import drift_sensor_name, retrain_schedule_name, study_name
+from trainyard.promotion import CHAMPION
+from trainyard.spec import RetrainPolicy
 
 
 def key(name: str) -> AssetKey:
@@ -118,7 +119,7 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
     spec = small_spec(retrain=RetrainPolicy(cron="0 3 * * *", on_new_data=False))
     harness = Harness(tmp_path, spec)
     store = harness.resources["store"]
-    schedule = harness.defs.get_schedule_def(schedule_name(spec))
+    schedule = harness.defs.get_schedule_def(retrain_schedule_name(spec))
 
     def tick():
         return schedule.evaluate_tick(build_schedule_context(instance=harness.instance, resources={"store": store}))
@@ -132,17 +133,17 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
     run = harness.run("prepare")
     assert run.success, failure_text(run)
     sweep = run.output_for_node(harness.node("sweep"))
-    md5 = sweep["data_md5"]
+    md5 = sweep.data_md5
 
     unchanged = tick()
     assert unchanged.run_requests == []
-    assert unchanged.skip_message == f"test/digits: data version {md5} unchanged since the last sweep (study {sweep['study']}); not retraining"
+    assert unchanged.skip_message == f"test/digits: data version {md5} unchanged since the last sweep (study {sweep.study}); not retraining"
 
     # had it run anyway, the sweep resumes the same study: no new trials on the same data
     rerun = harness.run("prepare")
     assert rerun.success, failure_text(rerun)
-    assert rerun.output_for_node(harness.node("sweep"))["study"] == sweep["study"]
-    assert sorted(harness.instance.get_dynamic_partitions("test__digits__trials")) == sweep["trials"]
+    assert rerun.output_for_node(harness.node("sweep")).study == sweep.study
+    assert sorted(harness.instance.get_dynamic_partitions("test__digits__trials")) == sweep.trials
 
     write_landing(tmp_path, digits_frame(300).iloc[150:].reset_index(drop=True), "part-1.csv")
     more = tick()
@@ -163,7 +164,7 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     def ingest_and_validate() -> dict:
         run = job.execute_in_process(instance=harness.instance, asset_selection=prepare_selection(spec), raise_on_error=False)
         assert run.success, failure_text(run)
-        return run.output_for_node(harness.node("validated_data"))
+        return run.output_for_node(harness.node("validated_data")).model_dump()
 
     def tick(cursor=None):
         context = build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store, "registry": registry})
@@ -196,6 +197,6 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     assert float(request.tags["trainyard/drift_psi"]) > 0.25 and request.tags["trainyard/champion_data_version"] == first["md5"]
     run = job.execute_in_process(instance=harness.instance, asset_selection=request.asset_selection, tags=request.tags)
     assert run.success
-    assert run.output_for_node(harness.node("sweep"))["data_md5"] == third["md5"]
+    assert run.output_for_node(harness.node("sweep")).data_md5 == third["md5"]
     rest = tick(fire.cursor)
     assert rest.run_requests == [] and "already swept" in rest.skip_message

@@ -15,8 +15,7 @@ import pytest
 from dagster import AssetKey, DagsterRunStatus, RunsFilter, SensorResult, build_sensor_context
 
 from pipelines.factory import build_definitions, job_names
-from pipelines.sensors import ACTIVE, STUDY_TAG, TEAM_TAG, SweepCursor, run_tick, sensor_name, team_run_limit, with_sweep_sensors
-from trainyard.spec import IntParam, Objective, PickPolicy
+from pipelines.sensors import ACTIVE, STUDY_TAG, TEAM_TAG, SweepCursor, run_tick, team_run_limit, with_sweep_sensors
 from resources.sweeps import STOPPED
 from tests.pipelines.sweep_drill import (
     TrivialLauncher,
@@ -29,6 +28,8 @@ from tests.pipelines.sweep_drill import (
 )
 from tests.pipelines.test_environments import pg_databases  # noqa: F401  (fixture: fresh PostgreSQL databases)
 from training.spec import PrunerSpec
+from trainyard.naming import sweep_sensor_name
+from trainyard.spec import IntParam, Objective, PickPolicy
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -51,7 +52,7 @@ def test_sensor_waits_for_the_sweep_asset(tmp_path: Path) -> None:
     resources = drill_resources(tmp_path, TrivialLauncher())
     instance = open_instance(tmp_path)
     defs = build_definitions(spec, resources=resources)
-    sensor = defs.get_sensor_def(sensor_name(spec))
+    sensor = defs.get_sensor_def(sweep_sensor_name(spec))
     result = sensor(build_sensor_context(instance=instance, resources={"sweeps": resources["sweeps"]}))
     assert isinstance(result, SensorResult) and not result.run_requests
     assert result.skip_reason.skip_message == "test/digits: the sweep asset has not been materialized yet (run the prepare job)"
@@ -64,7 +65,7 @@ def test_keeps_parallelism_in_flight_until_the_budget(tmp_path: Path) -> None:
     sweep = prepared_home(tmp_path, spec, resources, instance)
     assert sweep["trials"] == ["trial-0000", "trial-0001"]  # the sweep asset asks the first window
     defs = build_definitions(spec, resources=resources)
-    sensor = defs.get_sensor_def(sensor_name(spec))
+    sensor = defs.get_sensor_def(sweep_sensor_name(spec))
     first = sensor(build_sensor_context(instance=instance, resources={"sweeps": resources["sweeps"]}))
     assert [r.partition_key for r in first.run_requests] == ["trial-0000", "trial-0001"]
     assert [r.run_key for r in first.run_requests] == [f"{sweep['study']}/trial-0000", f"{sweep['study']}/trial-0001"]
@@ -213,7 +214,7 @@ def test_multi_objective_sweep_promotes_by_its_pick_policy(tmp_path: Path) -> No
     best = promote.output_for_node("test__digits__best_model")
     front = [t for t in study.best_trials if t.values[1] <= 70_000]
     expected = max(front, key=lambda t: (t.values[0], -t.values[1], -t.number))
-    assert best["number"] == expected.number and best["values"] == expected.values
+    assert best.number == expected.number and best.values == expected.values
     meta = promote.asset_materializations_for_node("test__digits__best_model")[0].metadata
     assert meta["pick"].value.startswith("best val_acc (max) of ") and meta["pick"].value.endswith("within {'model_bytes': 70000.0}")
     assert meta["pareto_size"].value == len(study.best_trials)
@@ -226,7 +227,7 @@ def test_with_sweep_sensors_adds_configured_sensors(tmp_path: Path) -> None:
     defs = build_definitions(spec, resources=drill_resources(tmp_path, TrivialLauncher()))
     bare = Definitions(assets=list(defs.assets), jobs=list(defs.jobs), resources=defs.resources)
     out = with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
-    sensor = out.get_sensor_def(sensor_name(spec))
+    sensor = out.get_sensor_def(sweep_sensor_name(spec))
     assert sensor.minimum_interval_seconds == 1 and sensor.default_status == DefaultSensorStatus.RUNNING
     with pytest.raises(ValueError, match="Definitions has no job"):
         with_sweep_sensors(Definitions(), spec)
@@ -251,7 +252,7 @@ def test_pruned_trial_is_recorded_as_pruned_and_keeps_its_checkpoint(tmp_path: P
     checkpoint = Path(meta["checkpoint"].value)
     assert checkpoint.exists()
     again = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(instance=instance, partition_key="trial-0000")
-    assert again.success and again.output_for_node("test__digits__trial_model")["status"] == "pruned"  # reused, not retrained
+    assert again.success and again.output_for_node("test__digits__trial_model").status == "pruned"  # reused, not retrained
 
 
 def drill(home: Path, *args: str) -> subprocess.CompletedProcess:

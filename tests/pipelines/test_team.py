@@ -13,7 +13,8 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFil
 from pydantic import ValidationError
 
 from pipelines.environments import local_resources
-from pipelines.retrain import drift_sensor_name, schedule_name
+from trainyard.naming import drift_sensor_name
+from trainyard.naming import retrain_schedule_name as schedule_name
 from trainyard.spec import RetrainPolicy
 from pipelines.team import TeamSpec, apply_pool_limits, check_pipelines, team_definitions, team_resources, workspace_teams
 from tests.pipelines.pipeline_fixtures import small_spec

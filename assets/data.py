@@ -1,0 +1,131 @@
+"""The data assets' bodies: `raw_data` (ingest) and `validated_data` with its blocking check.
+
+Each body resolves its inputs, calls the data engine (`trainyard.data`) and
+returns the value with metadata a person wants to see; `assets.factory` wires
+them into definitions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    DataVersion,
+    Failure,
+    MetadataValue,
+    Output,
+)
+
+from resources.storage import ObjectStore
+from resources.versioning import DataVersioning
+from trainyard.data import ingest
+from trainyard.data.drift import drift_markdown
+from trainyard.data.errors import DataQualityError
+from trainyard.data.expectations import UnsupportedExpectation
+from trainyard.data.quarantine import quarantine_root
+from trainyard.data.validate import VersionOutcome, validate_version
+from trainyard.spec import PipelineSpec
+from trainyard.values import RawData, ValidatedData
+
+CHECK_NAME = "expectations"
+
+
+def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning) -> Output[RawData]:
+    """Ingest new landing files into a canonical snapshot pinned with DVC; its md5 is the data version."""
+    try:
+        result = ingest.ingest(store, spec, versioning, log=context.log.warning)
+    except ingest.IngestRejected as e:
+        raise Failure(
+            description=f"{spec.key}: raw data rejected: {e}",
+            metadata={
+                "files": MetadataValue.md(ingest.records_markdown(e.records)),
+                "quarantine": MetadataValue.path(quarantine_root(store, spec.team, spec.name)),
+            },
+        ) from e
+    except ingest.LandingFileChanged as e:
+        raise Failure(description=f"{spec.key}: landing data is still changing, try again once uploads finish: {e}") from e
+    except DataQualityError as e:
+        raise Failure(description=f"{spec.key}: raw data rejected: {e}") from e
+    snap = result.snapshot
+    value = RawData(uri=snap.uri, md5=snap.md5, rows=snap.rows, dvc_file=snap.dvc_file, files=len(snap.files), warnings=result.warnings)
+    return Output(
+        value,
+        data_version=DataVersion(snap.md5),
+        metadata={
+            "dvc_md5": snap.md5,
+            "rows": snap.rows,
+            "columns": len(spec.columns),
+            "files": len(snap.files),
+            "new_files": len(result.ingested),
+            "rejected_files": len(result.rejected),
+            "reused_snapshot": result.reused_snapshot,
+            "warnings": len(result.warnings),
+            "ingest": MetadataValue.md(result.files_markdown()),
+            "uri": MetadataValue.path(snap.uri),
+            "manifest": MetadataValue.path(ingest.manifest_uri(store, spec)),
+            "restore": MetadataValue.md(f"`dvc pull` with this pin:\n```\n{snap.dvc_file}```"),
+        },
+    )
+
+
+def check_metadata(outcome: VersionOutcome, spec: PipelineSpec) -> dict[str, Any]:
+    """The check's evidence: suite results, failing rows, drift and where the data docs are."""
+    report = outcome.validation.report
+    return {
+        "expectations": report.evaluated,
+        "failed": report.failed,
+        "rows": report.rows,
+        "policy": spec.on_bad_data,
+        "results": MetadataValue.md(report.to_markdown()),
+        "failing_rows": MetadataValue.md(report.failing_rows_markdown()),
+        "drift": MetadataValue.md(drift_markdown(outcome.drift, spec)),
+        "max_psi": max((d["psi"] for d in outcome.drift if d["psi"] is not None), default=0.0),
+        "max_ks": max((d["ks"] for d in outcome.drift if d["ks"] is not None), default=0.0),
+        "data_docs": MetadataValue.path(outcome.docs_uri),
+    }
+
+
+def validated_data_body(context: AssetExecutionContext, spec: PipelineSpec, raw: RawData, store: ObjectStore) -> Iterator[Any]:
+    """Validate a raw version: the check's result, then the split (or a failure that keeps the data in quarantine)."""
+    try:
+        outcome = validate_version(store, spec, raw.model_dump(mode="json"))
+    except (DataQualityError, UnsupportedExpectation) as e:
+        raise Failure(description=f"{spec.key}: cannot validate data version {raw.md5}: {e}") from e
+    verdict = outcome.verdict
+    check_meta = check_metadata(outcome, spec)
+    if not verdict.accepted:
+        check_meta["quarantine"] = MetadataValue.path(outcome.quarantine)
+        yield AssetCheckResult(check_name=CHECK_NAME, passed=False, severity=AssetCheckSeverity.ERROR, metadata=check_meta)
+        raise Failure(
+            description=f"{spec.key}: data version {raw.md5} rejected ({'; '.join(verdict.reasons[:6])}); "
+            f"kept in quarantine at {outcome.quarantine}",
+            metadata=check_meta,
+        )
+    if verdict.warnings:
+        # The rows that go on passed every row-level check; what did not is set aside or released.
+        for line in verdict.warnings:
+            context.log.warning(f"{spec.key}: {line}")
+        check_meta["warnings"] = MetadataValue.md("\n".join(f"- {w}" for w in verdict.warnings))
+    if outcome.quarantine:
+        check_meta["set_aside"] = MetadataValue.path(outcome.quarantine)
+    if verdict.release:
+        check_meta["released_by"] = verdict.release["released_by"]
+        check_meta["release_reason"] = verdict.release["reason"]
+    yield AssetCheckResult(check_name=CHECK_NAME, passed=True, metadata=check_meta)
+    assert outcome.value is not None, "an accepted version has a split"
+    value = ValidatedData.model_validate(outcome.value)
+    yield Output(
+        value,
+        data_version=DataVersion(value.split_id),
+        metadata={
+            "train_rows": value.rows["train"],
+            "val_rows": value.rows["val"],
+            "test_rows": value.rows["test"],
+            "set_aside_rows": value.set_aside,
+            "data_version": raw.md5,
+            "profile": MetadataValue.path(value.profile or ""),
+        },
+    )

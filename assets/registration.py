@@ -1,0 +1,83 @@
+"""The `registered_model` asset's body: register the best trial with its lineage, then apply the promotion policy."""
+
+from __future__ import annotations
+
+import pandas as pd
+from dagster import AssetExecutionContext, AssetKey, Failure, Output
+
+from resources import promotion
+from resources.handoff import HandoffPublisher
+from resources.registry import ModelRegistry
+from resources.storage import ObjectStore
+from trainyard import promotion as policy
+from trainyard.lineage import LineageRecord
+from trainyard.spec import PipelineSpec
+from trainyard.values import BestModel, RegisteredModel, ValidatedData
+
+
+def registered_model_body(
+    context: AssetExecutionContext,
+    spec: PipelineSpec,
+    best: BestModel,
+    validated: ValidatedData,
+    registry: ModelRegistry,
+    store: ObjectStore,
+    handoff: HandoffPublisher,
+    check: tuple[AssetKey, str],
+) -> Output[RegisteredModel]:
+    """Register `best` (idempotent per trial) and decide on `champion`.
+
+    Args:
+        check: The `validated_data` asset key and its check's name: the evidence that the data was validated.
+    """
+    metrics = {k: float(v) for k, v in best.metrics.items()}
+    if spec.promotion.metric not in metrics:
+        raise Failure(
+            description=f"{spec.key}: promotion.metric {spec.promotion.metric!r} is not among the trial's metrics "
+            f"{sorted(metrics)}; declare one of them in PromotionSpec(metric=...)"
+        )
+    with store.open(validated.test, "rb") as f:
+        test_df = pd.read_parquet(f)
+    validation = promotion.validation_evidence(
+        context.instance, check[0], check[1], validated.md5, policy.is_quarantined(store, spec.key, validated.md5),
+    )
+    record = best.lineage
+    tags = LineageRecord.from_config(
+        record, trial=best.trial, study=best.study, checkpoint_uri=str(best.checkpoint_uri),
+        tracker_run=str(best.tracker_run or ""), test_split=validated.split_id, test_uri=validated.test,
+        target=spec.target, promotion_policy=spec.promotion.model_dump_json(), metrics=metrics,
+        **validation.lineage_fields(),
+    ).to_tags()
+    version = registry.register(
+        spec.model_name,
+        best.model_uri,
+        trial_key=f"{best.study}/{best.trial}",
+        tags=tags,
+        metrics=metrics,
+        description=policy.model_card(spec, best.model_dump(mode="json"), validated.model_dump(mode="json"), validation),
+        input_example=test_df[spec.features].head(5),
+    )
+    candidate = policy.Candidate(
+        version=version, policy=spec.promotion, metrics=metrics, split_id=validated.split_id,
+        test_df=test_df[[*spec.features, spec.target]], target=spec.target, validation=validation,
+    )
+    decision = promotion.decide(registry, handoff, candidate, action="register", decided_by=f"dagster run {context.run_id}")
+    context.log.info(f"{spec.model_name} v{version.version}: {decision.outcome}: {decision.reason}")
+    value = RegisteredModel(
+        name=spec.model_name, version=version.version, model_uri=version.model_uri, champion=decision.champion,
+        created=version.created, decision=decision.outcome, **metrics,
+    )
+    return Output(
+        value,
+        metadata={
+            "model": spec.model_name,
+            "version": version.version,
+            "model_uri": version.model_uri,
+            "new_version": version.created,
+            **promotion.decision_metadata(decision),
+            **metrics,
+            "data_version": record.get("data_version", ""),
+            "code_version": record.get("code_version", ""),
+            "validation": validation.detail,
+        },
+    )

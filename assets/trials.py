@@ -1,0 +1,249 @@
+"""The bodies of `trial_model` (one partition per trial) and `best_model`.
+
+A trial is trained by the launcher from a `TrainSpec` (`trainyard.trainspec`),
+never in this process; its outcome is told to the study and returned with
+the metrics, checkpoint, tracker run and goodput as metadata.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NoReturn, Optional
+
+from dagster import AssetExecutionContext, Config, Failure, MetadataValue, Output, RetryRequested
+
+from assets.metadata import to_dagster
+from resources.launcher import Launcher, LaunchError, TrainingPreempted
+from resources.storage import ObjectStore
+from resources.sweeps import (
+    SweepError,
+    SweepStore,
+    failure_reason,
+    objective_values,
+    objectives_of,
+    pareto_front,
+    pick_trial,
+    trials_markdown,
+)
+from resources.tracking import Tracking
+from training.spec import FaultInjection
+from trainyard import lineage, naming, planner
+from trainyard.spec import PipelineSpec
+from trainyard.trainspec import TrialInputs, build_train_spec, model_kwargs
+from trainyard.trials import best_single_objective, count_failures, model_bytes, record_launch_failure, trial_comparison, trials_markdown_table
+from trainyard.values import BestModel, Sweep, TrialModel, ValidatedData
+
+
+class TrialConfig(Config):
+    """Run config of a trial: launch-time overrides (the last configuration layer) and fault drills.
+
+    A drill rehearses recovery before a long job: e.g. `drill_kill_rank=1,
+    drill_kill_at_step=50` kills a rank mid-epoch; the trial must finish with the
+    same weights. Each drill fires once per trial.
+    """
+
+    max_epochs: Optional[int] = None
+    drill_kill_rank: Optional[int] = None
+    drill_kill_at_step: Optional[int] = None
+    drill_sigterm_at_step: Optional[int] = None
+    drill_corrupt_latest_checkpoint: bool = False
+    drill_fail_storage_writes: int = 0
+
+    def faults(self) -> FaultInjection:
+        return FaultInjection(
+            kill_rank=self.drill_kill_rank,
+            kill_at_step=self.drill_kill_at_step,
+            sigterm_at_step=self.drill_sigterm_at_step,
+            corrupt_latest_checkpoint=self.drill_corrupt_latest_checkpoint,
+            fail_storage_writes=self.drill_fail_storage_writes,
+        )
+
+
+def handle_launch_error(
+    context: AssetExecutionContext, error: LaunchError, spec: PipelineSpec, store: ObjectStore, sweeps: SweepStore, study: str, number: int, output_uri: str
+) -> NoReturn:
+    """Fail at once on user errors; re-launch on infrastructure errors and preemption within budget.
+
+    Every launch failure is appended to `<trial>/launches.json` (reset on the
+    first attempt of a run), which is the budget's ledger and the record of
+    restart causes.
+    """
+    launches = record_launch_failure(
+        store, output_uri, retry_number=context.retry_number, cause=type(error).__name__, message=str(error), at=time.time()
+    )
+    log_tail = MetadataValue.md(f"```\n{error.log_tail}\n```")
+    if not error.retryable:
+        sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
+        raise Failure(description=str(error), metadata={"log_tail": log_tail, "retried": False}) from error
+    infra, preemptions = count_failures(launches, TrainingPreempted.__name__)
+    budget = spec.retries
+    if infra > budget.max_infra_retries or preemptions > budget.max_preemptions:
+        sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
+        raise Failure(
+            description=f"{context.partition_key}: giving up after {infra} infrastructure failure(s) (budget {budget.max_infra_retries}) "
+            f"and {preemptions} preemption(s) (budget {budget.max_preemptions}); last: {error}",
+            metadata={"log_tail": log_tail, "launches": MetadataValue.json(launches)},
+        ) from error
+    context.log.warning(
+        f"{context.partition_key}: {type(error).__name__}: {str(error).splitlines()[0]} -- retrying "
+        f"(infrastructure failures {infra}/{budget.max_infra_retries}, preemptions {preemptions}/{budget.max_preemptions}); "
+        "the next attempt resumes from the newest committed checkpoint"
+    )
+    raise RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=budget.wait_seconds) from error
+
+
+def tell_result(context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, sweeps: SweepStore, trial: TrialInputs, result: dict[str, Any], output_uri: str) -> None:
+    """Tell the study how the trial ended (pruned, or its objective values); adds `status`/`objectives` to `result`."""
+    attrs = {"result_uri": f"{output_uri}/result.json", "metrics": result["metrics"]}
+    if result["status"] == "pruned" or sweeps.trial(trial.study, trial.number).state.name == "PRUNED":
+        sweeps.tell(trial.study, trial.number, None, attrs, pruned=True)
+        result["status"] = "pruned"
+        return
+    objectives = objectives_of(spec)
+    size = model_bytes(store, result["model_uri"]) if any(o.metric == "model_bytes" for o in objectives) else None
+    try:
+        values = objective_values(result, objectives, spec.model.monitor, size)
+    except SweepError as e:
+        sweeps.tell(trial.study, trial.number, None, {**attrs, "error": str(e)}, failed=True)
+        raise Failure(description=f"{context.partition_key}: {e}") from e
+    result["objectives"] = dict(zip([o.metric for o in objectives], values))
+    sweeps.tell(trial.study, trial.number, values if spec.search.multi_objective else values[0], attrs)
+
+
+def trial_metadata(spec: PipelineSpec, value: TrialModel, record: dict[str, Any], plan: Any) -> dict[str, Any]:
+    """What a person reads on a trial's materialization: status, objectives, metrics, throughput, recovery, plan."""
+    pruned = value.status == "pruned"
+    return {
+        "status": value.status,
+        **({"pruned_at_epoch": value.epochs} if pruned else {}),
+        **{f"objective_{k}": float(v) for k, v in (value.objectives or {}).items()},
+        **{k: float(v) for k, v in value.metrics.items()},
+        spec.model.monitor: value.best_metric,
+        "params": MetadataValue.json(value.params),
+        "samples_per_second": value.samples_per_second,
+        "device_hours": value.device_hours,
+        "world_size": value.world_size,
+        "checkpoint": MetadataValue.path(value.checkpoint_uri or ""),
+        "model": MetadataValue.path(value.model_uri),
+        "tracker_run": value.tracker_run or "",
+        "lineage": MetadataValue.json(record),
+        "resumed_from": value.resumed_from or "",
+        "checkpoint_interval_seconds": value.checkpoint_interval_seconds or 0.0,
+        "checkpoint_interval_source": value.checkpoint_interval_source or "",
+        "goodput": MetadataValue.json(value.goodput or {}),
+        **to_dagster(plan.metadata()),
+    }
+
+
+def train_trial(
+    context: AssetExecutionContext,
+    config: TrialConfig,
+    spec: PipelineSpec,
+    trial: TrialInputs,
+    validated: ValidatedData,
+    plan: Any,
+    record: dict[str, Any],
+    output_uri: str,
+    *,
+    store: ObjectStore,
+    launcher: Launcher,
+    tracking: Tracking,
+    sweeps: SweepStore,
+) -> dict[str, Any]:
+    """Launch the trial from its `TrainSpec` under the study's heartbeat, tell the study, and return the result as JSON."""
+    if plan.error:
+        sweeps.tell(trial.study, trial.number, None, {"error": plan.error[:2000]}, failed=True)
+        raise Failure(description=f"{context.partition_key}: {plan.error}", metadata=to_dagster(plan.metadata()))
+    for warning in plan.warnings:
+        context.log.warning(f"{context.partition_key}: {warning}")
+    train_spec = build_train_spec(
+        spec, trial, validated, output_uri=output_uri, distribution=plan.distribution, optuna_storage_url=sweeps.storage_url,
+        tracker=tracking.tracker_spec(project=naming.tracker_project(spec), group=trial.study, name=trial.trial_id, config=record),
+        lineage=record, max_epochs=config.max_epochs, faults=config.faults(),
+    )
+    try:
+        with sweeps.heartbeat(trial.study, trial.number):
+            outcome = launcher.launch(train_spec, context=context)
+    except LaunchError as e:
+        handle_launch_error(context, e, spec, store, sweeps, trial.study, trial.number, output_uri)
+    result = outcome.result.model_dump(mode="json")
+    tell_result(context, spec, store, sweeps, trial, result, output_uri)
+    return result
+
+
+def trial_model_body(
+    context: AssetExecutionContext,
+    config: TrialConfig,
+    spec: PipelineSpec,
+    validated: ValidatedData,
+    sweep: Sweep,
+    store: ObjectStore,
+    launcher: Launcher,
+    tracking: Tracking,
+    sweeps: SweepStore,
+) -> Output[TrialModel]:
+    """Train one trial through the launcher (or reuse its stored result) and tell the study how it went."""
+    number = naming.trial_number(context.partition_key)
+    trial = sweeps.trial(sweep.study, number)
+    inputs = TrialInputs(context.partition_key, number, sweep.study, trial.params, accepts_reports=trial.state.name == "RUNNING")
+    output_uri = naming.run_dir(store, spec.team, spec.name, sweep.study, context.partition_key)
+    record = lineage.record(spec, validated.md5, params=trial.params, seed=spec.model.seed)
+    record["max_epochs"] = config.max_epochs or spec.model.max_epochs  # run config overrides the spec
+    # The capacity plan (strategy 'auto' resolved here, before any TrainSpec exists), shown for every trial.
+    plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), lambda: planner.count_classes(spec, validated.model_dump(), store), launcher)
+    record["strategy"] = plan.distribution.strategy
+    if trial.state.name in ("COMPLETE", "PRUNED") and store.exists(f"{output_uri}/result.json"):
+        context.log.info(f"{context.partition_key} already {trial.state.name.lower()} with these inputs; reusing its result")
+        result = store.read_json(f"{output_uri}/result.json")
+    elif trial.state.name in ("FAIL", "PRUNED"):
+        raise Failure(
+            description=f"{context.partition_key}: trial {number} of study {sweep.study} is {trial.state.name} "
+            f"({failure_reason(trial) if trial.state.name == 'FAIL' else 'stopped early by the pruner'}) and has no result; "
+            "finished trials are not trained again (the sweep asks a new trial in its place)"
+        )
+    else:
+        result = train_trial(context, config, spec, inputs, validated, plan, record, output_uri, store=store, launcher=launcher, tracking=tracking, sweeps=sweeps)
+    value = TrialModel.model_validate(
+        {"trial": context.partition_key, "number": number, "params": trial.params, "result_uri": f"{output_uri}/result.json", **result}
+    )
+    return Output(value, metadata=trial_metadata(spec, value, record, plan))
+
+
+def best_model_body(context: AssetExecutionContext, spec: PipelineSpec, sweep: Sweep, sweeps: SweepStore, store: ObjectStore) -> Output[BestModel]:
+    """Pick the best finished trial (by the monitor, or from the Pareto front by `search.pick`) with its test metrics."""
+    trials = sweeps.load(sweep.study).get_trials(deepcopy=False)
+    done = [t for t in trials if t.state.name == "COMPLETE"]
+    if not done:
+        raise Failure(description=f"{spec.key}: study {sweep.study} has no completed trial; materialize trial_model partitions first")
+    objectives = objectives_of(spec)
+    extra: dict[str, Any] = {}
+    if spec.search.multi_objective:
+        front = pareto_front(trials, [o.mode for o in objectives])
+        try:
+            best, reason = pick_trial(front, objectives, spec.search.pick)
+        except SweepError as e:
+            raise Failure(description=f"{spec.key}: study {sweep.study}: {e}; relax search.pick.limits") from e
+        extra = {"pareto_front": MetadataValue.md(trials_markdown(front, objectives, limit=len(front))), "pareto_size": len(front)}
+    else:
+        best = best_single_objective(done, spec.model.monitor_mode)
+        reason = f"best {spec.model.monitor} ({spec.model.monitor_mode}) of {len(done)} completed trial(s)"
+    result = store.read_json(best.user_attrs["result_uri"])
+    value = BestModel.model_validate(
+        {"study": sweep.study, "trial": naming.trial_key(best.number), "number": best.number, "params": best.params,
+         "value": best.values[0], "values": list(best.values), "result_uri": best.user_attrs["result_uri"], **result}
+    )
+    rows = sorted(done, key=lambda t: t.values[0], reverse=objectives[0].mode == "max")
+    return Output(
+        value,
+        metadata={
+            "trial": value.trial,
+            spec.model.monitor: value.best_metric,
+            **{f"objective_{o.metric}": float(v) for o, v in zip(objectives, best.values)},
+            **{k: float(v) for k, v in value.metrics.items()},
+            "completed_trials": len(done),
+            "pick": reason,
+            "trials": MetadataValue.md(trials_markdown_table(rows, [o.metric for o in objectives])),
+            "comparison": MetadataValue.md(trial_comparison(store, rows)),
+            **extra,
+        },
+    )

@@ -1,0 +1,65 @@
+"""The TrainSpec of a trial, assembled by a pure function: layers and every field, without Dagster."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.pipelines.pipeline_fixtures import small_spec
+from training.spec import Distribution, FaultInjection, PrunerSpec, TrackerSpec
+from trainyard.spec import ModelSpec
+from trainyard.trainspec import TrialInputs, build_train_spec, model_kwargs
+from trainyard.values import ValidatedData
+
+DATA = ValidatedData(md5="a" * 32, split_id="a" * 32 + "-f", train="/d/train.parquet", val="/d/val.parquet", test="/d/test.parquet",
+                     rows={"train": 70, "val": 15, "test": 15})
+
+
+def build(spec, trial: TrialInputs, **over):
+    args = dict(output_uri="/store/runs/test/digits/s/trial-0001", distribution=Distribution(procs_per_node=2),
+                tracker=TrackerSpec(kind="none"), optuna_storage_url="sqlite:///o.db", lineage={"data_version": "a" * 32})
+    args.update(over)
+    return build_train_spec(spec, trial, DATA, **args)
+
+
+def test_every_field_comes_from_its_layer() -> None:
+    spec = small_spec(model=ModelSpec(path="pipelines.vision.models:DigitsMLP", max_epochs=2, batch_size=64, hparams={"hidden": 32}))
+    ts = build(spec, TrialInputs("trial-0001", 1, "s", {"lr": 0.01}))
+    assert ts.pipeline == "test/digits" and ts.trial_id == "trial-0001" and ts.task == spec.model.task
+    assert ts.model.path == "pipelines.vision.models:DigitsMLP" and ts.model.kwargs == {"lr": 0.01, "hidden": 32}  # trial over hparams
+    assert ts.datamodule.path == spec.model.datamodule
+    assert ts.data.model_dump() == {"train_uri": "/d/train.parquet", "val_uri": "/d/val.parquet", "test_uri": "/d/test.parquet",
+                                    "features": spec.features, "target": "label", "version": "a" * 32}
+    assert ts.output_uri == "/store/runs/test/digits/s/trial-0001"
+    assert (ts.max_epochs, ts.batch_size, ts.monitor, ts.monitor_mode, ts.seed) == (2, 64, spec.model.monitor, spec.model.monitor_mode, spec.model.seed)
+    assert ts.distribution == Distribution(procs_per_node=2) and ts.checkpoint == spec.checkpoint
+    assert ts.tracker == TrackerSpec(kind="none") and ts.faults == FaultInjection()
+    assert ts.optuna is not None and (ts.optuna.storage_url, ts.optuna.study_name, ts.optuna.trial_number) == ("sqlite:///o.db", "s", 1)
+    assert ts.optuna.pruner == spec.search.pruner
+    assert ts.lineage == {"data_version": "a" * 32}
+
+
+def test_run_config_is_the_last_layer() -> None:
+    spec = small_spec()
+    faults = FaultInjection(kill_rank=1, kill_at_step=5)
+    ts = build(spec, TrialInputs("trial-0000", 0, "s"), max_epochs=1, faults=faults)
+    assert ts.max_epochs == 1 and ts.faults == faults
+    assert build(spec, TrialInputs("trial-0000", 0, "s"), max_epochs=None).max_epochs == spec.model.max_epochs
+
+
+def test_a_finished_trial_trained_again_gets_no_pruner() -> None:
+    from trainyard.spec import SearchSpec
+
+    spec = small_spec(search=SearchSpec(n_trials=1, pruner=PrunerSpec(kind="median")))
+    assert build(spec, TrialInputs("trial-0000", 0, "s", accepts_reports=True)).optuna.pruner.kind == "median"
+    assert build(spec, TrialInputs("trial-0000", 0, "s", accepts_reports=False)).optuna.pruner == PrunerSpec()
+
+
+def test_model_kwargs_layer_trial_params_over_hparams() -> None:
+    spec = small_spec(model=ModelSpec(path="pipelines.vision.models:DigitsMLP", hparams={"a": 1, "b": 2}))
+    assert model_kwargs(spec, {"b": 3, "c": 4}) == {"a": 1, "b": 3, "c": 4}
+
+
+def test_assembly_imports_without_dagster() -> None:
+    code = "import sys; sys.modules['dagster'] = None; import trainyard.trainspec, trainyard.values, trainyard.naming, trainyard.trials"
+    subprocess.run([sys.executable, "-c", code], check=True)
