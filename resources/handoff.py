@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Literal, Optional
+from datetime import UTC, datetime
+from typing import Any, Callable, Literal, Optional
 
 from dagster import ConfigurableResource
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from resources.storage import ObjectStore, StorageError
+from training.retry import RetriesExhausted, retry_call
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,18 @@ class HandoffDeliveryFailed(HandoffError):
         super().__init__(message)
         self.uri = uri
         self.status = status
+
+
+class _WebhookRefused(Exception):
+    """The webhook answered with a status that retrying cannot change (e.g. 400)."""
+
+    def __init__(self, message: str, status: Optional[int]) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _WebhookUnavailable(_WebhookRefused):
+    """No answer, or 408, 429 or 5xx: retrying may succeed."""
 
 
 class HandoffEvent(BaseModel):
@@ -116,7 +130,7 @@ class HandoffEvent(BaseModel):
 
     def file_name(self) -> str:
         """`<YYYYmmddTHHMMSS.ffffff>Z-v<version>.json`: sorts by time within a model's folder."""
-        stamp = datetime.fromisoformat(self.at).astimezone(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        stamp = datetime.fromisoformat(self.at).astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         return f"{stamp}-v{self.version}.json"
 
 
@@ -139,7 +153,7 @@ class HandoffReceipt:
 
 def now_iso() -> str:
     """The current time as the ISO 8601 UTC string `HandoffEvent.at` expects."""
-    return datetime.now(timezone.utc).isoformat()
+    return datetime.now(UTC).isoformat()
 
 
 class HandoffPublisher(ConfigurableResource):
@@ -158,6 +172,9 @@ class HandoffPublisher(ConfigurableResource):
     webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
     webhook_attempts: int = Field(default=3, ge=1, le=10)
     webhook_backoff_s: float = Field(default=0.5, ge=0, le=60)
+
+    # Waits between webhook attempts; tests replace it on an instance to observe the backoff.
+    _sleep: Callable[[float], None] = PrivateAttr(default_factory=lambda: time.sleep)
 
     @field_validator("webhook_url")
     @classmethod
@@ -187,47 +204,63 @@ class HandoffPublisher(ConfigurableResource):
     def deliver(self, event: HandoffEvent, uri: str) -> HandoffReceipt:
         """POSTs the event (with its record's URI) to the webhook, retrying transient failures.
 
+        Connection errors, timeouts, 408, 429 and 5xx are retried up to
+        `webhook_attempts` tries in all, waiting `webhook_backoff_s`, then twice
+        that, and so on; any other HTTP answer fails at once.
+
         Raises:
             HandoffDeliveryFailed: No 2xx answer after `webhook_attempts` tries, or a
                 4xx answer that retrying cannot change.
         """
         if self.webhook_url is None:
             return HandoffReceipt(uri=uri, webhook="disabled")
+        webhook_url = self.webhook_url
         body = json.dumps({**event.model_dump(mode="json"), "record_uri": uri}).encode()
-        last_error = ""
-        status: Optional[int] = None
-        for attempt in range(1, self.webhook_attempts + 1):
+        attempts = 0
+
+        def post() -> HandoffReceipt:
+            nonlocal attempts
+            attempts += 1
             request = urllib.request.Request(
-                self.webhook_url,
+                webhook_url,
                 data=body,
                 method="POST",
                 headers={"Content-Type": "application/json", EVENT_ID_HEADER: event.event_id},
             )
             try:
                 with urllib.request.urlopen(request, timeout=self.webhook_timeout_s) as response:
-                    return HandoffReceipt(uri=uri, webhook="delivered", status=response.status, attempts=attempt)
+                    return HandoffReceipt(uri=uri, webhook="delivered", status=response.status, attempts=attempts)
             except urllib.error.HTTPError as e:
-                status = e.code
-                last_error = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
+                answer = f"HTTP {e.code}: {e.read()[:300].decode(errors='replace')}"
                 if e.code not in _RETRY_STATUSES:
-                    break
+                    raise _WebhookRefused(answer, e.code) from e
+                raise _WebhookUnavailable(answer, e.code) from e
             except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                status = None
-                last_error = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-            if attempt < self.webhook_attempts:
-                delay = self.webhook_backoff_s * 2 ** (attempt - 1)
-                logger.warning(
-                    "handoff webhook %s failed for event %s (attempt %d of %d), retrying in %.1fs: %s",
-                    self.webhook_url, event.event_id, attempt, self.webhook_attempts, delay, last_error,
-                )
-                time.sleep(delay)
+                raise _WebhookUnavailable(f"{type(e).__name__}: {getattr(e, 'reason', e)}", None) from e
+
+        def log_retry(attempt: int, error: BaseException, wait: float) -> None:
+            logger.warning(
+                "handoff webhook %s failed for event %s (attempt %d of %d), retrying in %.1fs: %s",
+                webhook_url, event.event_id, attempt, self.webhook_attempts, wait, error,
+            )
+
+        try:
+            return retry_call(
+                post, retry_on=_WebhookUnavailable, attempts=self.webhook_attempts, backoff_s=self.webhook_backoff_s,
+                max_backoff_s=math.inf, sleep=self._sleep, on_retry=log_retry, describe=f"handoff webhook {webhook_url}",
+            )
+        except RetriesExhausted as e:
+            failure = e.last
+        except _WebhookRefused as e:
+            failure = e
+        assert isinstance(failure, _WebhookRefused)
         raise HandoffDeliveryFailed(
-            f"webhook {self.webhook_url} did not accept handoff event {event.event_id} "
-            f"({event.model} v{event.version}) after {attempt} attempt(s): {last_error}; "
+            f"webhook {webhook_url} did not accept handoff event {event.event_id} "
+            f"({event.model} v{event.version}) after {attempts} attempt(s): {failure}; "
             f"the record is at {uri}",
             uri=uri,
-            status=status,
-        )
+            status=failure.status,
+        ) from failure
 
     def read(self, uri: str) -> HandoffEvent:
         """Reads one record back.

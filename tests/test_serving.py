@@ -209,7 +209,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A registered tiny torch classifier, its training-side labels on a test frame, alias champion+challenger."""
     import torch
 
-    from tests.resources.test_registry import export_model
+    from tests.resources.registry.test_client import export_model
 
     home = tmp_path_factory.mktemp("serving")
     torch.manual_seed(3)
@@ -341,10 +341,11 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
     import sqlalchemy
     import torch
 
-    from assets import promotion
+    from resources import promotion
+    from trainyard.promotion import Candidate, ValidationEvidence
     from trainyard.spec import PromotionSpec
     from resources.registry import tracking_server_command
-    from tests.resources.test_registry import export_model
+    from tests.resources.registry.test_client import export_model
 
     monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3_endpoint.url)
     port = free_port()
@@ -389,8 +390,8 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
         assert registry.artifact_uri("cluster.digits", info.version).startswith(s3_endpoint.root("mlflow-artifacts"))
 
         handoff = HandoffPublisher(store=ObjectStore(root=s3_endpoint.root("store"), endpoint_url=s3_endpoint.url))
-        validation = promotion.ValidationEvidence(True, "passed", "md5")
-        candidate = promotion.Candidate(info, PromotionSpec(threshold=0.9), {"test_acc": 1.0}, "split1", frame, "label", validation)
+        validation = ValidationEvidence(True, "passed", "md5")
+        candidate = Candidate(info, PromotionSpec(threshold=0.9), {"test_acc": 1.0}, "split1", frame, "label", validation)
         decision = promotion.decide(registry, handoff, candidate, action="register", decided_by="test")
         assert decision.outcome == "champion", decision.reason
         assert (decision.smoke["served_metric"], decision.smoke["served_value"]) == ("test_acc", 1.0)

@@ -103,6 +103,13 @@ def _register(registry: ModelRegistry, model_dir: Path, frame: pd.DataFrame, tri
     )
 
 
+def no_waiting(registry: ModelRegistry) -> ModelRegistry:
+    """The same registry, with backoff and lock polling that return at once."""
+    quick = ModelRegistry(tracking_uri=registry.tracking_uri, artifact_root=registry.artifact_root)
+    quick._sleep = lambda seconds: None
+    return quick
+
+
 @pytest.fixture(scope="module")
 def registered(registry: ModelRegistry, model_dir: Path, frame: pd.DataFrame):
     return _register(registry, model_dir, frame, "tiny/md5-abc/trial-0000")
@@ -199,6 +206,18 @@ def test_serving_needs_only_mlflow_in_a_fresh_process(
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["leaked"] == []
     assert result["labels"] == torch_labels(model, frame).tolist()
+
+
+def test_smoke_test_serves_the_version_in_an_isolated_process(
+    registry: ModelRegistry, registered, model: torch.nn.Module, frame: pd.DataFrame
+) -> None:
+    result = registry.smoke_test(registered.model_uri, {"test": frame[FEATURES].head(8)})
+    assert result.passed, result.error
+    assert result.run_id == registered.run_id
+    assert result.predictions["test"] == torch_labels(model, frame.head(8)).tolist()
+    assert len(result.predictions["input_example"]) == 5
+    assert result.blocked_imports == ()  # serving needs nothing of the training stack
+    assert result.load_seconds is not None and result.seconds >= result.load_seconds
 
 
 def test_failure_after_run_created_leaves_no_version(
@@ -313,16 +332,14 @@ def test_s3_artifact_root_and_model_dir(
 def test_unreachable_registry_is_retried_then_fails_clearly(
     tmp_path: Path, model_dir: Path, frame: pd.DataFrame, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import resources.registry as registry_module
-
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     waits: list[float] = []
-    monkeypatch.setattr(registry_module, "_sleep", waits.append)
     down = ModelRegistry(
         tracking_uri="http://user:secret@127.0.0.1:1", artifact_root=str(tmp_path / "artifacts"),
         retry_attempts=3, retry_backoff_s=0.5,
     )
+    down._sleep = waits.append
     with pytest.raises(RegistryUnavailable, match=r"registry http://user:\*\*\*@127.0.0.1:1 unavailable; gave up after 3 attempt\(s\)") as caught:
         _register(down, model_dir, frame, "down/trial-0000", name="tiny-down")
     assert "secret" not in str(caught.value)
@@ -336,9 +353,7 @@ def test_transient_failure_mid_registration_is_retried_to_exactly_one_version(
     import requests
     from mlflow import MlflowClient
 
-    import resources.registry as registry_module
-
-    monkeypatch.setattr(registry_module, "_sleep", lambda s: None)
+    registry = no_waiting(registry)
     original = MlflowClient.create_model_version
     calls = {"n": 0}
 
@@ -383,10 +398,10 @@ def test_concurrent_registration_of_one_trial_gives_one_version(
     assert [v.version for v in registry.list_versions("tiny-race") if v.tags.get(TRIAL_KEY_TAG)] == ["1"]
 
 
-def test_lock_is_exclusive_expires_and_names_its_holder(registry: ModelRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lock_is_exclusive_expires_and_names_its_holder(registry: ModelRegistry) -> None:
     import resources.registry as registry_module
 
-    monkeypatch.setattr(registry_module, "_sleep", lambda s: None)
+    registry = no_waiting(registry)
     with registry.lock("locked", purpose="first holder") as owner:
         assert registry.get_model_tags(f"locked{registry_module.LOCK_MODEL_SUFFIX}")[registry_module.LOCK_OWNER_TAG] == owner
         with pytest.raises(RegistryUnavailable, match="'locked' is locked by .* for 'first holder'; waited 0s"):

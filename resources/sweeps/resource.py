@@ -1,0 +1,231 @@
+"""`SweepStore`: the Dagster resource over Optuna's RDB storage (SQLite locally, PostgreSQL on clusters)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import warnings
+from typing import Any, Iterator, Optional, Sequence, Union
+
+from dagster import ConfigurableResource
+from pydantic import Field
+
+from resources.sweeps.rules import (
+    CREATED_AT,
+    MODES,
+    STOPPED,
+    SweepError,
+    SweepStatus,
+    build_sampler,
+    derive_seed,
+    distributions,
+    optuna_direction,
+    sweep_status,
+)
+from resources.sweeps.store import cached_study, open_storage, remember_study
+from trainyard.spec import SearchSpec
+
+
+class SweepStore(ConfigurableResource):
+    """Optuna RDB storage, with heartbeats.
+
+    Args:
+        storage_url: SQLAlchemy URL, e.g. `sqlite:////abs/optuna.db` or
+            `postgresql+psycopg2://user@host/db`.
+        heartbeat_interval: seconds between heartbeats of a training trial.
+        grace_period: seconds without a heartbeat after which a running trial
+            is failed (its run crashed or was killed); default twice the interval.
+    """
+
+    storage_url: str
+    heartbeat_interval: int = Field(60, ge=1)
+    grace_period: Optional[int] = Field(None, ge=1)
+
+    @property
+    def _key(self) -> tuple[str, int, Optional[int]]:
+        return (self.storage_url, self.heartbeat_interval, self.grace_period)
+
+    def storage(self) -> Any:
+        return open_storage(*self._key)
+
+    def load_or_create(self, study_name: str, direction: Union[str, Sequence[str]], search: SearchSpec) -> Any:
+        """Create the study, or resume it when it exists (same name, same directions).
+
+        Args:
+            direction: `max`/`min`, or one per objective.
+        """
+        import optuna
+
+        modes = [direction] if isinstance(direction, str) else list(direction)
+        wanted = [optuna_direction(m) for m in modes]
+        study = optuna.create_study(study_name=study_name, storage=self.storage(), directions=wanted, load_if_exists=True)
+        have = [d.name.lower() for d in study.directions]
+        if have != wanted:
+            raise SweepError(f"study {study_name!r} exists with directions {have}; this sweep declares {wanted}")
+        if CREATED_AT not in study.user_attrs:
+            study.set_user_attr(CREATED_AT, time.time())
+        remember_study(self._key, study)
+        return self._with_sampler(study, search)
+
+    def load(self, study_name: str, search: Optional[SearchSpec] = None) -> Any:
+        """The existing study; with `search`, its sampler is the declared one, freshly seeded."""
+        study = cached_study(self._key, study_name)
+        return self._with_sampler(study, search) if search is not None else study
+
+    def _with_sampler(self, study: Any, search: Optional[SearchSpec]) -> Any:
+        if search is not None:
+            study.sampler = build_sampler(search, derive_seed(search.seed, len(study.get_trials(deepcopy=False))))
+        return study
+
+    def ask(self, study: Any, search: SearchSpec, n: int, deadline: Optional[float] = None) -> list[int]:
+        """Ask up to `n` trials; stops early at `deadline` (time.monotonic()). Returns their numbers.
+
+        Random sweeps are asked as one batch: the draws of a random sampler do
+        not depend on other trials, so each trial is created with its
+        parameters in a single write, at a flat cost per trial. Other samplers
+        go through `Study.ask`, which re-reads every unfinished trial per ask.
+        """
+        dists = distributions(search)
+        numbers: list[int] = []
+        if search.sampler == "random":
+            return self._ask_random(study, search, dists, n, deadline)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            for _ in range(n):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                numbers.append(study.ask(dists).number)
+        return numbers
+
+    def _ask_random(self, study: Any, search: SearchSpec, dists: dict[str, Any], n: int, deadline: Optional[float]) -> list[int]:
+        from optuna.trial import TrialState, create_trial
+
+        storage = self.storage()
+        study_id = storage.get_study_id_from_name(study.study_name)
+        sampler = build_sampler(search, derive_seed(search.seed, len(study.get_trials(deepcopy=False))))
+        placeholder = create_trial(state=TrialState.RUNNING)
+        numbers: list[int] = []
+        for _ in range(n):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            params = {name: sampler.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()}
+            trial_id = storage.create_new_trial(study_id, template_trial=create_trial(state=TrialState.RUNNING, params=params, distributions=dists))
+            numbers.append(storage.get_trial_number_from_id(trial_id))
+        return numbers
+
+    def status(self, study: Any, search: SearchSpec, now: Optional[float] = None) -> SweepStatus:
+        attrs = study.user_attrs
+        return sweep_status(
+            study.get_trials(deepcopy=False),
+            search,
+            [MODES[d.name] for d in study.directions],
+            attrs.get(CREATED_AT),
+            time.time() if now is None else now,
+            attrs.get(STOPPED),
+        )
+
+    def ensure_trials(self, study: Any, search: SearchSpec) -> list[int]:
+        """Top up the trials in flight to the sweep's window; returns the numbers of live (not failed) trials.
+
+        Idempotent across restarts: trials already in the storage count, so a
+        resumed sweep never duplicates trial numbers. Failed trials are replaced
+        until the failure budget is spent.
+        """
+        self.fail_stale(study)
+        st = self.status(study, search)
+        want = min(search.window - st.in_flight, st.remaining)
+        if want > 0:
+            self.ask(study, search, want)
+        return sorted(t.number for t in study.get_trials(deepcopy=False) if t.state.name != "FAIL")
+
+    def fail_stale(self, study: Any) -> list[int]:
+        """Fail running trials whose heartbeat is older than the grace period; returns their numbers.
+
+        Optuna takes no attributes on a finished trial, so such a trial carries
+        no `error`; reports name it by that (`failure_reason`).
+        """
+        import optuna
+
+        before = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+        if not before:
+            return []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(study)
+        after = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
+        return sorted(before - after)
+
+    def record_stop(self, study: Any, reason: str) -> None:
+        """Remember why the sweep stopped asking, so it stays stopped after restarts."""
+        if study.user_attrs.get(STOPPED) is None:
+            study.set_user_attr(STOPPED, reason)
+
+    def _trial_id(self, study_name: str, number: int) -> int:
+        storage = self.storage()
+        try:
+            study_id = storage.get_study_id_from_name(study_name)
+        except KeyError as e:
+            raise SweepError(f"study {study_name!r} does not exist in {self.storage_url.split('?')[0]}; materialize the sweep asset first") from e
+        try:
+            return storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        except KeyError as e:
+            raise SweepError(f"study {study_name!r} has no trial number {number}") from e
+
+    def trial(self, study_name: str, number: int) -> Any:
+        """The trial as stored now (read from the database, not a cache)."""
+        return self.storage().get_trial(self._trial_id(study_name, number))
+
+    def tell(
+        self,
+        study_name: str,
+        number: int,
+        value: Union[None, float, Sequence[float]],
+        attrs: dict[str, Any],
+        failed: bool = False,
+        pruned: bool = False,
+    ) -> str:
+        """Record a trial's outcome: complete with value(s), pruned, or failed; returns the trial's final state.
+
+        Attributes are written first, so a finished trial always carries them.
+        A trial that is already finished keeps its state and attributes (e.g.
+        failed by a stale heartbeat while its run was cut off from the storage).
+        """
+        from optuna.trial import TrialState
+
+        storage = self.storage()
+        trial_id = self._trial_id(study_name, number)
+        trial = storage.get_trial(trial_id)
+        if trial.state.is_finished():
+            return trial.state.name
+        for k, v in attrs.items():
+            storage.set_trial_user_attr(trial_id, k, v)
+        study = cached_study(self._key, study_name, teller=True)
+        if failed:
+            study.tell(number, state=TrialState.FAIL)
+        elif pruned:
+            study.tell(number, state=TrialState.PRUNED)
+        else:
+            study.tell(number, list(value) if isinstance(value, (list, tuple)) else value)
+        return self.trial(study_name, number).state.name
+
+    @contextlib.contextmanager
+    def heartbeat(self, study_name: str, number: int) -> Iterator[None]:
+        """Record heartbeats for a trial while the block runs (the trial's run is alive)."""
+        storage = self.storage()
+        trial_id = self._trial_id(study_name, number)
+        stop = threading.Event()
+        storage.record_heartbeat(trial_id)
+
+        def beat() -> None:
+            while not stop.wait(self.heartbeat_interval):
+                storage.record_heartbeat(trial_id)
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{study_name}-{number}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+

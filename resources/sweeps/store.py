@@ -1,0 +1,107 @@
+"""One Optuna storage (connection pool) per URL and one Study per study name in this process.
+
+Shared by every `SweepStore` with the same settings, so a sensor that keeps
+running in one process reuses its connections and Optuna's cache of finished
+trials between ticks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import warnings
+from collections import OrderedDict
+from typing import Any, Optional
+
+from resources.sweeps.rules import SweepError
+
+_LOCK = threading.Lock()
+_STUDIES: "OrderedDict[tuple, Any]" = OrderedDict()
+_MAX_STUDIES = 64
+
+
+def _keep(cache_key: tuple, study: Any) -> None:
+    """Caches `study` as the most recently used, evicting the oldest past `_MAX_STUDIES` (hold `_LOCK`)."""
+    _STUDIES[cache_key] = study
+    _STUDIES.move_to_end(cache_key)
+    while len(_STUDIES) > _MAX_STUDIES:
+        _STUDIES.popitem(last=False)
+
+
+def remember_study(key: tuple, study: Any) -> None:
+    """Makes `study` the one `cached_study` returns for its storage `key` and name."""
+    with _LOCK:
+        _keep((key, study.study_name), study)
+
+
+def cached_study(key: tuple, study_name: str, teller: bool = False) -> Any:
+    """One Study object per storage and name in this process (and one to tell results with).
+
+    Optuna caches finished trials inside a Study's storage wrapper, so a sensor
+    that keeps its Study between ticks reads only new and unfinished trials
+    instead of the whole study every tick. Results are told through a second
+    Study whose sampler keeps no state: a sampler's `after_trial` may act on
+    the study (GridSampler stops it once the grid is covered, which Optuna
+    allows only inside `optimize`).
+    """
+    import optuna
+
+    cache_key = (key, study_name, "tell") if teller else (key, study_name)
+    with _LOCK:
+        study = _STUDIES.get(cache_key)
+    if study is not None:
+        return study
+    sampler = optuna.samplers.RandomSampler() if teller else None
+    try:
+        study = optuna.load_study(study_name=study_name, storage=open_storage(*key), sampler=sampler)
+    except KeyError as e:
+        raise SweepError(f"study {study_name!r} does not exist in {key[0].split('?')[0]}; materialize the sweep asset first") from e
+    with _LOCK:
+        _keep(cache_key, study)
+    return study
+
+
+_STORAGES: "OrderedDict[tuple, Any]" = OrderedDict()
+
+
+def open_storage(url: str, heartbeat_interval: int = 60, grace_period: Optional[int] = None) -> Any:
+    """One RDBStorage (one connection pool) per URL and heartbeat setting in this process."""
+    import optuna
+
+    key = (url, heartbeat_interval, grace_period)
+    with _LOCK:
+        if key in _STORAGES:
+            _STORAGES.move_to_end(key)
+            return _STORAGES[key]
+    kwargs: dict[str, Any] = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
+    if url.startswith("sqlite"):
+        _sqlite_wal(url)
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        storage = optuna.storages.RDBStorage(url, **kwargs)
+    if url.startswith("sqlite"):
+        import sqlalchemy
+
+        # WAL (set once per database file) lets trials write while the sensor reads;
+        # synchronous=NORMAL is safe under WAL and cuts each commit's fsync.
+        sqlalchemy.event.listen(storage.engine, "connect", lambda conn, _: conn.execute("PRAGMA synchronous=NORMAL"))
+        storage.engine.dispose()
+    with _LOCK:
+        storage = _STORAGES.setdefault(key, storage)
+        while len(_STORAGES) > 32:
+            # Closes the pool's idle connections; a Study still holding this storage reconnects on use.
+            _STORAGES.popitem(last=False)[1].engine.dispose()
+        return storage
+
+
+def _sqlite_wal(url: str) -> None:
+    import sqlite3
+
+    path = url.split("sqlite:///", 1)[1].split("?")[0]
+    if not path or path == ":memory:":
+        return
+    with contextlib.closing(sqlite3.connect(path, timeout=60)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+
