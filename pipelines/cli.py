@@ -7,17 +7,21 @@ same definitions through real Dagster runs recorded in `DAGSTER_HOME`.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import shutil
 import sys
 from pathlib import Path
 from typing import Optional
 
-from pipelines.environments import PROJECT_ROOT, trainyard_home
+# Everything beyond the standard library is imported inside the commands:
+# `trainyard --help` builds the whole parser, and the environments, Dagster and
+# the data stack take seconds to import.
 
 
 def ensure_dagster_home() -> Path:
     """Point `DAGSTER_HOME` at `<TRAINYARD_HOME>/dagster` and give it the project's dagster.yaml."""
+    from pipelines.environments import PROJECT_ROOT, trainyard_home  # lazy: loads every resource
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(trainyard_home() / "dagster")))
     home.mkdir(parents=True, exist_ok=True)
     target = home / "dagster.yaml"
@@ -28,9 +32,9 @@ def ensure_dagster_home() -> Path:
 
 def cmd_init(args: argparse.Namespace) -> int:
     """Create the homes and set each team's GPU pool limit (`TeamSpec.gpu_pool_limit`) on the instance."""
-    from dagster import DagsterInstance
+    from dagster import DagsterInstance  # lazy: Dagster
 
-    from pipelines.team import apply_pool_limits, workspace_teams
+    from pipelines.team import apply_pool_limits, workspace_teams  # lazy: loads the code locations
 
     home = ensure_dagster_home()
     with DagsterInstance.get() as instance:
@@ -43,7 +47,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def write_digits_landing(store_root: Path) -> Path:
     """Write scikit-learn's bundled digits as the landing CSV (same bytes every time)."""
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # lazy: scikit-learn
 
     landing = store_root / "landing" / "vision" / "digits"
     landing.mkdir(parents=True, exist_ok=True)
@@ -58,7 +62,8 @@ def write_digits_landing(store_root: Path) -> Path:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from pipelines.demo import run_demo
+    from pipelines.demo import run_demo  # lazy: Dagster and the code locations
+    from pipelines.environments import trainyard_home  # lazy: loads every resource
 
     ensure_dagster_home()
     write_digits_landing(trainyard_home() / "store")
@@ -66,13 +71,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 # Command groups living in their own modules; each defines `register(subparsers)`
-# and sets `func` on its parsers. Imported lazily so `trainyard --help` stays fast.
+# and sets `func` on its parsers, and like this module imports only the standard
+# library at its top.
 COMMAND_MODULES: tuple[str, ...] = ("pipelines.cli_registry", "pipelines.cli_repro", "pipelines.cli_data")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import importlib
-
+    """The `trainyard` parser with every command group's subcommands."""
     parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: raw data to registered models, on Dagster")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the vision/digits pipeline end to end through Dagster")
@@ -85,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Runs one `trainyard` command; returns its exit status."""
     args = build_parser().parse_args(argv)
     return args.func(args)
 

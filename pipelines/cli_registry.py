@@ -8,11 +8,15 @@
     trainyard registry list
 
 `promote` and `rollback` apply the same checks as the `registered_model` asset
-(`assets.promotion`), with the policy and pinned test split recorded on the
+(`resources.promotion`, applying `trainyard.promotion`'s policy), with the policy and pinned test split recorded on the
 version when it was registered. `--force` moves the alias past failing checks
 and is recorded as an override with its reason. The registry, object store and
 handoff publisher are the environment's (`TRAINYARD_ENV`, default `local`
 under `TRAINYARD_HOME`).
+
+`trainyard --help` imports this module to build its parser, so everything
+beyond the standard library (the environment's resources, which load Dagster
+and MLflow, and the pydantic-based core) is imported inside the commands.
 
 Exit status: 0 done (or nothing to do), 1 the policy rejected the request,
 2 bad input (unknown model or version), 3 the registry failed.
@@ -21,6 +25,7 @@ Exit status: 0 done (or nothing to do), 1 the policy rejected the request,
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from typing import Any, Optional
@@ -29,24 +34,25 @@ EXIT_REJECTED = 1
 EXIT_BAD_INPUT = 2
 EXIT_REGISTRY = 3
 
-LINEAGE_TAGS = (
-    ("pipeline", "trainyard.pipeline"),
-    ("data version", "trainyard.data_version"),
-    ("validation", "trainyard.validation"),
-    ("validation detail", "trainyard.validation.summary"),
-    ("test split", "trainyard.test_split"),
-    ("code version", "trainyard.code_version"),
-    ("code dirty", "trainyard.code_dirty"),
-    ("dependency lock", "trainyard.lock_hash"),
-    ("study", "trainyard.study"),
-    ("trial", "trainyard.trial"),
-    ("params", None),
-    ("seed", "trainyard.seed"),
-    ("world size", "trainyard.world_size"),
-    ("strategy", "trainyard.strategy"),
-    ("checkpoint", "trainyard.checkpoint_uri"),
-    ("tracker run", "trainyard.tracker_run"),
+LINEAGE_SHOWN = (
+    ("pipeline", "pipeline"),
+    ("data version", "data_version"),
+    ("validation", "validation"),
+    ("validation detail", "validation_summary"),
+    ("test split", "test_split"),
+    ("code version", "code_version"),
+    ("code dirty", "code_dirty"),
+    ("dependency lock", "lock_hash"),
+    ("study", "study"),
+    ("trial", "trial"),
+    ("params", "params"),
+    ("seed", "seed"),
+    ("world size", "world_size"),
+    ("strategy", "strategy"),
+    ("checkpoint", "checkpoint_uri"),
+    ("tracker run", "tracker_run"),
 )
+"""`show`'s lineage lines: label and `LineageRecord` field, in the order shown."""
 
 
 def register(subparsers: Any) -> None:
@@ -76,7 +82,7 @@ def register(subparsers: Any) -> None:
 
 
 def _environment() -> dict[str, Any]:
-    from pipelines.environments import resources_for
+    from pipelines.environments import resources_for  # lazy: loads every resource (see module docstring)
 
     return resources_for()
 
@@ -109,7 +115,7 @@ def resolve_model(registry: Any, text: str) -> str:
 
 
 def _version(registry: Any, model: str, version: Optional[str]) -> Any:
-    from resources.registry import RegistryNotFound
+    from resources.registry import RegistryNotFound  # lazy: loads MLflow (see module docstring)
 
     if version is None or not version.isdigit():
         alias = version or "champion"
@@ -125,24 +131,29 @@ def _version(registry: Any, model: str, version: Optional[str]) -> Any:
 
 def describe(registry: Any, model: str, info: Any, handoff: Any = None) -> dict[str, Any]:
     """Everything `show` prints, as a JSON-serialisable dict."""
-    from assets import promotion as pr
+    from trainyard import lineage as lin  # lazy: pydantic (see module docstring)
+    from trainyard import promotion as pr
 
     tags = info.tags
     registered = registry.get_model_tags(model)
-    history = json.loads(registered.get(pr.HISTORY_TAG) or "{}") if registered.get(pr.HISTORY_TAG) else {}
+    history = json.loads(registered.get(lin.HISTORY_TAG) or "{}") if registered.get(lin.HISTORY_TAG) else {}
     aliases = {}
     for alias in (pr.CHAMPION, pr.CHALLENGER):
         holder = registry.get_alias(model, alias)
         aliases[alias] = holder.version if holder else None
-    params = {k[len("trainyard.params."):]: v for k, v in tags.items() if k.startswith("trainyard.params.")}
+    params = {k[len(lin.PARAMS_PREFIX):]: v for k, v in tags.items() if k.startswith(lin.PARAMS_PREFIX)}
     lineage = {}
-    for label, key in LINEAGE_TAGS:
-        value = json.dumps(params, sort_keys=True) if key is None and params else tags.get(key) if key else None
+    for label, name in LINEAGE_SHOWN:
+        if name == "params":
+            value = json.dumps(params, sort_keys=True) if params else None
+        else:
+            value = tags.get(lin.LineageRecord.tag(name))
         if value not in (None, ""):
             lineage[label] = value
     lineage["mlflow run"] = info.run_id
-    checks = json.loads(tags.get(f"{pr.P}checks", "[]"))
-    smoke = json.loads(tags.get("trainyard.smoke.evidence", "{}"))
+    p = lin.PROMOTION_PREFIX
+    checks = json.loads(tags.get(f"{p}checks", "[]"))
+    smoke = json.loads(tags.get(lin.SMOKE_EVIDENCE_TAG, "{}"))
     out: dict[str, Any] = {
         "model": model,
         "version": info.version,
@@ -153,21 +164,21 @@ def describe(registry: Any, model: str, info: Any, handoff: Any = None) -> dict[
         "metrics": pr.recorded_metrics(tags),
         "lineage": lineage,
         "promotion": {
-            "decision": tags.get(f"{pr.P}decision"),
-            "action": tags.get(f"{pr.P}action"),
-            "at": tags.get(f"{pr.P}at"),
-            "by": tags.get(f"{pr.P}by"),
-            "reason": tags.get(f"{pr.P}reason"),
-            "override": tags.get(f"{pr.P}override") == "true",
-            "override_reason": tags.get(f"{pr.P}override_reason") or None,
-            "champion_before": tags.get(f"{pr.P}champion_before") or None,
+            "decision": tags.get(f"{p}decision"),
+            "action": tags.get(f"{p}action"),
+            "at": tags.get(f"{p}at"),
+            "by": tags.get(f"{p}by"),
+            "reason": tags.get(f"{p}reason"),
+            "override": tags.get(f"{p}override") == "true",
+            "override_reason": tags.get(f"{p}override_reason") or None,
+            "champion_before": tags.get(f"{p}champion_before") or None,
             "checks": checks,
             "smoke_test": smoke,
-            "policy": json.loads(tags[pr.POLICY_TAG]) if tags.get(pr.POLICY_TAG) else None,
-            "replaced": tags.get("trainyard.champion.replaced"),
-            "rolled_back": tags.get("trainyard.champion.rolled_back"),
+            "policy": json.loads(tags[lin.POLICY_TAG]) if tags.get(lin.POLICY_TAG) else None,
+            "replaced": tags.get(lin.CHAMPION_REPLACED_TAG),
+            "rolled_back": tags.get(lin.CHAMPION_ROLLED_BACK_TAG),
         },
-        "handoff": {"event_uri": tags.get(pr.HANDOFF_URI_TAG), "webhook": tags.get(pr.HANDOFF_WEBHOOK_TAG)},
+        "handoff": {"event_uri": tags.get(lin.HANDOFF_URI_TAG), "webhook": tags.get(lin.HANDOFF_WEBHOOK_TAG)},
         "history": history.get("log", [])[-10:],
     }
     return out
@@ -220,13 +231,12 @@ def render(d: dict[str, Any]) -> str:
 
 def _guard(fn: Any) -> Any:
     """Maps the registry's errors onto exit codes and one-line messages."""
-    import functools
 
     @functools.wraps(fn)
     def wrapper(args: argparse.Namespace) -> int:
-        from assets.promotion import PromotionError
-        from resources.handoff import HandoffError
+        from resources.handoff import HandoffError  # lazy: Dagster and MLflow (see module docstring)
         from resources.registry import RegistryError, RegistryUnavailable
+        from trainyard.promotion import PromotionError
 
         try:
             return fn(args)
@@ -288,7 +298,7 @@ def _check_force(args: argparse.Namespace) -> None:
 
 @_guard
 def cmd_promote(args: argparse.Namespace) -> int:
-    from assets import promotion
+    from resources import promotion  # lazy: Dagster and MLflow (see module docstring)
 
     _check_force(args)
     env = _environment()
@@ -302,7 +312,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from assets import promotion
+    from resources import promotion  # lazy: Dagster and MLflow (see module docstring)
 
     _check_force(args)
     env = _environment()

@@ -1,4 +1,9 @@
-"""`trainyard compare` and `trainyard reproduce`."""
+"""`trainyard compare` and `trainyard reproduce`.
+
+`trainyard --help` imports this module to build its parser; the environment's
+resources, the core and the reproduction (Dagster, MLflow, pandas, pydantic)
+are imported inside the commands.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,14 @@ from typing import Any
 
 
 def _resources() -> dict[str, Any]:
-    from pipelines.environments import resources_for
+    from pipelines.environments import resources_for  # lazy: loads every resource
 
     return resources_for()
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from trainyard.compare import render, trial_rows, version_rows
+    """`trainyard compare`: registered versions of a model, or the trials of a pipeline, side by side."""
+    from trainyard.compare import render, trial_rows, version_rows  # lazy: pydantic
 
     res = _resources()
     if args.trials:
@@ -32,7 +38,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    from pipelines.reproduce import ReproductionError, reproduce
+    """`trainyard reproduce`: rebuild a registered model and report whether it is the same."""
+    from pipelines.reproduce import ReproductionError, reproduce  # lazy: the launcher, DVC and pandas
 
     try:
         report = reproduce(args.ref, _resources(), strict=args.strict)
@@ -47,6 +54,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any) -> None:
+    """Adds `compare` and `reproduce` to the `trainyard` parser."""
     compare = sub.add_parser("compare", help="compare registered versions of a model, or the trials of a pipeline")
     compare.add_argument("target", help="a registered model name (e.g. vision.digits), or a pipeline key with --trials")
     compare.add_argument("--trials", action="store_true", help="compare the trials of pipeline TARGET (e.g. vision/digits)")

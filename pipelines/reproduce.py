@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -24,14 +25,19 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from trainyard import lineage
+import pandas as pd
+import pyarrow as pa
+
 from pipelines.catalog import find_pipeline
-from trainyard.spec import PipelineSpec
 from resources.launcher import LocalLauncher
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
 from resources.versioning import DataVersioning, parse_dvc_file
 from training.spec import SPEC_FILE, TrackerSpec, TrainSpec
+from trainyard import data as dq
+from trainyard import lineage
+from trainyard.lineage import CHECKPOINT_URI_TAG, LineageError, LineageRecord
+from trainyard.spec import PipelineSpec
 
 
 class ReproductionError(Exception):
@@ -86,8 +92,6 @@ def parse_ref(ref: str) -> tuple[str, Optional[str], Optional[str]]:
 
 
 def _sha(path: str) -> str:
-    import hashlib
-
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
 
@@ -101,19 +105,20 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
     version = registry.get_version(name, number) if number else registry.get_alias(name, alias or "")
     if version is None:
         raise ReproductionError(f"{ref}: model {name!r} has no alias {alias!r}")
-    tags = version.tags
-    for required in ("trainyard.data_version", "trainyard.checkpoint_uri", "trainyard.pipeline"):
-        if required not in tags:
-            raise ReproductionError(f"{ref}: version {version.version} has no {required} tag; it was not registered by trainyard")
+    try:
+        recorded_lineage = LineageRecord.from_tags(version.tags)
+    except LineageError as e:
+        raise ReproductionError(f"{ref}: version {version.version}: {e}") from e
+    if recorded_lineage.checkpoint_uri is None:
+        raise ReproductionError(f"{ref}: version {version.version} has no {CHECKPOINT_URI_TAG} tag; it was not registered by trainyard")
     report = Report(name, version.version)
-    checkpoint_uri = tags["trainyard.checkpoint_uri"]
-    trial_dir = checkpoint_uri.rstrip("/").rsplit("/", 2)[0]
+    trial_dir = recorded_lineage.checkpoint_uri.rstrip("/").rsplit("/", 2)[0]
     spec = TrainSpec.from_json(store.read_bytes(f"{trial_dir}/{SPEC_FILE}").decode())
-    pipeline = pipeline or find_pipeline(tags["trainyard.pipeline"])
+    pipeline = pipeline or find_pipeline(recorded_lineage.pipeline)
 
     # Code and environment.
     commit, dirty = lineage.code_version()
-    recorded = tags.get("trainyard.code_version", "unknown")
+    recorded = recorded_lineage.code_version or "unknown"
     code_ok = commit == recorded and not dirty
     detail = f"recorded {recorded[:12]}, checkout {commit[:12]}{' with uncommitted changes' if dirty else ''}"
     if not code_ok and strict:
@@ -121,25 +126,18 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
         raise ReproductionError(f"{ref}: code mismatch ({detail}); rerun without --strict to reproduce anyway")
     report.add("code version", code_ok, detail, warning=True)
     lock = lineage.lock_hash()
-    lock_ok = lock == tags.get("trainyard.lock_hash")
-    report.add("dependency lock", lock_ok, f"recorded {tags.get('trainyard.lock_hash')}, here {lock}", warning=not strict)
+    lock_ok = lock == recorded_lineage.lock_hash
+    report.add("dependency lock", lock_ok, f"recorded {recorded_lineage.lock_hash}, here {lock}", warning=not strict)
 
     with tempfile.TemporaryDirectory(prefix="trainyard-reproduce-") as tmp:
         # Data: the pinned snapshot, restored by DVC, then split as the pipeline splits.
-        md5 = tags["trainyard.data_version"]
+        md5 = recorded_lineage.data_version
         dvc_text = store.read_bytes(store.uri("data", pipeline.team, pipeline.name, "raw", md5, "data.parquet.dvc")).decode()
         pinned_md5, _, rel = parse_dvc_file(dvc_text)
         restored = versioning.restore(dvc_text, rel, os.path.join(tmp, "restored"))
-        import hashlib
-
         with open(restored, "rb") as f:
             restored_md5 = hashlib.md5(f.read()).hexdigest()
         report.add("data version", restored_md5 == md5 == pinned_md5, f"recorded {md5}, restored with DVC {restored_md5}")
-
-        import pandas as pd
-        import pyarrow as pa
-
-        from trainyard.data import quality as dq
 
         train, val, test = dq.split(pd.read_parquet(restored), pipeline)
         split_dir = os.path.join(tmp, "splits")
@@ -182,9 +180,9 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
         raise ReproductionError(f"weight comparison failed: {proc.stderr[-2000:]}") from e
     report.add("weights", verdict["identical"], verdict["detail"])
     for key, value in result.metrics.items():
-        recorded_metric = tags.get(f"trainyard.metric.{key}")
+        recorded_metric = recorded_lineage.metrics.get(key)
         if recorded_metric is not None:
-            report.add(f"metric {key}", float(recorded_metric) == value, f"recorded {float(recorded_metric):.6f}, rebuilt {value:.6f}")
+            report.add(f"metric {key}", recorded_metric == value, f"recorded {recorded_metric:.6f}, rebuilt {value:.6f}")
     report.report_uri = f"{out}/report.json"
     store.write_json(report.report_uri, report.to_dict())
     store.write_bytes(f"{out}/report.md", report.to_markdown().encode())

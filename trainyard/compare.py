@@ -6,7 +6,7 @@ import csv
 import io
 from typing import Any, Iterable
 
-from trainyard.lineage import flatten
+from trainyard.lineage import PREFIX, PROMOTION_REASON_TAG, TRIAL_KEY_TAG, flatten
 
 DIFF_MARK = "≠ "
 
@@ -20,8 +20,8 @@ def version_rows(registry: Any, name: str, versions: Iterable[str] | None = None
             continue
         row: dict[str, Any] = {"version": v.version, "aliases": ",".join(sorted(v.aliases))}
         for k, value in sorted(v.tags.items()):
-            if k.startswith("trainyard.") and k != "trainyard.trial_key" and not k.startswith("trainyard.promotion.reason"):
-                row[k[len("trainyard."):]] = value
+            if k.startswith(PREFIX) and k != TRIAL_KEY_TAG and not k.startswith(PROMOTION_REASON_TAG):
+                row[k[len(PREFIX):]] = value
         rows.append(row)
     return rows
 
@@ -51,6 +51,11 @@ def columns(rows: list[dict[str, Any]]) -> tuple[list[str], set[str]]:
 
 
 def render(rows: list[dict[str, Any]], fmt: str = "table", only_differences: bool = False) -> str:
+    """The rows as a terminal table (one column per row), markdown or CSV; differing fields first and marked.
+
+    Raises:
+        ValueError: `fmt` is not one of table, markdown, csv.
+    """
     if not rows:
         return "(nothing to compare)"
     cols, differing = columns(rows)

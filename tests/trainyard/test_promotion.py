@@ -1,0 +1,311 @@
+"""The promotion policy as plain functions: every check, the decision record and the champion history, exact values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pydantic
+import pytest
+
+from trainyard.promotion import (
+    ChampionScore,
+    Check,
+    Decision,
+    PromotionError,
+    ValidationEvidence,
+    check_beats_champion,
+    check_smoke,
+    check_threshold,
+    evaluate_policy,
+    evidence_from_check,
+    is_quarantined,
+    lock_seconds,
+    next_history,
+    parse_history,
+    recorded_metrics,
+    recorded_policy,
+    rollback_target,
+    summarize,
+    validation_now,
+)
+from trainyard.spec import PromotionSpec
+from trainyard.store import Store
+
+MAX = PromotionSpec(metric="test_acc", mode="max", min_improvement=0.01, threshold=0.8)
+MIN = PromotionSpec(metric="test_rmse", mode="min", threshold=2.0)
+PASSED = ValidationEvidence(True, "expectations check passed: 12 expectations, 0 failed", "md5a", 12, 0, 0.0, "run1")
+SPLIT = "md5a-fp1"
+
+
+def smoke(predictions: dict[str, list], *, run_id: str | None = "r1", error: str | None = None) -> Any:
+    """What a serving process reports (the fields of `resources.registry.SmokeResult`)."""
+    return SimpleNamespace(model_uri="models:/m@challenger", run_id=run_id, predictions=predictions, load_seconds=1.5,
+                           seconds=4.25, blocked_imports=(), error=error, passed=error is None)
+
+
+# -- threshold -------------------------------------------------------------------
+
+
+def test_threshold_max_mode() -> None:
+    assert check_threshold(MAX, 0.8) == Check("threshold", True, "test_acc=0.8000 meets threshold >= 0.8")
+    assert check_threshold(MAX, 0.79) == Check("threshold", False, "test_acc=0.7900 misses threshold >= 0.8")
+
+
+def test_threshold_min_mode_and_absent() -> None:
+    assert check_threshold(MIN, 2.0) == Check("threshold", True, "test_rmse=2.0000 meets threshold <= 2.0")
+    assert check_threshold(MIN, 2.5).passed is False
+    assert check_threshold(PromotionSpec(), 0.1) == Check("threshold", True, "test_acc=0.1000; no absolute threshold declared")
+    assert check_threshold(MAX, None) == Check("threshold", False, "test_acc was not measured for this version")
+    assert check_threshold(MAX, float("nan")).passed is False
+
+
+# -- relative to the champion ----------------------------------------------------------
+
+
+def test_beats_champion_needs_more_than_min_improvement() -> None:
+    champion = ChampionScore("3", 0.90, "recorded on this split")
+    ok = check_beats_champion(MAX, 0.92, champion, SPLIT)
+    assert ok == Check(
+        "beats_champion",
+        True,
+        "test_acc=0.9200 beats champion v3 (0.9000, recorded on this split) by more than 0.01 (max) on test split md5a-fp1",
+    )
+    assert check_beats_champion(MAX, 0.91, champion, SPLIT).passed is False  # exactly the margin is not enough
+    assert check_beats_champion(MAX, 0.95, champion, SPLIT).passed is True
+    # equal scores never replace the champion, even without a margin
+    assert check_beats_champion(PromotionSpec(), 0.90, champion, SPLIT).passed is False
+
+
+def test_beats_champion_min_mode() -> None:
+    champion = ChampionScore("1", 1.5, "re-evaluated on this split")
+    assert check_beats_champion(MIN, 1.4, champion, SPLIT).passed is True
+    assert check_beats_champion(MIN, 1.5, champion, SPLIT).passed is False
+
+
+def test_beats_champion_without_champion_or_comparable_score() -> None:
+    assert check_beats_champion(MAX, 0.5, None, SPLIT) == Check(
+        "beats_champion", True, "no champion yet: the first version that passes becomes champion"
+    )
+    unusable = ChampionScore("2", None, "it was measured on split x and no test data is available")
+    assert check_beats_champion(MAX, 0.99, unusable, SPLIT) == Check(
+        "beats_champion", False, "champion v2 cannot be compared: it was measured on split x and no test data is available"
+    )
+
+
+# -- serving smoke test -----------------------------------------------------------------
+
+
+def test_smoke_passes_when_serving_reproduces_training() -> None:
+    result = smoke({"input_example": [1, 2], "test": [1, 2, 2, 1]})
+    check, evidence = check_smoke(MAX, result, run_id="r1", test_labels=[1, 2, 2, 2], training_metrics={"test_acc": 0.75})
+    assert check == Check(
+        "serving_smoke_test",
+        True,
+        "loaded models:/m@challenger in a serving-only process (4.2s), predicted the input example and 4 test rows "
+        "(served test_acc 0.750000, training-side 0.750000)",
+    )
+    assert evidence == {
+        "model_uri": "models:/m@challenger", "seconds": 4.25, "load_seconds": 1.5, "blocked_imports": [],
+        "input_example_predictions": [1, 2], "test_rows": 4, "served_metric": "test_acc", "served_value": 0.75,
+        "training_value": 0.75, "passed": True,
+    }
+
+
+def test_smoke_fails_when_served_accuracy_differs_from_training() -> None:
+    result = smoke({"input_example": [1], "test": [1, 2, 2, 1]})
+    check, evidence = check_smoke(MAX, result, run_id="r1", test_labels=[1, 2, 2, 2], training_metrics={"test_acc": 0.8})
+    assert not check.passed
+    assert check.detail == (
+        "served test_acc 0.750000 differs from the training-side 0.800000 by more than 1e-06: "
+        "serving does not reproduce the evaluated model"
+    )
+    assert evidence["passed"] is False and evidence["served_value"] == 0.75
+
+
+def test_smoke_recomputes_rmse_for_regression() -> None:
+    result = smoke({"input_example": [0.5], "test": [1.0, 2.0, 4.0]})
+    check, evidence = check_smoke(MIN, result, run_id="r1", test_labels=[1.0, 2.0, 2.0],
+                                  training_metrics={"test_rmse": 2 / 3 ** 0.5})
+    assert check.passed, check.detail
+    assert evidence["served_metric"] == "test_rmse" and evidence["served_value"] == pytest.approx(1.1547005383792515)
+    check, _ = check_smoke(MIN, result, run_id="r1", test_labels=[1.0, 2.0, 2.0], training_metrics={"test_rmse": 1.0})
+    assert not check.passed and check.detail.startswith("served test_rmse 1.154701 differs from the training-side 1.000000")
+
+
+def test_smoke_fails_on_process_error_wrong_model_or_missing_rows() -> None:
+    failed = smoke({}, run_id=None, error="ModuleNotFoundError: No module named 'torch'")
+    assert check_smoke(MAX, failed, run_id="r1", test_labels=None, training_metrics={})[0] == Check(
+        "serving_smoke_test", False,
+        "serving process failed on models:/m@challenger: ModuleNotFoundError: No module named 'torch'",
+    )
+    other = smoke({"input_example": [1]}, run_id="r9")
+    assert check_smoke(MAX, other, run_id="r1", test_labels=None, training_metrics={})[0].detail == (
+        "models:/m@challenger resolved to run r9, not this version's run r1"
+    )
+    short = smoke({"input_example": [1], "test": [1]})
+    assert check_smoke(MAX, short, run_id="r1", test_labels=[1, 1], training_metrics={})[0].detail == (
+        "served 1 predictions for 2 test rows"
+    )
+    assert check_smoke(MAX, None, run_id="r1", test_labels=None, training_metrics={})[0].passed is False
+
+
+# -- the whole policy ----------------------------------------------------------------------
+
+
+def test_policy_passes_only_when_every_check_passes() -> None:
+    good_smoke = Check("serving_smoke_test", True, "ok")
+    champion = ChampionScore("1", 0.85, "recorded on this split")
+    checks = evaluate_policy(MAX, value=0.9, champion=champion, split_id=SPLIT, validation=PASSED, smoke=good_smoke)
+    assert [c.name for c in checks] == ["threshold", "beats_champion", "data_validation", "serving_smoke_test"]
+    assert all(c.passed for c in checks)
+
+    failed_validation = ValidationEvidence(False, "data version md5a is quarantined", "md5a")
+    checks = evaluate_policy(MAX, value=0.9, champion=champion, split_id=SPLIT, validation=failed_validation, smoke=good_smoke)
+    assert [c.name for c in checks if not c.passed] == ["data_validation"]
+    assert summarize(checks, force=False, reason=None) == "policy failed: data_validation: data version md5a is quarantined"
+    assert summarize(checks, force=True, reason="INC-7") == (
+        "OVERRIDE (INC-7) of policy failed: data_validation: data version md5a is quarantined"
+    )
+
+    bad_smoke = Check("serving_smoke_test", False, "serving process failed")
+    checks = evaluate_policy(MAX, value=0.9, champion=champion, split_id=SPLIT, validation=PASSED, smoke=bad_smoke)
+    assert [c.name for c in checks if not c.passed] == ["serving_smoke_test"]
+
+
+def test_rollback_skips_the_relative_check_but_not_the_others() -> None:
+    champion = ChampionScore("2", 0.99, "recorded on this split")
+    checks = evaluate_policy(MAX, value=0.85, champion=champion, split_id=SPLIT, validation=PASSED,
+                             smoke=Check("serving_smoke_test", True, "ok"), relative=False)
+    assert checks[1] == Check("beats_champion", True, "not applied: a rollback restores an earlier version on purpose")
+    assert all(c.passed for c in checks)
+    checks = evaluate_policy(MAX, value=0.5, champion=None, split_id=SPLIT, validation=PASSED,
+                             smoke=Check("serving_smoke_test", True, "ok"), relative=False)
+    assert [c.name for c in checks if not c.passed] == ["threshold"]
+
+
+def test_policy_spec_names_field_value_and_rule() -> None:
+    with pytest.raises(pydantic.ValidationError, match="promotion.metric 'val_acc' must be a metric measured on the held-out test split"):
+        PromotionSpec(metric="val_acc")
+    with pytest.raises(pydantic.ValidationError, match="smoke_test_timeout_s"):
+        PromotionSpec(smoke_test_timeout_s=0)
+    with pytest.raises(pydantic.ValidationError, match="min_improvement"):
+        PromotionSpec(min_improvement=-0.1)
+    with pytest.raises(pydantic.ValidationError, match="promotion.mode 'max' with metric 'test_rmse' would promote worse models"):
+        PromotionSpec(metric="test_rmse")
+
+
+# -- champion history ----------------------------------------------------------------------
+
+
+def test_history_push_and_rollback_steps_back() -> None:
+    h: dict[str, Any] = {}
+    h = next_history(h, action="register", version="1", current=None, entry={"version": "1"})
+    h = next_history(h, action="register", version="2", current="1", entry={"version": "2"})
+    h = next_history(h, action="promote", version="4", current="2", entry={"version": "4"})
+    assert h["stack"] == ["1", "2", "4"]
+    assert rollback_target(h, "4") == "2"
+    h = next_history(h, action="rollback", version="2", current="4", entry={"version": "2"})
+    assert h["stack"] == ["1", "2"]
+    assert rollback_target(h, "2") == "1"
+    h = next_history(h, action="rollback", version="1", current="2", entry={"version": "1"})
+    assert h["stack"] == ["1"]
+    with pytest.raises(PromotionError, match="v1 is the first champion on record"):
+        rollback_target(h, "1")
+    # a rollback to a version that was never champion pushes it
+    h = next_history(h, action="rollback", version="3", current="1", entry={"version": "3"})
+    assert h["stack"] == ["1", "3"]
+    assert [e["version"] for e in h["log"]] == ["1", "2", "4", "2", "1", "3"]
+
+
+def test_history_adopts_a_champion_set_before_it_existed_and_detects_outside_moves() -> None:
+    h = next_history({}, action="register", version="5", current="3", entry={})
+    assert h["stack"] == ["3", "5"]
+    with pytest.raises(PromotionError, match="the alias was moved outside trainyard"):
+        rollback_target(h, "4")
+    with pytest.raises(PromotionError, match="there is no champion to roll back from"):
+        rollback_target(h, None)
+
+
+def test_validation_evidence_from_tags() -> None:
+    assert ValidationEvidence.from_tags({}).passed is False
+    recorded = ValidationEvidence.from_tags({"trainyard.validation": "passed", "trainyard.validation.summary": "12 ok",
+                                             "trainyard.data_version": "md5a"})
+    assert (recorded.passed, recorded.detail, recorded.data_version) == (True, "recorded at registration: passed (12 ok)", "md5a")
+
+
+def test_decision_tags_record_the_evidence() -> None:
+    d = Decision(
+        model="m", version="2", action="promote", promoted=True, already_champion=False, reason="OVERRIDE (x) of ...",
+        checks=(Check("threshold", False, "misses"),), metric="test_acc", value=0.5, champion_before="1",
+        champion_value=0.9, override=True, override_reason="x", decided_by="cli a@b", at="2025-01-01T00:00:00+00:00",
+        smoke={"passed": True},
+    )
+    tags = d.tags()
+    assert tags["trainyard.promotion.decision"] == "champion"
+    assert tags["trainyard.promotion.override"] == "true"
+    assert tags["trainyard.promotion.override_reason"] == "x"
+    assert json.loads(tags["trainyard.promotion.checks"]) == [{"name": "threshold", "passed": False, "detail": "misses"}]
+    assert tags["trainyard.promotion.champion_before"] == "1"
+    assert tags["trainyard.smoke.passed"] == "true"
+    assert d.outcome == "champion" and d.champion
+
+
+
+
+def test_evidence_from_check_states_the_numbers() -> None:
+    evidence = evidence_from_check("expectations", "md5a", "0123456789ab", True, {"expectations": "12", "failed": 0, "max_psi": 0.25})
+    assert evidence == ValidationEvidence(
+        True, "expectations check passed for data version md5a in run 01234567: 12 expectations, 0 failed, max drift PSI 0.2500",
+        "md5a", 12, 0, 0.25, "0123456789ab",
+    )
+    unknown = evidence_from_check("expectations", "md5a", "r2", False, {"max_psi": ""})
+    assert unknown.detail == "expectations check FAILED for data version md5a in run r2: None expectations, None failed, max drift PSI 0.0000"
+    assert (unknown.passed, unknown.expectations, unknown.max_psi) == (False, None, None)
+
+
+def test_recorded_metrics_and_policy_of_a_version() -> None:
+    tags = {"trainyard.metric.test_acc": "0.75", "trainyard.metric.note": "n/a", "trainyard.seed": "1",
+            "trainyard.promotion_policy": MIN.model_dump_json()}
+    assert recorded_metrics(tags) == {"test_acc": 0.75}
+    version = SimpleNamespace(name="m", version="3", run_id="r", model_uri="models:/m/3", tags=tags)
+    assert recorded_policy(version) == MIN
+    assert recorded_policy(SimpleNamespace(**{**version.__dict__, "tags": {}})) == PromotionSpec()
+    broken = SimpleNamespace(**{**version.__dict__, "tags": {"trainyard.promotion_policy": '{"metric": "val_acc"}'}})
+    with pytest.raises(PromotionError, match="v3: tag trainyard.promotion_policy is not a valid promotion policy"):
+        recorded_policy(broken)
+
+
+def test_quarantine_since_registration_fails_the_recorded_validation(tmp_path: Path) -> None:
+    store = Store(root=str(tmp_path))
+    tags = {"trainyard.validation": "passed", "trainyard.pipeline": "vision/digits", "trainyard.data_version": "md5a"}
+    assert validation_now(store, tags).passed and not is_quarantined(store, "vision/digits", "md5a")
+    where = tmp_path / "quarantine" / "vision" / "digits" / "md5a"
+    where.mkdir(parents=True)
+    assert is_quarantined(store, "vision/digits", "md5a")
+    assert validation_now(store, tags) == ValidationEvidence(False, f"data version md5a has been quarantined since ({where})", "md5a")
+    (where / "release.json").write_text("{}")
+    assert validation_now(store, tags).passed
+    assert validation_now(None, tags).passed
+
+
+def test_history_tag_parsing_and_lock_budget() -> None:
+    assert parse_history(None, "m", "trainyard.champion.history") == {"stack": [], "log": []}
+    assert parse_history('{"stack": ["1"], "log": []}', "m", "t") == {"stack": ["1"], "log": []}
+    assert parse_history("[1]", "m", "t") == {"stack": [], "log": []}
+    with pytest.raises(PromotionError, match="tag t of 'm' is not valid JSON"):
+        parse_history("{", "m", "t")
+    assert lock_seconds(60.0) == 900.0 and lock_seconds(1800.0) == 3900.0
+
+
+def test_policy_module_imports_without_dagster_or_resources() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, trainyard.promotion, trainyard.lineage; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'resources', 'assets', 'pipelines', 'mlflow'}))")
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
