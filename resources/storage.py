@@ -31,3 +31,9 @@ class ObjectStore(FileStore, ConfigurableResource):
     anon: bool = False
 
     _fs: Any = PrivateAttr(default=None)
+
+    # Same name clash as `trainyard.store.Store.copy`: the store's object copy wins over
+    # pydantic's deprecated `BaseModel.copy`, as the MRO already has it.
+    def copy(self, src_uri: str, dst_uri: str) -> None:  # type: ignore[override]
+        """Copy one file/object within the store; see `FileStore.copy`."""
+        FileStore.copy(self, src_uri, dst_uri)

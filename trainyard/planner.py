@@ -49,10 +49,9 @@ Example:
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, TypedDict
 
 from training.spec import Distribution
 from trainyard.metadata import Markdown
@@ -69,6 +68,18 @@ OPTIMIZER_STATES: dict[str, int] = {"adam": 2, "sgd": 0}
 # Peak dense bf16 tensor-core throughput without sparsity (H100 SXM and H200 share the compute die).
 H100_BF16_TFLOPS = 989.0
 H200_BF16_TFLOPS = 989.0
+
+
+class _Sizing(TypedDict):
+    """The keyword arguments of `memory_per_device` that stay the same across the strategies tried."""
+
+    params: int
+    dtype_bytes: int
+    optimizer: Optimizer
+    devices: int
+    activation_gb: Optional[float]
+    shape: Optional[TransformerShape]
+    fsdp_units: Optional[int]
 
 
 class NothingFitsError(ValueError):
@@ -263,8 +274,8 @@ def plan(
     if not 0 < usable_fraction <= 1:
         raise ValueError(f"usable_fraction={usable_fraction} must be in (0, 1]")
     usable = device_memory_gb * usable_fraction
-    common = dict(params=params, dtype_bytes=dtype_bytes, optimizer=optimizer, devices=devices,
-                  activation_gb=activation_gb, shape=shape, fsdp_units=fsdp_units)
+    common = _Sizing(params=params, dtype_bytes=dtype_bytes, optimizer=optimizer, devices=devices,
+                     activation_gb=activation_gb, shape=shape, fsdp_units=fsdp_units)
     estimates = {"ddp": memory_per_device("ddp", **common), "fsdp": memory_per_device("fsdp", **common)}
     per_node = devices // nodes
     tp_sizes = [t for t in range(2, per_node + 1) if per_node % t == 0]
@@ -282,7 +293,8 @@ def plan(
             lines.append(f"{name}: {e.describe()} -> {'fits' if fits[key] else 'does not fit'}")
     if not tp_sizes:
         lines.append("FSDP x TP: one device per node, no tensor parallel group")
-    chosen = next((k for k in ("ddp", "fsdp", "tp") if fits.get(k)), None)
+    order: tuple[Strategy, ...] = ("ddp", "fsdp", "tp")
+    chosen = next((k for k in order if fits.get(k)), None)
     if chosen is None:
         lines.append(_what_would_fit(common, per_node, tp_sizes, usable))
         raise NothingFitsError("; ".join(lines))
@@ -292,13 +304,14 @@ def plan(
     return Plan(chosen, t, per_device, fits, "\n".join(lines), usable, devices, nodes, estimates)
 
 
-def _what_would_fit(common: dict[str, Any], per_node: int, tp_sizes: list[int], usable: float, max_nodes: int = 4096) -> str:
+def _what_would_fit(common: _Sizing, per_node: int, tp_sizes: list[int], usable: float, max_nodes: int = 4096) -> str:
     """The smallest job of whole nodes like these on which FSDP or FSDP x TP would fit."""
+    options: list[tuple[Strategy, int]] = [("fsdp", 1), *(("tp", t) for t in tp_sizes)]
     for n in range(1, max_nodes + 1):
         devices = n * per_node
-        options = [("fsdp", 1)] + [("tp", t) for t in tp_sizes]
+        sizing: _Sizing = {**common, "devices": devices}
         for strategy, t in options:
-            e = memory_per_device(strategy, tensor_parallel_size=t, **{**common, "devices": devices})
+            e = memory_per_device(strategy, tensor_parallel_size=t, **sizing)
             if e.total_gb <= usable:
                 name = "FSDP" if strategy == "fsdp" else f"FSDP x TP (tp={t})"
                 return f"nothing fits; {name} would fit on {devices} devices ({n} node(s) of {per_node})"
@@ -499,6 +512,18 @@ def quantity_gib(quantity: str) -> float:
     return float(quantity) / GIB
 
 
+class _TrialInputs(TypedDict):
+    """The `TrialPlan` fields `plan_distribution` fills in whatever the strategy."""
+
+    params: int
+    dtype_bytes: int
+    optimizer: Optimizer
+    device_memory_gb: float
+    device_memory_source: str
+    usable_gb: float
+    estimates: tuple[MemoryEstimate, ...]
+
+
 def plan_distribution(
     distribution: Distribution,
     params: int,
@@ -528,14 +553,14 @@ def plan_distribution(
         ('ddp', 'planner')
     """
     devices, nodes = distribution.world_size, distribution.nodes
-    common = dict(params=params, dtype_bytes=dtype_bytes, optimizer=optimizer, devices=devices,
-                  activation_gb=activation_gb, shape=shape, fsdp_units=fsdp_units)
+    common = _Sizing(params=params, dtype_bytes=dtype_bytes, optimizer=optimizer, devices=devices,
+                     activation_gb=activation_gb, shape=shape, fsdp_units=fsdp_units)
     per_node = devices // nodes
     estimates = [memory_per_device("ddp", **common), memory_per_device("fsdp", **common)]
     estimates += [memory_per_device("tp", tensor_parallel_size=t, **common) for t in range(2, per_node + 1) if per_node % t == 0]
     usable = device_memory_gb * usable_fraction
-    inputs = dict(params=params, dtype_bytes=dtype_bytes, optimizer=optimizer, device_memory_gb=device_memory_gb,
-                  device_memory_source=device_memory_source, usable_gb=usable, estimates=tuple(estimates))
+    inputs = _TrialInputs(params=params, dtype_bytes=dtype_bytes, optimizer=optimizer, device_memory_gb=device_memory_gb,
+                          device_memory_source=device_memory_source, usable_gb=usable, estimates=tuple(estimates))
     facts = (f"{params:,} parameters, {dtype_bytes}-byte weights and {optimizer} = {bytes_per_param(dtype_bytes, optimizer)} "
              f"bytes per parameter of model state, on {devices} device(s) ({nodes} node(s)) with "
              f"{_size(usable)} usable of {_size(device_memory_gb)} each ({device_memory_source or 'given'})")
@@ -558,11 +583,11 @@ def plan_distribution(
         resolved = Distribution(**{**distribution.model_dump(), "strategy": chosen.strategy,
                                    "tensor_parallel_size": chosen.tensor_parallel_size})
         steps = []
-        for e in _order(estimates, chosen):
-            if e.total_gb > usable:
-                steps.append(f"{_label(e)} needs {_size(e.total_gb)} > {_size(usable)}")
+        for tried in _order(estimates, chosen):
+            if tried.total_gb > usable:
+                steps.append(f"{_label(tried)} needs {_size(tried.total_gb)} > {_size(usable)}")
             else:
-                steps.append(f"{_label(e)} fits: {_size(e.total_gb)} of {_size(usable)} usable per device")
+                steps.append(f"{_label(tried)} fits: {_size(tried.total_gb)} of {_size(usable)} usable per device")
         reasoning = ("; ".join(steps) + f". Chosen by the planner as the first that fits in the order ddp, fsdp, fsdp x tp "
                      f"(each step adds communication). Inputs: {facts}.")
         return TrialPlan(resolved, "planner", reasoning, **inputs)

@@ -89,10 +89,10 @@ class PermanentStorageError(StorageError):
     """A failure retrying will not fix: not found, access denied, invalid request or content."""
 
 
-def _optional_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
+def _optional_error_types() -> tuple[tuple[type[BaseException], ...], tuple[type[BaseException], ...]]:
     """(botocore ClientError types, network error types) from whichever clients are installed."""
-    client: list[type] = []
-    network: list[type] = []
+    client: list[type[BaseException]] = []
+    network: list[type[BaseException]] = []
     try:
         from botocore.exceptions import ClientError, HTTPClientError
         from botocore.exceptions import ConnectionError as BotoConnectionError
@@ -111,9 +111,9 @@ def _optional_error_types() -> tuple[tuple[type, ...], tuple[type, ...]]:
     return tuple(client), tuple(network)
 
 
-def _handled_types() -> tuple[type, ...]:
+def _handled_types() -> tuple[type[BaseException], ...]:
     client, network = _optional_error_types()
-    handled: list[type] = [OSError, *client, *network]
+    handled: list[type[BaseException]] = [OSError, *client, *network]
     try:
         from botocore.exceptions import BotoCoreError
 
@@ -494,3 +494,10 @@ class Store(FileStore, BaseModel):
     anon: bool = False
 
     _fs: Any = PrivateAttr(default=None)
+
+    # pydantic's deprecated `BaseModel.copy(*, include, exclude, update, deep)` (use
+    # `model_copy`) has the same name as the store's object copy; the store's wins, as the
+    # MRO already has it, and the override says so to the type checker.
+    def copy(self, src_uri: str, dst_uri: str) -> None:  # type: ignore[override]
+        """Copy one file/object within the store; see `FileStore.copy`."""
+        FileStore.copy(self, src_uri, dst_uri)
