@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from resources.sweeps.resource import SweepStore
 from resources.sweeps.rules import SweepError, SweepStatus, failure_reason, objectives_of, pareto_front, pick_trial
 from trainyard.spec import Objective, PipelineSpec
+
+logger = logging.getLogger(__name__)
 
 
 def _fmt(values: Optional[Sequence[float]]) -> str:
@@ -90,7 +93,9 @@ def importance(study: Any, objective: Objective) -> dict[str, float]:
     """Parameter importances for the first objective (fANOVA, seeded; PED-ANOVA past 300 trials); needs 2+ completed trials.
 
     Raises:
-        SweepError: fewer than two completed trials, or no searched parameter.
+        SweepError: fewer than two completed trials, no searched parameter, every
+            trial scored the same (importance is undefined: fANOVA raises on zero
+            variance), or the evaluator failed on this study; the message says which.
     """
     import optuna
 
@@ -99,6 +104,12 @@ def importance(study: Any, objective: Objective) -> dict[str, float]:
         raise SweepError(f"parameter importance needs at least 2 completed trials, the study has {len(complete)}")
     if not complete[0].params:
         raise SweepError("parameter importance needs searched parameters; this sweep has none")
+    scores = {t.values[0] for t in complete}
+    if len(scores) == 1:
+        raise SweepError(
+            f"every completed trial scored {objective.metric} = {scores.pop()}: no parameter explains a difference, so importance is undefined"
+        )
+    method = importance_method(len(complete))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         evaluator = (
@@ -106,7 +117,10 @@ def importance(study: Any, objective: Objective) -> dict[str, float]:
             if len(complete) <= FANOVA_MAX_TRIALS
             else optuna.importance.PedAnovaImportanceEvaluator()
         )
-        found = optuna.importance.get_param_importances(study, evaluator=evaluator, target=lambda t: t.values[0], normalize=True)
+        try:
+            found = optuna.importance.get_param_importances(study, evaluator=evaluator, target=lambda t: t.values[0], normalize=True)
+        except (RuntimeError, ValueError, ZeroDivisionError, FloatingPointError) as e:
+            raise SweepError(f"parameter importance could not be computed ({method}): {type(e).__name__}: {e}") from e
     return {k: float(v) for k, v in found.items()}
 
 
@@ -162,6 +176,21 @@ class SweepReport:
     importances: dict[str, float]
     importance_note: str
     plots: dict[str, bytes] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+
+def _plot(plots: dict[str, bytes], problems: list[str], name: str, draw: Callable[[], bytes]) -> None:
+    """Draw one plot into `plots`; a plot that cannot be drawn becomes a line in `problems`.
+
+    The report is a view of the study, never a reason to fail the sweep: a
+    plotting error (odd values, a matplotlib quirk) is shown beside the report
+    and logged, and the trials still start.
+    """
+    try:
+        plots[name] = draw()
+    except Exception as e:  # noqa: BLE001 - see the docstring: a report must never fail a sweep
+        logger.warning("sweep report: the %s plot could not be drawn: %s: %s", name, type(e).__name__, e)
+        problems.append(f"{name} plot: {type(e).__name__}: {e}")
 
 
 def build_report(store: SweepStore, study: Any, spec: PipelineSpec) -> SweepReport:
@@ -170,19 +199,20 @@ def build_report(store: SweepStore, study: Any, spec: PipelineSpec) -> SweepRepo
     objectives = objectives_of(spec)
     status = store.status(study, spec.search)
     plots: dict[str, bytes] = {}
+    problems: list[str] = []
     best_params: dict[str, Any] = {}
     best_values: Optional[list[float]] = None
     best_trial: Optional[int] = None
     pareto_md: Optional[str] = None
     if any(t.state.name in ("COMPLETE", "PRUNED") for t in trials):
-        plots["history"] = history_png(trials, objectives[0])
+        _plot(plots, problems, "history", lambda: history_png(trials, objectives[0]))
     if spec.search.multi_objective:
         front = pareto_front(trials, [o.mode for o in objectives])
         if front:
             picked, reason = pick_trial(front, objectives, spec.search.pick)
             best_params, best_values, best_trial = dict(picked.params), list(picked.values), picked.number
             pareto_md = f"picked trial-{picked.number:04d}: {reason}\n\n" + trials_markdown(front, objectives, limit=len(front))
-            plots["pareto"] = pareto_png(trials, front, objectives, picked)
+            _plot(plots, problems, "pareto", lambda: pareto_png(trials, front, objectives, picked))
     elif status.complete:
         sign = 1.0 if objectives[0].mode == "max" else -1.0
         best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: (sign * t.values[0], -t.number))
@@ -191,9 +221,10 @@ def build_report(store: SweepStore, study: Any, spec: PipelineSpec) -> SweepRepo
     try:
         importances = importance(study, objectives[0])
         note = f"{importance_method(status.complete)} on the {status.complete} completed trials"
-        plots["importance"] = importance_png(importances, objectives[0], importance_method(status.complete))
     except SweepError as e:
         note = str(e)
+    if importances:
+        _plot(plots, problems, "importance", lambda: importance_png(importances, objectives[0], importance_method(status.complete)))
     return SweepReport(
         status=status,
         best_params=best_params,
@@ -204,6 +235,7 @@ def build_report(store: SweepStore, study: Any, spec: PipelineSpec) -> SweepRepo
         importances=importances,
         importance_note=note,
         plots=plots,
+        problems=problems,
     )
 
 
@@ -237,6 +269,8 @@ def report_metadata(report: SweepReport, store: Any, base_uri: str, objectives: 
         meta[f"best_{name}"] = float(value)
     if report.pareto_md is not None:
         meta["pareto_front"] = MetadataValue.md(report.pareto_md)
+    if report.problems:
+        meta["report_problems"] = MetadataValue.md("\n".join(f"- {p}" for p in report.problems))
     for name, png in report.plots.items():
         uri = f"{base_uri}/{name}.png"
         store.write_bytes(uri, png)

@@ -60,3 +60,53 @@ def test_multi_objective_report_has_the_pareto_front(tmp_path: Path) -> None:
     report = build_report(sweeps, study, spec)
     assert report.pareto_md is not None and report.pareto_md.startswith(f"picked trial-{report.best_trial:04d}: best val_acc (max)")
     assert report.best_values[1] <= 48_000 and "pareto" in report.plots
+
+
+def test_a_sweep_where_every_trial_ties_still_reports(tmp_path: Path) -> None:
+    # A new team's easy data: every trial reaches val_acc 1.0. fANOVA raises "zero total variance"
+    # on such a study; the report must say why there is no importance and never fail the sweep.
+    spec = small_spec(search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=5, sampler="random"))
+    sweeps = store_at(tmp_path)
+    study = sweeps.load_or_create("ties", "max", spec.search)
+    for n in sweeps.ensure_trials(study, spec.search):
+        sweeps.tell("ties", n, 1.0, {})
+    report = build_report(sweeps, study, spec)
+    assert report.status.complete == 5 and report.best_values == [1.0] and report.best_trial == 0
+    assert report.importances == {} and "importance" not in report.plots and "history" in report.plots
+    assert report.importance_note == "every completed trial scored val_acc = 1.0: no parameter explains a difference, so importance is undefined"
+
+
+def test_an_importance_evaluator_failure_is_a_note_not_a_failed_sweep(tmp_path: Path, monkeypatch) -> None:
+    import optuna
+
+    spec = small_spec(search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=4, sampler="random"))
+    sweeps = store_at(tmp_path)
+    study = sweeps.load_or_create("odd", "max", spec.search)
+    for n in sweeps.ensure_trials(study, spec.search):
+        sweeps.tell("odd", n, n / 10, {})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Encountered zero total variance in all trees.")
+
+    monkeypatch.setattr(optuna.importance, "get_param_importances", broken)
+    report = build_report(sweeps, study, spec)
+    assert report.importances == {} and report.best_trial == 3
+    assert report.importance_note == "parameter importance could not be computed (fANOVA): RuntimeError: Encountered zero total variance in all trees."
+
+
+def test_a_plot_that_cannot_be_drawn_is_a_note_not_a_failed_sweep(tmp_path: Path, monkeypatch) -> None:
+    from resources.sweeps import report as report_module
+
+    spec = small_spec(search=SearchSpec(params=LR, n_trials=3, sampler="random"))
+    sweeps = store_at(tmp_path)
+    study = sweeps.load_or_create("plots", "max", spec.search)
+    for n in sweeps.ensure_trials(study, spec.search):
+        sweeps.tell("plots", n, n / 10, {})
+
+    def broken(*args, **kwargs):
+        raise ValueError("Axis limits cannot be NaN or Inf")
+
+    monkeypatch.setattr(report_module, "history_png", broken)
+    report = build_report(sweeps, study, spec)
+    assert "history" not in report.plots and report.best_trial == 2
+    assert report.problems == ["history plot: ValueError: Axis limits cannot be NaN or Inf"]
