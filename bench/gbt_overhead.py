@@ -58,8 +58,8 @@ print(json.dumps({"seconds": time.perf_counter() - started, "test_acc": acc, "be
 
 
 def _spec() -> Any:
-    from trainyard.spec import SearchSpec
     from pipelines.tabular.breast_cancer import breast_cancer
+    from trainyard.search import SearchSpec
 
     model = breast_cancer.model.model_copy(update={"hparams": HPARAMS})
     return breast_cancer.model_copy(update={"model": model, "search": SearchSpec()})

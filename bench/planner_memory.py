@@ -74,7 +74,7 @@ class MemoryProbeMLP(MLPClassifier):
 
 def _activation_gb(width: int) -> float:
     """fp32 tensors autograd keeps per block: block input, up output, ReLU output; plus the head's input."""
-    from trainyard.planner import GIB
+    from trainyard.capacity import GIB
 
     per_block = BATCH * (width + 2 * width * EXPANSION) * 4
     return (BLOCKS * per_block + BATCH * width * 4) / GIB
@@ -82,10 +82,10 @@ def _activation_gb(width: int) -> float:
 
 def main() -> dict:
     sys.path.insert(0, str(ROOT))
-    from trainyard.planner import GIB, estimate_params, memory_per_device
     from resources.launcher import LocalLauncher
     from tests.digits import features, write_splits
     from training.spec import CheckpointPolicy, DataSpec, Distribution, ImportTarget, TrainSpec
+    from trainyard.capacity import GIB, estimate_params, memory_per_device
 
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])

@@ -125,10 +125,10 @@ def _sweep(home: Path, seed: int, pruned: bool, data: tuple[Any, Any], bar: Opti
     Unpruned: `N_TRIALS` trials. Pruned: at least `N_TRIALS`, then on until a
     trial has reached `bar`, at most `CAP_TRIALS`.
     """
-    from trainyard.spec import FloatParam, IntParam, SearchSpec
     from resources.sweeps import SweepStore
     from training.pruning import OptunaPruning
     from training.spec import OptunaSpec, PrunerSpec
+    from trainyard.search import FloatParam, IntParam, SearchSpec
 
     pruner = PrunerSpec(**PRUNER) if pruned else PrunerSpec()
     budget = CAP_TRIALS if pruned else N_TRIALS

@@ -10,22 +10,8 @@ specs into Dagster definitions is one line on top (`pipelines.team.team_definiti
 """
 
 from training.spec import CheckpointPolicy, Distribution, PrunerSpec
-from trainyard.spec import (
-    CategoricalParam,
-    ColumnSpec,
-    FloatParam,
-    IntParam,
-    ModelSpec,
-    Objective,
-    PickPolicy,
-    PipelineSpec,
-    PromotionSpec,
-    RetrainPolicy,
-    RetrySpec,
-    SearchSpec,
-    SourceSpec,
-    SplitSpec,
-)
+from trainyard.search import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, SearchSpec
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, RetrainPolicy, RetrySpec, SourceSpec, SplitSpec
 from trainyard.team import TeamSpec
 
 __all__ = [

@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 
 from resources.sweeps.resource import SweepStore
 from resources.sweeps.rules import SweepError, SweepStatus, failure_reason, objectives_of, pareto_front, pick_trial
-from trainyard.spec import Objective, PipelineSpec
+from trainyard.search import Objective
+from trainyard.spec import PipelineSpec
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from resources.sweeps.rules import (
     sweep_status,
 )
 from resources.sweeps.store import cached_study, open_storage, remember_study
-from trainyard.spec import SearchSpec
+from trainyard.search import SearchSpec
 
 
 class SweepStore(ConfigurableResource):

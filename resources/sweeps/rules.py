@@ -15,7 +15,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from trainyard.spec import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, PipelineSpec, SearchSpec
+from trainyard.search import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, SearchSpec
+from trainyard.spec import PipelineSpec
 
 CREATED_AT = "trainyard.created_at"
 STOPPED = "trainyard.stopped"

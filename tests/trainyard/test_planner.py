@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from trainyard.planner import (
-    DEVICE_MEMORY_ENV,
+from training.spec import Distribution
+from trainyard.capacity import (
     GIB,
     NothingFitsError,
     TransformerShape,
@@ -16,16 +16,12 @@ from trainyard.planner import (
     checkpoint_gb,
     checkpoint_seconds,
     estimate_params,
-    device_memory,
     memory_per_device,
     plan,
-    plan_distribution,
-    plan_trial,
-    quantity_gib,
     training_time,
 )
-from training.spec import Distribution
 from trainyard.metadata import Markdown
+from trainyard.planner import DEVICE_MEMORY_ENV, device_memory, plan_distribution, plan_trial, quantity_gib
 
 B = 1_000_000_000
 
@@ -150,8 +146,8 @@ KIB = 1 / 1024 / 1024  # GiB
 
 def _trial(strategy: str = "auto", procs: int = 2, nodes: int = 1, memory_gb: float = 16.0,
            path: str = "pipelines.vision.models:DigitsMLP", **over):
-    from trainyard.spec import ModelSpec
     from tests.pipelines.pipeline_fixtures import small_spec
+    from trainyard.spec import ModelSpec
 
     spec = small_spec(model=ModelSpec(path=path, max_epochs=1), distribution=Distribution(nodes=nodes, procs_per_node=procs, strategy=strategy))
     return plan_trial(spec, {"lr": 0.01, **over}, lambda: 10, environ={DEVICE_MEMORY_ENV: repr(memory_gb)})
@@ -264,9 +260,9 @@ def test_trial_model_materialization_carries_the_plan(tmp_path, monkeypatch) -> 
     from dagster import AssetKey
 
     from pipelines.factory import build_definitions, job_names
-    from trainyard.spec import FloatParam, SearchSpec
     from tests.pipelines.pipeline_fixtures import small_spec
     from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, open_instance, prepared_home
+    from trainyard.search import FloatParam, SearchSpec
 
     monkeypatch.setenv(DEVICE_MEMORY_ENV, "16")
     spec = small_spec(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from trainyard.spec import ColumnSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
 from pipelines.vision.digits import digits
+from trainyard.search import FloatParam, IntParam, SearchSpec
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 
 
 def make(**over) -> PipelineSpec:

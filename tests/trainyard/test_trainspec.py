@@ -48,7 +48,7 @@ def test_run_config_is_the_last_layer() -> None:
 
 
 def test_a_finished_trial_trained_again_gets_no_pruner() -> None:
-    from trainyard.spec import SearchSpec
+    from trainyard.search import SearchSpec
 
     spec = small_spec(search=SearchSpec(n_trials=1, pruner=PrunerSpec(kind="median")))
     assert build(spec, TrialInputs("trial-0000", 0, "s", accepts_reports=True)).optuna.pruner.kind == "median"
