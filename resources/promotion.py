@@ -50,6 +50,7 @@ from trainyard.promotion import (
     PromotionError,
     ValidationEvidence,
     check_smoke,
+    comparable_value,
     evaluate_policy,
     evidence_from_check,
     lock_seconds,
@@ -142,7 +143,7 @@ def score_champion(
         )
     predictions = registry.predict(champion.model_uri, test_df.drop(columns=[target])).tolist()
     value = served_metric(policy.metric, predictions, test_df[target].tolist())
-    return ChampionScore(champion.version, value, "re-evaluated on this split")
+    return ChampionScore(champion.version, value, "re-evaluated on this split", served=True)
 
 
 def load_history(registry: ModelRegistry, model: str) -> dict[str, Any]:
@@ -236,8 +237,9 @@ def _decide_locked(
     champion = None
     if current is not None and action != "rollback":
         champion = score_champion(registry, policy, current, candidate.split_id, candidate.test_df, candidate.target)
+    compared, _ = comparable_value(policy, value, champion, smoke_evidence)
     checks = evaluate_policy(
-        policy, value=value, champion=champion, split_id=candidate.split_id,
+        policy, value=value, compared=compared, champion=champion, split_id=candidate.split_id,
         validation=candidate.validation, smoke=smoke_chk, relative=action != "rollback",
     )
     passed = all(c.passed for c in checks)

@@ -143,11 +143,19 @@ class ValidationEvidence:
 
 @dataclass(frozen=True)
 class ChampionScore:
-    """The current champion's policy metric on the candidate's test split."""
+    """The current champion's policy metric on the candidate's test split.
+
+    Attributes:
+        served: True when `value` was re-evaluated from the champion's served
+            predictions (`served_metric`); the candidate is then compared by its
+            own served value, so both sides come from the same code at the same
+            precision (`comparable_value`).
+    """
 
     version: str
     value: Optional[float]
     detail: str
+    served: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,6 +235,29 @@ def check_threshold(policy: PromotionSpec, value: Optional[float]) -> Check:
     return Check("threshold", ok, f"{policy.metric}={value:.4f} {verdict} threshold {sign} {policy.threshold}")
 
 
+def comparable_value(
+    policy: PromotionSpec, value: Optional[float], champion: Optional[ChampionScore], smoke_evidence: Mapping[str, Any]
+) -> tuple[Optional[float], str]:
+    """The candidate's metric measured the way the champion's was, and how it was measured.
+
+    A champion recorded on this split is compared with the candidate's recorded
+    (training-side) value: the same evaluation code produced both. A champion
+    re-evaluated from its served predictions is compared with the candidate's
+    served value from the smoke test on the same rows: a float32 training-side
+    accuracy against a float64 re-evaluation would otherwise turn a tie
+    (589/600 both) into an "improvement" of one float32 rounding step.
+
+    Returns:
+        (value, "recorded" | "served"); the value is None when the candidate's
+        served value is needed but the smoke test did not measure this metric.
+    """
+    if champion is None or not champion.served:
+        return value, "recorded"
+    if smoke_evidence.get("served_metric") != policy.metric or smoke_evidence.get("served_value") is None:
+        return None, "served"
+    return float(smoke_evidence["served_value"]), "served"
+
+
 def check_beats_champion(
     policy: PromotionSpec, value: Optional[float], champion: Optional[ChampionScore], split_id: Optional[str]
 ) -> Check:
@@ -234,7 +265,8 @@ def check_beats_champion(
     if champion is None:
         return Check("beats_champion", True, "no champion yet: the first version that passes becomes champion")
     if value is None or math.isnan(value):
-        return Check("beats_champion", False, f"{policy.metric} was not measured for this version")
+        how = " from served predictions, as the champion's was" if champion.served else ""
+        return Check("beats_champion", False, f"{policy.metric} was not measured{how} for this version")
     if champion.value is None:
         return Check("beats_champion", False, f"champion v{champion.version} cannot be compared: {champion.detail}")
     ok = _better(policy, value, champion.value, policy.min_improvement)
@@ -344,6 +376,7 @@ def evaluate_policy(
     validation: ValidationEvidence,
     smoke: Check,
     relative: bool = True,
+    compared: Optional[float] = None,
 ) -> tuple[Check, ...]:
     """All checks of the policy, in `CHECK_NAMES` order.
 
@@ -355,9 +388,12 @@ def evaluate_policy(
         validation: Data validation evidence of the candidate's training data.
         smoke: The judged serving smoke test (`check_smoke`).
         relative: False for a rollback, which by design may go to a weaker model.
+        compared: The candidate's served value (`comparable_value`), used instead
+            of `value` when the champion was re-evaluated from served predictions.
     """
     if relative:
-        beats = check_beats_champion(policy, value, champion, split_id)
+        against = compared if champion is not None and champion.served else value
+        beats = check_beats_champion(policy, against, champion, split_id)
     else:
         beats = Check("beats_champion", True, "not applied: a rollback restores an earlier version on purpose")
     return (check_threshold(policy, value), beats, check_validation(validation), smoke)

@@ -17,6 +17,7 @@ from trainyard.promotion import (
     PromotionError,
     ValidationEvidence,
     check_beats_champion,
+    comparable_value,
     check_smoke,
     check_threshold,
     evaluate_policy,
@@ -93,6 +94,39 @@ def test_beats_champion_without_champion_or_comparable_score() -> None:
     assert check_beats_champion(MAX, 0.99, unusable, SPLIT) == Check(
         "beats_champion", False, "champion v2 cannot be compared: it was measured on split x and no test data is available"
     )
+
+
+def test_a_tie_between_float32_training_side_and_float64_served_scores_keeps_the_champion() -> None:
+    # Both models get 589 of 600 test rows right. The candidate's training-side test_acc is a float32,
+    # the champion's is re-evaluated from served predictions in float64: compared as they come, the tie
+    # "beats champion v1 (0.9817) by more than 0.0". Both sides must come from the same code.
+    import numpy as np
+
+    policy = PromotionSpec(metric="test_acc", mode="max")
+    served_champion = 589 / 600
+    champion = ChampionScore("1", served_champion, "re-evaluated on this split", served=True)
+    training_side = float(np.float32(589) / np.float32(600))
+    assert training_side > served_champion  # the trap: one float32 rounding step above
+    assert check_beats_champion(policy, training_side, champion, SPLIT).passed is True
+    evidence = {"served_metric": "test_acc", "served_value": 589 / 600, "training_value": training_side}
+    compared, how = comparable_value(policy, training_side, champion, evidence)
+    assert (compared, how) == (589 / 600, "served")
+    checks = evaluate_policy(policy, value=training_side, compared=compared, champion=champion, split_id=SPLIT,
+                             validation=PASSED, smoke=Check("serving_smoke_test", True, "ok"))
+    beats = next(c for c in checks if c.name == "beats_champion")
+    assert beats.passed is False and "does not beat champion v1" in beats.detail
+
+
+def test_comparable_value_uses_recorded_scores_against_a_recorded_champion() -> None:
+    recorded = ChampionScore("1", 0.9, "recorded on this split")
+    assert comparable_value(MAX, 0.95, recorded, {"served_metric": "test_acc", "served_value": 0.5}) == (0.95, "recorded")
+    assert comparable_value(MAX, 0.95, None, {}) == (0.95, "recorded")
+    served = ChampionScore("1", 0.9, "re-evaluated on this split", served=True)
+    assert comparable_value(MAX, 0.95, served, {"passed": False}) == (None, "served")
+    checks = evaluate_policy(MAX, value=0.95, compared=None, champion=served, split_id=SPLIT, validation=PASSED,
+                             smoke=Check("serving_smoke_test", False, "did not run"))
+    beats = next(c for c in checks if c.name == "beats_champion")
+    assert not beats.passed and beats.detail == "test_acc was not measured from served predictions, as the champion's was for this version"
 
 
 # -- serving smoke test -----------------------------------------------------------------
