@@ -1,7 +1,7 @@
 """The one retry utility: exponential backoff on the errors a caller names, with injected sleep and clock.
 
 Every retrying caller on both sides of the boundary (registry, handoff webhook,
-Kubernetes API calls, checkpoint writes) uses `retry_call` or `retrying`, so
+Kubernetes API calls, checkpoint writes) uses `retry_call`, so
 backoff, give-up rules and logging are written once. Sleep and clock are
 arguments: tests pass a recorder and a fake clock, never real time.
 
@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any, Callable, Optional, TypeVar, Union
@@ -129,28 +128,3 @@ def retry_call(
         assert last is not None
         n = e.last_attempt.attempt_number
         raise RetriesExhausted(f"{what}: gave up after {n} attempt(s): {type(last).__name__}: {last}", last, n) from last
-
-
-def retrying(
-    *,
-    retry_on: ErrorTypes,
-    attempts: Optional[int] = 3,
-    backoff_s: float = 1.0,
-    max_backoff_s: float = 60.0,
-    deadline_s: Optional[float] = None,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> Callable[[Callable[..., _T]], Callable[..., _T]]:
-    """Decorator form of `retry_call` for a function with fixed retry settings."""
-
-    def decorate(fn: Callable[..., _T]) -> Callable[..., _T]:
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> _T:
-            return retry_call(
-                fn, *args, retry_on=retry_on, attempts=attempts, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
-                deadline_s=deadline_s, sleep=sleep, clock=clock, **kwargs,
-            )
-
-        return wrapper
-
-    return decorate
