@@ -14,10 +14,7 @@ from typing import Any
 import fsspec
 
 from training.spec import ATTEMPTS_DIR, LAUNCH_ID_ENV
-
-
-def join(uri: str, *parts: str) -> str:
-    return "/".join([uri.rstrip("/"), *parts])
+from training.storage import join, write_atomic
 
 
 def attempt_id() -> str:
@@ -66,13 +63,9 @@ class AttemptLog:
         now = time.time()
         self.record["last_heartbeat"] = now
         if force or now - self._written >= self.every:
-            # Written under a temporary name and moved: the SIGTERM handler may write while a write is in progress.
-            fs, path = fsspec.core.url_to_fs(self.uri)
-            tmp = f"{path}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-            fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-            with fs.open(tmp, "w") as f:
-                json.dump(self.record, f, indent=2, sort_keys=True)
-            fs.mv(tmp, path)
+            # Atomic: the SIGTERM handler may write while a write is in progress. No fsync: a
+            # heartbeat rewritten every few seconds is not worth a disk flush each time.
+            write_atomic(self.uri, json.dumps(self.record, indent=2, sort_keys=True).encode(), fsync=False)
             self._written = now
 
 

@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import time
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 import lightning as L
 import torch
@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from training.attempts import AttemptLog, FaultMarkers, goodput, read_attempts  # noqa: F401  (re-exported)
-from training.checkpointing import AsyncCheckpointWriter, CheckpointStore, LoadedCheckpoint, rng_state, set_rng_state, young_daly_interval
+from training.checkpointing import AsyncCheckpointWriter, CheckpointStore, LoadedCheckpoint, ShardSpec, rng_state, set_rng_state, young_daly_interval
 from training.errors import Preempted
 from training.resumable import ResumableSampler
 from training.spec import CheckpointPolicy, FaultInjection
@@ -40,6 +40,15 @@ log = logging.getLogger("trainyard.training")
 SYNC_PERIOD = 0.5  # seconds between rank agreements (preemption, time-based saves)
 CALIBRATION_STEPS = 10
 SIGTERM_RECEIVED = False  # set by the handler; the entrypoint reads it to classify a failure during shutdown
+
+
+class _SaveOptions(TypedDict, total=False):
+    """Keyword arguments of `CheckpointStore.save` that `StoreCheckpointIO` passes on."""
+
+    epoch: int
+    metrics: dict[str, float]
+    best: bool
+    shard: ShardSpec
 
 
 class StoreCheckpointIO(CheckpointIO):
@@ -67,7 +76,7 @@ class StoreCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         opts = dict(storage_options or {})
         step, epoch = int(checkpoint["global_step"]), int(checkpoint["epoch"])
-        kwargs = {"epoch": epoch, "metrics": opts.get("metrics") or {}, "best": bool(opts.get("best", False))}
+        kwargs: _SaveOptions = {"epoch": epoch, "metrics": opts.get("metrics") or {}, "best": bool(opts.get("best", False))}
         if opts.get("shard") is not None:
             kwargs["shard"] = opts["shard"]  # sharded state: every rank writes its part, rank 0 commits
         started = time.perf_counter()
@@ -216,9 +225,11 @@ class FaultTolerance(Callback):
             due = self._due(step)
             preempt = self.preempt_requested
             if step % self.sync_every == 0:
-                (preempt,) = _all_reduce_max([float(self.preempt_requested)], trainer)
+                (any_preempt,) = _all_reduce_max([float(self.preempt_requested)], trainer)
+                preempt = bool(any_preempt)
         elif step % self.sync_every == 0:
-            preempt, due = _all_reduce_max([float(self.preempt_requested), float(self._due(step))], trainer)
+            any_preempt, any_due = _all_reduce_max([float(self.preempt_requested), float(self._due(step))], trainer)
+            preempt, due = bool(any_preempt), bool(any_due)
         else:
             preempt = due = False
         if preempt:

@@ -3,6 +3,7 @@
 Same contract as a Lightning trial: read the Parquet splits of `spec.data`,
 train, evaluate the best iteration on the full validation and test splits,
 export a serving model and return a `TrainResult` (the entrypoint writes it).
+The splits and parameters are read and checked first, in `training.gbt_inputs`.
 
 - Objective: `spec.model.kwargs["objective"]` when given (binary, multiclass,
   multiclassova or a regression objective), otherwise inferred from the target
@@ -16,7 +17,7 @@ export a serving model and return a `TrainResult` (the entrypoint writes it).
   iteration, Optuna reports and `best_metric` all use it.
 - Checkpoint: the LightGBM model file `<output>/checkpoints/model.txt` with every
   iteration so far, plus `state.json` holding the monitored value per iteration;
-  each is written under a temporary name and renamed. A new attempt continues
+  each is written atomically (`training.storage.write_atomic`). A new attempt continues
   boosting from the model file (`init_model`); iterations the state file does not
   cover yet are re-scored from the model, so early stopping resumes exactly.
   Saves happen every `checkpoint.every_n_steps` iterations, else every
@@ -49,20 +50,19 @@ import os
 import signal
 import tempfile
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import fsspec
 import lightgbm as lgb
 import numpy as np
-import pyarrow.parquet as pq
-import pyarrow.types as pat
 
 from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
 from training.errors import ConfigError, Preempted
+from training.gbt_inputs import Splits, lightgbm_params, load_splits, resolve_objective
 from training.reporting import Reporter
 from training.spec import CHECKPOINT_DIR, TrainResult, TrainSpec
+from training.storage import read_text, write_atomic
 
 log = logging.getLogger("trainyard.training")
 
@@ -70,131 +70,11 @@ MODEL_FILE = "model.txt"
 STATE_FILE = "state.json"
 META_FILE = "meta.json"
 SERVING_FORMAT = "lightgbm"
-DEFAULT_EARLY_STOPPING_ROUNDS = 20
 DEFAULT_SAVE_SECONDS = 30.0
 HEARTBEAT_SECONDS = 2.0
 # Optuna reports every this many iterations: a report is an RDB write (~20 ms on SQLite), and
 # pruners compare trials at equal steps, so the interval is fixed rather than timed.
 REPORT_EVERY = 10
-
-CLASSIFICATION_OBJECTIVES = ("binary", "multiclass", "multiclassova")
-REGRESSION_OBJECTIVES = ("regression", "regression_l1", "huber", "fair", "poisson", "quantile", "mape", "gamma", "tweedie")
-# monitor -> (task it needs, the direction that is better)
-MONITORS = {"val_acc": ("classification", "max"), "val_logloss": ("classification", "min"), "val_rmse": ("regression", "min")}
-# Round counts are `spec.max_epochs`; LightGBM would silently let these override it.
-_ROUND_KEYS = ("num_iterations", "num_iteration", "n_iter", "num_tree", "num_trees", "num_round", "num_rounds",
-               "nrounds", "num_boost_round", "n_estimators", "max_iter")
-_PLATFORM_KEYS = ("seed", "deterministic", "num_class", "verbosity", "verbose", "metric")
-
-
-# -- data -----------------------------------------------------------------------------
-
-
-@dataclass
-class Splits:
-    """Feature matrices (float64) and encoded targets of the three splits."""
-
-    x: dict[str, np.ndarray]
-    y: dict[str, np.ndarray]
-    task: str  # classification | regression
-    classes: list[Any]  # original labels in index order; empty for regression
-
-
-def _read_split(uri: str, features: list[str], target: str) -> tuple[np.ndarray, np.ndarray, str]:
-
-    try:
-        with fsspec.open(uri, "rb") as f:
-            table = pq.read_table(f, columns=[*features, target])
-    except FileNotFoundError as e:
-        raise ConfigError(f"data split {uri!r} does not exist") from e
-    except (KeyError, ValueError) as e:
-        raise ConfigError(f"data split {uri!r} lacks a column of features {features} / target {target!r}: {e}") from e
-    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype("float64") for c in features])
-    column = table.column(target)
-    kind = "regression" if pat.is_floating(column.type) else "classification"
-    return x, column.to_numpy(zero_copy_only=False), kind
-
-
-def load_splits(spec: TrainSpec, objective: Optional[str]) -> Splits:
-    """Read train/val/test and encode class labels as 0..K-1 (sorted over all splits)."""
-    raw = {s: _read_split(u, spec.data.features, spec.data.target) for s, u in
-           (("train", spec.data.train_uri), ("val", spec.data.val_uri), ("test", spec.data.test_uri))}
-    task = raw["train"][2]
-    if objective is not None:
-        task = "classification" if objective in CLASSIFICATION_OBJECTIVES else "regression"
-    x = {s: r[0] for s, r in raw.items()}
-    if task == "regression":
-        return Splits(x, {s: r[1].astype("float64") for s, r in raw.items()}, task, [])
-    classes = np.unique(np.concatenate([r[1] for r in raw.values()]))
-    if len(classes) < 2:
-        raise ConfigError(f"target {spec.data.target!r} has a single class {classes.tolist()}; classification needs at least two")
-    y = {s: np.searchsorted(classes, r[1]).astype("int64") for s, r in raw.items()}
-    return Splits(x, y, task, classes.tolist())
-
-
-# -- parameters -----------------------------------------------------------------------
-
-
-def resolve_objective(kwargs: dict[str, Any]) -> Optional[str]:
-    """The declared objective, validated; None means infer it from the data."""
-    objective = kwargs.get("objective")
-    if objective is None:
-        return None
-    if objective not in CLASSIFICATION_OBJECTIVES + REGRESSION_OBJECTIVES:
-        raise ConfigError(
-            f"model.kwargs.objective={objective!r} is not supported; use one of "
-            f"{list(CLASSIFICATION_OBJECTIVES + REGRESSION_OBJECTIVES)} or leave it unset to infer it from the target"
-        )
-    return objective
-
-
-def lightgbm_params(spec: TrainSpec, splits: Splits, objective: Optional[str]) -> tuple[dict[str, Any], int]:
-    """LightGBM parameters and early-stopping patience from the spec (pure).
-
-    Layers, later wins: platform defaults (`verbosity=-1`, column-wise histograms
-    when deterministic) < `spec.model.kwargs` < values the platform owns
-    (objective, `num_class`, `seed`, `deterministic`, `metric`).
-
-    Raises:
-        ConfigError: a round-count key (use `max_epochs`), a platform-owned key,
-            a monitor that does not fit the task, or a bad `early_stopping_rounds`.
-    """
-    kwargs = dict(spec.model.kwargs)
-    rounds_keys = sorted(k for k in kwargs if k in _ROUND_KEYS)
-    if rounds_keys:
-        raise ConfigError(f"model.kwargs sets {rounds_keys}; the number of boosting rounds is max_epochs (now {spec.max_epochs})")
-    owned = sorted(k for k in kwargs if k in _PLATFORM_KEYS)
-    if owned:
-        raise ConfigError(f"model.kwargs sets {owned}, which the platform owns (seed and determinism come from the spec, "
-                          f"the metric from monitor={spec.monitor!r})")
-    patience = kwargs.pop("early_stopping_rounds", DEFAULT_EARLY_STOPPING_ROUNDS)
-    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
-        raise ConfigError(f"model.kwargs.early_stopping_rounds={patience!r} must be an integer >= 1")
-    if objective is None:
-        objective = "regression" if splits.task == "regression" else ("binary" if len(splits.classes) == 2 else "multiclass")
-    if objective == "binary" and len(splits.classes) != 2:
-        raise ConfigError(f"objective 'binary' needs two classes; target {spec.data.target!r} has {len(splits.classes)}: {splits.classes}")
-    check_monitor(spec.monitor, spec.monitor_mode, splits.task)
-    params: dict[str, Any] = {"verbosity": -1}
-    if spec.deterministic and not ({"force_row_wise", "force_col_wise"} & set(kwargs)):
-        params["force_col_wise"] = True
-    params.update(kwargs)
-    params.update(objective=objective, seed=spec.seed, deterministic=spec.deterministic, metric="None")
-    if objective in ("multiclass", "multiclassova"):
-        params["num_class"] = len(splits.classes)
-    return params, patience
-
-
-def check_monitor(monitor: str, mode: str, task: str) -> None:
-    """Raise ConfigError unless `monitor` is a GBT metric of `task` with its natural direction."""
-    if monitor not in MONITORS:
-        raise ConfigError(f"monitor={monitor!r} is not a GBT metric; use one of {sorted(MONITORS)}")
-    needs, direction = MONITORS[monitor]
-    if needs != task:
-        fits = sorted(m for m, (t, _) in MONITORS.items() if t == task)
-        raise ConfigError(f"monitor={monitor!r} measures {needs}, but this is a {task} task; use one of {fits}")
-    if mode != direction:
-        raise ConfigError(f"monitor_mode={mode!r} does not fit monitor={monitor!r}; it is better when {'higher' if direction == 'max' else 'lower'} (use {direction!r})")
 
 
 # -- metrics ----------------------------------------------------------------------------
@@ -229,29 +109,6 @@ def evaluate(booster: Any, splits: Splits, iteration: int) -> dict[str, float]:
 # -- checkpoint -------------------------------------------------------------------------
 
 
-def _write_atomic(uri: str, data: str) -> None:
-    """Write under a temporary name in the same directory, then rename (a whole object on object stores)."""
-    fs, path = fsspec.core.url_to_fs(uri)
-    directory = path.rsplit("/", 1)[0]
-    fs.makedirs(directory, exist_ok=True)
-    tmp = f"{directory}/.tmp-{uuid.uuid4().hex}"
-    try:
-        with fs.open(tmp, "w") as f:
-            f.write(data)
-        fs.mv(tmp, path)
-    finally:
-        if fs.exists(tmp):
-            fs.rm(tmp)
-
-
-def _read_text(uri: str) -> Optional[str]:
-    fs, path = fsspec.core.url_to_fs(uri)
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "r") as f:
-        return f.read()
-
-
 class ModelFileCheckpoint:
     """`model.txt` (the whole model so far) and `state.json` (monitored value per iteration)."""
 
@@ -264,16 +121,16 @@ class ModelFileCheckpoint:
     def save(self, booster: Any, history: list[float]) -> None:
         started = time.perf_counter()
         text = booster.model_to_string(num_iteration=-1)
-        _write_atomic(self.model_uri, text)
+        write_atomic(self.model_uri, text.encode())
         # The state lags the model on a crash between the two writes; `load` re-scores the gap.
         state = {"iterations": booster.current_iteration(), "history": history, "model_sha256": hashlib.sha256(text.encode()).hexdigest()}
-        _write_atomic(self.state_uri, json.dumps(state))
+        write_atomic(self.state_uri, json.dumps(state).encode())
         self.blocking_seconds += time.perf_counter() - started
         self.saves += 1
 
     def load(self) -> tuple[Optional[Any], list[float]]:
         """The saved booster (or None) and the monitored values the state file holds for it."""
-        text = _read_text(self.model_uri)
+        text = read_text(self.model_uri)
         if text is None:
             return None, []
         try:
@@ -281,7 +138,7 @@ class ModelFileCheckpoint:
         except lgb.basic.LightGBMError as e:
             log.warning("checkpoint %s is unreadable (%s); starting from scratch", self.model_uri, e)
             return None, []
-        state_text = _read_text(self.state_uri)
+        state_text = read_text(self.state_uri)
         history: list[float] = []
         if state_text is not None:
             # Trees are only ever appended, so the first n values describe the first n iterations of this model.
@@ -387,6 +244,7 @@ class _Loop:
         self.attempt.update(last_step=it)
         self._tick = time.perf_counter()
         if stop:
+            assert best_v is not None  # `_observe(value)` above recorded at least one value
             raise lgb.callback.EarlyStopException(best_i - 1, [("val", self.spec.monitor, best_v, self.spec.monitor_mode == "max")])
 
     def _save_due(self, it: int) -> bool:
@@ -478,21 +336,13 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     objective = resolve_objective(spec.model.kwargs)
     splits = load_splits(spec, objective)
     params, patience = lightgbm_params(spec, splits, objective)
-    objective = params["objective"]
-    metric = spec.monitor.removeprefix("val_")
-
-    def score_at(booster: Any, iteration: int) -> float:
-        return metric_value(metric, booster.predict(splits.x["val"], num_iteration=iteration), splits.y["val"])
-
-    def feval(pred: np.ndarray, data: Any) -> tuple[str, float, bool]:
-        return spec.monitor, metric_value(metric, pred, splits.y["val"]), spec.monitor_mode == "max"
-
+    val_metric = _val_metric(spec, splits)
     ckpt = ModelFileCheckpoint(f"{out}/{CHECKPOINT_DIR}")
     init_model, history = ckpt.load()
     attempt = AttemptLog(out, attempt_id(), started_wall, every=HEARTBEAT_SECONDS)
     done = 0
     if init_model is not None:
-        history = _replay(init_model, history, score_at)
+        history = _replay(init_model, history, lambda booster, i: val_metric(booster.predict(splits.x["val"], num_iteration=i)))
         done = init_model.current_iteration()
         attempt.record.update(resumed_from=ckpt.model_uri, resumed_from_step=done)
     # Raw data is kept: continuing from a model file scores it with that model first.
@@ -502,70 +352,113 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     tracker = _tracker(spec)
     with Reporter(0) as reporter:
         loop = _Loop(spec, patience, history, ckpt, attempt, reporter, optuna)
-        previous = signal.signal(signal.SIGTERM, lambda *_: setattr(loop, "preempt_requested", True))
-        best_i, _ = loop.best
-        remaining = spec.max_epochs - done
-        if init_model is not None:
-            reporter.info(f"trial {spec.trial_id}: resuming from {ckpt.model_uri} at iteration {done}")
-        stopped_early = init_model is not None and done - best_i >= patience
-        attempt.update(force=True)
-        fit_started = time.perf_counter()
-        try:
-            if remaining > 0 and not stopped_early:
-                reporter.info(f"trial {spec.trial_id}: LightGBM {objective}, up to {spec.max_epochs} rounds on data {spec.data.version[:12]}")
-                loop.start()
-                try:
-                    booster = lgb.train(params, train_set, num_boost_round=remaining, valid_sets=[val_set], valid_names=["val"],
-                                        feval=feval, init_model=init_model, callbacks=[loop],
-                                        keep_training_booster=True)  # the whole model, not cut at the best iteration
-                except lgb.basic.LightGBMError as e:
-                    raise ConfigError(f"LightGBM rejected the data or parameters {params}: {e}") from e
-            else:
-                booster = init_model
-        except BaseException as e:
-            status = "preempted" if loop.preempt_requested else "failed"
-            attempt.update(force=True, status=status, error=f"{type(e).__name__}: {e}"[:500])
-            raise
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        fit_seconds = time.perf_counter() - fit_started
-        loop.finish(booster)
+        fit = _fit(spec, params, train_set, val_set, val_metric, loop, init_model)
+        loop.finish(fit.booster)
         if loop.pruned_at is not None and optuna is not None:
             optuna.mark_pruned()
         best_i, best_v = loop.best
-        metrics = evaluate(booster, splits, best_i)
+        metrics = evaluate(fit.booster, splits, best_i)
         metrics["best_iteration"] = float(best_i)
         model_uri = f"{out}/model"
-        export_model(booster, best_i, spec, splits, objective, model_uri)
-        attempt.update(force=True, status="completed", last_step=booster.current_iteration())
-        tracker_run = None
-        if tracker is not None:
-            tracker.summary.update({**metrics, "pruned_at": loop.pruned_at or 0})
-            tracker_run = f"{tracker.project}/{tracker.id}"
-            tracker.finish()
-        iterations = booster.current_iteration()
-        trained = attempt.record["steps"]
-        accounts = goodput(read_attempts(out), 1, time.time())
-        reporter.info(f"trial {spec.trial_id}: done after {iterations} iterations (best {best_i}), {metrics}")
-        return TrainResult(
-            trial_id=spec.trial_id,
-            metrics=metrics,
-            best_metric=best_v if best_v is not None else metrics[spec.monitor],
-            epochs=iterations,
-            global_step=iterations,
-            train_samples=trained * len(splits.y["train"]),
-            fit_seconds=fit_seconds,
-            samples_per_second=trained * len(splits.y["train"]) / fit_seconds if fit_seconds > 0 else 0.0,
-            wall_seconds=time.perf_counter() - started,
-            world_size=1,
-            device_hours=accounts["device_hours"],
-            model_uri=model_uri,
-            checkpoint_uri=ckpt.model_uri,
-            tracker_run=tracker_run,
-            lineage=spec.lineage,
-            resumed_from=ckpt.model_uri if done else None,
-            checkpoint_interval_seconds=None if spec.checkpoint.every_n_steps else loop.save_every_seconds,
-            checkpoint_interval_source="every_n_steps" if spec.checkpoint.every_n_steps else "every_seconds",
-            goodput=accounts,
-        )
+        export_model(fit.booster, best_i, spec, splits, params["objective"], model_uri)
+        attempt.update(force=True, status="completed", last_step=fit.booster.current_iteration())
+        tracker_run = _finish_tracker(tracker, metrics, loop.pruned_at)
+        reporter.info(f"trial {spec.trial_id}: done after {fit.booster.current_iteration()} iterations (best {best_i}), {metrics}")
+        return _result(spec, fit, loop, attempt, len(splits.y["train"]), started,
+                       metrics=metrics, best_value=best_v, model_uri=model_uri, tracker_run=tracker_run, resumed=done > 0)
 
+
+def _val_metric(spec: TrainSpec, splits: Splits) -> Callable[[np.ndarray], float]:
+    """The monitored metric of validation predictions (as `Booster.predict` returns them)."""
+    metric = spec.monitor.removeprefix("val_")
+    return lambda pred: metric_value(metric, pred, splits.y["val"])
+
+
+@dataclass
+class _Fit:
+    """The outcome of boosting: the whole model (every iteration) and the seconds spent fitting."""
+
+    booster: Any
+    seconds: float
+
+
+def _fit(spec: TrainSpec, params: dict[str, Any], train_set: lgb.Dataset, val_set: lgb.Dataset,
+         val_metric: Callable[[np.ndarray], float], loop: _Loop, init_model: Optional[Any]) -> _Fit:
+    """Boost the rounds left after `init_model`, with SIGTERM turned into a save and a `Preempted` exit.
+
+    A resumed model that already holds every round, or that early stopping had
+    already stopped, is returned as it is. A failure is recorded in the attempt
+    log (`preempted` when SIGTERM caused it, else `failed`) and re-raised.
+
+    Raises:
+        ConfigError: LightGBM rejected the data or the parameters.
+    """
+    attempt, reporter = loop.attempt, loop.reporter
+    previous = signal.signal(signal.SIGTERM, lambda *_: setattr(loop, "preempt_requested", True))
+    best_i, _ = loop.best
+    done = init_model.current_iteration() if init_model is not None else 0
+    if init_model is not None:
+        reporter.info(f"trial {spec.trial_id}: resuming from {loop.ckpt.model_uri} at iteration {done}")
+    # Only a resumed run can have nothing left: TrainSpec requires max_epochs >= 1.
+    finished = init_model is not None and (done >= spec.max_epochs or done - best_i >= loop.patience)
+    attempt.update(force=True)
+    fit_started = time.perf_counter()
+    try:
+        if init_model is not None and finished:
+            booster = init_model
+        else:
+            reporter.info(f"trial {spec.trial_id}: LightGBM {params['objective']}, up to {spec.max_epochs} rounds on data {spec.data.version[:12]}")
+            loop.start()
+            try:
+                booster = lgb.train(params, train_set, num_boost_round=spec.max_epochs - done, valid_sets=[val_set], valid_names=["val"],
+                                    feval=lambda pred, data: (spec.monitor, val_metric(pred), spec.monitor_mode == "max"),
+                                    init_model=init_model, callbacks=[loop],
+                                    keep_training_booster=True)  # the whole model, not cut at the best iteration
+            except lgb.basic.LightGBMError as e:
+                raise ConfigError(f"LightGBM rejected the data or parameters {params}: {e}") from e
+    except BaseException as e:
+        status = "preempted" if loop.preempt_requested else "failed"
+        attempt.update(force=True, status=status, error=f"{type(e).__name__}: {e}"[:500])
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return _Fit(booster, time.perf_counter() - fit_started)
+
+
+def _finish_tracker(tracker: Any, metrics: dict[str, float], pruned_at: Optional[int]) -> Optional[str]:
+    """Write the final metrics to the W&B run (if any), close it and return its `project/id`."""
+    if tracker is None:
+        return None
+    tracker.summary.update({**metrics, "pruned_at": pruned_at or 0})
+    run = f"{tracker.project}/{tracker.id}"
+    tracker.finish()
+    return run
+
+
+def _result(spec: TrainSpec, fit: _Fit, loop: _Loop, attempt: AttemptLog, train_rows: int, started: float, *,
+            metrics: dict[str, float], best_value: Optional[float], model_uri: str, tracker_run: Optional[str], resumed: bool) -> TrainResult:
+    """The trial's `TrainResult`, with goodput over every attempt so far."""
+    iterations = fit.booster.current_iteration()
+    trained = attempt.record["steps"]
+    accounts = goodput(read_attempts(spec.output_uri.rstrip("/")), 1, time.time())
+    return TrainResult(
+        trial_id=spec.trial_id,
+        metrics=metrics,
+        best_metric=best_value if best_value is not None else metrics[spec.monitor],
+        epochs=iterations,
+        global_step=iterations,
+        train_samples=trained * train_rows,
+        fit_seconds=fit.seconds,
+        samples_per_second=trained * train_rows / fit.seconds if fit.seconds > 0 else 0.0,
+        wall_seconds=time.perf_counter() - started,
+        world_size=1,
+        device_hours=accounts["device_hours"],
+        model_uri=model_uri,
+        checkpoint_uri=loop.ckpt.model_uri,
+        tracker_run=tracker_run,
+        lineage=spec.lineage,
+        resumed_from=loop.ckpt.model_uri if resumed else None,
+        checkpoint_interval_seconds=None if spec.checkpoint.every_n_steps else loop.save_every_seconds,
+        checkpoint_interval_source="every_n_steps" if spec.checkpoint.every_n_steps else "every_seconds",
+        goodput=accounts,
+    )

@@ -159,11 +159,11 @@ class MLPClassifier(ClassifierSteps, ParallelizableModule):
         return list(self.blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x / self.hparams.input_scale)
+        h = self.inp(x / self.hparams["input_scale"])
         for block in self.blocks:
             h = block(h)
         return self.head(h)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])

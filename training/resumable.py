@@ -106,14 +106,23 @@ class ResumableDataLoader(DataLoader):
     before it creates the first iterator of a resumed run.
     """
 
+    @property
+    def resumable_sampler(self) -> ResumableSampler:
+        """The loader's sampler, which must be a `ResumableSampler` for its position to be saved."""
+        sampler = self.sampler
+        if not isinstance(sampler, ResumableSampler):
+            raise TypeError(f"ResumableDataLoader needs a ResumableSampler as sampler, got {type(sampler).__name__}")
+        return sampler
+
     def state_dict(self) -> dict[str, int]:
-        epoch, done = self.sampler.consumed
+        epoch, done = self.resumable_sampler.consumed
         return {"epoch": epoch, "batches_done": done}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         epoch, done = int(state["epoch"]), int(state["batches_done"])
         if done >= len(self):  # saved at the end of an epoch: the next one starts fresh
             epoch, done = epoch + 1, 0
-        self.sampler.set_epoch(epoch)
-        self.sampler.resume(epoch, done)
-        self.sampler.mark_consumed(epoch, done)
+        sampler = self.resumable_sampler
+        sampler.set_epoch(epoch)
+        sampler.resume(epoch, done)
+        sampler.mark_consumed(epoch, done)

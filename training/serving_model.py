@@ -38,9 +38,11 @@ from typing import Any, Callable, Optional
 
 import mlflow
 import mlflow.models
-import mlflow.pyfunc
 import numpy as np
 import pandas as pd
+
+# By name, not as `mlflow.pyfunc.X`: type checkers see that attribute as mlflow's lazy loader.
+from mlflow.pyfunc import PythonModel, PythonModelContext
 
 META_FILE = "meta.json"
 DEFAULT_FORMAT = "torch_export"
@@ -99,7 +101,7 @@ def read_meta(model_dir: str) -> dict[str, Any]:
     return meta
 
 
-class ExportedModel(mlflow.pyfunc.PythonModel):
+class ExportedModel(PythonModel):
     """Serves an exported torch or LightGBM model; predicts labels (or values) from a DataFrame."""
 
     def __init__(self) -> None:
@@ -108,7 +110,7 @@ class ExportedModel(mlflow.pyfunc.PythonModel):
         self._dtype: Any = np.float32
         self._predict_raw: Optional[Callable[[np.ndarray], np.ndarray]] = None
 
-    def load_context(self, context: mlflow.pyfunc.PythonModelContext) -> None:
+    def load_context(self, context: PythonModelContext) -> None:
         """Loads the model and its metadata from the `model_dir` artifact.
 
         Args:
@@ -126,7 +128,7 @@ class ExportedModel(mlflow.pyfunc.PythonModel):
 
     def predict(
         self,
-        context: mlflow.pyfunc.PythonModelContext,
+        context: PythonModelContext,
         model_input: pd.DataFrame,
         params: Optional[dict[str, Any]] = None,
     ) -> pd.Series:

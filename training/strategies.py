@@ -38,7 +38,13 @@ import torch.distributed.checkpoint as dcp
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict, set_optimizer_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    DictValueType,
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle
 from typing_extensions import override
@@ -164,7 +170,7 @@ def restore_sharded(model: nn.Module, optimizers: list[Any], state: dict[str, An
     weights = {k: _sharded_like(v, live.get(k), f"weight {k!r}") for k, v in saved.items()}
     set_model_state_dict(model, weights, options=StateDictOptions(strict=True))
     for i, (optimizer, osd) in enumerate(zip(optimizers, state.pop("optimizer_states", []))):
-        per_param = {
+        per_param: DictValueType = {
             fqn: {k: _sharded_like(v, live.get(fqn), f"optimizer {i} state {k!r} of {fqn!r}") for k, v in values.items()}
             for fqn, values in osd["state"].items()
         }

@@ -7,88 +7,24 @@ import os
 import signal
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from training import entrypoint, gbt
+from tests.support.gbt import FAST, make_spec, result, run
+from tests.support.k8s import k8s_validate
+from training import gbt
 from training.spec import (
     EXIT_BAD_CONFIG,
     EXIT_PREEMPTED,
     EXIT_USER_ERROR,
-    LAUNCH_ID_ENV,
     CheckpointPolicy,
-    DataSpec,
     FaultInjection,
     ImportTarget,
     OptunaSpec,
-    TrainResult,
     TrainSpec,
 )
-
-FAST = {"num_threads": 1, "num_leaves": 7, "min_child_samples": 5}  # one thread: tiny data on a shared machine
-
-
-def _frame(kind: str) -> tuple[pd.DataFrame, str]:
-    from sklearn import datasets
-
-    if kind == "binary":
-        frame = datasets.load_breast_cancer(as_frame=True).frame
-    elif kind == "multiclass":
-        frame = datasets.load_wine(as_frame=True).frame
-    else:
-        frame = datasets.load_diabetes(as_frame=True).frame
-        frame["target"] = frame["target"].astype("float64")
-    frame.columns = [c.replace(" ", "_").replace("/", "_") for c in frame.columns]
-    return frame.sample(frac=1.0, random_state=0).reset_index(drop=True), "target"
-
-
-def write_data(directory: Path, kind: str) -> DataSpec:
-    frame, target = _frame(kind)
-    directory.mkdir(parents=True, exist_ok=True)
-    n = len(frame)
-    parts = {"train": frame.iloc[: int(n * 0.7)], "val": frame.iloc[int(n * 0.7) : int(n * 0.85)], "test": frame.iloc[int(n * 0.85) :]}
-    for name, part in parts.items():
-        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"{name}.parquet")
-    return DataSpec(
-        train_uri=str(directory / "train.parquet"), val_uri=str(directory / "val.parquet"), test_uri=str(directory / "test.parquet"),
-        features=[c for c in frame.columns if c != target], target=target, version="0" * 32,
-    )
-
-
-def make_spec(tmp: Path, kind: str = "binary", out: str = "run", **over: Any) -> TrainSpec:
-    monitor = {"binary": ("val_acc", "max"), "multiclass": ("val_logloss", "min"), "regression": ("val_rmse", "min")}[kind]
-    base: dict[str, Any] = dict(
-        pipeline="tabular/test",
-        trial_id="trial-0000",
-        task="gbt",
-        model=ImportTarget(path="lightgbm:train", kwargs=dict(FAST)),
-        data=write_data(tmp / f"data-{kind}", kind),
-        output_uri=str(tmp / out),
-        max_epochs=60,
-        monitor=monitor[0],
-        monitor_mode=monitor[1],
-    )
-    base.update(over)
-    spec = TrainSpec(**base)
-    (tmp / f"{out}.json").write_text(spec.to_json())
-    return spec
-
-
-def run(tmp: Path, out: str = "run", launch: str = "launch-1") -> int:
-    os.environ[LAUNCH_ID_ENV] = launch  # one id per launch, as launchers set it; names the attempt record
-    try:
-        return entrypoint.main(["--spec", str(tmp / f"{out}.json")])
-    finally:
-        del os.environ[LAUNCH_ID_ENV]
-
-
-def result(tmp: Path, out: str = "run") -> TrainResult:
-    return TrainResult.model_validate_json((tmp / out / "result.json").read_text())
 
 
 def serve(model_dir: Path, frame: pd.DataFrame) -> pd.Series:
@@ -141,27 +77,6 @@ def test_regression_reports_rmse_and_serves_values(tmp_path: Path) -> None:
     test = pd.read_parquet(spec.data.test_uri)
     predicted = serve(tmp_path / "run" / "model", test).to_numpy()
     assert float(np.sqrt(np.mean((predicted - test["target"].to_numpy()) ** 2))) == pytest.approx(res.metrics["test_rmse"], rel=1e-12)
-
-
-def test_objective_is_inferred_from_the_target_type(tmp_path: Path) -> None:
-    for kind, objective in (("binary", "binary"), ("multiclass", "multiclass"), ("regression", "regression")):
-        spec = make_spec(tmp_path, kind)
-        splits = gbt.load_splits(spec, None)
-        params, patience = gbt.lightgbm_params(spec, splits, None)
-        assert params["objective"] == objective and patience == gbt.DEFAULT_EARLY_STOPPING_ROUNDS
-        assert params["seed"] == 0 and params["deterministic"] is True and params["metric"] == "None"
-    assert params.get("num_class") is None
-    multi = make_spec(tmp_path, "multiclass")
-    assert gbt.lightgbm_params(multi, gbt.load_splits(multi, None), None)[0]["num_class"] == 3
-
-
-def test_platform_layers_merge_in_order(tmp_path: Path) -> None:
-    kwargs = {"force_row_wise": True, "early_stopping_rounds": 5, "learning_rate": 0.2}
-    spec = make_spec(tmp_path, model=ImportTarget(path="lightgbm:train", kwargs=kwargs))
-    params, patience = gbt.lightgbm_params(spec, gbt.load_splits(spec, None), None)
-    assert patience == 5 and "early_stopping_rounds" not in params
-    assert params["force_row_wise"] is True and "force_col_wise" not in params  # the pipeline's choice wins over the default
-    assert params["learning_rate"] == 0.2 and params["verbosity"] == -1
 
 
 @pytest.mark.parametrize(
@@ -273,7 +188,6 @@ def test_metric_values_are_exact() -> None:
 def test_a_gbt_trial_is_a_single_pod_job_on_kubernetes(tmp_path: Path) -> None:
     from resources.k8s.config import K8sJobConfig
     from resources.k8s.manifests import job_manifest
-    from tests.resources.test_k8s_manifests import k8s_validate
 
     spec = make_spec(tmp_path)
     job = job_manifest(spec, "s3://bucket/runs/tabular/test/trial-0000/spec.json", 0, K8sJobConfig(namespace="tabular", image="trainer:1", queue_name="tabular"))

@@ -1,0 +1,139 @@
+"""The inputs of a GBT trial, read and checked before any boosting: the Parquet splits and the LightGBM parameters.
+
+See `training.gbt` for the rules (objective inference, the parameter layers, the
+monitored metrics). Everything here is pure apart from reading the splits, so a
+bad spec fails before compute is spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import fsspec
+import numpy as np
+import pyarrow.parquet as pq
+import pyarrow.types as pat
+
+from training.errors import ConfigError
+from training.spec import TrainSpec
+
+DEFAULT_EARLY_STOPPING_ROUNDS = 20
+CLASSIFICATION_OBJECTIVES = ("binary", "multiclass", "multiclassova")
+REGRESSION_OBJECTIVES = ("regression", "regression_l1", "huber", "fair", "poisson", "quantile", "mape", "gamma", "tweedie")
+# monitor -> (task it needs, the direction that is better)
+MONITORS = {"val_acc": ("classification", "max"), "val_logloss": ("classification", "min"), "val_rmse": ("regression", "min")}
+# Round counts are `spec.max_epochs`; LightGBM would silently let these override it.
+_ROUND_KEYS = ("num_iterations", "num_iteration", "n_iter", "num_tree", "num_trees", "num_round", "num_rounds",
+               "nrounds", "num_boost_round", "n_estimators", "max_iter")
+_PLATFORM_KEYS = ("seed", "deterministic", "num_class", "verbosity", "verbose", "metric")
+
+
+# -- data -----------------------------------------------------------------------------
+
+
+@dataclass
+class Splits:
+    """Feature matrices (float64) and encoded targets of the three splits."""
+
+    x: dict[str, np.ndarray]
+    y: dict[str, np.ndarray]
+    task: str  # classification | regression
+    classes: list[Any]  # original labels in index order; empty for regression
+
+
+def _read_split(uri: str, features: list[str], target: str) -> tuple[np.ndarray, np.ndarray, str]:
+
+    try:
+        with fsspec.open(uri, "rb") as f:
+            table = pq.read_table(f, columns=[*features, target])
+    except FileNotFoundError as e:
+        raise ConfigError(f"data split {uri!r} does not exist") from e
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"data split {uri!r} lacks a column of features {features} / target {target!r}: {e}") from e
+    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype("float64") for c in features])
+    column = table.column(target)
+    kind = "regression" if pat.is_floating(column.type) else "classification"
+    return x, column.to_numpy(zero_copy_only=False), kind
+
+
+def load_splits(spec: TrainSpec, objective: Optional[str]) -> Splits:
+    """Read train/val/test and encode class labels as 0..K-1 (sorted over all splits)."""
+    raw = {s: _read_split(u, spec.data.features, spec.data.target) for s, u in
+           (("train", spec.data.train_uri), ("val", spec.data.val_uri), ("test", spec.data.test_uri))}
+    task = raw["train"][2]
+    if objective is not None:
+        task = "classification" if objective in CLASSIFICATION_OBJECTIVES else "regression"
+    x = {s: r[0] for s, r in raw.items()}
+    if task == "regression":
+        return Splits(x, {s: r[1].astype("float64") for s, r in raw.items()}, task, [])
+    classes = np.unique(np.concatenate([r[1] for r in raw.values()]))
+    if len(classes) < 2:
+        raise ConfigError(f"target {spec.data.target!r} has a single class {classes.tolist()}; classification needs at least two")
+    y = {s: np.searchsorted(classes, r[1]).astype("int64") for s, r in raw.items()}
+    return Splits(x, y, task, classes.tolist())
+
+
+# -- parameters -----------------------------------------------------------------------
+
+
+def resolve_objective(kwargs: dict[str, Any]) -> Optional[str]:
+    """The declared objective, validated; None means infer it from the data."""
+    objective = kwargs.get("objective")
+    if objective is None:
+        return None
+    if objective not in CLASSIFICATION_OBJECTIVES + REGRESSION_OBJECTIVES:
+        raise ConfigError(
+            f"model.kwargs.objective={objective!r} is not supported; use one of "
+            f"{list(CLASSIFICATION_OBJECTIVES + REGRESSION_OBJECTIVES)} or leave it unset to infer it from the target"
+        )
+    return objective
+
+
+def lightgbm_params(spec: TrainSpec, splits: Splits, objective: Optional[str]) -> tuple[dict[str, Any], int]:
+    """LightGBM parameters and early-stopping patience from the spec (pure).
+
+    Layers, later wins: platform defaults (`verbosity=-1`, column-wise histograms
+    when deterministic) < `spec.model.kwargs` < values the platform owns
+    (objective, `num_class`, `seed`, `deterministic`, `metric`).
+
+    Raises:
+        ConfigError: a round-count key (use `max_epochs`), a platform-owned key,
+            a monitor that does not fit the task, or a bad `early_stopping_rounds`.
+    """
+    kwargs = dict(spec.model.kwargs)
+    rounds_keys = sorted(k for k in kwargs if k in _ROUND_KEYS)
+    if rounds_keys:
+        raise ConfigError(f"model.kwargs sets {rounds_keys}; the number of boosting rounds is max_epochs (now {spec.max_epochs})")
+    owned = sorted(k for k in kwargs if k in _PLATFORM_KEYS)
+    if owned:
+        raise ConfigError(f"model.kwargs sets {owned}, which the platform owns (seed and determinism come from the spec, "
+                          f"the metric from monitor={spec.monitor!r})")
+    patience = kwargs.pop("early_stopping_rounds", DEFAULT_EARLY_STOPPING_ROUNDS)
+    if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
+        raise ConfigError(f"model.kwargs.early_stopping_rounds={patience!r} must be an integer >= 1")
+    if objective is None:
+        objective = "regression" if splits.task == "regression" else ("binary" if len(splits.classes) == 2 else "multiclass")
+    if objective == "binary" and len(splits.classes) != 2:
+        raise ConfigError(f"objective 'binary' needs two classes; target {spec.data.target!r} has {len(splits.classes)}: {splits.classes}")
+    check_monitor(spec.monitor, spec.monitor_mode, splits.task)
+    params: dict[str, Any] = {"verbosity": -1}
+    if spec.deterministic and not ({"force_row_wise", "force_col_wise"} & set(kwargs)):
+        params["force_col_wise"] = True
+    params.update(kwargs)
+    params.update(objective=objective, seed=spec.seed, deterministic=spec.deterministic, metric="None")
+    if objective in ("multiclass", "multiclassova"):
+        params["num_class"] = len(splits.classes)
+    return params, patience
+
+
+def check_monitor(monitor: str, mode: str, task: str) -> None:
+    """Raise ConfigError unless `monitor` is a GBT metric of `task` with its natural direction."""
+    if monitor not in MONITORS:
+        raise ConfigError(f"monitor={monitor!r} is not a GBT metric; use one of {sorted(MONITORS)}")
+    needs, direction = MONITORS[monitor]
+    if needs != task:
+        fits = sorted(m for m, (t, _) in MONITORS.items() if t == task)
+        raise ConfigError(f"monitor={monitor!r} measures {needs}, but this is a {task} task; use one of {fits}")
+    if mode != direction:
+        raise ConfigError(f"monitor_mode={mode!r} does not fit monitor={monitor!r}; it is better when {'higher' if direction == 'max' else 'lower'} (use {direction!r})")
