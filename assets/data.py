@@ -22,11 +22,11 @@ from dagster import (
 from resources.storage import ObjectStore
 from resources.versioning import DataVersioning
 from trainyard.data import ingest
-from trainyard.data.drift import drift_markdown
+from trainyard.data.drift_detection import drift_markdown
 from trainyard.data.errors import DataQualityError
 from trainyard.data.expectations import UnsupportedExpectation
 from trainyard.data.quarantine import quarantine_root
-from trainyard.data.validate import VersionOutcome, validate_version
+from trainyard.data.validation import VersionOutcome, validate_version
 from trainyard.spec import PipelineSpec
 from trainyard.values import RawData, ValidatedData
 

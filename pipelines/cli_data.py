@@ -175,7 +175,8 @@ def cmd_release(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_profile(args: argparse.Namespace) -> int:
-    from trainyard.data import profile_snapshot, profile_to_suite  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
+    from trainyard import naming  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
+    from trainyard.data import profile_snapshot, profile_to_suite  # lazy: as above
 
     parts = _split_pipeline(args.pipeline)
     if parts is None:
@@ -187,11 +188,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     store = _store()
     team, name = parts
     if args.md5:
-        uri = store.uri("data", team, name, "raw", args.md5, "data.parquet")
+        uri = f"{naming.raw_dir(store, team, name, args.md5)}/data.parquet"
         if not store.exists(uri):
             return _fail(f"no snapshot {args.md5!r} of {args.pipeline} (looked for {uri})")
     else:
-        manifest = store.uri("data", team, name, "ingest", "manifest.json")
+        manifest = naming.ingest_manifest(store, team, name)
         snapshot = store.read_json(manifest).get("snapshot") if store.exists(manifest) else None
         if not snapshot:
             return _fail(f"{args.pipeline} has no snapshot yet (no {manifest}); run its prepare job first")

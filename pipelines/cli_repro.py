@@ -20,6 +20,7 @@ def _resources() -> dict[str, Any]:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """`trainyard compare`: registered versions of a model, or the trials of a pipeline, side by side."""
+    from trainyard import naming  # lazy: pydantic
     from trainyard.compare import render, trial_rows, version_rows  # lazy: pydantic
 
     res = _resources()
@@ -29,7 +30,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not name:
             print(f"--trials takes a pipeline key like 'vision/digits', got {args.target!r}")
             return 2
-        results = [store.read_json(u) for u in store.glob(store.uri("runs", team, name, "*", "*", "result.json"))]
+        results = [store.read_json(u) for u in store.glob(naming.trial_results_glob(store, team, name))]
         rows = trial_rows(results)
     else:
         rows = version_rows(res["registry"], args.target, args.versions.split(",") if args.versions else None)

@@ -11,9 +11,11 @@ import warnings
 
 from dagster import BetaWarning, DagsterInstance
 
+from pipelines.environments import local_resources
 from pipelines.factory import job_names
-from pipelines.vision.digits import digits
 from pipelines.vision.definitions import defs
+from pipelines.vision.digits import digits
+from trainyard import naming
 
 
 def _run(job_name: str, instance: DagsterInstance, partition_key: str | None = None):
@@ -44,14 +46,12 @@ def run_demo() -> int:
     prepare = _run(names["prepare"], instance)
     if not prepare.success:
         return 1
-    sweep = prepare.output_for_node(f"{digits.team}__{digits.name}__sweep")
-    from pipelines.environments import local_resources
-
+    sweep = prepare.output_for_node(naming.node_name(digits, naming.SWEEP))
     sweeps = local_resources()["sweeps"]
     study = sweeps.load(sweep.study)
     done = {t.number for t in study.get_trials(deepcopy=False) if t.state.name == "COMPLETE"}
     for key in sweep.trials:
-        if int(key.split("-")[1]) in done:
+        if naming.trial_number(key) in done:
             print(f"  {key}: already trained on this data and code, skipped")
             continue
         if not _run(names["train"], instance, partition_key=key).success:
@@ -59,8 +59,8 @@ def run_demo() -> int:
     promote = _run(names["promote"], instance)
     if not promote.success:
         return 1
-    reg = promote.output_for_node(f"{digits.team}__{digits.name}__registered_model")
-    best = promote.output_for_node(f"{digits.team}__{digits.name}__best_model")
+    reg = promote.output_for_node(naming.node_name(digits, naming.REGISTERED_MODEL))
+    best = promote.output_for_node(naming.node_name(digits, naming.BEST_MODEL))
     print()
     print(f"registered model : {reg.name} version {reg.version} ({'new' if reg.created else 'existing, no duplicate'})")
     print(f"champion         : {reg.champion}")

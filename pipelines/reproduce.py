@@ -35,7 +35,7 @@ from resources.storage import ObjectStore
 from resources.versioning import DataVersioning, parse_dvc_file
 from training.spec import SPEC_FILE, TrackerSpec, TrainSpec
 from trainyard import data as dq
-from trainyard import lineage
+from trainyard import lineage, naming
 from trainyard.lineage import CHECKPOINT_URI_TAG, LineageError, LineageRecord
 from trainyard.spec import PipelineSpec
 
@@ -132,7 +132,7 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
     with tempfile.TemporaryDirectory(prefix="trainyard-reproduce-") as tmp:
         # Data: the pinned snapshot, restored by DVC, then split as the pipeline splits.
         md5 = recorded_lineage.data_version
-        dvc_text = store.read_bytes(store.uri("data", pipeline.team, pipeline.name, "raw", md5, "data.parquet.dvc")).decode()
+        dvc_text = store.read_bytes(f"{naming.raw_dir(store, pipeline.team, pipeline.name, md5)}/data.parquet.dvc").decode()
         pinned_md5, _, rel = parse_dvc_file(dvc_text)
         restored = versioning.restore(dvc_text, rel, os.path.join(tmp, "restored"))
         with open(restored, "rb") as f:
@@ -159,7 +159,7 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
                    else f"data mismatch: split files that differ from the pinned snapshot's re-split: {[p for p, s in zip(('train', 'val', 'test'), same) if not s]}")
 
         # Retrain with the same spec on the restored data.
-        out = store.uri("reproductions", name, f"v{version.version}-{int(time.time())}")
+        out = naming.reproduction_dir(store, name, f"v{version.version}-{int(time.time())}")
         again = spec.model_copy(
             update={
                 "output_uri": f"{out}/run",

@@ -49,7 +49,7 @@ from resources.registry import ModelRegistry, ModelVersionInfo
 from resources.storage import ObjectStore
 from trainyard import naming
 from trainyard.data import ingest
-from trainyard.data.drift import drift
+from trainyard.data.drift_detection import drift
 from trainyard.lineage import DATA_VERSION_TAG, TEST_SPLIT_TAG
 from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG, TRIGGER_TAG
 from trainyard.promotion import CHAMPION

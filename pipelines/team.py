@@ -30,6 +30,10 @@ import importlib
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+import yaml
+
+from pipelines.environments import resources_for
+from pipelines.factory import build_definitions
 from trainyard.spec import PipelineSpec
 from trainyard.team import TeamSpec, check_pipelines
 
@@ -38,8 +42,6 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 def team_resources(team: TeamSpec, base_env: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """The team's resources: the environment's (`TRAINYARD_ENV`) built from `team.environment(base_env)`."""
-    from pipelines.environments import resources_for
-
     return resources_for(env=team.environment(base_env))
 
 
@@ -51,8 +53,6 @@ def team_definitions(team: TeamSpec, *pipelines: PipelineSpec, resources: Option
         pipelines: The team's pipelines; each must name this team.
         resources: Resources to use instead of the team's environment's (tests).
     """
-    from pipelines.factory import build_definitions
-
     specs = check_pipelines(team, pipelines)
     return build_definitions(*specs, resources=resources if resources is not None else team_resources(team))
 
@@ -81,8 +81,6 @@ def apply_pool_limits(instance: Any, teams: Iterable[TeamSpec]) -> dict[str, int
 
 def workspace_teams(workspace: Path = PROJECT_ROOT / "workspace.yaml") -> list[TeamSpec]:
     """The TeamSpecs of the code locations in `workspace.yaml` (module attributes of that type)."""
-    import yaml
-
     doc = yaml.safe_load(workspace.read_text()) or {}
     teams: dict[str, TeamSpec] = {}
     for entry in doc.get("load_from", []):

@@ -36,10 +36,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from resources.storage import ObjectStore, StorageError
 from training.retry import RetriesExhausted, retry_call
+from trainyard import naming
 
 logger = logging.getLogger(__name__)
 
-HANDOFF_PREFIX = "handoff"
 EVENT_ID_HEADER = "X-Trainyard-Event-Id"
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
@@ -185,7 +185,7 @@ class HandoffPublisher(ConfigurableResource):
 
     def event_uri(self, event: HandoffEvent) -> str:
         """`<store>/handoff/<model>/<timestamp>-v<version>.json`."""
-        return self.store.uri(HANDOFF_PREFIX, event.model, event.file_name())
+        return f"{naming.handoff_dir(self.store, event.model)}/{event.file_name()}"
 
     def publish(self, event: HandoffEvent) -> HandoffReceipt:
         """Writes the record, then delivers it to the webhook when one is configured.
@@ -275,4 +275,4 @@ class HandoffPublisher(ConfigurableResource):
 
     def list_events(self, model: str) -> list[str]:
         """URIs of a model's records, oldest first."""
-        return sorted(self.store.glob(self.store.uri(HANDOFF_PREFIX, model, "*.json")))
+        return sorted(self.store.glob(f"{naming.handoff_dir(self.store, model)}/*.json"))

@@ -224,7 +224,7 @@ class RetrySpec(StrictSpec):
     wait_seconds: float = Field(2.0, ge=0)
 
 class PromotionSpec(StrictSpec):
-    """When a new version may take the `champion` alias (checked by `assets.promotion`).
+    """When a new version may take the `champion` alias (checked by `trainyard.promotion`).
 
     Every new version gets alias `challenger`; `champion` moves to it only when all hold:
 
@@ -283,13 +283,19 @@ class RetrainPolicy(StrictSpec):
       ingest and validate only; the drift sensor (`<team>__<name>__drift`)
       compares the newest validated version with the data the `champion` model
       was trained on and starts the sweep only when the largest per-feature PSI
-      exceeds this threshold (or when there is no champion yet).
+      exceeds this threshold (or when there is no champion yet);
+    - `automatic` (default on): the sweep sensor (`<team>__<name>__sweep`) runs
+      from the start, trains every sweep to its budget and then starts the
+      `promote` job once per finished study, so a sweep ends in a promotion
+      decision with nobody starting anything; off, that sensor starts stopped
+      and `promote` is started by hand.
 
     Example:
         >>> RetrainPolicy(cron="0 3 * * *", on_new_data=False, drift_psi=0.2)
     """
 
     on_new_data: bool = True
+    automatic: bool = True
     cron: Optional[str] = None
     timezone: str = "UTC"
     drift_psi: Optional[float] = None

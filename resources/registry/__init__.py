@@ -34,13 +34,14 @@ Modules, bottom up:
 `import mlflow` is deferred to first use, so importing this package is cheap.
 
 Example:
+    >>> from trainyard.lineage import DATA_VERSION_TAG
     >>> registry = ModelRegistry(
     ...     tracking_uri="sqlite:////var/trainyard/mlflow.db",
     ...     artifact_root="/var/trainyard/mlartifacts",
     ... )
     >>> info = registry.register(
     ...     "vision-digits", "/runs/trial-0003/model", trial_key="vision/digits/ab12/trial-0003",
-    ...     tags={"trainyard.data_version": "ab12"}, metrics={"test_accuracy": 0.97},
+    ...     tags={DATA_VERSION_TAG: "ab12"}, metrics={"test_accuracy": 0.97},
     ...     description="best of sweep ab12", input_example=test_frame.head(5),
     ... )
     >>> registry.set_alias("vision-digits", "champion", info.version)

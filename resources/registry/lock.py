@@ -20,14 +20,12 @@ from typing import Iterator, Optional, Protocol
 
 from resources.registry.backend import RegistryConnection, check_model_name, client, retried
 from resources.registry.errors import ALREADY_EXISTS, MISSING, RegistryError, RegistryUnavailable, translate_errors
+from trainyard.lineage import LOCK_EXPIRES_TAG, LOCK_OWNER_TAG, LOCK_PURPOSE_TAG
 
 logger = logging.getLogger(__name__)
 
 LOCK_MODEL_SUFFIX = ".trainyard-lock"
 """A registered model named `<model><suffix>` exists exactly while `lock(model)` is held."""
-LOCK_OWNER_TAG = "trainyard.lock.owner"
-LOCK_EXPIRES_TAG = "trainyard.lock.expires_at"
-LOCK_PURPOSE_TAG = "trainyard.lock.purpose"
 
 
 class LockingRegistry(RegistryConnection, Protocol):

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from trainyard.lineage import TRIAL_KEY_TAG
+
 if TYPE_CHECKING:
     from mlflow.entities.model_registry import ModelVersion
-
-TRIAL_KEY_TAG = "trainyard.trial_key"
-"""Model version (and run) tag that makes `ModelRegistry.register` idempotent."""
 
 
 @dataclass(frozen=True)

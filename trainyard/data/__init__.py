@@ -23,13 +23,12 @@ The chain, as the assets use it:
 frames, for small data and tests.
 
 Modules, bottom to top: `errors`, `canonical`, `suite`, `report`, `checks`,
-`profile`, `split`, `drift`, `quarantine`, `metrics` and `expectations` (the
-streamed GE engine), `validate`; `landing` and `ingest` for ingestion. This
-package re-exports the names callers use, so `from trainyard import data as dq`
-then `dq.validate_version(...)` works. The functions `validate`, `split` and
-`drift` share their names with their modules, so the package attribute is the
-function: import other names of those modules with `from trainyard.data.split
-import split_positions`, not as attributes of `trainyard.data.split`.
+`profile`, `splitting`, `drift_detection`, `quarantine`, `metrics` and
+`expectations` (the streamed GE engine), `validation`; `landing` and `ingest`
+for ingestion. This package re-exports the names callers use, so `from
+trainyard import data as dq` then `dq.validate_version(...)` works. The module
+names differ from the functions `validate`, `split` and `drift` on purpose, so
+`trainyard.data.split` is always the function and never a module.
 
 Errors about the data itself derive from `DataQualityError` and are terminal:
 retrying reads the same data. Storage errors from the object store pass
@@ -49,7 +48,7 @@ from trainyard.data.canonical import (
     write_parquet_deterministic,
 )
 from trainyard.data.checks import DEDUP_MEMORY_BYTES, FINITE_EXPECTATION, UNIQUE_ROWS_EXPECTATION, row_hashes
-from trainyard.data.drift import PSI_EPSILON, drift, drift_markdown, drift_report, psi
+from trainyard.data.drift_detection import PSI_EPSILON, drift, drift_markdown, drift_report, psi
 from trainyard.data.errors import DataQualityError, MalformedLandingFile, MissingLandingData, QuarantineError, SchemaMismatch, SplitError
 from trainyard.data.expectations import UnsupportedExpectation
 from trainyard.data.profile import CATEGORY_LIMIT, PROFILE_DOMAIN_LIMIT, PROFILE_SAMPLE_ROWS, profile_snapshot, profile_to_suite
@@ -64,9 +63,9 @@ from trainyard.data.quarantine import (
     release_quarantine,
 )
 from trainyard.data.report import PLATFORM_CHECK, SUITE_CHECK, ValidationReport
-from trainyard.data.split import split, split_positions, split_snapshot
+from trainyard.data.splitting import split, split_positions, split_snapshot
 from trainyard.data.suite import GX_TYPE_NAMES, expectation_configs, suite_expectations, suite_hash
-from trainyard.data.validate import (
+from trainyard.data.validation import (
     SnapshotValidation,
     Verdict,
     VersionOutcome,

@@ -45,6 +45,7 @@ from typing import Callable, Iterator, Literal, Optional, Protocol
 import pyarrow as pa
 from pydantic import BaseModel, Field
 
+from trainyard import naming
 from trainyard.data.canonical import CanonicalParquetWriter, canonical_schema
 from trainyard.data.errors import DataQualityError, MissingLandingData
 from trainyard.data.landing import READ_BLOCK_BYTES, BadFile, FileIssue, FileReader
@@ -198,7 +199,7 @@ def schema_key(spec: PipelineSpec) -> str:
 
 
 def manifest_uri(store: FileStore, spec: PipelineSpec) -> str:
-    return store.uri("data", spec.team, spec.name, "ingest", "manifest.json")
+    return naming.ingest_manifest(store, spec.team, spec.name)
 
 
 def load_manifest(store: FileStore, spec: PipelineSpec) -> Manifest:
@@ -220,7 +221,7 @@ def pending_files(store: FileStore, spec: PipelineSpec, files: Optional[list[Fil
 
 def _part_uri(store: FileStore, spec: PipelineSpec, info: FileInfo, key: str) -> str:
     digest = hashlib.sha256(f"{info.uri}\0{info.identity}\0{key}".encode()).hexdigest()[:24]
-    return store.uri("data", spec.team, spec.name, "ingest", "parts", f"{digest}.arrow")
+    return naming.ingest_part(store, spec.team, spec.name, digest)
 
 
 def _file_id(info: FileInfo) -> str:
@@ -247,7 +248,7 @@ def iter_part(store: FileStore, uri: str) -> Iterator[pa.RecordBatch]:
 
 
 def _quarantine_file(store: FileStore, spec: PipelineSpec, info: FileInfo, issues: list[FileIssue], status: str) -> str:
-    where = store.uri("quarantine", spec.team, spec.name, "files", _file_id(info))
+    where = naming.quarantine_dir(store, spec.team, spec.name, "files", _file_id(info))
     name = info.uri.rsplit("/", 1)[-1]
     if info.size and not store.exists(f"{where}/{name}"):
         store.copy(info.uri, f"{where}/{name}")
@@ -489,7 +490,7 @@ def _new_snapshot(
             md5, dvc_file = pin.md5, pin.dvc_file
         else:
             md5, dvc_file = _md5(local), ""
-        base = store.uri("data", spec.team, spec.name, "raw", md5)
+        base = naming.raw_dir(store, spec.team, spec.name, md5)
         store.put_file(local, f"{base}/data.parquet")
     if dvc_file:
         store.write_bytes(f"{base}/data.parquet.dvc", dvc_file.encode())

@@ -7,6 +7,7 @@ import datetime
 import os
 from typing import Any, Optional
 
+from trainyard import naming
 from trainyard.data.errors import QuarantineError
 from trainyard.store import FileStore
 
@@ -16,7 +17,7 @@ _SUBDIRS = ("files", "rows")
 def quarantine_root(store: FileStore, team: str, name: str) -> str:
     """`<store>/quarantine/<team>/<name>`: rejected versions under `<md5>/`, rejected landing
     files under `files/<id>/`, rows set aside from accepted versions under `rows/<md5>/`."""
-    return store.uri("quarantine", team, name)
+    return naming.quarantine_dir(store, team, name)
 
 
 def utc_now() -> str:
@@ -35,7 +36,7 @@ def quarantine_snapshot(
     Returns:
         The quarantine directory URI.
     """
-    where = store.uri("quarantine", team, name, md5)
+    where = naming.quarantine_dir(store, team, name, md5)
     if not store.exists(f"{where}/data.parquet"):
         store.copy(snapshot_uri, f"{where}/data.parquet")
     store.write_json(
@@ -51,7 +52,7 @@ def quarantine_rows(store: FileStore, team: str, name: str, md5: str, rows_file:
     They live apart from rejected versions (`quarantine/<team>/<name>/<md5>/`):
     the version itself was accepted.
     """
-    where = store.uri("quarantine", team, name, "rows", md5)
+    where = naming.quarantine_dir(store, team, name, "rows", md5)
     store.put_file(rows_file, f"{where}/rows.parquet")
     store.write_json(
         f"{where}/report.json",
@@ -86,11 +87,11 @@ class QuarantineEntry:
 
 def list_quarantine(store: FileStore, pipeline: Optional[str] = None) -> list[QuarantineEntry]:
     """Every quarantine entry (of one `<team>/<name>` pipeline, or all), oldest first."""
-    base = store.uri("quarantine")
+    base = naming.quarantine_dir(store)
     pattern_parts = pipeline.split("/") if pipeline else ["*", "*"]
-    reports = store.glob(store.uri("quarantine", *pattern_parts, "*", "report.json"))
+    reports = store.glob(naming.quarantine_dir(store, *pattern_parts, "*", "report.json"))
     for sub in _SUBDIRS:
-        reports += store.glob(store.uri("quarantine", *pattern_parts, sub, "*", "report.json"))
+        reports += store.glob(naming.quarantine_dir(store, *pattern_parts, sub, "*", "report.json"))
     entries = []
     for uri in reports:
         directory = uri.rsplit("/", 1)[0] if store.is_s3 else os.path.dirname(uri)
@@ -118,7 +119,7 @@ def _entry_dir(store: FileStore, pipeline: str, entry_id: str) -> str:
     team, _, name = pipeline.partition("/")
     if not team or not name or "/" in name:
         raise QuarantineError(f"pipeline {pipeline!r} must be '<team>/<name>', e.g. 'vision/digits'")
-    for where in [store.uri("quarantine", team, name, entry_id), *(store.uri("quarantine", team, name, sub, entry_id) for sub in _SUBDIRS)]:
+    for where in [naming.quarantine_dir(store, team, name, entry_id), *(naming.quarantine_dir(store, team, name, sub, entry_id) for sub in _SUBDIRS)]:
         if entry_id not in _SUBDIRS and store.exists(f"{where}/report.json"):
             return where
     known = [e.id for e in list_quarantine(store, pipeline)]
@@ -181,5 +182,5 @@ def release_quarantine(store: FileStore, pipeline: str, md5: str, reason: str, b
 
 def release_of(store: FileStore, team: str, name: str, md5: str) -> Optional[dict[str, Any]]:
     """The release record of a quarantined snapshot, or None."""
-    uri = store.uri("quarantine", team, name, md5, "release.json")
+    uri = naming.quarantine_dir(store, team, name, md5, "release.json")
     return store.read_json(uri) if store.exists(uri) else None

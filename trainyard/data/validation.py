@@ -20,14 +20,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from trainyard import naming
 from trainyard.data.canonical import BATCH_ROWS, CanonicalParquetWriter, jsonable, read_rows
 from trainyard.data.checks import FINITE_EXPECTATION, UNIQUE_ROWS_EXPECTATION, DuplicateRows, FiniteCheck
-from trainyard.data.drift import drift, drift_summary
+from trainyard.data.drift_detection import drift, drift_summary
 from trainyard.data.expectations import ArrowSuite, render_data_docs
 from trainyard.data.profile import Profiler, profile_snapshot
 from trainyard.data.quarantine import quarantine_rows, quarantine_snapshot, release_of
 from trainyard.data.report import SUITE_CHECK, ValidationReport, result_from_ge
-from trainyard.data.split import split_snapshot
+from trainyard.data.splitting import split_snapshot
 from trainyard.data.suite import suite_expectations, suite_hash
 from trainyard.spec import PipelineSpec
 from trainyard.store import FileStore
@@ -319,9 +320,9 @@ def validate_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) 
 
     md5 = raw["md5"]
     validation = validate_snapshot(store, raw["uri"], spec, run_name=md5)
-    docs_uri = store.uri("data_docs", spec.team, spec.name, md5, "index.html")
+    docs_uri = naming.data_docs(store, spec.team, spec.name, md5)
     store.write_bytes(docs_uri, validation.docs_html.encode("utf-8"))
-    latest_uri = store.uri("data", spec.team, spec.name, "validated", "latest.json")
+    latest_uri = naming.validated_latest(store, spec.team, spec.name)
     latest = store.read_json(latest_uri) if store.exists(latest_uri) else None
     drift_rows: list[dict[str, Any]] = []
     if latest is not None and latest["md5"] != md5:
@@ -349,7 +350,7 @@ def validate_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) 
         )
         return VersionOutcome(verdict, validation, drift_rows, docs_uri, kept, None)
     split_id = f"{md5}-{spec.fingerprint()}" + (f"-{suite_hash(spec)}" if verdict.set_aside else "")
-    base = store.uri("data", spec.team, spec.name, "validated", split_id)
+    base = naming.validated_dir(store, spec.team, spec.name, split_id)
     source, set_aside, where = raw["uri"], 0, None
     with tempfile.TemporaryDirectory(prefix="trainyard-validated-") as tmp:
         if verdict.set_aside:
