@@ -14,14 +14,14 @@ from torch.utils.data import DataLoader, TensorDataset
 from training.resumable import ResumableDataLoader, ResumableSampler
 
 
-def read_parquet_tensors(uri: str, features: list[str], target: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Read a Parquet split into (float32 features, int64 targets)."""
+def read_parquet_tensors(uri: str, features: list[str], target: str, task: str = "classification") -> tuple[torch.Tensor, torch.Tensor]:
+    """Read a Parquet split into float32 features and targets: int64 class indices, or float32 values for `regression`."""
     with fsspec.open(uri, "rb") as f:
         table = pq.read_table(f, columns=[*features, target])
     # Row-major: pandas hands a multi-column frame over column-major, and torch.export
     # specialises the batch size of a strided view (an embedding lookup on x[:2] guards batch != N).
     x = torch.tensor(np.ascontiguousarray(table.select(features).to_pandas().to_numpy(dtype="float32")))
-    y = torch.tensor(table.column(target).to_numpy().astype("int64"))
+    y = torch.tensor(table.column(target).to_numpy().astype("float32" if task == "regression" else "int64"))
     return x, y
 
 
@@ -36,9 +36,11 @@ class ParquetDataModule(L.LightningDataModule):
     Args:
         train_uri, val_uri, test_uri: split files written by `validated_data`.
         features: feature columns, in the model's input order.
-        target: integer class label column.
+        target: integer class label column (classification) or numeric value column (regression).
         batch_size: per-process batch size.
         num_workers: DataLoader workers (0 keeps runs deterministic and cheap).
+        seed: seed of the loaders' generators and the training sampler.
+        task: `classification` (int64 targets) or `regression` (float32 targets).
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class ParquetDataModule(L.LightningDataModule):
         batch_size: int = 64,
         num_workers: int = 0,
         seed: int = 0,
+        task: str = "classification",
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -61,12 +64,13 @@ class ParquetDataModule(L.LightningDataModule):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.seed = seed
+        self.task = task
         self._sets: dict[str, TensorDataset] = {}
 
     def setup(self, stage: Optional[str] = None) -> None:
         for split, uri in self.uris.items():
             if split not in self._sets:
-                self._sets[split] = TensorDataset(*read_parquet_tensors(uri, self.features, self.target))
+                self._sets[split] = TensorDataset(*read_parquet_tensors(uri, self.features, self.target, self.task))
 
     # The entrypoint turns off Lightning's sampler replacement for data modules that shard themselves.
     handles_distributed_sampling = True
@@ -107,5 +111,8 @@ class ParquetDataModule(L.LightningDataModule):
         return self._sets["train"].tensors[0][:2]
 
     def classes(self) -> list[int]:
+        """The class indices present in any split (empty for regression)."""
+        if self.task == "regression":
+            return []
         self.setup()
         return sorted({int(v) for s in self._sets.values() for v in s.tensors[1].tolist()})

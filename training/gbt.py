@@ -6,9 +6,10 @@ export a serving model and return a `TrainResult` (the entrypoint writes it).
 The splits and parameters are read and checked first, in `training.gbt_inputs`.
 
 - Objective: `spec.model.kwargs["objective"]` when given (binary, multiclass,
-  multiclassova or a regression objective), otherwise inferred from the target
-  column's type: float -> `regression`; int, str or bool -> `binary` with two
-  classes, `multiclass` with more.
+  multiclassova or a regression objective; it must fit `spec.prediction_task`
+  when that is set), otherwise from the task: `regression`, or `binary` with two
+  classes and `multiclass` with more. Without a task the target column's type
+  decides: float -> regression; int, str or bool -> classification.
 - Parameters: every other key of `spec.model.kwargs` goes to LightGBM, except
   `early_stopping_rounds` (platform, default 20). Boosting rounds are
   `spec.max_epochs`; `seed` and `deterministic` come from the spec.

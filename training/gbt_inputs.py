@@ -16,11 +16,9 @@ import pyarrow.parquet as pq
 import pyarrow.types as pat
 
 from training.errors import ConfigError
-from training.spec import TrainSpec
+from training.spec import CLASSIFICATION_OBJECTIVES, REGRESSION_OBJECTIVES, TrainSpec
 
 DEFAULT_EARLY_STOPPING_ROUNDS = 20
-CLASSIFICATION_OBJECTIVES = ("binary", "multiclass", "multiclassova")
-REGRESSION_OBJECTIVES = ("regression", "regression_l1", "huber", "fair", "poisson", "quantile", "mape", "gamma", "tweedie")
 # monitor -> (task it needs, the direction that is better)
 MONITORS = {"val_acc": ("classification", "max"), "val_logloss": ("classification", "min"), "val_rmse": ("regression", "min")}
 # Round counts are `spec.max_epochs`; LightGBM would silently let these override it.
@@ -57,16 +55,33 @@ def _read_split(uri: str, features: list[str], target: str) -> tuple[np.ndarray,
     return x, column.to_numpy(zero_copy_only=False), kind
 
 
+def objective_task(objective: str) -> str:
+    """`classification` or `regression`: what a LightGBM objective predicts."""
+    return "classification" if objective in CLASSIFICATION_OBJECTIVES else "regression"
+
+
 def load_splits(spec: TrainSpec, objective: Optional[str]) -> Splits:
-    """Read train/val/test and encode class labels as 0..K-1 (sorted over all splits)."""
+    """Read train/val/test and encode class labels as 0..K-1 (sorted over all splits).
+
+    The task is the spec's `prediction_task`, else the declared objective's,
+    else the target column's type (float: regression).
+
+    Raises:
+        ConfigError: a split is missing, the objective contradicts the spec's task,
+            a regression target is not numeric, or a classification target has one class.
+    """
     raw = {s: _read_split(u, spec.data.features, spec.data.target) for s, u in
            (("train", spec.data.train_uri), ("val", spec.data.val_uri), ("test", spec.data.test_uri))}
-    task = raw["train"][2]
-    if objective is not None:
-        task = "classification" if objective in CLASSIFICATION_OBJECTIVES else "regression"
+    task = spec.prediction_task or (objective_task(objective) if objective is not None else raw["train"][2])
+    if objective is not None and objective_task(objective) != task:
+        raise ConfigError(f"model.kwargs.objective={objective!r} trains {objective_task(objective)}, but the task is {task!r}; "
+                          f"use one of {list(CLASSIFICATION_OBJECTIVES if task == 'classification' else REGRESSION_OBJECTIVES)} or leave it unset")
     x = {s: r[0] for s, r in raw.items()}
     if task == "regression":
-        return Splits(x, {s: r[1].astype("float64") for s, r in raw.items()}, task, [])
+        try:
+            return Splits(x, {s: r[1].astype("float64") for s, r in raw.items()}, task, [])
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"target {spec.data.target!r} is not numeric, so it cannot be a regression target: {e}") from e
     classes = np.unique(np.concatenate([r[1] for r in raw.values()]))
     if len(classes) < 2:
         raise ConfigError(f"target {spec.data.target!r} has a single class {classes.tolist()}; classification needs at least two")

@@ -49,6 +49,9 @@ from training.strategies import is_sharded, trainer_kwargs
 
 log = logging.getLogger("trainyard.training")
 
+EVALUATION_METRIC = {"classification": "acc", "regression": "rmse"}
+"""The metric the platform measures on the full validation and test splits (`val_<m>`, `test_<m>`), per task."""
+
 
 def import_target(target: ImportTarget, what: str) -> type[Any]:
     """The class named by `target.path` (`module:attribute`); `what` names it in errors.
@@ -67,12 +70,19 @@ def import_target(target: ImportTarget, what: str) -> type[Any]:
         raise ConfigError(f"{what} {target.path!r}: module {module!r} has no attribute {attr!r}") from e
 
 
+def prediction_task(spec: TrainSpec) -> str:
+    """The trial's task; specs without one are classification, as every Lightning trial was before the field."""
+    return spec.prediction_task or "classification"
+
+
 def build(spec: TrainSpec) -> tuple[Any, Any]:
     """Instantiate the data module, then the model with platform-provided shapes.
 
     A model whose constructor accepts `n_features` / `n_classes` gets them from
-    the data unless the pipeline set them explicitly.
+    the data unless the pipeline set them explicitly (`n_classes` only for
+    classification); a data module that accepts `task` gets the trial's.
     """
+    task = prediction_task(spec)
     dm_cls = import_target(spec.datamodule, "datamodule")
     model_cls = import_target(spec.model, "model")
     dm_kwargs = {
@@ -84,8 +94,11 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
         "batch_size": spec.batch_size,
         **spec.datamodule.kwargs,
     }
-    if "seed" in inspect.signature(dm_cls.__init__).parameters:
+    dm_params = inspect.signature(dm_cls.__init__).parameters
+    if "seed" in dm_params:
         dm_kwargs.setdefault("seed", spec.seed)
+    if "task" in dm_params:
+        dm_kwargs.setdefault("task", task)
     try:
         dm = dm_cls(**dm_kwargs)
     except TypeError as e:
@@ -94,7 +107,7 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
     params = inspect.signature(model_cls.__init__).parameters
     if "n_features" in params and "n_features" not in kwargs:
         kwargs["n_features"] = len(spec.data.features)
-    if "n_classes" in params and "n_classes" not in kwargs:
+    if task == "classification" and "n_classes" in params and "n_classes" not in kwargs:
         kwargs["n_classes"] = len(dm.classes())
     try:
         model = model_cls(**kwargs)
@@ -131,12 +144,52 @@ def _logger(spec: TrainSpec) -> Any:
     )
 
 
-def evaluate(model: Any, x: Any, y: Any) -> float:
-    """Accuracy of `model`'s arg-max predictions on features `x` against labels `y`."""
+def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
+    """One forward pass on two rows, before training: does the model's output fit the task?
+
+    Classification needs logits `[batch, n_classes]` with `n_classes` >= 2 and
+    above every class index; regression needs one value per row, `[batch]` or
+    `[batch, 1]`. Finding out after the last epoch would waste the whole trial.
+
+    Raises:
+        ConfigError: the output shape does not fit; the message says which task wants what.
+    """
+    task = prediction_task(spec)
+    x = dm.example_input()
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            shape = tuple(model(x).shape)
+    finally:
+        model.train(was_training)
+    batch = x.shape[0]
+    where = f"model {spec.model.path!r} returns shape {list(shape)} for a batch of {batch} rows"
+    if task == "regression":
+        if shape not in ((batch,), (batch, 1)):
+            raise ConfigError(f"{where}; task 'regression' needs one value per row, [{batch}] or [{batch}, 1] "
+                              "(a classifier's logits? set the pipeline's task='classification', or give the model one output)")
+        return
+    classes = dm.classes()
+    needed = max(2, int(max(classes)) + 1 if classes else 2)
+    if len(shape) != 2 or shape[0] != batch or shape[1] < needed:
+        raise ConfigError(f"{where}; task 'classification' needs logits [{batch}, n_classes] with n_classes >= {needed} "
+                          f"(class indices {classes}); for one value per row set the pipeline's task='regression'")
+
+
+def evaluate(model: Any, x: Any, y: Any, task: str = "classification") -> float:
+    """`model`'s accuracy (classification, arg-max of the logits) or RMSE (regression) on features `x` against targets `y`.
+
+    RMSE is computed in float64, as the serving smoke test recomputes it from served predictions.
+    """
     model.eval()
     with torch.no_grad():
-        pred = model(x).argmax(dim=1)
-    return float((pred == y).float().mean())
+        out = model(x)
+    if task == "regression":
+        err = out.reshape(len(y)).double() - y.double()
+        return float(torch.sqrt(torch.mean(err * err)))
+    return float((out.argmax(dim=1) == y).float().mean())
+
 
 
 def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
@@ -144,13 +197,10 @@ def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
     model.eval()
     example = dm.example_input()
     program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
-    meta = {
-        "features": spec.data.features,
-        "target": spec.data.target,
-        "task": "classification",
-        "classes": dm.classes(),
-        "input_dtype": "float32",
-    }
+    task = prediction_task(spec)
+    meta: dict[str, Any] = {"features": spec.data.features, "target": spec.data.target, "task": task, "input_dtype": "float32"}
+    if task == "classification":
+        meta["classes"] = dm.classes()
     with tempfile.TemporaryDirectory() as tmp:
         torch.export.save(program, os.path.join(tmp, "model.pt2"))
         with open(os.path.join(tmp, "meta.json"), "w") as f:
@@ -232,6 +282,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
     started = time.perf_counter()
     L.seed_everything(spec.seed, workers=True, verbose=False)
     model, dm = build(spec)
+    check_output_fits_task(model, dm, spec)
     strategy_kwargs = _trainer_kwargs(spec)
     init_process_group("gloo" if spec.distribution.accelerator == "cpu" else "nccl")
     caveats = determinism.apply(
@@ -272,7 +323,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
             trial_id=spec.trial_id,
             status="pruned" if pruning is not None and pruning.pruned else "completed",
             metrics=metrics,
-            best_metric=best_score if best_score is not None else metrics["val_acc"],
+            best_metric=best_score if best_score is not None else metrics[f"val_{EVALUATION_METRIC[prediction_task(spec)]}"],
             epochs=trainer.current_epoch,
             global_step=trainer.global_step,
             train_samples=progress.train_samples,
@@ -395,9 +446,10 @@ def _load_best(spec: TrainSpec, model: Any, store: CheckpointStore) -> tuple[Any
 
 
 def _final_metrics(spec: TrainSpec, model: Any) -> dict[str, float]:
-    """`val_acc` and `test_acc` of `model` on the full validation and test splits."""
+    """The task's metric (`EVALUATION_METRIC`) of `model` on the full validation and test splits: `val_acc`, `test_acc` or `val_rmse`, `test_rmse`."""
+    task = prediction_task(spec)
     metrics = {}
     for split, uri in (("val", spec.data.val_uri), ("test", spec.data.test_uri)):
-        x, y = read_parquet_tensors(uri, spec.data.features, spec.data.target)
-        metrics[f"{split}_acc"] = evaluate(model, x, y)
+        x, y = read_parquet_tensors(uri, spec.data.features, spec.data.target, task)
+        metrics[f"{split}_{EVALUATION_METRIC[task]}"] = evaluate(model, x, y, task)
     return metrics

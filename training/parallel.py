@@ -45,7 +45,7 @@ from typing_extensions import override
 
 from training.errors import StrategyConfigError
 
-__all__ = ["ClassifierSteps", "MLPClassifier", "ParallelizableModule", "ColwiseParallel", "RowwiseParallel"]
+__all__ = ["ClassifierSteps", "RegressorSteps", "MLPClassifier", "MLPRegressor", "ParallelizableModule", "ColwiseParallel", "RowwiseParallel"]
 
 
 class ParallelizableModule(L.LightningModule):
@@ -117,11 +117,68 @@ class ClassifierSteps(L.LightningModule):
         self._step(batch, "test")
 
 
-class MLPClassifier(ClassifierSteps, ParallelizableModule):
-    """Tabular classifier of residual feed-forward blocks, shardable by FSDP2 and tensor parallel.
+class RegressorSteps(L.LightningModule):
+    """Mean-squared-error train/val/test steps logging `<stage>_loss` (MSE) and `<stage>_rmse` (synced across ranks off train).
+
+    The model returns one value per row, `[batch]` or `[batch, 1]`; targets are
+    float (the platform's data module reads them so for task `regression`).
+    """
+
+    def _step(self, batch: Any, stage: str) -> torch.Tensor:
+        x, y = batch
+        pred = self(x).reshape(y.shape)
+        loss = F.mse_loss(pred, y.to(pred.dtype))
+        self.log(f"{stage}_loss", loss, sync_dist=stage != "train")
+        self.log(f"{stage}_rmse", loss.sqrt(), prog_bar=True, sync_dist=stage != "train")
+        return loss
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self._step(batch, "train")
+
+    @override
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "val")
+
+    @override
+    def test_step(self, batch: Any, batch_idx: int) -> None:
+        self._step(batch, "test")
+
+
+class _ResidualMLP(ParallelizableModule):
+    """Residual feed-forward blocks between an input and an output projection (shared by the classifier and the regressor).
 
     Each block's `up` projection is split colwise and `down` rowwise, so a block
     costs one all-reduce under tensor parallelism; each block is an FSDP unit.
+    """
+
+    def _layers(self, n_features: int, n_outputs: int, width: int, blocks: int, expansion: int) -> None:
+        self.inp = nn.Linear(n_features, width)
+        self.blocks = nn.ModuleList([_Block(width, expansion) for _ in range(blocks)])
+        self.head = nn.Linear(width, n_outputs)
+
+    @override
+    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
+        return {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
+
+    @override
+    def fsdp_units(self) -> list[nn.Module]:
+        return list(self.blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x / self.hparams["input_scale"])
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])
+
+
+class MLPClassifier(ClassifierSteps, _ResidualMLP):
+    """Tabular classifier of residual feed-forward blocks, shardable by FSDP2 and tensor parallel.
+
     `tensor_parallel_size` must divide `width * expansion`.
 
     Args:
@@ -146,24 +203,37 @@ class MLPClassifier(ClassifierSteps, ParallelizableModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.inp = nn.Linear(n_features, width)
-        self.blocks = nn.ModuleList([_Block(width, expansion) for _ in range(blocks)])
-        self.head = nn.Linear(width, n_classes)
+        self._layers(n_features, n_classes, width, blocks, expansion)
+
+
+class MLPRegressor(RegressorSteps, _ResidualMLP):
+    """Tabular regressor of residual feed-forward blocks: `MLPClassifier`'s body with one output, trained on MSE.
+
+    Args:
+        n_features: input width (the platform passes the number of feature columns).
+        width: residual stream width.
+        blocks: number of feed-forward blocks.
+        expansion: hidden width of a block as a multiple of `width`.
+        lr: Adam learning rate.
+        input_scale: inputs are divided by this.
+        target_scale: the output is multiplied by this, so a target of large
+            magnitude (hundreds) needs no rescaling in the data.
+    """
+
+    def __init__(
+        self,
+        n_features: int = 8,
+        width: int = 64,
+        blocks: int = 2,
+        expansion: int = 4,
+        lr: float = 1e-3,
+        input_scale: float = 1.0,
+        target_scale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self._layers(n_features, 1, width, blocks, expansion)
 
     @override
-    def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
-        return {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
-
-    @override
-    def fsdp_units(self) -> list[nn.Module]:
-        return list(self.blocks)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.inp(x / self.hparams["input_scale"])
-        for block in self.blocks:
-            h = block(h)
-        return self.head(h)
-
-    @override
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])
+        return super().forward(x).squeeze(-1) * self.hparams["target_scale"]

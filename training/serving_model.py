@@ -19,7 +19,8 @@ and one model file per format:
 - `torch_export` (the default when `format` is absent): `model.pt2`, a
   `torch.export` ExportedProgram with a dynamic batch dimension, taking
   `input_dtype` (float32) `[batch, n_features]` and returning logits
-  `[batch, n_classes]`; task `classification`.
+  `[batch, n_classes]` (task `classification`) or one value per row,
+  `[batch]` or `[batch, 1]` (task `regression`).
 - `lightgbm`: `model.txt`, a LightGBM model holding the best iteration; task
   `classification` (binary: probability of `classes[1]`; multiclass: one
   probability per class) or `regression`.
@@ -48,7 +49,8 @@ META_FILE = "meta.json"
 DEFAULT_FORMAT = "torch_export"
 MODEL_FILES = {"torch_export": "model.pt2", "lightgbm": "model.txt"}
 """The model file of each serving format."""
-SUPPORTED_TASKS = {"torch_export": ("classification",), "lightgbm": ("classification", "regression")}
+SUPPORTED_TASKS = {"torch_export": ("classification", "regression"), "lightgbm": ("classification", "regression")}
+"""Serving signature per task: `classification` predicts one label of `classes` per row, `regression` one float per row."""
 SUPPORTED_INPUT_DTYPES = ("float32", "float64")
 MODEL_FILE = MODEL_FILES[DEFAULT_FORMAT]
 LIGHTGBM_FORMAT = "lightgbm"

@@ -42,6 +42,12 @@ FAILURE_DIR = "failures"
 ATTEMPTS_DIR = "attempts"
 CHECKPOINT_DIR = "checkpoints"
 
+PredictionTask = Literal["classification", "regression"]
+"""What a model predicts: a class label per row, or a number per row (see docs/tasks.md)."""
+# LightGBM objectives by the task they train; the orchestrator checks a declared objective against the pipeline's task.
+CLASSIFICATION_OBJECTIVES = ("binary", "multiclass", "multiclassova")
+REGRESSION_OBJECTIVES = ("regression", "regression_l1", "huber", "fair", "poisson", "quantile", "mape", "gamma", "tweedie")
+
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
@@ -102,7 +108,11 @@ class Distribution(_Strict):
     strategy: Literal["ddp", "fsdp", "tp", "auto"] = "ddp"
     tensor_parallel_size: int = Field(1, ge=1)
     accelerator: Literal["cpu", "gpu"] = "cpu"
-    max_restarts: int = Field(0, ge=0, description="torchrun restarts of the worker group")
+    # In-job restarts: a lost worker (OOM kill, a node hiccup) comes back in seconds from
+    # the newest committed checkpoint, where a new launch costs a new run and pod start.
+    # Two, not more: a worker that keeps dying is better retried on fresh infrastructure,
+    # and a restarted group that finds a config/user failure of its launch exits at once.
+    max_restarts: int = Field(2, ge=0, description="torchrun restarts of the worker group before the launch fails")
 
     @property
     def world_size(self) -> int:
@@ -253,6 +263,11 @@ class TrainSpec(_Strict):
     pipeline: str = Field(description="'<team>/<pipeline>'")
     trial_id: str
     task: Literal["lightning", "gbt"] = "lightning"
+    prediction_task: Optional[PredictionTask] = Field(
+        None,
+        description="classification or regression (the pipeline's `task`; `task` above names the trainer). "
+        "None, as in specs written before the field: lightning trials classify, gbt trials infer it from the target column",
+    )
     model: ImportTarget
     datamodule: ImportTarget = ImportTarget(path="training.data:ParquetDataModule")
     data: DataSpec

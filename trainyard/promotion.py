@@ -285,7 +285,7 @@ def check_validation(evidence: ValidationEvidence) -> Check:
 
 
 SERVED_METRICS = ("test_acc", "test_rmse")
-"""Test metrics the smoke test recomputes from served predictions (first one recorded wins)."""
+"""Test metrics the smoke test recomputes from served predictions (the policy's first, see `check_smoke`)."""
 
 
 def served_metric(name: str, predictions: list[Any], labels: list[Any]) -> float:
@@ -318,9 +318,9 @@ def check_smoke(
         smoke: What the serving process did (None when it could not run).
         run_id: MLflow run of the candidate; the process must have loaded this one.
         test_labels: True labels of the test sample, in order (None: no test data).
-        training_metrics: Metrics the training process measured; the first of
-            `SERVED_METRICS` among them is recomputed from the served predictions
-            and must match.
+        training_metrics: Metrics the training process measured; `policy.metric`
+            when it is in `SERVED_METRICS`, else the first of those among them, is
+            recomputed from the served predictions and must match.
 
     Returns:
         The check and its evidence (JSON-serialisable, recorded on the version).
@@ -352,7 +352,7 @@ def check_smoke(
             return fail(f"served {len(served)} predictions for {len(test_labels)} test rows")
         evidence["test_rows"] = len(test_labels)
         detail += f" and {len(test_labels)} test rows"
-        name = next((m for m in SERVED_METRICS if m in training_metrics), None)
+        name = next((m for m in (policy.metric, *SERVED_METRICS) if m in SERVED_METRICS and m in training_metrics), None)
         if name is not None and test_labels:
             value, trained = served_metric(name, served, test_labels), float(training_metrics[name])
             evidence.update(served_metric=name, served_value=value, training_value=trained)

@@ -33,9 +33,10 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from training.spec import CheckpointPolicy, Distribution, ImportTarget
+from training.spec import CheckpointPolicy, Distribution, ImportTarget, PredictionTask
 from trainyard.cron import is_valid_cron
 from trainyard.search import SWEEP_CONTROL_FIELDS, SearchSpec, StrictSpec
+from trainyard.tasks import GBT_METRICS, GBT_MONITORS, check_task, fill_task_defaults, infer_task
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
 
@@ -78,6 +79,13 @@ class SourceSpec(StrictSpec):
         format: `csv`, `parquet`, `jsonl` (JSON lines), or `auto` to tell by
             extension (`.csv`; `.parquet`/`.pq`; `.jsonl`/`.ndjson`/`.json`).
         encoding: Text encoding of CSV files (a Python codec name).
+        duplicates: Rows that repeat an earlier row of the data version:
+            `keep_first` (default) drops the repeats, keeping the first, and
+            reports how many; `reject` makes them failing rows (the version
+            is rejected, or under `on_bad_data="warn"` they are set aside);
+            `allow` keeps them. Deliveries overlap in practice (a day re-sent,
+            a backfill), and a repeated row adds no information but weights
+            itself twice, so dropping it with a count is the safe default.
 
     Example:
         >>> SourceSpec(prefix="s3://lake/churn", pattern=["2024/**/*.parquet", "backfill/*.csv"], format="auto").globs
@@ -88,6 +96,7 @@ class SourceSpec(StrictSpec):
     pattern: Union[str, list[str]] = "*.csv"
     format: Literal["csv", "parquet", "jsonl", "auto"] = "csv"
     encoding: str = "utf-8"
+    duplicates: Literal["keep_first", "reject", "allow"] = "keep_first"
 
     @field_validator("pattern")
     @classmethod
@@ -149,9 +158,6 @@ class SplitSpec(StrictSpec):
     seed: int = 0
 
 GBT_MODEL_PATH = "lightgbm:train"
-# Metrics a gbt trial reports (training/gbt.py) and the direction each is better in.
-GBT_MONITORS = {"val_acc": "max", "val_logloss": "min", "val_rmse": "min"}
-GBT_METRICS = {"classification": ("val_acc", "val_logloss", "test_acc", "test_logloss"), "regression": ("val_rmse", "test_rmse")}
 
 class ModelSpec(StrictSpec):
     """What trains: a LightningModule by import path (`task="lightning"`) or LightGBM (`task="gbt"`).
@@ -381,13 +387,21 @@ class PipelineSpec(StrictSpec):
       quarantine with a report. `"warn"`: bad files are skipped and bad rows set
       aside (both kept in quarantine), the rest goes on with warnings; table-level
       failures (row count, columns) still reject.
-    - `allow_duplicate_rows`: when False, rows repeating an earlier row are bad rows.
+    - `allow_duplicate_rows`: True keeps repeated rows whatever
+      `source.duplicates` says (the same as `duplicates="allow"`).
     - `max_drift_psi` / `max_drift_ks`: per-column drift thresholds against the
       previous validated version (PSI for every feature, KS statistic for
-      numeric ones); None turns a test off.
+      numeric ones); None turns a test off. PSI is on by default at 0.25, the
+      usual "large shift" (`trainyard.data.drift_detection.PSI_ALERT`).
     - `suite`: a Great Expectations suite JSON file (e.g. made by `trainyard data
       profile` and then edited), relative to the project root or absolute; it
       replaces the suite built from `columns`. Platform checks always run.
+
+    `task`: `classification` or `regression` (see `trainyard.tasks` and
+    docs/tasks.md for each task's metrics, serving and defaults). Unset, the
+    target column's dtype decides: `float` is regression, `int`/`str`/`bool`
+    classification. The task's default monitor and promotion metric fill the
+    fields this spec leaves unset (platform default < task default < this spec).
 
     `retrain` (a `RetrainPolicy`): landing data, cron and drift triggers; unset, the
     team's default applies (see `pipelines.team.TeamSpec`).
@@ -399,9 +413,11 @@ class PipelineSpec(StrictSpec):
     source: SourceSpec
     columns: dict[str, ColumnSpec]
     target: str
+    # None is resolved at validation (`_task_defaults`), so a built spec always holds its task.
+    task: Optional[PredictionTask] = None
     min_rows: int = Field(10, ge=1)
     max_rows: Optional[int] = Field(None, ge=1)
-    max_drift_psi: Optional[float] = Field(None, gt=0)
+    max_drift_psi: Optional[float] = Field(0.25, gt=0)
     max_drift_ks: Optional[float] = Field(None, gt=0, le=1)
     on_bad_data: Literal["reject", "warn"] = "reject"
     allow_duplicate_rows: bool = False
@@ -436,6 +452,11 @@ class PipelineSpec(StrictSpec):
         """The absolute path of `suite`, or None when the suite is built from `columns`."""
         return None if self.suite is None else resolve_suite_path(self.suite)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _task_defaults(cls, data: Any) -> Any:
+        return fill_task_defaults(data, ModelSpec, PromotionSpec) if isinstance(data, dict) else data
+
     @model_validator(mode="after")
     def _consistent(self) -> "PipelineSpec":
         if self.target not in self.columns:
@@ -448,6 +469,9 @@ class PipelineSpec(StrictSpec):
             raise ValueError(f"distribution: task 'gbt' trains in one process; got world size {self.distribution.world_size} (leave distribution unset)")
         if self.model.gbt_metrics and self.promotion.metric not in self.model.gbt_metrics:
             raise ValueError(f"promotion.metric {self.promotion.metric!r} is not reported by this gbt model; use one of {list(self.model.gbt_metrics)}")
+        if self.task is not None:
+            check_task(self.task, self.target, self.columns[self.target].dtype, self.model.task, self.model.monitor,
+                       self.model.monitor_mode, self.promotion.metric, self.model.hparams)
         self.search.check_objectives(self.model.monitor)
         overlap = set(self.search.params) & set(self.model.hparams)
         if overlap:
@@ -484,4 +508,6 @@ class PipelineSpec(StrictSpec):
         payload = self.model_dump(mode="json", include={"columns", "target", "split", "model", "search", "distribution"})
         # How a sweep is run (budget, pace, stop rules, pick) does not change its trials: the same study resumes.
         payload["search"] = self.search.model_dump(mode="json", exclude=set(SWEEP_CONTROL_FIELDS))
+        if self.task != infer_task(self.columns[self.target].dtype):
+            payload["task"] = self.task  # only a declared task that overrides the target's dtype changes the trials
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -77,6 +77,7 @@ def build_train_spec(
         pipeline=spec.key,
         trial_id=trial.trial_id,
         task=spec.model.task,
+        prediction_task=spec.task,
         model=ImportTarget(path=spec.model.path, kwargs=model_kwargs(spec, trial.params)),
         datamodule=ImportTarget(path=spec.model.datamodule),
         data=DataSpec(

@@ -53,7 +53,7 @@ def test_a_regression_pipeline_declares_rmse_throughout() -> None:
     ("over", "message"),
     [
         ({"distribution": Distribution(procs_per_node=2)}, "task 'gbt' trains in one process; got world size 2"),
-        ({"promotion": PromotionSpec()}, "promotion.metric 'test_acc' is not reported by this gbt model; use one of ['val_rmse', 'test_rmse']"),
+        ({"promotion": PromotionSpec(metric="test_acc")}, "promotion.metric 'test_acc' is not reported by this gbt model; use one of ['val_rmse', 'test_rmse']"),
     ],
 )
 def test_gbt_pipeline_mistakes_name_the_field(over: dict, message: str) -> None:
