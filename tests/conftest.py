@@ -1,14 +1,21 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.s3_server import s3_endpoint  # noqa: F401
 
+if TYPE_CHECKING:
+    from tests.pipelines.pipeline_fixtures import Harness
+    from tests.support.trained import TrainedHome
+
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+
+POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,3 +29,71 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+def postgres_available() -> bool:
+    """Whether the PostgreSQL server of the tests answers at 127.0.0.1:5432."""
+    import sqlalchemy
+
+    try:
+        with sqlalchemy.create_engine(POSTGRES_URL).connect():
+            return True
+    except Exception:  # any connection failure means "not here"
+        return False
+
+
+@pytest.fixture()
+def pg_databases():
+    """Two fresh PostgreSQL databases (Optuna and MLflow each keep their own alembic version).
+
+    Skips, outside CI only, when no server is reachable.
+    """
+    if not postgres_available():
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL at 127.0.0.1:5432 is required in CI")
+        pytest.skip("no PostgreSQL reachable at 127.0.0.1:5432")
+    import uuid
+
+    import sqlalchemy
+
+    names = [f"trainyard_test_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    admin = sqlalchemy.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        for name in names:
+            c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+    yield [f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}" for name in names]
+    with admin.connect() as c:
+        for name in names:
+            c.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
+
+
+@pytest.fixture(scope="session")
+def trained_home(tmp_path_factory: pytest.TempPathFactory) -> TrainedHome:
+    """The small digits pipeline (`small_spec()`) trained end to end once per test run.
+
+    Under xdist each worker is its own session: the home lives in the directory the
+    workers share and a file lock lets the first worker train it while the others wait
+    and reuse it. Never change it; take a copy with the `trained` fixture.
+    """
+    # Imported here: Dagster and the pipeline load only in sessions that train.
+    from tests.support.trained import train_once
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    return train_once(root / "trained-digits-home")
+
+
+@pytest.fixture(scope="module")
+def trained(trained_home: TrainedHome, tmp_path_factory: pytest.TempPathFactory) -> tuple[Harness, dict[str, Any]]:
+    """This module's own copy of the trained home: a `Harness` on it and `run_all`'s output (paths re-rooted).
+
+    A copy per module, so a module may register versions, rerun jobs or change files
+    without another module (or another xdist worker) seeing it.
+    """
+    # Imported here for the same reason as in `trained_home`.
+    from tests.pipelines.pipeline_fixtures import Harness, small_spec
+    from tests.support.trained import copy_home
+
+    copy = copy_home(trained_home, tmp_path_factory.mktemp("home"))
+    return Harness(copy.home, small_spec()), copy.out

@@ -48,7 +48,7 @@ class Webhook:
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 status = hook.statuses.pop(0) if hook.statuses else 200
                 hook.received.append((dict(self.headers), body))
@@ -209,7 +209,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A registered tiny torch classifier, its training-side labels on a test frame, alias champion+challenger."""
     import torch
 
-    from tests.resources.registry.test_client import export_model
+    from tests.support.models import export_model
 
     home = tmp_path_factory.mktemp("serving")
     torch.manual_seed(3)
@@ -342,10 +342,10 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
     import torch
 
     from resources import promotion
+    from resources.registry import tracking_server_command
+    from tests.support.models import export_model
     from trainyard.promotion import Candidate, ValidationEvidence
     from trainyard.spec import PromotionSpec
-    from resources.registry import tracking_server_command
-    from tests.resources.registry.test_client import export_model
 
     monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3_endpoint.url)
     port = free_port()
@@ -409,18 +409,14 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
 
 @pytest.mark.slow
 def test_pipeline_champion_is_shown_with_lineage_and_evidence(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    trained, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """After a pipeline run, `trainyard registry show` prints the champion, its lineage and why it was promoted."""
-    from tests.pipelines.pipeline_fixtures import Harness, small_spec, write_landing
-
-    write_landing(tmp_path)
-    harness = Harness(tmp_path, small_spec())
-    out = harness.run_all()
+    harness, out = trained
     assert out["registered"]["decision"] == "champion"
     md5 = out["best"]["lineage"]["data_version"]
 
-    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
+    monkeypatch.setenv("TRAINYARD_HOME", str(harness.home))
     monkeypatch.delenv("TRAINYARD_ENV", raising=False)
     code, text, err = run_cli(["registry", "show", "digits"], capsys)
     assert code == 0, err
@@ -431,7 +427,7 @@ def test_pipeline_champion_is_shown_with_lineage_and_evidence(
     assert "[pass] serving_smoke_test: loaded models:/test.digits@challenger in a serving-only process" in text
     acc = out["best"]["metrics"]["test_acc"]
     assert f"served test_acc {acc:.6f}, training-side {acc:.6f}" in text
-    assert "handoff event      : " + str(tmp_path / "store" / "handoff" / "test.digits") in text
+    assert "handoff event      : " + str(harness.home / "store" / "handoff" / "test.digits") in text
 
     code, text, _ = run_cli(["registry", "show", "test/digits", "--json"], capsys)
     shown = json.loads(text)

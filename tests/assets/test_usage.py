@@ -118,7 +118,7 @@ def test_negative_price_is_rejected_naming_the_field(store: ObjectStore) -> None
 
 def test_usage_matches_real_trials(tmp_path: Path) -> None:
     """Two real LightGBM trials through the training entrypoint; the asset's sums are theirs."""
-    from tests.training.test_gbt import make_spec, run
+    from tests.support.gbt import make_spec, run
 
     results = []
     for i in range(2):

@@ -9,9 +9,10 @@ from dagster import DagsterInstance, Definitions
 
 from pipelines.environments import local_resources
 from pipelines.factory import build_definitions, job_names
-from trainyard.spec import ColumnSpec, FloatParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
 from tests.digits import digits_frame
 from training.spec import Distribution
+from trainyard.search import FloatParam, SearchSpec
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
 
 
 def small_spec(**over: Any) -> PipelineSpec:

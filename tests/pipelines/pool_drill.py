@@ -2,7 +2,8 @@
 
 `python -m tests.pipelines.pool_drill HOME TRIAL_KEY` runs the drill pipeline's
 `train` job for one partition against the instance in `DAGSTER_HOME`; the trial
-writes `HOME/started/<key>` when it starts training and waits for `HOME/gates/<key>`.
+writes `HOME/started/<key>` when it starts training, trains inside the barrier
+`HOME/barrier` (open once two trials are in) and waits for `HOME/gates/<key>`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_
 def main(argv: list[str]) -> int:
     home, key = Path(argv[0]), argv[1]
     spec = drill_spec(n_trials=4, parallelism=4)
-    launcher = TrivialLauncher(gate_dir=str(home / "gates"), started_dir=str(home / "started"), timeout_seconds=240)
+    launcher = TrivialLauncher(gate_dir=str(home / "gates"), started_dir=str(home / "started"), barrier_dir=str(home / "barrier"),
+                               timeout_seconds=240)
     defs = build_definitions(spec, resources=drill_resources(home, launcher))
     with DagsterInstance.get() as instance:
         result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(

@@ -7,11 +7,13 @@ the sweep reads (real digits splits) and materializes `sweep` alone, so sweep
 tests skip ingest and validation. `drive` evaluates the sweep sensor and runs
 what it requests in-process, keeping the cursor in a file like the daemon
 keeps it in its tick storage; run as a script it is the process a crash drill
-kills and restarts.
+kills and restarts (a restart moves recorded heartbeats past the grace period
+rather than waiting it out).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -27,12 +29,15 @@ from pydantic import Field
 from pipelines.environments import local_resources
 from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import run_tick
-from trainyard.spec import FloatParam, PipelineSpec, SearchSpec
 from resources.launcher import Launcher, LaunchOutcome, TrainingCodeError
 from resources.sweeps import SweepStore
 from tests.digits import write_splits
 from tests.pipelines.pipeline_fixtures import small_spec
+from tests.support.barrier import FileBarrier
+from tests.support.heartbeats import age_heartbeats
 from training.spec import RESULT_FILE, TrainResult, TrainSpec
+from trainyard.search import FloatParam, SearchSpec
+from trainyard.spec import PipelineSpec
 
 RUN_KEY_TAG = "dagster/run_key"
 
@@ -46,21 +51,26 @@ class TrivialLauncher(Launcher):
     """A launcher whose trial trains nothing (see the module docstring).
 
     Args:
-        seconds: how long a trial takes.
         fail: raise a terminal `TrainingCodeError` (the asset fails the trial).
         crash: raise RuntimeError, which is no launch error: the run fails
             without telling the study.
         kill_once_file: when this file exists, SIGKILL this process mid-trial
             once (removing the file), leaving a run and a trial that never end.
         gate_dir: wait until `<gate_dir>/<trial id>` exists before finishing.
+        started_dir: write `<started_dir>/<trial id>` when the trial starts.
+        barrier_dir: train inside the `FileBarrier` there, which holds each trial
+            until `barrier_parties` trials are inside together and counts the most
+            that ever were.
+        timeout_seconds: bound on every wait (gate, barrier).
     """
 
-    seconds: float = 0.0
     fail: bool = False
     crash: bool = False
     kill_once_file: Optional[str] = None
     gate_dir: Optional[str] = None
     started_dir: Optional[str] = None
+    barrier_dir: Optional[str] = None
+    barrier_parties: int = Field(2, ge=1)
     timeout_seconds: float = Field(120.0, gt=0)
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
@@ -75,13 +85,14 @@ class TrivialLauncher(Launcher):
             raise TrainingCodeError(f"trial {spec.trial_id}: rank 0 raised RuntimeError: injected failure")
         if self.crash:
             raise RuntimeError(f"trial {spec.trial_id}: the run worker crashed")
-        if self.gate_dir:
-            gate = Path(self.gate_dir) / spec.trial_id
-            while not gate.exists():
-                if time.time() - started > self.timeout_seconds:
-                    raise TimeoutError(f"gate {gate} never opened")
-                time.sleep(0.05)
-        time.sleep(self.seconds)
+        with contextlib.ExitStack() as held:
+            if self.barrier_dir:
+                held.enter_context(FileBarrier(Path(self.barrier_dir), self.barrier_parties, self.timeout_seconds).inside(spec.trial_id))
+            if self.gate_dir:
+                wait_for_file(Path(self.gate_dir) / spec.trial_id, self.timeout_seconds)
+            return self._finish(spec, started)
+
+    def _finish(self, spec: TrainSpec, started: float) -> LaunchOutcome:
         out = Path(spec.output_uri)
         (out / "model").mkdir(parents=True, exist_ok=True)
         (out / "model" / "model.bin").write_bytes(b"\0" * (1000 * int(spec.model.kwargs.get("hidden", 1))))
@@ -94,6 +105,19 @@ class TrivialLauncher(Launcher):
         )
         (out / RESULT_FILE).write_text(result.model_dump_json())
         return LaunchOutcome(result=result, log_uri="", seconds=wall)
+
+
+def wait_for_file(path: Path, timeout: float) -> None:
+    """Wait until `path` exists (another process creates it).
+
+    Raises:
+        TimeoutError: It did not appear within `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} never opened")
+        time.sleep(0.05)
 
 
 def drill_spec(**search: Any) -> PipelineSpec:
@@ -188,6 +212,11 @@ def main(argv: list[str]) -> int:
     instance = open_instance(home)
     if not (home / "sweep_cursor.json").exists() and not instance.get_latest_materialization_event(AssetKey([spec.team, spec.name, "sweep"])):
         prepared_home(home, spec, resources, instance)
+    elif (home / "optuna.db").exists():
+        # A restart: let the crash lie further back than the grace period, as for a daemon
+        # restarted minutes later, so the first tick finds a killed trial's heartbeat stale
+        # instead of this drill waiting the grace period out.
+        age_heartbeats(home / "optuna.db", resources["sweeps"].grace_period + 1)
     ticks = drive(home, spec, resources, instance, kill_after_tick=kill_after)
     print(json.dumps({"ticks": len(ticks), "last": ticks[-1].message}))
     return 0

@@ -2,52 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from pipelines.environments import EnvironmentError_, cluster_resources, local_resources, resources_for
-from trainyard.spec import FloatParam, SearchSpec
-
-PG = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+from trainyard.search import FloatParam, SearchSpec
 
 RESOURCE_KEYS = {"store", "versioning", "tracking", "launcher", "sweeps", "registry", "handoff", "io_manager"}
-
-
-def postgres_available() -> bool:
-    import sqlalchemy
-
-    try:
-        with sqlalchemy.create_engine(PG).connect():
-            return True
-    except Exception:  # any connection failure means "not here"
-        return False
-
-
-@pytest.fixture()
-def pg_databases():
-    """Two fresh PostgreSQL databases (Optuna and MLflow each keep their own alembic version).
-
-    Skips, outside CI only, when no server is reachable.
-    """
-    if not postgres_available():
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL at 127.0.0.1:5432 is required in CI")
-        pytest.skip("no PostgreSQL reachable at 127.0.0.1:5432")
-    import uuid
-
-    import sqlalchemy
-
-    names = [f"trainyard_test_{uuid.uuid4().hex[:8]}" for _ in range(2)]
-    admin = sqlalchemy.create_engine(PG, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        for name in names:
-            c.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
-    yield [f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}" for name in names]
-    with admin.connect() as c:
-        for name in names:
-            c.execute(sqlalchemy.text(f"DROP DATABASE {name} WITH (FORCE)"))
 
 
 def test_local_environment(tmp_path: Path) -> None:

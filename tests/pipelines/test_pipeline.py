@@ -31,14 +31,6 @@ def test_definitions_have_the_six_asset_chain() -> None:
     assert graph.get(keys[3]).partitions_def.name == "vision__digits__trials"
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory):
-    home = tmp_path_factory.mktemp("home")
-    write_landing(home)
-    harness = Harness(home, small_spec())
-    return harness, harness.run_all()
-
-
 def test_chain_registers_a_champion_with_lineage(trained) -> None:
     harness, out = trained
     assert out["sweep"]["trials"] == ["trial-0000", "trial-0001"]

@@ -7,18 +7,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pipelines.reproduce import ReproductionError, parse_ref, reproduce
 from trainyard import lineage
 from trainyard.compare import DIFF_MARK, render, trial_rows, version_rows
-from pipelines.reproduce import ReproductionError, parse_ref, reproduce
-from tests.pipelines.pipeline_fixtures import Harness, small_spec, write_landing
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory):
-    home = tmp_path_factory.mktemp("home")
-    write_landing(home)
-    harness = Harness(home, small_spec())
-    return harness, harness.run_all()
 
 
 def test_parse_ref() -> None:

@@ -26,10 +26,9 @@ from tests.pipelines.sweep_drill import (
     score,
     submit,
 )
-from tests.pipelines.test_environments import pg_databases  # noqa: F401  (fixture: fresh PostgreSQL databases)
 from training.spec import PrunerSpec
 from trainyard.naming import sweep_sensor_name
-from trainyard.spec import IntParam, Objective, PickPolicy
+from trainyard.search import IntParam, Objective, PickPolicy
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -307,22 +306,19 @@ run_queue:
 """
 
 
-def max_overlap(intervals: list[tuple[float, float]]) -> int:
-    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
-    level = peak = 0
-    for _, step in events:
-        level += step
-        peak = max(peak, level)
-    return peak
-
-
 @pytest.mark.slow
-def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp_path: Path, pg_databases) -> None:  # noqa: F811
+def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp_path: Path, pg_databases) -> None:
     """The real thing: dagster-daemon ticks the sensor, the run queue applies dagster.yaml's team limit (2),
-    run workers train real one-epoch trials under torchrun, and the study lives in PostgreSQL."""
+    run workers train real one-epoch trials under torchrun, and the study lives in PostgreSQL.
+
+    Each trial trains inside a barrier that holds it until two train together (sweep_location.py):
+    a sweep that never ran two at once fails by the barrier's timeout, and the barrier's count of
+    trials inside at once shows that a third never joined.
+    """
     from dagster import DagsterInstance
 
     from tests.pipelines.sweep_location import daemon_spec
+    from tests.support.barrier import FileBarrier
 
     optuna_url = pg_databases[0]
     env = {**os.environ, "SWEEP_DRILL_HOME": str(tmp_path), "SWEEP_DRILL_OPTUNA_URL": optuna_url, "SWEEP_DRILL_TRIALS": "3",
@@ -356,8 +352,7 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait(timeout=60)
     records = instance.get_run_records(RunsFilter(job_name=job_names(spec)["train"]))
-    intervals = [(r.start_time, r.end_time) for r in records]
-    assert max_overlap(intervals) == 2  # two trials trained at once, never three
+    assert FileBarrier(tmp_path / "barrier", parties=2).peak() == 2  # two trials trained at once, never three
     study = resources["sweeps"].load(sweep["study"])
     assert [t.state.name for t in study.get_trials()] == ["COMPLETE"] * 3
     assert all(t.intermediate_values == {0: t.value} for t in study.get_trials())  # rank 0 reported to PostgreSQL

@@ -13,12 +13,11 @@ from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFil
 from pydantic import ValidationError
 
 from pipelines.environments import local_resources
+from pipelines.team import TeamSpec, apply_pool_limits, check_pipelines, team_definitions, team_resources, workspace_teams
+from tests.pipelines.pipeline_fixtures import small_spec
 from trainyard.naming import drift_sensor_name
 from trainyard.naming import retrain_schedule_name as schedule_name
 from trainyard.spec import RetrainPolicy
-from pipelines.team import TeamSpec, apply_pool_limits, check_pipelines, team_definitions, team_resources, workspace_teams
-from tests.pipelines.pipeline_fixtures import small_spec
-from tests.pipelines.test_environments import pg_databases  # noqa: F401  (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 
@@ -162,15 +161,17 @@ def blocked_runs(instance: DagsterInstance, pool: str = "test_gpu") -> set[str]:
 
 
 @pytest.mark.slow
-def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: Path, pg_databases) -> None:  # noqa: F811
+def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: Path, pg_databases) -> None:
     """Four trial runs, each its own process, on one instance whose pool `test_gpu` has two slots:
     two trials train, two wait for a slot; each trial is held open until the test saw who waited.
+    The trials train inside a barrier that opens once two are in, so two at once is certain, and
+    the barrier's count of trials inside together shows that a third never joined them.
 
     The instance stores runs, events and slots in PostgreSQL, as the cluster's does: slot claims
     from concurrent processes are row-locked there (on SQLite two claims can race).
     """
     from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, prepared_home
-    from tests.pipelines.test_sensors import max_overlap
+    from tests.support.barrier import FileBarrier
 
     home = tmp_path
     (home / "dagster").mkdir()
@@ -187,23 +188,24 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
                          stdout=open(home / f"{key}.log", "w"), stderr=subprocess.STDOUT)
         for key in sweep["trials"]
     ]
-    started, gates = home / "started", home / "gates"
+    gates, barrier = home / "gates", FileBarrier(home / "barrier", parties=2)
     trial_step = f"{spec.team}__{spec.name}__trial_model"
     try:
         deadline = time.time() + 180
         while True:  # two trials train and two steps wait for a slot
-            running = sorted(p.name for p in started.glob("trial-*")) if started.exists() else []
+            running = barrier.inside_now()
             waiting = blocked_runs(instance) - {r for r, _ in step_events(instance, DagsterEventType.STEP_START, trial_step)}
-            if len(running) == 2 and len(waiting) == 2:
+            if len(running) == 2 and barrier.is_open() and len(waiting) == 2:
                 break
             assert len(running) <= 2, f"{running} train at once with two slots"
             assert all(p.poll() is None for p in procs), [(home / f"{k}.log").read_text()[-2000:] for k in sweep["trials"]]
             assert time.time() < deadline, f"running {running}, waiting {waiting}"
             time.sleep(0.5)
+        # Both slots are claimed and both other steps queue for one: none of them can start
+        # before a slot is freed, and no slot is freed before a gate opens.
         info = instance.event_log_storage.get_concurrency_info("test_gpu")
-        assert info.slot_count == 2 and len(info.claimed_slots) == 2
-        time.sleep(2.0)  # waiting steps stay waiting
-        assert len(list(started.glob("trial-*"))) == 2
+        assert info.slot_count == 2 and len(info.claimed_slots) == 2 and info.pending_step_count == 2
+        assert barrier.inside_now() == running
         gates.mkdir()
         for key in sweep["trials"]:
             (gates / key).write_text("go")
@@ -213,9 +215,8 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    intervals = step_intervals(instance, trial_step)
-    assert len(intervals) == 4
-    assert max_overlap(intervals) == 2  # two trial steps at once, never more
+    assert len(step_intervals(instance, trial_step)) == 4
+    assert barrier.peak() == 2  # two trials trained at once, never more
     assert instance.event_log_storage.get_concurrency_info("test_gpu").claimed_slots == []
 
 

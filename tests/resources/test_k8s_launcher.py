@@ -46,7 +46,7 @@ from resources.launcher import (
     TrainingConfigError,
     TrainingPreempted,
 )
-from tests.training.test_entrypoint import make_spec
+from tests.support.train_specs import make_spec
 from training.spec import Distribution, TrainResult, TrainSpec
 
 NS = "vision"

@@ -9,7 +9,6 @@ same way. An object whose schema cannot be found fails the test.
 from __future__ import annotations
 
 import copy
-import importlib.resources
 import importlib.util
 import os
 import re
@@ -20,7 +19,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from packaging.version import Version
 from pydantic import ValidationError
 
 from resources.k8s.cluster import kueue_objects, priority_classes, rbac_objects, workload_priority_classes
@@ -29,7 +27,8 @@ from resources.k8s.errors import ManifestError
 from resources.k8s.manifests import job_manifest, jobset_manifest, service_manifest
 from resources.k8s.names import job_name, label_value, trial_labels
 from resources.launcher import torchrun_command
-from tests.training.test_entrypoint import make_spec
+from tests.support.k8s import k8s_validate
+from tests.support.train_specs import make_spec
 from training.spec import Distribution
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,23 +37,6 @@ SPEC_URI = "s3://bucket/runs/vision/digits/trial-0000/spec.json"
 # The name of (vision/digits, trial-0000, attempt 0). Written out, not computed: a
 # new orchestrator version must compute the names of Jobs an older one started.
 NAME = "vision-digits-trial-0000-a0-b0219d58"
-
-
-def _schema_versions() -> list[str]:
-    """Kubernetes versions whose strict schemas ship inside kubernetes-validate."""
-    root = importlib.resources.files("kubernetes_validate") / "kubernetes-json-schema"
-    found = {m.group(1) for p in root.iterdir() if (m := re.match(r"^v(\d+\.\d+)\.\d+-local-strict$", p.name))}
-    return sorted(found, key=Version)
-
-
-NEWEST = _schema_versions()[-1]
-K8S_VERSIONS = ["1.29", NEWEST]
-
-
-def k8s_validate(obj: dict[str, Any]) -> None:
-    for version in K8S_VERSIONS:
-        # Raises SchemaNotFoundError for an unknown kind: that is a failure too.
-        kubernetes_validate.validate(obj, version, strict=True)
 
 
 def _strict(schema: Any) -> Any:
@@ -132,7 +114,7 @@ def test_two_node_job_exact(two_node_spec) -> None:
         "trainyard.io/job-name": NAME,
     }
     command = [
-        "python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--max-restarts=0",
+        "python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--max-restarts=2",
         "--node-rank=$(JOB_COMPLETION_INDEX)", f"--master-addr={NAME}-0.{NAME}", "--master-port=29500",
         "-m", "training.entrypoint", "--spec", SPEC_URI,
     ]

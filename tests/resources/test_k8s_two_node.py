@@ -31,7 +31,7 @@ import pytest
 from resources.k8s.config import K8sJobConfig
 from resources.k8s.manifests import job_manifest
 from resources.k8s.names import COMPLETION_INDEX_ANNOTATION
-from tests.training.test_entrypoint import make_spec
+from tests.support.train_specs import make_spec
 from training.spec import Distribution, TrainResult
 
 ROOT = Path(__file__).resolve().parents[2]

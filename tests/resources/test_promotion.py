@@ -116,7 +116,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, webhook: _Webhook) -> dict[s
     from resources.handoff import HandoffPublisher
     from resources.registry import ModelRegistry
     from resources.storage import ObjectStore
-    from tests.resources.registry.test_client import export_model
+    from tests.support.models import export_model
 
     home = tmp_path_factory.mktemp("promotion")
     registry = ModelRegistry(tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "artifacts"),
@@ -268,7 +268,7 @@ def test_concurrent_promotions_leave_consistent_aliases(tmp_path: Path) -> None:
     from resources.handoff import HandoffPublisher
     from resources.registry import ModelRegistry
     from resources.storage import ObjectStore
-    from tests.resources.registry.test_client import export_model
+    from tests.support.models import export_model
 
     registry = ModelRegistry(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "a"),
                              retry_backoff_s=0.05, retry_attempts=6)

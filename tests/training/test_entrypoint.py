@@ -7,27 +7,10 @@ from pathlib import Path
 
 import torch
 
-from tests.digits import features, write_splits
+from tests.support.train_specs import make_spec
 from training import entrypoint
 from training.checkpointing import CheckpointStore
-from training.spec import EXIT_BAD_CONFIG, EXIT_USER_ERROR, DataSpec, FaultInjection, ImportTarget, TrainResult, TrainSpec
-
-
-def make_spec(tmp: Path, **over) -> TrainSpec:
-    paths = write_splits(str(tmp / "data"), n=300)
-    base = dict(
-        pipeline="vision/digits",
-        trial_id="trial-0000",
-        model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs={"hidden": 16, "lr": 0.02}),
-        data=DataSpec(train_uri=paths["train"], val_uri=paths["val"], test_uri=paths["test"], features=features(), target="label", version="0" * 32),
-        output_uri=str(tmp / "run"),
-        max_epochs=2,
-        batch_size=32,
-    )
-    base.update(over)
-    spec = TrainSpec(**base)
-    (tmp / "spec.json").write_text(spec.to_json())
-    return spec
+from training.spec import EXIT_BAD_CONFIG, EXIT_USER_ERROR, FaultInjection, ImportTarget, TrainResult
 
 
 def test_trains_exports_and_writes_result(tmp_path: Path) -> None:

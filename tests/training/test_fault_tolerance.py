@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from resources.launcher import InfrastructureError, LocalLauncher, TrainingCodeError, TrainingPreempted
-from tests.training.test_entrypoint import make_spec
+from tests.support.train_specs import make_spec
 from training.checkpointing import CheckpointStore
 from training.fault_tolerance import goodput
 from training.resumable import ResumableDataLoader, ResumableSampler
@@ -43,6 +43,12 @@ def test_loader_state_at_epoch_end_moves_to_next_epoch() -> None:
     loader = ResumableDataLoader(list(range(9)), batch_size=3, sampler=sampler)
     loader.load_state_dict({"epoch": 1, "batches_done": 3})
     assert sampler.epoch == 2 and loader.state_dict() == {"epoch": 2, "batches_done": 0}
+
+
+def test_loader_without_a_resumable_sampler_says_what_it_needs() -> None:
+    loader = ResumableDataLoader(list(range(9)), batch_size=3)
+    with pytest.raises(TypeError, match="needs a ResumableSampler as sampler, got SequentialSampler"):
+        loader.state_dict()
 
 
 def test_goodput_accounts_for_lost_and_restart_time() -> None:

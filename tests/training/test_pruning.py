@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from tests.training.test_entrypoint import make_spec
+from tests.support.train_specs import make_spec
 from training import entrypoint
 from training.checkpointing import CheckpointStore
 from training.errors import ConfigError

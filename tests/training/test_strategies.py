@@ -20,7 +20,7 @@ from torch import nn
 
 from pipelines.vision.models import DigitsMLP, DigitsParallelMLP
 from resources.launcher import LocalLauncher, TrainingConfigError
-from tests.training.test_entrypoint import make_spec
+from tests.support.train_specs import make_spec
 from training import entrypoint
 from training.checkpointing import CheckpointStore
 from training.errors import ConfigError

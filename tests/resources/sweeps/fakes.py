@@ -8,7 +8,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from resources.sweeps import SweepStore
-from trainyard.spec import FloatParam, Objective
+from trainyard.search import FloatParam, Objective
 
 LR = {"lr": FloatParam(low=1e-3, high=1e-1, log=True)}
 DIST = {"lr": FloatDistribution(1e-3, 1e-1, log=True)}

@@ -9,7 +9,7 @@ from optuna.trial import TrialState
 from resources.sweeps import build_report, trials_markdown
 from tests.pipelines.pipeline_fixtures import small_spec
 from tests.resources.sweeps.fakes import LR, MAXMIN, done, running, store_at
-from trainyard.spec import IntParam, Objective, PickPolicy, SearchSpec
+from trainyard.search import IntParam, Objective, PickPolicy, SearchSpec
 
 
 def test_trials_markdown_small_and_large() -> None:

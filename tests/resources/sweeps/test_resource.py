@@ -12,7 +12,8 @@ from resources.sweeps import (
     build_sampler,
 )
 from tests.resources.sweeps.fakes import LR, store_at
-from trainyard.spec import CategoricalParam, FloatParam, IntParam, Objective, SearchSpec
+from tests.support.heartbeats import age_heartbeats, heartbeats
+from trainyard.search import CategoricalParam, FloatParam, IntParam, Objective, SearchSpec
 
 
 def test_resumed_batches_draw_fresh_parameters(tmp_path: Path) -> None:
@@ -58,6 +59,24 @@ def test_window_refills_and_failed_trials_are_replaced_until_the_budget(tmp_path
     assert "late" not in sweeps.trial("s", 1).user_attrs
 
 
+def test_a_recorded_failure_stop_counts_the_trials_that_fail_after_it(tmp_path: Path) -> None:
+    search = SearchSpec(params=LR, n_trials=6, parallelism=3, max_failures=2, sampler="random")
+    sweeps = store_at(tmp_path)
+    study = sweeps.load_or_create("s", "max", search)
+    assert sweeps.ensure_trials(study, search) == [0, 1, 2]
+    sweeps.tell("s", 0, None, {"error": "boom"}, failed=True)
+    sweeps.tell("s", 1, None, {"error": "boom again"}, failed=True)
+    stopped = sweeps.status(study, search)
+    sweeps.record_stop(study, stopped.stop_reason)  # what the sweep sensor does
+    assert stopped.stop_reason == "failure budget spent: 2 trials failed (max_failures 2); last error: boom again"
+
+    sweeps.tell("s", 2, None, {"error": "in flight, failed later"}, failed=True)
+    st = sweeps.status(store_at(tmp_path).load_or_create("s", "max", search), search)
+    assert st.failed == 3
+    assert st.stop_reason == "failure budget spent: 3 trials failed (max_failures 2); last error: in flight, failed later"
+    assert st.summary().endswith(f"0 in flight, 3 failed; stopped: {st.stop_reason}")
+
+
 def test_directions_must_match_an_existing_study(tmp_path: Path) -> None:
     search = SearchSpec(params=LR)
     sweeps = store_at(tmp_path)
@@ -85,14 +104,22 @@ def test_pruned_and_multi_objective_tells(tmp_path: Path) -> None:
 
 
 def test_stale_heartbeat_fails_the_trial(tmp_path: Path) -> None:
-    sweeps = store_at(tmp_path, heartbeat_interval=1, grace_period=1)
+    """Heartbeat ages are moved in the database (its clock judges them), so nothing waits out a grace period."""
+    sweeps = store_at(tmp_path, heartbeat_interval=1, grace_period=600)
+    db = tmp_path / "optuna.db"
     search = SearchSpec(params=LR, n_trials=3, parallelism=2)
     study = sweeps.load_or_create("h", "max", search)
     sweeps.ensure_trials(study, search)
     with sweeps.heartbeat("h", 0):
-        time.sleep(1.5)
+        assert age_heartbeats(db, 3600) == 1  # as if the last beat was an hour ago ...
+        aged = heartbeats(db)
+        deadline = time.monotonic() + 30
+        while heartbeats(db) == aged:  # ... until the beating thread records the next one
+            assert time.monotonic() < deadline, "no heartbeat recorded while the block ran"
+            time.sleep(0.05)
         assert sweeps.fail_stale(study) == []  # beating: alive
-    time.sleep(2.5)
+    assert sweeps.fail_stale(study) == []  # its last beat is within the grace period
+    age_heartbeats(db, 601)
     assert sweeps.fail_stale(study) == [0]  # stopped beating: its run is gone
     assert sweeps.fail_stale(study) == []  # trial 1 never beat (its run has not started): not stale
     assert sweeps.trial("h", 0).state.name == "FAIL"

@@ -18,7 +18,7 @@ from resources.sweeps import (
 from tests.pipelines.pipeline_fixtures import small_spec
 from tests.resources.sweeps.fakes import LR, MAXMIN, done, running
 from training.spec import PrunerSpec
-from trainyard.spec import CategoricalParam, IntParam, Objective, PickPolicy, SearchSpec
+from trainyard.search import CategoricalParam, IntParam, Objective, PickPolicy, SearchSpec
 
 # -- stop rules -------------------------------------------------------------------------------
 
