@@ -22,7 +22,7 @@ from dagster import (
 from resources.storage import ObjectStore
 from resources.versioning import DataVersioning
 from trainyard.data import ingest
-from trainyard.data.drift_detection import drift_markdown
+from trainyard.data.drift_detection import drift_markdown, drift_verdict
 from trainyard.data.errors import DataQualityError
 from trainyard.data.expectations import UnsupportedExpectation
 from trainyard.data.quarantine import quarantine_root
@@ -61,6 +61,8 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
             "files": len(snap.files),
             "new_files": len(result.ingested),
             "rejected_files": len(result.rejected),
+            "duplicate_files": len(result.duplicates),
+            "removed_files": len(result.removed),
             "reused_snapshot": result.reused_snapshot,
             "warnings": len(result.warnings),
             "ingest": MetadataValue.md(result.files_markdown()),
@@ -74,6 +76,7 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
 def check_metadata(outcome: VersionOutcome, spec: PipelineSpec) -> dict[str, Any]:
     """The check's evidence: suite results, failing rows, drift and where the data docs are."""
     report = outcome.validation.report
+    verdict = drift_verdict(outcome.drift, spec)
     return {
         "expectations": report.evaluated,
         "failed": report.failed,
@@ -81,6 +84,8 @@ def check_metadata(outcome: VersionOutcome, spec: PipelineSpec) -> dict[str, Any
         "policy": spec.on_bad_data,
         "results": MetadataValue.md(report.to_markdown()),
         "failing_rows": MetadataValue.md(report.failing_rows_markdown()),
+        "drift_verdict": verdict["level"],
+        "drift_summary": verdict["message"],
         "drift": MetadataValue.md(drift_markdown(outcome.drift, spec)),
         "max_psi": max((d["psi"] for d in outcome.drift if d["psi"] is not None), default=0.0),
         "max_ks": max((d["ks"] for d in outcome.drift if d["ks"] is not None), default=0.0),
@@ -96,6 +101,7 @@ def validated_data_body(context: AssetExecutionContext, spec: PipelineSpec, raw:
         raise Failure(description=f"{spec.key}: cannot validate data version {raw.md5}: {e}") from e
     verdict = outcome.verdict
     check_meta = check_metadata(outcome, spec)
+    context.log.info(f"{spec.key}: data version {raw.md5} drift: {check_meta['drift_summary']}")
     if not verdict.accepted:
         check_meta["quarantine"] = MetadataValue.path(outcome.quarantine)
         yield AssetCheckResult(check_name=CHECK_NAME, passed=False, severity=AssetCheckSeverity.ERROR, metadata=check_meta)

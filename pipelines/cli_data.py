@@ -110,7 +110,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return 0
     print(f"{'pipeline':<20} {'id':<34} {'kind':<9} {'quarantined at':<26} {'released':<10} summary")
     for e in entries:
-        released = "yes" if e.released else "no"
+        released = "yes" if e.released else ("resolved" if e.resolved else "no")
         summary = e.summary if len(e.summary) <= 100 else e.summary[:99] + "…"
         print(f"{e.pipeline:<20} {e.id:<34} {e.kind:<9} {e.quarantined_at:<26} {released:<10} {summary}")
     return 0
@@ -138,6 +138,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  policy     : on_bad_data={report['policy']!r}")
     release = report.get("release")
     print(f"  released   : {'by ' + release['released_by'] + ' at ' + release['released_at'] + ': ' + release['reason'] if release else 'no'}")
+    if report.get("resolved"):
+        print(f"  resolved   : {report['resolved']['how']} at {report['resolved']['at']}")
+    if report.get("superseded"):
+        print(f"  supersedes : {len(report['superseded'])} earlier round(s) of this file")
     reasons = report.get("reasons") or []
     if reasons:
         print("reasons:")

@@ -5,11 +5,13 @@ compares the listing's digest with the sensor's cursor:
 
 - same digest: nothing changed since the last tick -> skip;
 - different digest, but every file is already in the ingest manifest in
-  its current state (e.g. a manual run ingested them, or files were only
-  removed) -> move the cursor, skip;
+  its current state and no counted file was removed (e.g. a manual run
+  ingested them) -> move the cursor, skip;
 - otherwise -> one `RunRequest` for the `prepare` job, keyed by the digest,
   so the same landing state never starts two runs; `raw_data` then ingests
-  only the new or changed files.
+  only the new or changed files. A removed file that was in the snapshot,
+  or was rejected, counts as a change: the run makes a snapshot without it,
+  which is how removing a bad file unblocks the pipeline.
 
 A file still being written changes the digest on every tick; the run it
 starts skips it (`LandingFileChanged`) and the next tick, seeing it stable,
@@ -39,16 +41,17 @@ def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None)
         listing's digest; unchanged when nothing is listed).
     """
     files = ingest.list_landing(store, spec.source)
-    if not files:
+    if not files and not ingest.removed_files(store, spec, files):
         patterns = ", ".join(ingest.landing_patterns(store, spec.source))
         return SkipReason(f"no landing files match {patterns}"), cursor
     digest = ingest.landing_digest(files)
     if digest == cursor:
         return SkipReason(f"{len(files)} landing file(s), unchanged since the last tick"), cursor
     pending = ingest.pending_files(store, spec, files)
-    if not pending:
+    removed = ingest.removed_files(store, spec, files)
+    if not pending and not removed:
         return SkipReason(f"{len(files)} landing file(s), all already ingested in their current state"), digest
-    names = [f.uri.rsplit("/", 1)[-1] for f in pending]
+    names = [f.uri.rsplit("/", 1)[-1] for f in pending] + [f"{u.rsplit('/', 1)[-1]} (removed)" for u in removed]
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     request = RunRequest(
         run_key=f"landing-{digest}",
@@ -56,6 +59,7 @@ def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None)
             PIPELINE_TAG: spec.key,
             LANDING_DIGEST_TAG: digest,
             NEW_FILES_TAG: str(len(pending)),
+            "trainyard/removed_files": str(len(removed)),
             "trainyard/new_file_names": shown[:200],
         },
     )

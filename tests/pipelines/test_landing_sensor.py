@@ -91,3 +91,60 @@ def test_sensor_run_ingests_only_the_new_file(tmp_path: Path) -> None:
     meta = materialization.event_specific_data.materialization.metadata
     assert meta["new_files"].value == 1 and meta["files"].value == 2
     assert tick(second.cursor).run_requests == []
+
+
+def test_a_removed_file_requests_a_run_and_leaves_the_snapshot(store: ObjectStore, tmp_path: Path) -> None:
+    spec = small_spec()
+    write_landing(tmp_path, digits_frame(200), "part-0.csv")
+    bad = write_landing(tmp_path, digits_frame(300).iloc[200:], "part-1.csv")
+    first = ingest.ingest(store, spec)
+    _, cursor = evaluate_landing(spec, store, None)
+    bad.unlink()
+    result, moved = evaluate_landing(spec, store, cursor)
+    assert isinstance(result, RunRequest) and moved != cursor  # a deletion is a change, not "all already ingested"
+    assert result.tags["trainyard/removed_files"] == "1" and result.tags["trainyard/new_file_names"] == "part-1.csv (removed)"
+    after = ingest.ingest(store, spec)
+    assert after.snapshot.md5 != first.snapshot.md5 and after.snapshot.rows == 200
+    quiet, _ = evaluate_landing(spec, store, None)
+    assert isinstance(quiet, SkipReason) and "all already ingested" in quiet.skip_message
+
+
+def test_a_copy_under_a_new_name_is_ingested_as_a_duplicate_once(store: ObjectStore, tmp_path: Path) -> None:
+    spec = small_spec()
+    original = write_landing(tmp_path, digits_frame(200), "part-0.csv")
+    first = ingest.ingest(store, spec)
+    (original.parent / "part-0-again.csv").write_bytes(original.read_bytes())
+    request, cursor = evaluate_landing(spec, store, None)
+    assert isinstance(request, RunRequest)  # the sensor reads no content: the run finds out
+    again = ingest.ingest(store, spec)
+    assert again.snapshot.md5 == first.snapshot.md5 and len(again.duplicates) == 1
+    quiet, _ = evaluate_landing(spec, store, None)
+    assert isinstance(quiet, SkipReason)
+
+
+@pytest.mark.slow
+def test_removing_a_bad_file_unblocks_the_pipeline(tmp_path: Path) -> None:
+    # Issue 15, item 4: a file that parses but fails validation; deleting it is the way out.
+    spec = small_spec()
+    write_landing(tmp_path, digits_frame(300), "part-0.csv")
+    harness = Harness(tmp_path, spec)
+    store = harness.resources["store"]
+    sensor = build_landing_sensor(spec, harness.names["prepare"])
+
+    def tick(cursor):
+        return sensor.evaluate_tick(build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store}))
+
+    run = harness.run("prepare")
+    assert run.success, failure_text(run)
+    good = run.output_for_node(harness.node("raw_data"))
+    bad = digits_frame(300).iloc[:20].assign(label=42)
+    path = write_landing(tmp_path, bad, "part-1.csv")
+    cursor = tick(None).cursor
+    failed = harness.run("prepare")
+    assert not failed.success and "rejected" in failure_text(failed)
+    path.unlink()
+    recovery = tick(cursor)
+    assert len(recovery.run_requests) == 1
+    run = harness.run("prepare")
+    assert run.success, failure_text(run)
+    assert run.output_for_node(harness.node("raw_data")).md5 == good.md5

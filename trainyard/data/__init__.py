@@ -11,7 +11,9 @@ The chain, as the assets use it:
    checks (finite floats, duplicate rows) and the profiler, then renders GE's
    Data Docs;
 4. `drift` compares the profile with the previous validated version's: PSI
-   for every feature (categories, or quantile bins of numerics), KS for numerics;
+   for every feature (categories; per-value bins of discrete numerics,
+   quantile bins of continuous ones), KS for numerics; `drift_verdict` says
+   stable, moderate or drifted;
 5. `decide` applies the pipeline's `on_bad_data` policy; `set_aside_rows`
    moves bad rows out when the policy is "warn";
 6. `split_snapshot` writes the deterministic stratified train/val/test split;
@@ -48,7 +50,17 @@ from trainyard.data.canonical import (
     write_parquet_deterministic,
 )
 from trainyard.data.checks import DEDUP_MEMORY_BYTES, FINITE_EXPECTATION, UNIQUE_ROWS_EXPECTATION, row_hashes
-from trainyard.data.drift_detection import PSI_EPSILON, drift, drift_markdown, drift_report, psi
+from trainyard.data.drift_detection import (
+    PSI_ALERT,
+    PSI_EPSILON,
+    PSI_WARN,
+    drift,
+    drift_markdown,
+    drift_report,
+    drift_verdict,
+    numeric_edges,
+    psi,
+)
 from trainyard.data.errors import DataQualityError, MalformedLandingFile, MissingLandingData, QuarantineError, SchemaMismatch, SplitError
 from trainyard.data.expectations import UnsupportedExpectation
 from trainyard.data.profile import CATEGORY_LIMIT, PROFILE_DOMAIN_LIMIT, PROFILE_SAMPLE_ROWS, profile_snapshot, profile_to_suite
@@ -87,7 +99,9 @@ __all__ = [
     "PLATFORM_CHECK",
     "PROFILE_DOMAIN_LIMIT",
     "PROFILE_SAMPLE_ROWS",
+    "PSI_ALERT",
     "PSI_EPSILON",
+    "PSI_WARN",
     "SUITE_CHECK",
     "UNIQUE_ROWS_EXPECTATION",
     "CanonicalParquetWriter",
@@ -109,8 +123,10 @@ __all__ = [
     "drift",
     "drift_markdown",
     "drift_report",
+    "drift_verdict",
     "expectation_configs",
     "list_quarantine",
+    "numeric_edges",
     "profile_snapshot",
     "profile_to_suite",
     "psi",

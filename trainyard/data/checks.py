@@ -13,12 +13,25 @@ import pyarrow.compute as pc
 
 from trainyard.data.canonical import SAMPLE_VALUES, jsonable
 from trainyard.data.report import PLATFORM_CHECK
+from trainyard.spec import PipelineSpec
 
 DEDUP_MEMORY_BYTES = 64 * 1024 * 1024
 """Memory for row hashes in the duplicate check; beyond it hashes are spilled to disk in buckets."""
 
 FINITE_EXPECTATION = "trainyard_values_are_finite"
 UNIQUE_ROWS_EXPECTATION = "trainyard_rows_are_unique"
+
+
+def duplicate_policy(spec: PipelineSpec) -> str:
+    """What repeated rows do: `source.duplicates`, or `allow` when `allow_duplicate_rows` is set."""
+    return "allow" if spec.allow_duplicate_rows else spec.source.duplicates
+
+
+def dropped_duplicates(results: Sequence[dict[str, Any]]) -> int:
+    """Rows the duplicate check found under `keep_first`: repeats to drop, not failures."""
+    return sum(
+        r["unexpected_count"] or 0 for r in results if r["expectation"] == UNIQUE_ROWS_EXPECTATION and r["success"] and r["unexpected_count"]
+    )
 
 
 class FiniteCheck:
@@ -221,13 +234,16 @@ class DuplicateRows:
         self.count = int(len(self.positions))
         self.samples = sorted(samples)[:SAMPLE_VALUES]
 
-    def result(self) -> dict[str, Any]:
-        """The platform result (after `finish`)."""
+    def result(self, keep_first: bool = False) -> dict[str, Any]:
+        """The platform result (after `finish`); with `keep_first` repeats pass, to be dropped, and are counted."""
+        observed: dict[str, Any] = {"duplicate_rows": self.count}
+        if keep_first and self.count:
+            observed["policy"] = "keep_first: dropped, the first of each kept"
         return platform_result(
             UNIQUE_ROWS_EXPECTATION,
             None,
-            success=self.count == 0,
-            observed={"duplicate_rows": self.count},
+            success=self.count == 0 or keep_first,
+            observed=observed,
             unexpected=self.count,
             samples=[f"row {d} repeats row {f}" for d, f in self.samples],
             positions=[d for d, _ in self.samples],

@@ -22,17 +22,32 @@ from trainyard.spec import PipelineSpec
 PSI_EPSILON = 1e-4
 """Share given to a bin that is empty on one side, so PSI stays finite."""
 
+PSI_WARN = 0.1
+"""PSI from which a feature is reported as a moderate shift (a warning, never blocking)."""
+
+PSI_ALERT = 0.25
+"""PSI above which a feature has drifted: the default of `PipelineSpec.max_drift_psi`."""
+
+DISCRETE_VALUES = 32
+"""A numeric feature with at most this many distinct reference values is binned per value, not by quantiles."""
+
 
 def psi(prev: pd.Series, cur: pd.Series, bins: int = 10, categories: Optional[Sequence[Any]] = None) -> float:
     """Population stability index of `cur` against `prev`.
 
     PSI = sum over bins of (cur% - prev%) * ln(cur% / prev%). Numeric series
-    use up to `bins` quantile bins of `prev` (fewer when quantiles
-    coincide); bool, text and other non-numeric series, or any series given
-    `categories`, use one bin per category (values outside `categories`
-    share one extra bin). Nulls get a bin of their own. An empty bin on
-    either side counts as `PSI_EPSILON`. Rule of thumb: < 0.1 stable,
-    0.1-0.25 moderate shift, > 0.25 large shift.
+    are binned on `prev` with open ends (the first and last bin reach to
+    -inf and +inf): a discrete one (at most `DISCRETE_VALUES` distinct
+    values, e.g. pixel intensities 0..16) gets one bin per value, bounded
+    halfway to the next value, so small noise stays in its value's bin; a
+    continuous one gets up to `bins` quantile bins (fewer when quantiles
+    coincide). Quantile edges on discrete data would fall on the values
+    themselves, and noise would flip rows across them at random. Bool,
+    text and other non-numeric series, or any series given `categories`,
+    use one bin per category (values outside `categories` share one extra
+    bin). Nulls get a bin of their own. An empty bin on either side counts
+    as `PSI_EPSILON`. Rule of thumb: < 0.1 stable, 0.1-0.25 moderate shift
+    (`PSI_WARN`), > 0.25 large shift (`PSI_ALERT`).
 
     Args:
         prev: The reference (previous) values.
@@ -66,8 +81,7 @@ def _psi_of_counts(p_counts: np.ndarray, c_counts: np.ndarray) -> float:
 def _quantile_counts(prev: pd.Series, cur: pd.Series, bins: int) -> tuple[np.ndarray, np.ndarray]:
     p_values = prev.dropna().to_numpy(dtype=float)
     c_values = cur.dropna().to_numpy(dtype=float)
-    inner = np.linspace(0.0, 1.0, bins + 1)[1:-1]
-    edges = np.unique(np.quantile(p_values, inner)) if len(p_values) else np.array([])
+    edges = numeric_edges(p_values, bins)
 
     def counts(values: np.ndarray, nulls: int) -> np.ndarray:
         # Bin i holds edges[i-1] < x <= edges[i]; the last bin is open above.
@@ -75,6 +89,18 @@ def _quantile_counts(prev: pd.Series, cur: pd.Series, bins: int) -> tuple[np.nda
         return np.append(np.bincount(idx, minlength=len(edges) + 1), nulls).astype(float)
 
     return counts(p_values, int(prev.isna().sum())), counts(c_values, int(cur.isna().sum()))
+
+
+def numeric_edges(reference: np.ndarray, bins: int) -> np.ndarray:
+    """Inner bin edges for a numeric feature (see `psi`): halfway between distinct values, or quantiles."""
+    finite = reference[np.isfinite(reference)]
+    if not len(finite):
+        return np.array([])
+    distinct = np.unique(finite)
+    if len(distinct) <= DISCRETE_VALUES:
+        return (distinct[:-1] + distinct[1:]) / 2
+    inner = np.linspace(0.0, 1.0, bins + 1)[1:-1]
+    return np.unique(np.quantile(finite, inner))
 
 
 def _category_counts(
@@ -123,7 +149,8 @@ def drift(
 
     Categorical features (a `domain`, or text/bool) get PSI over their
     category counts, which profiles keep exactly. Numeric features get PSI
-    over quantile bins of the previous sample and the two-sample KS
+    over bins of the previous sample (per value for discrete features,
+    quantiles for continuous ones; see `psi`) and the two-sample KS
     statistic (SciPy) over the finite sampled values; both samples are the
     whole data when it has at most `PROFILE_SAMPLE_ROWS` rows, so then the
     PSI equals `drift_report`'s.
@@ -151,9 +178,10 @@ def drift(
             else:
                 row["psi"] = _psi_of_profile_counts(prev_st, prev_profile["rows"], cur_st, cur_profile["rows"], spec.columns[name].domain)
         else:
-            row["method"] = "psi-quantiles+ks"
             p = prev_sample.column(name).to_pandas().astype(float)
             c = cur_sample.column(name).to_pandas().astype(float)
+            discrete = p[np.isfinite(p)].nunique() <= DISCRETE_VALUES
+            row["method"] = "psi-values+ks" if discrete else "psi-quantiles+ks"
             if len(p) and len(c):
                 row["psi"] = psi(p, c)
                 pf, cf = p[np.isfinite(p)], c[np.isfinite(c)]
@@ -198,6 +226,32 @@ def _category_key(value: Any) -> Any:
     return value
 
 
+def drift_verdict(rows: Sequence[dict[str, Any]], spec: PipelineSpec) -> dict[str, Any]:
+    """The drift of a version in one word, with the largest PSI and the columns behind it.
+
+    `level` is `none` (no previous version), `stable` (every PSI below
+    `PSI_WARN`), `moderate` (some PSI at or above `PSI_WARN`, none drifted: a
+    warning) or `drifted` (a feature above `spec.max_drift_psi` or
+    `spec.max_drift_ks`: the `on_bad_data` policy applies).
+    """
+    if not rows:
+        return {"level": "none", "max_psi": None, "column": None, "columns": [], "message": "first validated version: no drift to measure"}
+    measured = [(float(r["psi"]), r["column"]) for r in rows if r["psi"] is not None]
+    top, column = max(measured) if measured else (0.0, None)
+    drifted = [r["column"] for r in rows if r["drifted"]]
+    moderate = [c for p, c in measured if p >= PSI_WARN and c not in drifted]
+    if drifted:
+        level, columns = "drifted", drifted
+        message = f"drifted: {drifted} beyond the thresholds (PSI > {spec.max_drift_psi}, KS > {spec.max_drift_ks}); max PSI {top:.3f} on {column!r}"
+    elif moderate:
+        level, columns = "moderate", moderate
+        message = f"moderate shift (PSI >= {PSI_WARN}) in {moderate}; max PSI {top:.3f} on {column!r}, below the threshold {spec.max_drift_psi}"
+    else:
+        level, columns = "stable", []
+        message = f"stable: max PSI {top:.3f}" + (f" on {column!r}" if column else "") + f", below {PSI_WARN}"
+    return {"level": level, "max_psi": top if measured else None, "column": column, "columns": columns, "message": message}
+
+
 def drift_summary(d: dict[str, Any]) -> str:
     """One line naming a drifted column and its PSI and KS."""
     parts = [f"PSI {d['psi']:.3f}" if d["psi"] is not None else "", f"KS {d['ks']:.3f}" if d["ks"] is not None else ""]
@@ -210,6 +264,8 @@ def drift_markdown(rows: Sequence[dict[str, Any]], spec: PipelineSpec) -> str:
         return "no previous validated version to compare with\n"
     lines = [
         f"thresholds: PSI > {spec.max_drift_psi}, KS > {spec.max_drift_ks}",
+        "",
+        f"**verdict**: {drift_verdict(rows, spec)['message']}",
         "",
         "| column | method | PSI | KS | KS p-value | drifted | note |",
         "|---|---|---|---|---|---|---|",

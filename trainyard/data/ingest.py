@@ -11,24 +11,37 @@ next snapshot from it:
    ingested are not read again;
 3. check the file's size, mtime and etag after reading: a file that changed
    while being read is not ingested (it is taken as still being written);
-4. the snapshot is the union of every accepted part -- files that have since
-   left the landing area included, so nothing once accepted is lost -- in
-   order of landing URI, written as canonical Parquet one row group at a
-   time. Equal landing files therefore give equal bytes and an equal DVC md5,
-   however many runs they arrived over;
+4. the snapshot is the union of the accepted parts of the files now in the
+   landing area, in order of landing URI, written as canonical Parquet one
+   row group at a time. Equal landing files therefore give equal bytes and an
+   equal DVC md5, however many runs they arrived over. A file removed from
+   the landing area leaves the snapshot: removing a bad file is how a
+   rejected data version is replaced (its part stays in the store, so the
+   file coming back is not read again);
 5. the snapshot is pinned (with DVC, pushed to the remote) and stored under
    `data/<team>/<name>/raw/<md5>/` with its `.dvc` file and the list of files
    it was made of.
 
 The manifest (`data/<team>/<name>/ingest/manifest.json`) records every file
-ingested or rejected, with size/mtime/etag, rows, its part and its issues.
+ingested or rejected, with size/mtime/etag, content hash, rows, its part and
+its issues.
+
+A file whose bytes equal those of an accepted file in the landing area (the
+same delivery under a new name) is recorded as a `duplicate` of it and adds
+nothing: no rows, no new snapshot, no new data version. Without this, every
+row of the copy repeats a row of the original and the version fails the
+duplicate-row check; with it, a re-delivery is harmless.
 
 Bad files follow `PipelineSpec.on_bad_data`. With "reject" any issue rejects
 the file and the run fails with `IngestRejected` after every file was looked
 at. With "warn" unusable files are skipped and usable ones with issues (added
 columns, ragged rows, no rows) are accepted; the snapshot is made of the rest.
 Either way a file with issues is copied to
-`quarantine/<team>/<name>/files/<id>/` with a `report.json`.
+`quarantine/<team>/<name>/files/<id>/` with a `report.json` listing every
+problem found in it at once (see `trainyard.data.landing`). The entry id
+depends on the landing URI only, so fixing and re-landing a file supersedes
+its entry instead of adding one per round; the entry is marked resolved once
+the file is accepted or removed.
 
 Memory: one block or batch of one file, plus at most two Parquet row groups
 of the snapshot being written; it does not grow with the data.
@@ -49,7 +62,7 @@ from trainyard import naming
 from trainyard.data.canonical import CanonicalParquetWriter, canonical_schema
 from trainyard.data.errors import DataQualityError, MissingLandingData
 from trainyard.data.landing import READ_BLOCK_BYTES, BadFile, FileIssue, FileReader
-from trainyard.data.quarantine import utc_now
+from trainyard.data.quarantine import quarantine_file, resolve_file_entry, utc_now
 from trainyard.data.report import md_cell
 from trainyard.spec import PipelineSpec, SourceSpec
 from trainyard.store import FileInfo, FileStore
@@ -76,13 +89,15 @@ class FileRecord(BaseModel):
     size: int
     mtime: Optional[float]
     etag: Optional[str]
-    status: Literal["accepted", "rejected"]
+    status: Literal["accepted", "rejected", "duplicate"]
     rows: int = 0
     part: Optional[str] = None
     schema_key: str
     issues: list[FileIssue] = Field(default_factory=list)
     quarantine: Optional[str] = None
     ingested_at: str
+    content_hash: Optional[str] = None
+    duplicate_of: Optional[str] = None
 
     def same_state(self, info: FileInfo, schema_key: str) -> bool:
         """Whether `info` is this file unchanged, read for the same declared columns."""
@@ -120,8 +135,10 @@ class IngestResult:
         rejected: Files rejected in this call or before and still in the landing area.
         skipped_changing: Files that changed while read (not ingested; picked up later).
         unchanged: Files already ingested in this exact state.
-        retained: Accepted files no longer in the landing area, still in the snapshot.
-        warnings: One line per file issue accepted or skipped under "warn".
+        removed: Files of the previous snapshot no longer in the landing area (left out of this one).
+        duplicates: Files recorded in this call as byte-identical copies of an accepted file.
+        warnings: One line per file issue accepted or skipped under "warn",
+            per duplicate delivery and per removed file.
     """
 
     snapshot: SnapshotRecord
@@ -130,14 +147,17 @@ class IngestResult:
     rejected: list[FileRecord]
     skipped_changing: list[str]
     unchanged: int
-    retained: list[str]
+    removed: list[str]
     warnings: list[str]
+    duplicates: list[FileRecord] = dataclasses.field(default_factory=list)
 
     def files_markdown(self) -> str:
         """A Markdown table of the files read or rejected in this call."""
-        if not self.ingested and not self.rejected and not self.skipped_changing:
-            return f"no new or changed files; {self.unchanged} unchanged\n"
-        return records_markdown([*self.ingested, *self.rejected], self.skipped_changing) + f"\n{self.unchanged} file(s) unchanged since the last snapshot\n"
+        removed = "".join(f"\n{_short(u)} left the landing area and the snapshot" for u in self.removed)
+        if not self.ingested and not self.rejected and not self.skipped_changing and not self.duplicates:
+            return f"no new or changed files; {self.unchanged} unchanged{removed}\n"
+        table = records_markdown([*self.ingested, *self.duplicates, *self.rejected], self.skipped_changing)
+        return table + f"\n{self.unchanged} file(s) unchanged since the last snapshot{removed}\n"
 
 
 def records_markdown(records: list[FileRecord], changing: Optional[list[str]] = None) -> str:
@@ -145,6 +165,8 @@ def records_markdown(records: list[FileRecord], changing: Optional[list[str]] = 
     lines = ["| file | status | rows | bytes | issues |", "|---|---|---|---|---|"]
     for r in records:
         issues = "; ".join(f"{i.kind}: {i.message}" for i in r.issues)
+        if r.duplicate_of:
+            issues = f"same bytes as {_short(r.duplicate_of)}; adds nothing"
         lines.append(f"| {_short(r.uri)} | {r.status} | {r.rows} | {r.size} | {md_cell(issues, width=200)} |")
     lines += [f"| {_short(u)} | changed while read | | | ingested once it stops changing |" for u in changing or []]
     return "\n".join(lines) + "\n"
@@ -216,16 +238,32 @@ def pending_files(store: FileStore, spec: PipelineSpec, files: Optional[list[Fil
     return [f for f in files if f.uri not in manifest.files or not manifest.files[f.uri].same_state(f, key)]
 
 
+def removed_files(store: FileStore, spec: PipelineSpec, files: Optional[list[FileInfo]] = None) -> list[str]:
+    """Files the last ingest counted that have left the landing area since: in the snapshot, or rejected.
+
+    Either way the next `ingest` changes something (a new snapshot without the
+    file, or a rejection that no longer holds the pipeline), so sensors treat a
+    removal like a new file.
+    """
+    files = list_landing(store, spec.source) if files is None else files
+    return removed_files_of(load_manifest(store, spec), {f.uri for f in files})
+
+
+def content_hash(store: FileStore, uri: str, block_bytes: int = READ_BLOCK_BYTES) -> str:
+    """SHA-256 of a file's bytes, read one block at a time."""
+    h = hashlib.sha256()
+    with store.open(uri, "rb") as f:
+        for block in iter(lambda: f.read(block_bytes), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 # --------------------------------------------------------------------------- parts
 
 
 def _part_uri(store: FileStore, spec: PipelineSpec, info: FileInfo, key: str) -> str:
     digest = hashlib.sha256(f"{info.uri}\0{info.identity}\0{key}".encode()).hexdigest()[:24]
     return naming.ingest_part(store, spec.team, spec.name, digest)
-
-
-def _file_id(info: FileInfo) -> str:
-    return hashlib.sha256(f"{info.uri}\0{info.identity}".encode()).hexdigest()[:16]
 
 
 def _write_part(reader: FileReader, schema: pa.Schema, path: str) -> None:
@@ -247,39 +285,17 @@ def iter_part(store: FileStore, uri: str) -> Iterator[pa.RecordBatch]:
             yield reader.get_batch(i)
 
 
-def _quarantine_file(store: FileStore, spec: PipelineSpec, info: FileInfo, issues: list[FileIssue], status: str) -> str:
-    where = naming.quarantine_dir(store, spec.team, spec.name, "files", _file_id(info))
-    name = info.uri.rsplit("/", 1)[-1]
-    if info.size and not store.exists(f"{where}/{name}"):
-        store.copy(info.uri, f"{where}/{name}")
-    fatal = [i for i in issues if i.fatal]
-    store.write_json(
-        f"{where}/report.json",
-        {
-            "kind": "file",
-            "pipeline": spec.key,
-            "file": info.uri,
-            "size": info.size,
-            "mtime": info.mtime,
-            "etag": info.etag,
-            "status": status,
-            "policy": spec.on_bad_data,
-            "issues": [i.model_dump() for i in issues],
-            "reasons": [i.message for i in (fatal or issues)],
-            "copy": f"{where}/{name}" if info.size else None,
-            "quarantined_at": utc_now(),
-        },
-    )
-    return where
-
-
-def ingest_file(store: FileStore, spec: PipelineSpec, info: FileInfo, block_bytes: int = READ_BLOCK_BYTES) -> FileRecord:
+def ingest_file(
+    store: FileStore, spec: PipelineSpec, info: FileInfo, block_bytes: int = READ_BLOCK_BYTES, digest: Optional[str] = None
+) -> FileRecord:
     """Read one landing file into a part in the object store, or decide why it cannot be.
 
     The file's state is checked after reading: if its size, mtime or etag
     moved, nothing is recorded and `LandingFileChanged` is raised. Under
-    "reject" any issue rejects the file; under "warn" only fatal ones do.
-    A file with issues is copied to quarantine with a report.
+    "reject" any issue rejects the file, but for values that parse and break
+    a column rule (missing, out of range or domain, non-finite), which
+    validation judges; under "warn" only fatal ones do. A file rejected or
+    with such issues is copied to quarantine with a report of all of them.
 
     Raises:
         LandingFileChanged: The file changed while it was read.
@@ -304,8 +320,9 @@ def ingest_file(store: FileStore, spec: PipelineSpec, info: FileInfo, block_byte
                 f"{info.uri} changed while being read (size/mtime/etag {info.identity} before, "
                 f"{None if after is None else after.identity} after); it is ingested once it stops changing"
             )
-        issues = [*reader.issues, *([bad] if bad else [])]
-        rejected = bad is not None or (spec.on_bad_data == "reject" and bool(issues))
+        issues = [*([bad] if bad else []), *reader.issues]
+        # Values that parse but break a column rule are listed here with their lines; validation judges them.
+        rejected = bad is not None or (spec.on_bad_data == "reject" and any(i.blocking for i in issues))
         if not rejected:
             store.put_file(local, part)
     record = FileRecord(
@@ -319,9 +336,12 @@ def ingest_file(store: FileStore, spec: PipelineSpec, info: FileInfo, block_byte
         schema_key=key,
         issues=issues,
         ingested_at=utc_now(),
+        content_hash=digest,
     )
-    if issues:
-        record.quarantine = _quarantine_file(store, spec, info, issues, record.status)
+    if rejected or any(i.blocking for i in issues):
+        record.quarantine = quarantine_file(store, spec, info, [i.model_dump() for i in issues], record.status, digest)
+    else:
+        resolve_file_entry(store, spec, info.uri, "accepted without issues")
     return record
 
 
@@ -375,6 +395,7 @@ class _Scan:
 
     ingested: list[FileRecord] = dataclasses.field(default_factory=list)
     rejected: list[FileRecord] = dataclasses.field(default_factory=list)
+    duplicates: list[FileRecord] = dataclasses.field(default_factory=list)
     changing: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     unchanged: int = 0
@@ -412,12 +433,15 @@ def ingest(
     """
     files = list_landing(store, spec.source)
     manifest = load_manifest(store, spec)
-    if not files and not any(r.status == "accepted" for r in manifest.files.values()):
+    if not files:
         raise MissingLandingData(
             f"no landing files match prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r} "
             f"(looked for {', '.join(landing_patterns(store, spec.source))})"
         )
     scan = _scan_landing(store, spec, files, manifest, block_bytes)
+    landing = {f.uri for f in files}
+    removed = _forget_removed(store, spec, manifest, landing)
+    scan.warnings += [f"{u} left the landing area: its rows leave the snapshot" for u in removed]
     if log is not None:
         for line in scan.warnings:
             log(line)
@@ -430,36 +454,95 @@ def ingest(
                 scan.rejected,
             )
         raise LandingFileChanged("; ".join(w for w in scan.warnings if "changed while being read" in w))
-    landing = {f.uri for f in files}
-    accepted = sorted((r for r in manifest.files.values() if r.status == "accepted"), key=lambda r: r.uri)
+    accepted = sorted((r for r in manifest.files.values() if r.status == "accepted" and r.uri in landing), key=lambda r: r.uri)
     if not accepted:
         raise MissingLandingData(
             f"no usable landing files under prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r}: "
-            f"{len(scan.rejected)} rejected, {len(scan.changing)} still changing"
+            f"{len(scan.rejected)} rejected, {len(scan.duplicates)} duplicate(s), {len(scan.changing)} still changing"
         )
-    retained = [r.uri for r in accepted if r.uri not in landing]
     snapshot_key = _snapshot_key(accepted)
     current = manifest.snapshot
     reused = current is not None and current.key == snapshot_key and store.exists(current.uri)
     if current is None or not reused:
         current = _new_snapshot(store, spec, manifest, accepted, snapshot_key, versioning)
-    return IngestResult(current, reused, scan.ingested, scan.rejected, scan.changing, scan.unchanged, retained, scan.warnings)
+    return IngestResult(current, reused, scan.ingested, scan.rejected, scan.changing, scan.unchanged, removed, scan.warnings, scan.duplicates)
+
+
+def _outcome(record: FileRecord, issue: FileIssue) -> str:
+    """What an issue led to, for the warning line: nothing for a rejected file, whose rows are all left out."""
+    if record.status == "rejected":
+        return ""
+    if not issue.blocking:
+        return " (the file is accepted; validation decides on these rows)"
+    return " (accepted without those rows)" if issue.kind == "ragged_rows" else " (accepted)"
+
+
+def _forget_removed(store: FileStore, spec: PipelineSpec, manifest: Manifest, landing: set[str]) -> list[str]:
+    """Files of the last snapshot, or rejected, that left the landing area; rejections of removed files are forgotten.
+
+    Accepted records stay in the manifest (with their parts), so a file that
+    comes back unchanged is not read again.
+    """
+    removed = removed_files_of(manifest, landing)
+    for uri in removed:
+        resolve_file_entry(store, spec, uri, "removed from the landing area")
+        if uri in manifest.files and manifest.files[uri].status != "accepted":
+            del manifest.files[uri]
+    return removed
+
+
+def removed_files_of(manifest: Manifest, landing: set[str]) -> list[str]:
+    """The files `removed_files` names, for a manifest and the set of landing URIs."""
+    counted = set(manifest.snapshot.files if manifest.snapshot else []) | {u for u, r in manifest.files.items() if r.status == "rejected"}
+    return sorted(counted - landing)
+
+
+def _unchanged(store: FileStore, known: Optional[FileRecord], info: FileInfo, key: str, by_hash: dict[str, FileRecord]) -> bool:
+    """Whether the manifest's record of `info` still holds: same state, and its part (or its original) still there."""
+    if known is None or not known.same_state(info, key):
+        return False
+    if known.status == "duplicate":
+        original = by_hash.get(known.content_hash or "")
+        return original is not None and original.uri == known.duplicate_of
+    return known.status == "rejected" or _part_exists(store, known)
 
 
 def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest: Manifest, block_bytes: int) -> _Scan:
-    """Ingest every landing file the manifest does not know in its current state; updates `manifest.files`."""
+    """Ingest every landing file the manifest does not know in its current state; updates `manifest.files`.
+
+    Files are taken in URI order; a file with the bytes of an accepted file
+    already in the landing area (or earlier in this order) is a duplicate.
+    """
     key = schema_key(spec)
     scan = _Scan()
+    landing = {f.uri: f for f in files}
+    by_hash: dict[str, FileRecord] = {}
+    for r in sorted(manifest.files.values(), key=lambda r: r.uri):
+        still = r.uri in landing and r.same_state(landing[r.uri], key)
+        if r.status == "accepted" and still and r.content_hash and r.content_hash not in by_hash:
+            by_hash[r.content_hash] = r
     for info in files:
         known = manifest.files.get(info.uri)
-        if known is not None and known.same_state(info, key) and (known.status == "rejected" or _part_exists(store, known)):
+        if _unchanged(store, known, info, key, by_hash):
+            assert known is not None
             scan.unchanged += 1
             if known.status == "rejected":
                 scan.rejected.append(known)
                 scan.warnings.append(f"{info.uri} was rejected before and has not changed; see {known.quarantine}")
             continue
+        digest = content_hash(store, info.uri)
+        original = by_hash.get(digest)
+        if original is not None and original.uri != info.uri:
+            record = FileRecord(
+                uri=info.uri, size=info.size, mtime=info.mtime, etag=info.etag, status="duplicate", schema_key=key,
+                ingested_at=utc_now(), content_hash=digest, duplicate_of=original.uri,
+            )
+            manifest.files[info.uri] = record
+            scan.duplicates.append(record)
+            scan.warnings.append(f"{info.uri} has the same bytes as {original.uri}, already ingested: a duplicate delivery, it adds nothing")
+            continue
         try:
-            record = ingest_file(store, spec, info, block_bytes)
+            record = ingest_file(store, spec, info, block_bytes, digest)
         except LandingFileChanged as e:
             scan.changing.append(info.uri)
             scan.warnings.append(str(e))
@@ -472,8 +555,10 @@ def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], m
             scan.warnings.append(f"{info.uri} was replaced by content that is rejected; the snapshot keeps the version ingested at {known.ingested_at}")
         else:
             manifest.files[info.uri] = record
+            if record.status == "accepted" and digest not in by_hash:
+                by_hash[digest] = record
         (scan.ingested if record.status == "accepted" else scan.rejected).append(record)
-        scan.warnings += [f"{i.kind}: {i.message}" + ("" if record.status == "rejected" else " (accepted)") for i in record.issues]
+        scan.warnings += [f"{i.kind}: {i.message}" + _outcome(record, i) for i in record.issues]
     return scan
 
 

@@ -3,6 +3,11 @@
 `FileReader` streams a file one block (CSV/JSON text) or batch (Parquet) at a
 time, casts it to the declared columns and collects what is wrong with it as
 `FileIssue`s: a fatal one (`BadFile`) means the file cannot be used at all.
+Every problem of a file is collected in the same pass, with column names and
+line numbers (see `trainyard.data.file_problems`): a CSV file with a value
+that does not fit its type is read once more as text to find all of them,
+so one report lists the bad types, ragged rows, missing values, values out of
+range or domain and non-finite floats together.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from pydantic import BaseModel
 
 from trainyard.data.canonical import canonical_schema, to_canonical
 from trainyard.data.errors import SchemaMismatch
+from trainyard.data.file_problems import VALUE_KINDS, ProblemCollector, describe, line_numbers
 from trainyard.spec import PipelineSpec, SourceSpec
 from trainyard.store import FileInfo, FileStore
 
@@ -27,7 +33,8 @@ PARQUET_BATCH_ROWS = 64 * 1024
 EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
 IssueKind = Literal[
-    "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "type", "format"
+    "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "type", "format",
+    "nulls", "range", "domain", "non_finite",
 ]
 
 
@@ -38,12 +45,23 @@ class FileIssue(BaseModel):
         kind: What kind of problem.
         message: What exactly, naming columns, rows and values.
         fatal: The file cannot be used at all (else it can, e.g. with the
-            added column dropped or the ragged rows skipped).
+            added column dropped or the ragged rows left out).
+        column: The column concerned, when there is one.
+        lines: The first lines (rows, for Parquet) where it occurs, 1-based as in the file.
+        count: How many rows or values (0 when not counted).
     """
 
     kind: IssueKind
     message: str
     fatal: bool
+    column: Optional[str] = None
+    lines: list[int] = []
+    count: int = 0
+
+    @property
+    def blocking(self) -> bool:
+        """Whether `on_bad_data="reject"` rejects the file for it; values that parse are left to validation."""
+        return self.fatal or self.kind not in VALUE_KINDS
 
 
 def file_format(source: SourceSpec, uri: str) -> Optional[str]:
@@ -85,6 +103,8 @@ class FileReader:
         self.fmt = file_format(spec.source, info.uri)
         self._ragged: list[str] = []
         self._ragged_count = 0
+        self._ragged_lines: list[int] = []
+        self.problems = ProblemCollector(spec)
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         """Canonical batches; raises `BadFile` when the file cannot be used."""
@@ -102,19 +122,84 @@ class FileReader:
                 for b in canonical:
                     if self.fmt != "csv":
                         self._check_utf8(b)
+                    self.problems.check_values(b, self.rows)
                     self.rows += b.num_rows
                     yield b
         except SchemaMismatch as e:
             raise BadFile(FileIssue(kind="type", message=f"{uri}: {e}", fatal=True)) from e
         except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-            raise BadFile(_classify(e, uri, self.fmt)) from e
-        if self._ragged_count:
-            shown = "; ".join(self._ragged)
-            self.issues.append(
-                FileIssue(kind="ragged_rows", message=f"{uri}: {self._ragged_count} row(s) with the wrong number of fields skipped, e.g. {shown}", fatal=False)
-            )
+            issue = _classify(e, uri, self.fmt)
+            if issue.kind == "type" and self.fmt == "csv":
+                issue = self._diagnose_csv() or issue
+            self._report_problems()
+            raise BadFile(issue) from e
+        self._report_problems()
         if self.rows == 0:
             self.issues.append(FileIssue(kind="empty", message=f"{uri} has a header but no rows", fatal=False))
+
+    def _where(self) -> tuple[str, int]:
+        """The unit rows are counted in and the line of the first row: CSV has a header line, Parquet no lines."""
+        return {"csv": ("line", 2), "jsonl": ("line", 1)}.get(self.fmt or "", ("row", 1))
+
+    def _report_problems(self) -> None:
+        """Turn what was collected into issues: ragged rows, then every type and value problem."""
+        uri = self.info.uri
+        if self._ragged_count:
+            shown = "; ".join(self._ragged)
+            lines = sorted(self._ragged_lines)[:10]
+            at = f" at line(s) {', '.join(map(str, lines))}" if lines else ""
+            self.issues.append(
+                FileIssue(
+                    kind="ragged_rows",
+                    message=f"{uri}: {self._ragged_count} row(s) with the wrong number of fields{at}; e.g. {shown}",
+                    fatal=False,
+                    lines=lines,
+                    count=self._ragged_count,
+                )
+            )
+        unit, first = self._where()
+        for p in self.problems.problems():
+            if p.kind == "type":
+                continue  # reported by `_diagnose_csv` as the fatal issue and the others
+            lines = line_numbers(p.rows, self._ragged_lines, first)
+            self.issues.append(
+                FileIssue(kind=p.kind, message=describe(p, uri, lines, unit), fatal=False, column=p.column, lines=lines, count=p.count)  # type: ignore[arg-type]
+            )
+
+    def _diagnose_csv(self) -> Optional[FileIssue]:
+        """Read the CSV again as text to find every value that does not fit its type, and every other problem.
+
+        Returns the first type problem as the fatal issue; the other type
+        problems go to `issues`, the rest is collected for `_report_problems`.
+        """
+        import pyarrow.csv as pacsv
+
+        self.problems = ProblemCollector(self.spec)
+        self._ragged, self._ragged_count, self._ragged_lines, self.rows = [], 0, [], 0
+        columns = list(self.spec.columns)
+        types = {c: canonical_schema(self.spec).field(c).type for c in columns}
+        with self.store.open(self.info.uri, "rb") as f:
+            reader = pacsv.open_csv(
+                f,
+                read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=self.spec.source.encoding, use_threads=False),
+                parse_options=pacsv.ParseOptions(invalid_row_handler=self._invalid_row),
+                convert_options=pacsv.ConvertOptions(
+                    column_types={c: pa.string() for c in columns}, include_columns=columns, strings_can_be_null=True
+                ),
+            )
+            for batch in reader:
+                typed, bad = self.problems.check_types(batch, types, self.rows)
+                self.problems.check_values(typed, self.rows, ignore=bad)
+                self.rows += batch.num_rows
+        unit, first = self._where()
+        found = [p for p in self.problems.problems() if p.kind == "type"]
+        issues = [
+            FileIssue(kind="type", message=describe(p, self.info.uri, line_numbers(p.rows, self._ragged_lines, first), unit), fatal=True,
+                      column=p.column, lines=line_numbers(p.rows, self._ragged_lines, first), count=p.count)
+            for p in found
+        ]
+        self.issues += issues[1:]
+        return issues[0] if issues else None
 
     def _check_utf8(self, batch: pa.RecordBatch) -> None:
         for name, column in zip(batch.schema.names, batch.columns):
@@ -153,6 +238,8 @@ class FileReader:
 
     def _invalid_row(self, row: Any) -> str:
         self._ragged_count += 1
+        if row.number is not None and len(self._ragged_lines) < 10_000:
+            self._ragged_lines.append(int(row.number))
         if len(self._ragged) < 3:
             self._ragged.append(f"expected {row.expected_columns} fields, got {row.actual_columns}: {row.text[:80]!r}")
         return "skip"
@@ -174,7 +261,8 @@ class FileReader:
         with self.store.open(self.info.uri, "rb") as f:
             reader = pacsv.open_csv(
                 f,
-                read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=encoding),
+                # One thread: the reader then knows the line number of each ragged row.
+                read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=encoding, use_threads=False),
                 parse_options=parse,
                 convert_options=pacsv.ConvertOptions(column_types=types, include_columns=columns),
             )

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import hashlib
 import os
 from typing import Any, Optional
 
 from trainyard import naming
 from trainyard.data.errors import QuarantineError
-from trainyard.store import FileStore
+from trainyard.spec import PipelineSpec
+from trainyard.store import FileInfo, FileStore
 
 _SUBDIRS = ("files", "rows")
 
@@ -61,6 +63,65 @@ def quarantine_rows(store: FileStore, team: str, name: str, md5: str, rows_file:
     return where
 
 
+def file_entry_id(uri: str) -> str:
+    """The quarantine id of a landing file: one entry per landing URI, whatever its content."""
+    return hashlib.sha256(uri.encode()).hexdigest()[:16]
+
+
+def quarantine_file(
+    store: FileStore, spec: PipelineSpec, info: FileInfo, issues: list[dict[str, Any]], status: str, digest: Optional[str]
+) -> str:
+    """Keep a landing file with issues: its bytes and a report listing every issue, under `files/<id>/`.
+
+    The id depends on the landing URI only: a later round for the same file
+    supersedes the entry (the previous rounds are listed under `superseded`)
+    rather than adding one, so fixing a file in several tries leaves one entry.
+
+    Returns:
+        The quarantine directory URI.
+    """
+    where = naming.quarantine_dir(store, spec.team, spec.name, "files", file_entry_id(info.uri))
+    name = info.uri.rsplit("/", 1)[-1]
+    report_uri = f"{where}/report.json"
+    previous = store.read_json(report_uri) if store.exists(report_uri) else None
+    if info.size and (previous is None or previous.get("content_hash") != digest or not store.exists(f"{where}/{name}")):
+        store.copy(info.uri, f"{where}/{name}")
+    superseded = [] if previous is None else [
+        *previous.get("superseded", []),
+        {k: previous.get(k) for k in ("content_hash", "size", "quarantined_at", "reasons")},
+    ]
+    store.write_json(
+        report_uri,
+        {
+            "kind": "file",
+            "pipeline": spec.key,
+            "file": info.uri,
+            "size": info.size,
+            "mtime": info.mtime,
+            "etag": info.etag,
+            "status": status,
+            "policy": spec.on_bad_data,
+            "issues": issues,
+            "reasons": [i["message"] for i in sorted(issues, key=lambda i: not i["fatal"])],  # every problem, fatal ones first
+            "copy": f"{where}/{name}" if info.size else None,
+            "content_hash": digest,
+            "quarantined_at": utc_now(),
+            "superseded": superseded,
+        },
+    )
+    return where
+
+
+def resolve_file_entry(store: FileStore, spec: PipelineSpec, uri: str, how: str) -> None:
+    """Mark the quarantine entry of a landing file resolved (accepted since, or removed), if it has an open one."""
+    report_uri = naming.quarantine_dir(store, spec.team, spec.name, "files", file_entry_id(uri), "report.json")
+    if store.exists(report_uri):
+        report = store.read_json(report_uri)
+        if report.get("status") == "rejected" and not report.get("resolved"):
+            store.write_json(report_uri, {**report, "resolved": {"at": utc_now(), "how": how}})
+
+
+
 @dataclasses.dataclass(frozen=True)
 class QuarantineEntry:
     """One quarantined item, as `trainyard data list` shows it.
@@ -74,6 +135,8 @@ class QuarantineEntry:
         quarantined_at: When (UTC, ISO 8601).
         summary: The first reason.
         released: The release record, if any.
+        resolved: For a rejected landing file: when and how it stopped
+            mattering (accepted after a fix, or removed), else None.
     """
 
     pipeline: str
@@ -83,6 +146,7 @@ class QuarantineEntry:
     quarantined_at: str
     summary: str
     released: Optional[dict[str, Any]]
+    resolved: Optional[dict[str, Any]] = None
 
 
 def list_quarantine(store: FileStore, pipeline: Optional[str] = None) -> list[QuarantineEntry]:
@@ -110,6 +174,7 @@ def list_quarantine(store: FileStore, pipeline: Optional[str] = None) -> list[Qu
                 quarantined_at=report.get("quarantined_at", ""),
                 summary=str(reasons[0] if reasons else ""),
                 released=store.read_json(release_uri) if store.exists(release_uri) else None,
+                resolved=report.get("resolved"),
             )
         )
     return sorted(entries, key=lambda e: (e.quarantined_at, e.pipeline, e.id))

@@ -22,8 +22,8 @@ import pyarrow as pa
 
 from trainyard import naming
 from trainyard.data.canonical import BATCH_ROWS, CanonicalParquetWriter, jsonable, read_rows
-from trainyard.data.checks import FINITE_EXPECTATION, UNIQUE_ROWS_EXPECTATION, DuplicateRows, FiniteCheck
-from trainyard.data.drift_detection import drift, drift_summary
+from trainyard.data.checks import FINITE_EXPECTATION, UNIQUE_ROWS_EXPECTATION, DuplicateRows, FiniteCheck, dropped_duplicates, duplicate_policy
+from trainyard.data.drift_detection import drift, drift_summary, drift_verdict
 from trainyard.data.expectations import ArrowSuite, render_data_docs
 from trainyard.data.profile import Profiler, profile_snapshot
 from trainyard.data.quarantine import quarantine_rows, quarantine_snapshot, release_of
@@ -64,7 +64,8 @@ def _validate_batches(
         n for n, c in spec.columns.items() if c.dtype == "float" and c.finite and n in schema.names and pa.types.is_floating(schema.field(n).type)
     ]
     finite = FiniteCheck(floats)
-    dedup = None if spec.allow_duplicate_rows else DuplicateRows(total_rows, workdir)
+    policy = duplicate_policy(spec)
+    dedup = None if policy == "allow" else DuplicateRows(total_rows, workdir)
     profiler = Profiler(schema, total_rows, seed=seed)
     offset = 0
     for batch in batches:
@@ -80,7 +81,7 @@ def _validate_batches(
     duplicates = np.zeros(0, dtype=np.int64)
     if dedup is not None:
         dedup.finish()
-        results.append(dedup.result())
+        results.append(dedup.result(keep_first=policy == "keep_first"))
         duplicates = dedup.positions
     failed = sum(1 for r in results if not r["success"])
     report = ValidationReport(
@@ -193,9 +194,11 @@ def _summary(r: dict[str, Any]) -> str:
 def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec: PipelineSpec, release: Optional[dict[str, Any]] = None) -> Verdict:
     """Apply the pipeline's `on_bad_data` policy to validation and drift results.
 
-    - Everything passed: accepted.
+    - Everything passed: accepted; repeated rows found under
+      `source.duplicates="keep_first"` are dropped (set aside) with a count.
     - Released by a person (`release_quarantine`): accepted as it is, with the
-      failures as warnings.
+      failures as warnings (repeated rows included).
+    - A moderate drift (`PSI_WARN` <= PSI <= the threshold) is a warning.
     - "warn": drift is a warning; failing row-level checks set their rows
       aside; table-level failures (row count, columns, types of whole
       columns, aggregates, expectations that raised) still reject.
@@ -203,11 +206,15 @@ def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec:
     """
     failures = report.failures()
     drifted = [d for d in drift_rows if d["drifted"]]
+    verdict = drift_verdict(drift_rows, spec)
+    shift = [verdict["message"]] if verdict["level"] == "moderate" else []
     problems = [f"{report.failed} of {report.evaluated} expectations failed"] if failures else []
     problems += [f"drift above threshold in {[d['column'] for d in drifted]}"] if drifted else []
     details = [_summary(r) for r in failures] + [drift_summary(d) for d in drifted]
+    dropped = dropped_duplicates(report.results)
+    dedup = [f"{dropped} repeated row(s) dropped, the first of each kept (source.duplicates='keep_first')"] if dropped else []
     if not failures and not drifted:
-        return Verdict(accepted=True, set_aside=False, reasons=[], warnings=[])
+        return Verdict(accepted=True, set_aside=bool(dropped), reasons=[], warnings=[*dedup, *shift])
     if release is not None:
         note = f"released by {release['released_by']} at {release['released_at']}: {release['reason']}"
         return Verdict(accepted=True, set_aside=False, reasons=[], warnings=[note, *details], release=release)
@@ -215,7 +222,7 @@ def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec:
     if spec.on_bad_data == "warn" and not table_level:
         rows = sum(r["unexpected_count"] or 0 for r in failures)
         aside = [f"{rows} failing value(s) set aside in quarantine"] if failures else []
-        return Verdict(accepted=True, set_aside=bool(failures), reasons=[], warnings=[*aside, *details])
+        return Verdict(accepted=True, set_aside=bool(failures or dropped), reasons=[], warnings=[*aside, *dedup, *details, *shift])
     return Verdict(accepted=False, set_aside=False, reasons=problems + details, warnings=[])
 
 
@@ -238,7 +245,8 @@ def set_aside_rows(
     finite_columns = [
         validation.report.results[i]["column"] for i in failing if validation.report.results[i]["expectation"] == FINITE_EXPECTATION
     ]
-    duplicates = any(validation.report.results[i]["expectation"] == UNIQUE_ROWS_EXPECTATION for i in failing)
+    # Failing repeats (`duplicates="reject"`) and repeats to drop (`"keep_first"`) leave the same way.
+    duplicates = any(r["expectation"] == UNIQUE_ROWS_EXPECTATION and r["unexpected_count"] for r in validation.report.results)
     dup_positions = validation.duplicate_positions if duplicates else np.zeros(0, dtype=np.int64)
     import pyarrow.parquet as pq
 

@@ -12,7 +12,7 @@ import pyarrow as pa
 from resources.storage import ObjectStore
 from trainyard import data as dq
 from trainyard.data.checks import DuplicateRows
-from trainyard.spec import ColumnSpec
+from trainyard.spec import ColumnSpec, SourceSpec
 
 
 def test_nan_and_inf_fail_the_finite_check(tmp_path, digits, spec, digits_spec, failed):
@@ -39,7 +39,7 @@ def test_nan_and_inf_fail_the_finite_check(tmp_path, digits, spec, digits_spec, 
 
 
 def test_duplicate_rows_fail_unless_allowed(digits, digits_spec, failed):
-    strict = digits_spec(allow_duplicate_rows=False)
+    strict = digits_spec(allow_duplicate_rows=False, source=SourceSpec(prefix="landing/digits", duplicates="reject"))
     unique = digits.drop_duplicates().reset_index(drop=True)
     assert dq.validate(unique, strict).success
     doubled = pd.concat([unique, unique.iloc[[5, 5, 9]]], ignore_index=True)
@@ -51,6 +51,21 @@ def test_duplicate_rows_fail_unless_allowed(digits, digits_spec, failed):
     assert dup["unexpected_index_list"] == [n, n + 1, n + 2]
     assert dup["unexpected_values"] == [f"row {n} repeats row 5", f"row {n + 1} repeats row 5", f"row {n + 2} repeats row 9"]
     assert dq.validate(doubled, digits_spec(allow_duplicate_rows=True)).success
+    assert dq.validate(doubled, digits_spec(allow_duplicate_rows=False, source=SourceSpec(prefix="landing/digits", duplicates="allow"))).success
+
+
+def test_duplicate_rows_are_dropped_with_a_count_by_default(digits, digits_spec):
+    default = digits_spec(allow_duplicate_rows=False)
+    assert default.source.duplicates == "keep_first"
+    unique = digits.drop_duplicates().reset_index(drop=True)
+    doubled = pd.concat([unique, unique.iloc[[5, 5, 9]]], ignore_index=True)
+    report = dq.validate(doubled, default)
+    assert report.success
+    [dup] = [r for r in report.results if r["expectation"] == dq.UNIQUE_ROWS_EXPECTATION]
+    assert dup["unexpected_count"] == 3 and dup["observed_value"]["duplicate_rows"] == 3
+    verdict = dq.decide(report, [], default)
+    assert verdict.accepted and verdict.set_aside
+    assert verdict.warnings == ["3 repeated row(s) dropped, the first of each kept (source.duplicates='keep_first')"]
 
 
 

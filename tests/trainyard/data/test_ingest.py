@@ -145,10 +145,19 @@ def test_only_new_files_are_read_and_the_snapshot_is_their_union(store, tmp_path
         land(fresh, name, Path(store.uri("landing", name)).read_text())
     assert ingest.ingest(fresh, spec).snapshot.md5 == second.snapshot.md5
 
-    # a file that leaves the landing area stays in the snapshot: nothing accepted is lost
+    # a file that leaves the landing area leaves the snapshot (issue 15, item 4); coming back, it is not read again
     os.remove(store.uri("landing", "a.csv"))
-    kept = ingest.ingest(store, spec)
-    assert kept.retained == [store.uri("landing", "a.csv")] and kept.snapshot.md5 == second.snapshot.md5
+    without = ingest.ingest(store, spec)
+    assert without.removed == [store.uri("landing", "a.csv")] and snapshot_rows(store, without)["x"] == [2.0, 3.0]
+    assert without.snapshot.md5 == first_md5_of(tmp_path, ("b.csv", "c.csv"), store, spec)
+
+
+def first_md5_of(tmp_path: Path, names: tuple[str, ...], store: ObjectStore, spec: PipelineSpec) -> str:
+    """The data version of a fresh store holding only `names` of `store`'s landing files."""
+    fresh = ObjectStore(root=str(tmp_path / "-".join(names)))
+    for name in names:
+        land(fresh, name, Path(store.uri("landing", name)).read_text())
+    return ingest.ingest(fresh, spec).snapshot.md5
 
 
 def test_a_replaced_file_replaces_its_rows(store):
@@ -272,7 +281,8 @@ def test_ragged_rows_under_warn_keep_the_good_rows(store):
     result = ingest.ingest(store, make_spec(on_bad_data="warn"))
     assert snapshot_rows(store, result) == {"x": [1.0, 4.0], "s": ["a", "a"], "label": [0, 1]}
     [issue] = result.ingested[0].issues
-    assert issue.message.endswith("2 row(s) with the wrong number of fields skipped, e.g. expected 3 fields, got 2: '2,b'; expected 3 fields, got 4: '3,c,1,extra'")
+    assert issue.message.endswith("2 row(s) with the wrong number of fields at line(s) 3, 4; e.g. expected 3 fields, got 2: '2,b'; expected 3 fields, got 4: '3,c,1,extra'")
+    assert issue.lines == [3, 4] and any(w.endswith("(accepted without those rows)") for w in result.warnings)
 
 
 def test_renamed_column_message_suggests_the_rename(store):
@@ -316,9 +326,12 @@ class _ChangingWhileRead:
         monkeypatch.setattr(FileReader, "batches", batches)
 
 
+GROWING = "x,s,label\n0.5,c,0\n"  # not GOOD: a copy of good.csv would be a duplicate delivery
+
+
 def test_a_file_changing_while_read_is_not_ingested(store, monkeypatch):
     land(store, "good.csv", GOOD)
-    land(store, "growing.csv", GOOD)
+    land(store, "growing.csv", GROWING)
     _ChangingWhileRead(monkeypatch, store, "growing.csv")
     with pytest.raises(ingest.LandingFileChanged, match=r"growing.csv changed while being read .* ingested once it stops changing"):
         ingest.ingest(store, make_spec())
@@ -326,12 +339,12 @@ def test_a_file_changing_while_read_is_not_ingested(store, monkeypatch):
     assert store.uri("landing", "growing.csv") not in manifest.files  # not recorded: read again next time
     assert dq.list_quarantine(store) == []
     result = ingest.ingest(store, make_spec())  # stable now
-    assert snapshot_rows(store, result)["x"] == [1.5, 2.5, 1.5, 2.5, 9.0]
+    assert snapshot_rows(store, result)["x"] == [1.5, 2.5, 0.5, 9.0]
 
 
 def test_a_file_changing_while_read_is_skipped_under_warn(store, monkeypatch):
     land(store, "good.csv", GOOD)
-    land(store, "growing.csv", GOOD)
+    land(store, "growing.csv", GROWING)
     _ChangingWhileRead(monkeypatch, store, "growing.csv")
     result = ingest.ingest(store, make_spec(on_bad_data="warn"))
     assert result.skipped_changing == [store.uri("landing", "growing.csv")]
@@ -361,7 +374,8 @@ def test_row_problems_are_rejected_or_set_aside_by_validation(store, case, polic
     text, failing, rows = ROW_PROBLEMS[case]
     land(store, "ok.csv", "x,s,label\n" + "".join(f"{i},{'abc'[i % 3]},{i % 2}\n" for i in range(3, 23)))
     land(store, "z.parquet" if text is None else "z.csv", _nan_parquet() if text is None else text)
-    spec = make_spec(on_bad_data=policy)
+    # repeats as failing rows; the default drops them (test_repeated_rows_are_dropped_by_default)
+    spec = make_spec(on_bad_data=policy, source=make_spec().source.model_copy(update={"duplicates": "reject"}))
     snap = ingest.ingest(store, spec).snapshot  # ingestion accepts: the values parse
     raw = {"uri": snap.uri, "md5": snap.md5, "rows": snap.rows, "dvc_file": ""}
     outcome = dq.validate_version(store, spec, raw)
@@ -378,6 +392,18 @@ def test_row_problems_are_rejected_or_set_aside_by_validation(store, case, polic
         kept = pq.read_table(Path(outcome.quarantine, "rows.parquet")).column("_row").to_pylist()
         assert kept == [offset + r for r in rows]
         assert sum(outcome.value["rows"].values()) == snap.rows - len(rows)
+
+
+@pytest.mark.parametrize("policy", ["reject", "warn"])
+def test_repeated_rows_are_dropped_by_default(store, policy):
+    land(store, "a.csv", "x,s,label\n" + "".join(f"{i},{'abc'[i % 3]},{i % 2}\n" for i in range(20)))
+    land(store, "b.csv", "x,s,label\n5,c,1\n30,a,0\n7,b,1\n")  # an overlapping re-delivery: two rows again, one new
+    spec = make_spec(on_bad_data=policy)
+    snap = ingest.ingest(store, spec).snapshot
+    outcome = dq.validate_version(store, spec, {"uri": snap.uri, "md5": snap.md5, "rows": snap.rows, "dvc_file": ""})
+    assert outcome.verdict.accepted and outcome.value["set_aside"] == 2
+    assert "2 repeated row(s) dropped, the first of each kept (source.duplicates='keep_first')" in outcome.verdict.warnings
+    assert sum(outcome.value["rows"].values()) == 21
 
 
 # --------------------------------------------------------------------------- S3 and DVC

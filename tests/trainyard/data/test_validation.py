@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainyard import data as dq
-from trainyard.spec import ColumnSpec
+from trainyard.spec import ColumnSpec, SourceSpec
 
 
 def test_good_data_passes(digits, spec):
@@ -171,7 +171,7 @@ def test_decide_follows_the_policy(digits_spec):
 
 
 def test_set_aside_rows_moves_exactly_the_failing_rows(store, digits, digits_spec):
-    spec = digits_spec(on_bad_data="warn", allow_duplicate_rows=False)
+    spec = digits_spec(on_bad_data="warn", allow_duplicate_rows=False, source=SourceSpec(prefix="landing/digits", duplicates="reject"))
     unique = digits.drop_duplicates().reset_index(drop=True)
     bad = pd.concat([unique, unique.iloc[[7]]], ignore_index=True)  # one duplicate at the end
     bad.loc[3, "pixel_4_4"] = 99.0
