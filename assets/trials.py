@@ -7,6 +7,7 @@ the metrics, checkpoint, tracker run and goodput as metadata.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, NoReturn, Optional
 
@@ -35,14 +36,29 @@ from trainyard.values import BestModel, Sweep, TrialModel, ValidatedData
 
 
 class TrialConfig(Config):
-    """Run config of a trial: launch-time overrides (the last configuration layer) and fault drills.
+    """Run config of a trial: launch-time overrides (the last configuration layer), retraining and fault drills.
 
     A drill rehearses recovery before a long job: e.g. `drill_kill_rank=1,
     drill_kill_at_step=50` kills a rank mid-epoch; the trial must finish with the
-    same weights. Each drill fires once per trial.
+    same weights. Each drill fires once per training directory.
+
+    A finished trial (complete, pruned or failed) is not trained again unless
+    `retrain` is set; a drill on a finished trial implies `retrain`, since a
+    drill exists to be watched. A retrain trains the trial's recorded inputs
+    from scratch into `<trial>/retrain-<run id>/` and reports its result beside
+    the recorded one; the study keeps its record of the trial untouched (Optuna
+    never rewrites a finished trial, and `best_model` reads the result the
+    study points to), so retraining is for drills and debugging and never
+    changes what the sweep picks. A drill that cannot fire on the trial (a rank
+    or step it never reaches) fails before compute, and one that was meant to
+    restart the trial but did not fails the run: a drill never silently passes.
+
+    Example (Launchpad of the `train` job, one finished partition):
+        ops: {<team>__<pipeline>__trial_model: {config: {drill_kill_rank: 1, drill_kill_at_step: 5}}}
     """
 
     max_epochs: Optional[int] = None
+    retrain: bool = False
     drill_kill_rank: Optional[int] = None
     drill_kill_at_step: Optional[int] = None
     drill_sigterm_at_step: Optional[int] = None
@@ -58,27 +74,39 @@ class TrialConfig(Config):
             fail_storage_writes=self.drill_fail_storage_writes,
         )
 
+    def drill(self) -> dict[str, Any]:
+        """The drill's settings that differ from no drill (empty: no drill)."""
+        return self.faults().model_dump(exclude_defaults=True)
+
+    def restarts_expected(self) -> bool:
+        """Whether the drill should restart the trial at least once (a killed rank or a preemption)."""
+        return self.drill_kill_at_step is not None or self.drill_sigterm_at_step is not None
+
 
 def handle_launch_error(
-    context: AssetExecutionContext, error: LaunchError, spec: PipelineSpec, store: ObjectStore, sweeps: SweepStore, study: str, number: int, output_uri: str
+    context: AssetExecutionContext, error: LaunchError, spec: PipelineSpec, store: ObjectStore, sweeps: SweepStore, study: str, number: int, output_uri: str,
+    tell: bool = True,
 ) -> NoReturn:
     """Fail at once on user errors; re-launch on infrastructure errors and preemption within budget.
 
     Every launch failure is appended to `<trial>/launches.json` (reset on the
     first attempt of a run), which is the budget's ledger and the record of
-    restart causes.
+    restart causes. With `tell` off (a retrain) the study is not told: it keeps
+    its record of the trial.
     """
     launches = record_launch_failure(
         store, output_uri, retry_number=context.retry_number, cause=type(error).__name__, message=str(error), at=time.time()
     )
     log_tail = MetadataValue.md(f"```\n{error.log_tail}\n```")
     if not error.retryable:
-        sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
+        if tell:
+            sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
         raise Failure(description=str(error), metadata={"log_tail": log_tail, "retried": False}) from error
     infra, preemptions = count_failures(launches, TrainingPreempted.__name__)
     budget = spec.retries
     if infra > budget.max_infra_retries or preemptions > budget.max_preemptions:
-        sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
+        if tell:
+            sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
         raise Failure(
             description=f"{context.partition_key}: giving up after {infra} infrastructure failure(s) (budget {budget.max_infra_retries}) "
             f"and {preemptions} preemption(s) (budget {budget.max_preemptions}); last: {error}",
@@ -149,26 +177,106 @@ def train_trial(
     launcher: Launcher,
     tracking: Tracking,
     sweeps: SweepStore,
+    tell: bool = True,
 ) -> dict[str, Any]:
-    """Launch the trial from its `TrainSpec` under the study's heartbeat, tell the study, and return the result as JSON."""
+    """Launch the trial from its `TrainSpec` under the study's heartbeat, tell the study, and return the result as JSON.
+
+    With `tell` off (a retrain of a finished trial) there is no heartbeat and the study is not told.
+    """
     if plan.error:
-        sweeps.tell(trial.study, trial.number, None, {"error": plan.error[:2000]}, failed=True)
+        if tell:
+            sweeps.tell(trial.study, trial.number, None, {"error": plan.error[:2000]}, failed=True)
         raise Failure(description=f"{context.partition_key}: {plan.error}", metadata=to_dagster(plan.metadata()))
     for warning in plan.warnings:
         context.log.warning(f"{context.partition_key}: {warning}")
     train_spec = build_train_spec(
         spec, trial, validated, output_uri=output_uri, distribution=plan.distribution, optuna_storage_url=sweeps.storage_url,
-        tracker=tracking.tracker_spec(project=naming.tracker_project(spec), group=trial.study, name=trial.trial_id, config=record),
+        tracker=tracking.tracker_spec(
+            project=naming.tracker_project(spec), group=trial.study, name=trial.trial_id if tell else f"{trial.trial_id}-retrain", config=record
+        ),
         lineage=record, max_epochs=config.max_epochs, faults=config.faults(),
     )
     try:
-        with sweeps.heartbeat(trial.study, trial.number):
+        with sweeps.heartbeat(trial.study, trial.number) if tell else contextlib.nullcontext():
             outcome = launcher.launch(train_spec, context=context)
     except LaunchError as e:
-        handle_launch_error(context, e, spec, store, sweeps, trial.study, trial.number, output_uri)
+        handle_launch_error(context, e, spec, store, sweeps, trial.study, trial.number, output_uri, tell=tell)
     result = outcome.result.model_dump(mode="json")
-    tell_result(context, spec, store, sweeps, trial, result, output_uri)
+    if tell:
+        tell_result(context, spec, store, sweeps, trial, result, output_uri)
     return result
+
+
+RETRAIN_DIR_PREFIX = "retrain-"
+
+
+def check_drill(partition_key: str, config: TrialConfig, world_size: int, recorded: Optional[dict[str, Any]]) -> None:
+    """Fail before compute when the drill names a rank or step the trial never reaches.
+
+    Steps are checked against the recorded result's `global_step` unless
+    `max_epochs` overrides the length of training.
+    """
+    problems = []
+    if config.drill_kill_rank is not None and config.drill_kill_rank >= world_size:
+        problems.append(f"drill_kill_rank={config.drill_kill_rank} names no rank of a {world_size}-process trial (ranks 0..{world_size - 1})")
+    steps = recorded.get("global_step") if recorded is not None and config.max_epochs is None else None
+    for name in ("drill_kill_at_step", "drill_sigterm_at_step"):
+        at = getattr(config, name)
+        if at is not None and steps is not None and at > steps:
+            problems.append(f"{name}={at} is past the trial's last step (it trained {steps} steps); use a step in 1..{steps}")
+    if problems:
+        raise Failure(description=f"{partition_key}: the drill cannot run: {'; '.join(problems)}")
+
+
+def retrain_trial(
+    context: AssetExecutionContext,
+    config: TrialConfig,
+    spec: PipelineSpec,
+    trial: TrialInputs,
+    state: str,
+    validated: ValidatedData,
+    plan: Any,
+    record: dict[str, Any],
+    output_uri: str,
+    **resources: Any,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Train a finished trial again, into a fresh directory, without telling the study (see `TrialConfig`).
+
+    Returns:
+        The new result (its `result_uri` under `<trial>/retrain-<run id>/`) and
+        the metadata that compares it with the recorded one and reports the drill.
+
+    Raises:
+        Failure: the drill cannot fire on this trial, or should have restarted the trial and did not.
+    """
+    store: ObjectStore = resources["store"]
+    recorded_uri = f"{output_uri}/result.json"
+    recorded = store.read_json(recorded_uri) if store.exists(recorded_uri) else None
+    drill = config.drill()
+    check_drill(context.partition_key, config, plan.distribution.world_size, recorded)
+    reason = "retrain requested" if config.retrain else "a drill on a finished trial retrains it"
+    retrain_uri = f"{output_uri}/{RETRAIN_DIR_PREFIX}{context.run_id[:8]}"
+    context.log.info(
+        f"{context.partition_key} is {state.lower()} in study {trial.study}; {reason}: training its recorded inputs again in {retrain_uri} "
+        f"(the study keeps its record{'; drill ' + str(drill) if drill else ''})"
+    )
+    result = train_trial(context, config, spec, trial, validated, plan, record, retrain_uri, tell=False, **resources)
+    restarts = (result.get("goodput") or {}).get("restarts")
+    if config.restarts_expected() and restarts == 0:
+        raise Failure(description=f"{context.partition_key}: drill {drill} never fired: the retrain finished without a restart")
+    monitor = spec.model.monitor
+    meta: dict[str, Any] = {
+        "retrain": MetadataValue.json({"reason": reason, "study_state": state, "recorded_result": recorded_uri if recorded else None, "study_unchanged": True}),
+        **({f"recorded_{monitor}": float(recorded["best_metric"])} if recorded else {}),
+    }
+    if drill:
+        causes = (result.get("goodput") or {}).get("restart_causes", [])
+        meta.update({"drill": MetadataValue.json(drill), "drill_recovered": True, **({"drill_restarts": int(restarts)} if restarts is not None else {})})
+        context.log.info(
+            f"{context.partition_key}: drill {drill} recovered: {restarts if restarts is not None else 'unknown'} restart(s) {causes}, "
+            f"finished with {monitor}={result['best_metric']:.6g}" + (f" (recorded {recorded['best_metric']:.6g})" if recorded else "")
+        )
+    return {**result, "result_uri": f"{retrain_uri}/result.json"}, meta
 
 
 def trial_model_body(
@@ -182,7 +290,11 @@ def trial_model_body(
     tracking: Tracking,
     sweeps: SweepStore,
 ) -> Output[TrialModel]:
-    """Train one trial through the launcher (or reuse its stored result) and tell the study how it went."""
+    """Train one trial through the launcher (or reuse its stored result) and tell the study how it went.
+
+    A finished trial is reused as recorded, or retrained into a fresh directory
+    when the run config asks for it (`retrain`, or any drill; see `TrialConfig`).
+    """
     number = naming.trial_number(context.partition_key)
     trial = sweeps.trial(sweep.study, number)
     inputs = TrialInputs(context.partition_key, number, sweep.study, trial.params, accepts_reports=trial.state.name == "RUNNING")
@@ -192,21 +304,31 @@ def trial_model_body(
     # The capacity plan (strategy 'auto' resolved here, before any TrainSpec exists), shown for every trial.
     plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), lambda: planner.count_classes(spec, validated.model_dump(), store), launcher)
     record["strategy"] = plan.distribution.strategy
-    if trial.state.name in ("COMPLETE", "PRUNED") and store.exists(f"{output_uri}/result.json"):
-        context.log.info(f"{context.partition_key} already {trial.state.name.lower()} with these inputs; reusing its result")
-        result = store.read_json(f"{output_uri}/result.json")
+    resources = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}
+    extra: dict[str, Any] = {}
+    result_uri = f"{output_uri}/result.json"
+    if trial.state.is_finished() and (config.retrain or config.drill()):
+        result, extra = retrain_trial(context, config, spec, inputs, trial.state.name, validated, plan, record, output_uri, **resources)
+        result_uri = result.pop("result_uri")
+    elif trial.state.name in ("COMPLETE", "PRUNED") and store.exists(result_uri):
+        context.log.info(
+            f"{context.partition_key} already {trial.state.name.lower()} with these inputs; reusing its result "
+            "(run config `retrain: true` trains it again)"
+        )
+        result = store.read_json(result_uri)
     elif trial.state.name in ("FAIL", "PRUNED"):
         raise Failure(
             description=f"{context.partition_key}: trial {number} of study {sweep.study} is {trial.state.name} "
             f"({failure_reason(trial) if trial.state.name == 'FAIL' else 'stopped early by the pruner'}) and has no result; "
-            "finished trials are not trained again (the sweep asks a new trial in its place)"
+            "finished trials are not trained again (the sweep asks a new trial in its place; "
+            "run config `retrain: true` trains it again for debugging, without changing the study)"
         )
     else:
-        result = train_trial(context, config, spec, inputs, validated, plan, record, output_uri, store=store, launcher=launcher, tracking=tracking, sweeps=sweeps)
+        result = train_trial(context, config, spec, inputs, validated, plan, record, output_uri, **resources)
     value = TrialModel.model_validate(
-        {"trial": context.partition_key, "number": number, "params": trial.params, "result_uri": f"{output_uri}/result.json", **result}
+        {"trial": context.partition_key, "number": number, "params": trial.params, "result_uri": result_uri, **result}
     )
-    return Output(value, metadata=trial_metadata(spec, value, record, plan))
+    return Output(value, metadata={**trial_metadata(spec, value, record, plan), **extra})
 
 
 def best_model_body(context: AssetExecutionContext, spec: PipelineSpec, sweep: Sweep, sweeps: SweepStore, store: ObjectStore) -> Output[BestModel]:
@@ -236,6 +358,7 @@ def best_model_body(context: AssetExecutionContext, spec: PipelineSpec, sweep: S
     return Output(
         value,
         metadata={
+            "study": sweep.study,
             "trial": value.trial,
             spec.model.monitor: value.best_metric,
             **{f"objective_{o.metric}": float(v) for o, v in zip(objectives, best.values)},

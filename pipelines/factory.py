@@ -24,9 +24,11 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
     Jobs per pipeline: `prepare` (raw_data, validated_data, sweep), `train`
     (one trial_model partition per run) and `promote` (best_model,
     registered_model). Sensors per pipeline: `<team>__<name>__landing`
-    (new landing files -> `prepare`, see `pipelines.landing_sensor`) and
-    `<team>__<name>__sweep` (keeps `search.parallelism` trials in flight, see
-    `pipelines.sensors`). Every `train` run is tagged `trainyard/team=<team>`,
+    (new landing files -> `prepare`, see `pipelines.landing_sensor`; starts
+    stopped) and `<team>__<name>__sweep` (keeps `search.parallelism` trials in
+    flight, then starts `promote` once per finished study, see
+    `pipelines.sensors`; running from the start unless
+    `RetrainPolicy.automatic` is off). Every `train` run is tagged `trainyard/team=<team>`,
     the key of the per-team run limit in `dagster.yaml`. The pipeline's
     `RetrainPolicy` adds the schedule `<team>__<name>__retrain` (cron) and the
     sensor `<team>__<name>__drift` (drift against the champion's data), see
@@ -55,7 +57,7 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
         gated = policy.drift_psi is not None
         if policy.on_new_data:
             sensors.append(build_landing_sensor(spec, names["prepare"], asset_selection=prepare_selection(spec) if gated else None))
-        sensors.append(sweep_sensor(spec, train, prepare))
+        sensors.append(sweep_sensor(spec, train, prepare, promote if policy.automatic else None))
         if gated:
             sensors.append(build_drift_sensor(spec, names["prepare"]))
         if policy.cron is not None:

@@ -14,7 +14,16 @@ timeout (60 s unless `DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS` says otherwise):
    their runs;
 5. stop asking at the trial budget, the failure budget, the time budget or the
    target (the reason is recorded on the study, so it survives restarts), and
-   once nothing is in flight request one `sweep` run to refresh its report.
+   once nothing is in flight request one `sweep` run to refresh its report and,
+   when the pipeline is automatic (`RetrainPolicy.automatic`, the default) and
+   a trial completed, one run of the `promote` job (best_model,
+   registered_model): the promotion decision.
+
+The report and the promotion are requested once per finished study (once
+more only if its budget is raised and more trials finish): the cursor records
+the finished count they were requested for, and their run keys
+`<study>/report/<n>` and `<study>/promote/<n>` make Dagster drop a repeat even
+when the cursor is reset.
 
 Restart safety: a trial's number is its partition key, runs carry the run key
 `<study>/<trial key>` (Dagster starts at most one run per key and sensor), and
@@ -53,9 +62,9 @@ from dagster import (
 )
 
 from assets.factory import trials_partitions
-from resources.sweeps import SweepError, SweepStore
+from resources.sweeps import SweepError, SweepStatus, SweepStore
 from trainyard import naming
-from trainyard.naming import PIPELINE_TAG, STUDY_TAG, TEAM_TAG, job_names, trial_key
+from trainyard.naming import PIPELINE_TAG, STUDY_TAG, TEAM_TAG, TRIGGER_TAG, job_names, trial_key
 from trainyard.spec import PipelineSpec
 
 PARTITION_TAG = "dagster/partition"  # the tag Dagster puts on a partitioned run
@@ -93,7 +102,7 @@ class SweepCursor:
     study: Optional[str] = None
     next: int = 0  # lowest trial number not yet requested
     checked: float = 0.0  # runs that ended before this were already looked at
-    reported: int = -1  # finished-trial count of the last report run
+    reported: int = -1  # finished-trial count of the last report (and promote) run
 
     @classmethod
     def parse(cls, text: Optional[str]) -> "SweepCursor":
@@ -146,6 +155,48 @@ def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, s
     return failed
 
 
+def promoted_by(instance: DagsterInstance, spec: PipelineSpec, study_name: str, trials: list[Any]) -> Optional[str]:
+    """The run whose `best_model` of this study came after its last trial finished (a decision already made), or None.
+
+    E.g. `trainyard demo` promoted in-process before the daemon first ticked.
+    """
+    event = instance.get_latest_materialization_event(AssetKey(naming.asset_path(spec, naming.BEST_MODEL)))
+    ended = [t.datetime_complete.timestamp() for t in trials if t.datetime_complete is not None]
+    if event is None or event.asset_materialization is None or not ended:
+        return None
+    study = event.asset_materialization.metadata.get("study")
+    return event.run_id if study is not None and study.value == study_name and event.timestamp >= max(ended) else None
+
+
+def final_requests(
+    spec: PipelineSpec, study_name: str, status: SweepStatus, tags: dict[str, str], prepare_job: str, promote_job: Optional[str],
+    promoted: Optional[str] = None,
+) -> tuple[list[RunRequest], str]:
+    """The runs that close a finished study: its final report and, when wanted and not yet made, its promotion decision.
+
+    Args:
+        promoted: the run that already promoted this study (`promoted_by`), if any.
+    """
+    requests = [
+        RunRequest(
+            run_key=f"{study_name}/report/{status.finished}",
+            job_name=prepare_job,
+            asset_selection=[AssetKey(naming.asset_path(spec, naming.SWEEP))],
+            tags={**tags, "trainyard/report": "final"},
+        )
+    ]
+    if promote_job is None:
+        return requests, ""
+    if not status.complete:
+        return requests, f"; not promoting: no trial of study {study_name} completed"
+    if promoted is not None:
+        return requests, f"; not promoting: run {promoted} already promoted study {study_name}"
+    requests.append(
+        RunRequest(run_key=f"{study_name}/promote/{status.finished}", job_name=promote_job, tags={**tags, TRIGGER_TAG: "sweep finished"})
+    )
+    return requests, f"; study finished, requested {promote_job} (the promotion decision)"
+
+
 def evaluate_sweep(
     spec: PipelineSpec,
     instance: DagsterInstance,
@@ -154,10 +205,15 @@ def evaluate_sweep(
     *,
     train_job: str,
     prepare_job: str,
+    promote_job: Optional[str] = None,
     max_asks_per_tick: int = MAX_ASKS_PER_TICK,
     tick_budget_seconds: float = TICK_BUDGET_SECONDS,
 ) -> SweepTick:
-    """One tick of the sweep sensor (see the module docstring); bounded by `max_asks_per_tick` and `tick_budget_seconds`."""
+    """One tick of the sweep sensor (see the module docstring); bounded by `max_asks_per_tick` and `tick_budget_seconds`.
+
+    Args:
+        promote_job: the job to start once the study is done (None: nobody promotes automatically).
+    """
     started = time.monotonic()
     deadline = started + tick_budget_seconds
     state = SweepCursor.parse(cursor)
@@ -214,19 +270,15 @@ def evaluate_sweep(
     keys = [trial_key(n) for n in requested]
     requests = [RunRequest(partition_key=k, run_key=f"{study_name}/{k}", job_name=train_job, tags=tags) for k in keys]
     after = sweeps.status(study, search) if asked or failed else status
+    promote_note = ""
     if after.done and after.finished != state.reported:
-        requests.append(
-            RunRequest(
-                run_key=f"{study_name}/report/{after.finished}",
-                job_name=prepare_job,
-                asset_selection=[AssetKey(naming.asset_path(spec, naming.SWEEP))],
-                tags={**tags, "trainyard/report": "final"},
-            )
-        )
+        promoted = promoted_by(instance, spec, study_name, trials) if promote_job is not None else None
+        finals, promote_note = final_requests(spec, study_name, after, tags, prepare_job, promote_job, promoted)
+        requests += finals
         state.reported = after.finished
     message = (
         f"{spec.key} study {study_name}: {after.summary()}; requested {len(keys)} trial run(s) "
-        f"({len(asked)} newly asked), {in_flight + len(keys)} in flight of parallelism {search.window}{team_note}"
+        f"({len(asked)} newly asked), {in_flight + len(keys)} in flight of parallelism {search.window}{team_note}{promote_note}"
     )
     if failed:
         message += f"; failed {[trial_key(n) for n in failed]} (stale heartbeat or run ended without a result)"
@@ -239,36 +291,46 @@ def sweep_sensor(
     spec: PipelineSpec,
     train_job: Any,
     prepare_job: Any,
+    promote_job: Any = None,
     *,
     minimum_interval_seconds: int = MINIMUM_INTERVAL_SECONDS,
     max_asks_per_tick: int = MAX_ASKS_PER_TICK,
     tick_budget_seconds: float = TICK_BUDGET_SECONDS,
-    default_status: DefaultSensorStatus = DefaultSensorStatus.STOPPED,
+    default_status: Optional[DefaultSensorStatus] = None,
 ) -> SensorDefinition:
-    """The sweep sensor of one pipeline, targeting its `train` job (and `prepare` for report runs).
+    """The sweep sensor of one pipeline, targeting its `train` job (`prepare` for report runs, `promote` at the end).
 
-    It starts stopped: turn it on in the Dagster UI (Automation) or with
-    `dagster sensor start <team>__<name>__sweep`, so nothing runs behind the
-    back of `trainyard demo` or a test.
+    With `RetrainPolicy.automatic` (the default) it starts running, so a
+    materialized `sweep` trains to its budget and ends in a `promote` run with
+    nobody starting anything; otherwise it starts stopped: turn it on in the
+    Dagster UI (Automation) or with `dagster sensor start <team>__<name>__sweep`.
+    A sensor only ticks under the daemon (`dagster dev`, `make ui`), so
+    `trainyard demo` and in-process tests run nothing behind one's back.
 
     Args:
         train_job, prepare_job: the pipeline's job definitions.
+        promote_job: the job started once per finished study (None: none is started).
         max_asks_per_tick, tick_budget_seconds: the bound on one tick's work.
+        default_status: overrides the status the pipeline's policy implies.
     """
     partitions = trials_partitions(spec)
     train_name, prepare_name = train_job.name, prepare_job.name
+    promote_name = promote_job.name if promote_job is not None else None
+    if default_status is None:
+        default_status = DefaultSensorStatus.RUNNING if spec.retrain_policy.automatic else DefaultSensorStatus.STOPPED
 
     @sensor(
         name=naming.sweep_sensor_name(spec),
-        jobs=[train_job, prepare_job],
+        jobs=[train_job, prepare_job, *([promote_job] if promote_job is not None else [])],
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        description=f"Keeps {spec.search.window} trial(s) of the {spec.key} sweep in flight until {spec.search.n_trials} finish",
+        description=f"Keeps {spec.search.window} trial(s) of the {spec.key} sweep in flight until {spec.search.n_trials} finish"
+        + (f", then starts {promote_name} (the promotion decision)" if promote_name else ""),
     )
     def sweep_trials(context: SensorEvaluationContext, sweeps: SweepStore) -> SensorResult:
         try:
             tick = evaluate_sweep(
-                spec, context.instance, sweeps, context.cursor, train_job=train_name, prepare_job=prepare_name,
+                spec, context.instance, sweeps, context.cursor, train_job=train_name, prepare_job=prepare_name, promote_job=promote_name,
                 max_asks_per_tick=max_asks_per_tick, tick_budget_seconds=tick_budget_seconds,
             )
         except SweepError as e:
@@ -285,7 +347,10 @@ def sweep_sensor(
 
 
 def sweep_sensors(defs: Definitions, *specs: PipelineSpec, **options: Any) -> list[SensorDefinition]:
-    """Sweep sensors for pipelines whose jobs are in `defs` (options as for `sweep_sensor`)."""
+    """Sweep sensors for pipelines whose jobs are in `defs` (options as for `sweep_sensor`).
+
+    Each targets its pipeline's `promote` job too when `defs` has it and the pipeline is automatic.
+    """
     jobs = {j.name: j for j in (defs.jobs or [])}
     out = []
     for spec in specs:
@@ -293,7 +358,8 @@ def sweep_sensors(defs: Definitions, *specs: PipelineSpec, **options: Any) -> li
         missing = [n for n in (names["train"], names["prepare"]) if n not in jobs]
         if missing:
             raise ValueError(f"pipeline {spec.key!r}: Definitions has no job {missing}; build them with pipelines.factory.build_definitions")
-        out.append(sweep_sensor(spec, jobs[names["train"]], jobs[names["prepare"]], **options))
+        promote = jobs.get(names["promote"]) if spec.retrain_policy.automatic else None
+        out.append(sweep_sensor(spec, jobs[names["train"]], jobs[names["prepare"]], promote, **options))
     return out
 
 

@@ -1,0 +1,179 @@
+"""`trial_model` on a finished trial: reuse, retraining on purpose, and drills that retrain or fail clearly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from pipelines.factory import build_definitions, job_names
+from resources.launcher import LaunchOutcome
+from tests.pipelines.pipeline_fixtures import Harness, failure_text, small_spec, write_landing
+from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, open_instance, prepared_home
+from training.spec import CheckpointPolicy, Distribution, TrainSpec
+from trainyard.spec import ModelSpec
+
+NODE = "test__digits__trial_model"
+
+
+class RecordingLauncher(TrivialLauncher):
+    """The trivial trial, recording each `TrainSpec` it gets under `record_dir` (launch order).
+
+    Args:
+        drill_restarts: the restarts a drilled trial reports in its goodput (a
+            trial without a drill reports none); None: no goodput at all.
+    """
+
+    record_dir: str
+    drill_restarts: Optional[int] = 1
+
+    def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
+        out = Path(self.record_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{len(list(out.iterdir())):03d}.json").write_text(spec.model_dump_json())
+        outcome = super().launch(spec, context)
+        drilled = spec.faults.kill_at_step is not None or spec.faults.sigterm_at_step is not None
+        if self.drill_restarts is None:
+            return outcome
+        restarts = self.drill_restarts if drilled else 0
+        result = outcome.result.model_copy(update={"goodput": {"restarts": restarts, "restart_causes": ["lost (process killed)"] * restarts}})
+        (Path(spec.output_uri) / "result.json").write_text(result.model_dump_json())
+        return LaunchOutcome(result=result, log_uri=outcome.log_uri, seconds=outcome.seconds)
+
+
+def launched(home: Path) -> list[TrainSpec]:
+    return [TrainSpec.model_validate_json(p.read_text()) for p in sorted((home / "launched").glob("*.json"))]
+
+
+class Trials:
+    """A prepared drill sweep whose trial runs take run config."""
+
+    def __init__(self, home: Path, **launcher: Any) -> None:
+        self.home = home
+        self.spec = drill_spec(n_trials=1, parallelism=1)
+        self.instance = open_instance(home)
+        self.resources = drill_resources(home, RecordingLauncher(record_dir=str(home / "launched"), **launcher))
+        self.sweep = prepared_home(home, self.spec, self.resources, self.instance)
+
+    def train(self, key: str = "trial-0000", **config: Any):
+        defs = build_definitions(self.spec, resources=self.resources)
+        return defs.resolve_job_def(job_names(self.spec)["train"]).execute_in_process(
+            instance=self.instance, partition_key=key, raise_on_error=False, run_config={"ops": {NODE: {"config": config}}} if config else None
+        )
+
+    def trial(self, number: int = 0) -> Any:
+        return self.resources["sweeps"].trial(self.sweep["study"], number)
+
+
+def metadata(result) -> dict[str, Any]:
+    return {k: v.value for k, v in result.asset_materializations_for_node(NODE)[0].metadata.items()}
+
+
+def test_a_finished_trial_is_reused_without_retrain(tmp_path: Path) -> None:
+    trials = Trials(tmp_path)
+    assert trials.train().success
+    again = trials.train()
+    assert again.success and len(launched(tmp_path)) == 1  # reused: nothing launched the second time
+    assert again.output_for_node(NODE).result_uri == trials.trial().user_attrs["result_uri"]
+
+
+def test_retrain_config_retrains_one_finished_trial_and_leaves_the_study_alone(tmp_path: Path) -> None:
+    trials = Trials(tmp_path)
+    first = trials.train()
+    assert first.success
+    recorded = trials.trial()
+    recorded_uri = recorded.user_attrs["result_uri"]
+    recorded_bytes = Path(recorded_uri).read_bytes()
+    result = trials.train(retrain=True)
+    assert result.success, failure_text(result)
+    specs = launched(tmp_path)
+    assert len(specs) == 2  # the retrain launched again
+    retrain_dir = Path(specs[1].output_uri)
+    assert retrain_dir.parent == Path(specs[0].output_uri) and retrain_dir.name == f"retrain-{result.run_id[:8]}"
+    assert specs[1].optuna.pruner.kind == "none"  # a finished trial takes no reports, so no pruner
+    value = result.output_for_node(NODE)
+    assert value.result_uri == str(retrain_dir / "result.json") and value.best_metric == recorded.value
+    # the study's record and the result it points to are untouched
+    after = trials.trial()
+    assert (after.state.name, after.value, after.user_attrs["result_uri"]) == ("COMPLETE", recorded.value, recorded_uri)
+    assert Path(recorded_uri).read_bytes() == recorded_bytes
+    meta = metadata(result)
+    assert meta["retrain"] == {"reason": "retrain requested", "study_state": "COMPLETE", "recorded_result": recorded_uri, "study_unchanged": True}
+    assert meta["recorded_val_acc"] == recorded.value and "drill" not in meta
+
+
+def test_drill_on_a_finished_trial_retrains_it_and_reports_the_recovery(tmp_path: Path) -> None:
+    """The drill used to be ignored ("already complete ...; reusing its result") and the run passed."""
+    trials = Trials(tmp_path)
+    assert trials.train().success
+    result = trials.train(drill_kill_rank=0, drill_kill_at_step=1)
+    assert result.success, failure_text(result)
+    specs = launched(tmp_path)
+    assert len(specs) == 2 and specs[1].faults.kill_rank == 0 and specs[1].faults.kill_at_step == 1  # the drill reached the pod
+    assert Path(specs[1].output_uri).name.startswith("retrain-")
+    meta = metadata(result)
+    assert meta["drill"] == {"kill_rank": 0, "kill_at_step": 1}
+    assert meta["drill_recovered"] is True and meta["drill_restarts"] == 1
+    assert meta["retrain"]["reason"] == "a drill on a finished trial retrains it"
+    assert trials.trial().state.name == "COMPLETE"
+
+
+def test_drill_that_cannot_fire_fails_before_compute(tmp_path: Path) -> None:
+    trials = Trials(tmp_path)
+    assert trials.train().success
+    result = trials.train(drill_kill_rank=1, drill_kill_at_step=5)
+    assert not result.success
+    text = failure_text(result)
+    assert "trial-0000: the drill cannot run: drill_kill_rank=1 names no rank of a 1-process trial (ranks 0..0)" in text
+    assert "drill_kill_at_step=5 is past the trial's last step (it trained 1 steps); use a step in 1..1" in text
+    assert len(launched(tmp_path)) == 1  # nothing launched for the drill
+
+
+def test_drill_that_never_restarted_the_trial_fails(tmp_path: Path) -> None:
+    trials = Trials(tmp_path, drill_restarts=0)
+    assert trials.train().success
+    result = trials.train(drill_sigterm_at_step=1)
+    assert not result.success
+    assert "trial-0000: drill {'sigterm_at_step': 1} never fired: the retrain finished without a restart" in failure_text(result)
+
+
+def test_a_failed_trial_can_be_retrained_for_debugging_and_stays_failed(tmp_path: Path) -> None:
+    trials = Trials(tmp_path)
+    trials.resources["launcher"] = TrivialLauncher(fail=True)
+    assert not trials.train().success
+    assert trials.trial().state.name == "FAIL"
+    refused = trials.train()
+    assert not refused.success and "run config `retrain: true` trains it again" in failure_text(refused)
+    trials.resources["launcher"] = TrivialLauncher()
+    result = trials.train(retrain=True)
+    assert result.success, failure_text(result)
+    assert metadata(result)["retrain"]["study_state"] == "FAIL"
+    assert trials.trial().state.name == "FAIL"
+
+
+@pytest.mark.slow
+def test_kill_drill_on_a_finished_real_trial_retrains_and_recovers(tmp_path: Path) -> None:
+    """Two torchrun processes; rank 1 is killed at step 3 of the retrain and the trial resumes from its checkpoint."""
+    write_landing(tmp_path)
+    spec = small_spec(
+        search=small_spec().search.model_copy(update={"n_trials": 1}),
+        distribution=Distribution(procs_per_node=2),
+        checkpoint=CheckpointPolicy(every_n_steps=2),
+        model=ModelSpec(path="pipelines.vision.models:DigitsMLP", max_epochs=2, batch_size=32),
+    )
+    harness = Harness(tmp_path, spec)
+    assert harness.run("prepare").success
+    first = harness.run("train", "trial-0000")
+    assert first.success, failure_text(first)
+    recorded = first.output_for_node(NODE)
+    drill = harness.run("train", "trial-0000", run_config={"ops": {NODE: {"config": {"drill_kill_rank": 1, "drill_kill_at_step": 3}}}})
+    assert drill.success, failure_text(drill)
+    value = drill.output_for_node(NODE)
+    assert Path(value.result_uri).parent.name.startswith("retrain-")
+    assert (Path(value.result_uri).parent / "faults" / "kill").exists()  # the kill fired in the retrain's directory
+    assert value.goodput["restarts"] >= 1 and value.resumed_from
+    meta = metadata(drill)
+    assert meta["drill_recovered"] is True and meta["drill_restarts"] >= 1
+    assert json.loads(Path(recorded.result_uri).read_text())["best_metric"] == recorded.best_metric  # the recorded result is untouched
