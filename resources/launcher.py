@@ -8,13 +8,16 @@ the same program in both places.
 Outcomes map to a small error hierarchy: `retryable` errors (lost workers,
 preemption, infrastructure) may be retried by Dagster's RetryPolicy; terminal
 ones (bad config, an exception in model code) fail at once with the failing
-rank's traceback.
+rank's traceback. A rank that died without a word (SIGKILL, out of memory) is
+found in torchrun's failure summary and blamed first, with its own last log
+lines; the peers that then lost it come after.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -143,11 +146,98 @@ def read_failures(output_uri: str) -> list[dict[str, Any]]:
     return records
 
 
-def outcome_error(returncode: int, failures: list[dict[str, Any]], log_tail: str, trial_id: str) -> LaunchError:
-    """Map a failed launch to the error a retry policy understands."""
+@dataclass(frozen=True)
+class WorkerExit:
+    """One failed worker in torchrun's failure summary (`ChildFailedError`)."""
+
+    rank: int
+    exitcode: int
+    pid: int
+
+    @property
+    def signal_name(self) -> Optional[str]:
+        """The signal that ended the worker (torchrun reports it as a negative exit code); None for a plain exit."""
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe(self) -> str:
+        if self.signal_name is None:
+            return f"rank {self.rank} exited with status {self.exitcode} (pid {self.pid})"
+        return f"rank {self.rank} was killed (signal {-self.exitcode}, {self.signal_name}; pid {self.pid})"
+
+
+_SUMMARY_ENTRY = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+
+
+def parse_worker_exits(torchrun_output: str) -> list[WorkerExit]:
+    """The failed workers named in the last failure summary torchrun printed, root cause first.
+
+    torchrun ends a failed launch with a `ChildFailedError` block: "Failures:"
+    (the other failed workers) and "Root Cause (first observed failure):", each
+    entry naming `rank`, `exitcode` (negative: killed by that signal) and `pid`.
+    An output without that block (a launch still running, a pod log) gives [].
+    """
+    start = torchrun_output.rfind("Failures:")
+    if start < 0:
+        return []
+    block = torchrun_output[start:]
+    cause_at = block.find("Root Cause")
+    if cause_at < 0:
+        return []
+    entries = list(_SUMMARY_ENTRY.finditer(block))
+    root_cause = [m for m in entries if m.start() > cause_at]
+    others = [m for m in entries if m.start() < cause_at]
+    exits: dict[int, WorkerExit] = {}
+    for m in root_cause + others:
+        exits.setdefault(int(m.group(1)), WorkerExit(rank=int(m.group(1)), exitcode=int(m.group(2)), pid=int(m.group(3))))
+    return list(exits.values())
+
+
+def _tail_text(lines: list[str], rank: Optional[int]) -> str:
+    who = f"rank {rank}" if rank is not None else "the launch"
+    return f"last {len(lines)} log lines of {who}:\n" + "\n".join(lines) if lines else f"(no log lines of {who})"
+
+
+def outcome_error(
+    returncode: int,
+    failures: list[dict[str, Any]],
+    log_tail: str,
+    trial_id: str,
+    *,
+    torchrun_output: Optional[str] = None,
+    rank_tails: Optional[dict[int, list[str]]] = None,
+) -> LaunchError:
+    """Map a failed launch to the error a retry policy understands.
+
+    The root cause comes first: a config or user failure record; a preemption;
+    then a worker that died without writing a record (named in torchrun's
+    failure summary, e.g. SIGKILL by the kernel's OOM killer), whose peers'
+    records ("lost a dependency") are consequences; then any other record.
+    The first line of the message is a whole sentence (a Dagster log shows only
+    it); the last log lines follow, of the blamed rank when `rank_tails` has them.
+
+    Args:
+        returncode: torchrun's exit status.
+        failures: the ranks' failure records (`read_failures`).
+        log_tail: the last lines of the whole launch's output.
+        trial_id: named in the message.
+        torchrun_output: where torchrun's failure summary is (default: `log_tail`).
+        rank_tails: each rank's own last output lines, by rank, when known.
+    """
     by_category: dict[str, dict[str, Any]] = {}
     for f in sorted(failures, key=lambda r: r.get("time", 0.0)):
         by_category.setdefault(f["category"], f)  # the first failure of each kind is the root cause
+    rank_tails = rank_tails or {}
+
+    def tail_of(rank: Optional[int]) -> tuple[str, str]:
+        lines = rank_tails.get(rank, []) if rank is not None else []
+        text = "\n".join(lines) if lines else log_tail
+        return text, _tail_text(text.splitlines(), rank if lines else None)
+
     if "config" in by_category:
         f = by_category["config"]
         return TrainingConfigError(f"trial {trial_id}: bad config (rank {f['rank']}): {f['error']}", log_tail=log_tail, rank=f["rank"])
@@ -159,14 +249,25 @@ def outcome_error(returncode: int, failures: list[dict[str, Any]], log_tail: str
     if returncode == EXIT_PREEMPTED or "preempted" in by_category:
         detail = by_category.get("preempted", {}).get("error", "SIGTERM")
         return TrainingPreempted(f"trial {trial_id}: preempted ({detail}); will resume from its last checkpoint", log_tail=log_tail)
+    recorded = {f["rank"] for f in failures}
+    silent = [e for e in parse_worker_exits(log_tail if torchrun_output is None else torchrun_output) if e.rank not in recorded]
+    if silent:
+        culprit = silent[0].rank
+        peers = [f"rank {f['rank']} then lost its peer ({f['error'][:200]})" for f in sorted(failures, key=lambda r: r.get("time", 0.0))]
+        deaths = "; ".join(e.describe() for e in silent)
+        tail, shown = tail_of(culprit)
+        return InfrastructureError(
+            f"trial {trial_id}: {deaths} without reporting an error (out of memory, a lost node or a kill from outside)"
+            + "".join(f"; {p}" for p in peers) + f"\n{shown}",
+            log_tail=tail, rank=culprit,
+        )
     if "infra" in by_category:
         f = by_category["infra"]
-        return InfrastructureError(
-            f"trial {trial_id}: rank {f['rank']} lost a dependency: {f['error']}; last log lines:\n{log_tail}", log_tail=log_tail, rank=f["rank"]
-        )
+        tail, shown = tail_of(f["rank"])
+        return InfrastructureError(f"trial {trial_id}: rank {f['rank']} lost a dependency: {f['error']}\n{shown}", log_tail=tail, rank=f["rank"])
     return InfrastructureError(
         f"trial {trial_id}: workers exited with status {returncode} without reporting an error "
-        f"(killed, out of memory or lost); last log lines:\n{log_tail}",
+        f"(killed, out of memory or lost)\n{_tail_text(log_tail.splitlines(), None)}",
         log_tail=log_tail,
     )
 
@@ -220,12 +321,12 @@ class LocalLauncher(Launcher):
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                 LAUNCH_ID_ENV: f"{time.time_ns():x}",
             }
-            tail: deque[str] = deque(maxlen=self.log_tail_lines)
+            output = LaunchOutput(self.log_tail_lines)
             with open(log_path, "w") as log_file:
                 proc = subprocess.Popen(
                     cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
                 )
-                pump = threading.Thread(target=_pump, args=(proc.stdout, log_file, tail), daemon=True)
+                pump = threading.Thread(target=output.pump, args=(proc.stdout, log_file), daemon=True)
                 pump.start()
                 timed_out = False
                 try:
@@ -237,28 +338,64 @@ class LocalLauncher(Launcher):
                 finally:
                     if proc.poll() is None:
                         _stop(proc)
+                # torchrun has exited; its pipe ends once the last buffered lines are read.
                 pump.join(timeout=10)
             log_uri = join(spec.output_uri, "logs", "launcher.log")
             fs, path = fsspec.core.url_to_fs(log_uri)
             fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
             fs.put_file(log_path, path)
         seconds = time.monotonic() - started
-        log_tail = "\n".join(tail)
+        log_tail = "\n".join(output.tail)
         if timed_out:
             raise InfrastructureError(
-                f"trial {spec.trial_id}: no result after {self.timeout_seconds:.0f} s; stopped. Last log lines:\n{log_tail}",
+                f"trial {spec.trial_id}: no result after {self.timeout_seconds:.0f} s; stopped.\n{_tail_text(list(output.tail), None)}",
                 log_tail=log_tail,
             )
         result = read_result(spec.output_uri) if returncode == 0 else None
         if result is not None:
             return LaunchOutcome(result=result, log_uri=log_uri, seconds=seconds)
-        raise outcome_error(returncode, read_failures(spec.output_uri), log_tail, spec.trial_id)
+        raise outcome_error(
+            returncode, read_failures(spec.output_uri), log_tail, spec.trial_id,
+            torchrun_output="\n".join(output.agent), rank_tails={r: list(t) for r, t in output.ranks.items()},
+        )
 
 
-def _pump(stream: Any, log_file: Any, tail: deque) -> None:
-    for line in stream:
-        log_file.write(line)
-        tail.append(line.rstrip("\n"))
+# torchrun's --tee prefixes each worker line with "[<role><local rank>]:"; a local launch
+# is one node, so the local rank is the rank.
+_RANK_PREFIX = re.compile(r"^\[[A-Za-z_]\w*?(\d+)\]:(.*)$")
+
+
+class LaunchOutput:
+    """What a local launch printed, kept for error messages while it is written to the log file.
+
+    Attributes:
+        tail: the last lines of the whole output.
+        ranks: each rank's own last lines (prefix removed), by rank.
+        agent: torchrun's own last lines, where its failure summary is.
+    """
+
+    AGENT_LINES = 400  # a failure summary with a traceback per failed rank fits
+
+    def __init__(self, lines: int) -> None:
+        self.lines = lines
+        self.tail: deque[str] = deque(maxlen=lines)
+        self.ranks: dict[int, deque[str]] = {}
+        self.agent: deque[str] = deque(maxlen=self.AGENT_LINES)
+
+    def add(self, line: str) -> None:
+        line = line.rstrip("\n")
+        self.tail.append(line)
+        m = _RANK_PREFIX.match(line)
+        if m is None:
+            self.agent.append(line)
+        else:
+            self.ranks.setdefault(int(m.group(1)), deque(maxlen=self.lines)).append(m.group(2))
+
+    def pump(self, stream: Any, log_file: Any) -> None:
+        """Copy `stream` to `log_file` line by line, keeping the tails."""
+        for line in stream:
+            log_file.write(line)
+            self.add(line)
 
 
 def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:

@@ -6,6 +6,9 @@ previous group ("Connection refused" to a dead worker; a restart that never
 comes up). Each group therefore starts its process group on a store prefixed
 with the launch and restart count, so every group sees only its own keys.
 Lightning finds the group initialized and uses it.
+
+`lost_peer` tells the error a surviving rank raises when another rank died
+(killed, out of memory) from an error of its own.
 """
 
 from __future__ import annotations
@@ -37,3 +40,17 @@ def init_process_group(backend: str, timeout_seconds: float = 600.0) -> bool:
         backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timedelta(seconds=timeout_seconds)
     )
     return True
+
+
+_COMM_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+_COMM_TEXT = ("connection closed by peer", "connection reset by peer", "gloo", "nccl")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether `exc` is a collective or store failure: what a rank raises when a peer is gone.
+
+    Such a rank is a casualty, not the cause: the cause is the peer, which may
+    have died without a word (SIGKILL), and its launcher names it.
+    """
+    text = str(exc).lower()
+    return type(exc).__name__ in _COMM_ERRORS or any(s in text for s in _COMM_TEXT)

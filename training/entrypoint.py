@@ -77,6 +77,7 @@ def failure_category(exc: BaseException) -> str:
     fault_tolerance = sys.modules.get("training.fault_tolerance")
     # The checkpoint store loads torch, which a GBT trial that failed never needs.
     from training.checkpointing import CheckpointError
+    from training.distributed import lost_peer
 
     if isinstance(exc, ConfigError):
         return "config"
@@ -84,11 +85,8 @@ def failure_category(exc: BaseException) -> str:
         return "preempted"
     if isinstance(exc, CheckpointError):
         return "infra"
-    text = str(exc).lower()
-    comm = type(exc).__name__ in ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
-    comm = comm or any(s in text for s in ("connection closed by peer", "connection reset by peer", "gloo", "nccl"))
     # A rank that lost a peer, or was told to stop while blocked in a collective, is an infrastructure casualty.
-    if comm or (fault_tolerance is not None and fault_tolerance.SIGTERM_RECEIVED):
+    if lost_peer(exc) or (fault_tolerance is not None and fault_tolerance.SIGTERM_RECEIVED):
         return "infra"
     return "user"
 

@@ -30,6 +30,7 @@ from typing_extensions import override
 
 from training.attempts import AttemptLog, FaultMarkers, goodput, read_attempts  # noqa: F401  (re-exported)
 from training.checkpointing import AsyncCheckpointWriter, CheckpointStore, LoadedCheckpoint, ShardSpec, rng_state, set_rng_state, young_daly_interval
+from training.distributed import lost_peer
 from training.errors import Preempted
 from training.resumable import ResumableSampler
 from training.spec import CheckpointPolicy, FaultInjection
@@ -293,7 +294,9 @@ class FaultTolerance(Callback):
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
         if trainer.is_global_zero and self.attempt.record["status"] == "running":
-            self.attempt.update(force=True, status=f"failed: {type(exception).__name__}: {str(exception)[:200]}")
+            # A lost peer is the restart's cause as goodput reports it, not the gloo error it surfaced as.
+            status = "lost (a peer rank died)" if lost_peer(exception) else f"failed: {type(exception).__name__}: {str(exception)[:200]}"
+            self.attempt.update(force=True, status=status)
 
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import threading
+import time
 from pathlib import Path
+from typing import Any, Optional
 
 import pytest
 
 from resources.launcher import (
     InfrastructureError,
+    LaunchOutput,
     LocalLauncher,
     TrainingCodeError,
     TrainingConfigError,
+    WorkerExit,
     outcome_error,
+    parse_worker_exits,
     torchrun_command,
 )
-from tests.training.test_entrypoint import make_spec
-from training.spec import Distribution, FaultInjection, ImportTarget
+from tests.support.train_specs import make_spec
+from training.spec import CheckpointPolicy, Distribution, FaultInjection, ImportTarget
 
 
 def test_torchrun_command_single_node(tmp_path: Path) -> None:
@@ -31,7 +40,7 @@ def test_torchrun_command_multi_node_needs_master(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="needs master_addr and node_rank"):
         torchrun_command(spec, "s")
     cmd = torchrun_command(spec, "s", python="py", node_rank="$(JOB_COMPLETION_INDEX)", master_addr="job-0.svc", master_port=29400)
-    assert cmd[5:9] == ["--max-restarts=0", "--node-rank=$(JOB_COMPLETION_INDEX)", "--master-addr=job-0.svc", "--master-port=29400"]
+    assert cmd[5:9] == ["--max-restarts=2", "--node-rank=$(JOB_COMPLETION_INDEX)", "--master-addr=job-0.svc", "--master-port=29400"]
 
 
 def test_outcome_mapping() -> None:
@@ -40,6 +49,69 @@ def test_outcome_mapping() -> None:
     assert isinstance(user, TrainingCodeError) and not user.retryable and "rank 1 raised boom" in str(user) and "TB" in str(user)
     infra = outcome_error(-9, [], "last line", "t")
     assert isinstance(infra, InfrastructureError) and infra.retryable and "last line" in str(infra)
+
+
+# torchrun 2.13's summary after rank 1 was SIGKILLed and rank 0 then failed on the lost connection.
+TORCHRUN_SUMMARY = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+training.entrypoint FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-01_00:47:09
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 75 (pid: 12283)
+  error_file: <N/A>
+  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_00:47:02
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12284)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 12284
+============================================================"""
+
+GLOO = "RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:19862: Connection reset by peer. GLHF!"
+
+
+def test_torchrun_summary_names_the_root_cause_first() -> None:
+    exits = parse_worker_exits("E1201 agent line\n" + TORCHRUN_SUMMARY)
+    assert exits == [WorkerExit(rank=1, exitcode=-9, pid=12284), WorkerExit(rank=0, exitcode=75, pid=12283)]
+    assert exits[0].signal_name == "SIGKILL" and exits[1].signal_name is None
+    assert parse_worker_exits("[default0]:no summary here") == []
+
+
+def test_killed_rank_is_blamed_before_the_peer_that_lost_it() -> None:
+    """A SIGKILLed rank writes no record; its peer's 'lost a dependency' is a consequence, not the cause."""
+    failures = [{"category": "infra", "rank": 0, "error": GLOO, "time": 2.0}]
+    rank_tails = {0: ["rank 0 line"], 1: ["rank 1 warning", "rank 1 last words"]}
+    err = outcome_error(1, failures, "combined tail", "t", torchrun_output=TORCHRUN_SUMMARY, rank_tails=rank_tails)
+    assert isinstance(err, InfrastructureError) and err.retryable and err.rank == 1
+    first = str(err).splitlines()[0]
+    assert first.startswith("trial t: rank 1 was killed (signal 9, SIGKILL; pid 12284) without reporting an error")
+    assert first.index("rank 1 was killed") < first.index("rank 0 then lost its peer (RuntimeError: [gloo")
+    assert str(err).endswith("last 2 log lines of rank 1:\nrank 1 warning\nrank 1 last words")
+    assert err.log_tail == "rank 1 warning\nrank 1 last words"
+
+
+def test_peer_failure_without_a_summary_keeps_its_record_and_the_tail() -> None:
+    err = outcome_error(1, [{"category": "infra", "rank": 0, "error": GLOO}], "agent said", "t")
+    assert isinstance(err, InfrastructureError) and err.rank == 0
+    assert str(err).splitlines()[0] == f"trial t: rank 0 lost a dependency: {GLOO}"
+    assert str(err).endswith("last 1 log lines of the launch:\nagent said")
+
+
+def test_launch_output_keeps_each_ranks_lines_apart() -> None:
+    out = LaunchOutput(lines=2)
+    for line in ["[default0]:a\n", "[default1]:b\n", "[default0]:c\n", "[default0]:d\n", "W1201 agent\n"]:
+        out.add(line)
+    assert {r: list(t) for r, t in out.ranks.items()} == {0: ["c", "d"], 1: ["b"]}
+    assert list(out.agent) == ["W1201 agent"] and list(out.tail) == ["[default0]:d", "W1201 agent"]
 
 
 def test_two_process_ddp_trains(tmp_path: Path) -> None:
@@ -71,3 +143,88 @@ def test_timeout_stops_the_launch(tmp_path: Path) -> None:
     spec = make_spec(tmp_path)
     with pytest.raises(InfrastructureError, match="no result after 1 s"):
         LocalLauncher(timeout_seconds=1).launch(spec)
+
+
+def _workers_of(root: int) -> dict[int, int]:
+    """rank -> pid of the `training.entrypoint` processes descended from process `root` (read from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    ranks = {}
+    for pid in parents:
+        ancestor = parents.get(pid)
+        while ancestor not in (None, 0, 1, root):
+            ancestor = parents.get(ancestor)
+        if ancestor != root:
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if b"training.entrypoint" in cmdline and b"RANK" in environ:
+            ranks[int(environ[b"RANK"])] = pid
+    return ranks
+
+
+def launch_and_kill(spec: Any, rank: int) -> tuple[Optional[Any], Optional[BaseException], float]:
+    """Launch `spec`, SIGKILL rank `rank` from outside once a checkpoint is committed; (outcome, error, kill time)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["outcome"] = LocalLauncher().launch(spec)
+        except BaseException as e:  # handed to the test thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    checkpoints = Path(spec.output_uri, "checkpoints")
+    deadline = time.monotonic() + 300
+    while not (checkpoints.is_dir() and any(p.name.startswith("step-") for p in checkpoints.iterdir())):
+        assert thread.is_alive() and time.monotonic() < deadline, "the launch ended before its first checkpoint"
+        time.sleep(0.05)
+    pid = _workers_of(os.getpid())[rank]
+    killed_at = time.time()
+    os.kill(pid, signal.SIGKILL)
+    thread.join()
+    return box.get("outcome"), box.get("error"), killed_at
+
+
+@pytest.mark.slow
+def test_rank_killed_from_outside_is_blamed_with_its_own_log_lines(tmp_path: Path) -> None:
+    """No restarts left: the launch fails, naming the killed rank first and showing that rank's lines."""
+    spec = make_spec(
+        tmp_path, distribution=Distribution(procs_per_node=2, max_restarts=0), checkpoint=CheckpointPolicy(every_n_steps=4),
+        max_epochs=6, batch_size=16,
+    )
+    _, error, _ = launch_and_kill(spec, rank=1)
+    assert isinstance(error, InfrastructureError) and error.retryable and error.rank == 1
+    first = str(error).splitlines()[0]
+    assert first.startswith("trial trial-0000: rank 1 was killed (signal 9, SIGKILL; pid ")
+    assert "rank 0 then lost its peer" in first
+    assert "last " in str(error) and " log lines of rank 1:" in str(error)
+    rank1 = [line.split(":", 1)[1] for line in Path(spec.output_uri, "logs", "launcher.log").read_text().splitlines()
+             if line.startswith("[default1]:")]
+    assert error.log_tail and error.log_tail.splitlines() == rank1[-len(error.log_tail.splitlines()):]
+
+
+@pytest.mark.slow
+def test_rank_killed_from_outside_is_restarted_in_the_job_by_default(tmp_path: Path) -> None:
+    """The default `max_restarts` lets torchrun restart the group; it resumes from the newest checkpoint."""
+    spec = make_spec(tmp_path, distribution=Distribution(procs_per_node=2), checkpoint=CheckpointPolicy(every_n_steps=4),
+                     max_epochs=6, batch_size=16)
+    outcome, error, killed_at = launch_and_kill(spec, rank=1)
+    assert error is None and outcome is not None
+    result = outcome.result
+    assert result.goodput["restarts"] == 1 and result.resumed_from and "step-" in result.resumed_from
+    # the cause is the lost rank, not the connection error its surviving peer raised
+    assert result.goodput["restart_causes"][0].startswith("lost (")
+    attempts = sorted(Path(spec.output_uri, "attempts").glob("*.json"))
+    resumed = [json.loads(p.read_text()) for p in attempts][-1]
+    assert resumed["resumed_from_step"] >= 4 and resumed["first_step_at"] > killed_at
