@@ -24,10 +24,10 @@ EPOCHS, BATCH, REPEATS = 30, 32, 3
 
 def _splits(directory: Path) -> list[str]:
     sys.path.insert(0, str(ROOT))
-    from tests.digits import digits_frame
-
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from tests.digits import digits_frame
 
     df = digits_frame()
     n = len(df)

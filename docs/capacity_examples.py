@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from trainyard.capacity import (  # noqa: E402
+from trainyard.capacity import (
     H100_BF16_TFLOPS,
     H200_BF16_TFLOPS,
     NothingFitsError,

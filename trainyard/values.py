@@ -96,7 +96,7 @@ class RegisteredModel(AssetValue):
     """`registered_model`: the registry version and the promotion decision; the trial's metrics are extra float keys."""
 
     model_config = ConfigDict(extra="allow")
-    __pydantic_extra__: dict[str, float] = Field(init=False)  # type: ignore[assignment]
+    __pydantic_extra__: dict[str, float] = Field(init=False)
 
     name: str
     version: str

@@ -129,7 +129,7 @@ def _groups(items: list[JobOutcome], key: Any) -> list[tuple[str, list[JobOutcom
 def _stats(values: list[float]) -> dict[str, float]:
     """Mean, nearest-rank p50/p95 and max."""
     v = sorted(values)
-    rank = lambda q: v[max(0, math.ceil(q * len(v)) - 1)]  # noqa: E731
+    rank = lambda q: v[max(0, math.ceil(q * len(v)) - 1)]
     return {"n": len(v), "mean": round(sum(v) / len(v), 4), "p50": round(rank(0.5), 4), "p95": round(rank(0.95), 4), "max": round(v[-1], 4)}
 
 
@@ -181,7 +181,7 @@ class _Sim:
                 self.schedule(now)
         for h in sorted(self.holders.values(), key=lambda h: h.id):
             self._stop(h, self.horizon, "horizon")
-        for node, since in self.down_since.items():
+        for since in self.down_since.values():
             self.down_gpu_hours += (self.horizon - since) * self.c.gpus_per_node
         return SimResult(self.p.name, self.horizon, self.c, self.outcomes, self.preemptions, self.node_failures, self.down_gpu_hours)
 
@@ -483,7 +483,7 @@ class _Sim:
         free = self.frees()
         chosen: list[tuple[_Holder, float, str]] = []
         alloc = None
-        for cost, _, hid, save, reason in sorted(candidates):
+        for _cost, _, hid, save, reason in sorted(candidates):
             h = self.holders[hid]
             chosen.append((h, save, reason))
             for n, g in h.alloc.items():

@@ -1,8 +1,8 @@
 """Code location of the tabular team (see workspace.yaml)."""
 
+from pipelines.tabular.breast_cancer import breast_cancer
 from pipelines.team import team_definitions
 from trainyard import TeamSpec
-from pipelines.tabular.breast_cancer import breast_cancer
 
 # At most two trials train at once (Dagster pool `tabular_gpu`, set by `trainyard init`);
 # on Kubernetes the trials queue in LocalQueue `trainyard` at sweep priority.

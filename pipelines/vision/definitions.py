@@ -1,8 +1,8 @@
 """Code location of the vision team (see workspace.yaml)."""
 
 from pipelines.team import team_definitions
-from trainyard import TeamSpec
 from pipelines.vision.digits import digits
+from trainyard import TeamSpec
 
 # At most two trials train at once (Dagster pool `vision_gpu`, set by `trainyard init`);
 # on Kubernetes the trials queue in LocalQueue `trainyard` at sweep priority.

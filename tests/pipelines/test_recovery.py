@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from trainyard.spec import ModelSpec, RetrySpec
 from tests.pipelines.pipeline_fixtures import Harness, failure_text, small_spec, write_landing
 from training.spec import CheckpointPolicy, Distribution
+from trainyard.spec import ModelSpec, RetrySpec
 
 
 def trial_config(**drill) -> dict:

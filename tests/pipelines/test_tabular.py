@@ -10,10 +10,10 @@ import yaml
 from dagster import AssetKey
 from pydantic import ValidationError
 
-from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
 from pipelines.tabular.breast_cancer import FEATURES, TARGET, breast_cancer, landing_frame
 from tests.pipelines.pipeline_fixtures import Harness, write_landing
 from training.spec import Distribution
+from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 

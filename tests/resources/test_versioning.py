@@ -12,7 +12,6 @@ import pytest
 from resources.versioning import DataVersioning, DataVersioningError, Pin, parse_dvc_file
 
 
-
 def _md5(path) -> str:
     with open(path, "rb") as f:
         return hashlib.md5(f.read()).hexdigest()

@@ -163,7 +163,7 @@ class FileReader:
                 continue  # reported by `_diagnose_csv` as the fatal issue and the others
             lines = line_numbers(p.rows, self._ragged_lines, first)
             self.issues.append(
-                FileIssue(kind=p.kind, message=describe(p, uri, lines, unit), fatal=False, column=p.column, lines=lines, count=p.count)  # type: ignore[arg-type]
+                FileIssue(kind=p.kind, message=describe(p, uri, lines, unit), fatal=False, column=p.column, lines=lines, count=p.count)
             )
 
     def _diagnose_csv(self) -> Optional[FileIssue]:
