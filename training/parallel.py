@@ -92,17 +92,11 @@ class _Block(nn.Module):
         return x + self.down(F.relu(self.up(x)))
 
 
-class ClassifierSteps(L.LightningModule):
-    """Cross-entropy train/val/test steps logging `<stage>_loss` and `<stage>_acc` (synced across ranks off train)."""
+class _StageSteps(L.LightningModule):
+    """train/val/test steps that all run `_step(batch, stage)`; subclasses say what a step computes and logs."""
 
     def _step(self, batch: Any, stage: str) -> torch.Tensor:
-        x, y = batch
-        logits = self(x)
-        loss = F.cross_entropy(logits, y)
-        acc = (logits.argmax(dim=1) == y).float().mean()
-        self.log(f"{stage}_loss", loss, sync_dist=stage != "train")
-        self.log(f"{stage}_acc", acc, prog_bar=True, sync_dist=stage != "train")
-        return loss
+        raise NotImplementedError
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -117,7 +111,20 @@ class ClassifierSteps(L.LightningModule):
         self._step(batch, "test")
 
 
-class RegressorSteps(L.LightningModule):
+class ClassifierSteps(_StageSteps):
+    """Cross-entropy train/val/test steps logging `<stage>_loss` and `<stage>_acc` (synced across ranks off train)."""
+
+    def _step(self, batch: Any, stage: str) -> torch.Tensor:
+        x, y = batch
+        logits = self(x)
+        loss = F.cross_entropy(logits, y)
+        acc = (logits.argmax(dim=1) == y).float().mean()
+        self.log(f"{stage}_loss", loss, sync_dist=stage != "train")
+        self.log(f"{stage}_acc", acc, prog_bar=True, sync_dist=stage != "train")
+        return loss
+
+
+class RegressorSteps(_StageSteps):
     """Mean-squared-error train/val/test steps logging `<stage>_loss` (MSE) and `<stage>_rmse` (synced across ranks off train).
 
     The model returns one value per row, `[batch]` or `[batch, 1]`; targets are
@@ -131,18 +138,6 @@ class RegressorSteps(L.LightningModule):
         self.log(f"{stage}_loss", loss, sync_dist=stage != "train")
         self.log(f"{stage}_rmse", loss.sqrt(), prog_bar=True, sync_dist=stage != "train")
         return loss
-
-    @override
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        return self._step(batch, "train")
-
-    @override
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "val")
-
-    @override
-    def test_step(self, batch: Any, batch_idx: int) -> None:
-        self._step(batch, "test")
 
 
 class _ResidualMLP(ParallelizableModule):
