@@ -9,7 +9,7 @@ export GX_ANALYTICS_ENABLED := False
 export WANDB_SILENT := true
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-all lint ui mlflow-ui bench clean
+.PHONY: install demo test test-all lint ui mlflow-ui optuna-ui bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,18 +35,32 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# dagster dev runs with SIGINT and SIGTERM at their defaults: started in the background
+# by a non-interactive shell (a script, an IDE task, CI) it inherits SIGINT ignored,
+# and Dagster then ignores SIGTERM too (it gives SIGTERM SIGINT's handler), so neither
+# Ctrl-C nor kill would stop it. `trainyard init` gives DAGSTER_HOME its dagster.yaml.
+DAGSTER_PORT ?= 3000
 ui: $(STAMP)
 	$(BIN)/trainyard init
-	$(BIN)/dagster dev -w workspace.yaml
+	exec env --default-signal=INT,TERM $(BIN)/dagster dev -w workspace.yaml -p $(DAGSTER_PORT)
 
-mlflow-# The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.
-lint: $(STAMP)
-	$(BIN)/lint-imports
-	$(BIN)/ruff check .
-	$(BIN)/mypy
+# MLflow 3 opens on its GenAI view; the registered models (champion, challenger) are at MLFLOW_MODELS_URL.
+MLFLOW_PORT ?= 5000
+MLFLOW_MODELS_URL = http://127.0.0.1:$(MLFLOW_PORT)/\#/models?workflowType=machine_learning
+mlflow-ui: $(STAMP)
+	@echo "Registered models: $(MLFLOW_MODELS_URL)"
+	exec $(BIN)/mlflow ui --backend-store-uri sqlite:///$(TRAINYARD_HOME)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT)
 
-ui: $(STAMP)
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(TRAINYARD_HOME)/mlflow.db --port 5000
+# The study storage the sweeps use (pipelines.environments): TRAINYARD_OPTUNA_URL in the
+# cluster environment, else SQLite under TRAINYARD_HOME. Its tables are created first,
+# as the first sweep would: optuna-dashboard fails on a storage without them.
+OPTUNA_PORT ?= 8080
+OPTUNA_URL = $(if $(filter cluster,$(TRAINYARD_ENV)),$(TRAINYARD_OPTUNA_URL),sqlite:///$(TRAINYARD_HOME)/optuna.db)
+optuna-ui: $(STAMP)
+	@mkdir -p $(TRAINYARD_HOME)
+	@$(BIN)/python -c 'import sys, optuna; optuna.storages.RDBStorage(sys.argv[1])' "$(OPTUNA_URL)"
+	@echo "Optuna dashboard: http://127.0.0.1:$(OPTUNA_PORT)/"
+	exec $(BIN)/optuna-dashboard --host 127.0.0.1 --port $(OPTUNA_PORT) "$(OPTUNA_URL)"
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

@@ -1,36 +1,73 @@
-"""Find team pipeline definitions by key, without building Dagster definitions."""
+"""Find team pipeline definitions by key, from the code locations in `workspace.yaml`.
+
+Only each location's own module (e.g. `pipelines.tabular.definitions`) is imported,
+exactly as `dagster dev` would load it; a team folder's other modules (helper
+scripts, notebooks exported as `.py`, model code) are never executed by discovery,
+so a script that writes files or prints on import stays inert. A location serves
+the `PipelineSpec`s its module holds at module level (`from .wine import wine`) or
+through a module of its own team package that it imported itself (`from . import
+wine` then `team_definitions(team, wine.wine)`).
+"""
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
+from pathlib import Path
+from types import ModuleType
+from typing import Iterator
 
-import pipelines
+import yaml
+
 from trainyard.spec import PipelineSpec
 
-# Modules of a team package that hold no pipeline definitions (model code is imported by pods).
-_SKIP = {"models", "definitions"}
+WORKSPACE = Path(__file__).resolve().parent.parent / "workspace.yaml"
 
 
-def all_pipelines() -> dict[str, PipelineSpec]:
-    """Every `PipelineSpec` declared at module level in `pipelines/<team>/*.py`, by key."""
+def location_modules(workspace: Path = WORKSPACE) -> list[str]:
+    """The module name of every `python_module` code location in `workspace`, in file order."""
+    doc = yaml.safe_load(Path(workspace).read_text()) or {}
+    names: list[str] = []
+    for entry in doc.get("load_from") or []:
+        target = entry.get("python_module") if isinstance(entry, dict) else None
+        name = target.get("module_name") if isinstance(target, dict) else target
+        if isinstance(name, str) and name:
+            names.append(name)
+    return names
+
+
+def _served_specs(module: ModuleType) -> Iterator[PipelineSpec]:
+    package = module.__name__.rpartition(".")[0]
+    for value in vars(module).values():
+        if isinstance(value, PipelineSpec):
+            yield value
+        elif isinstance(value, ModuleType) and package and value.__name__.startswith(package + "."):
+            yield from (v for v in vars(value).values() if isinstance(v, PipelineSpec))
+
+
+def all_pipelines(workspace: Path = WORKSPACE) -> dict[str, PipelineSpec]:
+    """Every `PipelineSpec` served by a code location of `workspace`, by key.
+
+    Args:
+        workspace: The Dagster workspace file whose `python_module` locations are loaded.
+
+    Raises:
+        ValueError: two locations serve different pipelines under one key.
+    """
     found: dict[str, PipelineSpec] = {}
-    for team in pkgutil.iter_modules(pipelines.__path__):
-        if not team.ispkg:
-            continue
-        package = importlib.import_module(f"pipelines.{team.name}")
-        for module in pkgutil.iter_modules(package.__path__):
-            if module.name in _SKIP or module.ispkg:
-                continue
-            mod = importlib.import_module(f"pipelines.{team.name}.{module.name}")
-            for value in vars(mod).values():
-                if isinstance(value, PipelineSpec):
-                    found[value.key] = value
+    for name in location_modules(workspace):
+        for spec in _served_specs(importlib.import_module(name)):
+            if found.setdefault(spec.key, spec) != spec:
+                raise ValueError(f"pipeline {spec.key!r} is served by two code locations (second: {name}); give each pipeline one key")
     return found
 
 
-def find_pipeline(key: str) -> PipelineSpec:
-    specs = all_pipelines()
+def find_pipeline(key: str, workspace: Path = WORKSPACE) -> PipelineSpec:
+    """The pipeline `<team>/<name>` served by a code location of `workspace`.
+
+    Raises:
+        KeyError: no location serves `key`; the message lists the known keys.
+    """
+    specs = all_pipelines(workspace)
     if key not in specs:
         raise KeyError(f"no pipeline {key!r}; known pipelines: {sorted(specs)}")
     return specs[key]

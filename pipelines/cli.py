@@ -26,7 +26,7 @@ def ensure_dagster_home() -> Path:
     home.mkdir(parents=True, exist_ok=True)
     target = home / "dagster.yaml"
     if not target.exists():
-        shutil.copyfile(PROJECT_ROOT / "dagster.yaml", target)
+        shutil.copyfile(PROJECT_ROOT / "deploy" / "local" / "dagster.yaml", target)
     return home
 
 

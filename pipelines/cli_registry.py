@@ -54,6 +54,12 @@ LINEAGE_SHOWN = (
 )
 """`show`'s lineage lines: label and `LineageRecord` field, in the order shown."""
 
+GBT_STRATEGY = "gbt (single process)"
+"""What `show` says for a LightGBM version's strategy: the distribution strategy of its spec never applied."""
+
+OTHER_DECISIONS_SHOWN = 5
+"""How many other versions' latest decisions `show` lists, newest version first."""
+
 
 def register(subparsers: Any) -> None:
     """Adds `registry` and its subcommands to the `trainyard` parser."""
@@ -133,6 +139,7 @@ def describe(registry: Any, model: str, info: Any, handoff: Any = None) -> dict[
     """Everything `show` prints, as a JSON-serialisable dict."""
     from trainyard import lineage as lin  # lazy: pydantic (see module docstring)
     from trainyard import promotion as pr
+    from trainyard.spec import GBT_MODEL_PATH
 
     tags = info.tags
     registered = registry.get_model_tags(model)
@@ -150,6 +157,10 @@ def describe(registry: Any, model: str, info: Any, handoff: Any = None) -> dict[
             value = tags.get(lin.LineageRecord.tag(name))
         if value not in (None, ""):
             lineage[label] = value
+    # A LightGBM trial trains in one process whatever `distribution` says, and its
+    # lineage still records the spec's default strategy: showing it would mislead.
+    if tags.get(lin.LineageRecord.tag("model")) == GBT_MODEL_PATH and "strategy" in lineage:
+        lineage["strategy"] = GBT_STRATEGY
     lineage["mlflow run"] = info.run_id
     p = lin.PROMOTION_PREFIX
     checks = json.loads(tags.get(f"{p}checks", "[]"))
@@ -180,8 +191,57 @@ def describe(registry: Any, model: str, info: Any, handoff: Any = None) -> dict[
         },
         "handoff": {"event_uri": tags.get(lin.HANDOFF_URI_TAG), "webhook": tags.get(lin.HANDOFF_WEBHOOK_TAG)},
         "history": history.get("log", [])[-10:],
+        "other_decisions": other_decisions(registry, model, exclude={info.version, aliases[pr.CHAMPION]}),
     }
     return out
+
+
+def other_decisions(registry: Any, model: str, exclude: set[Optional[str]], limit: int = OTHER_DECISIONS_SHOWN) -> list[dict[str, Any]]:
+    """The latest recorded decision of each version of `model` not in `exclude`, newest version first.
+
+    Shows why a challenger is not champion without a second `show --version`:
+    each entry has the version, its aliases, the decision (None when none was
+    recorded yet), action, time, decider, reason and the checks that failed.
+
+    Args:
+        registry: The model registry.
+        model: Registered model name.
+        exclude: Versions already shown (the one asked for and the champion).
+        limit: At most this many versions, the newest.
+    """
+    from trainyard import lineage as lin  # lazy: pydantic (see module docstring)
+
+    p = lin.PROMOTION_PREFIX
+    versions = sorted((v for v in registry.list_versions(model) if v.version not in exclude), key=lambda v: int(v.version), reverse=True)
+    out = []
+    for v in versions[:limit]:
+        tags = v.tags
+        checks = json.loads(tags.get(f"{p}checks") or "[]")
+        out.append({
+            "version": v.version,
+            "aliases": sorted(v.aliases),
+            "decision": tags.get(f"{p}decision"),
+            "action": tags.get(f"{p}action"),
+            "at": tags.get(f"{p}at"),
+            "by": tags.get(f"{p}by"),
+            "reason": tags.get(f"{p}reason"),
+            "failed_checks": [c for c in checks if not c.get("passed")],
+        })
+    return out
+
+
+def _render_other_decisions(decisions: list[dict[str, Any]]) -> list[str]:
+    if not decisions:
+        return []
+    lines = ["", "other versions, latest decision (newest first)"]
+    for o in decisions:
+        held = f" [{', '.join(o['aliases'])}]" if o["aliases"] else ""
+        if o["decision"] is None:
+            lines.append(f"  v{o['version']}{held}: no decision recorded yet")
+            continue
+        lines.append(f"  v{o['version']}{held}: {o['decision']} ({o['action']}) at {o['at']} by {o['by']}: {o['reason']}")
+        lines += [f"    [FAIL] {c['name']}: {c['detail']}" for c in o["failed_checks"]]
+    return lines
 
 
 def render(d: dict[str, Any]) -> str:
@@ -226,6 +286,7 @@ def render(d: dict[str, Any]) -> str:
         for h in d["history"]:
             forced = " OVERRIDE" if h.get("override") else ""
             lines.append(f"  v{h['version']} {h['action']}{forced} at {h['at']} by {h['by']} ({'was v' + h['from'] if h.get('from') else 'first champion'})")
+    lines += _render_other_decisions(d["other_decisions"])
     return "\n".join(lines)
 
 

@@ -35,7 +35,7 @@ def graphql(port: int, query: str) -> dict:
 def test_webserver_shows_lineage_graph(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(tmp_path), "TRAINYARD_HOME": str(tmp_path / "home")}
-    (tmp_path / "dagster.yaml").write_text((ROOT / "dagster.yaml").read_text())
+    (tmp_path / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
     proc = subprocess.Popen(
         [sys.executable, "-m", "dagster_webserver", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

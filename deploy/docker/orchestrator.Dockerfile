@@ -21,16 +21,17 @@ WORKDIR /opt/trainyard
 # lock pins the CPU build of torch (the orchestrator only loads models for the
 # serving smoke test), hence the CPU wheel index.
 COPY pyproject.toml constraints.txt README.md ./
-RUN mkdir -p assets resources pipelines training \
- && touch assets/__init__.py resources/__init__.py pipelines/__init__.py training/__init__.py \
+RUN mkdir -p assets resources pipelines trainyard training \
+ && touch assets/__init__.py resources/__init__.py pipelines/__init__.py trainyard/__init__.py training/__init__.py \
  && pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt . \
  && pip uninstall -y trainyard
 
 COPY assets/ assets/
 COPY resources/ resources/
 COPY pipelines/ pipelines/
+COPY trainyard/ trainyard/
 COPY training/ training/
-COPY workspace.yaml dagster.yaml ./
+COPY workspace.yaml ./
 RUN pip install --no-deps -c constraints.txt . \
  && python -c "import pipelines.vision.definitions"
 

@@ -21,6 +21,7 @@ from trainyard.spec import PipelineSpec
 CREATED_AT = "trainyard.created_at"
 STOPPED = "trainyard.stopped"
 ERROR = "error"
+FAILURE_BUDGET_SPENT = "failure budget spent"
 
 
 class SweepError(Exception):
@@ -169,7 +170,10 @@ def sweep_status(
 
     Stop rules, first match wins: an earlier recorded stop (`stopped`), the
     failure budget, the target on the first objective, the time budget. The
-    trial budget is not a stop: it just leaves nothing to ask.
+    trial budget is not a stop: it just leaves nothing to ask. A recorded
+    failure-budget stop is restated with the failures counted now (trials in
+    flight when it was recorded can fail later), so the reason never names
+    fewer failures than `failed`.
 
     Args:
         trials: the study's trials (FrozenTrial).
@@ -188,9 +192,9 @@ def sweep_status(
     best = None if best is None else sign * best
     budget = min(search.n_trials, search.grid_size) if search.sampler == "grid" else search.n_trials
     reason = stopped
-    if reason is None and counts["FAIL"] >= search.failure_budget:
+    if (reason is None or reason.startswith(FAILURE_BUDGET_SPENT)) and counts["FAIL"] >= search.failure_budget:
         errors = [failure_reason(t) for t in trials if t.state.name == "FAIL"]
-        reason = f"failure budget spent: {counts['FAIL']} trials failed (max_failures {search.failure_budget}); last error: {errors[-1]}"
+        reason = f"{FAILURE_BUDGET_SPENT}: {counts['FAIL']} trials failed (max_failures {search.failure_budget}); last error: {errors[-1]}"
     if reason is None and search.target is not None and best is not None and sign * best >= sign * search.target:
         reason = f"target reached: best {best:.6g} {'>=' if sign > 0 else '<='} target {search.target:.6g}"
     if reason is None and search.timeout_seconds is not None and created_at is not None and now - created_at >= search.timeout_seconds:
