@@ -19,20 +19,46 @@ from typing import Iterator
 import yaml
 
 from trainyard.spec import PipelineSpec
+from trainyard.team import TeamSpec
 
 WORKSPACE = Path(__file__).resolve().parent.parent / "workspace.yaml"
 
 
+LOCATIONS_MODULE = "pipelines.locations"
+"""The module that serves spec-only team modules as code locations, one attribute per team."""
+
+
+def team_module_name(team: str) -> str:
+    """The spec-only module of `team` that `pipelines.locations` loads: `pipelines.<team>.team`."""
+    return f"pipelines.{team}.team"
+
+
 def location_modules(workspace: Path = WORKSPACE) -> list[str]:
-    """The module name of every `python_module` code location in `workspace`, in file order."""
+    """The module holding each `python_module` code location's specs in `workspace`, in file order.
+
+    A location served through `pipelines.locations` (attribute = team) holds its
+    specs in the team's spec-only module, `pipelines.<team>.team`.
+    """
     doc = yaml.safe_load(Path(workspace).read_text()) or {}
     names: list[str] = []
     for entry in doc.get("load_from") or []:
         target = entry.get("python_module") if isinstance(entry, dict) else None
         name = target.get("module_name") if isinstance(target, dict) else target
-        if isinstance(name, str) and name:
+        if isinstance(name, str) and name == LOCATIONS_MODULE and isinstance(target, dict) and target.get("attribute"):
+            names.append(team_module_name(str(target["attribute"])))
+        elif isinstance(name, str) and name:
             names.append(name)
     return names
+
+
+def workspace_teams(workspace: Path = WORKSPACE) -> list[TeamSpec]:
+    """The TeamSpecs the code locations of `workspace` declare (module attributes of that type), first of each name."""
+    teams: dict[str, TeamSpec] = {}
+    for name in location_modules(workspace):
+        for value in vars(importlib.import_module(name)).values():
+            if isinstance(value, TeamSpec):
+                teams.setdefault(value.name, value)
+    return list(teams.values())
 
 
 def _served_specs(module: ModuleType) -> Iterator[PipelineSpec]:

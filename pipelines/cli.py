@@ -34,7 +34,8 @@ def cmd_init(args: argparse.Namespace) -> int:
     """Create the homes and set each team's GPU pool limit (`TeamSpec.gpu_pool_limit`) on the instance."""
     from dagster import DagsterInstance  # lazy: Dagster
 
-    from pipelines.team import apply_pool_limits, workspace_teams  # lazy: loads the code locations
+    from pipelines.catalog import workspace_teams  # lazy: loads the code locations
+    from pipelines.team import apply_pool_limits
 
     home = ensure_dagster_home()
     with DagsterInstance.get() as instance:

@@ -27,17 +27,13 @@ pipeline's own fields < Dagster run config.
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterable, Optional
-
-import yaml
 
 from pipelines.environments import resources_for
 from pipelines.factory import build_definitions
 from trainyard.spec import PipelineSpec
 from trainyard.team import TeamSpec, check_pipelines
-
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
 def team_resources(team: TeamSpec, base_env: Optional[dict[str, str]] = None) -> dict[str, Any]:
@@ -55,6 +51,32 @@ def team_definitions(team: TeamSpec, *pipelines: PipelineSpec, resources: Option
     """
     specs = check_pipelines(team, pipelines)
     return build_definitions(*specs, resources=resources if resources is not None else team_resources(team))
+
+
+def declared_specs(module: ModuleType) -> tuple[TeamSpec, list[PipelineSpec]]:
+    """The one `TeamSpec` and the `PipelineSpec`s a spec-only team module holds at module level, in order.
+
+    Raises:
+        ValueError: the module declares no `TeamSpec` or more than one.
+    """
+    values = list(vars(module).values())
+    teams = [v for v in values if isinstance(v, TeamSpec)]
+    if len(teams) != 1:
+        found = "none" if not teams else ", ".join(repr(t.name) for t in teams)
+        raise ValueError(f"{module.__name__}: a team module declares exactly one TeamSpec, found {found}")
+    specs = list({id(v): v for v in values if isinstance(v, PipelineSpec)}.values())
+    return teams[0], specs
+
+
+def team_location(module_name: str, resources: Optional[dict[str, Any]] = None) -> Any:
+    """The Definitions of a spec-only team module (see `pipelines.locations`).
+
+    Args:
+        module_name: The team module, e.g. `pipelines.fraud.team`.
+        resources: Resources to use instead of the team's environment's (tests).
+    """
+    team, specs = declared_specs(importlib.import_module(module_name))
+    return team_definitions(team, *specs, resources=resources)
 
 
 def apply_pool_limits(instance: Any, teams: Iterable[TeamSpec]) -> dict[str, int]:
@@ -77,19 +99,3 @@ def apply_pool_limits(instance: Any, teams: Iterable[TeamSpec]) -> dict[str, int
     for pool, limit in limits.items():
         storage.set_concurrency_slots(pool, limit)
     return limits
-
-
-def workspace_teams(workspace: Path = PROJECT_ROOT / "workspace.yaml") -> list[TeamSpec]:
-    """The TeamSpecs of the code locations in `workspace.yaml` (module attributes of that type)."""
-    doc = yaml.safe_load(workspace.read_text()) or {}
-    teams: dict[str, TeamSpec] = {}
-    for entry in doc.get("load_from", []):
-        target = entry.get("python_module") if isinstance(entry, dict) else None
-        module_name = target.get("module_name") if isinstance(target, dict) else target
-        if not module_name:
-            continue
-        module = importlib.import_module(module_name)
-        for value in vars(module).values():
-            if isinstance(value, TeamSpec):
-                teams.setdefault(value.name, value)
-    return list(teams.values())

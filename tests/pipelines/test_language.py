@@ -19,9 +19,9 @@ import yaml
 from dagster import AssetKey
 from torch.nn import functional as F
 
+from pipelines.catalog import workspace_teams
 from pipelines.language.models import SequenceTransformer, check_heads_split
 from pipelines.language.precedence import LENGTH, SIGNALS, TARGET, TOKENS, VOCAB, landing_frame, precedence
-from pipelines.team import workspace_teams
 from tests.pipelines.pipeline_fixtures import Harness, write_landing
 from training.spec import Distribution
 from training.strategies import StrategyConfigError, check_model_supports

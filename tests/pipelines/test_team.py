@@ -12,8 +12,9 @@ import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
 from pydantic import ValidationError
 
+from pipelines.catalog import workspace_teams
 from pipelines.environments import local_resources
-from pipelines.team import TeamSpec, apply_pool_limits, check_pipelines, team_definitions, team_resources, workspace_teams
+from pipelines.team import TeamSpec, apply_pool_limits, check_pipelines, team_definitions, team_resources
 from tests.pipelines.pipeline_fixtures import small_spec
 from trainyard.naming import drift_sensor_name
 from trainyard.naming import retrain_schedule_name as schedule_name
@@ -221,14 +222,36 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
 
 
 def test_readme_team_example_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import ast
     import re
+    import sys
+    import types
+
+    import pipelines.locations
 
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path))
-    code = re.search(r"```python\n(# pipelines/fraud/definitions.py.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    code = re.search(r"```python\n(# pipelines/fraud/team.py.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     assert len(code.splitlines()) <= 35
-    namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
-    defs = namespace["defs"]
+    imported = {n.module for n in ast.walk(ast.parse(code)) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Import) for a in n.names}
+    assert imported == {"trainyard"}, imported  # a team module needs one import
+    module = types.ModuleType("pipelines.fraud.team")
+    exec(compile(code, "README.md", "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "pipelines.fraud.team", module)
+    defs = pipelines.locations.fraud  # what workspace.yaml's `attribute: fraud` makes Dagster read
     assert sorted(s.name for s in defs.sensors) == ["fraud__transactions__drift", "fraud__transactions__landing", "fraud__transactions__sweep"]
     assert [s.name for s in defs.schedules] == ["fraud__transactions__retrain"]
-    assert defs.get_assets_def(AssetKey(["fraud", "transactions", "trial_model"])).op.pool == namespace["team"].pool == "fraud_gpu"
+    assert defs.get_assets_def(AssetKey(["fraud", "transactions", "trial_model"])).op.pool == module.team.pool == "fraud_gpu"
+
+
+def test_a_team_module_declares_exactly_one_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    from pipelines.team import team_location
+
+    module = types.ModuleType("pipelines.noteam.team")
+    module.spec = small_spec()
+    monkeypatch.setitem(sys.modules, "pipelines.noteam.team", module)
+    with pytest.raises(ValueError, match="pipelines.noteam.team: a team module declares exactly one TeamSpec, found none"):
+        team_location("pipelines.noteam.team")
