@@ -20,6 +20,7 @@ from resources.sweeps import (
     SweepError,
     SweepStore,
     failure_reason,
+    markdown_image,
     objective_values,
     objectives_of,
     pareto_front,
@@ -29,6 +30,7 @@ from resources.sweeps import (
 from resources.tracking import Tracking
 from training.spec import FaultInjection
 from trainyard import lineage, naming, planner
+from trainyard.curves import CURVES_FILE, curves_markdown, curves_png, epoch_rows
 from trainyard.spec import PipelineSpec
 from trainyard.trainspec import TrialInputs, build_train_spec, model_kwargs
 from trainyard.trials import best_single_objective, count_failures, model_bytes, record_launch_failure, trial_comparison, trials_markdown_table
@@ -202,9 +204,29 @@ def train_trial(
     except LaunchError as e:
         handle_launch_error(context, e, spec, store, sweeps, trial.study, trial.number, output_uri, tell=tell)
     result = outcome.result.model_dump(mode="json")
+    rows = epoch_rows(outcome.progress)
+    if rows:
+        store.write_json(f"{output_uri}/{CURVES_FILE}", rows)
     if tell:
         tell_result(context, spec, store, sweeps, trial, result, output_uri)
     return result
+
+
+def curves_metadata(store: ObjectStore, result_uri: str, title: str) -> dict[str, Any]:
+    """The training curves kept beside a result (`curves.json`): a plot and a per-epoch table; empty when there are none.
+
+    The same epochs were observations of the partition while it trained; these
+    show the whole curve on the materialization, also when the result is reused.
+    """
+    uri = f"{result_uri.rsplit('/', 1)[0]}/{CURVES_FILE}"
+    rows = store.read_json(uri) if store.exists(uri) else []
+    if not rows:
+        return {}
+    return {
+        "epochs_reported": len(rows),
+        "curves_plot": MetadataValue.md(markdown_image(curves_png(rows, title), "training curves")),
+        "curves": MetadataValue.md(curves_markdown(rows)),
+    }
 
 
 RETRAIN_DIR_PREFIX = "retrain-"
@@ -328,7 +350,8 @@ def trial_model_body(
     value = TrialModel.model_validate(
         {"trial": context.partition_key, "number": number, "params": trial.params, "result_uri": result_uri, **result}
     )
-    return Output(value, metadata={**trial_metadata(spec, value, record, plan), **extra})
+    curves = curves_metadata(store, result_uri, f"{spec.key} {context.partition_key}")
+    return Output(value, metadata={**trial_metadata(spec, value, record, plan), **curves, **extra})
 
 
 def best_model_body(context: AssetExecutionContext, spec: PipelineSpec, sweep: Sweep, sweeps: SweepStore, store: ObjectStore) -> Output[BestModel]:

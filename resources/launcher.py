@@ -26,13 +26,21 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import fsspec
-from dagster import ConfigurableResource
+from dagster import (
+    AssetKey,
+    AssetObservation,
+    ConfigurableResource,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
 from pydantic import Field
 
 from training.spec import EXIT_PREEMPTED, FAILURE_DIR, LAUNCH_ID_ENV, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
+from trainyard.curves import epoch_point
 
 
 class LaunchError(Exception):
@@ -272,6 +280,48 @@ def outcome_error(
     )
 
 
+class ProgressRelay:
+    """Emits each progress record of a running trial as an `AssetObservation` of the asset being materialized.
+
+    Dagster plots the numeric metadata of an asset's observations over time
+    (the asset page's Plots tab), so each epoch's metrics appear there while the
+    trial still trains, on the trial's own partition. Records are read from the
+    Pipes session's custom messages, which its reader thread appends as the pod
+    writes them; `poll` emits those not yet emitted, from the calling thread,
+    since a Dagster context is not meant to be used from other threads.
+
+    Args:
+        context: the asset's execution context; without one asset to observe
+            (an op, a multi-asset) nothing is emitted.
+        messages: the session's custom messages so far (`session.get_custom_messages`).
+    """
+
+    def __init__(self, context: Any, messages: Callable[[], Sequence[Any]]) -> None:
+        self.context = context
+        self.messages = messages
+        self.asset_key = observed_asset(context)
+        self.partition = context.partition_key if self.asset_key is not None and context.has_partition_key else None
+        self.seen = 0
+        self.emitted = 0
+
+    def poll(self) -> None:
+        """Emit an observation for each progress record that arrived since the last poll."""
+        messages = self.messages()
+        for message in messages[self.seen:]:
+            point = epoch_point(message)
+            if point is not None and self.asset_key is not None:
+                self.context.log_event(AssetObservation(asset_key=self.asset_key, partition=self.partition, metadata=point))
+                self.emitted += 1
+        self.seen = len(messages)
+
+
+def observed_asset(context: Any) -> Optional[AssetKey]:
+    """The one asset `context` materializes; None for an op or a multi-asset."""
+    if not context.has_assets_def or len(context.assets_def.keys) != 1:
+        return None
+    return context.asset_key
+
+
 class Launcher(ConfigurableResource):
     """Runs a `TrainSpec` to completion and returns its `TrainResult`."""
 
@@ -282,14 +332,20 @@ class Launcher(ConfigurableResource):
 class LocalLauncher(Launcher):
     """torchrun on this machine: N CPU processes with gloo, logs captured.
 
+    With a Dagster context the launch runs in a Pipes session: the pod's log
+    lines reach the run log, and each epoch's metrics become an observation of
+    the asset being materialized while the trial trains (`ProgressRelay`).
+
     Args:
         timeout_seconds: the whole launch is stopped (SIGTERM, then SIGKILL) past this.
         log_tail_lines: lines of output carried in error messages.
+        progress_poll_seconds: how often new progress records are turned into observations.
     """
 
     timeout_seconds: float = Field(3600.0, gt=0)
     log_tail_lines: int = Field(40, ge=1)
     python: str = Field(default_factory=lambda: sys.executable)
+    progress_poll_seconds: float = Field(1.0, gt=0)
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         spec_uri = join(spec.output_uri, SPEC_FILE)
@@ -297,19 +353,24 @@ class LocalLauncher(Launcher):
 
         if context is None:
             return self._run(spec, spec_uri, extra_env={})
-        from dagster import PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session
-
-        with open_pipes_session(
-            context=context,
-            context_injector=PipesTempFileContextInjector(),
-            message_reader=PipesTempFileMessageReader(),
-            extras={"trial_id": spec.trial_id},
-        ) as session:
-            outcome = self._run(spec, spec_uri, extra_env=session.get_bootstrap_env_vars())
+        relay: Optional[ProgressRelay] = None
+        try:
+            with open_pipes_session(
+                context=context,
+                context_injector=PipesTempFileContextInjector(),
+                message_reader=PipesTempFileMessageReader(),
+                extras={"trial_id": spec.trial_id},
+            ) as session:
+                relay = ProgressRelay(context, session.get_custom_messages)
+                outcome = self._run(spec, spec_uri, extra_env=session.get_bootstrap_env_vars(), tick=relay.poll)
+        finally:
+            # Closing the session reads the records the pod wrote last, of a failed launch too.
+            if relay is not None:
+                relay.poll()
         outcome.progress = [m for m in session.get_custom_messages() if isinstance(m, dict)]
         return outcome
 
-    def _run(self, spec: TrainSpec, spec_uri: str, extra_env: dict[str, str]) -> LaunchOutcome:
+    def _run(self, spec: TrainSpec, spec_uri: str, extra_env: Mapping[str, str], tick: Callable[[], None] = lambda: None) -> LaunchOutcome:
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="trainyard-launch-") as tmp:
             log_path = os.path.join(tmp, "launcher.log")
@@ -330,7 +391,7 @@ class LocalLauncher(Launcher):
                 pump.start()
                 timed_out = False
                 try:
-                    returncode = proc.wait(timeout=self.timeout_seconds)
+                    returncode = wait_ticking(proc, self.timeout_seconds, tick, self.progress_poll_seconds)
                 except subprocess.TimeoutExpired:
                     timed_out = True
                     _stop(proc)
@@ -396,6 +457,24 @@ class LaunchOutput:
         for line in stream:
             log_file.write(line)
             self.add(line)
+
+
+def wait_ticking(proc: subprocess.Popen, timeout: float, tick: Callable[[], None], every: float) -> int:
+    """`proc.wait(timeout)`, calling `tick` about every `every` seconds while the process runs.
+
+    Raises:
+        subprocess.TimeoutExpired: the process still runs after `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        tick()
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        try:
+            return proc.wait(timeout=min(every, left))
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:

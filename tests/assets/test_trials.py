@@ -43,6 +43,18 @@ class RecordingLauncher(TrivialLauncher):
         return LaunchOutcome(result=result, log_uri=outcome.log_uri, seconds=outcome.seconds)
 
 
+class CurvesLauncher(TrivialLauncher):
+    """The trivial trial, with the two epochs of progress a real pod sends over Pipes."""
+
+    def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
+        outcome = super().launch(spec, context)
+        outcome.progress = [
+            {"type": "progress", "epoch": e, "max_epochs": 2, "step": e + 1, "metrics": {"val_acc": 0.4 + 0.2 * e, "val_loss": 1.0 - 0.3 * e}}
+            for e in range(2)
+        ]
+        return outcome
+
+
 def launched(home: Path) -> list[TrainSpec]:
     return [TrainSpec.model_validate_json(p.read_text()) for p in sorted((home / "launched").glob("*.json"))]
 
@@ -77,6 +89,20 @@ def test_a_finished_trial_is_reused_without_retrain(tmp_path: Path) -> None:
     again = trials.train()
     assert again.success and len(launched(tmp_path)) == 1  # reused: nothing launched the second time
     assert again.output_for_node(NODE).result_uri == trials.trial().user_attrs["result_uri"]
+
+
+def test_trial_model_shows_its_training_curves_also_when_reused(tmp_path: Path) -> None:
+    trials = Trials(tmp_path)
+    trials.resources["launcher"] = CurvesLauncher()
+    result = trials.train()
+    assert result.success, failure_text(result)
+    meta = metadata(result)
+    assert meta["epochs_reported"] == 2
+    assert meta["curves_plot"].startswith("![training curves](data:image/png;base64,iVBORw0KGgo")  # an embedded PNG
+    assert meta["curves"] == "| epoch | step | val_acc | val_loss |\n|---|---|---|---|\n| 0 | 1 | 0.4 | 1 |\n| 1 | 2 | 0.6 | 0.7 |"
+    assert (Path(result.output_for_node(NODE).result_uri).parent / "curves.json").exists()
+    again = trials.train()  # reused as stored: the curves come from beside the result
+    assert again.success and metadata(again)["curves"] == meta["curves"]
 
 
 def test_retrain_config_retrains_one_finished_trial_and_leaves_the_study_alone(tmp_path: Path) -> None:
