@@ -20,7 +20,6 @@ from resources.sweeps import (
     SweepError,
     SweepStore,
     failure_reason,
-    markdown_image,
     objective_values,
     objectives_of,
     pareto_front,
@@ -31,6 +30,7 @@ from resources.tracking import Tracking
 from training.spec import FaultInjection
 from trainyard import lineage, naming, planner
 from trainyard.curves import CURVES_FILE, curves_markdown, curves_png, epoch_rows
+from trainyard.plots import markdown_image
 from trainyard.spec import PipelineSpec
 from trainyard.trainspec import TrialInputs, build_train_spec, model_kwargs
 from trainyard.trials import best_single_objective, count_failures, model_bytes, record_launch_failure, trial_comparison, trials_markdown_table

@@ -9,9 +9,10 @@ a PNG (matplotlib's Agg backend, no display). Nothing here knows Dagster.
 
 from __future__ import annotations
 
-import io
 import math
 from typing import Any, Iterable, Optional, Sequence
+
+from trainyard.plots import figure_png, pyplot
 
 CURVES_FILE = "curves.json"
 PROGRESS = "progress"
@@ -76,11 +77,7 @@ def curves_png(rows: Sequence[dict[str, float]], title: str) -> bytes:
     Losses and scores live on different scales (a cross-entropy of 2.3 beside
     an accuracy of 0.9), so one shared axis would flatten one or the other.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = metric_names(rows)
     panels = [[n for n in names if "loss" in n], [n for n in names if "loss" not in n]]
     panels = [p for p in panels if p] or [[]]
@@ -94,7 +91,4 @@ def curves_png(rows: Sequence[dict[str, float]], title: str) -> bytes:
         if panel:
             ax.legend(fontsize=8)
     fig.suptitle(title)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig)

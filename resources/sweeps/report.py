@@ -6,8 +6,6 @@ asset's metadata and also written to the object store.
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -15,6 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from resources.sweeps.resource import SweepStore
 from resources.sweeps.rules import SweepError, SweepStatus, failure_reason, objectives_of, pareto_front, pick_trial
+from trainyard.plots import figure_png, markdown_image, pyplot
 from trainyard.search import Objective
 from trainyard.spec import PipelineSpec
 
@@ -44,22 +43,9 @@ def trials_markdown(trials: Sequence[Any], objectives: Sequence[Objective], limi
     return f"showing the best {min(limit, len(done))} of {len(done)} completed trials and up to {limit} in flight\n\n" + header + "\n".join(row(t) for t in shown)
 
 
-def _png(fig: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def history_png(trials: Sequence[Any], objective: Objective) -> bytes:
     """Optimization history of the first objective: every finished trial and the best so far."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.5))
     done = sorted((t for t in trials if t.state.name in ("COMPLETE", "PRUNED") and t.values), key=lambda t: t.number)
     complete = [t for t in done if t.state.name == "COMPLETE"]
@@ -79,7 +65,7 @@ def history_png(trials: Sequence[Any], objective: Objective) -> bytes:
     ax.set_ylabel(objective.metric)
     ax.set_title("optimization history")
     ax.legend(loc="best", fontsize=8)
-    return _png(fig)
+    return figure_png(fig)
 
 
 # fANOVA fits random forests: ~6 s for 500 trials, minutes for 10,000. Larger studies use PED-ANOVA (< 1 s).
@@ -126,26 +112,18 @@ def importance(study: Any, objective: Objective) -> dict[str, float]:
 
 
 def importance_png(importances: dict[str, float], objective: Objective, method: str = "fANOVA") -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     names = list(importances)[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.4 * len(names)))
     ax.barh(names, [importances[n] for n in names])
     ax.set_xlabel(f"importance for {objective.metric} ({method})")
     ax.set_title("parameter importance")
-    return _png(fig)
+    return figure_png(fig)
 
 
 def pareto_png(trials: Sequence[Any], front: Sequence[Any], objectives: Sequence[Objective], picked: Optional[Any] = None) -> bytes:
     """The first two objectives of every completed trial, the Pareto front highlighted."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     done = [t for t in trials if t.state.name == "COMPLETE"]
     ax.scatter([t.values[0] for t in done], [t.values[1] for t in done], s=14, color="lightgrey", label="trials")
@@ -156,12 +134,7 @@ def pareto_png(trials: Sequence[Any], front: Sequence[Any], objectives: Sequence
     ax.set_xlabel(f"{objectives[0].metric} ({objectives[0].mode})")
     ax.set_ylabel(f"{objectives[1].metric} ({objectives[1].mode})")
     ax.legend(loc="best", fontsize=8)
-    return _png(fig)
-
-
-def markdown_image(png: bytes, alt: str) -> str:
-    """Markdown embedding a PNG, which the Dagster UI renders in asset metadata."""
-    return f"![{alt}](data:image/png;base64,{base64.b64encode(png).decode()})"
+    return figure_png(fig)
 
 
 @dataclass
@@ -189,7 +162,7 @@ def _plot(plots: dict[str, bytes], problems: list[str], name: str, draw: Callabl
     """
     try:
         plots[name] = draw()
-    except Exception as e:  # noqa: BLE001 - see the docstring: a report must never fail a sweep
+    except Exception as e:
         logger.warning("sweep report: the %s plot could not be drawn: %s: %s", name, type(e).__name__, e)
         problems.append(f"{name} plot: {type(e).__name__}: {e}")
 
