@@ -16,8 +16,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, TypeVar
 
-from resources.registry.errors import RegistryUnavailable, redact
+from resources.registry.errors import RegistryUnavailable
 from training.retry import RetriesExhausted, retry_call
+from trainyard.redact import redact_url
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -65,7 +66,7 @@ def retried(method: Callable[..., _T]) -> Callable[..., _T]:
         if getattr(_RETRY_STATE, "active", False):
             return method(self, *args, **kwargs)
         _RETRY_STATE.active = True
-        where = redact(self.tracking_uri)
+        where = redact_url(self.tracking_uri)
 
         def log_retry(attempt: int, error: BaseException, wait: float) -> None:
             logger.warning(

@@ -19,11 +19,12 @@ from resources.registry.backend import (
     mlflow_module,
     retried,
 )
-from resources.registry.errors import MISSING, redact, translate_errors
+from resources.registry.errors import MISSING, translate_errors
 from resources.registry.lock import LOCK_MODEL_SUFFIX, hold_lock
 from resources.registry.registration import create_version
 from resources.registry.serving import TRAINING_ONLY_MODULES, SmokeResult, run_smoke_test
 from resources.registry.versions import TRIAL_KEY_TAG, ModelVersionInfo, version_info
+from trainyard.redact import redact_url
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,7 +66,7 @@ def tracking_server_command(
     """
     if not URI_SCHEME_RE.match(backend_store_uri):
         raise ValueError(
-            f"backend_store_uri={redact(backend_store_uri)!r} must be a database URI such as "
+            f"backend_store_uri={redact_url(backend_store_uri)!r} must be a database URI such as "
             "'postgresql://user@host:5432/mlflow'"
         )
     if not URI_SCHEME_RE.match(artifact_root):

@@ -14,17 +14,16 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import re
 from typing import AbstractSet, Iterator, Optional
 
 from resources.registry.smoke import exception_chain
+from trainyard.redact import redact_url
 
 MISSING = "RESOURCE_DOES_NOT_EXIST"
 """MLflow's error code for a model, version or experiment that does not exist."""
 ALREADY_EXISTS = "RESOURCE_ALREADY_EXISTS"
 """MLflow's error code for creating something that exists."""
 
-_CREDENTIALS_RE = re.compile(r"(//[^/:@]+:)[^/@]+@")
 
 
 class RegistryError(Exception):
@@ -41,11 +40,6 @@ class RegistryConflict(RegistryError):
 
 class RegistryNotFound(RegistryError):
     """The registered model or model version does not exist."""
-
-
-def redact(uri: str) -> str:
-    """`postgresql://user:secret@host/db` -> `postgresql://user:***@host/db`."""
-    return _CREDENTIALS_RE.sub(r"\1***@", uri)
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -104,7 +98,7 @@ def translate(exc: BaseException, action: str) -> RegistryError:
     Returns:
         The registry error to raise (the caller chains it to `exc`).
     """
-    message = redact(f"{action}: {type(exc).__name__}: {exc}")
+    message = redact_url(f"{action}: {type(exc).__name__}: {exc}")
     if is_retryable(exc):
         return RegistryUnavailable(message)
     code = error_code(exc)

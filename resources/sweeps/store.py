@@ -11,9 +11,11 @@ import contextlib
 import threading
 import warnings
 from collections import OrderedDict
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from resources.sweeps.rules import SweepError
+from training.retry import RetriesExhausted, retry_call
+from trainyard.redact import redact_url
 
 _LOCK = threading.Lock()
 _STUDIES: "OrderedDict[tuple, Any]" = OrderedDict()
@@ -75,12 +77,10 @@ def open_storage(url: str, heartbeat_interval: int = 60, grace_period: Optional[
             return _STORAGES[key]
     kwargs: dict[str, Any] = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
     if url.startswith("sqlite"):
-        _sqlite_wal(url)
         kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = optuna.storages.RDBStorage(url, **kwargs)
+    with _creating(url):
+        storage = _create_storage(url, kwargs)
     if url.startswith("sqlite"):
         import sqlalchemy
 
@@ -96,12 +96,47 @@ def open_storage(url: str, heartbeat_interval: int = 60, grace_period: Optional[
         return storage
 
 
-def _sqlite_wal(url: str) -> None:
+def _sqlite_path(url: str) -> Optional[str]:
+    path = url.split("sqlite:///", 1)[1].split("?")[0] if url.startswith("sqlite:///") else ""
+    return None if not path or path == ":memory:" else path
+
+
+@contextlib.contextmanager
+def _creating(url: str) -> Iterator[None]:
+    """Serialise creating the schema of one SQLite file across processes (a file lock beside it).
+
+    Two runs that open a fresh database at once (a landing sensor's `prepare`
+    beside one started from the UI) would both create Optuna's tables and one
+    would fail on `alembic_version`; the second now finds them made. SQLite's
+    journal mode is set to WAL under the same lock.
+    """
+    path = _sqlite_path(url)
+    if path is None:
+        yield
+        return
     import sqlite3
 
-    path = url.split("sqlite:///", 1)[1].split("?")[0]
-    if not path or path == ":memory:":
-        return
-    with contextlib.closing(sqlite3.connect(path, timeout=60)) as conn:
-        conn.execute("PRAGMA journal_mode=WAL")
+    from filelock import FileLock
+
+    with FileLock(f"{path}.create.lock", timeout=120):
+        with contextlib.closing(sqlite3.connect(path, timeout=60)) as conn:
+            conn.execute("PRAGMA journal_mode=WAL")
+        yield
+
+
+def _create_storage(url: str, kwargs: dict[str, Any]) -> Any:
+    """An RDBStorage for `url`; a server database whose schema another process is creating at the same moment is retried."""
+    import optuna
+    import sqlalchemy.exc
+
+    def create() -> Any:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.storages.RDBStorage(url, **kwargs)
+
+    try:
+        return retry_call(create, retry_on=(sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError), attempts=3,
+                          backoff_s=0.5, describe=f"create the Optuna schema at {redact_url(url)}")
+    except RetriesExhausted as e:
+        raise SweepError(str(e)) from e.last
 

@@ -15,9 +15,9 @@ from resources.registry.errors import (
     RegistryError,
     RegistryNotFound,
     RegistryUnavailable,
-    redact,
     translate_errors,
 )
+from trainyard.redact import redact_url
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_credentials_are_redacted_from_messages() -> None:
         with translate_errors("list models at http://user:secret@mlflow:5000"):
             raise requests.exceptions.ConnectionError("http://user:secret@mlflow:5000/api refused")
     assert "secret" not in str(caught.value) and "user:***@mlflow" in str(caught.value)
-    assert redact("postgresql://mlflow:pw@db/mlflow") == "postgresql://mlflow:***@db/mlflow"
+    assert redact_url("postgresql://mlflow:pw@db/mlflow") == "postgresql://mlflow:***@db/mlflow"
 
 
 def test_registry_errors_and_non_exceptions_pass_through_unchanged() -> None:
