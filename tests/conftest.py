@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
 from tests.s3_server import s3_endpoint  # noqa: F401
+from tests.support.webhook import WebhookServer
 
 if TYPE_CHECKING:
     from tests.pipelines.pipeline_fixtures import Harness
@@ -97,3 +98,11 @@ def trained(trained_home: TrainedHome, tmp_path_factory: pytest.TempPathFactory)
 
     copy = copy_home(trained_home, tmp_path_factory.mktemp("home"))
     return Harness(copy.home, small_spec()), copy.out
+
+
+@pytest.fixture()
+def webhook() -> Iterator[WebhookServer]:
+    """A loopback webhook endpoint of its own for each test (see `tests.support.webhook`)."""
+    hook = WebhookServer()
+    yield hook
+    hook.close()

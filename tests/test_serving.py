@@ -14,10 +14,8 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,6 +28,7 @@ from pipelines import cli
 from resources.handoff import HandoffDeliveryFailed, HandoffEvent, HandoffPublisher
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
+from tests.support.webhook import WebhookServer
 
 ROOT = Path(__file__).resolve().parent.parent
 FEATURES = ["f0", "f1", "f2", "f3"]
@@ -37,42 +36,6 @@ CLASSES = [10, 20, 30]
 
 
 # -- handoff events --------------------------------------------------------------------
-
-
-class Webhook:
-    """Loopback endpoint recording POSTs; answers `statuses` in turn, then 200."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[dict[str, str], dict[str, Any]]] = []
-        self.statuses: list[int] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status = hook.statuses.pop(0) if hook.statuses else 200
-                hook.received.append((dict(self.headers), body))
-                self.send_response(status)
-                self.end_headers()
-                self.wfile.write(b"nope" if status >= 400 else b"ok")
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/events"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture()
-def webhook() -> Iterator[Webhook]:
-    hook = Webhook()
-    yield hook
-    hook.close()
 
 
 def event(version: str = "3", at: str = "2025-01-30T07:01:02.123456+00:00") -> HandoffEvent:
@@ -84,7 +47,7 @@ def event(version: str = "3", at: str = "2025-01-30T07:01:02.123456+00:00") -> H
     )
 
 
-def test_handoff_record_in_store_and_webhook(tmp_path: Path, webhook: Webhook) -> None:
+def test_handoff_record_in_store_and_webhook(tmp_path: Path, webhook: WebhookServer) -> None:
     store = ObjectStore(root=str(tmp_path))
     handoff = HandoffPublisher(store=store, webhook_url=webhook.url)
     receipt = handoff.publish(event())
@@ -94,7 +57,7 @@ def test_handoff_record_in_store_and_webhook(tmp_path: Path, webhook: Webhook) -
     record = json.loads(expected.read_text())
     assert record == event().model_dump(mode="json")
     assert record["schema_version"] == 1 and record["alias_uri"] == "models:/vision.digits@champion"
-    headers, body = webhook.received[0]
+    headers, body, _ = webhook.received[0]
     assert headers["X-Trainyard-Event-Id"] == "ev-3" and headers["Content-Type"] == "application/json"
     assert body == {**record, "record_uri": str(expected)}
     assert handoff.read(receipt.uri) == event()
@@ -104,14 +67,14 @@ def test_handoff_record_in_store_and_webhook(tmp_path: Path, webhook: Webhook) -
     ]
 
 
-def test_handoff_webhook_retries_transient_answers_only(tmp_path: Path, webhook: Webhook) -> None:
+def test_handoff_webhook_retries_transient_answers_only(tmp_path: Path, webhook: WebhookServer) -> None:
     handoff = HandoffPublisher(store=ObjectStore(root=str(tmp_path)), webhook_url=webhook.url, webhook_backoff_s=0.0)
     webhook.statuses = [503, 429]
     receipt = handoff.publish(event())
     assert (receipt.webhook, receipt.attempts) == ("delivered", 3)
 
     webhook.statuses = [400]
-    with pytest.raises(HandoffDeliveryFailed, match=r"did not accept handoff event ev-5 \(vision.digits v5\) after 1 attempt\(s\): HTTP 400: nope") as caught:
+    with pytest.raises(HandoffDeliveryFailed, match=r"did not accept handoff event ev-5 \(vision.digits v5\) after 1 attempt\(s\): HTTP 400: refused") as caught:
         handoff.publish(event("5"))
     assert caught.value.status == 400
     assert Path(caught.value.uri).is_file()  # the record is the source of truth; only the notification failed

@@ -2,52 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from resources.handoff import HandoffDeliveryFailed, HandoffEvent, HandoffPublisher
 from resources.storage import ObjectStore
-
-
-class ScriptedWebhook:
-    """A loopback HTTP endpoint answering each POST with the next scripted status (then 200)."""
-
-    def __init__(self) -> None:
-        self.statuses: list[int] = []
-        self.event_ids: list[str] = []
-        script = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                script.event_ids.append(body["event_id"])
-                status = script.statuses.pop(0) if script.statuses else 200
-                self.send_response(status)
-                self.end_headers()
-                self.wfile.write(b"busy" if status >= 400 else b"ok")
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/handoff"
-
-
-@pytest.fixture
-def webhook() -> Iterator[ScriptedWebhook]:
-    hook = ScriptedWebhook()
-    thread = threading.Thread(target=hook.server.serve_forever, daemon=True)
-    thread.start()
-    yield hook
-    hook.server.shutdown()
-    hook.server.server_close()
+from tests.support.webhook import WebhookServer
 
 
 def event() -> HandoffEvent:
@@ -64,7 +27,7 @@ def publisher(tmp_path: Path, url: str, waits: list[float], **kwargs: object) ->
     return handoff
 
 
-def test_transient_answers_are_retried_with_doubling_waits(tmp_path: Path, webhook: ScriptedWebhook, caplog: pytest.LogCaptureFixture) -> None:
+def test_transient_answers_are_retried_with_doubling_waits(tmp_path: Path, webhook: WebhookServer, caplog: pytest.LogCaptureFixture) -> None:
     waits: list[float] = []
     webhook.statuses = [503, 429]
     with caplog.at_level(logging.WARNING):
@@ -75,7 +38,7 @@ def test_transient_answers_are_retried_with_doubling_waits(tmp_path: Path, webho
     assert f"handoff webhook {webhook.url} failed for event ev-1 (attempt 1 of 3), retrying in 0.5s: HTTP 503: busy" in caplog.text
 
 
-def test_gives_up_after_the_attempts_with_the_last_answer(tmp_path: Path, webhook: ScriptedWebhook) -> None:
+def test_gives_up_after_the_attempts_with_the_last_answer(tmp_path: Path, webhook: WebhookServer) -> None:
     waits: list[float] = []
     webhook.statuses = [500, 502, 504]
     handoff = publisher(tmp_path, webhook.url, waits, webhook_attempts=2, webhook_backoff_s=0.25)
@@ -86,10 +49,10 @@ def test_gives_up_after_the_attempts_with_the_last_answer(tmp_path: Path, webhoo
     assert Path(caught.value.uri).is_file()
 
 
-def test_a_refusal_is_not_retried(tmp_path: Path, webhook: ScriptedWebhook) -> None:
+def test_a_refusal_is_not_retried(tmp_path: Path, webhook: WebhookServer) -> None:
     waits: list[float] = []
     webhook.statuses = [404]
-    with pytest.raises(HandoffDeliveryFailed, match=r"after 1 attempt\(s\): HTTP 404: busy") as caught:
+    with pytest.raises(HandoffDeliveryFailed, match=r"after 1 attempt\(s\): HTTP 404: refused") as caught:
         publisher(tmp_path, webhook.url, waits, webhook_attempts=5).publish(event())
     assert (caught.value.status, waits, webhook.event_ids) == (404, [], ["ev-1"])
 

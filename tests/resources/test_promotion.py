@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -21,6 +20,7 @@ from dagster import AssetKey, DagsterInstance, MarkdownMetadataValue
 from resources import promotion
 from resources.promotion import decision_metadata, validation_evidence
 from resources.registry import SmokeResult
+from tests.support.webhook import WebhookServer
 from trainyard.lineage import HANDOFF_WEBHOOK_TAG, HISTORY_TAG
 from trainyard.promotion import (
     CHALLENGER,
@@ -71,45 +71,16 @@ FEATURES = ["f0", "f1", "f2", "f3"]
 CLASSES = [10, 20, 30]
 
 
-class _Webhook:
-    """A loopback HTTP endpoint that records POSTs and answers with `statuses` in turn (then 200)."""
-
-    def __init__(self) -> None:
-        self.received: list[dict[str, Any]] = []
-        self.statuses: list[int] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                status = hook.statuses.pop(0) if hook.statuses else 200
-                if status == 200:
-                    hook.received.append({"event_id": self.headers["X-Trainyard-Event-Id"], **body})
-                self.send_response(status)
-                self.end_headers()
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/handoff"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture(scope="module")
-def webhook() -> Iterator[_Webhook]:
-    hook = _Webhook()
+def webhook() -> Iterator[WebhookServer]:
+    hook = WebhookServer()
     yield hook
     hook.close()
 
 
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, webhook: _Webhook) -> dict[str, Any]:
+def world(tmp_path_factory: pytest.TempPathFactory, webhook: WebhookServer) -> dict[str, Any]:
     """A registry, handoff publisher and three registered versions of model `m` with known test accuracy."""
     import torch
 
@@ -161,7 +132,7 @@ def candidate(world: dict[str, Any], seed: int, *, policy: PromotionSpec = Promo
 
 
 @pytest.mark.slow
-def test_decisions_pass_fail_override_and_rollback(world: dict[str, Any], webhook: _Webhook) -> None:
+def test_decisions_pass_fail_override_and_rollback(world: dict[str, Any], webhook: WebhookServer) -> None:
     from resources.handoff import HandoffEvent
 
     registry, handoff = world["registry"], world["handoff"]
@@ -186,7 +157,7 @@ def test_decisions_pass_fail_override_and_rollback(world: dict[str, Any], webhoo
     assert (event.version, event.action, event.previous_version, event.alias_uri) == (v[1], "promote", None, "models:/m@champion")
     assert Path(d.handoff_uri).parent == world["home"] / "store" / "handoff" / "m"
     assert Path(d.handoff_uri).name.endswith(f"-v{v[1]}.json")
-    assert webhook.received[-1]["event_id"] == event.event_id and webhook.received[-1]["record_uri"] == d.handoff_uri
+    assert webhook.delivered()[-1]["event_id"] == event.event_id and webhook.delivered()[-1]["record_uri"] == d.handoff_uri
 
     # 3. a better version whose data validation failed is rejected, with the evidence on the version
     quarantined = ValidationEvidence(False, "data version md5a is quarantined", "md5a")
@@ -238,7 +209,7 @@ def test_decisions_pass_fail_override_and_rollback(world: dict[str, Any], webhoo
 
 
 @pytest.mark.slow
-def test_failed_webhook_is_redelivered_by_the_next_run(world: dict[str, Any], webhook: _Webhook) -> None:
+def test_failed_webhook_is_redelivered_by_the_next_run(world: dict[str, Any], webhook: WebhookServer) -> None:
     from resources.handoff import HandoffDeliveryFailed
 
     registry, handoff = world["registry"], world["handoff"]
@@ -252,11 +223,11 @@ def test_failed_webhook_is_redelivered_by_the_next_run(world: dict[str, Any], we
     assert registry.get_alias("m", CHAMPION).version == version  # moved; the record exists
     tags = registry.get_version("m", version).tags
     assert tags[HANDOFF_WEBHOOK_TAG].startswith("failed: webhook")
-    received = len(webhook.received)
+    received = len(webhook.delivered())
     d = promotion.decide(registry, handoff, candidate(world, target), action="promote", decided_by="test")
     assert d.already_champion and d.webhook == "delivered"
-    assert len(webhook.received) == received + 1
-    assert webhook.received[-1]["record_uri"] == tags["trainyard.handoff.event_uri"]
+    assert len(webhook.delivered()) == received + 1
+    assert webhook.delivered()[-1]["record_uri"] == tags["trainyard.handoff.event_uri"]
     assert registry.get_version("m", version).tags[HANDOFF_WEBHOOK_TAG] == "delivered"
 
 
