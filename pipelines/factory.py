@@ -24,11 +24,11 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
     Jobs per pipeline: `prepare` (raw_data, validated_data, sweep), `train`
     (one trial_model partition per run) and `promote` (best_model,
     registered_model). Sensors per pipeline: `<team>__<name>__landing`
-    (new landing files -> `prepare`, see `pipelines.landing_sensor`; starts
-    stopped) and `<team>__<name>__sweep` (keeps `search.parallelism` trials in
-    flight, then starts `promote` once per finished study, see
-    `pipelines.sensors`; running from the start unless
-    `RetrainPolicy.automatic` is off). Every `train` run is tagged `trainyard/team=<team>`,
+    (new landing files -> `prepare`, see `pipelines.landing_sensor`) and
+    `<team>__<name>__sweep` (carries a `raw_data` materialized alone through
+    the rest of `prepare`, keeps `search.parallelism` trials in flight, then
+    starts `promote` once per finished study, see `pipelines.sensors`); both
+    run from the start unless `RetrainPolicy.automatic` is off. Every `train` run is tagged `trainyard/team=<team>`,
     the key of the per-team run limit in `dagster.yaml`. The pipeline's
     `RetrainPolicy` adds the schedule `<team>__<name>__retrain` (cron) and the
     sensor `<team>__<name>__drift` (drift against the champion's data), see

@@ -11,26 +11,99 @@ compares the listing's digest with the sensor's cursor:
   so the same landing state never starts two runs; `raw_data` then ingests
   only the new or changed files. A removed file that was in the snapshot,
   or was rejected, counts as a change: the run makes a snapshot without it,
-  which is how removing a bad file unblocks the pipeline.
+  which is how removing a bad file unblocks the pipeline. Removing the bad
+  file brings the listing back to the state before it landed, whose run key
+  Dagster has already used, so a run for a removal is keyed by the state it
+  came from as well.
 
 A file still being written changes the digest on every tick; the run it
 starts skips it (`LandingFileChanged`) and the next tick, seeing it stable,
 starts another.
+
+`evaluate_raw_data` is the other way data enters: a person materializes
+`raw_data` alone (the UI's Materialize on the first asset). The sweep sensor
+calls it each tick and requests the rest of `prepare` for such a run, so the
+first asset is all a user has to start.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from dagster import AssetKey, DefaultSensorStatus, RunRequest, SensorDefinition, SensorEvaluationContext, SkipReason, sensor
+from dagster import (
+    AssetKey,
+    AssetRecordsFilter,
+    DagsterEventType,
+    DagsterInstance,
+    DefaultSensorStatus,
+    RunRequest,
+    SensorDefinition,
+    SensorEvaluationContext,
+    SkipReason,
+    sensor,
+)
 
+from assets.factory import asset_key
 from resources.storage import ObjectStore
 from trainyard import naming
 from trainyard.data import ingest
-from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG
+from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG, TRIGGER_TAG
 from trainyard.spec import PipelineSpec
 
 MINIMUM_INTERVAL_SECONDS = 60
+MAX_RAW_DATA_PER_TICK = 100
+RAW_DATA_RUN_TAG = "trainyard/raw_data_run"
+
+
+def continuation_selection(spec: PipelineSpec) -> list[AssetKey]:
+    """What follows `raw_data` in `prepare`: validation and the sweep, or validation only when drift gates retraining."""
+    names = [naming.VALIDATED_DATA] + ([] if spec.retrain_policy.drift_psi is not None else [naming.SWEEP])
+    return [asset_key(spec, n) for n in names]
+
+
+def _planned(instance: DagsterInstance, run_id: str, key: AssetKey) -> bool:
+    """Whether the run planned to materialize `key` (Dagster records the plan when the run is created)."""
+    records = instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
+    return any(r.event_log_entry.dagster_event is not None and r.event_log_entry.dagster_event.asset_key == key for r in records)
+
+
+def evaluate_raw_data(spec: PipelineSpec, instance: DagsterInstance, after: Optional[int], prepare_job: str) -> tuple[list[RunRequest], Optional[int], str]:
+    """Carry a `raw_data` materialized on its own through the rest of `prepare` (`continuation_selection`).
+
+    Looks at the `raw_data` materializations after storage id `after` (on the
+    first tick, None, only the newest, so an old instance does not replay its
+    history). One whose run also planned `validated_data` (a `prepare`,
+    landing or scheduled run) or that a later `validated_data` already
+    followed needs nothing. Of the rest only the newest gets a run, keyed
+    `raw_data/<storage id>`: `validated_data` reads the newest raw snapshot, so
+    that run follows the older ones too, and Dagster drops a repeated key.
+
+    Returns:
+        The run requests (none or one), the new cursor (the newest storage
+        id looked at) and a note for the tick's message.
+    """
+    raw, validated = asset_key(spec, naming.RAW_DATA), asset_key(spec, naming.VALIDATED_DATA)
+    if after is None:
+        records = list(instance.fetch_materializations(raw, limit=1).records)
+    else:
+        records = list(instance.fetch_materializations(AssetRecordsFilter(asset_key=raw, after_storage_id=after), limit=MAX_RAW_DATA_PER_TICK).records)
+    if not records:
+        return [], after, ""
+    newest = max(records, key=lambda r: r.storage_id)
+    followed = instance.fetch_materializations(validated, limit=1).records
+    followed_id = followed[0].storage_id if followed else -1
+    alone = [r for r in records if r.storage_id > followed_id and not _planned(instance, r.run_id, validated)]
+    if not alone:
+        return [], newest.storage_id, ""
+    last = max(alone, key=lambda r: r.storage_id)
+    request = RunRequest(
+        run_key=f"raw_data/{last.storage_id}",
+        job_name=prepare_job,
+        asset_selection=continuation_selection(spec),
+        tags={PIPELINE_TAG: spec.key, TRIGGER_TAG: "raw_data materialized", RAW_DATA_RUN_TAG: last.run_id},
+    )
+    names = ", ".join(k.path[-1] for k in continuation_selection(spec))
+    return [request], newest.storage_id, f"; raw_data of run {last.run_id} was materialized alone, requested {names}"
 
 
 def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None) -> tuple[RunRequest | SkipReason, str | None]:
@@ -54,7 +127,7 @@ def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None)
     names = [f.uri.rsplit("/", 1)[-1] for f in pending] + [f"{u.rsplit('/', 1)[-1]} (removed)" for u in removed]
     shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
     request = RunRequest(
-        run_key=f"landing-{digest}",
+        run_key=f"landing-{digest}" + (f"-after-{cursor}" if removed else ""),
         tags={
             PIPELINE_TAG: spec.key,
             LANDING_DIGEST_TAG: digest,
@@ -75,16 +148,18 @@ def build_landing_sensor(
     With a drift-gated `RetrainPolicy` the selection is ingest and validation
     only; the drift sensor decides whether the new version is swept.
 
-    It starts stopped: turn it on in the Dagster UI (Automation) or with
-    `dagster sensor start <name>`, so nothing runs behind the back of
-    `trainyard demo` or a test.
+    With `RetrainPolicy.automatic` (the default) it starts running, so a file
+    landing is all it takes; otherwise it starts stopped: turn it on in the
+    Dagster UI (Automation) or with `dagster sensor start <name>`. A sensor only
+    ticks under the daemon, so `trainyard demo` and in-process tests run
+    nothing behind one's back.
     """
 
     @sensor(
         name=naming.landing_sensor_name(spec),
         job_name=job_name,
         minimum_interval_seconds=minimum_interval_seconds,
-        default_status=DefaultSensorStatus.STOPPED,
+        default_status=DefaultSensorStatus.RUNNING if spec.retrain_policy.automatic else DefaultSensorStatus.STOPPED,
         description=f"New or changed files under {spec.source.prefix} ({spec.source.pattern}) -> {job_name}",
     )
     def landing(context: SensorEvaluationContext, store: ObjectStore):

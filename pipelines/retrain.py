@@ -44,6 +44,7 @@ from dagster import (
 )
 
 from assets.factory import asset_key
+from pipelines.landing_sensor import continuation_selection
 from pipelines.sensors import latest_study
 from resources.registry import ModelRegistry, ModelVersionInfo
 from resources.storage import ObjectStore
@@ -60,8 +61,7 @@ DRIFT_MINIMUM_INTERVAL_SECONDS = 300
 
 def prepare_selection(spec: PipelineSpec) -> list[AssetKey]:
     """What a landing or scheduled run materializes: all of `prepare`, or ingest and validation only when drift gates retraining."""
-    names = [naming.RAW_DATA, naming.VALIDATED_DATA] + ([] if spec.retrain_policy.drift_psi is not None else [naming.SWEEP])
-    return [asset_key(spec, n) for n in names]
+    return [asset_key(spec, naming.RAW_DATA), *continuation_selection(spec)]
 
 
 def latest_validated(store: ObjectStore, spec: PipelineSpec) -> Optional[dict[str, Any]]:
@@ -83,7 +83,7 @@ def evaluate_schedule(spec: PipelineSpec, store: ObjectStore, instance: DagsterI
         return SkipReason(f"{spec.key}: no landing files match {', '.join(ingest.landing_patterns(store, spec.source))}")
     tags = {PIPELINE_TAG: spec.key, TRIGGER_TAG: "cron"}
     pending = ingest.pending_files(store, spec, files)
-    if pending:
+    if pending or ingest.removed_files(store, spec, files):
         digest = ingest.landing_digest(files)
         return RunRequest(
             asset_selection=prepare_selection(spec),

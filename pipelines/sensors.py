@@ -3,6 +3,9 @@
 Each tick does a bounded amount of work, so no tick nears Dagster's sensor
 timeout (60 s unless `DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS` says otherwise):
 
+0. when the pipeline is automatic, request the rest of `prepare` for a
+   `raw_data` materialized on its own (`pipelines.landing_sensor.evaluate_raw_data`),
+   so materializing the first asset in the UI is enough to train the sweep;
 1. find the study of the latest `sweep` materialization (its `study` metadata);
 2. fail trials whose heartbeat went stale (their run crashed or was killed) and
    trials whose run ended (failed, canceled) without telling the study;
@@ -62,6 +65,7 @@ from dagster import (
 )
 
 from assets.factory import trials_partitions
+from pipelines.landing_sensor import evaluate_raw_data
 from resources.sweeps import SweepError, SweepStatus, SweepStore
 from trainyard import naming
 from trainyard.naming import PIPELINE_TAG, STUDY_TAG, TEAM_TAG, TRIGGER_TAG, job_names, trial_key
@@ -103,6 +107,7 @@ class SweepCursor:
     next: int = 0  # lowest trial number not yet requested
     checked: float = 0.0  # runs that ended before this were already looked at
     reported: int = -1  # finished-trial count of the last report (and promote) run
+    raw: Optional[int] = None  # storage id of the last raw_data materialization looked at
 
     @classmethod
     def parse(cls, text: Optional[str]) -> "SweepCursor":
@@ -217,11 +222,16 @@ def evaluate_sweep(
     started = time.monotonic()
     deadline = started + tick_budget_seconds
     state = SweepCursor.parse(cursor)
+    carried: list[RunRequest] = []
+    carry_note = ""
+    if spec.retrain_policy.automatic:
+        carried, state.raw, carry_note = evaluate_raw_data(spec, instance, state.raw, prepare_job)
     study_name = latest_study(instance, spec)
     if study_name is None:
-        return SweepTick(cursor=state, message=f"{spec.key}: the sweep asset has not been materialized yet (run the prepare job)")
+        message = f"{spec.key}: the sweep asset has not been materialized yet (run the prepare job){carry_note}"
+        return SweepTick(run_requests=carried, cursor=state, message=message)
     if state.study != study_name:
-        state = SweepCursor(study=study_name, checked=time.time())
+        state = SweepCursor(study=study_name, checked=time.time(), raw=state.raw)
     search = spec.search
     study = sweeps.load(study_name, search)
     now = time.time()
@@ -268,7 +278,7 @@ def evaluate_sweep(
             state.next = max(asked) + 1
 
     keys = [trial_key(n) for n in requested]
-    requests = [RunRequest(partition_key=k, run_key=f"{study_name}/{k}", job_name=train_job, tags=tags) for k in keys]
+    requests = carried + [RunRequest(partition_key=k, run_key=f"{study_name}/{k}", job_name=train_job, tags=tags) for k in keys]
     after = sweeps.status(study, search) if asked or failed else status
     promote_note = ""
     if after.done and after.finished != state.reported:
@@ -278,7 +288,7 @@ def evaluate_sweep(
         state.reported = after.finished
     message = (
         f"{spec.key} study {study_name}: {after.summary()}; requested {len(keys)} trial run(s) "
-        f"({len(asked)} newly asked), {in_flight + len(keys)} in flight of parallelism {search.window}{team_note}{promote_note}"
+        f"({len(asked)} newly asked), {in_flight + len(keys)} in flight of parallelism {search.window}{team_note}{promote_note}{carry_note}"
     )
     if failed:
         message += f"; failed {[trial_key(n) for n in failed]} (stale heartbeat or run ended without a result)"
@@ -298,7 +308,7 @@ def sweep_sensor(
     tick_budget_seconds: float = TICK_BUDGET_SECONDS,
     default_status: Optional[DefaultSensorStatus] = None,
 ) -> SensorDefinition:
-    """The sweep sensor of one pipeline, targeting its `train` job (`prepare` for report runs, `promote` at the end).
+    """The sweep sensor of one pipeline, targeting its `train` job (`prepare` for report and continuation runs, `promote` at the end).
 
     With `RetrainPolicy.automatic` (the default) it starts running, so a
     materialized `sweep` trains to its budget and ends in a `promote` run with

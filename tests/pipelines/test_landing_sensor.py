@@ -50,7 +50,7 @@ def test_sensor_definition_targets_prepare_and_keeps_its_cursor(store: ObjectSto
     sensor = build_landing_sensor(spec, job_names(spec)["prepare"])
     assert sensor.name == landing_sensor_name(spec) == "test__digits__landing"
     assert sensor.job_name == "test__digits__prepare"
-    assert sensor.default_status.value == "STOPPED"
+    assert sensor.default_status.value == "RUNNING"  # RetrainPolicy.automatic, the default
     write_landing(tmp_path, digits_frame(200))
     with DagsterInstance.ephemeral() as instance:
         tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"store": store}))
