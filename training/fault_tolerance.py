@@ -193,6 +193,10 @@ class FaultTolerance(Callback):
         self.last_save_time = time.monotonic()
         self.last_save_step = trainer.global_step
         self._rank = trainer.global_rank
+        if trainer.is_global_zero:
+            # The attempt exists from its start: one killed before its first step's
+            # record (a drill at step 1, an early OOM) still counts as a restart.
+            self.attempt.update(force=True)
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
