@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,10 @@ def test_opens_when_two_are_inside_and_counts_the_peak(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=first)
     thread.start()
+    for _ in range(3000):  # "a" counted itself in before "b" arrives, so the counts are 1 then 2
+        if barrier.peak() == 1:
+            break
+        time.sleep(0.01)
     with barrier.inside("b") as count:
         entered.append(count)
         second_inside.set()

@@ -393,6 +393,11 @@ class PipelineSpec(StrictSpec):
       previous validated version (PSI for every feature, KS statistic for
       numeric ones); None turns a test off. PSI is on by default at 0.25, the
       usual "large shift" (`trainyard.data.drift_detection.PSI_ALERT`).
+    - `on_drift`: what a drift beyond a threshold does. `"warn"` (default): the
+      version is accepted and the check, its metadata and the run log say which
+      features drifted — drift is a reason to retrain (`RetrainPolicy.drift_psi`),
+      not to refuse the data. `"reject"`: the version is quarantined like bad data
+      (a units change upstream, say), with `trainyard data release` as the way out.
     - `suite`: a Great Expectations suite JSON file (e.g. made by `trainyard data
       profile` and then edited), relative to the project root or absolute; it
       replaces the suite built from `columns`. Platform checks always run.
@@ -420,6 +425,7 @@ class PipelineSpec(StrictSpec):
     max_drift_psi: Optional[float] = Field(0.25, gt=0)
     max_drift_ks: Optional[float] = Field(None, gt=0, le=1)
     on_bad_data: Literal["reject", "warn"] = "reject"
+    on_drift: Literal["warn", "reject"] = "warn"
     allow_duplicate_rows: bool = False
     suite: Optional[str] = None
     split: SplitSpec = SplitSpec()

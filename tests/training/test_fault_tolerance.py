@@ -150,7 +150,7 @@ def test_transient_storage_failures_are_retried(reference, tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_permanent_storage_failure_is_a_clear_retryable_error(tmp_path: Path) -> None:
-    spec = drill_spec(tmp_path, faults=FaultInjection(fail_storage_writes=1000), distribution=Distribution(procs_per_node=2))
+    spec = drill_spec(tmp_path, faults=FaultInjection(fail_storage_writes=1000), distribution=Distribution(procs_per_node=2, max_restarts=0))
     with pytest.raises(InfrastructureError, match="could not write checkpoint") as err:
         LocalLauncher().launch(spec)
     assert err.value.retryable

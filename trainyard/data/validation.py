@@ -198,16 +198,20 @@ def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec:
       `source.duplicates="keep_first"` are dropped (set aside) with a count.
     - Released by a person (`release_quarantine`): accepted as it is, with the
       failures as warnings (repeated rows included).
-    - A moderate drift (`PSI_WARN` <= PSI <= the threshold) is a warning.
+    - A moderate drift (`PSI_WARN` <= PSI <= the threshold) is a warning; drift
+      beyond a threshold is a warning too unless `on_drift="reject"`.
     - "warn": drift is a warning; failing row-level checks set their rows
       aside; table-level failures (row count, columns, types of whole
       columns, aggregates, expectations that raised) still reject.
     - "reject": any failure or drift beyond a threshold rejects.
     """
     failures = report.failures()
-    drifted = [d for d in drift_rows if d["drifted"]]
     verdict = drift_verdict(drift_rows, spec)
+    beyond = [d for d in drift_rows if d["drifted"]]
+    drifted = beyond if spec.on_drift == "reject" else []
     shift = [verdict["message"]] if verdict["level"] == "moderate" else []
+    if beyond and not drifted:
+        shift = [f"{verdict['message']} (on_drift='warn': accepted)", *[drift_summary(d) for d in beyond]]
     problems = [f"{report.failed} of {report.evaluated} expectations failed"] if failures else []
     problems += [f"drift above threshold in {[d['column'] for d in drifted]}"] if drifted else []
     details = [_summary(r) for r in failures] + [drift_summary(d) for d in drifted]

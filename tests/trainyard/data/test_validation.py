@@ -145,7 +145,7 @@ DRIFTED = {"column": "x", "method": "psi-quantiles+ks", "psi": 0.9, "ks": 0.5, "
 
 
 def test_decide_follows_the_policy(digits_spec):
-    reject, warn = digits_spec(), digits_spec(on_bad_data="warn")
+    reject, warn = digits_spec(on_drift="reject"), digits_spec(on_bad_data="warn", on_drift="reject")
     assert dq.decide(_report(), [], reject) == dq.Verdict(accepted=True, set_aside=False, reasons=[], warnings=[])
 
     rejected = dq.decide(_report(ROW_FAILURE), [DRIFTED], reject)
@@ -162,6 +162,11 @@ def test_decide_follows_the_policy(digits_spec):
     drift_only = dq.decide(_report(), [DRIFTED], warn)
     assert drift_only.accepted and not drift_only.set_aside and drift_only.warnings == ["drift on 'x': PSI 0.900, KS 0.500"]
     assert not dq.decide(_report(TABLE_FAILURE), [], warn).accepted  # too few rows cannot be fixed by dropping rows
+
+    # By default a drift beyond the threshold is said, not refused: drift is a reason to retrain.
+    default = dq.decide(_report(), [DRIFTED], digits_spec())
+    assert default.accepted and not default.set_aside and default.reasons == []
+    assert default.warnings[0].endswith("(on_drift='warn': accepted)") and default.warnings[1] == "drift on 'x': PSI 0.900, KS 0.500"
 
     release = {"released_by": "ada", "released_at": "2026-01-01T00:00:00+00:00", "reason": "checked with the owner"}
     released = dq.decide(_report(TABLE_FAILURE), [], reject, release)
