@@ -22,7 +22,7 @@ def diabetes_pipeline() -> PipelineSpec:
     return PipelineSpec(
         team="health", name="diabetes", source=SourceSpec(prefix="landing/health/diabetes"), columns=columns, target=diabetes.TARGET,
         model=ModelSpec(path="tests.diabetes:TinyRegressor", max_epochs=3, batch_size=32),
-        search=SearchSpec(params={"lr": FloatParam(low=0.02, high=0.1, log=True)}, n_trials=2),
+        search=SearchSpec(params={"lr": FloatParam(low=0.02, high=0.1, log=True)}, n_trials=1),
         distribution=Distribution(procs_per_node=1),
     )
 
