@@ -196,11 +196,13 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
         while True:  # two trials train and two steps wait for a slot
             running = barrier.inside_now()
             waiting = blocked_runs(instance) - {r for r, _ in step_events(instance, DagsterEventType.STEP_START, trial_step)}
-            if len(running) == 2 and barrier.is_open() and len(waiting) == 2:
+            pending = instance.event_log_storage.get_concurrency_info("test_gpu").pending_step_count
+            # A blocked run logs its event and queues its claim in two writes: wait for both.
+            if len(running) == 2 and barrier.is_open() and len(waiting) == 2 and pending == 2:
                 break
             assert len(running) <= 2, f"{running} train at once with two slots"
             assert all(p.poll() is None for p in procs), [(home / f"{k}.log").read_text()[-2000:] for k in sweep["trials"]]
-            assert time.time() < deadline, f"running {running}, waiting {waiting}"
+            assert time.time() < deadline, f"running {running}, waiting {waiting}, pending claims {pending}"
             time.sleep(0.5)
         # Both slots are claimed and both other steps queue for one: none of them can start
         # before a slot is freed, and no slot is freed before a gate opens.
