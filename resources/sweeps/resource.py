@@ -24,6 +24,7 @@ from resources.sweeps.rules import (
     sweep_status,
 )
 from resources.sweeps.store import cached_study, open_storage, remember_study
+from trainyard.redact import redact_url
 from trainyard.search import SearchSpec
 
 
@@ -166,7 +167,7 @@ class SweepStore(ConfigurableResource):
         try:
             study_id = storage.get_study_id_from_name(study_name)
         except KeyError as e:
-            raise SweepError(f"study {study_name!r} does not exist in {self.storage_url.split('?')[0]}; materialize the sweep asset first") from e
+            raise SweepError(f"study {study_name!r} does not exist in {redact_url(self.storage_url.split('?')[0])}; materialize the sweep asset first") from e
         try:
             return storage.get_trial_id_from_study_id_trial_number(study_id, number)
         except KeyError as e:

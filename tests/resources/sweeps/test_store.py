@@ -33,3 +33,4 @@ def test_runs_that_open_a_fresh_sqlite_storage_at_once_all_succeed(tmp_path: Pat
         for p in procs:
             p.join(60)
         assert [results.get(timeout=5) for _ in procs] == ["ok"] * 4
+
