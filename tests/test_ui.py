@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,14 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.dagster_dev import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 QUERY = "{ assetNodes { assetKey { path } dependencyKeys { path } } }"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def graphql(port: int, query: str) -> dict:

@@ -12,21 +12,19 @@ Set `TRAINYARD_SCREENSHOTS=docs/img` to refresh the screenshots of docs/ui.md.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 
+from tests.support.dagster_dev import free_port, stop_group, wait_for
 from tests.ui_location import pipeline, write_landing
 from trainyard import naming
 from trainyard.naming import job_names
@@ -51,12 +49,6 @@ query ($path: [String!]!) {
 }"""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def graphql(port: int, query: str, variables: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     body = json.dumps({"query": query, "variables": variables or {}}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/graphql", data=body, headers={"Content-Type": "application/json"})
@@ -64,35 +56,8 @@ def graphql(port: int, query: str, variables: Optional[dict[str, Any]] = None) -
         return json.loads(resp.read())["data"]
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, log: Path, interval: float = 3.0) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` and the server log's tail after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            found = check()
-            if found:
-                return found
-        time.sleep(interval)
-    pytest.fail(f"{what} not within {timeout:.0f} s; dagster dev log tail:\n{log_tail(log)}")
-
-
 def log_tail(log: Path, chars: int = 6000) -> str:
     return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """End `dagster dev` and everything it started (webserver, daemon, code server, runs): its whole process group."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # runs and code servers outlive a stopped parent otherwise
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
 
 
 @pytest.fixture()
@@ -114,7 +79,7 @@ def dagster_dev(tmp_path: Path) -> Iterator[tuple[int, Path]]:
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
-        wait_for(lambda: len(graphql(port, "{ assetNodes { id } }")["assetNodes"]) == len(ASSETS), SERVER_TIMEOUT_S, "the webserver serving the six assets", log)
+        wait_for(lambda: len(graphql(port, "{ assetNodes { id } }")["assetNodes"]) == len(ASSETS), SERVER_TIMEOUT_S, "the webserver serving the six assets", context=lambda: "; dagster dev log tail:\n" + log_tail(log))
         yield port, log
     finally:
         stop_group(proc)
@@ -225,7 +190,7 @@ def test_materialize_from_the_lineage_graph_ends_with_a_champion(browser: Any, d
         runs = [r for r in ui_runs(port) if {"key": "dagster/from_ui", "value": "true"} in r["tags"]]
         return runs[0] if runs and runs[0]["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
 
-    run = wait_for(ui_run, RUN_TIMEOUT_S, "the run launched from the UI ending", log)
+    run = wait_for(ui_run, RUN_TIMEOUT_S, "the run launched from the UI ending", context=lambda: "; dagster dev log tail:\n" + log_tail(log))
     assert run["status"] == "SUCCESS", f"the UI's run {run['runId']} ended {run['status']}:\n{log_tail(log)}"
     page.goto(f"{base}/runs/{run['runId']}", wait_until="networkidle")
     page.get_by_text("Success", exact=True).filter(visible=True).first.wait_for(state="visible")
@@ -238,7 +203,7 @@ def test_materialize_from_the_lineage_graph_ends_with_a_champion(browser: Any, d
         meta = latest_metadata(port, naming.REGISTERED_MODEL)
         return meta if meta and meta.get("decision") else None
 
-    meta = wait_for(decided, CHAMPION_TIMEOUT_S - (time.monotonic() - clicked), "a promotion decision on registered_model", log, interval=5.0)
+    meta = wait_for(decided, CHAMPION_TIMEOUT_S - (time.monotonic() - clicked), "a promotion decision on registered_model", interval=5.0, context=lambda: "; dagster dev log tail:\n" + log_tail(log))
     assert meta["decision"] == "champion" and meta["champion"] is True, meta
     jobs = {r["jobName"] for r in ui_runs(port)}
     assert {job_names(pipeline)["train"], job_names(pipeline)["promote"]} <= jobs, jobs

@@ -24,11 +24,8 @@ printed, so CI shows why.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +37,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 
 from tests.e2e.first_contact_location import PIPELINES, blobs, blobs_frame, linear, linear_frame, write_landing
+from tests.support.dagster_dev import free_port, stop_group, wait_for
 from trainyard import naming
 from trainyard.naming import job_names
 
@@ -137,37 +135,6 @@ class Server:
         except Exception as e:  # the server may be the thing that broke; the log still says why
             failures = f"(could not ask the webserver: {e!r})"
         return f"\n--- failed runs ---\n{failures}\n--- dagster dev log tail ---\n{tail}\n"
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 3.0) -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            found = check()
-            if found:
-                return found
-        time.sleep(interval)
-    pytest.fail(f"{what} not within {timeout:.0f} s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop_group(proc: subprocess.Popen) -> None:
-    """End `dagster dev` and everything it started (webserver, daemon, code server, runs, trials): its process group."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # runs and code servers outlive a stopped parent otherwise
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
 
 
 @pytest.fixture()
