@@ -25,6 +25,15 @@ def sweep_body(
     new = [k for k in keys if k not in existing]
     if new:
         context.instance.add_dynamic_partitions(partitions, new)
+    # The partitions are the trials of the current study: keys an earlier study asked
+    # beyond this one's trials would stay red (or green) in the UI with another study's
+    # outcome. Their materializations stay in the event log, naming their study.
+    ours = {naming.trial_key(t.number) for t in study.get_trials(deepcopy=False)}
+    stale = sorted(existing - ours)
+    for key in stale:
+        context.instance.delete_dynamic_partition(partitions, key)
+    if stale:
+        context.log.info(f"{spec.key}: removed {len(stale)} trial partitions of an earlier study ({stale[0]} .. {stale[-1]}); study {name} has not asked them")
     report = build_report(sweeps, study, spec)
     meta = report_metadata(report, store, naming.sweep_report_dir(store, spec.team, spec.name, name), objectives_of(spec))
     if report.status.stop_reason:
@@ -35,5 +44,5 @@ def sweep_body(
         wandb["wandb_url"] = MetadataValue.url(f"https://wandb.ai/{tracking.entity}/{project}/groups/{name}")
     return Output(
         Sweep(study=name, trials=keys, data_md5=validated.md5),
-        metadata={"study": name, "storage": redact_url(sweeps.storage_url.split("?")[0]), "trials": len(keys), "new_partitions": len(new), **meta, **wandb},
+        metadata={"study": name, "storage": redact_url(sweeps.storage_url.split("?")[0]), "trials": len(keys), "new_partitions": len(new), "removed_partitions": len(stale), **meta, **wandb},
     )

@@ -145,9 +145,26 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
     assert rerun.output_for_node(harness.node("sweep")).study == sweep.study
     assert sorted(harness.instance.get_dynamic_partitions("test__digits__trials")) == sweep.trials
 
+    # a trial of this study fails (as its train run would record it): the next sweep replaces it
+    harness.resources["sweeps"].tell(sweep.study, 1, None, {"error": "boom"}, failed=True)
+    replaced = harness.run("prepare")
+    assert replaced.success, failure_text(replaced)
+    old_keys = sorted(harness.instance.get_dynamic_partitions("test__digits__trials"))
+    assert old_keys == ["trial-0000", "trial-0001", "trial-0002"]
+
     write_landing(tmp_path, digits_frame(300).iloc[150:].reset_index(drop=True), "part-1.csv")
     more = tick()
     assert len(more.run_requests) == 1 and more.run_requests[0].tags["trainyard/new_files"] == "1"
+
+    # new data, new study: the partitions are its trials, not the last study's failed and replaced ones
+    fresh = harness.run("prepare")
+    assert fresh.success, failure_text(fresh)
+    new_sweep = fresh.output_for_node(harness.node("sweep"))
+    assert new_sweep.study != sweep.study
+    assert sorted(harness.instance.get_dynamic_partitions("test__digits__trials")) == new_sweep.trials == ["trial-0000", "trial-0001"]
+    meta = fresh.get_asset_materialization_events()
+    removed = [e.materialization.metadata["removed_partitions"].value for e in meta if e.materialization.metadata.get("removed_partitions")]
+    assert removed == [1], removed
 
 
 @pytest.mark.slow
