@@ -1,4 +1,4 @@
-"""A team's settings, declared once: GPU quota, Kueue queue, priority, retraining default, environment.
+"""A team's settings, declared once: GPU quota, Kueue queue, priority, retraining default, environment, trial pods.
 
 Where each setting takes effect is described in `pipelines.team`, which turns a
 `TeamSpec` and its pipelines into a Dagster code location.
@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from trainyard.podconfig import POD_ENV, PodConfig
 from trainyard.spec import _NAME, PipelineSpec, RetrainPolicy
 
 PRIORITIES: dict[str, tuple[int, str]] = {
@@ -36,8 +37,14 @@ def priority_class_names() -> list[str]:
 class TeamSpec(BaseModel):
     """One team's settings (see the module docstring for where each applies).
 
+    `pod` is what the team's trial pods need beyond the platform's defaults
+    (`trainyard.podconfig.PodConfig`: image digest, CPU/memory/GPUs, tolerations,
+    node selector, affinity, /dev/shm, NCCL settings, Secrets by name, service
+    account); it reaches the Kubernetes launcher through `environment()`.
+
     Example:
-        >>> TeamSpec(name="vision", gpu_pool_limit=4, queue="vision", priority_class="trainyard-sweep")
+        >>> TeamSpec(name="vision", gpu_pool_limit=4, queue="vision", priority_class="trainyard-sweep",
+        ...          pod={"cpu": "16", "memory": "96Gi", "node_selector": {"pool": "gpu"}})
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -49,6 +56,7 @@ class TeamSpec(BaseModel):
     priority_class: str = "trainyard-sweep"
     retrain: RetrainPolicy = RetrainPolicy()
     env: dict[str, str] = Field(default_factory=dict)
+    pod: PodConfig = PodConfig()
 
     @field_validator("name")
     @classmethod
@@ -103,13 +111,24 @@ class TeamSpec(BaseModel):
         return f"{self.name}_gpu"
 
     def environment(self, base: Optional[dict[str, str]] = None) -> dict[str, str]:
-        """The environment the team's resources are built from: `base` (default `os.environ`), the team's Kubernetes settings, then `env`."""
+        """The environment the team's resources are built from: `base` (default `os.environ`), the team's Kubernetes settings, then `env`.
+
+        The team's `pod` is laid over the platform's pod configuration in
+        `TRAINYARD_K8S_POD` (JSON, see `PodConfig.overlay`), which the Kubernetes
+        launcher reads on top of its `TRAINYARD_K8S_*` defaults.
+
+        Raises:
+            ValueError: the platform's `TRAINYARD_K8S_POD` is not a valid pod configuration.
+        """
         env = dict(os.environ if base is None else base)
         env["TRAINYARD_K8S_QUEUE"] = self.queue
         env["TRAINYARD_K8S_PRIORITY_CLASS"] = self.priority_class
         if self.namespace is not None:
             env["TRAINYARD_K8S_NAMESPACE"] = self.namespace
         env.update(self.env)
+        if self.pod.model_fields_set:
+            platform = PodConfig.from_json(env.get(POD_ENV), source=POD_ENV)
+            env[POD_ENV] = platform.overlay(self.pod).to_json()
         return env
 
 

@@ -3,7 +3,9 @@
 - `names`: label keys, object names and the deterministic Job name.
 - `config`: the validated inputs (`K8sJobConfig`, `Toleration`, `TeamQuota`).
 - `manifests`: pure builders of a trial's Job, Service and JobSet.
-- `cluster`: pure builders of the cluster-wide objects (PriorityClasses, Kueue, RBAC).
+- `cluster`: pure builders of the cluster-wide objects (namespaces with Pod Security labels,
+  PriorityClasses, Kueue, per-team RBAC).
+- `helm`: pure builders of the Dagster chart's values (one isolated code location per team).
 - `pods`: read-side views of the API's pods and logs.
 - `supervisor`: `JobSupervisor`, the waiter that submits, watches and cleans up.
 - `launcher`: `KubernetesLauncher`, the Dagster resource around the supervisor.

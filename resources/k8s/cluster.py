@@ -2,8 +2,13 @@
 
 PriorityClasses (and Kueue's mirror of them) order the teams' work; one Kueue
 ClusterQueue per team in a shared cohort gives each team guaranteed quota and
-lets it borrow idle quota; RBAC gives the launcher exactly the access it uses.
-`deploy/render.py` writes these into `deploy/k8s/`.
+lets it borrow idle quota. Isolation: every team namespace enforces the
+`restricted` Pod Security profile and has its own service account for trial
+pods, bound only there and granted nothing (trial pods never call the API);
+each team's launcher (its Dagster run pods) has its own service account, bound
+only in that team's namespace, to exactly the verbs the launcher uses; code
+servers run as an account with no bindings at all. `deploy/render.py` writes
+these into `deploy/k8s/`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,76 @@ from trainyard.team import PRIORITIES
 
 # Priority values: interactive (a person waiting) > production (scheduled
 # retraining) > sweep (exploration that can wait and be preempted).
+
+PART_OF = {"app.kubernetes.io/part-of": "trainyard"}
+POD_SECURITY_LABEL = "pod-security.kubernetes.io"
+POD_SECURITY_LEVELS = ("privileged", "baseline", "restricted")
+TRIAL_SERVICE_ACCOUNT = "trainyard-trial"
+"""The trial pods' service account, one in each team namespace."""
+
+# What `JobSupervisor` calls, and nothing more (tests/resources/k8s check the
+# calls it makes against these rules).
+LAUNCHER_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "delete"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
+]
+
+
+def namespace(name: str, *, enforce: str = "restricted", warn: str = "restricted") -> dict[str, Any]:
+    """A Namespace whose pods must pass Pod Security level `enforce` (warned and audited against `warn`).
+
+    Team namespaces, where trial pods run, enforce `restricted`; the namespace of
+    the Dagster chart enforces `baseline` and warns about `restricted`.
+    """
+    for field, level in (("enforce", enforce), ("warn", warn)):
+        if level not in POD_SECURITY_LEVELS:
+            raise ManifestError(f"{field}={level!r} is not a Pod Security level; accepted: {list(POD_SECURITY_LEVELS)}")
+    check_dns_subdomain("namespace", name)
+    labels = {
+        **PART_OF,
+        f"{POD_SECURITY_LABEL}/enforce": enforce,
+        f"{POD_SECURITY_LABEL}/enforce-version": "latest",
+        f"{POD_SECURITY_LABEL}/audit": warn,
+        f"{POD_SECURITY_LABEL}/audit-version": "latest",
+        f"{POD_SECURITY_LABEL}/warn": warn,
+        f"{POD_SECURITY_LABEL}/warn-version": "latest",
+    }
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
+
+
+def service_account(name: str, namespace: str) -> dict[str, Any]:
+    """A ServiceAccount whose token is not mounted unless a pod asks for it."""
+    check_dns_subdomain("service_account", name)
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace, "labels": PART_OF},
+            "automountServiceAccountToken": False}
+
+
+def _role_and_binding(name: str, namespace: str, rules: list[dict[str, Any]], subject: tuple[str, str]) -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": name, "namespace": namespace, "labels": PART_OF}, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": name, "namespace": namespace, "labels": PART_OF},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": subject[0], "namespace": subject[1]}]},
+    ]
+
+
+def trial_rbac_objects(namespace: str, name: str = TRIAL_SERVICE_ACCOUNT) -> list[dict[str, Any]]:
+    """The trial pods' own service account in team namespace `namespace`, bound there only, to a Role granting nothing.
+
+    Trial pods read their spec and write results through the object store and
+    get credentials from Secrets by reference (resolved by the kubelet, not by
+    the pod): they need no API access, and their token is never mounted. The
+    account exists so a team's pods never run as another team's (or the
+    namespace's `default`) account, and the binding is where any access they
+    are ever given would go: in this namespace only.
+    """
+    check_dns_subdomain("namespace", namespace)
+    return [service_account(name, namespace), *_role_and_binding(name, namespace, [], (name, namespace))]
 
 
 def priority_classes() -> list[dict[str, Any]]:
@@ -108,39 +183,18 @@ def kueue_objects(teams: list[TeamQuota], cohort: str, flavor: str) -> list[dict
     return objs
 
 
-def rbac_objects(namespace: str, service_account: str, *, service_account_namespace: Optional[str] = None) -> list[dict[str, Any]]:
-    """Least-privilege access for the launcher in one team namespace.
+def rbac_objects(namespace: str, service_account_name: str, *, service_account_namespace: Optional[str] = None) -> list[dict[str, Any]]:
+    """Least-privilege access for one team's launcher, in that team's namespace only.
 
-    The launcher creates and watches Jobs and their Services, reads pods and
-    rank 0's log, and reads Kueue Workloads to say why a trial is queued;
-    nothing else. `service_account_namespace` is where the launcher runs (the
-    Dagster run pods); by default the team namespace itself.
+    The launcher creates Jobs and their Services, reads and deletes them, lists
+    the Job's pods, reads rank 0's log and lists Kueue Workloads to say why a
+    trial is queued (`LAUNCHER_RULES`); nothing else, and no access to Secrets.
+    `service_account_namespace` is where the launcher runs (the Dagster run
+    pods); by default the team namespace itself. Give every team its own
+    launcher account: an account bound in two namespaces could start pods that
+    mount the other team's Secrets.
     """
     check_dns_subdomain("namespace", namespace)
-    check_dns_subdomain("service_account", service_account)
     sa_ns = service_account_namespace or namespace
-    part_of = {"app.kubernetes.io/part-of": "trainyard"}
-    role = service_account  # Role and RoleBinding named after the account they serve
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount",
-         "metadata": {"name": service_account, "namespace": sa_ns, "labels": part_of}},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": {"name": role, "namespace": namespace, "labels": part_of},
-            "rules": [
-                {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "watch", "delete"]},
-                {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "delete"]},
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-                {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-                {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]},
-            ],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": role, "namespace": namespace, "labels": part_of},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": sa_ns}],
-        },
-    ]
+    return [service_account(service_account_name, sa_ns),
+            *_role_and_binding(service_account_name, namespace, LAUNCHER_RULES, (service_account_name, sa_ns))]

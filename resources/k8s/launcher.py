@@ -15,10 +15,11 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from pydantic import Field, model_validator
 
-from resources.k8s.config import K8sJobConfig, Toleration
+from resources.k8s.config import Affinity, K8sJobConfig, SecretKeyRef, Toleration
 from resources.k8s.supervisor import JobSupervisor
 from resources.launcher import Launcher, LaunchOutcome, join
 from training.spec import SPEC_FILE, TrainSpec
+from trainyard.podconfig import POD_ENV, PodConfig, warn_if_unpinned
 
 logger = logging.getLogger("trainyard.k8s")
 
@@ -48,13 +49,22 @@ class TolerationConfig(Config):
     toleration_seconds: Optional[int] = None
 
 
+class SecretKeyConfig(Config):
+    """One key of a Secret as one environment variable; see `resources.k8s.config.SecretKeyRef`."""
+
+    secret: str
+    key: str
+
+
 class KubernetesLauncher(Launcher):
     """Runs each trial as an Indexed Job (one pod per node) under Kueue.
 
     Cluster access, in order: `api_url` (a plain endpoint, for tests and
     `kubectl proxy`), `in_cluster` (the run pod's service account), else
     `kubeconfig`/`kube_context` (default kubeconfig when unset). The job fields
-    are those of `K8sJobConfig` and are validated when the resource is built.
+    are those of `K8sJobConfig` and are validated when the resource is built;
+    an image named by tag instead of digest is accepted with a warning
+    (`trainyard.podconfig.UnpinnedImageWarning` and a log line).
     """
 
     namespace: str
@@ -70,13 +80,16 @@ class KubernetesLauncher(Launcher):
     memory_limit: Optional[str] = None
     node_selector: dict[str, str] = Field(default_factory=dict)
     tolerations: list[TolerationConfig] = Field(default_factory=list)
+    affinity: Optional[dict[str, Any]] = Field(None, description="pod affinity, as in a manifest (nodeAffinity, ...)")
     shm_size: Optional[str] = "2Gi"
+    scratch_size: Optional[str] = None
     termination_grace_seconds: int = 120
     ttl_seconds_after_finished: Optional[int] = 86400
     backoff_limit: int = 3
     active_deadline_seconds: Optional[int] = None
     env_from_secrets: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    secret_env: dict[str, SecretKeyConfig] = Field(default_factory=dict)
     master_port: int = 29500
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -93,7 +106,7 @@ class KubernetesLauncher(Launcher):
 
     @model_validator(mode="after")
     def _valid_job_config(self) -> "KubernetesLauncher":
-        self.job_config()
+        warn_if_unpinned("image", self.job_config().image, log=logger)
         return self
 
     def job_config(self) -> K8sJobConfig:
@@ -104,36 +117,57 @@ class KubernetesLauncher(Launcher):
             memory=self.memory, cpu_limit=self.cpu_limit, memory_limit=self.memory_limit,
             node_selector=dict(self.node_selector),
             tolerations=tuple(Toleration(**t.model_dump()) for t in self.tolerations),
-            shm_size=self.shm_size, termination_grace_seconds=self.termination_grace_seconds,
+            affinity=Affinity.model_validate(self.affinity) if self.affinity is not None else None,
+            shm_size=self.shm_size, scratch_size=self.scratch_size,
+            termination_grace_seconds=self.termination_grace_seconds,
             ttl_seconds_after_finished=self.ttl_seconds_after_finished, backoff_limit=self.backoff_limit,
             active_deadline_seconds=self.active_deadline_seconds, env_from_secrets=tuple(self.env_from_secrets),
-            env=dict(self.env), master_port=self.master_port, labels=dict(self.labels),
+            env=dict(self.env), secret_env={k: SecretKeyRef(**v.model_dump()) for k, v in self.secret_env.items()},
+            master_port=self.master_port, labels=dict(self.labels),
         )
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> "KubernetesLauncher":
-        """The launcher of the `cluster` environment, from `TRAINYARD_K8S_*` variables.
+        """The launcher of the `cluster` environment: platform defaults from `TRAINYARD_K8S_*`, the team's pods on top.
 
-        Required: TRAINYARD_K8S_NAMESPACE, TRAINYARD_TRAINER_IMAGE. Optional:
+        Platform-wide: TRAINYARD_K8S_NAMESPACE (required), TRAINYARD_TRAINER_IMAGE
+        (required unless the pod configuration names an image),
         TRAINYARD_K8S_QUEUE (default 'trainyard'), TRAINYARD_K8S_PRIORITY_CLASS,
         TRAINYARD_K8S_SERVICE_ACCOUNT, TRAINYARD_K8S_SECRETS (comma-separated Secret
         names), TRAINYARD_K8S_GPUS_PER_POD; AWS_ENDPOINT_URL is passed to the pods.
+        Then TRAINYARD_K8S_POD, a `PodConfig` as JSON (what `TeamSpec.environment`
+        writes from the team's `pod`): its set fields win, its `env` is merged and
+        its Secrets are added.
+
+        Raises:
+            ValueError: a required variable is missing, or one is invalid (the message names it).
         """
-        missing = [k for k in ("TRAINYARD_K8S_NAMESPACE", "TRAINYARD_TRAINER_IMAGE") if not env.get(k)]
+        pod = PodConfig.from_json(env.get(POD_ENV), source=POD_ENV)
+        missing = [k for k in ("TRAINYARD_K8S_NAMESPACE",) if not env.get(k)]
+        if not env.get("TRAINYARD_TRAINER_IMAGE") and pod.image is None:
+            missing.append("TRAINYARD_TRAINER_IMAGE")
         if missing:
             raise ValueError(f"the Kubernetes launcher needs {', '.join(missing)} to be set")
-        pod_env = {"AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]} if env.get("AWS_ENDPOINT_URL") else {}
         gpus = env.get("TRAINYARD_K8S_GPUS_PER_POD")
+        if gpus and not gpus.isdigit():
+            raise ValueError(f"TRAINYARD_K8S_GPUS_PER_POD={gpus!r} is not a number of GPUs; accepted: 0, 1, 2, ...")
+        platform = PodConfig(
+            image=env.get("TRAINYARD_TRAINER_IMAGE") or None,
+            service_account=env.get("TRAINYARD_K8S_SERVICE_ACCOUNT") or None,
+            gpus_per_pod=int(gpus) if gpus else None,
+            env={"AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]} if env.get("AWS_ENDPOINT_URL") else {},
+            env_from_secrets=tuple(s.strip() for s in env.get("TRAINYARD_K8S_SECRETS", "").split(",") if s.strip()),
+        ).overlay(pod)
+        fields: dict[str, Any] = platform.model_dump(exclude_unset=True, by_alias=True)
+        fields["env_from_secrets"] = list(fields.get("env_from_secrets", ()))
+        fields["tolerations"] = [t.model_dump(exclude_none=True) for t in platform.tolerations or ()]
+        fields["affinity"] = platform.affinity.to_k8s() if platform.affinity is not None else None
         return cls(
             namespace=env["TRAINYARD_K8S_NAMESPACE"],
-            image=env["TRAINYARD_TRAINER_IMAGE"],
             queue_name=env.get("TRAINYARD_K8S_QUEUE", "trainyard") or None,
             priority_class=env.get("TRAINYARD_K8S_PRIORITY_CLASS") or None,
-            service_account=env.get("TRAINYARD_K8S_SERVICE_ACCOUNT") or None,
-            env_from_secrets=[s.strip() for s in env.get("TRAINYARD_K8S_SECRETS", "").split(",") if s.strip()],
-            gpus_per_pod=int(gpus) if gpus else None,
-            env=pod_env,
             in_cluster=bool(env.get("KUBERNETES_SERVICE_HOST")),
+            **fields,
         )
 
     def _api_client(self) -> k8s_client.ApiClient:

@@ -11,8 +11,14 @@ builds the same trial as a JobSet.
 Every function returns plain dicts that validate against the Kubernetes schemas
 (`kubernetes-validate`, strict) or, for JobSet, against its CRD.
 
+Every pod satisfies the `restricted` Pod Security profile: it runs as the
+image's non-root user, without privilege escalation or capabilities, under the
+runtime's default seccomp profile, on a read-only root filesystem; what
+libraries write (HOME, /tmp, caches of torch, triton, W&B, matplotlib) goes to
+emptyDirs, pointed at by the variables in `trainyard.podconfig.WRITABLE_ENV`.
+
 Example:
-    cfg = K8sJobConfig(namespace="vision", image="registry.example/trainer:1.4.0",
+    cfg = K8sJobConfig(namespace="vision", image="registry.example/trainer@sha256:<64 hex>",
                        queue_name="trainyard", priority_class="trainyard-sweep")
     job = job_manifest(spec, "s3://bucket/runs/trial-0003/spec.json", attempt=0, cfg=cfg)
     svc = service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(spec, 0))
@@ -41,6 +47,24 @@ from resources.k8s.names import (
 )
 from resources.launcher import torchrun_command
 from training.spec import EXIT_BAD_CONFIG, LAUNCH_ID_ENV, TrainSpec
+from trainyard.podconfig import SCRATCH_DIR, TRAINER_HOME, TRAINER_UID, WRITABLE_ENV
+
+# The restricted Pod Security profile, and a read-only root filesystem on top.
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": TRAINER_UID,
+    "runAsGroup": TRAINER_UID,
+    # emptyDirs (and any mounted volume) writable by the pod's group.
+    "fsGroup": TRAINER_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "privileged": False,
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+}
 
 
 def _pod_gpus(spec: TrainSpec, cfg: K8sJobConfig) -> int:
@@ -74,21 +98,8 @@ def _resources(gpus: int, cfg: K8sJobConfig) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def _pod_template(
-    spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, labels: dict[str, str], *, master_addr: str, subdomain: Optional[str]
-) -> dict[str, Any]:
-    dist = spec.distribution
-    gpus = _pod_gpus(spec, cfg)
-    if dist.nodes == 1:
-        # One pod: torchrun's private rendezvous; no peers need to find it.
-        command = torchrun_command(spec, spec_uri, python="python")
-    else:
-        # Kubernetes expands $(JOB_COMPLETION_INDEX) from the container env below.
-        command = torchrun_command(
-            spec, spec_uri, python="python", node_rank="$(JOB_COMPLETION_INDEX)",
-            master_addr=master_addr, master_port=cfg.master_port,
-        )
-    env: list[dict[str, Any]] = [
+def _env(cfg: K8sJobConfig) -> list[dict[str, Any]]:
+    return [
         # The node rank. Recent Job controllers inject the same variable into
         # Indexed Job pods; declaring it here makes the $(JOB_COMPLETION_INDEX)
         # reference in the command resolvable from the manifest alone.
@@ -99,25 +110,61 @@ def _pod_template(
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         # One launch = one Job: attempt records and "fail at once" checks key on it.
         {"name": LAUNCH_ID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+        # HOME, TMPDIR and the caches of torch, triton, W&B and matplotlib: inside
+        # the writable emptyDirs, since the root filesystem is read-only.
+        *({"name": k, "value": v} for k, v in WRITABLE_ENV.items()),
         *({"name": k, "value": v} for k, v in sorted(cfg.env.items())),
+        # Credentials only by reference: the manifest (and the Dagster event log
+        # it may end up in) never holds a secret value.
+        *(ref.to_k8s(k) for k, ref in sorted(cfg.secret_env.items())),
     ]
+
+
+def _volumes(cfg: K8sJobConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod's volumes and the container's mounts: the writable places on a read-only root filesystem."""
+    scratch: dict[str, Any] = {"sizeLimit": cfg.scratch_size} if cfg.scratch_size is not None else {}
+    volumes: list[dict[str, Any]] = [{"name": "home", "emptyDir": dict(scratch)}, {"name": "tmp", "emptyDir": dict(scratch)}]
+    mounts: list[dict[str, Any]] = [{"name": "home", "mountPath": TRAINER_HOME}, {"name": "tmp", "mountPath": SCRATCH_DIR}]
+    if cfg.shm_size is not None:
+        # DataLoader workers share batches through /dev/shm; the runtime's 64 MiB breaks them.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def _container(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, *, master_addr: str) -> dict[str, Any]:
+    if spec.distribution.nodes == 1:
+        # One pod: torchrun's private rendezvous; no peers need to find it.
+        command = torchrun_command(spec, spec_uri, python="python")
+    else:
+        # Kubernetes expands $(JOB_COMPLETION_INDEX) from the container env below.
+        command = torchrun_command(
+            spec, spec_uri, python="python", node_rank="$(JOB_COMPLETION_INDEX)",
+            master_addr=master_addr, master_port=cfg.master_port,
+        )
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": cfg.image,
         "imagePullPolicy": "IfNotPresent",
         "command": command,
-        "env": env,
-        "resources": _resources(gpus, cfg),
+        # Writable (an emptyDir): stray files in the working directory (a
+        # library's default output directory) land here, not on the read-only image.
+        "workingDir": TRAINER_HOME,
+        "env": _env(cfg),
+        "resources": _resources(_pod_gpus(spec, cfg), cfg),
         "ports": [{"name": "rendezvous", "containerPort": cfg.master_port, "protocol": "TCP"}],
+        "securityContext": dict(CONTAINER_SECURITY_CONTEXT),
     }
     if cfg.env_from_secrets:
-        # Credentials only by reference: the manifest (and the Dagster event log
-        # it may end up in) never holds a secret value.
         container["envFrom"] = [{"secretRef": {"name": s}} for s in cfg.env_from_secrets]
-    volumes: list[dict[str, Any]] = []
-    if cfg.shm_size is not None:
-        container["volumeMounts"] = [{"name": "dshm", "mountPath": "/dev/shm"}]
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}})
+    return container
+
+
+def _pod_template(
+    spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, labels: dict[str, str], *, master_addr: str, subdomain: Optional[str]
+) -> dict[str, Any]:
+    container = _container(spec, spec_uri, cfg, master_addr=master_addr)
+    volumes, container["volumeMounts"] = _volumes(cfg)
     pod_spec: dict[str, Any] = {
         # Never restart a container in place: a failed torchrun agent must show up
         # as a failed pod so the Job's podFailurePolicy and backoffLimit see it
@@ -132,7 +179,9 @@ def _pod_template(
         # No per-Service environment variables: namespaces with many Services
         # would otherwise flood the environment of every pod.
         "enableServiceLinks": False,
+        "securityContext": dict(POD_SECURITY_CONTEXT),
         "containers": [container],
+        "volumes": volumes,
     }
     if subdomain is not None:
         # With the headless Service of the same name, pod `<job>-<i>` resolves as
@@ -148,8 +197,8 @@ def _pod_template(
         pod_spec["nodeSelector"] = dict(sorted(cfg.node_selector.items()))
     if cfg.tolerations:
         pod_spec["tolerations"] = [t.to_k8s() for t in cfg.tolerations]
-    if volumes:
-        pod_spec["volumes"] = volumes
+    if cfg.affinity is not None:
+        pod_spec["affinity"] = cfg.affinity.to_k8s()
     return {"metadata": {"labels": labels}, "spec": pod_spec}
 
 

@@ -32,6 +32,7 @@ from dagster import DagsterExecutionInterruptedError
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from resources.k8s.cluster import LAUNCHER_RULES
 from resources.k8s.config import K8sJobConfig
 from resources.k8s.errors import KubernetesAPIError, QueueTimeout
 from resources.k8s.launcher import KubernetesLauncher, attempt_number
@@ -102,8 +103,10 @@ class KubeServer:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def api_client(self) -> client.ApiClient:
-        return client.ApiClient(client.Configuration(host=self.url))
+    def api_client(self, user_agent: str = "trainyard-launcher") -> client.ApiClient:
+        api = client.ApiClient(client.Configuration(host=self.url))
+        api.user_agent = user_agent
+        return api
 
     def requests(self, method: str, path: str) -> list[Any]:
         return [r for r in list(self.km) if r.method.value == method and r.url.path == path]
@@ -112,11 +115,36 @@ class KubeServer:
         return len(self.requests(method, path))
 
 
+CONTROLLER_AGENT = "test-controller"
+
+
+def launcher_requests_outside_its_role(server: KubeServer) -> list[str]:
+    """Every request the launcher made that its Role (`resources.k8s.cluster.LAUNCHER_RULES`) would not allow."""
+    allowed = {(group, resource, verb) for r in LAUNCHER_RULES for group in r["apiGroups"] for resource in r["resources"] for verb in r["verbs"]}
+    denied = []
+    for r in list(server.km):
+        if r.headers.get("User-Agent") == CONTROLLER_AGENT:
+            continue
+        parts = r.url.path.strip("/").split("/")
+        group = "" if parts[0] == "api" else parts[1]
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        assert rest[0] == "namespaces" and rest[1] == NS, r.url.path  # namespaced, in the team namespace only
+        resource = "/".join([rest[2], *rest[4:5]])
+        named = len(rest) > 3
+        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(r.method.value) or (
+            "get" if named else ("watch" if r.params.get("watch") in ("true", "1") else "list"))
+        if (group, resource, verb) not in allowed:
+            denied.append(f"{r.method.value} {r.url.path} ({verb} {group or 'core'}/{resource})")
+    return denied
+
+
 @pytest.fixture
 def kube() -> Iterator[KubeServer]:
     server = KubeServer()
     yield server
     server.stop()
+    # Whatever the scenario, the launcher stayed inside the access deploy/k8s gives it.
+    assert launcher_requests_outside_its_role(server) == []
 
 
 class Cluster:
@@ -124,7 +152,7 @@ class Cluster:
 
     def __init__(self, server: KubeServer) -> None:
         self.server = server
-        self.api = server.api_client()
+        self.api = server.api_client(CONTROLLER_AGENT)
         self.batch = client.BatchV1Api(self.api)
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
@@ -732,3 +760,20 @@ def test_resource_validates_job_config_and_reads_env() -> None:
     assert cfg.queue_name == "trainyard" and cfg.priority_class == "trainyard-sweep"
     assert cfg.env_from_secrets == ("wandb", "s3") and cfg.env == {"AWS_ENDPOINT_URL": "http://minio:9000"}
     assert cfg.gpus_per_pod == 4
+
+
+def test_the_role_check_sees_a_request_outside_the_role() -> None:
+    server = KubeServer()
+    try:
+        api = server.api_client()
+        client.BatchV1Api(api).create_namespaced_job(NS, {"metadata": {"name": "j"}})
+        with pytest.raises(ApiException):
+            client.CoreV1Api(api).read_namespaced_secret("trainyard-storage", NS)
+        client.BatchV1Api(api).list_namespaced_job(NS)
+        client.BatchV1Api(server.api_client(CONTROLLER_AGENT)).list_namespaced_job(NS)  # the test's own: not counted
+    finally:
+        server.stop()
+    assert launcher_requests_outside_its_role(server) == [
+        f"GET /api/v1/namespaces/{NS}/secrets/trainyard-storage (get core/secrets)",
+        f"GET {JOBS} (list batch/jobs)",
+    ]

@@ -9,8 +9,6 @@ same way. An object whose schema cannot be found fails the test.
 from __future__ import annotations
 
 import copy
-import importlib.util
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,59 +16,31 @@ from typing import Any
 import jsonschema
 import kubernetes_validate
 import pytest
-import yaml
 from pydantic import ValidationError
 
-from resources.k8s.cluster import kueue_objects, priority_classes, rbac_objects, workload_priority_classes
-from resources.k8s.config import K8sJobConfig, TeamQuota, Toleration
+from resources.k8s.cluster import kueue_objects, priority_classes, rbac_objects, trial_rbac_objects, workload_priority_classes
+from resources.k8s.config import K8sJobConfig, SecretKeyRef, TeamQuota, Toleration
 from resources.k8s.errors import ManifestError
 from resources.k8s.manifests import job_manifest, jobset_manifest, service_manifest
 from resources.k8s.names import job_name, label_value, trial_labels
 from resources.launcher import torchrun_command
-from tests.support.k8s import k8s_validate
+from tests.support.k8s import crd_validate, k8s_validate, load_crd_schemas
 from tests.support.train_specs import make_spec
 from training.spec import Distribution
 
 ROOT = Path(__file__).resolve().parents[2]
-CRD_DIR = ROOT.parent / "shared" / "crds"
 SPEC_URI = "s3://bucket/runs/vision/digits/trial-0000/spec.json"
 # The name of (vision/digits, trial-0000, attempt 0). Written out, not computed: a
 # new orchestrator version must compute the names of Jobs an older one started.
 NAME = "vision-digits-trial-0000-a0-b0219d58"
-
-
-def _strict(schema: Any) -> Any:
-    """Reject unknown fields like the API server's strict field validation does."""
-    if isinstance(schema, dict):
-        out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
-            out["additionalProperties"] = False
-        return out
-    if isinstance(schema, list):
-        return [_strict(v) for v in schema]
-    return schema
+IMAGE = "registry.example/trainyard/trainer@sha256:" + "3f" * 32
+AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-A100-SXM4-80GB"]}]}]}}}
 
 
 @pytest.fixture(scope="module")
 def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
-    if not CRD_DIR.is_dir():
-        message = f"CRD schemas not found at {CRD_DIR} (a copy of shared/crds beside the repository)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    schemas = {}
-    for path in sorted(CRD_DIR.glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
-        group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
-        for version in crd["spec"]["versions"]:
-            schemas[(f"{group}/{version['name']}", kind)] = _strict(version["schema"]["openAPIV3Schema"])
-    return schemas
-
-
-def crd_validate(obj: dict[str, Any], schemas: dict[tuple[str, str], dict[str, Any]]) -> None:
-    key = (obj["apiVersion"], obj["kind"])
-    assert key in schemas, f"no CRD schema for {key}; known: {sorted(schemas)}"
-    jsonschema.Draft202012Validator(schemas[key]).validate(obj)
+    return load_crd_schemas()
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +51,7 @@ def two_node_spec(tmp_path_factory: pytest.TempPathFactory):
 def full_config(**over: Any) -> K8sJobConfig:
     base: dict[str, Any] = dict(
         namespace="vision",
-        image="registry.example/trainyard/trainer:1.4.0",
+        image=IMAGE,
         queue_name="trainyard",
         priority_class="trainyard-sweep",
         service_account="trainer",
@@ -90,13 +60,16 @@ def full_config(**over: Any) -> K8sJobConfig:
         memory="200Gi",
         node_selector={"pool": "a100"},
         tolerations=(Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),),
+        affinity=AFFINITY,
         shm_size="16Gi",
+        scratch_size="50Gi",
         termination_grace_seconds=180,
         ttl_seconds_after_finished=3600,
         backoff_limit=2,
         active_deadline_seconds=86400,
         env_from_secrets=("wandb-credentials", "s3-credentials"),
-        env={"AWS_ENDPOINT_URL": "http://minio.storage:9000"},
+        env={"AWS_ENDPOINT_URL": "http://minio.storage:9000", "NCCL_SOCKET_IFNAME": "eth0"},
+        secret_env={"HF_TOKEN": SecretKeyRef(secret="hf-credentials", key="token")},
         labels={"cost-center": "ml-vision"},
     )
     base.update(over)
@@ -145,35 +118,65 @@ def test_two_node_job_exact(two_node_spec) -> None:
                     "terminationGracePeriodSeconds": 180,
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
+                    "securityContext": {
+                        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
                     "containers": [
                         {
                             "name": "trainer",
-                            "image": "registry.example/trainyard/trainer:1.4.0",
+                            "image": IMAGE,
                             "imagePullPolicy": "IfNotPresent",
                             "command": command,
+                            "workingDir": "/home/trainer",
                             "env": [
                                 {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
                                     "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
                                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                                 {"name": "TRAINYARD_LAUNCH_ID",
                                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+                                {"name": "HOME", "value": "/home/trainer"},
+                                {"name": "TMPDIR", "value": "/tmp"},
+                                {"name": "XDG_CACHE_HOME", "value": "/home/trainer/.cache"},
+                                {"name": "XDG_CONFIG_HOME", "value": "/home/trainer/.config"},
+                                {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/home/trainer/.cache/torchinductor"},
+                                {"name": "TRITON_CACHE_DIR", "value": "/home/trainer/.cache/triton"},
+                                {"name": "MPLCONFIGDIR", "value": "/home/trainer/.config/matplotlib"},
+                                {"name": "WANDB_DIR", "value": "/home/trainer/wandb"},
+                                {"name": "WANDB_CACHE_DIR", "value": "/home/trainer/.cache/wandb"},
+                                {"name": "WANDB_CONFIG_DIR", "value": "/home/trainer/.config/wandb"},
                                 {"name": "AWS_ENDPOINT_URL", "value": "http://minio.storage:9000"},
+                                {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
+                                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-credentials", "key": "token"}}},
                             ],
                             "resources": {
                                 "requests": {"cpu": "30", "memory": "200Gi", "nvidia.com/gpu": 4},
                                 "limits": {"memory": "200Gi", "nvidia.com/gpu": 4},
                             },
                             "ports": [{"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"}],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "privileged": False,
+                                "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                            },
                             "envFrom": [{"secretRef": {"name": "wandb-credentials"}}, {"secretRef": {"name": "s3-credentials"}}],
-                            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                            "volumeMounts": [
+                                {"name": "home", "mountPath": "/home/trainer"},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                                {"name": "dshm", "mountPath": "/dev/shm"},
+                            ],
                         }
+                    ],
+                    "volumes": [
+                        {"name": "home", "emptyDir": {"sizeLimit": "50Gi"}},
+                        {"name": "tmp", "emptyDir": {"sizeLimit": "50Gi"}},
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},
                     ],
                     "subdomain": NAME,
                     "serviceAccountName": "trainer",
                     "priorityClassName": "trainyard-sweep",
                     "nodeSelector": {"pool": "a100"},
                     "tolerations": [{"operator": "Exists", "key": "nvidia.com/gpu", "effect": "NoSchedule"}],
-                    "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
+                    "affinity": AFFINITY,
                 },
             },
             "suspend": True,
@@ -197,7 +200,10 @@ def test_invariants_hold_for_other_shapes(tmp_path: Path) -> None:
     assert (s["completionMode"], s["parallelism"], s["completions"], s["suspend"]) == ("Indexed", 3, 3, True)
     container = pod["containers"][0]
     assert "nvidia.com/gpu" not in container["resources"]["requests"]  # CPU training holds no GPU
-    assert "volumes" not in pod and "volumeMounts" not in container and "envFrom" not in container
+    # No /dev/shm volume and no Secrets; the writable scratch space is always there.
+    assert pod["volumes"] == [{"name": "home", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/home/trainer", "/tmp"] and "envFrom" not in container
+    assert "affinity" not in pod and "nodeSelector" not in pod and "tolerations" not in pod
     assert "--master-port=29400" in container["command"]
     assert job["metadata"]["labels"]["trainyard.io/attempt"] == "5"
     k8s_validate(job)
@@ -275,6 +281,17 @@ def test_label_values_are_sanitised() -> None:
     [
         (dict(namespace="Vision_NS"), "namespace='Vision_NS' is not a DNS label; accepted"),
         (dict(image="trainer latest"), "image='trainer latest' is not an image reference"),
+        (dict(image="reg/trainer@sha256:abc"), "has digest 'sha256:abc'; accepted: 'sha256:' followed by 64 lowercase hex digits"),
+        (dict(env={"MLFLOW_URI": "http://u:pw@mlflow"}), "env['MLFLOW_URI'] holds a URL with credentials"),
+        (dict(env={"HOME": "/root"}), "env['HOME'] is set by the platform"),
+        (dict(secret_env={"TMPDIR": SecretKeyRef(secret="s", key="k")}), "secret_env['TMPDIR'] is set by the platform"),
+        (dict(env={"HF_HOME": "/x"}, secret_env={"HF_HOME": SecretKeyRef(secret="s", key="k")}), "env and secret_env both set ['HF_HOME']"),
+        (dict(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "zone", "operator": "In"}]}]}}}), "operator 'In' on key 'zone' needs values"),
+        (dict(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}}),
+         "topologyKey"),
+        (dict(affinity={"nodeAfinity": {}}), "nodeAfinity"),
+        (dict(scratch_size="big"), "scratch_size='big' is not a Kubernetes quantity"),
         (dict(memory="lots"), "memory='lots' is not a Kubernetes quantity; accepted"),
         (dict(queue_name="Bad Queue"), "queue_name='Bad Queue' is not a valid Kubernetes name"),
         (dict(env={"WANDB_API_KEY": "abc"}), "env['WANDB_API_KEY'] looks like a credential"),
@@ -382,42 +399,29 @@ def test_kueue_objects(crd_schemas) -> None:
 
 
 def test_rbac_is_least_privilege() -> None:
-    objs = rbac_objects("vision", "trainyard-launcher", service_account_namespace="dagster")
+    objs = rbac_objects("vision", "trainyard-launcher-vision", service_account_namespace="dagster")
     sa, role, binding = objs
-    assert sa["metadata"] == {"name": "trainyard-launcher", "namespace": "dagster", "labels": {"app.kubernetes.io/part-of": "trainyard"}}
+    assert sa == {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
+                  "metadata": {"name": "trainyard-launcher-vision", "namespace": "dagster", "labels": {"app.kubernetes.io/part-of": "trainyard"}}}
     assert role["metadata"]["namespace"] == "vision"
+    # Exactly what JobSupervisor calls (test_k8s_launcher checks every call it makes against these rules).
     assert {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]} == {
-        (("batch",), ("jobs",)): {"create", "get", "list", "watch", "delete"},
+        (("batch",), ("jobs",)): {"create", "get", "delete"},
         (("",), ("services",)): {"create", "get", "delete"},
-        (("",), ("pods",)): {"get", "list", "watch"},
+        (("",), ("pods",)): {"list"},
         (("",), ("pods/log",)): {"get"},
-        (("kueue.x-k8s.io",), ("workloads",)): {"get", "list", "watch"},
+        (("kueue.x-k8s.io",), ("workloads",)): {"list"},
     }
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-launcher", "namespace": "dagster"}]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-launcher-vision", "namespace": "dagster"}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["metadata"]["namespace"] == "vision"
     for o in objs:
         k8s_validate(o)
 
 
-def _load_render():
-    spec = importlib.util.spec_from_file_location("trainyard_deploy_render", ROOT / "deploy" / "render.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_rendered_deploy_files_are_current_and_valid(crd_schemas) -> None:
-    render = _load_render()
-    rendered = render.render()
-    on_disk = {p.name: p.read_text() for p in (ROOT / "deploy" / "k8s").glob("*.yaml")}
-    assert on_disk == rendered, "deploy/k8s is stale: run `.venv/bin/python deploy/render.py`"
-    kinds = set()
-    for text in rendered.values():
-        for obj in yaml.safe_load_all(text):
-            kinds.add(obj["kind"])
-            if obj["apiVersion"].startswith(("kueue.x-k8s.io/", "jobset.x-k8s.io/")):
-                crd_validate(obj, crd_schemas)
-            else:
-                k8s_validate(obj)
-    assert {"Namespace", "PriorityClass", "ClusterQueue", "LocalQueue", "ResourceFlavor", "Role", "RoleBinding", "ServiceAccount"} <= kinds
+def test_trial_service_account_is_bound_only_in_its_namespace_and_granted_nothing() -> None:
+    sa, role, binding = trial_rbac_objects("language")
+    assert sa["metadata"]["namespace"] == role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "language"
+    assert sa["automountServiceAccountToken"] is False and role["rules"] == []
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-trial", "namespace": "language"}]
+    for o in (sa, role, binding):
+        k8s_validate(o)
