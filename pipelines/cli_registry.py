@@ -344,7 +344,7 @@ def _decision_text(decision: Any) -> str:
     lines = [f"{decision.model} version {decision.version} {verb}"]
     if decision.override:
         lines.append(f"  OVERRIDE recorded: {decision.override_reason}")
-    lines += [f"  [{'pass' if c.passed else 'FAIL'}] {c.name}: {c.detail}" for c in decision.checks]
+    lines += [f"  [{'FAIL' if not c.passed else 'WARN' if c.warning else 'pass'}] {c.name}: {c.detail}" for c in decision.checks]
     if decision.handoff_uri:
         lines.append(f"  handoff event: {decision.handoff_uri} (webhook: {decision.webhook})")
     return "\n".join(lines)

@@ -9,12 +9,18 @@ published through the `HandoffPublisher`.
 
 The `registered_model` asset calls `decide` (action `register`);
 `trainyard registry promote|rollback` call `promote` and `rollback`.
+
+The clean-lineage check compares the version's recorded lineage with this
+process: the environment is `TRAINYARD_ENV` (default `local`; the orchestrator
+image sets `cluster`), the deployed dependency lock is this orchestrator's
+(`trainyard.lineage.lock_hash()`).
 """
 
 from __future__ import annotations
 
 import getpass
 import json
+import os
 import socket
 import uuid
 from dataclasses import replace
@@ -37,10 +43,12 @@ from trainyard.lineage import (
     TEST_SPLIT_TAG,
     TEST_URI_TAG,
     LineageRecord,
+    lock_hash,
 )
 from trainyard.promotion import (
     CHALLENGER,
     CHAMPION,
+    CLEAN_LINEAGE_DEFAULTS,
     MAX_SMOKE_TIMEOUT_S,
     Action,
     Candidate,
@@ -49,6 +57,7 @@ from trainyard.promotion import (
     Decision,
     PromotionError,
     ValidationEvidence,
+    check_lineage,
     check_smoke,
     comparable_value,
     evaluate_policy,
@@ -109,17 +118,34 @@ def validation_evidence(
 
 def decision_metadata(decision: Decision) -> dict[str, Any]:
     """Dagster metadata for the asset that made the decision."""
-    rows = "\n".join(f"| {c.name} | {'pass' if c.passed else 'FAIL'} | {c.detail} |" for c in decision.checks)
+    rows = "\n".join(f"| {c.name} | {_result(c)} | {c.detail} |" for c in decision.checks)
     return {
         "decision": decision.outcome,
         "decision_reason": decision.reason,
         "champion": decision.champion,
         "champion_before": decision.champion_before or "",
         "override": decision.override,
+        "warnings": "\n".join(decision.warnings),
         "checks": MetadataValue.md("| check | result | evidence |\n|---|---|---|\n" + rows) if rows else "",
         "smoke_test": MetadataValue.json(decision.smoke),
         "handoff_event": MetadataValue.path(decision.handoff_uri) if decision.handoff_uri else "",
     }
+
+
+def _result(check: Check) -> str:
+    return "FAIL" if not check.passed else "WARN" if check.warning else "pass"
+
+
+def deciding_environment(environment: Optional[str] = None) -> str:
+    """The environment whose clean-lineage default applies: `environment`, else `TRAINYARD_ENV` (default `local`).
+
+    Raises:
+        ValueError: Not an environment with a clean-lineage default.
+    """
+    name = environment or os.environ.get("TRAINYARD_ENV") or "local"
+    if name not in CLEAN_LINEAGE_DEFAULTS:
+        raise ValueError(f"TRAINYARD_ENV={name!r} is not an environment; use one of {sorted(CLEAN_LINEAGE_DEFAULTS)}")
+    return name
 
 
 def score_champion(
@@ -172,6 +198,7 @@ def decide(
     decided_by: str,
     force: bool = False,
     reason: Optional[str] = None,
+    environment: Optional[str] = None,
 ) -> Decision:
     """Applies the policy to one candidate and moves `champion` when it passes (or is forced).
 
@@ -183,6 +210,7 @@ def decide(
         decided_by: Who decides, recorded with the decision.
         force: Move the alias even when checks fail; needs `reason`.
         reason: Why the override is justified (required with `force`).
+        environment: Whose clean-lineage default applies (default `deciding_environment()`).
 
     Returns:
         The decision; `promoted` tells whether the alias moved.
@@ -196,10 +224,12 @@ def decide(
     """
     if force and not (reason or "").strip():
         raise ValueError("force=True needs reason=...: an override is recorded with its justification")
+    environment = deciding_environment(environment)
     model = candidate.version.name
     ttl = lock_seconds(candidate.policy.smoke_test_timeout_s)
     with registry.lock(model, purpose=f"{action} v{candidate.version.version} by {decided_by}", ttl_s=ttl, wait_s=ttl):
-        return _decide_locked(registry, handoff, candidate, action=action, decided_by=decided_by, force=force, reason=reason)
+        return _decide_locked(registry, handoff, candidate, action=action, decided_by=decided_by, force=force, reason=reason,
+                              environment=environment)
 
 
 def _decide_locked(
@@ -211,6 +241,7 @@ def _decide_locked(
     decided_by: str,
     force: bool,
     reason: Optional[str],
+    environment: Optional[str] = None,
 ) -> Decision:
     version = candidate.version
     model, policy = version.name, candidate.policy
@@ -238,9 +269,11 @@ def _decide_locked(
     if current is not None and action != "rollback":
         champion = score_champion(registry, policy, current, candidate.split_id, candidate.test_df, candidate.target)
     compared, _ = comparable_value(policy, value, champion, smoke_evidence)
+    lineage = check_lineage(policy, version.tags, environment=deciding_environment(environment), deployed_lock=lock_hash(),
+                            model=model, version=version.version, command="rollback" if action == "rollback" else "promote")
     checks = evaluate_policy(
         policy, value=value, compared=compared, champion=champion, split_id=candidate.split_id,
-        validation=candidate.validation, smoke=smoke_chk, relative=action != "rollback",
+        validation=candidate.validation, smoke=smoke_chk, relative=action != "rollback", lineage=lineage,
     )
     passed = all(c.passed for c in checks)
     override = force and not passed
@@ -378,8 +411,12 @@ def promote(
     force: bool = False,
     reason: Optional[str] = None,
     decided_by: Optional[str] = None,
+    environment: Optional[str] = None,
 ) -> Decision:
     """`trainyard registry promote`: applies the policy to `version` (default: the challenger).
+
+    `force` with `reason` makes the version champion past failing checks (an
+    unclean lineage where it is required included), recorded as an override.
 
     Raises:
         PromotionError: No version given and no challenger exists.
@@ -393,7 +430,7 @@ def promote(
         version = challenger.version
     info = registry.get_version(model, version)
     return decide(registry, handoff, candidate_from_tags(registry, store, info), action="promote",
-                  decided_by=decided_by or cli_actor(), force=force, reason=reason)
+                  decided_by=decided_by or cli_actor(), force=force, reason=reason, environment=environment)
 
 
 def rollback(
@@ -406,11 +443,14 @@ def rollback(
     force: bool = False,
     reason: Optional[str] = None,
     decided_by: Optional[str] = None,
+    environment: Optional[str] = None,
 ) -> Decision:
     """`trainyard registry rollback`: moves `champion` back (default: to the previous champion).
 
     The same checks apply except beats_champion (a rollback may go to a weaker
     model on purpose); the target's smoke test loads it by its pinned URI.
+    clean_lineage applies too: after the deployed lock changed, rolling back to a
+    version trained with the old one needs `force` where clean lineage is required.
 
     Raises:
         PromotionError: No champion, or no earlier champion on record and no version given.
@@ -420,6 +460,7 @@ def rollback(
     if force and not (reason or "").strip():
         raise ValueError("force=True needs reason=...: an override is recorded with its justification")
     actor = decided_by or cli_actor()
+    environment = deciding_environment(environment)
     ttl = lock_seconds(MAX_SMOKE_TIMEOUT_S)  # the target, and so its policy, is chosen under the lock
     with registry.lock(model, purpose=f"rollback by {actor}", ttl_s=ttl, wait_s=ttl):
         if version is None:
@@ -427,4 +468,5 @@ def rollback(
             version = rollback_target(load_history(registry, model), current.version if current else None)
         info = registry.get_version(model, version)
         candidate = candidate_from_tags(registry, store, info)
-        return _decide_locked(registry, handoff, candidate, action="rollback", decided_by=actor, force=force, reason=reason)
+        return _decide_locked(registry, handoff, candidate, action="rollback", decided_by=actor, force=force, reason=reason,
+                              environment=environment)

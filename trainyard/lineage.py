@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import os
 import subprocess
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Optional
@@ -35,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from trainyard.spec import PipelineSpec
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-LOCK_FILE = PROJECT_ROOT / "constraints.txt"
+LOCK_FILE = Path(os.environ.get("TRAINYARD_LOCK_FILE") or PROJECT_ROOT / "constraints.txt")
+"""The dependency lock; an installed image without the source tree names its copy in `TRAINYARD_LOCK_FILE`."""
 
 PREFIX = "trainyard."
 """Every registry tag trainyard writes starts with this."""
@@ -84,11 +86,18 @@ class LineageError(ValueError):
 
 @functools.lru_cache(maxsize=1)
 def code_version(root: str = str(PROJECT_ROOT)) -> tuple[str, bool]:
-    """(git commit, dirty flag) of the project; ('unknown', True) outside a git checkout."""
+    """(git commit, dirty flag) of the project; ('unknown', True) outside a git checkout.
+
+    An image built without `.git` gives the commit it was built from in
+    `TRAINYARD_CODE_VERSION` (`<commit>`, or `<commit>-dirty` from a dirty tree).
+    """
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
+        built = os.environ.get("TRAINYARD_CODE_VERSION", "").strip()
+        if built and built.removesuffix("-dirty") not in ("", "unknown"):
+            return built.removesuffix("-dirty"), built.endswith("-dirty")
         return "unknown", True
     return commit, bool(status.strip())
 

@@ -246,6 +246,13 @@ class PromotionSpec(StrictSpec):
       test split, and its test accuracy equals the training-side one within
       `served_metric_tolerance`; it must finish within `smoke_test_timeout_s`.
 
+    - clean_lineage: the version was trained from committed code (its recorded
+      `code_dirty` is False) with the deployed dependency lock (its recorded
+      `lock_hash` equals the deciding orchestrator's). `require_clean_lineage`
+      says whether a finding blocks: True blocks, False records it as a warning
+      and promotes, None (default) takes the environment's default: blocking in
+      `cluster`, a warning in `local` (`TRAINYARD_ENV`).
+
     Each decision and its evidence is recorded on the version; `trainyard
     registry promote|rollback --force --reason ...` is the only way past a
     failing check, and is recorded as an override.
@@ -257,6 +264,7 @@ class PromotionSpec(StrictSpec):
     threshold: Optional[float] = None
     smoke_test_timeout_s: float = Field(300.0, gt=0, le=1800)
     served_metric_tolerance: float = Field(1e-6, ge=0, le=0.1)
+    require_clean_lineage: Optional[bool] = None
 
     @field_validator("metric")
     @classmethod
