@@ -3,20 +3,27 @@
 Pod-side `training/` never imports the orchestrator; the orchestrator imports only
 `training.spec` of it, and the shared utilities `training.retry` and `training.atomic`. Team model code (whatever a `ModelSpec.path` or
 `datamodule` of a code location's pipeline names) is pod-side: it runs in the
-trainer image, so it must import with Dagster absent.
+trainer image, so it must import with Dagster absent. (tests/deploy/test_trainer_image.py
+checks the same code against the trainer image's declared requirements and trains it
+in an environment built like the image.)
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    from trainyard.spec import PipelineSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 ORCHESTRATION = {"dagster", "assets", "resources", "pipelines"}
@@ -93,15 +100,25 @@ def team_locations() -> dict[str, str]:
     return out
 
 
-def pod_side_targets() -> dict[str, list[str]]:
-    """Every `ModelSpec.path` and `datamodule` of every pipeline of every team code location, by pipeline key."""
-    from pipelines.catalog import all_pipelines
+def pod_side_specs() -> dict[str, PipelineSpec]:
+    """Every pipeline whose trials can run: those the code locations serve (`pipelines.catalog`), and those a
+    spec-only team module declares (`pipelines/<team>/team.py`, `pipelines.team.declared_specs`), by key."""
+    from pipelines.catalog import all_pipelines, team_module_name
+    from pipelines.team import declared_specs
 
-    specs = all_pipelines()
+    specs = dict(all_pipelines())
     teams = {spec.key.split("/")[0] for spec in specs.values()}
     missing = {loc: pkg for loc, pkg in team_locations().items() if pkg.split(".")[-1] not in teams}
     assert not missing, f"code locations {missing} serve no pipeline the catalog finds"
-    return {key: [spec.model.path, spec.model.datamodule] for key, spec in sorted(specs.items())}
+    for team_file in sorted((ROOT / "pipelines").glob("*/team.py")):
+        for spec in declared_specs(importlib.import_module(team_module_name(team_file.parent.name)))[1]:
+            specs.setdefault(spec.key, spec)
+    return dict(sorted(specs.items()))
+
+
+def pod_side_targets() -> dict[str, list[str]]:
+    """Every `ModelSpec.path` and `datamodule` of every pipeline of every team (`pod_side_specs`), by pipeline key."""
+    return {key: [spec.model.path, spec.model.datamodule] for key, spec in pod_side_specs().items()}
 
 
 def test_training_imports_no_orchestration() -> None:

@@ -4,9 +4,14 @@
 # the K8sRunLauncher starts from it. Training never runs here: the Kubernetes
 # launcher submits trials as Jobs of the trainer image.
 #
-#   docker build -f deploy/docker/orchestrator.Dockerfile -t <registry>/trainyard/orchestrator:<tag> .
-ARG PYTHON_VERSION=3.11
-FROM python:${PYTHON_VERSION}-slim-bookworm
+#   docker build -f deploy/docker/orchestrator.Dockerfile --build-arg BASE_DIGEST=sha256:<digest> \
+#     -t <registry>/trainyard/orchestrator:<tag> .
+
+# The base image, pinned by digest, the same as the trainer image's (see the comment
+# above its FROM): the build stops here until you pass one. To get or update it:
+#   docker buildx imagetools inspect python:3.11-slim-bookworm --format '{{json .Manifest.Digest}}'
+ARG BASE_DIGEST
+FROM python:3.11-slim-bookworm@${BASE_DIGEST:?pass_--build-arg_BASE_DIGEST=sha256:...(see_the_comment_above_FROM)}
 
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -34,6 +39,16 @@ COPY training/ training/
 COPY workspace.yaml ./
 RUN pip install --no-deps -c constraints.txt . \
  && python -c "import pipelines.vision.definitions"
+
+# The lineage the promotion gate reads (docs/serving.md, "Clean lineage"): the image has
+# no .git, so the build says which commit it is and whether the tree was dirty, e.g.
+#   --build-arg TRAINYARD_CODE_VERSION=$(git rev-parse HEAD)$(git diff --quiet HEAD || echo -dirty)
+# and the deployed lock is the constraints.txt copied above. Without the argument every
+# version trained from this image records an unknown commit, which the cluster's
+# default policy refuses to promote.
+ARG TRAINYARD_CODE_VERSION=unknown
+ENV TRAINYARD_CODE_VERSION=${TRAINYARD_CODE_VERSION} \
+    TRAINYARD_LOCK_FILE=/opt/trainyard/constraints.txt
 
 # The chart mounts the instance config (dagster.yaml with PostgreSQL storage) into
 # DAGSTER_HOME; the run pods and code servers need nothing else on disk.
