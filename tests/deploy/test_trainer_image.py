@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib.metadata import packages_distributions
 from pathlib import Path
@@ -592,11 +593,15 @@ def test_trainer_environment_imports_and_trains_every_pipeline(tmp_path: Path) -
     assert sorted(n for n in installed if n.startswith("nvidia-")) == []
     assert {"dagster_pipes", "lightgbm", "lightning", "mlflow", "optuna", "s3fs", "wandb", "psycopg2"} <= set(report["imported"])
 
-    problems = []
-    for key, spec in specs.items():
+    # The pipelines' trials side by side, as a cluster would run them: most of each is start-up.
+    def one(key: str, spec: PipelineSpec) -> list[str]:
         start = time.monotonic()
         work = tmp_path / key.replace("/", "-")
         work.mkdir()
-        problems += trial_problems(key, run_trial(spec, venv, app, work))
+        found = trial_problems(key, run_trial(spec, venv, app, work))
         print(f"{key}: one step in {time.monotonic() - start:.0f} s")
+        return found
+
+    with ThreadPoolExecutor(max_workers=len(specs)) as pool:
+        problems = [p for found in pool.map(one, specs.keys(), specs.values()) for p in found]
     assert problems == []
