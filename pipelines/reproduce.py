@@ -11,6 +11,10 @@
 4. retrains with the same spec (seed, config, world size) on the restored data;
 5. compares the best checkpoint's weights bitwise (CPU) and the metrics, and
    writes a report next to the other reproductions in the object store.
+
+Checkpoints are read as data, never unpickled as code (`training.verify`): a
+recorded checkpoint holding pickled code is refused with `ReproductionError`
+before anything is retrained.
 """
 
 from __future__ import annotations
@@ -96,6 +100,22 @@ def _sha(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def _verify(ref: str, *args: str) -> dict[str, Any]:
+    """`python -m training.verify ARGS` (torch stays out of this process): its JSON verdict.
+
+    Raises:
+        ReproductionError: a checkpoint was refused (it holds pickled code), or the tool failed.
+    """
+    proc = subprocess.run([sys.executable, "-m", "training.verify", *args], capture_output=True, text=True, timeout=600)
+    try:
+        verdict: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError) as e:
+        raise ReproductionError(f"{ref}: weight comparison failed: {proc.stderr[-2000:]}") from e
+    if verdict.get("refused"):
+        raise ReproductionError(f"{ref}: {verdict['error']}")
+    return verdict
+
+
 def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipeline: Optional[PipelineSpec] = None) -> Report:
     """Rebuild `ref` and compare; `pipeline` defaults to the team definition named by its lineage."""
     registry: ModelRegistry = resources["registry"]
@@ -128,6 +148,9 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
     lock = lineage.lock_hash()
     lock_ok = lock == recorded_lineage.lock_hash
     report.add("dependency lock", lock_ok, f"recorded {recorded_lineage.lock_hash}, here {lock}", warning=not strict)
+
+    # The recorded checkpoint is read as data (never unpickled as code); a tampered one stops here, before the retrain.
+    _verify(ref, f"{trial_dir}/checkpoints", "--check")
 
     with tempfile.TemporaryDirectory(prefix="trainyard-reproduce-") as tmp:
         # Data: the pinned snapshot, restored by DVC, then split as the pipeline splits.
@@ -170,14 +193,7 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
         )
         result = LocalLauncher().launch(again).result
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "training.verify", f"{trial_dir}/checkpoints", f"{again.output_uri}/checkpoints"],
-        capture_output=True, text=True, timeout=600,
-    )
-    try:
-        verdict = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (IndexError, json.JSONDecodeError) as e:
-        raise ReproductionError(f"weight comparison failed: {proc.stderr[-2000:]}") from e
+    verdict = _verify(ref, f"{trial_dir}/checkpoints", f"{again.output_uri}/checkpoints")
     report.add("weights", verdict["identical"], verdict["detail"])
     for key, value in result.metrics.items():
         recorded_metric = recorded_lineage.metrics.get(key)

@@ -36,7 +36,7 @@ from lightning.pytorch.loggers import WandbLogger
 from training import determinism
 from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
 from training.callbacks import FaultInjectionCallback, ProgressCallback
-from training.checkpointing import CheckpointError, CheckpointStore, CheckpointUnusable, SkippedCheckpointWarning
+from training.checkpointing import CheckpointError, CheckpointStore, CheckpointUnusable, SkippedCheckpointWarning, UnsafeCheckpointError
 from training.data import read_parquet_tensors
 from training.distributed import init_process_group
 from training.errors import ConfigError, StrategyConfigError
@@ -245,19 +245,26 @@ def select_sharded_resume(store: Any, rank: int, world: int) -> tuple[Any, str]:
 
     Raises:
         CheckpointLayoutError: the checkpoint was sharded over another world size.
+        UnsafeCheckpointError: a rank's shard holds pickled code; raised on every rank.
     """
     shared: list[Any] = [(store.committed(), uuid.uuid4().hex[:12])] if rank == 0 else [None]
     dist.broadcast_object_list(shared, src=0)
     candidates, token = shared[0]
     chosen = None
     for name, _ in candidates:
+        refused: Optional[tuple[str, str]] = None
         try:
             loaded, why = store.load(name, rank=rank, world_size=world), ""
         except CheckpointUnusable as e:
             loaded, why = None, str(e)
+        except UnsafeCheckpointError as e:
+            loaded, why, refused = None, str(e), (e.source, e.detail)
         verdicts: list[Any] = [None] * world
-        dist.all_gather_object(verdicts, why)
-        bad = {r: w for r, w in enumerate(verdicts) if w}
+        dist.all_gather_object(verdicts, (why, refused))
+        for _, refusal in verdicts:
+            if refusal is not None:  # every rank stops, none resumes: a tampered shard is not a storage fault
+                raise UnsafeCheckpointError(*refusal)
+        bad = {r: w for r, (w, _) in enumerate(verdicts) if w}
         if not bad:
             chosen = loaded
             break
@@ -386,7 +393,6 @@ def _checkpointing(spec: TrainSpec, strategy_kwargs: dict[str, Any], markers: Fa
         keep_last=spec.checkpoint.keep_last,
         max_write_attempts=spec.checkpoint.write_attempts,
         fail_next_writes=fail_writes,
-        weights_only=False,
     )
     loaded = select_resume(store, spec, markers, rank, sharded)
     io = StoreCheckpointIO(store, async_save=spec.checkpoint.async_save)

@@ -25,6 +25,13 @@ and one model file per format:
   `classification` (binary: probability of `classes[1]`; multiclass: one
   probability per class) or `regression`.
 
+Loading is safe against a tampered artifact: a `model.pt2` is checked before
+`torch.export.load` sees it (`check_exported_program`): only the graph (JSON),
+raw weight bytes and sample inputs that torch's weights-only unpickler accepts;
+graph calls must be torch operators and shape expressions plain arithmetic.
+Anything else raises `UnsafeModelError` naming the file, and nothing in it runs.
+`model.txt` and `meta.json` are text.
+
 Example:
     >>> import mlflow.pyfunc
     >>> model = mlflow.pyfunc.load_model("models:/vision.digits@champion")
@@ -33,8 +40,12 @@ Example:
 
 from __future__ import annotations
 
+import ast
+import io
 import json
 import os
+import re
+import zipfile
 from typing import Any, Callable, Optional
 
 import mlflow
@@ -179,10 +190,138 @@ class ExportedModel(PythonModel):
         return pd.Series(self._classes[index], index=model_input.index, name=name)
 
 
+class UnsafeModelError(ValueError):
+    """A model file holds pickled objects, compiled code or a graph that calls more than torch operators.
+
+    It is refused before anything in it is deserialised; `torch.export.load`
+    alone would unpickle parts of it (with `weights_only=False` as a fallback).
+    """
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(
+            f"model file {path} was refused: {detail}. An exported model holds only a graph of torch operators, "
+            "raw weights and plain sample inputs; this one was not written by trainyard or has been tampered with"
+        )
+        self.path = path
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (type(self), (self.path, self.detail))
+
+
+# Members of a torch.export archive (under its one root folder) that hold data only; anything else
+# (compiled AOTInductor code, pickled custom objects, extra files, legacy pickled weights) is refused.
+_PT2_MEMBER = re.compile(
+    r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id|models/\w+\.json"
+    r"|data/weights/\w+_weights_config\.json|data/weights/weight_\d+"
+    r"|data/constants/\w+_constants_config\.json|data/constants/tensor_\d+|data/sample_inputs/\w+\.pt"
+)
+_RAW_TENSOR = re.compile(r"(weight|tensor)_\d+")
+_OPERATOR = re.compile(
+    r"torch\.ops\.(aten|prims|higher_order)\.[a-z_][a-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?|torch\._?sym_[a-z_]+"
+    r"|_operator\.(getitem|add|sub|mul|floordiv|truediv|mod|neg|pos|pow|abs|eq|ne|lt|le|gt|ge|and_|or_|not_)|math\.[a-z][a-z0-9_]*"
+)
+_SYMBOL = re.compile(r"[a-z]+\d+")
+_SYMPY_NAMES = frozenset({
+    "Symbol", "Integer", "Rational", "Float", "Mul", "Add", "Pow", "Max", "Min", "Abs", "Eq", "Ne", "Lt", "Le", "Gt",
+    "Ge", "StrictLessThan", "StrictGreaterThan", "LessThan", "GreaterThan", "Equality", "Unequality", "And", "Or",
+    "Not", "Piecewise", "ExprCondPair", "floor", "ceiling", "sqrt", "oo", "zoo", "nan", "true", "false", "True",
+    "False", "None", "Infinity", "NegativeInfinity", "NaN", "BooleanTrue", "BooleanFalse", "Half", "One", "Zero",
+    "NegativeOne",
+})
+_EXPR_NODES = (ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.keyword, ast.UnaryOp, ast.BinOp,
+               ast.Compare, ast.BoolOp, ast.Tuple, ast.operator, ast.unaryop, ast.cmpop, ast.boolop)
+
+
+def _check_expr(expr: str, path: str) -> None:
+    """A symbolic shape expression (sympy evaluates it with `eval`): calls of sympy's own functions on numbers and names only."""
+    import torch.utils._sympy.functions as shape_functions
+
+    allowed = _SYMPY_NAMES | set(shape_functions.__all__)
+    try:
+        nodes = list(ast.walk(ast.parse(expr, mode="eval")))
+    except SyntaxError:
+        nodes = [ast.Pass()]
+    for node in nodes:
+        if (not isinstance(node, _EXPR_NODES) or (isinstance(node, ast.Call) and not isinstance(node.func, ast.Name))
+                or (isinstance(node, ast.Name) and node.id not in allowed and not _SYMBOL.fullmatch(node.id))):
+            raise UnsafeModelError(path, f"its graph holds the shape expression {expr[:200]!r}, which is more than arithmetic on sizes")
+
+
+def _check_graph(obj: Any, path: str) -> None:
+    """Every call in the serialised program (nested graphs too) is a torch operator; every shape expression is arithmetic."""
+    if isinstance(obj, list):
+        for item in obj:
+            _check_graph(item, path)
+        return
+    if not isinstance(obj, dict):
+        return
+    calls = [obj[k] for k in ("target", "as_operator") if isinstance(obj.get(k), str)]  # a node's call, an operator argument
+    for target in calls:
+        if not _OPERATOR.fullmatch(target) or "__" in target:
+            raise UnsafeModelError(path, f"its graph calls {target[:200]!r}, which is not a torch operator")
+    if isinstance(obj.get("expr_str"), str):
+        _check_expr(obj["expr_str"], path)
+    if obj.get("guards_code"):  # unlifting the program would exec() them
+        raise UnsafeModelError(path, f"its program holds guard code, which loading would execute: {str(obj['guards_code'])[:200]}")
+    for key, value in obj.items():
+        if key == "range_constraints" and isinstance(value, dict):
+            for expr in value:
+                _check_expr(expr, path)
+        if key != "metadata":  # stack traces and module names, kept as strings
+            _check_graph(value, path)
+
+
+def check_exported_program(data: bytes, path: str) -> None:
+    """Refuse a `torch.export` archive unless loading it needs no unpickling of code and runs only torch operators.
+
+    Args:
+        data: The archive's bytes (the same bytes are then loaded, so nothing changes in between).
+        path: Where they came from, for the error.
+
+    Raises:
+        UnsafeModelError: a member other than graph, raw weights and configs; a weight or
+            constant stored pickled; sample inputs that torch's weights-only unpickler
+            refuses; a graph call that is not a torch operator or a shape expression
+            that is not arithmetic.
+    """
+    import torch
+
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except zipfile.BadZipFile as e:
+        raise UnsafeModelError(path, f"it is not a torch.export archive ({e})") from None
+    names = [n for n in archive.namelist() if not n.endswith("/")]
+    roots = {n.split("/", 1)[0] for n in names}
+    if len(roots) != 1 or len(set(names)) != len(names) or any("/" not in n for n in names):
+        raise UnsafeModelError(path, "it is not a torch.export archive with one root folder and unique members")
+    for name in names:
+        member = name.split("/", 1)[1]
+        if not _PT2_MEMBER.fullmatch(member):
+            raise UnsafeModelError(path, f"it holds {member!r}, which is neither graph, raw weights nor plain data")
+        body = archive.read(name)
+        if member.endswith("_config.json"):
+            for fqn, entry in json.loads(body).get("config", {}).items():
+                if entry.get("use_pickle") is not False or not _RAW_TENSOR.fullmatch(str(entry.get("path_name"))):
+                    raise UnsafeModelError(path, f"{fqn!r} is stored as a pickle, not as raw tensor bytes")
+        elif member.startswith("data/sample_inputs/"):
+            try:  # any failure here would make torch.export.load retry with weights_only=False
+                torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+            except Exception as e:
+                found = re.search(r"^.*[Uu]nsupported.*$", str(e), re.MULTILINE)
+                why = found.group(0).strip() if found else f"{type(e).__name__}: {str(e)[:200]}"
+                raise UnsafeModelError(path, f"{member} holds pickled code or is not plain data ({why})") from None
+        elif member.startswith("models/"):
+            _check_graph(json.loads(body), path)
+
+
 def _load_torch_export(path: str) -> Callable[[np.ndarray], np.ndarray]:
     import torch  # each runtime loads only for its own flavour: a LightGBM server needs no torch
 
-    module = torch.export.load(path).module()
+    with open(path, "rb") as f:
+        data = f.read()
+    check_exported_program(data, path)
+    module = torch.export.load(io.BytesIO(data)).module()
 
     def run(values: np.ndarray) -> np.ndarray:
         with torch.no_grad():

@@ -27,14 +27,17 @@ A one-process `fsdp` run has nothing to shard and trains like one-process DDP.
 
 from __future__ import annotations
 
+import pathlib
 import warnings
 from fnmatch import fnmatch
-from typing import Any, Callable, Optional
+from typing import IO, Any, Callable, Optional, cast
 
 import fsspec
 import lightning as L
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.distributed.checkpoint.filesystem as dcp_filesystem
+import torch.distributed.checkpoint.metadata as dcp_metadata
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch import Tensor, nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -49,7 +52,15 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ParallelStyle
 from typing_extensions import override
 
-from training.checkpointing import CheckpointLayoutError, ShardSpec, is_dtensor_marker, localize_dtensors
+from training.checkpointing import (
+    CheckpointLayoutError,
+    ShardSpec,
+    UnsafeCheckpointError,
+    is_dtensor_marker,
+    load_payload,
+    localize_dtensors,
+    unpickle_plain,
+)
 from training.errors import StrategyConfigError
 from training.parallel import ParallelizableModule
 from training.spec import Distribution
@@ -125,7 +136,7 @@ class CheckedModelParallelStrategy(ModelParallelStrategy):
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
         if self.committed_io is None:
-            return super().load_checkpoint(checkpoint_path, weights_only)
+            return super().load_checkpoint(checkpoint_path, weights_only=True)  # data only, whatever the caller asked
         state = dict(self.committed_io.load_checkpoint(checkpoint_path))
         assert self.model is not None
         restore_sharded(self.model, [getattr(o, "_optimizer", o) for o in self.optimizers], state)
@@ -235,6 +246,33 @@ def check_model_supports(model: Any, dist: Distribution) -> None:
                 )
 
 
+_DCP_METADATA_TYPES = (
+    dcp_metadata.Metadata, dcp_metadata.MetadataIndex, dcp_metadata.StorageMeta, dcp_metadata.TensorStorageMetadata,
+    dcp_metadata.BytesStorageMetadata, dcp_metadata.ChunkStorageMetadata, dcp_metadata.TensorProperties,
+    dcp_metadata._MEM_FORMAT_ENCODING, dcp_filesystem._StorageInfo, pathlib.PurePosixPath, pathlib.PosixPath,
+)
+"""What a distributed checkpoint's `.metadata` holds: torch's own dataclasses of shapes, dtypes and file offsets."""
+
+
+class PlainMetadataReader(dcp.FileSystemReader):
+    """A distributed checkpoint reader that reads `.metadata` as data (`unpickle_plain`), not with `pickle.load`.
+
+    The tensors themselves torch already reads with `weights_only=True`.
+    """
+
+    @override
+    def read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        with self.fs.create_stream(path, "rb") as f:
+            metadata = unpickle_plain(cast(IO[bytes], f), str(path), _DCP_METADATA_TYPES)
+        if not isinstance(metadata, dcp_metadata.Metadata):
+            raise UnsafeCheckpointError(str(path), f"expected checkpoint metadata, found a {type(metadata).__name__}")
+        storage_meta = getattr(metadata, "storage_meta", None) or dcp_metadata.StorageMeta()
+        storage_meta.load_id = self.load_id
+        metadata.storage_meta = storage_meta
+        return metadata
+
+
 def full_state_dict(checkpoint_path: str) -> dict[str, Tensor]:
     """Full (unsharded, plain CPU tensors) model weights of a Lightning checkpoint.
 
@@ -242,17 +280,19 @@ def full_state_dict(checkpoint_path: str) -> dict[str, Tensor]:
     distributed checkpoint directory (`fsdp`/`tp`) with
     `torch.distributed.checkpoint.load(..., no_dist=True)`, which assembles every
     rank's shards in this process. No collectives: rank 0 may call it alone
-    after the other ranks have finished.
+    after the other ranks have finished. Both are read as data: a file holding
+    pickled code raises `UnsafeCheckpointError` and none of it runs.
     """
     fs, path = fsspec.core.url_to_fs(checkpoint_path)
     if not fs.isdir(path):
         with fs.open(path, "rb") as f:
-            return torch.load(f, map_location="cpu", weights_only=True)["state_dict"]
+            return load_payload(f.read(), checkpoint_path)["state_dict"]
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     if "file" not in protocols:
         raise ValueError(f"distributed checkpoint {checkpoint_path!r}: only local (or mounted) directories can be read back")
     prefix = "state_dict."
-    metadata = dcp.FileSystemReader(path).read_metadata()
+    reader = PlainMetadataReader(path)
+    metadata = reader.read_metadata()
     # Lightning saves {"state_dict": model weights, "optimizer_0": ...}; DCP flattens the
     # nesting into dotted keys. Allocate the weights only, at their full (global) shapes.
     state = {
@@ -266,7 +306,7 @@ def full_state_dict(checkpoint_path: str) -> dict[str, Tensor]:
     with warnings.catch_warnings():
         # "torch.distributed is ... uninitialized, assuming ... a single process": exactly the intent.
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(wrapped, checkpoint_id=path, no_dist=True)
+        dcp.load(wrapped, storage_reader=reader, no_dist=True)
     return wrapped["state_dict"]
 
 

@@ -2,6 +2,12 @@
 
 `python -m training.verify ORIGINAL_CHECKPOINTS REBUILT_CHECKPOINTS` prints a JSON
 verdict; used by `trainyard reproduce`, which keeps torch out of the orchestrator.
+`python -m training.verify --check CHECKPOINTS` only loads the best checkpoint, so
+reproduce can refuse a tampered one before it retrains.
+
+Checkpoints are read as data (`training.checkpointing.safe_load`): one holding
+pickled code is refused, with `"refused": true` and the reason in `"error"`, and
+exit status 2.
 """
 
 from __future__ import annotations
@@ -13,12 +19,12 @@ from typing import Any, Optional
 
 import torch
 
-from training.checkpointing import CheckpointStore
+from training.checkpointing import CheckpointStore, UnsafeCheckpointError
 
 
 def compare(original_uri: str, rebuilt_uri: str, atol: float = 0.0) -> dict[str, Any]:
-    original = CheckpointStore(original_uri, weights_only=False).best()
-    rebuilt = CheckpointStore(rebuilt_uri, weights_only=False).best()
+    original = CheckpointStore(original_uri).best()
+    rebuilt = CheckpointStore(rebuilt_uri).best()
     if original is None or rebuilt is None:
         missing = original_uri if original is None else rebuilt_uri
         return {"identical": False, "detail": f"no committed best checkpoint under {missing}"}
@@ -43,15 +49,30 @@ def compare(original_uri: str, rebuilt_uri: str, atol: float = 0.0) -> dict[str,
     }
 
 
+def check(uri: str) -> dict[str, Any]:
+    """Whether the best committed checkpoint under `uri` loads (as data); the verdict says which one."""
+    best = CheckpointStore(uri).best()
+    if best is None:
+        return {"ok": False, "detail": f"no committed best checkpoint under {uri}"}
+    return {"ok": True, "checkpoint": best.uri, "step": best.step, "detail": f"{best.uri} loads as plain data"}
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.verify", description=__doc__.splitlines()[0])
     parser.add_argument("original")
-    parser.add_argument("rebuilt")
+    parser.add_argument("rebuilt", nargs="?")
     parser.add_argument("--atol", type=float, default=0.0, help="tolerance (GPU runs); 0 = bitwise")
+    parser.add_argument("--check", action="store_true", help="only load ORIGINAL's best checkpoint")
     args = parser.parse_args(argv)
-    verdict = compare(args.original, args.rebuilt, args.atol)
+    if not args.check and args.rebuilt is None:
+        parser.error("REBUILT is required unless --check is given")
+    try:
+        verdict = check(args.original) if args.check else compare(args.original, args.rebuilt, args.atol)
+    except UnsafeCheckpointError as e:
+        print(json.dumps({"ok": False, "identical": False, "refused": True, "error": str(e), "detail": str(e)}))
+        return 2
     print(json.dumps(verdict))
-    return 0 if verdict["identical"] else 1
+    return 0 if verdict.get("identical", verdict.get("ok")) else 1
 
 
 if __name__ == "__main__":

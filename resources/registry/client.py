@@ -86,6 +86,24 @@ def tracking_server_command(
     ]
 
 
+PICKLE_SWITCH = "MLFLOW_ALLOW_PICKLE_DESERIALIZATION"
+"""MLflow's opt-in to unpickling models (cloudpickled pyfuncs, pickled flavours); off while trainyard loads one."""
+
+
+@contextlib.contextmanager
+def no_pickled_models() -> Iterator[None]:
+    """MLflow refuses pickled models inside the block, whatever the environment says; trainyard logs none."""
+    saved = os.environ.get(PICKLE_SWITCH)
+    os.environ[PICKLE_SWITCH] = "false"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(PICKLE_SWITCH, None)
+        else:
+            os.environ[PICKLE_SWITCH] = saved
+
+
 class ModelRegistry(dg.ConfigurableResource):
     """MLflow model registry: idempotent registration, aliases and serving checks.
 
@@ -472,13 +490,15 @@ class ModelRegistry(dg.ConfigurableResource):
             RegistryNotFound: The model or version does not exist.
             RegistryUnavailable: The registry or artifact store could not be reached.
             RegistryError: Loading or predicting failed (e.g. missing feature columns,
-                or an alias that does not exist, which MLflow reports as a bad parameter).
+                or an alias that does not exist, which MLflow reports as a bad parameter),
+                or the model was refused because its files hold pickled code
+                (`training/serving_model.py` checks them before loading; nothing in them ran).
         """
         import numpy as np
 
         mlflow = mlflow_module()
         with translate_errors(f"predict with {model_uri!r}"):
-            with fluent_uris(self.tracking_uri):
+            with fluent_uris(self.tracking_uri), no_pickled_models():
                 model = mlflow.pyfunc.load_model(model_uri)
             predictions = np.asarray(model.predict(df))
         return predictions

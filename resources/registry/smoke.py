@@ -17,6 +17,11 @@ The request (JSON) holds `model_uri`, `blocked` (top-level package names),
 path the result JSON is written to: `blocked_imports`, and either
 `load_seconds`, `run_id` and `predictions` (per sample, plus `input_example`),
 or `error`, `error_types` (the exception chain's type names) and `traceback`.
+
+A model whose files hold pickled code is refused while loading (MLflow's
+pickle opt-in is forced off here; `training/serving_model.py` checks the
+exported program before torch reads it): the result's `error` says so, and
+nothing in the files ran.
 """
 
 from __future__ import annotations
@@ -108,6 +113,8 @@ def main(argv: Sequence[str]) -> int:
         request = json.load(f)
     attempts: list[str] = []
     sys.meta_path.insert(0, ServingImageOnly(frozenset(request["blocked"]), attempts))
+    # trainyard logs no pickled model: MLflow's opt-in to unpickling one stays off here, whatever the parent set.
+    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "false"
     out: dict[str, Any] = {"blocked_imports": attempts}
     try:
         predict_all(request, out)

@@ -33,7 +33,7 @@ def test_same_seed_gives_identical_weights(tmp_path: Path) -> None:
         d = tmp_path / str(i)
         make_spec(d)
         assert entrypoint.main(["--spec", str(d / "spec.json")]) == 0
-        latest = CheckpointStore(str(d / "run" / "checkpoints"), weights_only=False).latest()
+        latest = CheckpointStore(str(d / "run" / "checkpoints")).latest()
         weights.append(latest.state["state_dict"])
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])

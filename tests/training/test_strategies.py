@@ -61,7 +61,7 @@ def single_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.
 
 def committed_weights(tmp: Path) -> dict[str, torch.Tensor]:
     """Final weights of a run: the newest committed checkpoint (sharded ones merged in this process)."""
-    latest = CheckpointStore(str(tmp / "run" / "checkpoints"), weights_only=False).latest()
+    latest = CheckpointStore(str(tmp / "run" / "checkpoints")).latest()
     assert latest is not None
     return latest.state["state_dict"]
 

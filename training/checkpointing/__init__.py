@@ -30,7 +30,8 @@ Readers may be any number of processes.
 Modules: `store` (`CheckpointStore`), `layout` (names and the manifest),
 `files` (staged, hashed writes), `sharding` (`ShardSpec`, DTensors as plain
 data), `writer` (`AsyncCheckpointWriter`, `young_daly_interval`), `rng`
-(`rng_state`), `errors`.
+(`rng_state`), `safe_load` (checkpoint files are read as data, never as code:
+torch's weights-only unpickler, `UnsafeCheckpointError` for anything else), `errors`.
 
 Example:
     >>> import tempfile
@@ -51,6 +52,7 @@ from training.checkpointing.errors import (
 )
 from training.checkpointing.layout import FORMAT_VERSION, MANIFEST, PAYLOAD
 from training.checkpointing.rng import rng_state, set_rng_state
+from training.checkpointing.safe_load import CheckpointStateError, UnsafeCheckpointError, load_payload, unpickle_plain
 from training.checkpointing.sharding import DTENSOR, ShardSpec, is_dtensor_marker, localize_dtensors, merge_shards, shard_file
 from training.checkpointing.store import CheckpointStore, LoadedCheckpoint
 from training.checkpointing.writer import AsyncCheckpointWriter, HostBuffers, snapshot_to_cpu, young_daly_interval
@@ -63,6 +65,7 @@ __all__ = [
     "AsyncCheckpointWriter",
     "CheckpointError",
     "CheckpointLayoutError",
+    "CheckpointStateError",
     "CheckpointStore",
     "CheckpointUnusable",
     "CheckpointWriteError",
@@ -70,12 +73,15 @@ __all__ = [
     "LoadedCheckpoint",
     "ShardSpec",
     "SkippedCheckpointWarning",
+    "UnsafeCheckpointError",
     "is_dtensor_marker",
+    "load_payload",
     "localize_dtensors",
     "merge_shards",
     "rng_state",
     "set_rng_state",
     "shard_file",
     "snapshot_to_cpu",
+    "unpickle_plain",
     "young_daly_interval",
 ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import logging
 import math
@@ -29,6 +28,7 @@ from training.checkpointing.errors import (
 )
 from training.checkpointing.files import HashingWriter, StagedFile
 from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, parse_manifest, step_dir
+from training.checkpointing.safe_load import check_plain, load_payload
 from training.checkpointing.sharding import ShardSpec, merge_shards, shard_file, sidecar_file
 from training.retry import RetriesExhausted, retry_call
 
@@ -81,9 +81,6 @@ class CheckpointStore:
         retry_backoff_s: Sleep before the second attempt; doubles for each further one.
         fail_next_writes: Fault injection for tests and drills: the next this-many
             payload write attempts raise `OSError`. Also settable as an attribute.
-        weights_only: Passed to `torch.load`. States made of tensors, containers,
-            numbers and strings (including `rng_state()`) load with `True`; set
-            `False` only for trusted checkpoints holding arbitrary objects.
         storage_options: Passed to fsspec, e.g.
             `{"client_kwargs": {"endpoint_url": "http://minio:9000"}}`.
         sleep: Called with the backoff in seconds; tests pass a recorder.
@@ -104,7 +101,6 @@ class CheckpointStore:
         retry_backoff_s: float = 0.2,
         *,
         fail_next_writes: int = 0,
-        weights_only: bool = True,
         storage_options: Optional[dict[str, Any]] = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
@@ -123,7 +119,6 @@ class CheckpointStore:
         self.max_write_attempts = max_write_attempts
         self.retry_backoff_s = float(retry_backoff_s)
         self.fail_next_writes = fail_next_writes
-        self.weights_only = weights_only
         self._sleep = sleep
         self._clock = clock
         self.fs, path = fsspec.core.url_to_fs(self.root_uri, **(storage_options or {}))
@@ -156,8 +151,8 @@ class CheckpointStore:
             step: Global step; names the directory. Saving a step again replaces it
                 (it is uncommitted first, so readers fall back to the previous one
                 until the new one is committed).
-            state: Anything `torch.save` can write; keep it to tensors, containers,
-                numbers and strings so it loads with `weights_only=True`.
+            state: Tensors, containers, numbers and strings only (`rng_state()`
+                is), so it loads without unpickling code (`training.checkpointing.safe_load`).
             epoch: Recorded in the manifest.
             metrics: Scalar values recorded in the manifest.
             best: Mark this checkpoint as the best so far; retention keeps the newest
@@ -171,6 +166,8 @@ class CheckpointStore:
             than 0 of a sharded save, which do not wait for the commit).
 
         Raises:
+            CheckpointStateError: `state` holds an object a resume could not load
+                with torch's weights-only unpickler; nothing was written.
             CheckpointWriteError: A file could not be written within
                 `max_write_attempts`, or (rank 0 of a sharded save) another rank's
                 file did not arrive within `shard.commit_timeout_s`.
@@ -178,6 +175,7 @@ class CheckpointStore:
         check(is_int(step) and step >= 0, "step", step, "an integer >= 0")
         check(is_int(epoch) and epoch >= 0, "epoch", epoch, "an integer >= 0")
         check(isinstance(state, dict), "state", type(state).__name__, "a dict")
+        check_plain(state, self.uri(step))
         values = {str(k): float(v) for k, v in (metrics or {}).items()}
         name = step_dir(step)
         if shard is None or shard.rank == 0:
@@ -386,7 +384,7 @@ class CheckpointStore:
                 data = self._verified(entry, fname, meta)
                 if fname == PAYLOAD:
                     payload = data
-            state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=self.weights_only)
+            state = load_payload(payload, f"{uri}/{PAYLOAD}")
         elif rank is not None:
             if world_size is not None and world_size != world:
                 raise CheckpointLayoutError(
@@ -397,14 +395,14 @@ class CheckpointStore:
                 raise CheckpointLayoutError(f"checkpoint {uri} has {world} shards; there is none for rank {rank}")
             fname = shard_file(rank)
             data = self._verified(entry, fname, manifest["files"][fname])
-            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=self.weights_only)
+            state = load_payload(data, f"{uri}/{fname}")
         else:
             # One process reading a sharded checkpoint whole (evaluation, export, tools).
             shards = []
             for r in range(world):
                 fname = shard_file(r)
                 data = self._verified(entry, fname, manifest["files"][fname])
-                shards.append(torch.load(io.BytesIO(data), map_location="cpu", weights_only=self.weights_only))
+                shards.append(load_payload(data, f"{uri}/{fname}"))
             state = merge_shards(shards)
         return LoadedCheckpoint(
             uri=uri,
@@ -440,6 +438,8 @@ class CheckpointStore:
         Raises:
             CheckpointUnusable: partial, corrupt or unreadable; the message says why.
             CheckpointLayoutError: sharded over a different number of ranks.
+            UnsafeCheckpointError: a file holds pickled code or types outside the
+                allow-list (`training.checkpointing.safe_load`); nothing in it ran.
         """
         m = STEP_DIR.fullmatch(name)
         if not m:
@@ -468,6 +468,8 @@ class CheckpointStore:
 
         Newer partial or corrupt checkpoints are skipped with a
         `SkippedCheckpointWarning` (also logged) that names the checkpoint and why.
+        A committed one that holds pickled code is not skipped: it raises
+        `UnsafeCheckpointError`, since a tampered store is not a storage fault.
         """
         return self._first_loadable(list(reversed(self._scan())))
 
