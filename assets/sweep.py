@@ -8,7 +8,6 @@ from resources.storage import ObjectStore
 from resources.sweeps import SweepStore, build_report, objectives_of, report_metadata, study_directions
 from resources.tracking import Tracking
 from trainyard import naming
-from trainyard.redact import redact_url
 from trainyard.spec import PipelineSpec
 from trainyard.values import Sweep, ValidatedData
 
@@ -44,5 +43,5 @@ def sweep_body(
         wandb["wandb_url"] = MetadataValue.url(f"https://wandb.ai/{tracking.entity}/{project}/groups/{name}")
     return Output(
         Sweep(study=name, trials=keys, data_md5=validated.md5),
-        metadata={"study": name, "storage": redact_url(sweeps.storage_url.split("?")[0]), "trials": len(keys), "new_partitions": len(new), "removed_partitions": len(stale), **meta, **wandb},
+        metadata={"study": name, "storage": sweeps.shown_url(), "trials": len(keys), "new_partitions": len(new), "removed_partitions": len(stale), **meta, **wandb},
     )

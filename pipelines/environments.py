@@ -2,8 +2,8 @@
 
 - `local` (default, embedded): everything under `TRAINYARD_HOME` (default
   `./.trainyard`): object store on the local filesystem, DVC remote inside it,
-  W&B offline unless `WANDB_API_KEY` is set, MLflow and Optuna on SQLite,
-  torchrun on this machine.
+  W&B offline unless `WANDB_API_KEY` is set, MLflow on SQLite, Optuna on SQLite
+  (or the database of `TRAINYARD_OPTUNA_URL` when set), torchrun on this machine.
 - `cluster`: object store and DVC remote on S3 (`TRAINYARD_S3_ROOT`, optional
   `AWS_ENDPOINT_URL`), Optuna on PostgreSQL (`TRAINYARD_OPTUNA_URL`), an MLflow
   tracking server (`MLFLOW_TRACKING_URI`) with artifacts on S3, training as
@@ -12,6 +12,15 @@
 
 Both publish champion changes as handoff events under `<store>/handoff/` and,
 when `TRAINYARD_HANDOFF_WEBHOOK` is set, POST them to that URL.
+
+Credentials only by reference: Dagster keeps every resource's configuration
+(shown on the UI's resource pages), so none holds a credential. The Optuna
+storage is configured with its URL without the password plus the name of the
+variable holding the full URL (`SweepStore.by_reference`); MLflow takes its
+credentials from `MLFLOW_TRACKING_USERNAME`/`MLFLOW_TRACKING_PASSWORD` (a
+tracking server) or `PGPASSWORD` (a database), S3 clients from the AWS
+variables, W&B from `WANDB_API_KEY`, all read from the environment where they
+are used (docs/operations.md, "Credentials").
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from resources.storage import ObjectStore
 from resources.sweeps import SweepStore
 from resources.tracking import Tracking
 from resources.versioning import DataVersioning
+from training.spec import OPTUNA_URL_ENV
+from trainyard.redact import redact_url, url_has_credentials
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENVIRONMENTS = ("local", "cluster")
@@ -52,9 +63,9 @@ def local_resources(home: Path | None = None, env: Mapping[str, str] | None = No
         "versioning": DataVersioning(repo_dir=str(home / "dvc"), remote_url=str(home / "store" / "dvc-remote")),
         "tracking": Tracking(mode="auto", dir=str(home / "wandb")),
         "launcher": LocalLauncher(),
-        "sweeps": SweepStore(storage_url=f"sqlite:///{home / 'optuna.db'}"),
+        "sweeps": SweepStore.by_reference(env.get(OPTUNA_URL_ENV) or f"sqlite:///{home / 'optuna.db'}"),
         "registry": ModelRegistry(tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "store" / "mlflow-artifacts")),
-        "handoff": HandoffPublisher(store=store, webhook_url=env.get("TRAINYARD_HANDOFF_WEBHOOK") or None),
+        "handoff": HandoffPublisher(store=store, webhook_url_env="TRAINYARD_HANDOFF_WEBHOOK" if env.get("TRAINYARD_HANDOFF_WEBHOOK") else None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }
 
@@ -63,6 +74,18 @@ def _require(env: dict[str, str], name: str) -> str:
     value = env.get(name)
     if not value:
         raise EnvironmentError_(f"environment 'cluster' needs {name} to be set")
+    return value
+
+
+def _credential_free(env: dict[str, str], name: str) -> str:
+    """The URL of variable `name`, which must hold no credential (it becomes resource configuration)."""
+    value = _require(env, name)
+    if url_has_credentials(value):
+        raise EnvironmentError_(
+            f"{name}={redact_url(value)} carries a password, which would be kept in Dagster's resource configuration; "
+            f"set {name} without it and give the credentials as MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD "
+            "(a tracking server) or PGPASSWORD (a PostgreSQL backend), which MLflow reads from the environment"
+        )
     return value
 
 
@@ -79,9 +102,9 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
         "versioning": DataVersioning(repo_dir=str(home / "dvc"), remote_url=f"{root}/dvc-remote", remote_endpoint_url=endpoint),
         "tracking": Tracking(mode=env.get("TRAINYARD_TRACKING_MODE", "auto"), entity=env.get("WANDB_ENTITY") or None),  # type: ignore[arg-type]
         "launcher": KubernetesLauncher.from_env(env),
-        "sweeps": SweepStore(storage_url=_require(env, "TRAINYARD_OPTUNA_URL")),
-        "registry": ModelRegistry(tracking_uri=_require(env, "MLFLOW_TRACKING_URI"), artifact_root=f"{root}/mlflow-artifacts"),
-        "handoff": HandoffPublisher(store=store, webhook_url=env.get("TRAINYARD_HANDOFF_WEBHOOK") or None),
+        "sweeps": SweepStore.by_reference(_require(env, OPTUNA_URL_ENV)),
+        "registry": ModelRegistry(tracking_uri=_credential_free(env, "MLFLOW_TRACKING_URI"), artifact_root=f"{root}/mlflow-artifacts"),
+        "handoff": HandoffPublisher(store=store, webhook_url_env="TRAINYARD_HANDOFF_WEBHOOK" if env.get("TRAINYARD_HANDOFF_WEBHOOK") else None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }
 

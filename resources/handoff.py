@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 import urllib.error
 import urllib.request
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from resources.storage import ObjectStore, StorageError
 from training.retry import RetriesExhausted, retry_call
 from trainyard import naming
+from trainyard.redact import endpoint_only
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +164,10 @@ class HandoffPublisher(ConfigurableResource):
     Attributes:
         store: Object store the records go to (under `handoff/`).
         webhook_url: `http(s)://` endpoint notified of each event; None disables it.
+            Dagster keeps resource config in its run storage and shows it in the
+            UI: a URL that carries a token belongs in `webhook_url_env` instead.
+        webhook_url_env: Name of the environment variable that holds the URL,
+            read at delivery (the URL is then never part of any config).
         webhook_timeout_s: Deadline per webhook request.
         webhook_attempts: Tries per delivery on retryable failures.
         webhook_backoff_s: Wait before the first retry; doubles on each further one.
@@ -169,6 +175,7 @@ class HandoffPublisher(ConfigurableResource):
 
     store: ObjectStore
     webhook_url: Optional[str] = Field(default=None, description="http(s):// URL POSTed each event; None disables")
+    webhook_url_env: Optional[str] = Field(default=None, description="environment variable holding the URL, read at delivery")
     webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
     webhook_attempts: int = Field(default=3, ge=1, le=10)
     webhook_backoff_s: float = Field(default=0.5, ge=0, le=60)
@@ -180,8 +187,22 @@ class HandoffPublisher(ConfigurableResource):
     @classmethod
     def _check_webhook(cls, value: Optional[str]) -> Optional[str]:
         if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError(f"webhook_url={value!r} must start with http:// or https://")
+            raise ValueError(f"webhook_url={endpoint_only(value)!r} must start with http:// or https://")
         return value or None
+
+    def target(self) -> Optional[str]:
+        """The webhook URL: `webhook_url`, else the value of `webhook_url_env`; None when neither is configured.
+
+        Raises:
+            HandoffError: `webhook_url_env` names a variable that is unset, or not an http(s) URL.
+        """
+        if self.webhook_url is not None or self.webhook_url_env is None:
+            return self.webhook_url
+        value = os.environ.get(self.webhook_url_env, "").strip()
+        if not value.startswith(("http://", "https://")):
+            state = "is not set" if not value else f"is not an http(s) URL ({endpoint_only(value)})"
+            raise HandoffError(f"the handoff webhook's variable {self.webhook_url_env} {state}")
+        return value
 
     def event_uri(self, event: HandoffEvent) -> str:
         """`<store>/handoff/<model>/<timestamp>-v<version>.json`."""
@@ -212,9 +233,13 @@ class HandoffPublisher(ConfigurableResource):
             HandoffDeliveryFailed: No 2xx answer after `webhook_attempts` tries, or a
                 4xx answer that retrying cannot change.
         """
-        if self.webhook_url is None:
+        try:
+            webhook_url = self.target()
+        except HandoffError as e:
+            raise HandoffDeliveryFailed(f"{e}; the record is at {uri}", uri=uri, status=None) from e
+        if webhook_url is None:
             return HandoffReceipt(uri=uri, webhook="disabled")
-        webhook_url = self.webhook_url
+        shown = endpoint_only(webhook_url)  # a webhook's path is often its secret
         body = json.dumps({**event.model_dump(mode="json"), "record_uri": uri}).encode()
         attempts = 0
 
@@ -241,13 +266,13 @@ class HandoffPublisher(ConfigurableResource):
         def log_retry(attempt: int, error: BaseException, wait: float) -> None:
             logger.warning(
                 "handoff webhook %s failed for event %s (attempt %d of %d), retrying in %.1fs: %s",
-                webhook_url, event.event_id, attempt, self.webhook_attempts, wait, error,
+                shown, event.event_id, attempt, self.webhook_attempts, wait, error,
             )
 
         try:
             return retry_call(
                 post, retry_on=_WebhookUnavailable, attempts=self.webhook_attempts, backoff_s=self.webhook_backoff_s,
-                max_backoff_s=math.inf, sleep=self._sleep, on_retry=log_retry, describe=f"handoff webhook {webhook_url}",
+                max_backoff_s=math.inf, sleep=self._sleep, on_retry=log_retry, describe=f"handoff webhook {shown}",
             )
         except RetriesExhausted as e:
             failure = e.last
@@ -255,7 +280,7 @@ class HandoffPublisher(ConfigurableResource):
             failure = e
         assert isinstance(failure, _WebhookRefused)
         raise HandoffDeliveryFailed(
-            f"webhook {webhook_url} did not accept handoff event {event.event_id} "
+            f"webhook {shown} did not accept handoff event {event.event_id} "
             f"({event.model} v{event.version}) after {attempts} attempt(s): {failure}; "
             f"the record is at {uri}",
             uri=uri,

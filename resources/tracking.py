@@ -18,7 +18,10 @@ class Tracking(ConfigurableResource):
     """W&B for every trial: offline files by default, online when a key is configured.
 
     Args:
-        mode: `auto` is online when `WANDB_API_KEY` is set and offline otherwise.
+        mode: `auto` is online when `WANDB_API_KEY` is set and offline otherwise,
+            unless `WANDB_MODE` says `offline` or `disabled` (W&B's own switch).
+            The key reaches training processes through their environment (a
+            Secret on Kubernetes), never through the spec or the run config.
         dir: where offline runs are written (`<dir>/wandb/offline-run-*`); open them
             with `wandb sync` or browse the files directly.
         entity: W&B entity (team) for online runs.
@@ -30,6 +33,9 @@ class Tracking(ConfigurableResource):
 
     def resolved_mode(self) -> str:
         if self.mode == "auto":
+            forced = os.environ.get("WANDB_MODE", "").strip().lower()
+            if forced in ("offline", "disabled"):
+                return forced
             return "online" if os.environ.get("WANDB_API_KEY") else "offline"
         if self.mode == "online" and not os.environ.get("WANDB_API_KEY"):
             raise TrackingConfigError("tracking mode 'online' needs WANDB_API_KEY in the environment; use mode 'offline' or 'auto'")

@@ -62,7 +62,7 @@ from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, rea
 from training.errors import ConfigError, Preempted
 from training.gbt_inputs import Splits, lightgbm_params, load_splits, resolve_objective
 from training.reporting import Reporter
-from training.spec import CHECKPOINT_DIR, TrainResult, TrainSpec
+from training.spec import CHECKPOINT_DIR, OptunaSpec, TrainResult, TrainSpec, redact_url
 from training.storage import read_text, write_atomic
 
 log = logging.getLogger("trainyard.training")
@@ -153,15 +153,20 @@ class ModelFileCheckpoint:
 class OptunaReporter:
     """Reports the monitored value to the spec's Optuna trial and asks its pruner (single process: no broadcast)."""
 
-    def __init__(self, storage_url: str, study_name: str, number: int) -> None:
+    def __init__(self, spec: OptunaSpec) -> None:
         import optuna  # loaded only for trials of a sweep
 
+        try:
+            storage_url = spec.connect_url()  # credentials only by reference: from the environment, never the spec
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        study_name, number = spec.study_name, spec.trial_number
         kwargs: dict[str, Any] = {"engine_kwargs": {"connect_args": {"timeout": 60}}} if storage_url.startswith("sqlite") else {}
         storage = optuna.storages.RDBStorage(storage_url, **kwargs)
         try:
             self.study = optuna.load_study(study_name=study_name, storage=storage)
         except KeyError as e:
-            raise ConfigError(f"optuna study {study_name!r} does not exist in {storage_url.split('?')[0]}") from e
+            raise ConfigError(f"optuna study {study_name!r} does not exist in {redact_url(storage_url.split('?')[0])}") from e
         self.number = number
         trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
         self.active = not storage.get_trial(trial_id).state.is_finished()
@@ -349,7 +354,7 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     # Raw data is kept: continuing from a model file scores it with that model first.
     train_set = lgb.Dataset(splits.x["train"], label=splits.y["train"], feature_name=list(spec.data.features), params=params, free_raw_data=False)
     val_set = lgb.Dataset(splits.x["val"], label=splits.y["val"], reference=train_set, free_raw_data=False)
-    optuna = OptunaReporter(spec.optuna.storage_url, spec.optuna.study_name, spec.optuna.trial_number) if spec.optuna else None
+    optuna = OptunaReporter(spec.optuna) if spec.optuna else None
     tracker = _tracker(spec)
     with Reporter(0) as reporter:
         loop = _Loop(spec, patience, history, ckpt, attempt, reporter, optuna)

@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from training.errors import ConfigError
-from training.spec import OptunaSpec, PrunerSpec, TrainSpec
+from training.spec import OptunaSpec, PrunerSpec, TrainSpec, redact_url
 
 log = logging.getLogger("trainyard.training")
 
@@ -94,11 +94,15 @@ class OptunaPruning(Callback):
         import optuna  # every Lightning trial imports this module; Optuna loads only for trials of a sweep
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        try:
+            url = self.spec.connect_url()  # credentials only by reference: from the environment, never the spec
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
         kwargs: dict[str, Any] = {}
-        if self.spec.storage_url.startswith("sqlite"):
+        if url.startswith("sqlite"):
             kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
-        where = self.spec.storage_url.split("?")[0]
-        self._storage = optuna.storages.RDBStorage(self.spec.storage_url, **kwargs)
+        where = redact_url(url.split("?")[0])
+        self._storage = optuna.storages.RDBStorage(url, **kwargs)
         self._pruner = build_pruner(self.spec.pruner, self.max_epochs)
         try:
             self._study = optuna.load_study(study_name=self.spec.study_name, storage=self._storage, pruner=self._pruner)

@@ -21,8 +21,9 @@ Example:
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,6 +37,7 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM: stopped on request after a checkpoint
 EXIT_INFRA = 75  # EX_TEMPFAIL: storage or another dependency failed; a retry may succeed
 
 LAUNCH_ID_ENV = "TRAINYARD_LAUNCH_ID"  # set by launchers, one value per launch
+OPTUNA_URL_ENV = "TRAINYARD_OPTUNA_URL"  # the Optuna storage URL with its credentials, in the pod's environment
 RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"
 FAILURE_DIR = "failures"
@@ -52,7 +54,8 @@ _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A validation error never echoes its input: a credential put where it must not be stays unshown.
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class ImportTarget(_Strict):
@@ -203,19 +206,134 @@ class PrunerSpec(_Strict):
         return self.kind != "none"
 
 
+# -- credentials in URLs: never in a spec file, never shown ----------------------------------
+# Here, at the bottom of the layers, so that the pod side redacts with the same rules as the
+# orchestrator (`trainyard.redact` builds on these).
+
+# The password of `scheme://user:password@host`: up to the last `@` of the authority (SQLAlchemy
+# allows a `/` in it; an unencoded `@` is kept inside it too).
+_URL_PASSWORD = re.compile(r"(?P<head>://(?P<user>[^/?#:@\s]*):)[^@\s]*(?:@[^@\s/?#]*)*@")
+# Query parameters (and libpq `key=value` settings) that carry a secret.
+SECRET_PARAMS = ("password", "passwd", "pwd", "sslpassword", "secret", "token", "access_token", "api_key", "apikey",
+                 "aws_secret_access_key", "aws_session_token", "x-amz-signature", "x-amz-security-token")
+_SECRET_PARAM = re.compile(r"(?P<head>(?<![\w-])(?:" + "|".join(map(re.escape, SECRET_PARAMS)) + r")=)[^&;#\s'\"]+", re.IGNORECASE)
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password and secret query parameters replaced by `***` (user, host, path and the rest kept).
+
+    Works on any text: every URL in it is redacted.
+
+    Example:
+        >>> redact_url("postgresql+psycopg2://optuna:s3cret@db:5432/optuna?sslmode=require&password=x")
+        'postgresql+psycopg2://optuna:***@db:5432/optuna?sslmode=require&password=***'
+    """
+    return _SECRET_PARAM.sub(r"\g<head>***", _URL_PASSWORD.sub(r"\g<head>***@", url))
+
+
+def strip_url_credentials(url: str) -> str:
+    """`url` without its password and secret query parameters: what may be written down and shown.
+
+    Example:
+        >>> strip_url_credentials("postgresql://optuna:s3cret@db/optuna?password=x&sslmode=require")
+        'postgresql://optuna@db/optuna?sslmode=require'
+    """
+    stripped = _URL_PASSWORD.sub(lambda m: f"://{m.group('user')}@" if m.group("user") else "://", url)
+    base, q, rest = stripped.partition("?")
+    query, hash_, fragment = rest.partition("#")
+    params = [p for p in re.split(r"[&;]", query) if p]
+    kept = [p for p in params if p.split("=", 1)[0].lower() not in SECRET_PARAMS]
+    if not q or kept == params:
+        return stripped
+    return base + ("?" + "&".join(kept) if kept else "") + hash_ + fragment
+
+
+def url_has_credentials(url: str) -> bool:
+    """Whether `url` carries a password or a secret query parameter."""
+    return strip_url_credentials(url) != url
+
+
+def same_database(a: str, b: str) -> bool:
+    """Whether URLs `a` and `b` name the same database: same dialect, host, port and path (user, driver, credentials and query aside).
+
+    A team's Secret may hold its own database user for the orchestrator's database.
+    """
+
+    def where(url: str) -> str:
+        scheme, sep, rest = strip_url_credentials(url).partition("://")
+        rest = re.sub(r"^[^/?#@]*@", "", rest)
+        return f"{scheme.split('+')[0]}{sep}{re.split(r'[?#]', rest)[0]}"
+
+    return where(a) == where(b)
+
+
 class OptunaSpec(_Strict):
     """The Optuna trial this run belongs to, and how it is pruned.
 
     With an enabled `pruner`, rank 0 reports `report_metric` (default: the
     spec's `monitor`) after every validation and the run stops early when the
     pruner says so; the trial then ends PRUNED and `result.json` says `pruned`.
+
+    Credentials only by reference: `storage_url` never carries a password (the
+    spec is a file in the object store). A storage that needs one names the
+    environment variable that holds the full URL (`storage_url_env`, made by
+    `by_reference`); the pod reads it there (`connect_url`): on Kubernetes from
+    a Secret of the team's `env_from_secrets`, locally from the launcher.
     """
 
-    storage_url: str
+    storage_url: str = Field(description="the study's storage, without credentials")
+    storage_url_env: Optional[str] = Field(None, description="environment variable holding `storage_url` with its credentials")
     study_name: str
     trial_number: int = Field(ge=0)
     pruner: PrunerSpec = PrunerSpec()
     report_metric: Optional[str] = None
+
+    @field_validator("storage_url")
+    @classmethod
+    def _no_credentials(cls, v: str) -> str:
+        if url_has_credentials(v):
+            raise ValueError(
+                f"storage_url {redact_url(v)!r} carries a credential, and a spec file never holds one; "
+                f"give the URL without it and name the environment variable holding the full URL in storage_url_env "
+                f"(OptunaSpec.by_reference does both)"
+            )
+        return v
+
+    @field_validator("storage_url_env")
+    @classmethod
+    def _env_name(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not _ENV_NAME.match(v):
+            raise ValueError(f"storage_url_env {v!r} is not an environment variable name; use letters, digits and '_' (e.g. {OPTUNA_URL_ENV!r})")
+        return v
+
+    @classmethod
+    def by_reference(cls, url: str, env: str = OPTUNA_URL_ENV, **fields: Any) -> "OptunaSpec":
+        """The spec of a trial in storage `url`: `url` without credentials, and `env` named when it had some."""
+        stripped = strip_url_credentials(url)
+        return cls(storage_url=stripped, storage_url_env=env if stripped != url else None, **fields)
+
+    def connect_url(self, environ: Optional[Mapping[str, str]] = None) -> str:
+        """The URL to connect with: `storage_url`, or the full URL from `storage_url_env` (`environ`, default `os.environ`).
+
+        Raises:
+            ValueError: the variable is not set, or names another database than `storage_url`.
+        """
+        if self.storage_url_env is None:
+            return self.storage_url
+        value = (os.environ if environ is None else environ).get(self.storage_url_env)
+        if not value:
+            raise ValueError(
+                f"the Optuna storage {self.storage_url} needs its credentials from the environment variable "
+                f"{self.storage_url_env}, which this process does not have: on Kubernetes, put the full URL under that key "
+                "in a Secret listed in the team's env_from_secrets; a local launch sets it from the SweepStore resource"
+            )
+        if not same_database(value, self.storage_url):
+            raise ValueError(
+                f"{self.storage_url_env} points to {redact_url(value)}, but the trial's study is in {self.storage_url}; "
+                f"set {self.storage_url_env} to the orchestrator's Optuna storage"
+            )
+        return value
 
 
 class CheckpointPolicy(_Strict):

@@ -187,7 +187,7 @@ def warn_if_unpinned(field: str, value: str, *, log: Optional[logging.Logger] = 
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # env values are refused when they hold credentials
 
 
 class Toleration(_Frozen):

@@ -13,6 +13,7 @@ from typing import Any, Iterable, Optional
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from trainyard.podconfig import POD_ENV, PodConfig
+from trainyard.redact import SECRET_ENV_VARS, url_has_credentials
 from trainyard.spec import _NAME, PipelineSpec, RetrainPolicy
 
 PRIORITIES: dict[str, tuple[int, str]] = {
@@ -47,7 +48,7 @@ class TeamSpec(BaseModel):
         ...          pod={"cpu": "16", "memory": "96Gi", "node_selector": {"pool": "gpu"}})
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # an env value may be a credential
 
     name: str
     gpu_pool_limit: int = 2
@@ -102,6 +103,11 @@ class TeamSpec(BaseModel):
                 raise ValueError(
                     f"env {name!r} is not a setting the platform reads; use upper-case variables starting with one of "
                     f"{list(ENV_PREFIXES)} (e.g. 'TRAINYARD_OPTUNA_URL')"
+                )
+            if name in SECRET_ENV_VARS or url_has_credentials(v[name]):
+                raise ValueError(
+                    f"env {name!r} holds a credential, and team code is no place for one: set it in the code location's "
+                    "environment from a Secret (docs/operations.md, 'Credentials'); a URL here may name user and host only"
                 )
         return v
 

@@ -68,7 +68,10 @@ def build_train_spec(
         output_uri: The trial directory (`trainyard.naming.run_dir`).
         distribution: The planned distribution (strategy `auto` already resolved).
         tracker: The tracker settings of the environment.
-        optuna_storage_url: The study's storage, for pruning reports.
+        optuna_storage_url: The study's storage, for pruning reports. The spec
+            carries it without credentials; a URL with a password is named by
+            reference (`training.spec.OPTUNA_URL_ENV`), which the pod reads from
+            its environment (see `OptunaSpec.connect_url`).
         lineage: The lineage record the tracker and the result carry.
         max_epochs: The run config's override of `ModelSpec.max_epochs`.
         faults: Fault drills of this launch.
@@ -98,8 +101,8 @@ def build_train_spec(
         seed=spec.model.seed,
         checkpoint=spec.checkpoint,
         tracker=tracker,
-        optuna=OptunaSpec(
-            storage_url=optuna_storage_url,
+        optuna=OptunaSpec.by_reference(
+            optuna_storage_url,
             study_name=trial.study,
             trial_number=trial.number,
             pruner=spec.search.pruner if trial.accepts_reports else PrunerSpec(),

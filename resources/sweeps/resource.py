@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 import warnings
@@ -24,28 +25,80 @@ from resources.sweeps.rules import (
     sweep_status,
 )
 from resources.sweeps.store import cached_study, open_storage, remember_study
-from trainyard.redact import redact_url
+from training.spec import OPTUNA_URL_ENV, same_database
+from trainyard.redact import redact_url, strip_url_credentials, url_has_credentials
 from trainyard.search import SearchSpec
 
 
 class SweepStore(ConfigurableResource):
     """Optuna RDB storage, with heartbeats.
 
+    Credentials only by reference: Dagster keeps a resource's configuration
+    (the code location's snapshot, the UI's resource page), so a storage that
+    needs a password is configured with the URL without it and the name of the
+    environment variable that holds the full URL (`by_reference`). Training
+    processes get the full URL from their environment too, never from the spec
+    (`pod_environment`, `training.spec.OptunaSpec.connect_url`).
+
     Args:
         storage_url: SQLAlchemy URL, e.g. `sqlite:////abs/optuna.db` or
-            `postgresql+psycopg2://user@host/db`.
+            `postgresql+psycopg2://user@host/db`; without credentials when
+            `storage_url_env` is set.
+        storage_url_env: environment variable of this process holding
+            `storage_url` with its credentials (e.g. `TRAINYARD_OPTUNA_URL`).
         heartbeat_interval: seconds between heartbeats of a training trial.
         grace_period: seconds without a heartbeat after which a running trial
             is failed (its run crashed or was killed); default twice the interval.
     """
 
     storage_url: str
+    storage_url_env: Optional[str] = None
     heartbeat_interval: int = Field(60, ge=1)
     grace_period: Optional[int] = Field(None, ge=1)
 
+    @classmethod
+    def by_reference(cls, url: str, env: str = OPTUNA_URL_ENV, **fields: Any) -> "SweepStore":
+        """The store of `url`, configured with `url` without credentials and, when it had some, the variable `env` that holds it."""
+        stripped = strip_url_credentials(url)
+        return cls(storage_url=stripped, storage_url_env=env if stripped != url else None, **fields)
+
+    def connect_url(self) -> str:
+        """The URL to connect with: `storage_url`, or the full URL from the variable `storage_url_env`.
+
+        Raises:
+            SweepError: the variable is not set, or names another database than `storage_url`.
+        """
+        if self.storage_url_env is None:
+            return self.storage_url
+        value = os.environ.get(self.storage_url_env)
+        if not value:
+            raise SweepError(
+                f"the Optuna storage {redact_url(self.storage_url)} takes its credentials from the environment variable "
+                f"{self.storage_url_env}, which this process does not have; set it to the full URL"
+            )
+        if not same_database(value, self.storage_url):
+            raise SweepError(
+                f"{self.storage_url_env} points to {redact_url(value)}, but this SweepStore is configured for "
+                f"{redact_url(self.storage_url)}; set {self.storage_url_env} to that database's URL"
+            )
+        return value
+
+    def shown_url(self) -> str:
+        """The storage as a message or metadata may show it: no credentials, no query."""
+        return redact_url(self.storage_url.split("?")[0])
+
+    def pod_environment(self) -> dict[str, str]:
+        """What a training process started by this orchestrator needs in its environment to report to the study.
+
+        `{OPTUNA_URL_ENV: url}` when the URL carries credentials (the spec names
+        that variable instead), else nothing.
+        """
+        url = self.connect_url()
+        return {OPTUNA_URL_ENV: url} if url_has_credentials(url) else {}
+
     @property
     def _key(self) -> tuple[str, int, Optional[int]]:
-        return (self.storage_url, self.heartbeat_interval, self.grace_period)
+        return (self.connect_url(), self.heartbeat_interval, self.grace_period)
 
     def storage(self) -> Any:
         return open_storage(*self._key)
@@ -167,7 +220,7 @@ class SweepStore(ConfigurableResource):
         try:
             study_id = storage.get_study_id_from_name(study_name)
         except KeyError as e:
-            raise SweepError(f"study {study_name!r} does not exist in {redact_url(self.storage_url.split('?')[0])}; materialize the sweep asset first") from e
+            raise SweepError(f"study {study_name!r} does not exist in {self.shown_url()}; materialize the sweep asset first") from e
         try:
             return storage.get_trial_id_from_study_id_trial_number(study_id, number)
         except KeyError as e:

@@ -57,7 +57,7 @@ def cached_study(key: tuple, study_name: str, teller: bool = False) -> Any:
     try:
         study = optuna.load_study(study_name=study_name, storage=open_storage(*key), sampler=sampler)
     except KeyError as e:
-        raise SweepError(f"study {study_name!r} does not exist in {key[0].split('?')[0]}; materialize the sweep asset first") from e
+        raise SweepError(f"study {study_name!r} does not exist in {redact_url(key[0].split('?')[0])}; materialize the sweep asset first") from e
     with _LOCK:
         _keep(cache_key, study)
     return study

@@ -11,6 +11,7 @@ import pytest
 from resources.handoff import HandoffDeliveryFailed, HandoffEvent, HandoffPublisher
 from resources.storage import ObjectStore
 from tests.support.webhook import WebhookServer
+from trainyard.redact import endpoint_only
 
 
 def event() -> HandoffEvent:
@@ -35,7 +36,7 @@ def test_transient_answers_are_retried_with_doubling_waits(tmp_path: Path, webho
     assert (receipt.webhook, receipt.status, receipt.attempts) == ("delivered", 200, 3)
     assert waits == [0.5, 1.0]
     assert webhook.event_ids == ["ev-1"] * 3  # the same event id each time, so consumers deduplicate
-    assert f"handoff webhook {webhook.url} failed for event ev-1 (attempt 1 of 3), retrying in 0.5s: HTTP 503: busy" in caplog.text
+    assert f"handoff webhook {endpoint_only(webhook.url)} failed for event ev-1 (attempt 1 of 3), retrying in 0.5s: HTTP 503: busy" in caplog.text
 
 
 def test_gives_up_after_the_attempts_with_the_last_answer(tmp_path: Path, webhook: WebhookServer) -> None:
@@ -67,3 +68,26 @@ def test_an_unreachable_webhook_is_retried_without_a_status(tmp_path: Path) -> N
         handoff.publish(event())
     assert caught.value.status is None
     assert waits == [1.0, 2.0]
+
+
+def test_a_webhook_by_reference_is_read_at_delivery_and_its_path_never_shown(
+    tmp_path: Path, webhook: WebhookServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The URL's path is the webhook's secret (as Slack's are): config names the variable, messages show the endpoint only."""
+    secret_url = webhook.url.rstrip("/") + "/services/T0/B0/hook-s3cret-token"
+    handoff = HandoffPublisher(store=ObjectStore(root=str(tmp_path)), webhook_url_env="TEST_HANDOFF_WEBHOOK", webhook_attempts=2, webhook_backoff_s=0)
+    assert "hook-s3cret-token" not in repr(handoff) and handoff.webhook_url is None
+
+    with pytest.raises(HandoffDeliveryFailed, match=r"variable TEST_HANDOFF_WEBHOOK is not set; the record is at "):
+        handoff.publish(event())
+
+    monkeypatch.setenv("TEST_HANDOFF_WEBHOOK", secret_url)
+    webhook.statuses = [503, 503]
+    with caplog.at_level(logging.WARNING), pytest.raises(HandoffDeliveryFailed) as caught:
+        handoff.publish(event())
+    assert webhook.event_ids == ["ev-1", "ev-1"]  # it was POSTed to the variable's URL
+    assert "hook-s3cret-token" not in str(caught.value) and "hook-s3cret-token" not in caplog.text
+    assert f"webhook {endpoint_only(secret_url)} did not accept" in str(caught.value)
+
+    webhook.statuses = []
+    assert handoff.publish(event()).webhook == "delivered"

@@ -123,7 +123,7 @@ def test_ddp_ranks_stop_together_and_keep_the_last_checkpoint(tmp_path: Path) ->
     # and that step's state is the newest committed checkpoint
     steps_per_epoch = 210 // (32 * 2) + (1 if 210 % (32 * 2) else 0)
     assert result.global_step == 2 * steps_per_epoch
-    latest = CheckpointStore(str(tmp_path / "run" / "checkpoints"), weights_only=False).latest()
+    latest = CheckpointStore(str(tmp_path / "run" / "checkpoints")).latest()
     assert latest.step == result.global_step
     attempts = [json.loads(p.read_text()) for p in (tmp_path / "run" / "attempts").glob("*.json")]
     assert [a["status"] for a in attempts] == ["completed"] and attempts[0]["last_step"] == result.global_step
