@@ -14,7 +14,7 @@ from typing import Any, NoReturn, Optional
 from dagster import AssetExecutionContext, Config, Failure, MetadataValue, Output, RetryRequested
 
 from assets.metadata import to_dagster
-from resources.launcher import Launcher, LaunchError, TrainingPreempted
+from resources.launcher import Launcher, LaunchError, TrainingPreempted, pod_environment
 from resources.storage import ObjectStore
 from resources.sweeps import (
     SweepError,
@@ -31,6 +31,7 @@ from training.spec import FaultInjection
 from trainyard import lineage, naming, planner
 from trainyard.curves import CURVES_FILE, curves_markdown, curves_png, epoch_rows
 from trainyard.plots import markdown_image
+from trainyard.redact import redact_text
 from trainyard.spec import PipelineSpec
 from trainyard.trainspec import TrialInputs, build_train_spec, model_kwargs
 from trainyard.trials import best_single_objective, count_failures, model_bytes, record_launch_failure, trial_comparison, trials_markdown_table
@@ -96,26 +97,27 @@ def handle_launch_error(
     restart causes. With `tell` off (a retrain) the study is not told: it keeps
     its record of the trial.
     """
+    message = redact_text(str(error))  # a pod's output may hold what it should not have printed
     launches = record_launch_failure(
-        store, output_uri, retry_number=context.retry_number, cause=type(error).__name__, message=str(error), at=time.time()
+        store, output_uri, retry_number=context.retry_number, cause=type(error).__name__, message=message, at=time.time()
     )
-    log_tail = MetadataValue.md(f"```\n{error.log_tail}\n```")
+    log_tail = MetadataValue.md(f"```\n{redact_text(error.log_tail)}\n```")
     if not error.retryable:
         if tell:
-            sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
-        raise Failure(description=str(error), metadata={"log_tail": log_tail, "retried": False}) from error
+            sweeps.tell(study, number, None, {"error": message[:2000]}, failed=True)
+        raise Failure(description=message, metadata={"log_tail": log_tail, "retried": False}) from error
     infra, preemptions = count_failures(launches, TrainingPreempted.__name__)
     budget = spec.retries
     if infra > budget.max_infra_retries or preemptions > budget.max_preemptions:
         if tell:
-            sweeps.tell(study, number, None, {"error": str(error)[:2000]}, failed=True)
+            sweeps.tell(study, number, None, {"error": message[:2000]}, failed=True)
         raise Failure(
             description=f"{context.partition_key}: giving up after {infra} infrastructure failure(s) (budget {budget.max_infra_retries}) "
-            f"and {preemptions} preemption(s) (budget {budget.max_preemptions}); last: {error}",
+            f"and {preemptions} preemption(s) (budget {budget.max_preemptions}); last: {message}",
             metadata={"log_tail": log_tail, "launches": MetadataValue.json(launches)},
         ) from error
     context.log.warning(
-        f"{context.partition_key}: {type(error).__name__}: {str(error).splitlines()[0]} -- retrying "
+        f"{context.partition_key}: {type(error).__name__}: {(message.splitlines() or [''])[0]} -- retrying "
         f"(infrastructure failures {infra}/{budget.max_infra_retries}, preemptions {preemptions}/{budget.max_preemptions}); "
         "the next attempt resumes from the newest committed checkpoint"
     )
@@ -192,14 +194,15 @@ def train_trial(
     for warning in plan.warnings:
         context.log.warning(f"{context.partition_key}: {warning}")
     train_spec = build_train_spec(
-        spec, trial, validated, output_uri=output_uri, distribution=plan.distribution, optuna_storage_url=sweeps.storage_url,
+        spec, trial, validated, output_uri=output_uri, distribution=plan.distribution, optuna_storage_url=sweeps.connect_url(),
         tracker=tracking.tracker_spec(
             project=naming.tracker_project(spec), group=trial.study, name=trial.trial_id if tell else f"{trial.trial_id}-retrain", config=record
         ),
         lineage=record, max_epochs=config.max_epochs, faults=config.faults(),
     )
     try:
-        with sweeps.heartbeat(trial.study, trial.number) if tell else contextlib.nullcontext():
+        # The spec names the storage's credentials by reference; a local launch hands them to its processes.
+        with sweeps.heartbeat(trial.study, trial.number) if tell else contextlib.nullcontext(), pod_environment(sweeps.pod_environment()):
             outcome = launcher.launch(train_spec, context=context)
     except LaunchError as e:
         handle_launch_error(context, e, spec, store, sweeps, trial.study, trial.number, output_uri, tell=tell)

@@ -74,7 +74,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # Command groups living in their own modules; each defines `register(subparsers)`
 # and sets `func` on its parsers, and like this module imports only the standard
 # library at its top.
-COMMAND_MODULES: tuple[str, ...] = ("pipelines.cli_registry", "pipelines.cli_repro", "pipelines.cli_data")
+COMMAND_MODULES: tuple[str, ...] = ("pipelines.cli_registry", "pipelines.cli_repro", "pipelines.cli_data", "pipelines.cli_k8s")
 
 
 def build_parser() -> argparse.ArgumentParser:

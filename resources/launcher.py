@@ -1,7 +1,8 @@
 """Launchers: run `training.entrypoint` somewhere and bring back its result.
 
 `LocalLauncher` (the embedded default) runs torchrun's elastic agent on this
-machine with N CPU processes over gloo. The command line comes from the pure
+machine with N CPU processes over gloo, through `training.gang`, which exits
+with the classified status of the first failing worker. The command line comes from the pure
 function `torchrun_command`, which the Kubernetes launcher shares, so a trial runs
 the same program in both places.
 
@@ -15,6 +16,7 @@ lines; the peers that then lost it come after.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,8 +27,10 @@ import tempfile
 import threading
 import time
 from collections import deque
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import fsspec
 from dagster import (
@@ -39,7 +43,7 @@ from dagster import (
 )
 from pydantic import Field
 
-from training.spec import EXIT_PREEMPTED, FAILURE_DIR, LAUNCH_ID_ENV, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
+from training.spec import EXIT_BAD_CONFIG, EXIT_PREEMPTED, FAILURE_DIR, LAUNCH_ID_ENV, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
 from trainyard.curves import epoch_point
 
 
@@ -89,14 +93,17 @@ def torchrun_command(
     master_port: int = 29500,
     log_dir: Optional[str] = None,
 ) -> list[str]:
-    """The command every node runs: torchrun's agent around `training.entrypoint`.
+    """The command every node runs, locally and as a pod's container command: torchrun's agent around `training.entrypoint`.
 
-    One node uses `--standalone` (a private rendezvous on a free port); several
-    nodes use a static rendezvous at `master_addr:master_port` with the given
-    node rank (on Kubernetes, `$(JOB_COMPLETION_INDEX)`).
+    It runs `training.gang` with torchrun's arguments: the wrapper runs the
+    agent and exits with the classified status of the first failing worker
+    (`training.spec.EXIT_*`), where torchrun itself would exit 1. One node uses
+    `--standalone` (a private rendezvous on a free port); several nodes use a
+    static rendezvous at `master_addr:master_port` with the given node rank (on
+    Kubernetes, `$(JOB_COMPLETION_INDEX)`).
     """
     dist = spec.distribution
-    cmd = [python, "-m", "torch.distributed.run", f"--nnodes={dist.nodes}", f"--nproc-per-node={dist.procs_per_node}"]
+    cmd = [python, "-m", "training.gang", f"--nnodes={dist.nodes}", f"--nproc-per-node={dist.procs_per_node}"]
     cmd.append(f"--max-restarts={dist.max_restarts}")
     if dist.nodes == 1 and master_addr is None:
         cmd.append("--standalone")
@@ -273,6 +280,10 @@ def outcome_error(
         f = by_category["infra"]
         tail, shown = tail_of(f["rank"])
         return InfrastructureError(f"trial {trial_id}: rank {f['rank']} lost a dependency: {f['error']}\n{shown}", log_tail=tail, rank=f["rank"])
+    if returncode == EXIT_BAD_CONFIG:
+        # `training.gang` refused the command itself (its reason is in the tail): it cannot work.
+        return TrainingConfigError(f"trial {trial_id}: the launch exited {returncode} (bad config)\n{_tail_text(log_tail.splitlines(), None)}",
+                                   log_tail=log_tail)
     return InfrastructureError(
         f"trial {trial_id}: workers exited with status {returncode} without reporting an error "
         f"(killed, out of memory or lost)\n{_tail_text(log_tail.splitlines(), None)}",
@@ -320,6 +331,28 @@ def observed_asset(context: Any) -> Optional[AssetKey]:
     if not context.has_assets_def or len(context.assets_def.keys) != 1:
         return None
     return context.asset_key
+
+
+_POD_ENVIRONMENT: ContextVar[Mapping[str, str]] = ContextVar("trainyard_pod_environment", default=MappingProxyType({}))
+
+
+@contextlib.contextmanager
+def pod_environment(env: Mapping[str, str]) -> Iterator[None]:
+    """Secrets the orchestrator holds, handed to the training processes launched inside this block.
+
+    Credentials reach a training process by reference only: the spec names an
+    environment variable (e.g. `OptunaSpec.storage_url_env`), and the value
+    comes from the process's environment. `LocalLauncher` sets `env` in the
+    environment of the processes it starts, so a credential configured on a
+    resource (not in this process's environment) reaches them too; it is never
+    written to a file or a log. On Kubernetes pods get them from the Secrets
+    of the team's `env_from_secrets` instead, and this is ignored.
+    """
+    token = _POD_ENVIRONMENT.set(MappingProxyType({**_POD_ENVIRONMENT.get(), **env}))
+    try:
+        yield
+    finally:
+        _POD_ENVIRONMENT.reset(token)
 
 
 class Launcher(ConfigurableResource):
@@ -377,6 +410,7 @@ class LocalLauncher(Launcher):
             cmd = torchrun_command(spec, spec_uri, python=self.python, log_dir=os.path.join(tmp, "ranks"))
             env = {
                 **os.environ,
+                **_POD_ENVIRONMENT.get(),
                 **extra_env,
                 "PYTHONUNBUFFERED": "1",
                 "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -478,7 +512,7 @@ def wait_ticking(proc: subprocess.Popen, timeout: float, tick: Callable[[], None
 
 
 def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGTERM torchrun's agent (it forwards to its workers), then SIGKILL the group."""
+    """SIGTERM `training.gang` (it forwards to torchrun's agent, which stops its workers), then SIGKILL the group."""
     try:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=grace)

@@ -9,7 +9,8 @@ so a present `result.json` means the trial finished.
 Failures are written to `<output>/failures/rank-<r>.json` with the rank's
 traceback and the process exits with a status from `training.spec`:
 `EXIT_BAD_CONFIG` when the spec cannot work, `EXIT_USER_ERROR` when model or
-data code raised.
+data code raised. torchrun does not pass these on (it exits 1); `training.gang`,
+which runs torchrun, reads the records and exits with the first failing rank's.
 """
 
 from __future__ import annotations
@@ -71,8 +72,13 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     return run_lightning(spec, _rank())
 
 
-def failure_category(exc: BaseException) -> str:
-    """config | user | preempted | infra: what the launcher maps to terminal or retryable."""
+def classify_failure(exc: BaseException) -> tuple[str, bool]:
+    """(category, consequence): config | user | preempted | infra, and whether `exc` only echoes another failure.
+
+    A consequence is how this rank saw a failure elsewhere: it lost a peer, or
+    was told to stop while blocked in a collective. `training.gang` looks past
+    such records for the rank that failed first.
+    """
     # The SIGTERM flag lives in training.fault_tolerance; not imported (GBT, early failures) means never set.
     fault_tolerance = sys.modules.get("training.fault_tolerance")
     # The checkpoint store loads torch, which a GBT trial that failed never needs.
@@ -80,15 +86,20 @@ def failure_category(exc: BaseException) -> str:
     from training.distributed import lost_peer
 
     if isinstance(exc, ConfigError):
-        return "config"
+        return "config", False
     if isinstance(exc, Preempted):
-        return "preempted"
+        return "preempted", False
     if isinstance(exc, CheckpointError):
-        return "infra"
+        return "infra", False
     # A rank that lost a peer, or was told to stop while blocked in a collective, is an infrastructure casualty.
     if lost_peer(exc) or (fault_tolerance is not None and fault_tolerance.SIGTERM_RECEIVED):
-        return "infra"
-    return "user"
+        return "infra", True
+    return "user", False
+
+
+def failure_category(exc: BaseException) -> str:
+    """config | user | preempted | infra: what the launcher maps to terminal or retryable."""
+    return classify_failure(exc)[0]
 
 
 EXIT_CODES = {"config": EXIT_BAD_CONFIG, "user": EXIT_USER_ERROR, "preempted": EXIT_PREEMPTED, "infra": EXIT_INFRA}
@@ -114,12 +125,13 @@ def earlier_terminal_failure(output_uri: str) -> Optional[dict[str, Any]]:
     return None
 
 
-def write_failure(spec_uri: str, output_uri: Optional[str], category: str, exc: BaseException) -> None:
+def write_failure(spec_uri: str, output_uri: Optional[str], category: str, exc: BaseException, *, consequence: bool = False) -> None:
     record = {
         "rank": _rank(),
         "launch": os.environ.get(LAUNCH_ID_ENV),
         "time": time.time(),
         "category": category,
+        "consequence": consequence,
         "error": f"{type(exc).__name__}: {exc}",
         "traceback": "".join(traceback.format_exception(exc)),
         "spec": spec_uri,
@@ -147,8 +159,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return EXIT_CODES[earlier["category"]]
         result = train(spec)
     except Exception as e:
-        category = failure_category(e)
-        write_failure(args.spec, spec.output_uri if spec else None, category, e)
+        category, consequence = classify_failure(e)
+        write_failure(args.spec, spec.output_uri if spec else None, category, e, consequence=consequence)
         if category == "config":
             log.error("bad config: %s", e)
         elif category == "preempted":

@@ -16,6 +16,7 @@ from kubernetes import config as k8s_config
 from pydantic import Field, model_validator
 
 from resources.k8s.config import Affinity, K8sJobConfig, SecretKeyRef, Toleration
+from resources.k8s.manifests import trial_objects as build_trial_objects
 from resources.k8s.supervisor import JobSupervisor
 from resources.launcher import Launcher, LaunchOutcome, join
 from training.spec import SPEC_FILE, TrainSpec
@@ -187,6 +188,14 @@ class KubernetesLauncher(Launcher):
             queue_timeout=self.queue_timeout_seconds, log_tail_lines=self.log_tail_lines,
             api_retries=self.api_retries, kueue_version=self.kueue_version,
         )
+
+    def trial_objects(self, spec: TrainSpec, attempt: int = 0, kind: str = "job") -> list[dict[str, Any]]:
+        """The objects `launch` submits for `attempt` of `spec`, from this launcher's configuration, in creation order.
+
+        `kind` "job" is what `launch` submits today (Service, Indexed Job); "jobset"
+        builds the same trial as a JobSet (`resources.k8s.manifests.trial_objects`).
+        """
+        return build_trial_objects(spec, join(spec.output_uri, SPEC_FILE), attempt, self.job_config(), kind)
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         api_client = self._api_client()

@@ -4,9 +4,11 @@ A trial on Kubernetes is one Indexed Job (one pod per node, node rank = completi
 index) plus a headless Service that gives every pod a stable DNS name, so torchrun
 in each pod can reach rank 0 at `<job>-0.<job>`. Kueue admits the Job as one gang
 (it is created suspended with a queue label), PriorityClasses order teams' work,
-and a podFailurePolicy tells disruptions (not the trial's fault) from a spec that
-can never work. For clusters running the JobSet controller, `jobset_manifest`
-builds the same trial as a JobSet.
+and a podFailurePolicy reads each pod's exit status, which `training.gang` makes
+the classified status of the first failing worker: disruptions and preemptions
+are not the trial's fault, a user or config error fails the Job at once. For
+clusters running the JobSet controller, `jobset_manifest` builds the same trial
+as a JobSet. `trial_objects` is every object one attempt submits, in order.
 
 Every function returns plain dicts that validate against the Kubernetes schemas
 (`kubernetes-validate`, strict) or, for JobSet, against its CRD.
@@ -46,7 +48,7 @@ from resources.k8s.names import (
     trial_labels,
 )
 from resources.launcher import torchrun_command
-from training.spec import EXIT_BAD_CONFIG, LAUNCH_ID_ENV, TrainSpec
+from training.spec import EXIT_BAD_CONFIG, EXIT_INFRA, EXIT_PREEMPTED, EXIT_USER_ERROR, LAUNCH_ID_ENV, TrainSpec
 from trainyard.podconfig import SCRATCH_DIR, TRAINER_HOME, TRAINER_UID, WRITABLE_ENV
 
 # The restricted Pod Security profile, and a read-only root filesystem on top.
@@ -202,18 +204,32 @@ def _pod_template(
     return {"metadata": {"labels": labels}, "spec": pod_spec}
 
 
+def _exit_codes(*codes: int) -> dict[str, Any]:
+    return {"containerName": CONTAINER_NAME, "operator": "In", "values": sorted(codes)}
+
+
 def _pod_failure_policy() -> dict[str, Any]:
+    """What a failed pod means to its Job, by the container's exit status.
+
+    The container runs `training.gang`, which exits with the classified status
+    of the first failing worker (`training.spec.EXIT_*`), not torchrun's 1.
+    """
     return {
         "rules": [
             # Preemption, node drain, eviction: not the trial's fault. The Job makes
             # a replacement pod without counting it against backoffLimit; the
             # trial resumes from its last committed checkpoint.
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            # The entrypoint exits EXIT_BAD_CONFIG when the spec cannot work (bad
-            # import path, rejected hyperparameters): retrying cannot help, so
-            # fail the whole Job at once instead of burning backoffLimit retries.
-            {"action": "FailJob",
-             "onExitCodes": {"containerName": CONTAINER_NAME, "operator": "In", "values": [EXIT_BAD_CONFIG]}},
+            # A bug in model or data code (EXIT_USER_ERROR) or a spec that cannot
+            # work (EXIT_BAD_CONFIG): retrying cannot help, so fail the whole Job
+            # at once instead of burning backoffLimit retries.
+            {"action": "FailJob", "onExitCodes": _exit_codes(EXIT_USER_ERROR, EXIT_BAD_CONFIG)},
+            # Stopped on request after a checkpoint (EXIT_PREEMPTED) without a
+            # DisruptionTarget condition: a preemption too, not a failure.
+            {"action": "Ignore", "onExitCodes": _exit_codes(EXIT_PREEMPTED)},
+            # A lost worker, node or dependency (EXIT_INFRA): a retry may succeed,
+            # within backoffLimit (as is any other status, e.g. the container killed).
+            {"action": "Count", "onExitCodes": _exit_codes(EXIT_INFRA)},
         ]
     }
 
@@ -325,8 +341,8 @@ def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobCon
             "maxRestarts": cfg.backoff_limit,
             "rules": [
                 # The child Job failed through the podFailurePolicy's FailJob rule
-                # (exit EXIT_BAD_CONFIG): restarting cannot help.
-                {"name": "bad-config", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+                # (exit EXIT_USER_ERROR or EXIT_BAD_CONFIG): restarting cannot help.
+                {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
             ],
         },
         "successPolicy": {"operator": "All"},
@@ -344,3 +360,24 @@ def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobCon
         "metadata": _metadata(name, cfg, {**labels, **_queue_labels(cfg)}, {ANNOTATION_SPEC_URI: spec_uri}),
         "spec": jobset_spec,
     }
+
+
+GANG_KINDS = ("job", "jobset")
+
+
+def trial_objects(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, kind: str = "job") -> list[dict[str, Any]]:
+    """Every object one attempt of a trial submits, in the order it creates them.
+
+    `kind` "job": the headless Service, then the Indexed Job; "jobset": the
+    JobSet (its controller makes the Service). `trainyard k8s render` prints
+    these, and the Kubernetes launcher creates them.
+
+    Raises:
+        ManifestError: `kind` is not one of `GANG_KINDS`, or the configuration does not fit the spec.
+    """
+    if kind == "jobset":
+        return [jobset_manifest(spec, spec_uri, attempt, cfg)]
+    if kind != "job":
+        raise ManifestError(f"kind={kind!r} is not a gang kind; accepted: {', '.join(GANG_KINDS)}")
+    job = job_manifest(spec, spec_uri, attempt, cfg)
+    return [service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(spec, attempt)), job]

@@ -42,7 +42,7 @@ from kubernetes.client.exceptions import ApiException
 
 from resources.k8s.config import K8sJobConfig
 from resources.k8s.errors import KubernetesAPIError, QueueTimeout
-from resources.k8s.manifests import job_manifest, service_manifest
+from resources.k8s.manifests import trial_objects
 from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, trial_labels
 from resources.k8s.pods import LogFollower, PodView, blame_order, rank0_pod
 from resources.launcher import (
@@ -318,10 +318,9 @@ class JobSupervisor:
             KubernetesAPIError: the API refused a request (RBAC, invalid manifest).
         """
         started = self.clock()
-        job = job_manifest(spec, spec_uri, attempt, cfg)
+        service, job = trial_objects(spec, spec_uri, attempt, cfg, kind="job")
         name = job["metadata"]["name"]
         want = trial_labels(spec, attempt)
-        service = service_manifest(name, cfg, labels=want)
         w = _Watch()
         try:
             existing = self._get_job(name)

@@ -21,12 +21,12 @@ from pydantic import ValidationError
 from resources.k8s.cluster import kueue_objects, priority_classes, rbac_objects, trial_rbac_objects, workload_priority_classes
 from resources.k8s.config import K8sJobConfig, SecretKeyRef, TeamQuota, Toleration
 from resources.k8s.errors import ManifestError
-from resources.k8s.manifests import job_manifest, jobset_manifest, service_manifest
+from resources.k8s.manifests import job_manifest, jobset_manifest, service_manifest, trial_objects
 from resources.k8s.names import job_name, label_value, trial_labels
 from resources.launcher import torchrun_command
 from tests.support.k8s import crd_validate, k8s_validate, load_crd_schemas
 from tests.support.train_specs import make_spec
-from training.spec import Distribution
+from training.spec import EXIT_BAD_CONFIG, EXIT_INFRA, EXIT_PREEMPTED, EXIT_USER_ERROR, Distribution
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_URI = "s3://bucket/runs/vision/digits/trial-0000/spec.json"
@@ -87,7 +87,7 @@ def test_two_node_job_exact(two_node_spec) -> None:
         "trainyard.io/job-name": NAME,
     }
     command = [
-        "python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4", "--max-restarts=2",
+        "python", "-m", "training.gang", "--nnodes=2", "--nproc-per-node=4", "--max-restarts=2",
         "--node-rank=$(JOB_COMPLETION_INDEX)", f"--master-addr={NAME}-0.{NAME}", "--master-port=29500",
         "-m", "training.entrypoint", "--spec", SPEC_URI,
     ]
@@ -108,7 +108,9 @@ def test_two_node_job_exact(two_node_spec) -> None:
             "podFailurePolicy": {
                 "rules": [
                     {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                    {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [78]}},
+                    {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [1, 78]}},
+                    {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [143]}},
+                    {"action": "Count", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}},
                 ]
             },
             "template": {
@@ -207,6 +209,27 @@ def test_invariants_hold_for_other_shapes(tmp_path: Path) -> None:
     assert "--master-port=29400" in container["command"]
     assert job["metadata"]["labels"]["trainyard.io/attempt"] == "5"
     k8s_validate(job)
+
+
+def test_pod_failure_rules_follow_the_gang_exit_codes(two_node_spec) -> None:
+    """The container's status is `training.gang`'s contract (tests/training/test_gang.py runs it): each code has its rule."""
+    rules = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["podFailurePolicy"]["rules"]
+    by_code = {code: r["action"] for r in rules if "onExitCodes" in r for code in r["onExitCodes"]["values"]}
+    assert by_code == {EXIT_USER_ERROR: "FailJob", EXIT_BAD_CONFIG: "FailJob", EXIT_PREEMPTED: "Ignore", EXIT_INFRA: "Count"}
+    assert all(r["onExitCodes"]["containerName"] == "trainer" and r["onExitCodes"]["operator"] == "In" for r in rules if "onExitCodes" in r)
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}  # checked first
+    command = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "training.gang"]
+
+
+def test_trial_objects_are_what_one_attempt_submits(two_node_spec) -> None:
+    cfg = full_config()
+    service, job = trial_objects(two_node_spec, SPEC_URI, 1, cfg)
+    assert job == job_manifest(two_node_spec, SPEC_URI, 1, cfg)
+    assert service == service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(two_node_spec, 1))
+    assert trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="jobset") == [jobset_manifest(two_node_spec, SPEC_URI, 1, cfg)]
+    with pytest.raises(ManifestError, match="kind='pod' is not a gang kind; accepted: job, jobset"):
+        trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="pod")
 
 
 def test_single_node_uses_standalone_rendezvous(tmp_path: Path) -> None:
@@ -353,7 +376,9 @@ def test_jobset_equivalent(two_node_spec, crd_schemas) -> None:
     assert js["spec"]["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True, "subdomain": name}
     child = js["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert child["backoffLimit"] == 0 and "suspend" not in child and child["completionMode"] == "Indexed"
-    assert child["podFailurePolicy"]["rules"][1]["onExitCodes"]["values"] == [78]
+    assert child["podFailurePolicy"] == job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["podFailurePolicy"]
+    assert js["spec"]["failurePolicy"]["rules"] == [
+        {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
     command = child["template"]["spec"]["containers"][0]["command"]
     assert f"--master-addr={name}-node-0-0.{name}" in command and "subdomain" not in child["template"]["spec"]
     assert len(f"{name}-node-0-99999") <= 63

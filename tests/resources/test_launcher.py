@@ -30,7 +30,7 @@ from training.spec import CheckpointPolicy, Distribution, FaultInjection, Import
 def test_torchrun_command_single_node(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, distribution=Distribution(procs_per_node=2, max_restarts=1))
     assert torchrun_command(spec, "/x/spec.json", python="py") == [
-        "py", "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=1",
+        "py", "-m", "training.gang", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=1",
         "--standalone", "-m", "training.entrypoint", "--spec", "/x/spec.json",
     ]
 

@@ -1,0 +1,40 @@
+"""Model code that fails on one rank only, as a bug or a misfit setting in a team's model would.
+
+Imported by the training processes of `tests/training/test_gang.py` (the spec's
+`ModelSpec.path` names these classes), so it imports only what model code may.
+"""
+
+from __future__ import annotations
+
+from pipelines.vision.models import DigitsMLP
+from training.errors import ConfigError
+
+
+class _FailsOnRank(DigitsMLP):
+    """`DigitsMLP` that raises at training step `at_step` on rank `rank`; the other ranks train on."""
+
+    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2, rank: int = 1, at_step: int = 2) -> None:
+        super().__init__(n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr)
+        self.fail_rank, self.fail_step = rank, at_step
+
+    def error(self) -> Exception:
+        raise NotImplementedError("a subclass says what it raises")
+
+    def training_step(self, batch, batch_idx):
+        if self.global_rank == self.fail_rank and self.global_step == self.fail_step:
+            raise self.error()
+        return super().training_step(batch, batch_idx)
+
+
+class ConfigErrorOnRank(_FailsOnRank):
+    """Finds at step `at_step` on rank `rank` that its settings cannot work (a `ConfigError`)."""
+
+    def error(self) -> Exception:
+        return ConfigError(f"rank {self.fail_rank}: hidden={self.hparams.hidden} does not fit this shard")
+
+
+class UserErrorOnRank(_FailsOnRank):
+    """Has a bug that shows at step `at_step` on rank `rank` (a plain exception)."""
+
+    def error(self) -> Exception:
+        return ZeroDivisionError(f"rank {self.fail_rank}: division by zero in the loss")
