@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1.7
-# The trainer image: what every trial pod runs (`python -m torch.distributed.run ...
+# The trainer image: what every trial pod runs (`python -m training.gang ...
 # -m training.entrypoint --spec <uri>`, from the Job manifest), for every team: torch
 # with CUDA, the requirements of deploy/docker/trainer-requirements.txt at the versions
 # of constraints.txt, `training/` and every team's model code, and deliberately no
