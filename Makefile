@@ -27,7 +27,7 @@ demo: $(STAMP)
 # so two files overlap well even on 2 cores. WORKERS=0 runs in this process.
 WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
 
 # The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.
 lint: $(STAMP)
@@ -62,8 +62,10 @@ optuna-ui: $(STAMP)
 	@echo "Optuna dashboard: http://127.0.0.1:$(OPTUNA_PORT)/"
 	exec $(BIN)/optuna-dashboard --host 127.0.0.1 --port $(OPTUNA_PORT) "$(OPTUNA_URL)"
 
+# Every benchmark (or BENCH="bench.overhead bench.checkpoint_blocking"); ends with a table of targets
+# and fails when a target is missed or a benchmark failed (docs/benchmarks.md).
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH)
 
 clean:
 	rm -rf $(TRAINYARD_HOME) bench/results

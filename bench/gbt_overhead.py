@@ -11,9 +11,12 @@ Bare: a fresh Python process that reads the same validated Parquet splits,
 trains LightGBM with the same parameters, rounds, early stopping and thread
 count, evaluates on the test split and saves the model file.
 
-Value: median platform seconds minus median bare seconds (target: at most 10 s).
-Baseline: median bare seconds. Details break the platform time down per asset
-and per pod phase.
+Value: median platform seconds; baseline: median bare seconds; ratio =
+platform / bare (lower is better). Target: `details.added_seconds` (median
+platform minus median bare) at most 10 s. Details break the platform time
+down per asset and per pod phase. (The issue's figure through the real run
+launcher and daemon, target 5 s, is not this benchmark: this one executes in
+process.)
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bench.harness import write_result
+from bench.harness import Target, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 REPEATS = 3
@@ -144,21 +147,23 @@ def main() -> dict:
     steps = {k: round(statistics.median(r["steps"][k] for r in platform_runs), 3) for k in platform_runs[0]["steps"]}
     return write_result(
         "gbt_overhead",
-        platform - bare,
+        platform,
         "s",
         bare,
         {
-            "target_seconds": TARGET_SECONDS,
-            "meets_target": platform - bare <= TARGET_SECONDS,
-            "platform_seconds_median": platform,
-            "bare_seconds_median": bare,
+            "added_seconds": platform - bare,
             "median_step_seconds": steps,
             "platform_runs": platform_runs,
             "bare_runs": bare_runs,
             "data": "scikit-learn breast cancer, 569 rows x 30 features",
             "params": HPARAMS,
-            "note": "the first platform run also pays first-use imports in the orchestrator; the median excludes that",
+            "note": "the first platform run also pays first-use imports in the orchestrator; the median excludes that; "
+            "execute_in_process: no run launcher, run worker, queue or sensor tick",
         },
+        targets=[Target("details.added_seconds", "<=", TARGET_SECONDS, unit="s")],
+        better="lower",
+        runs=[r["seconds"] for r in platform_runs],
+        baseline_runs=[r["seconds"] for r in bare_runs],
     )
 
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness import peak_rss_bytes, write_result
+from bench.harness import Target, peak_rss_bytes, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
 CAP_MIB = 512
@@ -141,6 +141,8 @@ def main() -> dict:
             "dvc_children_peak_rss_mib_upper_bound": round(measured["dvc_children_peak_rss_mib"], 1),
             "what": "trainyard.data.ingest.ingest in a fresh process: stream CSV -> Arrow parts -> canonical Parquet snapshot -> DVC pin + push (local remote)",
         },
+        targets=[Target("ratio", "<=", 1.0)],
+        better="lower",
     )
 
 

@@ -8,7 +8,10 @@ Pieces:
   every T seconds, or the Young/Daly optimum from the measured save time), keeps
   the best checkpoint, captures every rank's RNG state and the sampler position
   for exact resume, and turns SIGTERM on any rank into an agreed checkpoint and a
-  `Preempted` exit. Decisions are all-reduced so ranks never disagree.
+  `Preempted` exit. Decisions are all-reduced so ranks never disagree, but not
+  every step: at steps that are multiples of an agreed `sync_every` (about
+  every `SYNC_PERIOD` seconds), on CPU tensors through gloo, so no step pays a
+  collective or a host-device synchronisation for them.
 - `AttemptLog`: one record per attempt (launch x torchrun restart), from which
   `goodput` derives productive, lost, restart and checkpoint time.
 - Fault injection (tests and drills), each firing once per trial.
@@ -17,6 +20,7 @@ Pieces:
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import time
@@ -118,11 +122,26 @@ def _train_sampler(trainer: L.Trainer) -> Optional[ResumableSampler]:
     return sampler if isinstance(sampler, ResumableSampler) else None
 
 
-def _all_reduce_max(values: list[float], trainer: L.Trainer) -> list[float]:
+def control_group(world_size: int) -> Any:
+    """The process group for the flags ranks agree on: CPU tensors through gloo, never touching the accelerator.
+
+    None (the default group) when it is gloo already or there is no group; under
+    NCCL a new gloo group over every rank (NCCL has no CPU backend, and a device
+    tensor would need a host-device synchronisation to read). Every rank must
+    call this at the same point: creating a group is a collective.
+    """
+    if world_size == 1 or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return None
+    if "gloo" in str(torch.distributed.get_backend()).lower():
+        return None
+    return torch.distributed.new_group(backend="gloo")
+
+
+def _all_reduce_max(values: list[float], trainer: L.Trainer, group: Any = None) -> list[float]:
     if trainer.world_size == 1:
         return values
     t = torch.tensor(values, dtype=torch.float64)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
     return t.tolist()
 
 
@@ -173,6 +192,11 @@ class FaultTolerance(Callback):
         # collective costs well under 1% of a step.
         self.sync_every = 1
         self._rank = 0
+        self._group: Any = None
+        # Young/Daly: the first save is written in the background like any other; its
+        # duration is agreed at a later agreement step, once every rank's write is done.
+        self._first_save_submitted = False
+        self._measuring = False
 
     # -- signals -----------------------------------------------------------------
 
@@ -193,6 +217,7 @@ class FaultTolerance(Callback):
         self.last_save_time = time.monotonic()
         self.last_save_step = trainer.global_step
         self._rank = trainer.global_rank
+        self._group = control_group(trainer.world_size)
         if trainer.is_global_zero:
             # The attempt exists from its start: one killed before its first step's
             # record (a drill at step 1, an early OOM) still counts as a restart.
@@ -223,20 +248,9 @@ class FaultTolerance(Callback):
             sampler.mark_consumed(trainer.current_epoch, batch_idx + 1)
         self._inject(trainer, step)
         if rec["steps"] == CALIBRATION_STEPS and trainer.world_size > 1:
-            (mean_step,) = _all_reduce_max([rec["productive_seconds"] / rec["steps"]], trainer)
+            (mean_step,) = _all_reduce_max([rec["productive_seconds"] / rec["steps"]], trainer, self._group)
             self.sync_every = max(1, int(SYNC_PERIOD / max(mean_step, 1e-6)))
-        if self.policy.every_n_steps is not None:
-            # Step-based saves are decided identically on every rank; only preemption needs agreement.
-            due = self._due(step)
-            preempt = self.preempt_requested
-            if step % self.sync_every == 0:
-                (any_preempt,) = _all_reduce_max([float(self.preempt_requested)], trainer)
-                preempt = bool(any_preempt)
-        elif step % self.sync_every == 0:
-            any_preempt, any_due = _all_reduce_max([float(self.preempt_requested), float(self._due(step))], trainer)
-            preempt, due = bool(any_preempt), bool(any_due)
-        else:
-            preempt = due = False
+        preempt, due = self._agree(trainer, step)
         if preempt:
             started = time.perf_counter()
             self.save(trainer, sync=True)
@@ -248,25 +262,53 @@ class FaultTolerance(Callback):
                 f"(deadline {self.policy.preemption_deadline_seconds:.0f} s)"
             )
         if due:
+            if self.interval_seconds is None and self.policy.every_n_steps is None:
+                self._first_save_submitted = self._measuring = True
             self.save(trainer)
-            if self.interval_source == "young_daly" and self.interval_seconds is None:
-                self._choose_interval(trainer)
         if trainer.is_global_zero:
             self.attempt.record["last_step"] = step
             self.attempt.update()
+
+    def _agree(self, trainer: L.Trainer, step: int) -> tuple[bool, bool]:
+        """(preempt, save due) as every rank sees them at this step.
+
+        The collective runs only at steps that are multiples of `sync_every`,
+        which every rank shares (the step number and the agreed `sync_every`),
+        so every rank calls it at the same steps; in between, preemption waits
+        (at most about `SYNC_PERIOD` seconds) and only step-based saves, which
+        every rank decides alike, can be due. While the first Young/Daly save is
+        being written, the agreement also carries every rank's save time (inf
+        while its write is in flight) and sets the interval once all are done.
+        """
+        steps_policy = self.policy.every_n_steps is not None
+        if step % self.sync_every != 0:
+            return False, steps_policy and self._due(step)
+        if steps_policy:
+            (any_preempt,) = _all_reduce_max([float(self.preempt_requested)], trainer, self._group)
+            return bool(any_preempt), self._due(step)
+        measuring = self._measuring
+        values = [float(self.preempt_requested), float(self._due(step))] + ([self._save_seconds()] if measuring else [])
+        reduced = _all_reduce_max(values, trainer, self._group)
+        if measuring and math.isfinite(reduced[2]):
+            self._choose_interval(reduced[2])
+        return bool(reduced[0]), bool(reduced[1])
 
     def _due(self, step: int) -> bool:
         if self.policy.every_n_steps is not None:
             return step - self.last_save_step >= self.policy.every_n_steps
         if self.interval_seconds is None:
-            return step >= 1 and self.io.saves == 0  # first save measures the save time
+            return step >= 1 and not self._first_save_submitted  # the first save measures the save time
         return time.monotonic() - self.last_save_time >= self.interval_seconds
 
-    def _choose_interval(self, trainer: L.Trainer) -> None:
-        if self.io.writer is not None:
-            self.io.writer.wait()
-        # Every rank decides at the same step; ranks that wrote nothing (DDP) take the writer's time.
-        (measured,) = _all_reduce_max([self.io.last_save_seconds() or self.io.blocking_seconds or 1e-3], trainer)
+    def _save_seconds(self) -> float:
+        """This rank's part of the first save's duration: inf while its write is in flight; ranks that wrote nothing (DDP) say 1 ms."""
+        writer = self.io.writer
+        if writer is not None and writer.in_flight:
+            return math.inf
+        return self.io.last_save_seconds() or self.io.blocking_seconds or 1e-3
+
+    def _choose_interval(self, measured: float) -> None:
+        self._measuring = False
         self.interval_seconds = young_daly_interval(measured, self.policy.node_mtbf_hours, self.nodes)
         log.info(
             "checkpoint interval %.1f s (Young/Daly: save %.3f s, node MTBF %.0f h, %d node(s))",
@@ -305,6 +347,12 @@ class FaultTolerance(Callback):
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The final state is always committed, so the newest checkpoint is the trained model.
+        if self._measuring and self.io.writer is not None:
+            self.io.writer.wait()
+        if self._measuring:
+            # A fit shorter than the first write: agree on its time now (every rank ends here).
+            (measured,) = _all_reduce_max([self._save_seconds()], trainer, self._group)
+            self._choose_interval(measured)
         if self.last_save_step != trainer.global_step:
             self.save(trainer, sync=True)
         elif self.io.writer is not None:

@@ -80,7 +80,7 @@ def drill_spec(tmp: Path, **over):
 
 
 def final_weights(spec) -> dict[str, torch.Tensor]:
-    latest = CheckpointStore(spec.output_uri + "/checkpoints", weights_only=False).latest()
+    latest = CheckpointStore(spec.output_uri + "/checkpoints").latest()
     assert latest is not None
     return latest.state["state_dict"]
 
@@ -120,7 +120,7 @@ def test_preemption_checkpoints_then_retry_resumes_with_identical_weights(refere
     with pytest.raises(TrainingPreempted) as err:
         LocalLauncher().launch(spec)
     assert "checkpoint at step 7 committed" in str(err.value)
-    store = CheckpointStore(spec.output_uri + "/checkpoints", weights_only=False)
+    store = CheckpointStore(spec.output_uri + "/checkpoints")
     assert store.latest().step == 7
     result = LocalLauncher().launch(spec).result  # what Dagster's retry does
     assert result.resumed_from.endswith("step-000000007")

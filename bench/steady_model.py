@@ -1,0 +1,73 @@
+"""The model both sides of `bench.overhead` train, with the step clock both carry.
+
+`TimedMLP` is `training.parallel.MLPClassifier` (residual MLP, Adam) plus one
+callback, returned by `configure_callbacks`, so the platform run (through the
+entrypoint, which knows nothing of it) and the bare Lightning run carry the very
+same clock. Lightning appends model callbacks after the Trainer's, so in the
+platform run the clock's batch-end stamp comes after the platform's own
+callbacks: the interval between two stamps is everything one step costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Optional
+
+import lightning as L
+
+from training.parallel import MLPClassifier
+
+
+class StepClock(L.Callback):
+    """Rank 0 stamps the first batch's start and every batch's end, and writes them at the end of fit.
+
+    File (JSON): `first_step_start_wall` and `last_step_end_wall` (time.time(),
+    comparable with the launching process's clock), `batch_end` (perf_counter
+    seconds of every batch end), `writing` (per batch end: whether a
+    checkpoint write of the platform's async writer was in flight; always false
+    in a bare run), `world_size`.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.first_start_wall: Optional[float] = None
+        self.last_end_wall = 0.0
+        self.ends: list[float] = []
+        self.writing: list[bool] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.first_start_wall is None:
+            self.first_start_wall = time.time()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.ends.append(time.perf_counter())
+        self.last_end_wall = time.time()
+        self.writing.append(any(_writing(c) for c in trainer.callbacks))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_rank != 0:
+            return
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with open(self.path, "w") as f:
+            json.dump({"first_step_start_wall": self.first_start_wall, "last_step_end_wall": self.last_end_wall,
+                       "batch_end": self.ends, "writing": self.writing, "world_size": trainer.world_size}, f)
+
+
+def _writing(callback: Any) -> bool:
+    """Whether `callback` holds a checkpoint writer (the platform's FaultTolerance) with a write in flight."""
+    writer = getattr(getattr(callback, "io", None), "writer", None)
+    return bool(getattr(writer, "in_flight", False))
+
+
+class TimedMLP(MLPClassifier):
+    """`MLPClassifier` whose runs carry a `StepClock` writing to `clock_path`."""
+
+    def __init__(self, clock_path: str, n_features: int = 64, n_classes: int = 10, width: int = 800, blocks: int = 2,
+                 expansion: int = 4, lr: float = 1e-4) -> None:
+        super().__init__(n_features=n_features, n_classes=n_classes, width=width, blocks=blocks, expansion=expansion, lr=lr)
+        self.clock_path = clock_path
+
+    def configure_callbacks(self) -> list[L.Callback]:
+        return [StepClock(self.clock_path)]
