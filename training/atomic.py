@@ -26,7 +26,8 @@ import uuid
 from typing import Iterator
 
 
-def _fsync_dir(directory: str) -> None:
+def fsync_dir(directory: str) -> None:
+    """Flush a directory's entries (a rename into it) to disk; a no-op where directories cannot be opened."""
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # e.g. a platform without directory handles
@@ -65,7 +66,7 @@ def atomic_path(path: str, *, fsync: bool = True) -> Iterator[str]:
                 os.close(fd)
         os.replace(tmp, path)
         if fsync:
-            _fsync_dir(directory)
+            fsync_dir(directory)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

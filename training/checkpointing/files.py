@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import uuid
 from typing import Any
 
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractBufferedFile
+
+from training.atomic import fsync_dir
 
 log = logging.getLogger("trainyard.training.checkpointing")
 
@@ -35,7 +39,9 @@ class StagedFile:
     """A file written under `.tmp-<uuid>` and moved to its name on a clean close.
 
     The move is an atomic rename on local disks; on object stores it is a copy,
-    which is why the manifest, not the move, is the commit.
+    which is why the manifest, not the move, is the commit. On a local disk the
+    file is fsynced before the rename and its directory after, so a committed
+    checkpoint survives a crash of the machine, not only of the process.
     """
 
     def __init__(self, fs: Any, directory: str, name: str) -> None:
@@ -51,8 +57,14 @@ class StagedFile:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
             if exc_type is None:
+                local = isinstance(self.fs, LocalFileSystem)
+                if local:
+                    self._f.flush()
+                    os.fsync(self._f.fileno())
                 self._f.close()
                 self.fs.mv(self.tmp, self.final)
+                if local:
+                    fsync_dir(os.path.dirname(self.final))
                 return
         except BaseException:
             self._discard()
