@@ -8,18 +8,25 @@ the webserver's GraphQL API:
   its landing file is written and nothing else; the landing sensor starts
   `prepare`, the sweep sensor the trials and then `promote`.
 - `contact/linear` (a Lightning regression, no landing sensor): the user
-  materializes `raw_data` alone, as the UI's Materialize on the first asset does;
-  the sweep sensor carries it through `validated_data` and `sweep`, the trials and
-  `promote`.
+  selects `raw_data` alone in the lineage graph and clicks Materialize, in a real
+  browser (headless Chromium, `tests.support.browser`); the sweep sensor carries
+  it through `validated_data` and `sweep`, the trials and `promote`, and the
+  champion's metadata is read off its asset page. Without a browser (outside CI)
+  the same launch goes through GraphQL.
 - Both must reach a `champion` in the MLflow registry under `TRAINYARD_HOME`.
 - Recovery: a bad file lands on `blobs` and its `prepare` run fails; deleting the
   file is noticed by the landing sensor and a `prepare` run succeeds with a new
   `validated_data`.
 - Drill: a finished trial of `blobs` is launched again with a kill drill; it
   retrains, torchrun restarts the killed rank and the materialization says so.
+- Every trigger on: the same bytes re-delivered under a new name change nothing
+  (no new study, no training, no decision); new rows start a new study whose
+  `promote` run decides on its own, and the tie (both at accuracy 1.0) keeps the
+  champion.
 
 On failure the dagster dev log's tail and every failed run's step errors are
-printed, so CI shows why.
+printed, so CI shows why. Set `TRAINYARD_SCREENSHOTS=docs/img` to refresh the
+screenshots of docs/ui.md.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 
 from tests.e2e.first_contact_location import PIPELINES, blobs, blobs_frame, linear, linear_frame, write_landing
+from tests.support.browser import chromium, open_page, screenshot, wait_for_rows
 from tests.support.dagster_dev import free_port, stop_group, wait_for
 from trainyard import naming
 from trainyard.naming import job_names
@@ -68,7 +76,7 @@ mutation ($params: ExecutionParams!) {
 MATERIALIZATIONS_QUERY = """
 query ($path: [String!]!) {
   assetOrError(assetKey: {path: $path}) { ... on Asset { assetMaterializations(limit: 20) { runId partition metadataEntries { label
-    ... on BoolMetadataEntry { boolValue } ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text } } } } }
+    ... on BoolMetadataEntry { boolValue } ... on IntMetadataEntry { intValue } ... on TextMetadataEntry { text } ... on MarkdownMetadataEntry { mdStr } } } } }
 }"""
 DONE = {"SUCCESS", "FAILURE", "CANCELED"}
 
@@ -194,11 +202,13 @@ def ended(srv: Server, match: Callable[[dict[str, Any]], bool]) -> Optional[dict
     return next((r for r in srv.runs() if match(r) and r["status"] in DONE), None)
 
 
+@pytest.mark.timeout(1800)
 def test_a_new_team_reaches_champions_recovers_from_a_bad_file_and_drills(server: Server) -> None:
     srv = server
     started = time.monotonic()
     try:
-        _journey(srv)
+        with chromium() as browser:
+            _journey(srv, open_page(browser) if browser is not None else None)
     except BaseException:
         sys.stderr.write(srv.diagnostics())
         raise
@@ -206,13 +216,46 @@ def test_a_new_team_reaches_champions_recovers_from_a_bad_file_and_drills(server
         sys.stderr.write(f"first-contact journey: {time.monotonic() - started:.0f} s after the webserver answered\n")
 
 
-def _journey(srv: Server) -> None:
+def _materialize_raw_data_in_the_graph(srv: Server, page: Any, spec: Any) -> str:
+    """In the browser: open the pipeline's lineage graph, select `raw_data` alone, click Materialize; returns the run's id."""
+    page.goto(f"http://127.0.0.1:{srv.port}/locations/{LOCATION}/asset-groups/{naming.group_name(spec)}/lineage", wait_until="networkidle")
+    for name in naming.ASSETS:
+        page.get_by_text(name, exact=True).wait_for(state="visible")
+    screenshot(page, "lineage")
+    page.get_by_text(naming.RAW_DATA, exact=True).click()
+    page.get_by_role("button", name="Materialize selected").click()
+    page.get_by_text("Launched run").wait_for(state="visible")
+    run = wait_for(lambda: next((r for r in srv.runs() if r["tags"].get("dagster/from_ui") == "true"), None), 60, "the run launched from the UI")
+    return run["runId"]
+
+
+def _champion_in_the_ui(srv: Server, page: Any, spec: Any) -> None:
+    """In the browser: the first trial's metrics on its partition, the champion's decision on registered_model's page."""
+    base = f"http://127.0.0.1:{srv.port}"
+    page.goto(f"{base}/runs", wait_until="networkidle")
+    page.get_by_text(job_names(spec)["promote"]).filter(visible=True).first.wait_for(state="visible")
+    screenshot(page, "runs")
+    trial_model = "/".join(naming.asset_path(spec, naming.TRIAL_MODEL))
+    page.goto(f"{base}/assets/{trial_model}?view=partitions&partition={naming.trial_key(0)}", wait_until="networkidle")
+    trial = wait_for_rows(page, "status", "completed", f"{naming.trial_key(0)}'s metadata on its partition")
+    assert float(trial["test_rmse"]) >= 0.0, trial
+    screenshot(page, "trial_partitions")
+    page.goto(f"{base}/assets/{'/'.join(naming.asset_path(spec, naming.REGISTERED_MODEL))}", wait_until="networkidle")
+    rows = wait_for_rows(page, "decision", "champion", "registered_model's metadata table")
+    assert (rows["champion"], rows["version"]) == ("true", str(champion(srv.trainyard_home, spec.model_name).version)), rows
+    page.get_by_text("Metadata", exact=True).first.evaluate("e => e.scrollIntoView({block: 'start'})")
+    screenshot(page, "champion")
+
+
+def _journey(srv: Server, page: Optional[Any]) -> None:
     home = srv.trainyard_home
     # blobs: a file landing is the whole act; linear: the user materializes raw_data alone
     write_landing(home, blobs, blobs_frame())
     write_landing(home, linear, linear_frame())
-    raw_path = naming.asset_path(linear, naming.RAW_DATA)
-    user_run = srv.launch(asset_job(srv), assets=[raw_path])
+    if page is not None:
+        user_run = _materialize_raw_data_in_the_graph(srv, page, linear)
+    else:  # no browser here (outside CI): what the graph's button launches, through GraphQL
+        user_run = srv.launch(asset_job(srv), assets=[naming.asset_path(linear, naming.RAW_DATA)])
 
     wait_for(lambda: champion(home, blobs.model_name) and champion(home, linear.model_name), CHAMPION_TIMEOUT_S, "a champion of both pipelines", interval=5)
     runs = srv.runs()
@@ -221,6 +264,8 @@ def _journey(srv: Server) -> None:
     for spec in (blobs, linear):
         promotes = [r for r in runs if r["jobName"] == job_names(spec)["promote"]]
         assert promotes and all(r["tags"].get("trainyard/trigger") == "sweep finished" for r in promotes), promotes
+    if page is not None:
+        _champion_in_the_ui(srv, page, linear)
 
     # the drill on a finished trial, while a bad file lands beside it
     trial = naming.trial_key(0)
@@ -248,3 +293,40 @@ def _journey(srv: Server) -> None:
     assert meta["partition"] == trial
     assert entries["drill_recovered"]["boolValue"] is True, entries
     assert entries["drill_restarts"]["intValue"] >= 1, entries
+
+    _redelivery_and_a_tie(srv)
+
+
+def _texts(materialization: dict[str, Any]) -> dict[str, Any]:
+    """Label -> value of a materialization's text, markdown, bool and int entries."""
+    kinds = ("text", "mdStr", "boolValue", "intValue")
+    return {e["label"]: next((e[k] for k in kinds if k in e), None) for e in materialization["metadataEntries"]}
+
+
+def _redelivery_and_a_tie(srv: Server) -> None:
+    """Every trigger on: an identical re-delivery changes nothing; new data ends in a promotion decision, and a tie keeps the champion."""
+    home = srv.trainyard_home
+    first = champion(home, blobs.model_name)
+    studies_before = [_texts(m)["study"] for m in srv.materializations(blobs, naming.SWEEP)]
+    promotes = job_names(blobs)["promote"]
+    promotes_before = {r["runId"] for r in srv.runs() if r["jobName"] == promotes}
+
+    write_landing(home, blobs, blobs_frame(), "part-0-again.csv")  # the same bytes as part-0.csv, under a new name
+    again = wait_for(lambda: ended(srv, lambda r: "part-0-again.csv" in r["tags"].get("trainyard/new_file_names", "")), LEG_TIMEOUT_S, "the prepare run of the re-delivery")
+    assert again["status"] == "SUCCESS", f"the re-delivery's prepare run: {again}"
+    sweep = next(m for m in srv.materializations(blobs, naming.SWEEP) if m["runId"] == again["runId"])
+    assert _texts(sweep)["study"] == studies_before[0] and _texts(sweep)["new_partitions"] == 0, _texts(sweep)
+
+    write_landing(home, blobs, blobs_frame(150, seed=11), "part-2.csv")  # new rows, as separable: the challenger ties
+    decided = wait_for(
+        lambda: ended(srv, lambda r: r["jobName"] == promotes and r["runId"] not in promotes_before), CHAMPION_TIMEOUT_S, "the promotion decision on the new data"
+    )
+    assert decided["status"] == "SUCCESS" and decided["tags"].get("trainyard/trigger") == "sweep finished", decided
+    # the re-delivery started no training and no decision of its own: only the new data's study did
+    new_studies = {_texts(m)["study"] for m in srv.materializations(blobs, naming.SWEEP)} - set(studies_before)
+    assert len(new_studies) == 1, new_studies
+    assert [r for r in srv.runs() if r["jobName"] == promotes and r["runId"] not in promotes_before] == [decided]
+    registered = next(m for m in srv.materializations(blobs, naming.REGISTERED_MODEL) if m["runId"] == decided["runId"])
+    meta = _texts(registered)
+    assert meta["champion"] is False and "does not beat champion" in meta["checks"], meta
+    assert champion(home, blobs.model_name).version == first.version
