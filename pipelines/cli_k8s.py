@@ -3,6 +3,8 @@
     trainyard k8s render vision/digits                        # trial 0: its Service and Indexed Job
     trainyard k8s render vision/digits --trial 3 --kind jobset
     trainyard k8s render vision/digits --data-version <md5> > trial-0000.yaml
+    trainyard k8s gc --namespace vision --namespace language  # delete gangs whose Dagster run has ended
+    trainyard k8s gc --dry-run                                # TRAINYARD_K8S_NAMESPACE; print only
 
 `render` prints, as multi-document YAML, exactly the objects one attempt of a
 trial submits: the Kubernetes launcher's own builder
@@ -24,7 +26,14 @@ files go into its `spec.json`, which the pods read.
 `trainyard --help` imports this module to build its parser, so everything
 beyond the standard library is imported inside the command.
 
-Exit status: 0 printed, 2 bad input (unknown pipeline, environment not set, no data version).
+`gc` deletes the unfinished gangs (Job and Service) whose Dagster run has
+ended: each object carries its run id as the label `trainyard.io/dagster-run`,
+and the Dagster instance (`DAGSTER_HOME`) says whether that run is still going
+(`resources.k8s.gangs.collect_garbage`). A gang of a run the instance does not
+know is deleted too. Cluster access: `--api-url`, else in-cluster, else kubeconfig.
+
+Exit status: 0 printed (render) or collected (gc), 2 bad input (unknown pipeline,
+environment not set, no data version, no namespace).
 """
 
 from __future__ import annotations
@@ -49,6 +58,11 @@ def register(subparsers: Any) -> None:
     render.add_argument("--kind", choices=GANG_KINDS, default="job", help="gang object: job (what the launcher submits, default) or jobset")
     render.add_argument("--data-version", help="md5 of the accepted data version (default: the newest in the object store)")
     render.set_defaults(func=cmd_render)
+    gc = sub.add_parser("gc", help="delete gangs whose Dagster run has ended")
+    gc.add_argument("--namespace", action="append", default=[], help="team namespace (repeatable; default TRAINYARD_K8S_NAMESPACE)")
+    gc.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
+    gc.add_argument("--api-url", help="explicit API server URL (kubectl proxy); default in-cluster or kubeconfig")
+    gc.set_defaults(func=cmd_gc)
 
 
 def _fail(message: str) -> int:
@@ -146,5 +160,47 @@ def cmd_render(args: argparse.Namespace) -> int:
         return _fail(str(e))
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True))
     names = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in objects)
-    print(f"# {args.pipeline} {objects[-1]['metadata']['labels'].get('trainyard.io/trial')} attempt {args.attempt}: {names}", file=sys.stderr)
+    print(f"# {args.pipeline} {objects[0]['metadata']['labels'].get('trainyard.io/trial')} attempt {args.attempt}: {names}", file=sys.stderr)
+    return 0
+
+
+def _api_client(api_url: Optional[str]) -> Any:
+    from kubernetes import client as k8s_client  # lazy: keeps `trainyard --help` fast
+    from kubernetes import config as k8s_config
+
+    if api_url:
+        return k8s_client.ApiClient(k8s_client.Configuration(host=api_url))
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = k8s_client.Configuration()
+        k8s_config.load_incluster_config(client_configuration=configuration)
+        return k8s_client.ApiClient(configuration)
+    return k8s_config.new_client_from_config()
+
+
+def run_status_from(instance: Any) -> Any:
+    """`run_id -> status name` (e.g. "STARTED"), None when `instance` does not know the run."""
+    def status(run_id: str) -> Optional[str]:
+        run = instance.get_run_by_id(run_id)
+        return None if run is None else str(run.status.value)
+    return status
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from dagster import DagsterInstance  # lazy
+    from kubernetes import client as k8s_client
+
+    from resources.k8s.gangs import collect_garbage
+
+    namespaces = args.namespace or [n for n in [os.environ.get("TRAINYARD_K8S_NAMESPACE")] if n]
+    if not namespaces:
+        print("trainyard k8s gc: no namespace: pass --namespace or set TRAINYARD_K8S_NAMESPACE", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    status = run_status_from(DagsterInstance.get())
+    api = _api_client(args.api_url)
+    try:
+        batch, core = k8s_client.BatchV1Api(api), k8s_client.CoreV1Api(api)
+        collected = [g for ns in namespaces for g in collect_garbage(batch, core, ns, status, dry_run=args.dry_run)]
+    finally:
+        api.close()
+    print(f"# {'would delete' if args.dry_run else 'deleted'} {len(collected)} gang(s) in {', '.join(namespaces)}", file=sys.stderr)
     return 0

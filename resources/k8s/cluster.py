@@ -32,9 +32,12 @@ TRIAL_SERVICE_ACCOUNT = "trainyard-trial"
 # What `JobSupervisor` calls, and nothing more (tests/resources/k8s check the
 # calls it makes against these rules).
 LAUNCHER_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "delete"]},
-    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "delete"]},
+    # list: the trial's gangs of other attempts, found by label (resources.k8s.gangs).
+    {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]},
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "list", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # FailedCreate warnings on a Job whose pods the API refuses (resources.k8s.stuck).
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
 ]

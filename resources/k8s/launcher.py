@@ -40,6 +40,19 @@ def attempt_number(context: Any) -> int:
     return 100 * int(tags.get("dagster/retry_number", 0)) + step
 
 
+def run_id_of(context: Any) -> Optional[str]:
+    """The Dagster run id of a launch (labels the gang; `trainyard k8s gc` asks the instance about it), None without one."""
+    run_id = getattr(context, "run_id", None) or getattr(getattr(context, "run", None), "run_id", None)
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+# A trial's Job may run at most this long once admitted (activeDeadlineSeconds),
+# unless the launcher (TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS, a team's pod
+# settings) says otherwise: a hung gang cannot hold GPUs for ever even when no
+# orchestrator watches it any more. Same bound as the launcher's run timeout.
+DEFAULT_ACTIVE_DEADLINE_SECONDS = 7 * 86400
+
+
 class TolerationConfig(Config):
     """A pod toleration; see `resources.k8s.config.Toleration`."""
 
@@ -55,6 +68,20 @@ class SecretKeyConfig(Config):
 
     secret: str
     key: str
+
+
+def _bounds_from_env(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for var, field_name in (("TRAINYARD_K8S_STUCK_SECONDS", "stuck_seconds"),
+                            ("TRAINYARD_K8S_UNSCHEDULABLE_SECONDS", "unschedulable_seconds"),
+                            ("TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS", "active_deadline_seconds")):
+        raw = env.get(var)
+        if not raw:
+            continue
+        if not raw.isdigit():
+            raise ValueError(f"{var}={raw!r} is not a number of seconds; accepted: 0, 1, 2, ...")
+        out[field_name] = int(raw) if field_name != "active_deadline_seconds" else (int(raw) or None)
+    return out
 
 
 class KubernetesLauncher(Launcher):
@@ -87,7 +114,8 @@ class KubernetesLauncher(Launcher):
     termination_grace_seconds: int = 120
     ttl_seconds_after_finished: Optional[int] = 86400
     backoff_limit: int = 3
-    active_deadline_seconds: Optional[int] = None
+    active_deadline_seconds: Optional[int] = Field(
+        DEFAULT_ACTIVE_DEADLINE_SECONDS, description="the Job's activeDeadlineSeconds: running time after admission; None: no deadline")
     env_from_secrets: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: dict[str, SecretKeyConfig] = Field(default_factory=dict)
@@ -103,6 +131,8 @@ class KubernetesLauncher(Launcher):
     run_timeout_seconds: float = Field(7 * 86400.0, gt=0, description="running time after admission")
     queue_timeout_seconds: float = Field(86400.0, gt=0, description="time waiting for Kueue admission")
     log_tail_lines: int = Field(40, ge=1)
+    stuck_seconds: float = Field(300.0, ge=0, description="admitted seconds an image pull error, crash loop or FailedCreate may last")
+    unschedulable_seconds: float = Field(900.0, ge=0, description="admitted seconds a pod may stay Unschedulable")
     api_retries: int = Field(4, ge=0)
 
     @model_validator(mode="after")
@@ -136,6 +166,10 @@ class KubernetesLauncher(Launcher):
         TRAINYARD_K8S_QUEUE (default 'trainyard'), TRAINYARD_K8S_PRIORITY_CLASS,
         TRAINYARD_K8S_SERVICE_ACCOUNT, TRAINYARD_K8S_SECRETS (comma-separated Secret
         names), TRAINYARD_K8S_GPUS_PER_POD; AWS_ENDPOINT_URL is passed to the pods.
+        Bounds: TRAINYARD_K8S_STUCK_SECONDS (image pull errors, crash loops, refused
+        pod creation; default 300), TRAINYARD_K8S_UNSCHEDULABLE_SECONDS (default
+        900), TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS (the Job's activeDeadlineSeconds,
+        default 7 days; 0: none).
         Then TRAINYARD_K8S_POD, a `PodConfig` as JSON (what `TeamSpec.environment`
         writes from the team's `pod`): its set fields win, its `env` is merged and
         its Secrets are added.
@@ -160,6 +194,7 @@ class KubernetesLauncher(Launcher):
             env_from_secrets=tuple(s.strip() for s in env.get("TRAINYARD_K8S_SECRETS", "").split(",") if s.strip()),
         ).overlay(pod)
         fields: dict[str, Any] = platform.model_dump(exclude_unset=True, by_alias=True)
+        fields.update(_bounds_from_env(env))
         fields["env_from_secrets"] = list(fields.get("env_from_secrets", ()))
         fields["tolerations"] = [t.model_dump(exclude_none=True) for t in platform.tolerations or ()]
         fields["affinity"] = platform.affinity.to_k8s() if platform.affinity is not None else None
@@ -187,22 +222,24 @@ class KubernetesLauncher(Launcher):
             poll_interval=self.poll_interval_seconds, run_timeout=self.run_timeout_seconds,
             queue_timeout=self.queue_timeout_seconds, log_tail_lines=self.log_tail_lines,
             api_retries=self.api_retries, kueue_version=self.kueue_version,
+            stuck_seconds=self.stuck_seconds, unschedulable_seconds=self.unschedulable_seconds,
         )
 
-    def trial_objects(self, spec: TrainSpec, attempt: int = 0, kind: str = "job") -> list[dict[str, Any]]:
-        """The objects `launch` submits for `attempt` of `spec`, from this launcher's configuration, in creation order.
+    def trial_objects(self, spec: TrainSpec, attempt: int = 0, kind: str = "job", run_id: Optional[str] = None) -> list[dict[str, Any]]:
+        """The objects `launch` submits for `attempt` of `spec` in Dagster run `run_id`, in creation order.
 
-        `kind` "job" is what `launch` submits today (Service, Indexed Job); "jobset"
-        builds the same trial as a JobSet (`resources.k8s.manifests.trial_objects`).
+        `kind` "job" is what `launch` submits today (Indexed Job, then its Service,
+        which `launch` makes owned by the created Job); "jobset" builds the same
+        trial as a JobSet (`resources.k8s.manifests.trial_objects`).
         """
-        return build_trial_objects(spec, join(spec.output_uri, SPEC_FILE), attempt, self.job_config(), kind)
+        return build_trial_objects(spec, join(spec.output_uri, SPEC_FILE), attempt, self.job_config(), kind, run_id)
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         api_client = self._api_client()
         try:
             return self.supervisor(api_client).run(
                 spec, join(spec.output_uri, SPEC_FILE), attempt_number(context), self.job_config(),
-                log=context.log if context is not None else logger,
+                log=context.log if context is not None else logger, run_id=run_id_of(context),
             )
         finally:
             api_client.close()

@@ -250,12 +250,29 @@ def _queue_labels(cfg: K8sJobConfig) -> dict[str, str]:
     return labels
 
 
-def service_manifest(name: str, cfg: K8sJobConfig, labels: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
-    """The headless Service whose name is the pods' subdomain (`<job>-<i>.<name>`)."""
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to `job` (as the API returned it, with its uid): deleting the Job deletes the owned object."""
+    meta = job["metadata"]
+    if not meta.get("uid"):
+        raise ManifestError(f"{job.get('kind')} {meta.get('name')} has no uid yet; an owner must exist before what it owns")
+    # No blockOwnerDeletion: setting it needs `update` on jobs/finalizers, which the launcher's Role does not grant.
+    return {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"], "uid": meta["uid"]}
+
+
+def service_manifest(name: str, cfg: K8sJobConfig, labels: Optional[Mapping[str, str]] = None,
+                     owner: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
+    """The headless Service whose name is the pods' subdomain (`<job>-<i>.<name>`).
+
+    `owner` is the created Job (with its uid): the Service then carries an
+    ownerReference to it, so the garbage collector deletes it with the Job.
+    """
+    meta = _metadata(name, cfg, {**cfg.labels, **(labels or {}), LABEL_JOB: name})
+    if owner is not None:
+        meta["ownerReferences"] = [owner_reference(owner)]
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _metadata(name, cfg, {**cfg.labels, **(labels or {}), LABEL_JOB: name}),
+        "metadata": meta,
         "spec": {
             # Headless: DNS returns the pod addresses themselves, one record per pod.
             "clusterIP": "None",
@@ -296,14 +313,14 @@ def _job_spec(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, name: str, pod_
     return job_spec
 
 
-def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig) -> dict[str, Any]:
+def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, run_id: Optional[str] = None) -> dict[str, Any]:
     """The batch/v1 Indexed Job that runs one attempt of a trial on `spec.distribution.nodes` pods.
 
     Every pod runs `torchrun_command(...)` with node rank `$(JOB_COMPLETION_INDEX)`
     and rank 0 at `<job>-0.<job>` (the headless Service from `service_manifest`).
     """
     name = job_name(spec.pipeline, spec.trial_id, attempt)
-    labels = {**cfg.labels, **trial_labels(spec, attempt), LABEL_JOB: name}
+    labels = {**cfg.labels, **trial_labels(spec, attempt, run_id), LABEL_JOB: name}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -315,7 +332,7 @@ def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig
     }
 
 
-def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig) -> dict[str, Any]:
+def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, run_id: Optional[str] = None) -> dict[str, Any]:
     """The same trial as a JobSet (jobset.x-k8s.io/v1alpha2), for clusters running its controller.
 
     The JobSet makes its own headless Service (`network.subdomain`), and restarts
@@ -323,7 +340,7 @@ def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobCon
     torchrun's static rendezvous better than replacing one pod.
     """
     name = job_name(spec.pipeline, spec.trial_id, attempt, max_length=MAX_JOBSET_NAME)
-    labels = {**cfg.labels, **trial_labels(spec, attempt), LABEL_JOB: name}
+    labels = {**cfg.labels, **trial_labels(spec, attempt, run_id), LABEL_JOB: name}
     child = _job_spec(
         spec, spec_uri, cfg, name, labels,
         # Pod hostnames are <jobset>-<replicated job>-<job index>-<pod index>.
@@ -365,19 +382,22 @@ def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobCon
 GANG_KINDS = ("job", "jobset")
 
 
-def trial_objects(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, kind: str = "job") -> list[dict[str, Any]]:
+def trial_objects(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, kind: str = "job",
+                  run_id: Optional[str] = None) -> list[dict[str, Any]]:
     """Every object one attempt of a trial submits, in the order it creates them.
 
-    `kind` "job": the headless Service, then the Indexed Job; "jobset": the
-    JobSet (its controller makes the Service). `trainyard k8s render` prints
-    these, and the Kubernetes launcher creates them.
+    `kind` "job": the Indexed Job, then the headless Service (the launcher adds an
+    ownerReference to the created Job, whose uid only the API knows); "jobset":
+    the JobSet (its controller makes the Service). Every object carries the
+    trial's labels, with the Dagster run id `run_id` when given.
+    `trainyard k8s render` prints these, and the Kubernetes launcher creates them.
 
     Raises:
         ManifestError: `kind` is not one of `GANG_KINDS`, or the configuration does not fit the spec.
     """
     if kind == "jobset":
-        return [jobset_manifest(spec, spec_uri, attempt, cfg)]
+        return [jobset_manifest(spec, spec_uri, attempt, cfg, run_id)]
     if kind != "job":
         raise ManifestError(f"kind={kind!r} is not a gang kind; accepted: {', '.join(GANG_KINDS)}")
-    job = job_manifest(spec, spec_uri, attempt, cfg)
-    return [service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(spec, attempt)), job]
+    job = job_manifest(spec, spec_uri, attempt, cfg, run_id)
+    return [job, service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(spec, attempt, run_id))]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from typing import Optional
 
 from resources.k8s.errors import ManifestError
 from training.spec import TrainSpec
@@ -15,6 +16,8 @@ from training.spec import TrainSpec
 LABEL_PIPELINE = "trainyard.io/pipeline"
 LABEL_TRIAL = "trainyard.io/trial"
 LABEL_ATTEMPT = "trainyard.io/attempt"
+# The Dagster run that launched the gang: `trainyard k8s gc` deletes gangs whose run has ended.
+LABEL_RUN = "trainyard.io/dagster-run"
 # Our own pod label for the Service selector: the Job controller's `job-name`
 # labels exist too, but selecting on a label this package writes keeps the
 # Service correct without relying on controller behaviour.
@@ -88,10 +91,22 @@ def label_value(text: str) -> str:
     return value
 
 
-def trial_labels(spec: TrainSpec, attempt: int) -> dict[str, str]:
-    """The labels that identify a trial's objects; re-attaching checks them."""
-    return {
+def trial_labels(spec: TrainSpec, attempt: int, run_id: Optional[str] = None) -> dict[str, str]:
+    """The labels that identify one attempt's objects (one gang); re-attaching checks them.
+
+    `run_id` is the Dagster run's id (a UUID, a valid label value as it is); a
+    launch without a Dagster run (tests, scripts) has no run label.
+    """
+    labels = {
         LABEL_PIPELINE: label_value(spec.pipeline),
         LABEL_TRIAL: label_value(spec.trial_id),
         LABEL_ATTEMPT: str(attempt),
     }
+    if run_id:
+        labels[LABEL_RUN] = label_value(run_id)
+    return labels
+
+
+def trial_selector(spec: TrainSpec) -> dict[str, str]:
+    """The labels every attempt of a trial shares: what finds its gangs, whatever the run or attempt."""
+    return {LABEL_PIPELINE: label_value(spec.pipeline), LABEL_TRIAL: label_value(spec.trial_id)}

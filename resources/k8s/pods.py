@@ -28,6 +28,8 @@ class PodView:
     reason: str = ""
     message: str = ""
     waiting_reason: str = ""
+    # PodScheduled=False with reason Unschedulable: the scheduler's message ("0/8 nodes are available: ...").
+    unschedulable: str = ""
     created: Optional[datetime] = None
     finished: Optional[datetime] = None
 
@@ -44,6 +46,8 @@ class PodView:
         if status is None:
             return view
         for cond in status.conditions or []:
+            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+                view.unschedulable = cond.message or cond.reason
             if cond.type == "DisruptionTarget" and cond.status == "True":
                 view.disrupted = True
                 view.reason, view.message = cond.reason or "", cond.message or ""

@@ -5,18 +5,20 @@ drive queueing, retries and timeouts without a cluster and without sleeping.
 
 What a launch does:
 
-1. Computes the deterministic Job name for (pipeline, trial, attempt). If that Job
-   exists, the orchestrator was restarted or retried: re-attach to it (after
-   checking its labels belong to this trial) and start nothing.
-2. Otherwise clears stale `result.json`/failure records, writes `spec.json` next to
-   them, creates the headless Service, then the Job. A 409 on create means an
-   earlier try went through: re-attach. 5xx and connection errors are retried with
-   backoff (`training.retry`).
+1. Lists the trial's gangs by label: deletes those of other Dagster runs or
+   attempts and waits until they are gone (`resources.k8s.gangs`: one gang per
+   trial). If this attempt's Job exists (a restarted orchestrator), re-attach.
+2. Otherwise clears stale `result.json`/failure records, writes `spec.json`,
+   creates the Job, then the headless Service owned by it (ownerReference with
+   the Job's uid). A 409 on create means an earlier try went through: re-attach.
+   5xx and connection errors are retried with backoff (`training.retry`).
 3. Watches by polling. A suspended Job is queued (Kueue has not admitted the gang;
    the Workload's conditions say why); queued time counts against the queue
    timeout only, never against the run timeout. Running: pods that were disrupted
    (DisruptionTarget) or failed while the Job still retries are reported, not
    treated as failures; rank 0's log lines are streamed to the Dagster log.
+   Admitted pods that cannot start (Unschedulable, FailedCreate, image or config
+   errors) are logged and fail the launch past their bound (`resources.k8s.stuck`).
 4. Job condition Complete: read `result.json`. Failed: map the failing pod's exit
    code and the trial's failure records to the launcher error hierarchy (78 bad
    config, 143 preempted), with the pod's reason and rank 0's log tail in the
@@ -28,7 +30,6 @@ What a launch does:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Callable, Iterable
@@ -41,10 +42,12 @@ from kubernetes.client import V1DeleteOptions
 from kubernetes.client.exceptions import ApiException
 
 from resources.k8s.config import K8sJobConfig
-from resources.k8s.errors import KubernetesAPIError, QueueTimeout
+from resources.k8s.errors import TRANSIENT_STATUSES, KubernetesAPIError, QueueTimeout, StuckGang, Transient, api_message
+from resources.k8s.gangs import clear_other_gangs
 from resources.k8s.manifests import trial_objects
-from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, trial_labels
+from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, LABEL_TRIAL, trial_labels
 from resources.k8s.pods import LogFollower, PodView, blame_order, rank0_pod
+from resources.k8s.stuck import HINTS, StuckTimers, event_problems, pod_problems, read_workload
 from resources.launcher import (
     InfrastructureError,
     LaunchError,
@@ -63,29 +66,6 @@ logger = logging.getLogger("trainyard.k8s")
 
 T = TypeVar("T")
 
-# Worth retrying: overload, throttling, gateway and control-plane hiccups.
-TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
-# Container waiting reasons that no amount of waiting fixes (bad image name, a
-# missing Secret or ConfigMap): fail the launch instead of idling until the run timeout.
-STUCK_WAITING_REASONS = frozenset({"InvalidImageName", "CreateContainerConfigError", "ErrImageNeverPull"})
-
-
-def _api_message(e: Any) -> str:
-    try:
-        return str(json.loads(e.body).get("message") or e.reason)
-    except (TypeError, ValueError, AttributeError):
-        return str(getattr(e, "reason", e))
-
-
-class _Transient(Exception):
-    """A failed API call worth retrying; `error` is what the client raised."""
-
-    def __init__(self, error: BaseException, detail: str) -> None:
-        super().__init__(detail)
-        self.error = error
-        self.detail = detail
-
-
 @dataclass
 class _Watch:
     """Bookkeeping of one watch: what was reported already, time spent per state."""
@@ -98,7 +78,7 @@ class _Watch:
     state: Optional[str] = None
     workload_note: str = ""
     reported: dict[str, str] = field(default_factory=dict)
-    stuck_since: dict[str, float] = field(default_factory=dict)
+    timers: StuckTimers = field(default_factory=lambda: StuckTimers({}))
     log_pod: Optional[str] = None
     log_read_at: Optional[float] = None
     follower: LogFollower = field(default_factory=LogFollower)
@@ -123,8 +103,13 @@ class JobSupervisor:
             giving up with a retryable `InfrastructureError`.
         api_backoff: first retry delay in seconds, doubled up to `api_backoff_max`.
         request_timeout: (connect, read) seconds of each API request.
-        stuck_seconds: how long a container may wait with a reason that never
-            resolves by itself (missing Secret, invalid image) before the launch fails.
+        stuck_seconds: admitted seconds an image pull error, a crash loop or refused
+            pod creation (FailedCreate) may last before the launch fails; config
+            errors (missing Secret, invalid image name) fail at once
+            (`resources.k8s.stuck`).
+        unschedulable_seconds: admitted seconds a pod may stay Unschedulable.
+        delete_timeout: seconds, on top of the pods' termination grace period, to
+            wait for a deleted gang of another attempt to be gone.
         stream_tail_lines: most log lines read per poll when streaming rank 0's log.
         kueue_version: API version of Kueue's Workload resource.
     """
@@ -148,6 +133,8 @@ class JobSupervisor:
         api_backoff_max: float = 30.0,
         request_timeout: tuple[float, float] = (10.0, 60.0),
         stuck_seconds: float = 300.0,
+        unschedulable_seconds: float = 900.0,
+        delete_timeout: float = 60.0,
         stream_tail_lines: int = 1000,
         kueue_version: str = "v1beta2",
     ) -> None:
@@ -173,6 +160,9 @@ class JobSupervisor:
         self.api_backoff_max = api_backoff_max
         self.request_timeout = request_timeout
         self.stuck_seconds = stuck_seconds
+        self.unschedulable_seconds = unschedulable_seconds
+        self._events_forbidden = False
+        self.delete_timeout = delete_timeout
         self.stream_tail_lines = stream_tail_lines
         self.kueue_version = kueue_version
 
@@ -198,24 +188,24 @@ class JobSupervisor:
                 if e.status not in TRANSIENT_STATUSES:
                     raise KubernetesAPIError(
                         f"Kubernetes API refused to {what} in namespace {self.namespace!r}: "
-                        f"{e.status} {e.reason}: {_api_message(e)}",
+                        f"{e.status} {e.reason}: {api_message(e)}",
                         status=e.status,
                     ) from e
-                raise _Transient(e, f"{e.status} {e.reason}") from e
+                raise Transient(e, f"{e.status} {e.reason}") from e
             except (urllib3.exceptions.HTTPError, ConnectionError) as e:
-                raise _Transient(e, f"{type(e).__name__}: {e}") from e
+                raise Transient(e, f"{type(e).__name__}: {e}") from e
 
         def on_retry(_attempt: int, error: BaseException, wait: float) -> None:
             logger.warning("could not %s (%s); retrying in %.1f s", what, error, wait)
 
         try:
             return retry_call(
-                attempt, retry_on=_Transient, attempts=retries + 1, backoff_s=self.api_backoff,
+                attempt, retry_on=Transient, attempts=retries + 1, backoff_s=self.api_backoff,
                 max_backoff_s=self.api_backoff_max, sleep=self.sleep, clock=self.clock, on_retry=on_retry, describe=what,
             )
         except RetriesExhausted as e:
             last = e.last
-            assert isinstance(last, _Transient)
+            assert isinstance(last, Transient)
             raise InfrastructureError(
                 f"Kubernetes API unavailable: could not {what} after {e.attempts} tries; last error {last.detail}"
             ) from last.error
@@ -261,8 +251,12 @@ class JobSupervisor:
                 "not touching it. Delete it if it is stale, or launch another attempt."
             )
 
-    def _ensure_service(self, service: dict[str, Any], want: dict[str, str], w: _Watch) -> None:
+    def _ensure_service(self, service: dict[str, Any], want: dict[str, str], w: _Watch, owner: Any) -> None:
+        """Create the Service, owned by the Job `owner` (as read back, with its uid), or adopt this attempt's existing one."""
         name = service["metadata"]["name"]
+        if owner.metadata.uid:  # every API server sets one
+            service = {**service, "metadata": {**service["metadata"], "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": owner.metadata.name, "uid": owner.metadata.uid}]}}
         try:
             self._api(f"create Service {name}", self.core.create_namespaced_service, self.namespace, service, expect=(409,))
         except ApiException:
@@ -270,20 +264,20 @@ class JobSupervisor:
             self._verify(existing, want, "Service", name)
         w.owns_service = True
 
-    def _create_job(self, job: dict[str, Any], want: dict[str, str], w: _Watch) -> bool:
-        """Create the Job; False when it already existed (a retried create that went through)."""
+    def _create_job(self, job: dict[str, Any], want: dict[str, str], w: _Watch) -> tuple[bool, Any]:
+        """Create the Job: (True, the created Job), or (False, the Job) when it already existed (a retried create went through)."""
         name = job["metadata"]["name"]
         try:
-            self._api(f"create Job {name}", self.batch.create_namespaced_job, self.namespace, job, expect=(409,))
+            created = self._api(f"create Job {name}", self.batch.create_namespaced_job, self.namespace, job, expect=(409,))
             w.owns_job = True
-            return True
+            return True, created
         except ApiException as e:
             existing = self._get_job(name)
             if existing is None:
                 raise InfrastructureError(f"Job {self.namespace}/{name} was reported to exist (409) but cannot be read") from e
             self._verify(existing, want, "Job", name)
             w.owns_job = True
-            return False
+            return False, existing
 
     # -- cleanup ---------------------------------------------------------------------
 
@@ -308,8 +302,11 @@ class JobSupervisor:
 
     # -- the launch ------------------------------------------------------------------
 
-    def run(self, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, log: Any = logger) -> LaunchOutcome:
-        """Launch (or re-attach to) the trial's Job and wait for its outcome.
+    def run(self, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, log: Any = logger,
+            run_id: Optional[str] = None) -> LaunchOutcome:
+        """Launch (or re-attach to) the trial's Job for `attempt` of Dagster run `run_id` and wait for its outcome.
+
+        First the trial's gangs of other runs or attempts are deleted (`resources.k8s.gangs`).
 
         Raises:
             TrainingConfigError, TrainingCodeError: the trial cannot succeed (terminal).
@@ -318,25 +315,26 @@ class JobSupervisor:
             KubernetesAPIError: the API refused a request (RBAC, invalid manifest).
         """
         started = self.clock()
-        service, job = trial_objects(spec, spec_uri, attempt, cfg, kind="job")
+        job, service = trial_objects(spec, spec_uri, attempt, cfg, kind="job", run_id=run_id)
         name = job["metadata"]["name"]
-        want = trial_labels(spec, attempt)
+        want = trial_labels(spec, attempt, run_id)
         w = _Watch()
         try:
+            clear_other_gangs(self, spec, name, want, log, timeout=cfg.termination_grace_seconds + self.delete_timeout)
             existing = self._get_job(name)
             if existing is not None:
                 self._verify(existing, want, "Job", name)
                 w.owns_job = True
                 log.info(f"trial {spec.trial_id}: re-attaching to existing Job {self.namespace}/{name}")
-                self._ensure_service(service, want, w)
             else:
                 prepare_output(spec, spec_uri)
-                self._ensure_service(service, want, w)
-                if self._create_job(job, want, w):
+                created, existing = self._create_job(job, want, w)
+                if created:
                     log.info(f"trial {spec.trial_id}: created Job {self.namespace}/{name} "
                              f"({spec.distribution.nodes} pods, queue {cfg.queue_name or '-'})")
                 else:
                     log.info(f"trial {spec.trial_id}: Job {self.namespace}/{name} already existed; re-attaching")
+            self._ensure_service(service, want, w, owner=existing)
             return self._watch(spec, name, started, w, log)
         finally:
             if w.finished:
@@ -392,6 +390,7 @@ class JobSupervisor:
                     )
                 pods = self._pods(name)
                 self._report_pods(spec, pods, w, log, now)
+                self._check_stuck(spec, job, pods, w, log)
                 self._stream(name, w, log, pods)
             self.sleep(self.poll_interval)
 
@@ -423,21 +422,16 @@ class JobSupervisor:
             return  # 404: no Kueue, or no Workload yet
         except LaunchError:
             return  # explanatory only; the watch goes on
-        for wl in found.get("items", []):
-            owners = wl.get("metadata", {}).get("ownerReferences", [])
-            if not any(o.get("kind") == "Job" and o.get("name") == name for o in owners):
-                continue
-            conds = {c.get("type"): c for c in wl.get("status", {}).get("conditions", [])}
-            note = ""
-            for ctype, status in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
-                c = conds.get(ctype)
-                if c and c.get("status") == status:
-                    note = f"Workload {wl['metadata'].get('name')}: {ctype}={status} ({c.get('reason')}: {c.get('message')})"
-                    break
-            if note and note != w.workload_note:
-                log.info(note)
-            w.workload_note = note or w.workload_note
-            return
+        note, deactivated = read_workload(found.get("items", []), name)
+        if deactivated is not None:
+            raise StuckGang(
+                f"trial {spec_trial(job)}: {deactivated}; it is never admitted again: its pods did not all become Ready "
+                "within waitForPodsReady's timeout on any of its admissions (see the log above for why). Deleted the Job.",
+                kind="deactivated",
+            )
+        if note and note != w.workload_note:
+            log.info(note)
+        w.workload_note = note or w.workload_note
 
     def _report_pods(self, spec: TrainSpec, pods: list[PodView], w: _Watch, log: Any, now: float) -> None:
         for p in pods:
@@ -447,7 +441,7 @@ class JobSupervisor:
             elif p.phase == "Failed":
                 key, level = "failed", log.warning
                 text = f"{p.describe()}; the Job retries it within its backoffLimit"
-            elif p.waiting_reason:
+            elif p.waiting_reason and not pod_problems([p]):  # problems are `_check_stuck`'s to report
                 key, level = f"waiting:{p.waiting_reason}", log.warning
                 text = p.describe()
             else:
@@ -456,13 +450,47 @@ class JobSupervisor:
                 w.reported[p.name] = key
                 if text:
                     level(f"trial {spec.trial_id}: {text}")
-            if p.waiting_reason in STUCK_WAITING_REASONS and p.phase == "Pending":
-                since = w.stuck_since.setdefault(f"{p.name}:{p.waiting_reason}", now)
-                if now - since > self.stuck_seconds:
-                    raise LaunchError(
-                        f"trial {spec.trial_id}: {p.describe()}; waited {now - since:.0f} s, this does not resolve by "
-                        "itself (check the image name and that every Secret in env_from_secrets exists)"
-                    )
+
+    def _bounds(self) -> dict[str, float]:
+        return {"config": 0.0, "image": self.stuck_seconds, "crashloop": self.stuck_seconds, "create": self.stuck_seconds,
+                "unschedulable": self.unschedulable_seconds}
+
+    def _check_stuck(self, spec: TrainSpec, job: Any, pods: list[PodView], w: _Watch, log: Any) -> None:
+        """Log what keeps admitted pods from starting; past its bound, fail (the caller deletes the gang)."""
+        problems = pod_problems(pods)
+        live = [p for p in pods if p.phase in ("Pending", "Running")]
+        if len(live) < (job.spec.parallelism or 0):
+            problems += self._create_problems(job)
+        w.timers.bounds = self._bounds()
+        new, expired = w.timers.update(problems, w.running_seconds)
+        for p in new:
+            bound = w.timers.bounds[p.kind]
+            when = "failing the trial" if bound <= 0 else f"the trial fails if this lasts {bound:.0f} s"
+            log.warning(f"trial {spec.trial_id}: {p.describe()} ({p.kind}; {when}; {HINTS[p.kind]})")
+        if expired is not None:
+            waited = w.timers.waited(expired.kind, w.running_seconds)
+            raise StuckGang(
+                f"trial {spec.trial_id}: {expired.describe()}; {expired.kind} for {waited:.0f} s of admitted time "
+                f"(bound {w.timers.bounds[expired.kind]:.0f} s): {HINTS[expired.kind]}. Deleted the gang, so it holds no quota.",
+                kind=expired.kind,
+            )
+
+    def _create_problems(self, job: Any) -> list[Any]:
+        """FailedCreate events of the Job; [] when events cannot be read."""
+        if self._events_forbidden:
+            return []
+        name, uid = job.metadata.name, getattr(job.metadata, "uid", None)
+        try:
+            events = self._api(
+                f"list events of Job {name}", self.core.list_namespaced_event, self.namespace,
+                field_selector=f"involvedObject.kind=Job,involvedObject.name={name}", expect=(403, 404),
+            )
+        except ApiException as e:
+            self._events_forbidden = e.status == 403
+            return []
+        except LaunchError:
+            return []
+        return event_problems(list(events.items or []), "Job", name, uid)
 
     def _stream(self, name: str, w: _Watch, log: Any, pods: list[PodView]) -> None:
         """Send rank 0's new log lines to the log; a failed read skips this poll."""
@@ -527,6 +555,9 @@ class JobSupervisor:
                 f"trial {spec.trial_id}: the entrypoint exited {EXIT_BAD_CONFIG} (bad config) without a failure record "
                 "(is spec.json readable from the pods?)", log_tail=tail,
             )
+        if condition.reason == "DeadlineExceeded":  # killed by activeDeadlineSeconds: a retry would run as long
+            err = LaunchError(f"trial {spec.trial_id}: ran past the Job's activeDeadlineSeconds (a hung or too-long trial)",
+                              log_tail=tail)
         details = [f"Kubernetes: Job {self.namespace}/{name} failed ({condition.reason}: {condition.message})"]
         if culprit is not None:
             details.append(culprit.describe())
@@ -541,6 +572,11 @@ class JobSupervisor:
             details.append(f"(could not save rank 0's log: {e})")
         return type(err)("\n".join([str(err), *details]), log_tail=tail, rank=err.rank)
 
+
+
+def spec_trial(job: Any) -> str:
+    """The trial label of a Job, for messages."""
+    return str((job.metadata.labels or {}).get(LABEL_TRIAL, job.metadata.name))
 
 
 def _true(cond: Any) -> bool:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import jsonschema
 import pytest
 import yaml
 from dagster_k8s.container_context import K8sContainerContext
@@ -28,9 +29,19 @@ from kubernetes.client import ApiClient
 
 from resources.k8s.cluster import LAUNCHER_RULES, TRIAL_SERVICE_ACCOUNT
 from resources.k8s.helm import CODE_SERVER_SECRETS, RUN_SECRETS, TRIAL_SECRETS
+from resources.k8s.kueue_config import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP, KUEUE_NAMESPACE, PodsReadyPolicy, kueue_configuration
 from resources.k8s.launcher import KubernetesLauncher
 from resources.k8s.manifests import job_manifest, jobset_manifest
-from tests.support.k8s import k8s_validate, load_crd_schemas, pod_specs, read_only_root_violations, restricted_violations, validate_any
+from tests.support.k8s import (
+    go_duration_seconds,
+    k8s_validate,
+    kueue_configuration_validate,
+    load_crd_schemas,
+    pod_specs,
+    read_only_root_violations,
+    restricted_violations,
+    validate_any,
+)
 from tests.support.train_specs import make_spec
 from training.spec import Distribution
 from trainyard.podconfig import UnpinnedImageWarning, image_is_pinned
@@ -213,3 +224,36 @@ def test_code_servers_have_no_api_access_and_only_the_secrets_they_need(render: 
         pod = {"securityContext": d["podSecurityContext"],
                "containers": [{"name": "dagster-user-deployments", "image": "x", "securityContext": d["securityContext"]}]}
         assert restricted_violations(pod) == [], d["name"]
+
+
+def test_kueue_configuration_enables_wait_for_pods_ready(render: ModuleType, objects: list[dict[str, Any]]) -> None:
+    """The Kueue ConfigMap on disk parses into a Configuration Kueue's manager accepts, with waitForPodsReady on."""
+    maps = [o for o in _of(objects, "ConfigMap") if o["metadata"]["name"] == KUEUE_CONFIG_MAP]
+    assert len(maps) == 1 and maps[0]["metadata"]["namespace"] == KUEUE_NAMESPACE
+    assert set(maps[0]["data"]) == {KUEUE_CONFIG_KEY}
+    config = yaml.safe_load(maps[0]["data"][KUEUE_CONFIG_KEY])
+    kueue_configuration_validate(config)
+    wfpr = config["waitForPodsReady"]
+    assert wfpr["enable"] is True and wfpr["blockAdmission"] is True
+    timeout, recovery = go_duration_seconds(wfpr["timeout"]), go_duration_seconds(wfpr["recoveryTimeout"])
+    assert 60 <= recovery <= timeout <= 3600, wfpr
+    requeue = wfpr["requeuingStrategy"]
+    assert requeue["timestamp"] == "Eviction" and requeue["backoffLimitCount"] >= 1
+    assert 0 < requeue["backoffBaseSeconds"] <= requeue["backoffMaxSeconds"]
+    assert {"batch/job", "jobset.x-k8s.io/jobset"} <= set(config["integrations"]["frameworks"])
+    assert config["manageJobsWithoutQueueName"] is False
+    # The launcher's own bound on an Unschedulable gang comes after Kueue's eviction, so Kueue frees the quota first.
+    launcher = KubernetesLauncher(namespace="vision", image="trainer@sha256:" + "0" * 64)
+    assert launcher.unschedulable_seconds >= timeout
+    assert render.PODS_READY.worst_case_seconds() == 4 * 600 + 60 + 120 + 240
+
+
+@pytest.mark.parametrize("bad", [{"timeout": "10 minutes"}, {"requeuingStrategy": {"timestamp": "Now"}},
+                                 {"requeuingStrategy": {"backoffLimit": 3}}, {"enabled": True}])
+def test_the_kueue_configuration_check_rejects_what_kueue_would(bad: dict[str, Any]) -> None:
+    config = kueue_configuration()
+    config["waitForPodsReady"] = {**config["waitForPodsReady"], **bad}
+    with pytest.raises(jsonschema.ValidationError):
+        kueue_configuration_validate(config)
+    with pytest.raises(ValueError, match="backoff_base_seconds"):
+        PodsReadyPolicy(backoff_base_seconds=600, backoff_max_seconds=60)

@@ -69,11 +69,11 @@ def test_render_prints_exactly_what_the_launcher_would_create(
     kind: str, cluster_env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     objects = rendered(capsys, "vision/digits", "--trial", "3", "--kind", kind, "--data-version", MD5)
-    assert [o["kind"] for o in objects] == (["Service", "Job"] if kind == "job" else ["JobSet"])
+    assert [o["kind"] for o in objects] == (["Job", "Service"] if kind == "job" else ["JobSet"])
     schemas = load_crd_schemas()
     for obj in objects:
         validate_any(obj, schemas)  # strict: Kubernetes 1.29 and newest, the JobSet CRD
-    gang = objects[-1]
+    gang = objects[0]  # the Job (its Service follows) or the JobSet
     pipeline = find_pipeline("vision/digits")
     spec_uri = f"{cluster_env}/runs/vision/digits/{naming.study_name(pipeline, MD5)}/trial-0003/spec.json"
     assert gang["metadata"]["annotations"] == {"trainyard.io/spec-uri": spec_uri}
@@ -93,7 +93,7 @@ def test_the_data_version_defaults_to_the_newest_accepted_one(cluster_env: str, 
     assert "vision/digits has no accepted data version in " in capsys.readouterr().err
     store = ObjectStore(root=cluster_env, endpoint_url=s3_endpoint.url)
     store.write_json(naming.validated_latest(store, "vision", "digits"), {"md5": "f" * 32, "split_id": "x"})
-    (_, job) = rendered(capsys, "vision/digits")
+    (job, _) = rendered(capsys, "vision/digits")
     assert f"/{naming.study_name(pipeline, 'f' * 32)}/trial-0000/spec.json" in job["metadata"]["annotations"]["trainyard.io/spec-uri"]
     assert job["metadata"]["labels"]["trainyard.io/attempt"] == "0"
 

@@ -20,6 +20,7 @@ import asyncio
 import json
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,6 +59,17 @@ WORKLOADS = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads"
 CFG = K8sJobConfig(namespace=NS, image="trainer:1", queue_name="trainyard")
 
 
+class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
+    """kmock's emulator, plus what every API server does on create: a uid and a creationTimestamp."""
+
+    async def _handle(self, request: Any) -> Any:
+        if request.resource is not None and request.action == kmock.action.CREATE and isinstance(request.data, dict):
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        return await super()._handle(request)
+
+
 class KubeServer:
     """kmock's Kubernetes emulator on a loopback port, served from its own event loop thread."""
 
@@ -80,11 +92,12 @@ class KubeServer:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with kmock.KubernetesEmulator() as km, kmock.Server(km) as server:
+        async with Emulator() as km, kmock.Server(km) as server:
             # Declared resources list as empty instead of 404, like a cluster with Kueue installed.
             km.resources["v1/pods"] = {}
             km.resources["v1/services"] = {}
             km.resources["batch/v1/jobs"] = {}
+            km.resources["v1/events"] = {}
             km.resources["kueue.x-k8s.io/v1beta2/workloads"] = {}
             km[lambda req: req.subresource == "log"] << self._serve_log
             self.km, self.url = km, str(server.url).rstrip("/")
@@ -491,7 +504,8 @@ def test_transient_errors_are_retried_and_a_409_on_create_reattaches(kube: KubeS
     assert outcome.result.world_size == 2
     assert kube.count("POST", SERVICES) == 2 and kube.count("POST", JOBS) == 2
     assert cluster.batch.list_namespaced_job(NS).items[0].metadata.name == name and len(cluster.batch.list_namespaced_job(NS).items) == 1
-    assert [s for s in sleeps if s != 0.03] == [0.01, 0.01, 0.01, 0.02]  # backoff doubles per retry
+    # Backoff doubles per retry: the Job's create, two reads of it after the 409, then the Service's create.
+    assert [s for s in sleeps if s != 0.03] == [0.01, 0.01, 0.02, 0.01]
     assert log.count("already existed; re-attaching") == 1
 
 
@@ -681,7 +695,8 @@ def test_api_refusal_is_terminal_and_not_retried(kube: KubeServer, tmp_path: Pat
         run(supervisor(kube, clock=t.clock, sleep=t.sleep), spec)
     assert err.value.status == 403 and not err.value.retryable
     assert kube.count("POST", JOBS) == 1 and t.sleeps == []
-    assert kube.count("DELETE", f"{SERVICES}/{name}") == 1  # the Service made for it is removed
+    # The Service comes after its Job: none was made, none is left behind.
+    assert kube.count("POST", SERVICES) == 0 and kube.count("DELETE", f"{SERVICES}/{name}") == 0
 
 
 def test_api_outage_is_retryable_after_backoff(kube: KubeServer, tmp_path: Path) -> None:
@@ -769,11 +784,11 @@ def test_the_role_check_sees_a_request_outside_the_role() -> None:
         client.BatchV1Api(api).create_namespaced_job(NS, {"metadata": {"name": "j"}})
         with pytest.raises(ApiException):
             client.CoreV1Api(api).read_namespaced_secret("trainyard-storage", NS)
-        client.BatchV1Api(api).list_namespaced_job(NS)
-        client.BatchV1Api(server.api_client(CONTROLLER_AGENT)).list_namespaced_job(NS)  # the test's own: not counted
+        client.BatchV1Api(api).patch_namespaced_job("j", NS, {"spec": {"suspend": False}}, _preload_content=False)
+        client.BatchV1Api(server.api_client(CONTROLLER_AGENT)).list_namespaced_job(NS, _preload_content=False)  # the test's own: not counted
     finally:
         server.stop()
     assert launcher_requests_outside_its_role(server) == [
         f"GET /api/v1/namespaces/{NS}/secrets/trainyard-storage (get core/secrets)",
-        f"GET {JOBS} (list batch/jobs)",
+        f"PATCH {JOBS}/j (patch batch/jobs)",
     ]

@@ -24,7 +24,7 @@ from resources.k8s.errors import ManifestError
 from resources.k8s.manifests import job_manifest, jobset_manifest, service_manifest, trial_objects
 from resources.k8s.names import job_name, label_value, trial_labels
 from resources.launcher import torchrun_command
-from tests.support.k8s import crd_validate, k8s_validate, load_crd_schemas
+from tests.support.k8s import crd_validate, k8s_validate, load_crd_schemas, validate_any
 from tests.support.train_specs import make_spec
 from training.spec import EXIT_BAD_CONFIG, EXIT_INFRA, EXIT_PREEMPTED, EXIT_USER_ERROR, Distribution
 
@@ -224,12 +224,33 @@ def test_pod_failure_rules_follow_the_gang_exit_codes(two_node_spec) -> None:
 
 def test_trial_objects_are_what_one_attempt_submits(two_node_spec) -> None:
     cfg = full_config()
-    service, job = trial_objects(two_node_spec, SPEC_URI, 1, cfg)
+    job, service = trial_objects(two_node_spec, SPEC_URI, 1, cfg)  # the Job first: the Service is owned by it
     assert job == job_manifest(two_node_spec, SPEC_URI, 1, cfg)
     assert service == service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(two_node_spec, 1))
     assert trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="jobset") == [jobset_manifest(two_node_spec, SPEC_URI, 1, cfg)]
+    # With a Dagster run id, every object and every pod carries it (a UUID is a valid label value as it is).
+    run_id = "6c4f0a0e-2b1d-4c3e-9f6a-0d2a6f1e8b77"
+    for obj in (*trial_objects(two_node_spec, SPEC_URI, 1, cfg, run_id=run_id),
+                *trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="jobset", run_id=run_id)):
+        assert obj["metadata"]["labels"]["trainyard.io/dagster-run"] == run_id
+        for _, pod_labels in _pod_template_labels(obj):
+            assert pod_labels["trainyard.io/dagster-run"] == run_id and pod_labels["trainyard.io/attempt"] == "1"
+        validate_any(obj, load_crd_schemas())
+    owned = service_manifest("n", cfg, owner={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "n", "uid": "u-1"}})
+    assert owned["metadata"]["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job", "name": "n", "uid": "u-1"}]
+    k8s_validate(owned)
+    with pytest.raises(ManifestError, match="has no uid yet"):
+        service_manifest("n", cfg, owner={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "n"}})
     with pytest.raises(ManifestError, match="kind='pod' is not a gang kind; accepted: job, jobset"):
         trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="pod")
+
+
+def _pod_template_labels(obj: dict) -> list[tuple[str, dict]]:
+    if obj["kind"] == "Job":
+        return [("job", obj["spec"]["template"]["metadata"]["labels"])]
+    if obj["kind"] == "JobSet":
+        return [(rj["name"], rj["template"]["spec"]["template"]["metadata"]["labels"]) for rj in obj["spec"]["replicatedJobs"]]
+    return []
 
 
 def test_single_node_uses_standalone_rendezvous(tmp_path: Path) -> None:
@@ -431,9 +452,10 @@ def test_rbac_is_least_privilege() -> None:
     assert role["metadata"]["namespace"] == "vision"
     # Exactly what JobSupervisor calls (test_k8s_launcher checks every call it makes against these rules).
     assert {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]} == {
-        (("batch",), ("jobs",)): {"create", "get", "delete"},
-        (("",), ("services",)): {"create", "get", "delete"},
+        (("batch",), ("jobs",)): {"create", "get", "list", "delete"},
+        (("",), ("services",)): {"create", "get", "list", "delete"},
         (("",), ("pods",)): {"list"},
+        (("",), ("events",)): {"list"},
         (("",), ("pods/log",)): {"get"},
         (("kueue.x-k8s.io",), ("workloads",)): {"list"},
     }

@@ -285,3 +285,90 @@ def local_env(container: dict[str, Any], mounts: dict[str, Path], field_refs: di
             assert path in field_refs, f"no value for fieldRef {path} of {var['name']}"
             env[var["name"]] = field_refs[path]
     return env
+
+
+# -- Kueue's Configuration (config.kueue.x-k8s.io/v1beta1) ------------------------------
+#
+# Not a CRD, so not in ../shared/crds: transcribed from the Go types that Kueue's
+# manager decodes its configuration file into, with their JSON field names
+# (kubernetes-sigs/kueue, apis/config/v1beta1/configuration_types.go at commit
+# ff69552e79ad21652c36caa97038382e55625cf7; leaderElection from
+# k8s.io/component-base/config/v1alpha1). Kueue decodes strictly: an unknown field
+# stops the manager from starting, so unknown fields are rejected here too.
+
+GO_DURATION = r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"
+_INT32 = {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1}
+_DURATION = {"type": "string", "pattern": GO_DURATION}
+_SELECTOR = {"type": "object", "properties": {"matchLabels": {"type": "object"}, "matchExpressions": {"type": "array"}}}
+
+
+def _obj(**props: Any) -> dict[str, Any]:
+    return {"type": "object", "properties": props, "additionalProperties": False}
+
+
+KUEUE_CONFIGURATION_SCHEMA: dict[str, Any] = _obj(
+    apiVersion={"const": "config.kueue.x-k8s.io/v1beta1"},
+    kind={"const": "Configuration"},
+    namespace={"type": "string"},
+    manageJobsWithoutQueueName={"type": "boolean"},
+    managedJobsNamespaceSelector=_SELECTOR,
+    internalCertManagement=_obj(enable={"type": "boolean"}, webhookServiceName={"type": "string"},
+                                webhookSecretName={"type": "string"}),
+    waitForPodsReady=_obj(
+        enable={"type": "boolean"},
+        timeout=_DURATION,
+        blockAdmission={"type": "boolean"},
+        requeuingStrategy=_obj(
+            timestamp={"enum": ["Eviction", "Creation"]},
+            backoffLimitCount={**_INT32, "minimum": 0},
+            backoffBaseSeconds={**_INT32, "minimum": 0},
+            backoffMaxSeconds={**_INT32, "minimum": 0},
+        ),
+        recoveryTimeout=_DURATION,
+    ),
+    clientConnection=_obj(qps={"type": "number"}, burst=_INT32),
+    integrations=_obj(frameworks={"type": "array", "items": {"type": "string"}},
+                      externalFrameworks={"type": "array", "items": {"type": "string"}},
+                      podOptions={"type": "object"}, labelKeysToCopy={"type": "array", "items": {"type": "string"}}),
+    queueVisibility={"type": "object"},
+    multiKueue={"type": "object"},
+    fairSharing={"type": "object"},
+    admissionFairSharing={"type": "object"},
+    resources={"type": "object"},
+    featureGates={"type": "object", "additionalProperties": {"type": "boolean"}},
+    objectRetentionPolicies={"type": "object"},
+    # ControllerManager, inlined.
+    webhook=_obj(port={"type": "integer"}, host={"type": "string"}, certDir={"type": "string"}),
+    leaderElection=_obj(leaderElect={"type": "boolean"}, leaseDuration=_DURATION, renewDeadline=_DURATION,
+                        retryPeriod=_DURATION, resourceLock={"type": "string"}, resourceName={"type": "string"},
+                        resourceNamespace={"type": "string"}),
+    metrics=_obj(bindAddress={"type": "string"}, enableClusterQueueResources={"type": "boolean"},
+                 customLabels={"type": "array"}, localQueueMetrics={"type": "object"}),
+    health=_obj(healthProbeBindAddress={"type": "string"}, readinessEndpointName={"type": "string"},
+                livenessEndpointName={"type": "string"}),
+    pprofBindAddress={"type": "string"},
+    controller=_obj(groupKindConcurrency={"type": "object", "additionalProperties": {"type": "integer"}},
+                    cacheSyncTimeout={"type": "integer"}),
+    tls=_obj(minVersion={"type": "string"}, cipherSuites={"type": "array"}, curvePreferences={"type": "array"}),
+)
+KUEUE_FRAMEWORK_NAMES = frozenset({
+    "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster", "ray.io/rayservice", "jobset.x-k8s.io/jobset",
+    "kubeflow.org/paddlejob", "kubeflow.org/pytorchjob", "kubeflow.org/tfjob", "kubeflow.org/xgboostjob", "kubeflow.org/jaxjob",
+    "trainer.kubeflow.org/trainjob", "workload.codeflare.dev/appwrapper", "sparkoperator.k8s.io/sparkapplication", "pod",
+    "deployment", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset",
+})
+
+
+def kueue_configuration_validate(config: dict[str, Any]) -> None:
+    """Validate a Kueue `Configuration` strictly against `KUEUE_CONFIGURATION_SCHEMA` and Kueue's framework names."""
+    jsonschema.Draft202012Validator(KUEUE_CONFIGURATION_SCHEMA).validate(config)
+    unknown = set((config.get("integrations") or {}).get("frameworks") or []) - KUEUE_FRAMEWORK_NAMES
+    assert not unknown, f"integrations.frameworks names unknown to Kueue: {sorted(unknown)}"
+
+
+def go_duration_seconds(text: str) -> float:
+    """A Go duration string ("10m", "1h30m", "90s") in seconds."""
+    units = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = re.findall(r"([0-9]+(?:\.[0-9]+)?)(ns|us|µs|ms|s|m|h)", text)
+    assert parts and "".join(n + u for n, u in parts) == text, f"{text!r} is not a Go duration"
+    return sum(float(n) * units[u] for n, u in parts)
