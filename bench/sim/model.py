@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 PRIORITIES = {"sweep": 0, "production": 1, "interactive": 2}
+ORDERS = ("fifo", "strict_fifo", "best_effort_fifo", "priority")
 Priority = Literal["sweep", "production", "interactive"]
 
 
@@ -114,11 +115,19 @@ class Policy:
 
     Attributes:
         name: label in reports.
-        order: `fifo` (arrival order, head-of-line blocking) or `priority`
-            (priority class, then jobs within their team's quota before
-            borrowing ones, then arrival).
+        order: how pending jobs are admitted:
+            `strict_fifo` (Kueue's StrictFIFO: priority class, then arrival; the
+            first job that does not fit blocks every later one),
+            `best_effort_fifo` (Kueue's BestEffortFIFO: the same order, but a job
+            that does not fit does not block later jobs that fit; no reservation),
+            `fifo` (arrival order only, head-of-line blocking), or
+            `priority` (the platform's: priority class, then jobs within their
+            team's quota before borrowing ones, then arrival; with `backfill`
+            and `preemption` below).
         backfill: with `priority`, later jobs may start while the first blocked job
             waits, if they do not delay its reservation (EASY backfill).
+        reserve: with `backfill`, the first blocked job holds a reservation; without,
+            later jobs pass it whenever they fit (as Kueue's BestEffortFIFO does).
         preemption: a blocked job may stop running jobs of a `preemptible` class:
             lower-priority jobs of its own team, and other teams' jobs admitted
             beyond their quota (when the blocked job is within its own). Victims checkpoint on SIGTERM first
@@ -131,8 +140,9 @@ class Policy:
     """
 
     name: str
-    order: Literal["fifo", "priority"] = "fifo"
+    order: Literal["fifo", "strict_fifo", "best_effort_fifo", "priority"] = "fifo"
     backfill: bool = False
+    reserve: bool = True
     preemption: bool = False
     quotas: dict[str, int] = field(default_factory=dict)
     preemptors: tuple[str, ...] = ("interactive", "production", "sweep")
@@ -140,7 +150,7 @@ class Policy:
     max_blocked: int = 64
 
     def __post_init__(self) -> None:
-        if self.order not in ("fifo", "priority"):
-            raise TraceError(f"policy {self.name}: order {self.order!r} is not 'fifo' or 'priority'")
-        if self.order == "fifo" and (self.backfill or self.preemption):
+        if self.order not in ORDERS:
+            raise TraceError(f"policy {self.name}: order {self.order!r} is not one of {', '.join(ORDERS)}")
+        if self.order != "priority" and (self.backfill or self.preemption):
             raise TraceError(f"policy {self.name}: backfill and preemption need order 'priority'")
