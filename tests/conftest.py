@@ -24,7 +24,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # The longest files (minutes each with slow tests on), started first: xdist hands out
-# files in collection order, so a long file collected last would run alone at the end
+# files in collection order (with `--no-loadscope-reorder`, as `make test` runs it), so a long file collected last would run alone at the end
 # while the other worker idles. Measured with `make test` (--durations) in CI.
 LONGEST_FIRST = (
     "tests/e2e/test_first_contact.py",
