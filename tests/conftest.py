@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
@@ -60,6 +61,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_dangling_dagster_instance() -> Iterator[None]:
+    """Clear Dagster's current defs-state storage after each test.
+
+    Entering a `DagsterInstance` sets it in a context variable that only the
+    instance's exit resets; an instance a test enters and never exits leaves it
+    set, holding a weak reference, and once that instance is collected the next
+    test that resolves a `Definitions` in this worker fails with "Attempted to
+    resolve undefined DagsterInstance weakref". None is the variable's default.
+    Never imports Dagster: a session that has not loaded it has nothing to clear.
+    """
+    yield
+    base = sys.modules.get("dagster._core.storage.defs_state.base")
+    if base is not None:
+        base._current_storage.set(None)
 
 
 def postgres_available() -> bool:
