@@ -28,8 +28,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # hands out files with the most tests first and keeps this order only among equals, so
 # the one-test journey still starts late; `--no-loadscope-reorder` would apply the order
 # fully (a clean CI run: tests took about the same time) but made three tests fail with
-# Dagster's "undefined DagsterInstance weakref" under the new pairing of files, which is
-# not yet understood. Measured with `make test` (--durations) in CI.
+# Dagster's "undefined DagsterInstance weakref" under the new pairing of files (see
+# `_no_dangling_dagster_instance`, added after that run). Measured with `make test` (--durations) in CI.
 LONGEST_FIRST = (
     "tests/e2e/test_first_contact.py",
     "tests/test_demo.py",
