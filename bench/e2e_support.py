@@ -189,8 +189,9 @@ def run_phases(events: Sequence[tuple[str, float, Optional[str]]], submitted: Op
       daemon dequeued it and called the run launcher (STARTING);
     - launch: STARTING -> the run worker process running the job (START): process
       start-up and the code's imports;
-    - to_first_step: START -> the first STEP_START (the step's process, with the
-      multiprocess executor);
+    - to_first_step: START -> the first STEP_START (resources and the plan; a
+      step process too under Dagster's multiprocess executor, which the
+      platform's jobs no longer use);
     - steps: the first STEP_START -> the last STEP_SUCCESS;
     - finish: the last STEP_SUCCESS -> the run's SUCCESS;
     - total: the start of `queued` -> SUCCESS.

@@ -58,7 +58,7 @@ def _definitions() -> Any:
 
     spec = _spec()
     full = build_definitions(spec, resources=local_resources(Path(os.environ[HOME_ENV])))
-    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources)
+    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=full.executor)
     return with_sweep_sensors(bare, spec)  # the sweep sensor only: no landing or drift sensor starts anything else
 
 

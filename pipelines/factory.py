@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from dagster import AssetSelection, Definitions, define_asset_job
+from dagster import AssetSelection, Definitions, define_asset_job, in_process_executor
 
 from assets.factory import asset_key, build_assets, trials_partitions
 from pipelines.environments import resources_for
@@ -34,6 +34,13 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
     sensor `<team>__<name>__drift` (drift against the champion's data), see
     `pipelines.retrain`; without `on_new_data` there is no landing sensor.
     A team module builds them with `pipelines.team.team_definitions`.
+
+    Every job, and every materialization started from the UI, runs its steps in
+    the run worker's process (`in_process_executor`): the steps of each job run
+    one after the other anyway (prepare and promote are chains, a train run is
+    one step), and Dagster's default multiprocess executor would start a fresh
+    process per step that imports the code location again (5 s per step in
+    `gbt_overhead`). Trials still train in their own processes or pods.
     """
     seen: set[str] = set()
     assets: list[Any] = []
@@ -63,5 +70,10 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
         if policy.cron is not None:
             schedules.append(build_retrain_schedule(spec, names["prepare"]))
     return Definitions(
-        assets=assets, jobs=jobs, sensors=sensors, schedules=schedules, resources=resources if resources is not None else resources_for()
+        assets=assets,
+        jobs=jobs,
+        sensors=sensors,
+        schedules=schedules,
+        resources=resources if resources is not None else resources_for(),
+        executor=in_process_executor,
     )

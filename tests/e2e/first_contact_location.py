@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from dagster import Definitions, in_process_executor
+from dagster import Definitions
 
 from pipelines.factory import job_names
 from pipelines.landing_sensor import build_landing_sensor
@@ -103,7 +103,7 @@ def write_landing(trainyard_home: Path, spec: PipelineSpec, frame: pd.DataFrame,
 
 def definitions() -> Definitions:
     full = team_definitions(team, *PIPELINES)
-    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=in_process_executor)
+    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=full.executor)
     landing = [build_landing_sensor(s, job_names(s)["prepare"], minimum_interval_seconds=TICK_S) for s in PIPELINES if s.retrain_policy.on_new_data]
     return Definitions.merge(with_sweep_sensors(bare, *PIPELINES, minimum_interval_seconds=TICK_S), Definitions(sensors=landing))
 

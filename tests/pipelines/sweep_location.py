@@ -54,7 +54,7 @@ def drill_definitions() -> Definitions:
     sweeps = SweepStore(storage_url=os.environ["SWEEP_DRILL_OPTUNA_URL"], heartbeat_interval=2, grace_period=30)
     resources = drill_resources(home, BarrierLauncher(timeout_seconds=300, barrier_dir=str(home / "barrier")), sweeps)
     full = build_definitions(spec, resources=resources)
-    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=resources)
+    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=resources, executor=full.executor)
     return with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
 
 

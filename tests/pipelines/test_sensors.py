@@ -224,7 +224,7 @@ def test_with_sweep_sensors_adds_configured_sensors(tmp_path: Path) -> None:
 
     spec = drill_spec()
     defs = build_definitions(spec, resources=drill_resources(tmp_path, TrivialLauncher()))
-    bare = Definitions(assets=list(defs.assets), jobs=list(defs.jobs), resources=defs.resources)
+    bare = Definitions(assets=list(defs.assets), jobs=list(defs.jobs), resources=defs.resources, executor=defs.executor)
     out = with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
     sensor = out.get_sensor_def(sweep_sensor_name(spec))
     assert sensor.minimum_interval_seconds == 1 and sensor.default_status == DefaultSensorStatus.RUNNING
@@ -359,3 +359,7 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
     assert sorted(r.dagster_run.tags["dagster/partition"] for r in records) == sweep["trials"]
     report = instance.get_latest_materialization_event(AssetKey(["test", "digits", "sweep"])).asset_materialization.metadata
     assert report["status"].value == "finished" and report["complete_trials"].value == 3  # the daemon ran the final report
+    for record in records:  # the run worker ran the step itself: no step process re-importing the code location
+        engine = [e.message for e in instance.all_logs(record.dagster_run.run_id) if e.dagster_event and e.dagster_event.event_type_value == "ENGINE_EVENT"]
+        assert any(m.startswith("Executing steps in process") for m in engine), engine
+        assert not any("multiprocess" in m for m in engine), engine
