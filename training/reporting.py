@@ -30,7 +30,10 @@ class Reporter:
         if self.rank == 0 and os.environ.get(PIPES_ENV):
             from dagster_pipes import open_dagster_pipes  # needed only when launched through Dagster Pipes
 
-            self._stack = open_dagster_pipes()
+            from training.pipes_store import StoreOrDefaultMessageWriter
+
+            # A local launch passes a file to write to; a cluster launch passes a store folder.
+            self._stack = open_dagster_pipes(message_writer=StoreOrDefaultMessageWriter())
             self._pipes = self._stack.__enter__()
         return self
 

@@ -41,6 +41,8 @@ OPTUNA_URL_ENV = "TRAINYARD_OPTUNA_URL"  # the Optuna storage URL with its crede
 RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"
 FAILURE_DIR = "failures"
+# Pipes message params key naming the store folder rank 0 writes message chunks to (training.pipes_store)
+PIPES_STORE_KEY = "trainyard_store_uri"
 ATTEMPTS_DIR = "attempts"
 CHECKPOINT_DIR = "checkpoints"
 

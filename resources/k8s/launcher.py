@@ -1,7 +1,11 @@
 """`KubernetesLauncher`: the Dagster resource that runs a trial as an Indexed Job under Kueue.
 
 It holds the configuration and builds the API clients; `JobSupervisor`
-(`resources.k8s.supervisor`) does the work.
+(`resources.k8s.supervisor`) does the work. Under Dagster a launch runs in a
+Pipes session as a local one does: the context reaches the pods as environment
+variables and rank 0 writes its messages to the trial's store
+(`resources.pipes_store`), so its log lines, progress and per-epoch metrics
+(asset observations, `ProgressRelay`) reach the run while the gang trains.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import logging
 import time
 from typing import Any, Optional
 
-from dagster import Config
+from dagster import AssetExecutionContext, Config, OpExecutionContext, PipesEnvContextInjector, open_pipes_session
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from pydantic import Field, model_validator
@@ -18,11 +22,13 @@ from pydantic import Field, model_validator
 from resources.k8s.config import Affinity, K8sJobConfig, SecretKeyRef, Toleration
 from resources.k8s.manifests import trial_objects as build_trial_objects
 from resources.k8s.supervisor import JobSupervisor
-from resources.launcher import Launcher, LaunchOutcome, join
+from resources.launcher import Launcher, LaunchOutcome, ProgressRelay, join
+from resources.pipes_store import PipesStoreMessageReader
 from training.spec import SPEC_FILE, TrainSpec
 from trainyard.podconfig import POD_ENV, PodConfig, warn_if_unpinned
 
 logger = logging.getLogger("trainyard.k8s")
+PIPES_DIR = "pipes"  # under a trial's output: rank 0's Pipes messages, one folder per run and attempt
 
 
 def attempt_number(context: Any) -> int:
@@ -237,9 +243,36 @@ class KubernetesLauncher(Launcher):
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         api_client = self._api_client()
         try:
-            return self.supervisor(api_client).run(
-                spec, join(spec.output_uri, SPEC_FILE), attempt_number(context), self.job_config(),
-                log=context.log if context is not None else logger, run_id=run_id_of(context),
-            )
+            supervisor = self.supervisor(api_client)
+            spec_uri, attempt, cfg = join(spec.output_uri, SPEC_FILE), attempt_number(context), self.job_config()
+            if isinstance(context, (AssetExecutionContext, OpExecutionContext)):
+                return self._run_with_pipes(supervisor, spec, spec_uri, attempt, cfg, context)
+            # No Dagster step (a script, `trainyard reproduce`, a test's stand-in with a log): no Pipes session.
+            return supervisor.run(spec, spec_uri, attempt, cfg, log=getattr(context, "log", logger), run_id=run_id_of(context))
         finally:
             api_client.close()
+
+    def _run_with_pipes(self, supervisor: JobSupervisor, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig,
+                        context: Any) -> LaunchOutcome:
+        """`supervisor.run` inside a Pipes session whose messages rank 0 writes under `<output>/pipes/<run id>-<attempt>`.
+
+        The folder is this run's and attempt's: a run worker resumed by run
+        monitoring (same run, same attempt) re-attaches to the same Job and
+        reads the same folder; another run or attempt never reads its messages.
+        """
+        run_id = run_id_of(context)
+        reader = PipesStoreMessageReader(join(spec.output_uri, PIPES_DIR, f"{run_id or 'no-run'}-{attempt}"))
+        relay: Optional[ProgressRelay] = None
+        try:
+            with open_pipes_session(
+                context=context, context_injector=PipesEnvContextInjector(), message_reader=reader, extras={"trial_id": spec.trial_id}
+            ) as session:
+                relay = ProgressRelay(context, session.get_custom_messages)
+                piped = cfg.model_copy(update={"env": {**cfg.env, **session.get_bootstrap_env_vars()}})
+                outcome = supervisor.run(spec, spec_uri, attempt, piped, log=context.log, run_id=run_id, tick=relay.poll)
+        finally:
+            # Closing the session read what rank 0 wrote last, of a failed launch too.
+            if relay is not None:
+                relay.poll()
+        outcome.progress = [m for m in session.get_custom_messages() if isinstance(m, dict)]
+        return outcome

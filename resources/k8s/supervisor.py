@@ -110,7 +110,7 @@ class JobSupervisor:
         unschedulable_seconds: admitted seconds a pod may stay Unschedulable.
         delete_timeout: seconds, on top of the pods' termination grace period, to
             wait for a deleted gang of another attempt to be gone.
-        stream_tail_lines: most log lines read per poll when streaming rank 0's log.
+        stream_tail_lines: log lines read from a pod of rank 0 seen for the first time (later reads take every new line).
         kueue_version: API version of Kueue's Workload resource.
     """
 
@@ -303,10 +303,12 @@ class JobSupervisor:
     # -- the launch ------------------------------------------------------------------
 
     def run(self, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, log: Any = logger,
-            run_id: Optional[str] = None) -> LaunchOutcome:
+            run_id: Optional[str] = None, tick: Callable[[], None] = lambda: None) -> LaunchOutcome:
         """Launch (or re-attach to) the trial's Job for `attempt` of Dagster run `run_id` and wait for its outcome.
 
         First the trial's gangs of other runs or attempts are deleted (`resources.k8s.gangs`).
+        `tick` is called at every poll while the Job is watched (the launcher
+        turns new Pipes progress records into observations there).
 
         Raises:
             TrainingConfigError, TrainingCodeError: the trial cannot succeed (terminal).
@@ -335,7 +337,7 @@ class JobSupervisor:
                 else:
                     log.info(f"trial {spec.trial_id}: Job {self.namespace}/{name} already existed; re-attaching")
             self._ensure_service(service, want, w, owner=existing)
-            return self._watch(spec, name, started, w, log)
+            return self._watch(spec, name, started, w, log, tick)
         finally:
             if w.finished:
                 # The Job stays for its TTL (logs, debugging); rendezvous is over.
@@ -348,9 +350,11 @@ class JobSupervisor:
                 if w.owns_service:
                     self.delete_service(name, log)
 
-    def _watch(self, spec: TrainSpec, name: str, started: float, w: _Watch, log: Any) -> LaunchOutcome:
+    def _watch(self, spec: TrainSpec, name: str, started: float, w: _Watch, log: Any,
+               tick: Callable[[], None] = lambda: None) -> LaunchOutcome:
         last = self.clock()
         while True:
+            tick()
             job = self._get_job(name)
             now = self.clock()
             if w.state == "queued":
@@ -497,11 +501,15 @@ class JobSupervisor:
         rank0 = rank0_pod(pods)
         if rank0 is None or rank0.phase == "Pending":
             return
-        kwargs: dict[str, Any] = {"timestamps": True, "tail_lines": self.stream_tail_lines}
+        kwargs: dict[str, Any] = {"timestamps": True}
         now = self.clock()
         if rank0.name == w.log_pod and w.log_read_at is not None:
-            # Only a recent window: enough to cover the time since the last read.
+            # Every line since the last read (with a margin; the follower drops lines it already sent),
+            # however many: a burst between two polls is not cut to a tail.
             kwargs["since_seconds"] = int(math.ceil(now - w.log_read_at + self.poll_interval)) + 5
+        else:
+            # A pod seen for the first time (a re-attached Job may have run for days): its recent history only.
+            kwargs["tail_lines"] = self.stream_tail_lines
         try:
             text = self._read_log(rank0.name, **kwargs)
         except (ApiException, LaunchError):
