@@ -31,7 +31,6 @@ from typing import Any, Mapping
 
 from resources.handoff import HandoffPublisher
 from resources.io_manager import ObjectStoreJsonIOManager
-from resources.k8s.launcher import KubernetesLauncher
 from resources.launcher import LocalLauncher
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
@@ -90,6 +89,10 @@ def _credential_free(env: dict[str, str], name: str) -> str:
 
 
 def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
+    # Imported here: the Kubernetes client takes seconds to import, which every run
+    # worker and code server of the local environment would pay for nothing.
+    from resources.k8s.launcher import KubernetesLauncher
+
     env = dict(os.environ if env is None else env)
     root = _require(env, "TRAINYARD_S3_ROOT").rstrip("/")
     if not root.startswith("s3://"):

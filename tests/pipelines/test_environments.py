@@ -20,6 +20,18 @@ def test_local_environment(tmp_path: Path) -> None:
     assert res["registry"].tracking_uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
+def test_a_local_code_location_does_not_import_the_kubernetes_client(tmp_path: Path) -> None:
+    """Every run worker and code server imports its location: the client's seconds are paid only on a cluster."""
+    import subprocess
+    import sys
+
+    code = "import sys, pipelines.vision.definitions; print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'dagster_k8s')))"
+    env = {"PATH": "/usr/bin:/bin", "TRAINYARD_HOME": str(tmp_path), "TRAINYARD_ENV": "local"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
 def test_unknown_environment() -> None:
     with pytest.raises(EnvironmentError_, match="TRAINYARD_ENV='staging' is not an environment; use one of"):
         resources_for("staging")
