@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Feast needs pandas<3 and tenacity<9: it gets its own interpreter and lock (docs/data.md, "Feature store sources").
+FEAST_VENV := .venv-feast
+FEAST_STAMP := $(FEAST_VENV)/.feast-installed
 export TRAINYARD_HOME ?= $(CURDIR)/.trainyard
 export DAGSTER_HOME ?= $(TRAINYARD_HOME)/dagster
 export GX_ANALYTICS_ENABLED := False
@@ -17,16 +20,22 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $@
 
-install: $(STAMP)
+$(FEAST_STAMP): deploy/feast/requirements.in deploy/feast/constraints.txt
+	test -x $(FEAST_VENV)/bin/python || $(PYTHON) -m venv $(FEAST_VENV)
+	$(FEAST_VENV)/bin/pip install --quiet --upgrade "pip>=24"
+	$(FEAST_VENV)/bin/pip install --quiet -c deploy/feast/constraints.txt -r deploy/feast/requirements.in
+	touch $@
 
-demo: $(STAMP)
+install: $(STAMP) $(FEAST_STAMP)
+
+demo: $(STAMP) $(FEAST_STAMP)
 	$(BIN)/trainyard demo
 
 # Fast suite; slow end-to-end tests also run when CI is set (as .ci/run does) or with SLOW=1.
 # Two workers (one test file each at a time): much of a test is waiting on subprocesses,
 # so two files overlap well even on 2 cores. WORKERS=0 runs in this process.
 WORKERS ?= 2
-test: $(STAMP)
+test: $(STAMP) $(FEAST_STAMP)
 	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
 
 # The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.

@@ -21,12 +21,13 @@ from dagster import (
 
 from resources.storage import ObjectStore
 from resources.versioning import DataVersioning
-from trainyard.data import ingest
+from trainyard.data import feast, ingest
 from trainyard.data.drift_detection import drift_markdown, drift_verdict
 from trainyard.data.errors import DataQualityError
 from trainyard.data.expectations import UnsupportedExpectation
 from trainyard.data.quarantine import quarantine_root
 from trainyard.data.validation import VersionOutcome, validate_version
+from trainyard.feast_source import FeastSourceSpec
 from trainyard.spec import PipelineSpec
 from trainyard.values import RawData, ValidatedData
 
@@ -35,6 +36,8 @@ CHECK_NAME = "expectations"
 
 def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning) -> Output[RawData]:
     """Ingest new landing files into a canonical snapshot pinned with DVC; its md5 is the data version."""
+    if isinstance(spec.source, FeastSourceSpec):
+        return feast_raw_data_body(context, spec, store, versioning)
     try:
         result = ingest.ingest(store, spec, versioning, log=context.log.warning)
     except ingest.IngestRejected as e:
@@ -68,6 +71,42 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
             "ingest": MetadataValue.md(result.files_markdown()),
             "uri": MetadataValue.path(snap.uri),
             "manifest": MetadataValue.path(ingest.manifest_uri(store, spec)),
+            "restore": MetadataValue.md(f"`dvc pull` with this pin:\n```\n{snap.dvc_file}```"),
+        },
+    )
+
+
+def feast_raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning) -> Output[RawData]:
+    """Entity files ingested, their features retrieved as of each row's time (Feast), pinned; the md5 covers rows, definitions and values."""
+    try:
+        made = feast.feast_snapshot(store, spec, versioning, log=context.log.warning)
+    except ingest.IngestRejected as e:
+        raise Failure(
+            description=f"{spec.key}: entity rows rejected: {e}",
+            metadata={"files": MetadataValue.md(ingest.records_markdown(e.records)), "quarantine": MetadataValue.path(quarantine_root(store, spec.team, spec.name))},
+        ) from e
+    except ingest.LandingFileChanged as e:
+        raise Failure(description=f"{spec.key}: entity files are still changing, try again once uploads finish: {e}") from e
+    except (DataQualityError, feast.FeastUnavailable, feast.FeastFailed) as e:
+        raise Failure(description=f"{spec.key}: training set not retrieved from Feast: {e}") from e
+    snap, lineage = made.snapshot, made.lineage
+    value = RawData(uri=snap.uri, md5=snap.md5, rows=snap.rows, dvc_file=snap.dvc_file, files=len(snap.files), warnings=made.entities.warnings)
+    views = "\n".join(f"| {v['name']} | {v['definition'][:12]} | {v['version']} | {v['ttl_s']} |" for v in lineage["feature_views"])
+    return Output(
+        value,
+        data_version=DataVersion(snap.md5),
+        metadata={
+            "dvc_md5": snap.md5,
+            "rows": snap.rows,
+            "columns": len(spec.columns),
+            "entity_md5": lineage["entity_md5"],
+            "feature_service": (lineage["feature_service"] or {}).get("name", ""),
+            "features": MetadataValue.json(lineage["features"]),
+            "feature_views": MetadataValue.md("| view | definition | version | ttl (s) |\n|---|---|---|---|\n" + views),
+            "time_range": " .. ".join(str(t) for t in lineage["time_range"]),
+            "reused_snapshot": made.reused,
+            "entity_files": MetadataValue.md(made.entities.files_markdown()),
+            "uri": MetadataValue.path(snap.uri),
             "restore": MetadataValue.md(f"`dvc pull` with this pin:\n```\n{snap.dvc_file}```"),
         },
     )

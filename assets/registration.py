@@ -10,7 +10,8 @@ from resources.handoff import HandoffPublisher
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
 from trainyard import promotion as policy
-from trainyard.lineage import LineageRecord
+from trainyard.data.feast import read_lineage
+from trainyard.lineage import LineageRecord, feast_card, feast_tags
 from trainyard.spec import PipelineSpec
 from trainyard.values import BestModel, RegisteredModel, ValidatedData
 
@@ -48,13 +49,18 @@ def registered_model_body(
         target=spec.target, promotion_policy=spec.promotion.model_dump_json(), metrics=metrics,
         **validation.lineage_fields(),
     ).to_tags()
+    features = read_lineage(store, spec, validated.md5)  # None unless the source is a feature store
+    card = policy.model_card(spec, best.model_dump(mode="json"), validated.model_dump(mode="json"), validation)
+    if features is not None:
+        tags.update(feast_tags(features))
+        card += feast_card(features)
     version = registry.register(
         spec.model_name,
         best.model_uri,
         trial_key=f"{best.study}/{best.trial}",
         tags=tags,
         metrics=metrics,
-        description=policy.model_card(spec, best.model_dump(mode="json"), validated.model_dump(mode="json"), validation),
+        description=card,
         input_example=test_df[spec.features].head(5),
     )
     candidate = policy.Candidate(

@@ -10,6 +10,7 @@ specs into Dagster definitions is one line on top (`pipelines.team.team_definiti
 """
 
 from training.spec import CheckpointPolicy, Distribution, PrunerSpec
+from trainyard.feast_source import FeastSourceSpec
 from trainyard.podconfig import PodConfig
 from trainyard.search import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, SearchSpec
 from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, RetrainPolicy, RetrySpec, SourceSpec, SplitSpec
@@ -20,6 +21,7 @@ __all__ = [
     "CheckpointPolicy",
     "ColumnSpec",
     "Distribution",
+    "FeastSourceSpec",
     "FloatParam",
     "IntParam",
     "ModelSpec",

@@ -58,6 +58,9 @@ PARAMS_PREFIX = "trainyard.params."
 HPARAMS_PREFIX = "trainyard.hparams."
 METRIC_PREFIX = "trainyard.metric."
 
+FEAST_PREFIX = "trainyard.feast."
+"""Tags of a version trained on a Feast source: `features`, `feature_service`, `feature_views` (name@definition), `time_range`, `entity_md5`."""
+
 # Tags of a registered version written by a promotion decision and its handoff.
 PROMOTION_PREFIX = "trainyard.promotion."
 PROMOTION_REASON_TAG = "trainyard.promotion.reason"
@@ -248,6 +251,28 @@ class LineageRecord(BaseModel):
         given = {name: getattr(self, name) for name in self.model_fields if name in self.model_fields_set}
         given["metric"] = given.pop("metrics", {})
         return {k: v for k, v in flatten(given).items()}
+
+
+def feast_tags(lineage: Mapping[str, Any]) -> dict[str, str]:
+    """The registry tags of a Feast source's lineage (`raw/<md5>/feast.json`): references, service, views with their definitions, time range."""
+    service = lineage.get("feature_service") or {}
+    return {
+        f"{FEAST_PREFIX}features": ",".join(lineage["features"]),
+        f"{FEAST_PREFIX}feature_service": str(service.get("name", "")),
+        f"{FEAST_PREFIX}feature_views": ",".join(f"{v['name']}@{v['definition'][:12]}" for v in lineage["feature_views"]),
+        f"{FEAST_PREFIX}time_range": "/".join(str(t) for t in lineage["time_range"]),
+        f"{FEAST_PREFIX}entity_md5": str(lineage["entity_md5"]),
+    }
+
+
+def feast_card(lineage: Mapping[str, Any]) -> str:
+    """A model card section naming the Feast features, views (with definition hash and version) and the retrieval's time range."""
+    service = (lineage.get("feature_service") or {}).get("name")
+    lines = ["", "## Features (Feast)", "", f"- feature service: {service or '(none; references listed)'}",
+             f"- entity rows: {lineage['entity_md5']}, event times {' .. '.join(str(t) for t in lineage['time_range'])}",
+             "- feature references: " + ", ".join(f"`{r}`" for r in lineage["features"]), "", "| view | definition | version | ttl (s) |", "|---|---|---|---|"]
+    lines += [f"| {v['name']} | {v['definition'][:12]} | {v.get('version')} | {v.get('ttl_s')} |" for v in lineage["feature_views"]]
+    return "\n".join(lines) + "\n"
 
 
 def _parse(name: str, tag: str, raw: str) -> Any:

@@ -31,7 +31,7 @@ import os
 import re
 from typing import Any, Literal, Optional, Union
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from training.spec import CheckpointPolicy, Distribution, ImportTarget, PredictionTask
 from trainyard.cron import is_valid_cron
@@ -127,6 +127,9 @@ class SourceSpec(StrictSpec):
     def globs(self) -> list[str]:
         """The patterns as a list."""
         return [self.pattern] if isinstance(self.pattern, str) else list(self.pattern)
+
+    def check_columns(self, columns: dict[str, "ColumnSpec"], target: str) -> None:
+        """Check the pipeline's declared columns against this source (landing files carry them all: nothing to check)."""
 
 class ColumnSpec(StrictSpec):
     """Expectations on one column: type, nulls, range, categorical domain, finiteness.
@@ -423,7 +426,8 @@ class PipelineSpec(StrictSpec):
     team: str
     name: str
     description: str = ""
-    source: SourceSpec
+    # A subclass (`trainyard.feast_source.FeastSourceSpec`) is kept and dumped whole.
+    source: SerializeAsAny[SourceSpec]
     columns: dict[str, ColumnSpec]
     target: str
     # None is resolved at validation (`_task_defaults`), so a built spec always holds its task.
@@ -475,6 +479,7 @@ class PipelineSpec(StrictSpec):
     def _consistent(self) -> "PipelineSpec":
         if self.target not in self.columns:
             raise ValueError(f"target {self.target!r} is not one of the declared columns {sorted(self.columns)}")
+        self.source.check_columns(self.columns, self.target)
         if not self.features:
             raise ValueError("columns must declare at least one feature besides the target")
         if self.max_rows is not None and self.max_rows < self.min_rows:

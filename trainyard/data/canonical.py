@@ -175,6 +175,10 @@ class CanonicalParquetWriter:
             while self._pending_rows >= self._group:
                 self._flush(self._group)
 
+    def add_metadata(self, metadata: dict[str, str]) -> None:
+        """Record key-value metadata in the file's footer (e.g. where the rows came from); equal metadata gives equal bytes."""
+        self._writer.add_key_value_metadata(metadata)
+
     def _flush(self, rows: int) -> None:
         table = pa.Table.from_batches(self._pending, schema=self.schema)
         self._writer.write_table(table.slice(0, rows).combine_chunks(), row_group_size=self._group)

@@ -64,6 +64,7 @@ from trainyard.data.errors import DataQualityError, MissingLandingData
 from trainyard.data.landing import READ_BLOCK_BYTES, BadFile, FileIssue, FileReader
 from trainyard.data.quarantine import quarantine_file, resolve_file_entry, utc_now
 from trainyard.data.report import md_cell
+from trainyard.data.sources import landing_spec
 from trainyard.spec import PipelineSpec, SourceSpec
 from trainyard.store import FileInfo, FileStore
 
@@ -216,8 +217,8 @@ def landing_digest(files: list[FileInfo]) -> str:
 
 
 def schema_key(spec: PipelineSpec) -> str:
-    """Hash of the declared columns and types: parts made for other declarations are re-read."""
-    return hashlib.sha256(str(canonical_schema(spec)).encode()).hexdigest()[:16]
+    """Hash of the landing files' declared columns and types (a Feast source's: its entity columns); parts made for other declarations are re-read."""
+    return hashlib.sha256(str(canonical_schema(landing_spec(spec))).encode()).hexdigest()[:16]
 
 
 def manifest_uri(store: FileStore, spec: PipelineSpec) -> str:
