@@ -4,7 +4,10 @@
 machine with N CPU processes over gloo, through `training.gang`, which exits
 with the classified status of the first failing worker. The command line comes from the pure
 function `torchrun_command`, which the Kubernetes launcher shares, so a trial runs
-the same program in both places.
+the same program in both places. A one-process trial starts on a warm worker
+instead (`resources.warm`, `training.warm`): forked from a server that has
+imported torch already, with the same restarts, signals, exit statuses and log
+format, and torchrun again whenever no warm worker can take it.
 
 Outcomes map to a small error hierarchy: `retryable` errors (lost workers,
 preemption, infrastructure) may be retried by Dagster's RetryPolicy; terminal
@@ -30,7 +33,7 @@ from collections import deque
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import fsspec
 from dagster import (
@@ -43,6 +46,7 @@ from dagster import (
 )
 from pydantic import Field
 
+from resources.warm import WarmProcess, WarmUnavailable, launch_warm, warm_workers_enabled
 from training.spec import EXIT_BAD_CONFIG, EXIT_PREEMPTED, FAILURE_DIR, LAUNCH_ID_ENV, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
 from trainyard.curves import epoch_point
 
@@ -363,7 +367,7 @@ class Launcher(ConfigurableResource):
 
 
 class LocalLauncher(Launcher):
-    """torchrun on this machine: N CPU processes with gloo, logs captured.
+    """torchrun on this machine: N CPU processes with gloo, logs captured; one-process trials on warm workers.
 
     With a Dagster context the launch runs in a Pipes session: the pod's log
     lines reach the run log, and each epoch's metrics become an observation of
@@ -373,12 +377,20 @@ class LocalLauncher(Launcher):
         timeout_seconds: the whole launch is stopped (SIGTERM, then SIGKILL) past this.
         log_tail_lines: lines of output carried in error messages.
         progress_poll_seconds: how often new progress records are turned into observations.
+        warm_workers: start one-process trials on a warm worker (`resources.warm`: a fork server that has
+            imported torch, Lightning and the trial code already) instead of torchrun; trials of more
+            processes, a `python` other than this interpreter, or `TRAINYARD_WARM_WORKERS=0` use torchrun.
+        warm_idle_seconds: a warm server started by this launcher exits after this long without a launch.
+        warm_start_timeout_seconds: how long a warm server may take to start before the trial runs cold.
     """
 
     timeout_seconds: float = Field(3600.0, gt=0)
     log_tail_lines: int = Field(40, ge=1)
     python: str = Field(default_factory=lambda: sys.executable)
     progress_poll_seconds: float = Field(1.0, gt=0)
+    warm_workers: bool = True
+    warm_idle_seconds: float = Field(300.0, gt=0)
+    warm_start_timeout_seconds: float = Field(180.0, gt=0)
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         spec_uri = join(spec.output_uri, SPEC_FILE)
@@ -407,7 +419,6 @@ class LocalLauncher(Launcher):
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="trainyard-launch-") as tmp:
             log_path = os.path.join(tmp, "launcher.log")
-            cmd = torchrun_command(spec, spec_uri, python=self.python, log_dir=os.path.join(tmp, "ranks"))
             env = {
                 **os.environ,
                 **_POD_ENVIRONMENT.get(),
@@ -418,10 +429,8 @@ class LocalLauncher(Launcher):
             }
             output = LaunchOutput(self.log_tail_lines)
             with open(log_path, "w") as log_file:
-                proc = subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-                )
-                pump = threading.Thread(target=output.pump, args=(proc.stdout, log_file), daemon=True)
+                proc, stream = self._start(spec, spec_uri, env, os.path.join(tmp, "ranks"), log_file, output)
+                pump = threading.Thread(target=output.pump, args=(stream, log_file), daemon=True)
                 pump.start()
                 timed_out = False
                 try:
@@ -433,8 +442,11 @@ class LocalLauncher(Launcher):
                 finally:
                     if proc.poll() is None:
                         _stop(proc)
-                # torchrun has exited; its pipe ends once the last buffered lines are read.
+                    if isinstance(proc, WarmProcess) and proc.lost is not None:
+                        proc.kill_workers()  # they die with their supervisor; this makes sure before reporting
+                # The launch has exited; its pipe ends once the last buffered lines are read.
                 pump.join(timeout=10)
+                stream.close()
             log_uri = join(spec.output_uri, "logs", "launcher.log")
             fs, path = fsspec.core.url_to_fs(log_uri)
             fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
@@ -446,6 +458,12 @@ class LocalLauncher(Launcher):
                 f"trial {spec.trial_id}: no result after {self.timeout_seconds:.0f} s; stopped.\n{_tail_text(list(output.tail), None)}",
                 log_tail=log_tail,
             )
+        if isinstance(proc, WarmProcess) and proc.lost is not None:
+            raise InfrastructureError(
+                f"trial {spec.trial_id}: {proc.lost}; its worker was stopped (a lost node, for the retry policy)\n"
+                f"{_tail_text(list(output.tail), None)}",
+                log_tail=log_tail,
+            )
         result = read_result(spec.output_uri) if returncode == 0 else None
         if result is not None:
             return LaunchOutcome(result=result, log_uri=log_uri, seconds=seconds)
@@ -453,6 +471,44 @@ class LocalLauncher(Launcher):
             returncode, read_failures(spec.output_uri), log_tail, spec.trial_id,
             torchrun_output="\n".join(output.agent), rank_tails={r: list(t) for r, t in output.ranks.items()},
         )
+
+    def _warm(self, spec: TrainSpec) -> bool:
+        """Whether `spec` runs on a warm worker: one process, warm workers on (field and environment), this interpreter."""
+        return (
+            self.warm_workers
+            and warm_workers_enabled(os.environ)
+            and spec.distribution.world_size == 1
+            and same_interpreter(self.python, sys.executable)  # a server is keyed on, and runs, this process's interpreter
+        )
+
+    def _start(
+        self, spec: TrainSpec, spec_uri: str, env: dict[str, str], ranks_dir: str, log_file: Any, output: LaunchOutput
+    ) -> tuple[subprocess.Popen | WarmProcess, IO[str]]:
+        """Start the launch, warm when `_warm` allows and a server takes it, else torchrun; (process, its output stream).
+
+        A warm start that fails before the worker started leaves one warning line in the launch output and falls
+        back to torchrun.
+        """
+        if self._warm(spec):
+            read_end, write_end = os.pipe()
+            try:
+                proc = launch_warm(
+                    env, spec_uri, spec.distribution.max_restarts, write_end,
+                    python=self.python, idle_seconds=self.warm_idle_seconds, start_timeout=self.warm_start_timeout_seconds,
+                )
+            except WarmUnavailable as e:
+                os.close(read_end)
+                line = f"[trainyard.launcher] WARNING: warm workers unavailable, starting this trial cold with torchrun: {e}\n"
+                log_file.write(line)
+                output.add(line)
+            else:
+                return proc, open(read_end, errors="replace")
+            finally:
+                os.close(write_end)  # the supervisor holds its own copy; the pipe ends when it exits
+        cmd = torchrun_command(spec, spec_uri, python=self.python, log_dir=ranks_dir)
+        popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        assert popen.stdout is not None
+        return popen, popen.stdout
 
 
 # torchrun's --tee prefixes each worker line with "[<role><local rank>]:"; a local launch
@@ -493,7 +549,21 @@ class LaunchOutput:
             self.add(line)
 
 
-def wait_ticking(proc: subprocess.Popen, timeout: float, tick: Callable[[], None], every: float) -> int:
+def same_interpreter(a: str, b: str) -> bool:
+    """Whether `a` and `b` name one interpreter of one environment: `.venv/bin/python` and `.venv/bin/python3` do.
+
+    The launcher's `python` is set where the resource is built (a code server)
+    and compared in the run worker, whose `sys.executable` may be another name
+    of the same interpreter; the same binary in another virtualenv's `bin` is
+    another environment.
+    """
+    if a == b:
+        return True
+    da, db = os.path.dirname(os.path.abspath(a)), os.path.dirname(os.path.abspath(b))
+    return da == db and os.path.realpath(a) == os.path.realpath(b)
+
+
+def wait_ticking(proc: subprocess.Popen | WarmProcess, timeout: float, tick: Callable[[], None], every: float) -> int:
     """`proc.wait(timeout)`, calling `tick` about every `every` seconds while the process runs.
 
     Raises:
@@ -511,8 +581,11 @@ def wait_ticking(proc: subprocess.Popen, timeout: float, tick: Callable[[], None
             continue
 
 
-def _stop(proc: subprocess.Popen, grace: float = 30.0) -> None:
-    """SIGTERM `training.gang` (it forwards to torchrun's agent, which stops its workers), then SIGKILL the group."""
+def _stop(proc: subprocess.Popen | WarmProcess, grace: float = 30.0) -> None:
+    """SIGTERM the launch (`training.gang` or a warm supervisor forwards it to the workers), then SIGKILL what is left."""
+    if isinstance(proc, WarmProcess):
+        proc.stop(grace)
+        return
     try:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=grace)

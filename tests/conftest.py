@@ -63,6 +63,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _warm_worker_servers() -> Iterator[None]:
+    """Warm worker servers (`resources.warm`) of this session (an xdist worker's own) live in a directory of its own and stop with it.
+
+    A short directory under /tmp: a unix socket path must stay under 108 bytes.
+    """
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from resources.warm import WARM_DIR_ENV, stop_servers
+
+    directory = Path(tempfile.mkdtemp(prefix="tyw-"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(WARM_DIR_ENV, str(directory))
+        yield
+    stop_servers(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.fixture(autouse=True)
 def _no_dangling_dagster_instance() -> Iterator[None]:
     """Clear Dagster's current defs-state storage after each test.

@@ -1,0 +1,410 @@
+"""Warm workers: the launcher's side of `training.warm`, the fork server that starts one-process trials without a cold start.
+
+`LocalLauncher` hands a one-process trial to a server on this machine instead
+of starting `training.gang` and torchrun: `launch_warm` finds the server for
+this interpreter and this `training/` code (starting it when there is none),
+sends the launch with the write end of the output pipe, and returns a
+`WarmProcess` that the launcher waits for, stops and reads like the
+`subprocess.Popen` of the cold path.
+
+Servers live in `${TRAINYARD_WARM_DIR:-${XDG_RUNTIME_DIR:-/tmp}/trainyard-warm-<uid>}`
+(a directory only this user may use), one per key: a hash of the interpreter,
+its version, its site-packages directory's modification time and the text of
+every `training/**/*.py` (which includes `training.warm`'s list of modules to
+preload). A changed `training/`, interpreter or set of installed packages gets
+a new server; the old one exits when idle. A lock file serializes start-up so
+that concurrent launches start one server; each server logs to `<key>.log`
+beside its socket and writes its pid to `<key>.pid`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
+
+import training.spec
+
+WARM_DIR_ENV = "TRAINYARD_WARM_DIR"
+WARM_WORKERS_ENV = "TRAINYARD_WARM_WORKERS"
+_ON = {"1", "true", "yes", "on"}
+_OFF = {"0", "false", "no", "off"}
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path on Linux, less the terminating NUL
+WORKER_START_SECONDS = 30.0  # from the request to the worker's fork: the server only forks twice
+
+
+class WarmUnavailable(Exception):
+    """No warm worker could take this launch before it started (no server, a refusal); the cold path can."""
+
+
+def warm_workers_enabled(env: Mapping[str, str]) -> bool:
+    """Whether `TRAINYARD_WARM_WORKERS` in `env` leaves warm workers on (the default when unset).
+
+    Raises:
+        ValueError: the variable holds something other than a boolean word.
+    """
+    value = env.get(WARM_WORKERS_ENV, "1").strip().lower()
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise ValueError(f"{WARM_WORKERS_ENV}={env[WARM_WORKERS_ENV]!r}: expected one of {sorted(_ON | _OFF)}")
+
+
+def warm_dir(env: Mapping[str, str]) -> Path:
+    """Where servers put their sockets, logs and pid files, from `env`."""
+    if env.get(WARM_DIR_ENV):
+        return Path(env[WARM_DIR_ENV])
+    return Path(env.get("XDG_RUNTIME_DIR") or "/tmp") / f"trainyard-warm-{os.getuid()}"
+
+
+def private_dir(path: Path) -> Path:
+    """`path`, created with mode 0700 if missing, after checking that no other user owns or can write it.
+
+    Raises:
+        WarmUnavailable: it is not a directory, or it belongs to or is open to another user.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()
+    except OSError as e:
+        raise WarmUnavailable(f"cannot use {path} for warm worker sockets: {e}") from e
+    if not stat.S_ISDIR(info.st_mode):
+        raise WarmUnavailable(f"{path} (for warm worker sockets) is not a directory")
+    if info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise WarmUnavailable(
+            f"{path} (for warm worker sockets) must belong to uid {os.getuid()} with mode 0700, "
+            f"found uid {info.st_uid} mode {oct(info.st_mode & 0o777)}"
+        )
+    return path
+
+
+def training_root() -> Path:
+    """The directory that holds the `training` package this process imports (the server's working directory)."""
+    return Path(training.spec.__file__).resolve().parent.parent
+
+
+def server_key(python: str, root: Path) -> str:
+    """The name of the server for interpreter `python` serving `root/training`: a hash of all that makes it stale.
+
+    Args:
+        python: the interpreter's path (this process's own, `sys.executable`).
+        root: the directory that holds the `training` package.
+    """
+    h = hashlib.sha256()
+    for part in (python, sys.version, str(root), str(_site_packages_mtime())):
+        h.update(part.encode() + b"\0")
+    for path in sorted((root / "training").rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _site_packages_mtime() -> int:
+    """When a package was last installed or removed: the site-packages directory's modification time (ns)."""
+    try:
+        return os.stat(sysconfig.get_paths()["purelib"]).st_mtime_ns
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _connect(path: Path) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        raise
+    return conn
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, start_timeout: float) -> socket.socket:
+    """A connection to the server for `python` and `root`, starting it (once, under a lock) when there is none.
+
+    Args:
+        directory: where servers live (`warm_dir`).
+        python: the interpreter the server runs.
+        root: the directory holding the `training` package the server imports.
+        idle_seconds: the idle time after which a server started here exits.
+        start_timeout: how long a starting server may take to import and listen.
+
+    Raises:
+        WarmUnavailable: no server could be started or reached; the message says why and where its log is.
+    """
+    if not sys.platform.startswith("linux"):
+        raise WarmUnavailable(f"warm workers need Linux (process death signals, /proc); this is {sys.platform}")
+    directory = private_dir(directory)
+    key = server_key(python, root)
+    path = directory / f"{key}.sock"
+    if len(os.fsencode(path)) > SUN_PATH_MAX:
+        raise WarmUnavailable(f"the socket path {path} is longer than {SUN_PATH_MAX} bytes; set {WARM_DIR_ENV} to a shorter directory")
+    with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
+        return _connect(path)
+    with _locked(directory / f"{key}.lock"):
+        with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
+            return _connect(path)  # started by another launch while this one waited for the lock
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a dead server's socket
+        log = directory / f"{key}.log"
+        _start_server(path, log, python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout)
+        try:
+            return _connect(path)
+        except OSError as e:
+            raise WarmUnavailable(f"the warm worker server at {path} started but refused the connection ({e}); log {log}") from e
+
+
+def _start_server(path: Path, log: Path, *, python: str, root: Path, idle_seconds: float, start_timeout: float) -> None:
+    """Start `python -m training.warm serve` detached and wait until its socket is in place.
+
+    Raises:
+        WarmUnavailable: it exited or took longer than `start_timeout` (then it is killed).
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    cmd = [python, "-m", "training.warm", "serve", "--socket", str(path), "--idle-seconds", f"{idle_seconds:g}"]
+    with open(log, "w") as out:
+        # Its own session: a signal to the launcher's process group (a run being stopped) leaves it serving others.
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    deadline = time.monotonic() + start_timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise WarmUnavailable(f"the warm worker server exited {proc.returncode} while starting ({_log_tail(log)}); log {log}")
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise WarmUnavailable(f"the warm worker server did not listen within {start_timeout:.0f} s; killed; log {log}")
+        time.sleep(0.05)
+
+
+def start_ticks(pid: int) -> Optional[int]:
+    """Process `pid`'s start time since boot in clock ticks; None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+class WarmProcess:
+    """One launch running on a warm server, waited for and stopped like the `subprocess.Popen` of `training.gang`.
+
+    Attributes:
+        args: what the launch runs, for messages.
+        returncode: the classified status (`training.spec.EXIT_*`) once known.
+        lost: why the launch ended without a status (its server or supervisor died), else None.
+        server_pid, supervisor_pid: from the supervisor's first event.
+        workers: (pid, start ticks) of each worker started, in order.
+    """
+
+    def __init__(self, conn: socket.socket, args: list[str]) -> None:
+        self.conn = conn
+        self.args = args
+        self.returncode: Optional[int] = None
+        self.lost: Optional[str] = None
+        self.server_pid: Optional[int] = None
+        self.supervisor_pid: Optional[int] = None
+        self.supervisor_ticks: Optional[int] = None
+        self.workers: list[tuple[int, int]] = []
+        self._buffer = b""
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self.supervisor_pid
+
+    def _handle(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "supervisor":
+            self.supervisor_pid, self.server_pid = int(event["pid"]), int(event["server"])
+            self.supervisor_ticks = start_ticks(self.supervisor_pid)
+        elif kind == "worker":
+            self.workers.append((int(event["pid"]), int(event["start_ticks"])))
+        elif kind == "exit":
+            self.returncode = int(event["code"])
+        elif kind == "refused":
+            raise WarmUnavailable(f"the warm worker server refused the launch: {event.get('reason')}")
+
+    def _read(self, timeout: Optional[float]) -> bool:
+        """Handle the events that arrive within `timeout` seconds (None: block); False once the connection ended."""
+        self.conn.settimeout(timeout)
+        try:
+            data = self.conn.recv(65536)
+        except TimeoutError:
+            return True
+        except OSError as e:
+            data = b""
+            self.lost = f"connection to the warm worker supervisor failed: {e}"
+        if not data:
+            return False
+        self._buffer += data
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            self._handle(json.loads(line))
+        return True
+
+    def wait_for_worker(self, timeout: float) -> None:
+        """Return once the first worker is started.
+
+        Raises:
+            WarmUnavailable: refused, or the connection ended or stalled first (nothing of the trial ran).
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            while not self.workers:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WarmUnavailable(f"the warm worker server started no worker within {timeout:.0f} s")
+                if not self._read(left):
+                    raise WarmUnavailable(f"the warm worker server closed the connection before starting a worker ({self.lost or 'no reason given'})")
+        except WarmUnavailable:
+            self.conn.close()
+            raise
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """The launch's classified status, like `Popen.wait`.
+
+        Raises:
+            subprocess.TimeoutExpired: still running after `timeout` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+            if not self._read(left):
+                who = f"supervisor pid {self.supervisor_pid} (warm server pid {self.server_pid})"
+                self.lost = self.lost or f"the warm worker {who} died before the launch ended"
+                self.returncode = training.spec.EXIT_INFRA
+        self.conn.close()
+        return self.returncode
+
+    def poll(self) -> Optional[int]:
+        try:
+            return self.wait(0.0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def send_signal(self, signum: int) -> None:
+        """Signal the supervisor (it forwards SIGTERM and SIGINT to the worker, as `training.gang` does)."""
+        if self.supervisor_pid is not None and start_ticks(self.supervisor_pid) == self.supervisor_ticks:
+            os.kill(self.supervisor_pid, signum)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM the launch; after `grace` seconds SIGKILL the supervisor and the worker's process group."""
+        self.send_signal(signal.SIGTERM)
+        try:
+            self.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.send_signal(signal.SIGKILL)
+            self.kill_workers(wait=0.0)
+            self.wait()
+
+    def kill_workers(self, wait: float = 5.0) -> None:
+        """Make sure no worker of this launch still runs: allow `wait` seconds to die with their supervisor, then SIGKILL.
+
+        A worker is named by pid and start time, so a pid the kernel gave to a new process is left alone.
+        """
+        deadline = time.monotonic() + wait
+        for pid, ticks in self.workers:
+            while start_ticks(pid) == ticks and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if start_ticks(pid) == ticks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+def launch_warm(
+    env: Mapping[str, str],
+    spec_uri: str,
+    max_restarts: int,
+    output_fd: int,
+    *,
+    python: str,
+    idle_seconds: float,
+    start_timeout: float,
+    root: Optional[Path] = None,
+) -> WarmProcess:
+    """Start a one-process launch of `spec_uri` on a warm worker; it is running when this returns.
+
+    Args:
+        env: the worker's environment (the launcher's, with `TRAINYARD_LAUNCH_ID`).
+        spec_uri: the spec the worker trains.
+        max_restarts: restarts of a failed worker, as torchrun's `--max-restarts`.
+        output_fd: the write end of the pipe the launch's output goes to (passed over the socket).
+        python: the interpreter; a server runs this one.
+        idle_seconds: idle time after which a server started now exits.
+        start_timeout: how long a server may take to start.
+        root: the directory holding `training` (default: this process's).
+
+    Raises:
+        WarmUnavailable: nothing started; the trial may run cold.
+    """
+    root = root or training_root()
+    conn = connect(warm_dir(env), python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout)
+    run_id = f"warm-{env.get(training.spec.LAUNCH_ID_ENV, time.time_ns())}"
+    request = {"env": dict(env), "cwd": os.getcwd(), "spec_uri": spec_uri, "max_restarts": max_restarts, "run_id": run_id}
+    data = (json.dumps(request) + "\n").encode()
+    try:
+        sent = socket.send_fds(conn, [data], [output_fd])
+        conn.sendall(data[sent:])
+    except OSError as e:
+        conn.close()
+        raise WarmUnavailable(f"cannot send the launch to the warm worker server: {e}") from e
+    proc = WarmProcess(conn, ["training.warm", "--spec", spec_uri])
+    proc.wait_for_worker(WORKER_START_SECONDS)
+    return proc
+
+
+def stop_servers(directory: Path, timeout: float = 10.0) -> list[int]:
+    """SIGTERM every server that has a pid file in `directory`, SIGKILL those still there after `timeout`; their pids.
+
+    A pid file whose process is not a `training.warm` server (gone, or the pid reused) is skipped.
+    """
+    pids = []
+    for pid_file in sorted(directory.glob("*.pid")):
+        try:
+            pid = int(pid_file.read_text().strip())
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"training.warm" not in f.read():
+                    continue
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        pids.append(pid)
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while start_ticks(pid) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if start_ticks(pid) is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    return pids
