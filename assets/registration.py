@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 from dagster import AssetExecutionContext, AssetKey, Failure, Output
 
@@ -11,7 +13,8 @@ from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
 from trainyard import promotion as policy
 from trainyard.data.feast import read_lineage
-from trainyard.lineage import LineageRecord, feast_card, feast_tags
+from trainyard.feast_source import FeastSourceSpec
+from trainyard.lineage import FEAST_MODEL_METADATA_KEY, LineageError, LineageRecord, feast_card, feast_fields, feast_serving
 from trainyard.spec import PipelineSpec
 from trainyard.values import BestModel, RegisteredModel, ValidatedData
 
@@ -28,6 +31,11 @@ def registered_model_body(
 ) -> Output[RegisteredModel]:
     """Register `best` (idempotent per trial) and decide on `champion`.
 
+    A model trained on a Feast source carries the retrieval's lineage in its
+    tags and card, and in its MLflow model's metadata (`feast`: each input
+    column's feature reference, the feature service, the entity keys) so that
+    serving knows which online features to fetch.
+
     Args:
         check: The `validated_data` asset key and its check's name: the evidence that the data was validated.
     """
@@ -43,17 +51,20 @@ def registered_model_body(
         context.instance, check[0], check[1], validated.md5, policy.is_quarantined(store, spec.key, validated.md5),
     )
     record = best.lineage
+    features = read_lineage(store, spec, validated.md5)  # None unless the source is a feature store
+    # From the data version's own lineage, also for trials recorded before their record carried it.
+    feast = {"feast": feast_fields(features)} if features is not None else {}
     tags = LineageRecord.from_config(
         record, trial=best.trial, study=best.study, checkpoint_uri=str(best.checkpoint_uri),
         tracker_run=str(best.tracker_run or ""), test_split=validated.split_id, test_uri=validated.test,
         target=spec.target, promotion_policy=spec.promotion.model_dump_json(), metrics=metrics,
-        **validation.lineage_fields(),
+        **validation.lineage_fields(), **feast,
     ).to_tags()
-    features = read_lineage(store, spec, validated.md5)  # None unless the source is a feature store
     card = policy.model_card(spec, best.model_dump(mode="json"), validated.model_dump(mode="json"), validation)
+    model_metadata = None
     if features is not None:
-        tags.update(feast_tags(features))
         card += feast_card(features)
+        model_metadata = {FEAST_MODEL_METADATA_KEY: serving_features(spec, features)}
     version = registry.register(
         spec.model_name,
         best.model_uri,
@@ -62,6 +73,7 @@ def registered_model_body(
         metrics=metrics,
         description=card,
         input_example=test_df[spec.features].head(5),
+        model_metadata=model_metadata,
     )
     candidate = policy.Candidate(
         version=version, policy=spec.promotion, metrics=metrics, split_id=validated.split_id,
@@ -87,3 +99,17 @@ def registered_model_body(
             "validation": validation.detail,
         },
     )
+
+
+def serving_features(spec: PipelineSpec, lineage: dict[str, Any]) -> dict[str, Any]:
+    """`feast_serving` of the pipeline's model inputs: each feature column's reference, the service, the entity keys.
+
+    Raises:
+        Failure: The source is not a Feast source, or a model input has no feature reference.
+    """
+    if not isinstance(spec.source, FeastSourceSpec):
+        raise Failure(description=f"{spec.key}: data version has Feast lineage but the source is {type(spec.source).__name__}, not a FeastSourceSpec")
+    try:
+        return feast_serving(lineage, spec.features, list(spec.source.keys))
+    except LineageError as e:
+        raise Failure(description=f"{spec.key}: {e}") from e

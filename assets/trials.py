@@ -30,6 +30,7 @@ from resources.tracking import Tracking
 from training.spec import FaultInjection
 from trainyard import lineage, naming, planner
 from trainyard.curves import CURVES_FILE, curves_markdown, curves_png, epoch_rows
+from trainyard.data.feast import read_lineage
 from trainyard.plots import markdown_image
 from trainyard.redact import redact_text
 from trainyard.spec import PipelineSpec
@@ -324,7 +325,7 @@ def trial_model_body(
     trial = sweeps.trial(sweep.study, number)
     inputs = TrialInputs(context.partition_key, number, sweep.study, trial.params, accepts_reports=trial.state.name == "RUNNING")
     output_uri = naming.run_dir(store, spec.team, spec.name, sweep.study, context.partition_key)
-    record = lineage.record(spec, validated.md5, params=trial.params, seed=spec.model.seed)
+    record = lineage.record(spec, validated.md5, params=trial.params, seed=spec.model.seed, feast=read_lineage(store, spec, validated.md5))
     record["max_epochs"] = config.max_epochs or spec.model.max_epochs  # run config overrides the spec
     # The capacity plan (strategy 'auto' resolved here, before any TrainSpec exists), shown for every trial.
     plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), lambda: planner.count_classes(spec, validated.model_dump(), store), launcher)

@@ -7,8 +7,14 @@ The same record goes to the W&B run config (`LineageRecord.to_config`, also the
 validation, metrics), to the MLflow version tags (`to_tags`, read back by
 `from_tags`), so any registered model can be traced and rebuilt.
 
-Tags are `trainyard.<field>` strings; nested mappings (`params`, `hparams`) are
-flattened to `trainyard.params.<name>`, metrics are `trainyard.metric.<name>`.
+Tags are `trainyard.<field>` strings; nested mappings (`params`, `hparams`,
+`feast`) are flattened to `trainyard.params.<name>`, metrics are
+`trainyard.metric.<name>`.
+
+A model trained on a Feast source also carries, in its MLflow model's
+`metadata` (`feast_serving`), what serving needs to fetch its inputs from the
+online store: each input column's feature reference, the feature service and
+the entity keys.
 The other tag names trainyard writes (the promotion decision, the handoff, the
 champion history, the registry's lock) are defined here too, so that a tag
 name is spelled once.
@@ -29,7 +35,7 @@ import hashlib
 import os
 import subprocess
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Optional
+from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -59,7 +65,11 @@ HPARAMS_PREFIX = "trainyard.hparams."
 METRIC_PREFIX = "trainyard.metric."
 
 FEAST_PREFIX = "trainyard.feast."
-"""Tags of a version trained on a Feast source: `features`, `feature_service`, `feature_views` (name@definition), `time_range`, `entity_md5`."""
+"""Tags of a version trained on a Feast source (`LineageRecord.feast`): `features`, `feature_service`, `feature_views` (name@definition), `time_range`, `entity_md5`."""
+FEAST_MODEL_METADATA_KEY = "feast"
+"""The key of `feast_serving`'s mapping in a registered MLflow model's `metadata` (the MLmodel file)."""
+DEFINITION_DIGITS = 12
+"""Hex digits of a feature view's definition hash shown in tags, config and cards (`name@0123456789ab`)."""
 
 # Tags of a registered version written by a promotion decision and its handoff.
 PROMOTION_PREFIX = "trainyard.promotion."
@@ -142,6 +152,9 @@ class LineageRecord(BaseModel):
         promotion_policy: The `PromotionSpec` as JSON, as declared at registration.
         validation: `passed` or `failed`; `validation_summary` says why.
         metrics: Held-out test metrics (`trainyard.metric.<name>`, written with `repr`).
+        feast: For a Feast source, `feast_fields` of the retrieval: feature references,
+            feature service, views as `name@definition`, event-time range, entity snapshot
+            (`trainyard.feast.<name>`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -172,13 +185,14 @@ class LineageRecord(BaseModel):
     validation: Optional[str] = None
     validation_summary: Optional[str] = None
     metrics: dict[str, float] = {}
+    feast: dict[str, str] = {}
 
     TRIAL_FIELDS: ClassVar[tuple[str, ...]] = (
         "pipeline", "pipeline_fingerprint", "data_version", "code_version", "code_dirty", "lock_hash", "seed",
-        "world_size", "strategy", "params", "hparams", "model", "max_epochs", "batch_size", "determinism_caveats",
+        "world_size", "strategy", "params", "hparams", "model", "max_epochs", "batch_size", "determinism_caveats", "feast",
     )
-    """The fields of a trial's record (`to_config`), in the order it has always been written."""
-    _NESTED: ClassVar[dict[str, str]] = {"params": PARAMS_PREFIX, "hparams": HPARAMS_PREFIX, "metrics": METRIC_PREFIX}
+    """The fields of a trial's record (`to_config`), in the order it has always been written (`feast` only for a Feast source)."""
+    _NESTED: ClassVar[dict[str, str]] = {"params": PARAMS_PREFIX, "hparams": HPARAMS_PREFIX, "metrics": METRIC_PREFIX, "feast": FEAST_PREFIX}
     _INTS: ClassVar[tuple[str, ...]] = ("seed", "world_size", "max_epochs", "batch_size")
 
     @classmethod
@@ -253,16 +267,69 @@ class LineageRecord(BaseModel):
         return {k: v for k, v in flatten(given).items()}
 
 
-def feast_tags(lineage: Mapping[str, Any]) -> dict[str, str]:
-    """The registry tags of a Feast source's lineage (`raw/<md5>/feast.json`): references, service, views with their definitions, time range."""
+def feast_fields(lineage: Mapping[str, Any]) -> dict[str, str]:
+    """`LineageRecord.feast` of a Feast source's lineage (`raw/<md5>/feast.json`): references, service, views with their definitions, time range.
+
+    Values are strings, as the registry tags hold them, so a record read back
+    from its tags equals the one that wrote them.
+
+    Example:
+        >>> feast_fields({"features": ["stats:balance"], "feature_service": {"name": "churn"}, "entity_md5": "e1",
+        ...               "feature_views": [{"name": "stats", "definition": "ab" * 32}], "time_range": ["2024-01-01", "2024-03-01"]})
+        {'features': 'stats:balance', 'feature_service': 'churn', 'feature_views': 'stats@abababababab', 'time_range': '2024-01-01/2024-03-01', 'entity_md5': 'e1'}
+    """
     service = lineage.get("feature_service") or {}
     return {
-        f"{FEAST_PREFIX}features": ",".join(lineage["features"]),
-        f"{FEAST_PREFIX}feature_service": str(service.get("name", "")),
-        f"{FEAST_PREFIX}feature_views": ",".join(f"{v['name']}@{v['definition'][:12]}" for v in lineage["feature_views"]),
-        f"{FEAST_PREFIX}time_range": "/".join(str(t) for t in lineage["time_range"]),
-        f"{FEAST_PREFIX}entity_md5": str(lineage["entity_md5"]),
+        "features": ",".join(lineage["features"]),
+        "feature_service": str(service.get("name", "")),
+        "feature_views": ",".join(_view_version(v) for v in lineage["feature_views"]),
+        "time_range": "/".join(str(t) for t in lineage["time_range"]),
+        "entity_md5": str(lineage["entity_md5"]),
     }
+
+
+def feast_serving(lineage: Mapping[str, Any], inputs: Sequence[str], keys: Sequence[str]) -> dict[str, Any]:
+    """What serving needs to fetch a model's inputs from Feast's online store, for its MLflow model `metadata`.
+
+    The model's signature names its input columns; this maps each of them to
+    the feature reference it was retrieved by (`view:feature`, the column being
+    the feature's name), in the signature's order, so a server can call
+    `get_online_features(features=[...], entity_rows=[{key: ...}])` and pass
+    the answer's columns to the model.
+
+    Args:
+        lineage: The Feast lineage of the data version trained on (`raw/<md5>/feast.json`).
+        inputs: The model's input columns, in signature order.
+        keys: The source's entity key columns (what a request to the online store names).
+
+    Returns:
+        `{"project", "feature_service" (None when references were listed), "entity_keys",
+        "features": {input column: reference}, "feature_views": ["name@definition", ...]}`.
+
+    Raises:
+        LineageError: An input column has no feature reference, or two references give the same column.
+    """
+    columns = [ref.split(":", 1)[1] for ref in lineage["features"]]
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise LineageError(f"feature references {lineage['features']} give column(s) {repeated} more than once; serving could not tell them apart")
+    by_column = dict(zip(columns, lineage["features"]))
+    missing = [c for c in inputs if c not in by_column]
+    if missing:
+        raise LineageError(
+            f"model input column(s) {missing} have no Feast feature reference; the retrieval's references are {lineage['features']}"
+        )
+    return {
+        "project": lineage.get("project"),
+        "feature_service": (lineage.get("feature_service") or {}).get("name"),
+        "entity_keys": list(keys),
+        "features": {c: by_column[c] for c in inputs},
+        "feature_views": [_view_version(v) for v in lineage["feature_views"]],
+    }
+
+
+def _view_version(view: Mapping[str, Any]) -> str:
+    return f"{view['name']}@{view['definition'][:DEFINITION_DIGITS]}"
 
 
 def feast_card(lineage: Mapping[str, Any]) -> str:
@@ -271,7 +338,7 @@ def feast_card(lineage: Mapping[str, Any]) -> str:
     lines = ["", "## Features (Feast)", "", f"- feature service: {service or '(none; references listed)'}",
              f"- entity rows: {lineage['entity_md5']}, event times {' .. '.join(str(t) for t in lineage['time_range'])}",
              "- feature references: " + ", ".join(f"`{r}`" for r in lineage["features"]), "", "| view | definition | version | ttl (s) |", "|---|---|---|---|"]
-    lines += [f"| {v['name']} | {v['definition'][:12]} | {v.get('version')} | {v.get('ttl_s')} |" for v in lineage["feature_views"]]
+    lines += [f"| {v['name']} | {v['definition'][:DEFINITION_DIGITS]} | {v.get('version')} | {v.get('ttl_s')} |" for v in lineage["feature_views"]]
     return "\n".join(lines) + "\n"
 
 
@@ -306,9 +373,17 @@ def _metric(tag: str, raw: str) -> float:
         raise LineageError(f"tag {tag} is {raw!r}; expected a number") from e
 
 
-def record(spec: PipelineSpec, data_version: str, params: dict[str, Any], seed: int) -> dict[str, Any]:
-    """A trial's lineage record (`LineageRecord.to_config` form) for this checkout and environment."""
+def record(
+    spec: PipelineSpec, data_version: str, params: dict[str, Any], seed: int, feast: Optional[Mapping[str, Any]] = None,
+) -> dict[str, Any]:
+    """A trial's lineage record (`LineageRecord.to_config` form) for this checkout and environment.
+
+    Args:
+        feast: The Feast lineage of `data_version` (`raw/<md5>/feast.json`) when the
+            source is a feature store; its `feast_fields` become the record's `feast`.
+    """
     commit, dirty = code_version()
+    extra = {"feast": feast_fields(feast)} if feast is not None else {}
     return LineageRecord(
         pipeline=spec.key,
         pipeline_fingerprint=spec.fingerprint(),
@@ -324,4 +399,5 @@ def record(spec: PipelineSpec, data_version: str, params: dict[str, Any], seed: 
         model=spec.model.path,
         max_epochs=spec.model.max_epochs,
         batch_size=spec.model.batch_size,
+        **extra,
     ).to_config()

@@ -34,8 +34,8 @@ churn = PipelineSpec(
     ),
     columns={
         "balance": ColumnSpec(dtype="float", min=0),
-        "txn_count_7d": ColumnSpec(dtype="float", min=0),  # Feast Int64, trained and served as float
-        "tickets_30d": ColumnSpec(dtype="float", min=0),
+        "txn_count_7d": ColumnSpec(dtype="int", min=0),  # Feast Int64: served as JSON integers (`long` in the signature)
+        "tickets_30d": ColumnSpec(dtype="int", min=0),
         TARGET: ColumnSpec(dtype="int", domain=[0, 1]),
     },
     target=TARGET,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import dagster as dg
 from pydantic import Field, PrivateAttr, field_validator
@@ -392,8 +392,10 @@ class ModelRegistry(dg.ConfigurableResource):
 
         Args:
             model_uri: E.g. `models:/vision.digits@challenger`.
-            samples: Named frames to predict on (e.g. `{"test": test_df}`); their
-                values are passed exactly (JSON floats round-trip).
+            samples: Named frames to predict on (e.g. `{"test": test_df}`). Each is
+                sent as the JSON body a client would post (`dataframe_split`, values
+                of each column's own type; JSON floats round-trip) and read as
+                MLflow's scoring server reads it, cast to the model's signature.
             timeout_s: Deadline for the whole process.
             blocked_modules: Top-level packages the process must do without.
 
@@ -420,6 +422,7 @@ class ModelRegistry(dg.ConfigurableResource):
         metrics: dict[str, float],
         description: str,
         input_example: "pd.DataFrame",
+        model_metadata: Optional[Mapping[str, Any]] = None,
     ) -> ModelVersionInfo:
         """Registers an exported model as a new version, once per trial.
 
@@ -441,6 +444,9 @@ class ModelRegistry(dg.ConfigurableResource):
             description: Version description.
             input_example: A few rows holding at least `meta["features"]`; the first
                 rows of those columns become the input example and signature.
+            model_metadata: Written as the MLflow model's `metadata` (the MLmodel
+                file; `mlflow.models.get_model_info(uri).metadata`), e.g. the Feast
+                feature reference of each input column. JSON values only.
 
         Returns:
             The version, with `created` telling whether this call created it.
@@ -469,7 +475,7 @@ class ModelRegistry(dg.ConfigurableResource):
             return existing
         return create_version(
             self, model_name, model_dir, trial_key=trial_key, tags=tags, metrics=metric_values,
-            description=description, input_example=input_example,
+            description=description, input_example=input_example, model_metadata=model_metadata,
         )
 
     # -- serving -----------------------------------------------------------------

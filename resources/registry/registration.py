@@ -14,7 +14,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
 
 from resources.registry.backend import URI_SCHEME_RE, RegistryConnection, client, fluent_uris, mlflow_module, to_uri
 from resources.registry.errors import ALREADY_EXISTS, RegistryConflict, RegistryError, translate_errors
@@ -55,12 +55,14 @@ def create_version(
     metrics: dict[str, float],
     description: str,
     input_example: "pd.DataFrame",
+    model_metadata: Optional[Mapping[str, Any]] = None,
 ) -> ModelVersionInfo:
-    """Validates the model directory and example, then registers a new version (see `ModelRegistry.register`).
+    """Validates the model directory, example and metadata, then registers a new version (see `ModelRegistry.register`).
 
-    Arguments are already checked by the caller except `model_dir` and
-    `input_example`, which are checked here.
+    Arguments are already checked by the caller except `model_dir`,
+    `input_example` and `model_metadata`, which are checked here.
     """
+    metadata = model_metadata_of(model_metadata)
     with tempfile.TemporaryDirectory(prefix="trainyard-register-") as scratch:
         local_dir = localize(model_dir, scratch)
         meta = read_model_dir(local_dir)
@@ -70,7 +72,7 @@ def create_version(
         return _register_new(
             registry, model_name, local_dir,
             experiment_id=experiment_id, trial_key=trial_key, tags=tags,
-            metrics=metrics, description=description, example=example, meta=meta,
+            metrics=metrics, description=description, example=example, meta=meta, metadata=metadata,
         )
 
 
@@ -86,6 +88,7 @@ def _register_new(
     description: str,
     example: "pd.DataFrame",
     meta: dict[str, Any],
+    metadata: Optional[dict[str, Any]],
 ) -> ModelVersionInfo:
     mlflow = mlflow_module()
     from mlflow.entities import Metric, RunStatus
@@ -109,6 +112,7 @@ def _register_new(
                     input_example=example,
                     signature=None,  # inferred from input_example and the model's output
                     pip_requirements=serving_requirements(meta),
+                    metadata=metadata,
                 )
                 mv = mlflow_client.create_model_version(
                     model_name, source=logged.model_uri, run_id=run_id, tags=tags,
@@ -183,6 +187,22 @@ def input_example_of(input_example: "pd.DataFrame", features: list[str]) -> "pd.
     # float64 pass); the pyfunc casts to the model's float32 itself.
     example = input_example[features].head(INPUT_EXAMPLE_ROWS).reset_index(drop=True)
     return example.astype({c: "int64" if pd.api.types.is_integer_dtype(example[c]) else "float64" for c in features})
+
+
+def model_metadata_of(model_metadata: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+    """`model_metadata` as the plain dict the MLmodel file holds, or None.
+
+    Raises:
+        ValueError: It is not a mapping with string keys and JSON values.
+    """
+    if model_metadata is None:
+        return None
+    if not isinstance(model_metadata, Mapping) or not all(isinstance(k, str) for k in model_metadata):
+        raise ValueError(f"model_metadata must be a mapping with string keys, got {model_metadata!r:.200}")
+    try:
+        return dict(json.loads(json.dumps(dict(model_metadata), allow_nan=False)))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"model_metadata must hold JSON values only (the MLmodel file stores it): {e}") from e
 
 
 def ensure_experiment(registry: RegisteringRegistry, model_name: str) -> str:

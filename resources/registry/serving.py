@@ -63,16 +63,26 @@ class SmokeResult:
         return self.error is None
 
 
+def client_payload(frame: "pd.DataFrame") -> dict[str, Any]:
+    """`frame` as a JSON client sends it to a served model: MLflow's `dataframe_split` body, `columns` and `data`.
+
+    Each value keeps its own column's type (an int column's values are JSON
+    integers, a float column's are floats), as a client that builds its rows
+    per field writes them. `frame.to_numpy()` would not: a frame mixing int
+    and float columns becomes one float array, and a model whose signature
+    declares an integer column would be sent `3.0` where a client sends `3`.
+    """
+    split = frame.to_dict(orient="split", index=False)
+    return {"columns": [str(c) for c in split["columns"]], "data": split["data"]}
+
+
 def smoke_request(model_uri: str, samples: Mapping[str, "pd.DataFrame"], blocked_modules: Sequence[str], output: str) -> dict[str, Any]:
-    """The JSON request `smoke.main` reads: sample frames as exact column lists and row lists."""
+    """The JSON request `smoke.main` reads: each sample frame as the `dataframe_split` body a client would send."""
     return {
         "model_uri": model_uri,
         "blocked": sorted(set(blocked_modules)),
         "output": output,
-        "samples": {
-            name: {"columns": [str(c) for c in frame.columns], "data": frame.to_numpy().tolist()}
-            for name, frame in samples.items()
-        },
+        "samples": {name: client_payload(frame) for name, frame in samples.items()},
     }
 
 

@@ -8,12 +8,13 @@ unimportable too, as in a serving image that has mlflow, torch, numpy and
 pandas and nothing of the training stack. That is also why it runs as a file
 rather than `python -m resources.registry.smoke`: `-m` would import the
 `resources` package (and Dagster) first. Hence: standard library only at the
-top; mlflow, numpy and pandas are imported after the blocker is installed.
+top; mlflow and numpy are imported after the blocker is installed.
 For the same reason the registry's error translation borrows `exception_chain`
 from here rather than the other way round.
 
 The request (JSON) holds `model_uri`, `blocked` (top-level package names),
-`samples` (`{name: {"columns": [...], "data": [[...], ...]}}`) and `output`, the
+`samples` (`{name: {"columns": [...], "data": [[...], ...]}}`, each the
+`dataframe_split` body a client would post to `/invocations`) and `output`, the
 path the result JSON is written to: `blocked_imports`, and either
 `load_seconds`, `run_id` and `predictions` (per sample, plus `input_example`),
 or `error`, `error_types` (the exception chain's type names) and `traceback`.
@@ -64,13 +65,19 @@ def predict_all(request: dict[str, Any], out: dict[str, Any]) -> None:
     Fills `out` as it goes (`load_seconds`, `run_id`, then `predictions`), so a
     model that loads but fails to predict still reports what it loaded.
 
+    Each sample is a `dataframe_split` request body and is read as MLflow's
+    scoring server reads a JSON request (`infer_and_parse_data` with the
+    model's input schema: JSON numbers are cast to the types the signature
+    declares), so a sample passes here exactly when the same body would be
+    served.
+
     Raises:
         ValueError: The model was logged without an input example.
     """
     started = time.perf_counter()
     import mlflow.pyfunc
     import numpy as np
-    import pandas as pd
+    from mlflow.pyfunc.scoring_server import infer_and_parse_data
 
     model = mlflow.pyfunc.load_model(request["model_uri"])
     out["load_seconds"] = time.perf_counter() - started
@@ -79,8 +86,9 @@ def predict_all(request: dict[str, Any], out: dict[str, Any]) -> None:
     if example is None:
         raise ValueError("the model was logged without an input example")
     predictions = {"input_example": np.asarray(model.predict(example)).tolist()}
+    schema = model.metadata.get_input_schema()
     for name, sample in request["samples"].items():
-        frame = pd.DataFrame(sample["data"], columns=sample["columns"])
+        frame = infer_and_parse_data({"dataframe_split": sample}, schema)
         predictions[name] = np.asarray(model.predict(frame)).tolist()
     out["predictions"] = predictions
 

@@ -9,6 +9,7 @@ import yaml
 from dagster import AssetKey
 
 from pipelines.commerce.churn import churn
+from resources.registry.backend import fluent_uris
 from tests.featurestore.support import make_example
 from tests.pipelines.pipeline_fixtures import Harness
 
@@ -41,7 +42,27 @@ def test_churn_chain_trains_on_point_in_time_features_and_registers_a_champion(t
     assert champion.tags["trainyard.feast.feature_service"] == "churn_features"
     assert champion.tags["trainyard.feast.feature_views"].startswith("customer_stats@")
     assert champion.tags["trainyard.feast.time_range"].startswith("2024-")
+    import mlflow
     from mlflow import MlflowClient
 
-    card = MlflowClient(tracking_uri=harness.resources["registry"].tracking_uri).get_model_version("commerce.churn", champion.version).description
+    registry = harness.resources["registry"]
+    card = MlflowClient(tracking_uri=registry.tracking_uri).get_model_version("commerce.churn", champion.version).description
     assert "## Features (Feast)" in card and "`customer_stats:balance`" in card and "churn_features" in card
+
+    # The registered model itself tells serving which online features to fetch, for which signature column.
+    with fluent_uris(registry.tracking_uri):
+        info = mlflow.models.get_model_info(champion.model_uri)
+    inputs = [(c.name, c.type.name) for c in info.signature.inputs.inputs]
+    assert inputs == [("balance", "double"), ("txn_count_7d", "long"), ("tickets_30d", "long")]  # Feast Float64, Int64, Int64
+    served = info.metadata["feast"]
+    assert served["features"] == {name: f"customer_stats:{name}" for name, _ in inputs}
+    assert sorted(served["features"].values()) == sorted(refs.split(","))
+    assert served["feature_service"] == "churn_features" and served["entity_keys"] == ["customer_id"]
+    assert served["project"] == "commerce" and served["feature_views"] == champion.tags["trainyard.feast.feature_views"].split(",")
+
+    # The trial's lineage record, its W&B run config and the version's tags carry the same Feast fields.
+    feast = out["best"]["lineage"]["feast"]
+    assert {f"trainyard.feast.{k}": v for k, v in feast.items()} == {k: v for k, v in champion.tags.items() if k.startswith("trainyard.feast.")}
+    assert set(feast) == {"features", "feature_service", "feature_views", "time_range", "entity_md5"}
+    runs = list((harness.home / "wandb").rglob("run-*.wandb"))
+    assert runs and all(feast["feature_views"].encode() in p.read_bytes() and refs.encode() in p.read_bytes() for p in runs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipelines.commerce.churn import churn
 from trainyard import lineage
 from trainyard.lineage import LineageError, LineageRecord, flatten
 from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
@@ -89,7 +90,8 @@ def test_trial_record_is_the_config_and_registration_writes_what_it_always_wrote
     monkeypatch.setattr(lineage, "lock_hash", lambda: "feedfacefeedface")
     s = spec()
     config = lineage.record(s, "md5", params={"lr": 0.01}, seed=3)
-    assert list(config) == list(LineageRecord.TRIAL_FIELDS[:-1])  # determinism caveats are the pod's to add
+    # determinism caveats are the pod's to add; `feast` is a Feast source's only
+    assert list(config) == [f for f in LineageRecord.TRIAL_FIELDS if f not in ("determinism_caveats", "feast")]
     assert config["params"] == {"lr": 0.01} and config["code_dirty"] is True and config["seed"] == 3
     config["determinism_caveats"] = []
     record = LineageRecord.from_config(config, trial="trial-0000", metrics={"test_acc": 0.5})
@@ -101,3 +103,56 @@ def test_trial_record_is_the_config_and_registration_writes_what_it_always_wrote
     assert LineageRecord.from_tags(record.to_tags()).to_tags() == expected
     meta = record.to_metadata()
     assert (meta["params.lr"], meta["metric.test_acc"], meta["code_version"], meta["trial"]) == (0.01, 0.5, "c" * 40, "trial-0000")
+
+
+FEAST_LINEAGE = {  # `raw/<md5>/feast.json` as `trainyard.data.feast` writes it
+    "entity_md5": "e" * 32, "project": "commerce", "entity_uri": "/store/data/commerce/churn/raw/e/data.parquet",
+    "features": ["customer_stats:balance", "customer_stats:txn_count_7d", "customer_stats:tickets_30d"],
+    "feature_service": {"name": "churn_features", "features": ["customer_stats:balance"]},
+    "feature_views": [{"name": "customer_stats", "definition": "0123456789abcdef" * 4, "version": 3, "ttl_s": 2592000}],
+    "time_range": ["2024-01-03T00:00:00+00:00", "2024-03-30T00:00:00+00:00"],
+    "updated": {"customer_stats": "2024-04-01T00:00:00+00:00"},
+}
+
+
+def test_a_feast_trial_record_carries_references_views_service_and_time_range_to_config_and_tags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lineage, "code_version", lambda: ("c" * 40, False))
+    config = lineage.record(churn, "md5", params={"num_leaves": 7}, seed=0, feast=FEAST_LINEAGE)
+    feast = {
+        "features": "customer_stats:balance,customer_stats:txn_count_7d,customer_stats:tickets_30d",
+        "feature_service": "churn_features",
+        "feature_views": "customer_stats@0123456789ab",
+        "time_range": "2024-01-03T00:00:00+00:00/2024-03-30T00:00:00+00:00",
+        "entity_md5": "e" * 32,
+    }
+    assert config["feast"] == feast  # the W&B run config and TrainSpec.lineage
+    assert list(config)[-1] == "feast"
+    record = LineageRecord.from_config(config, trial="trial-0001")
+    tags = record.to_tags()
+    assert {k: v for k, v in tags.items() if k.startswith("trainyard.feast.")} == {f"trainyard.feast.{k}": v for k, v in feast.items()}
+    assert LineageRecord.from_tags(tags).feast == feast and LineageRecord.from_tags(tags).to_tags() == tags
+    assert record.to_metadata()["feast.feature_views"] == "customer_stats@0123456789ab"
+    # A landing-file source's record has no feast field at all.
+    assert "feast" not in lineage.record(spec(), "md5", params={}, seed=0)
+
+
+def test_feast_serving_maps_each_model_input_to_its_reference_in_signature_order() -> None:
+    served = lineage.feast_serving(FEAST_LINEAGE, ["tickets_30d", "balance", "txn_count_7d"], ["customer_id"])
+    assert served == {
+        "project": "commerce",
+        "feature_service": "churn_features",
+        "entity_keys": ["customer_id"],
+        "features": {"tickets_30d": "customer_stats:tickets_30d", "balance": "customer_stats:balance", "txn_count_7d": "customer_stats:txn_count_7d"},
+        "feature_views": ["customer_stats@0123456789ab"],
+    }
+    assert list(served["features"]) == ["tickets_30d", "balance", "txn_count_7d"]
+    listed = lineage.feast_serving({**FEAST_LINEAGE, "feature_service": None}, ["balance"], ["customer_id"])
+    assert listed["feature_service"] is None and listed["features"] == {"balance": "customer_stats:balance"}
+
+
+def test_feast_serving_refuses_an_input_without_a_reference_or_an_ambiguous_column() -> None:
+    with pytest.raises(LineageError, match=r"model input column\(s\) \['age'\] have no Feast feature reference; the retrieval's references are \['customer_stats:balance'"):
+        lineage.feast_serving(FEAST_LINEAGE, ["balance", "age"], ["customer_id"])
+    twice = {**FEAST_LINEAGE, "features": ["customer_stats:balance", "accounts:balance"]}
+    with pytest.raises(LineageError, match=r"give column\(s\) \['balance'\] more than once"):
+        lineage.feast_serving(twice, ["balance"], ["customer_id"])

@@ -37,15 +37,17 @@ def test_failure_description_names_the_whole_chain() -> None:
     assert "ConnectionRefusedError: refused" in described["traceback"]
 
 
-def test_request_carries_samples_exactly(tmp_path: Path) -> None:
+def test_request_carries_samples_exactly_as_a_json_client_sends_them(tmp_path: Path) -> None:
     frame = pd.DataFrame({"a": [0.1, 2.5], "b": [3, 4]})
     request = smoke_request("models:/m@challenger", {"test": frame}, ["wandb", "dagster", "wandb"], str(tmp_path / "out.json"))
     assert request == {
         "model_uri": "models:/m@challenger",
         "blocked": ["dagster", "wandb"],
         "output": str(tmp_path / "out.json"),
-        "samples": {"test": {"columns": ["a", "b"], "data": [[0.1, 3.0], [2.5, 4.0]]}},
+        "samples": {"test": {"columns": ["a", "b"], "data": [[0.1, 3], [2.5, 4]]}},
     }
+    # An int column stays JSON integers beside a float column (a float array would send 3.0).
+    assert json.dumps(request["samples"]) == '{"test": {"columns": ["a", "b"], "data": [[0.1, 3], [2.5, 4]]}}'
 
 
 def test_isolated_process_reports_a_blocked_import_as_the_error(tmp_path: Path) -> None:
