@@ -1,7 +1,9 @@
 """The Kubernetes launcher over real HTTP against kmock's emulated API server.
 
-kmock (`KubernetesEmulator`) stores what is created and serves it back, but it
-runs no controllers: a test thread (`play`) acts as Kueue and the Job controller,
+`KubeServer` (`tests.support.cluster.server`) is kmock's `KubernetesEmulator`
+on a loopback port; it stores what is created and serves it back, but it
+runs no controllers here (`tests/resources/test_k8s_emulated.py` runs the
+process-backed cluster on it): a test thread (`play`) acts as Kueue and the Job controller,
 unsuspending the Job, creating pods, writing `result.json` like the pod would and
 setting Job conditions. Where time matters (timeouts), the supervisor gets a fake
 clock whose sleep drives the same cluster actions synchronously.
@@ -16,24 +18,20 @@ unless a reaction serves logs (the `logs` dict below does).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Optional
 
-import kmock
 import pytest
 from dagster import DagsterExecutionInterruptedError
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from resources.k8s.cluster import LAUNCHER_RULES
 from resources.k8s.config import K8sJobConfig
 from resources.k8s.errors import KubernetesAPIError, QueueTimeout
 from resources.k8s.launcher import KubernetesLauncher, attempt_number
@@ -48,6 +46,8 @@ from resources.launcher import (
     TrainingConfigError,
     TrainingPreempted,
 )
+from tests.support.cluster.server import CONTROLLER_AGENT, KubeServer
+from tests.support.cluster.server import launcher_requests_outside_its_role as requests_outside_role
 from tests.support.train_specs import make_spec
 from training.spec import Distribution, TrainResult, TrainSpec
 
@@ -59,96 +59,9 @@ WORKLOADS = f"/apis/kueue.x-k8s.io/v1beta2/namespaces/{NS}/workloads"
 CFG = K8sJobConfig(namespace=NS, image="trainer:1", queue_name="trainyard")
 
 
-class Emulator(kmock.KubernetesEmulator):  # type: ignore[misc]
-    """kmock's emulator, plus what every API server does on create: a uid and a creationTimestamp."""
-
-    async def _handle(self, request: Any) -> Any:
-        if request.resource is not None and request.action == kmock.action.CREATE and isinstance(request.data, dict):
-            meta = request.data.setdefault("metadata", {})
-            meta.setdefault("uid", str(uuid.uuid4()))
-            meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        return await super()._handle(request)
-
-
-class KubeServer:
-    """kmock's Kubernetes emulator on a loopback port, served from its own event loop thread."""
-
-    def __init__(self) -> None:
-        self.logs: dict[str, list[str]] = {}
-        self._ready = threading.Event()
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError(f"kmock did not start: {self._error}")
-
-    def _serve(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as e:  # surfaced by __init__ / stop()
-            self._error = e
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with Emulator() as km, kmock.Server(km) as server:
-            # Declared resources list as empty instead of 404, like a cluster with Kueue installed.
-            km.resources["v1/pods"] = {}
-            km.resources["v1/services"] = {}
-            km.resources["batch/v1/jobs"] = {}
-            km.resources["v1/events"] = {}
-            km.resources["kueue.x-k8s.io/v1beta2/workloads"] = {}
-            km[lambda req: req.subresource == "log"] << self._serve_log
-            self.km, self.url = km, str(server.url).rstrip("/")
-            self._ready.set()
-            await self._stop.wait()
-
-    def _serve_log(self, req: Any) -> bytes:
-        lines = list(self.logs.get(req.name, []))
-        if req.params.get("tailLines"):
-            lines = lines[-int(req.params["tailLines"]):]
-        if req.params.get("timestamps") != "True":
-            lines = [line.split(" ", 1)[1] for line in lines]
-        return "".join(f"{line}\n" for line in lines).encode()
-
-    def stop(self) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def api_client(self, user_agent: str = "trainyard-launcher") -> client.ApiClient:
-        api = client.ApiClient(client.Configuration(host=self.url))
-        api.user_agent = user_agent
-        return api
-
-    def requests(self, method: str, path: str) -> list[Any]:
-        return [r for r in list(self.km) if r.method.value == method and r.url.path == path]
-
-    def count(self, method: str, path: str) -> int:
-        return len(self.requests(method, path))
-
-
-CONTROLLER_AGENT = "test-controller"
-
-
 def launcher_requests_outside_its_role(server: KubeServer) -> list[str]:
-    """Every request the launcher made that its Role (`resources.k8s.cluster.LAUNCHER_RULES`) would not allow."""
-    allowed = {(group, resource, verb) for r in LAUNCHER_RULES for group in r["apiGroups"] for resource in r["resources"] for verb in r["verbs"]}
-    denied = []
-    for r in list(server.km):
-        if r.headers.get("User-Agent") == CONTROLLER_AGENT:
-            continue
-        parts = r.url.path.strip("/").split("/")
-        group = "" if parts[0] == "api" else parts[1]
-        rest = parts[2:] if parts[0] == "api" else parts[3:]
-        assert rest[0] == "namespaces" and rest[1] == NS, r.url.path  # namespaced, in the team namespace only
-        resource = "/".join([rest[2], *rest[4:5]])
-        named = len(rest) > 3
-        verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}.get(r.method.value) or (
-            "get" if named else ("watch" if r.params.get("watch") in ("true", "1") else "list"))
-        if (group, resource, verb) not in allowed:
-            denied.append(f"{r.method.value} {r.url.path} ({verb} {group or 'core'}/{resource})")
-    return denied
+    """Every request the launcher made in namespace `NS` that its Role would not allow (`tests.support.cluster.server`)."""
+    return requests_outside_role(server, NS)
 
 
 @pytest.fixture

@@ -1,0 +1,322 @@
+"""The Kubernetes launcher against the process-backed cluster (`tests.support.cluster`).
+
+Every trial here is a 2-node x 1-process digits gang run through the real
+`KubernetesLauncher`: Kueue admits it, the Job controller makes one pod per
+completion index, and each pod is a local process group running the rendered
+container command (`python -m training.gang ... torchrun ... training.entrypoint`).
+Exit codes, pod phases and Job conditions come from the processes and the
+controllers' rules; the tests only act as a user or the cluster would (a
+SIGKILL to a pod's process, a Kueue preemption, a model that raises on rank 1,
+a nodeSelector no node matches).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from resources.k8s.errors import StuckGang
+from resources.k8s.launcher import KubernetesLauncher
+from resources.launcher import LaunchOutcome, TrainingCodeError
+from tests.support.cluster import EmulatedCluster, KueueSettings, Node
+from tests.support.cluster.controllers import COMPLETION_INDEX, exit_code
+from tests.support.cluster.kubelet import expand, resolve_names
+from tests.support.cluster.server import launcher_requests_outside_its_role
+from tests.support.train_specs import make_spec
+from training.spec import CheckpointPolicy, Distribution, ImportTarget, TrainSpec
+
+NS = "vision"
+IMAGE = "registry.example.com/trainyard/trainer@sha256:" + "0" * 64
+# Threads per process: this machine's setting, given by the emulated nodes (not by the trial).
+NODE_ENV = {"OMP_NUM_THREADS": "1"}
+CHECKPOINT_EVERY = 20
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EmulatedCluster]:
+    with EmulatedCluster(tmp_path / "cluster", node_env=NODE_ENV) as c:
+        yield c
+        c.wait_for("every pod process to end", lambda: not c.live_processes(), timeout=60)
+        # Whatever the scenario, the launcher stayed inside the access deploy/k8s gives it.
+        assert launcher_requests_outside_its_role(c.server, NS) == []
+
+
+def launcher(c: EmulatedCluster, **kw: Any) -> KubernetesLauncher:
+    options: dict[str, Any] = dict(namespace=NS, image=IMAGE, api_url=c.url, poll_interval_seconds=0.5, cpu="1", memory="1Gi",
+                                   master_port=free_port(), termination_grace_seconds=15, run_timeout_seconds=400,
+                                   queue_timeout_seconds=120)
+    options.update(kw)
+    return KubernetesLauncher(**options)
+
+
+def gang_spec(tmp: Path, **over: Any) -> TrainSpec:
+    return make_spec(tmp, distribution=Distribution(nodes=2, procs_per_node=1),
+                     checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False), **over)
+
+
+def index(pod: dict[str, Any]) -> int:
+    return int(pod["metadata"]["annotations"][COMPLETION_INDEX])
+
+
+def launch_in_thread(lx: KubernetesLauncher, spec: TrainSpec) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run `lx.launch(spec)` in a thread; the dict gets "outcome" or "error"."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["outcome"] = lx.launch(spec)
+        except BaseException as e:  # handed to the test thread
+            box["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def finish(thread: threading.Thread, box: dict[str, Any], timeout: float = 400) -> LaunchOutcome:
+    thread.join(timeout)
+    assert not thread.is_alive(), "the launch did not end"
+    if "error" in box:
+        raise box["error"]
+    outcome: LaunchOutcome = box["outcome"]
+    return outcome
+
+
+def wait_for_checkpoint(c: EmulatedCluster, at_least: int) -> tuple[str, int]:
+    """(Job name, step) once rank 0 has logged a committed checkpoint at step >= `at_least`."""
+    def found() -> Optional[tuple[str, int]]:
+        for p in c.pods():
+            if index(p) == 0:
+                steps = [int(s) for s in re.findall(r"committed checkpoint \S+/step-(\d+)", c.log(p["metadata"]["name"]))]
+                if steps and max(steps) >= at_least:
+                    return p["metadata"]["labels"]["batch.kubernetes.io/job-name"], max(steps)
+        return None
+    return c.wait_for(f"a checkpoint at step >= {at_least}", found, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_two_node_trial_succeeds(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    spec = gang_spec(tmp_path)
+    started = time.monotonic()
+    outcome = launcher(cluster).launch(spec)
+    assert outcome.result.world_size == 2 and outcome.result.trial_id == spec.trial_id
+    # Written by the pods themselves: rank 0's process, in the trial's directory.
+    result = json.loads(Path(spec.output_uri, "result.json").read_text())
+    assert result["world_size"] == 2 and result["train_samples"] == 2 * 210
+    pods = cluster.pods()
+    assert sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods) == [(0, "Succeeded", 0), (1, "Succeeded", 0)]
+    job = pods[0]["metadata"]["labels"]["batch.kubernetes.io/job-name"]
+    assert {p["spec"]["hostname"] for p in pods} == {f"{job}-0", f"{job}-1"} and {p["spec"]["subdomain"] for p in pods} == {job}
+    assert cluster.job_conditions(job, NS)["Complete"]["status"] == "True"
+    assert "trial trial-0000: done" in Path(outcome.log_uri).read_text()  # rank 0's log, kept with the trial
+    assert cluster.objects("Service") == []  # the rendezvous is over
+    quota_released(cluster)  # the finished Workload holds no quota
+    logging.getLogger(__name__).info("2-node trial on the emulation: %.1f s", time.monotonic() - started)
+
+
+@pytest.mark.slow
+def test_a_user_error_on_node_1_fails_at_once_with_its_traceback(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    spec = gang_spec(tmp_path, model=ImportTarget(path="tests.support.gang_models:UserErrorOnRank",
+                                                 kwargs={"hidden": 16, "lr": 0.02, "rank": 1, "at_step": 2}))
+    with pytest.raises(TrainingCodeError) as err:
+        launcher(cluster).launch(spec)
+    e = err.value
+    assert not e.retryable
+    message = str(e)
+    assert "ZeroDivisionError: rank 1: division by zero in the loss" in message and "Traceback" in message, message
+    # Not retried: one pod per index was ever created; the Job failed through the podFailurePolicy on pod 1's
+    # real exit code and deleted pod 0 (still running, or exiting 1 too: its wrapper reads rank 1's record).
+    assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 2
+    pods = cluster.pods()
+    assert [(index(p), p["status"]["phase"], exit_code(p)) for p in pods] == [(1, "Failed", 1)], pods
+    job = pods[0]["metadata"]["labels"]["batch.kubernetes.io/job-name"]
+    failed = cluster.job_conditions(job, NS)["Failed"]
+    assert failed["reason"] == "PodFailurePolicy" and "exit code 1 matching FailJob rule" in failed["message"]
+    assert f"Job {NS}/{job} failed (PodFailurePolicy:" in message
+    quota_released(cluster)
+
+
+@pytest.mark.slow
+def test_a_pod_killed_mid_epoch_is_replaced_and_the_gang_resumes_from_its_checkpoint(
+        cluster: EmulatedCluster, tmp_path: Path) -> None:
+    """The Indexed Job path: the killed pod's 137 is counted (within backoffLimit) and its index gets a new pod.
+
+    The new pod's torchrun agent joins the static rendezvous that node 0's agent
+    reopens for its in-job restart (`--max-restarts`), so the gang trains on
+    from the newest committed checkpoint inside the same Job; no run-level retry.
+    """
+    spec = gang_spec(tmp_path, max_epochs=50)
+    thread, box = launch_in_thread(launcher(cluster), spec)
+    job, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
+    victim = next(p for p in cluster.running(job) if index(p) == 1)
+    cluster.kill(victim["metadata"]["name"], signal.SIGKILL)
+    outcome = finish(thread, box)
+
+    phases = cluster.pod_phases(job)
+    killed = next(p for p in phases if p[0] == victim["metadata"]["name"])
+    assert killed[1:] == ("Failed", 137), phases  # the runtime's status of a SIGKILLed container, from the process
+    replacements = [p for p in cluster.pods(job) if index(p) == 1 and p["metadata"]["name"] != victim["metadata"]["name"]]
+    assert [(p["status"]["phase"], exit_code(p)) for p in replacements] == [("Succeeded", 0)], phases
+    job_obj = cluster.job(job, NS)
+    assert job_obj is not None and job_obj["status"]["failed"] == 1 and job_obj["spec"]["backoffLimit"] == 3
+    result = outcome.result
+    assert result.world_size == 2 and result.resumed_from is not None
+    resumed_step = int(result.resumed_from.rsplit("-", 1)[1])
+    assert resumed_step >= step, (result.resumed_from, step)  # the checkpoint the test waited for, or a newer one
+    assert result.goodput["restarts"] >= 1 and result.goodput["lost_steps"] <= CHECKPOINT_EVERY, result.goodput
+    quota_released(cluster)
+
+
+@pytest.mark.slow
+def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedCluster, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """Kueue suspends the Job: pods get SIGTERM, write the preemption checkpoint and exit; re-admitted, the Job resumes.
+
+    On the Indexed Job path this all happens inside one launch: the launcher
+    sees the Job suspended (queued again) and re-admitted, and the trial
+    succeeds; it does not raise `TrainingPreempted`.
+    """
+    caplog.set_level(logging.INFO, logger="trainyard.k8s")
+    spec = gang_spec(tmp_path, max_epochs=50)
+    thread, box = launch_in_thread(launcher(cluster), spec)
+    job, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
+    first = {p["metadata"]["name"] for p in cluster.running(job)}
+    cluster.preempt(job, NS)
+    outcome = finish(thread, box)
+
+    assert [reason for _, reason in cluster.kueue.evictions] == ["Preempted"]
+    text = caplog.text
+    assert "was suspended again (preempted by Kueue)" in text and "Evicted=True (Preempted" in text
+    assert "disruption, not a failure" in text
+    final = cluster.pods(job)
+    assert not first & {p["metadata"]["name"] for p in final}  # the preempted pods were deleted, new ones trained
+    assert sorted((index(p), p["status"]["phase"]) for p in final) == [(0, "Succeeded"), (1, "Succeeded")]
+    job_obj = cluster.job(job, NS)
+    assert job_obj is not None and job_obj["status"].get("failed", 0) == 0  # a preemption is not a failure
+    result = outcome.result
+    assert result.resumed_from is not None
+    resumed_step = int(result.resumed_from.rsplit("-", 1)[1])
+    # The preemption checkpoint, written on SIGTERM after the periodic one the test waited for.
+    assert resumed_step > step, (result.resumed_from, step)
+    quota_released(cluster)
+    # The resumed pods share the launch id (the Job name) and restart count 0 with the preempted ones; their
+    # attempt record is still their own (training.attempts.attempt_id), so the preemption counts as a restart.
+    assert result.goodput["restarts"] == 1, result.goodput
+    assert result.goodput["restart_causes"] == ["preempted"], result.goodput
+
+
+def stuck_launcher(c: EmulatedCluster, **env: str) -> KubernetesLauncher:
+    """The launcher `from_env` builds, with a node selector no emulated node matches, pointed at the emulation."""
+    base = KubernetesLauncher.from_env({"TRAINYARD_K8S_NAMESPACE": NS, "TRAINYARD_TRAINER_IMAGE": IMAGE,
+                                        "TRAINYARD_K8S_POD": json.dumps({"node_selector": {"trainyard.io/pool": "gpu-h100"},
+                                                                         "cpu": "1", "memory": "1Gi"}), **env})
+    return base.model_copy(update={"api_url": c.url, "poll_interval_seconds": 0.5, "master_port": free_port()})
+
+
+def assert_nothing_left(c: EmulatedCluster) -> None:
+    c.wait_for("the gang to be deleted", lambda: not (c.objects("Job") or c.objects("Pod") or c.objects("Workload")), timeout=60)
+    assert c.quota_used() == {} and c.objects("Service") == []
+
+
+def quota_released(c: EmulatedCluster) -> None:
+    """Kueue marks a finished Job's Workload Finished on its next pass; then it holds no quota."""
+    c.wait_for("Kueue to release the quota", lambda: c.quota_used() == {}, timeout=10)
+
+
+def test_a_gang_that_can_never_be_scheduled_fails_within_the_bound_and_leaves_nothing(cluster: EmulatedCluster,
+                                                                                      tmp_path: Path) -> None:
+    spec = gang_spec(tmp_path)
+    lx = stuck_launcher(cluster, TRAINYARD_K8S_UNSCHEDULABLE_SECONDS="3")
+    assert lx.unschedulable_seconds == 3
+    started = time.monotonic()
+    with pytest.raises(StuckGang) as err:
+        lx.launch(spec)
+    elapsed = time.monotonic() - started
+    assert err.value.kind == "unschedulable" and not err.value.retryable
+    assert "didn't match Pod's node affinity/selector" in str(err.value) and "holds no quota" in str(err.value)
+    assert elapsed < 3 + 10, elapsed  # the bound, plus admission and a few polls
+    events = [e for e in cluster.objects("Event") if e["reason"] == "FailedScheduling"]
+    assert events and all(e["type"] == "Warning" for e in events)
+    assert_nothing_left(cluster)
+
+
+def test_kueue_evicts_a_gang_whose_pods_are_not_ready_and_deactivates_it(tmp_path: Path) -> None:
+    """waitForPodsReady: evicted after the timeout, requeued with backoff, deactivated past backoffLimitCount."""
+    kueue = KueueSettings(pods_ready_timeout=2, backoff_base_seconds=1, backoff_max_seconds=4, backoff_limit_count=1)
+    with EmulatedCluster(tmp_path / "cluster", kueue=kueue, node_env=NODE_ENV) as c:
+        lx = stuck_launcher(c, TRAINYARD_K8S_UNSCHEDULABLE_SECONDS="300")
+        with pytest.raises(StuckGang) as err:
+            lx.launch(gang_spec(tmp_path))
+        assert err.value.kind == "deactivated"
+        assert "Kueue deactivated Workload" in str(err.value)
+        assert [reason for _, reason in c.kueue.evictions] == ["PodsReadyTimeout", "PodsReadyTimeout"]
+        assert_nothing_left(c)
+        assert launcher_requests_outside_its_role(c.server, NS) == []
+
+
+def test_a_missing_secret_is_a_config_error_at_once(tmp_path: Path) -> None:
+    """A referenced Secret that does not exist: CreateContainerConfigError from the kubelet, and the launcher fails at once."""
+    with EmulatedCluster(tmp_path / "cluster", nodes=[Node("node-a")], node_env=NODE_ENV) as c:
+        lx = launcher(c, env_from_secrets=["trainyard-storage"])
+        with pytest.raises(StuckGang) as err:
+            lx.launch(gang_spec(tmp_path))
+        assert err.value.kind == "config" and 'secret "trainyard-storage" not found' in str(err.value)
+        assert c.live_processes() == []
+        assert_nothing_left(c)
+
+
+@pytest.mark.slow
+def test_a_dagster_run_trains_a_two_node_trial_on_the_emulated_cluster(tmp_path: Path) -> None:
+    """`trial_model` materialized by a real Dagster run whose launcher resource is the Kubernetes launcher."""
+    from pipelines.factory import build_definitions, job_names
+    from tests.pipelines.pipeline_fixtures import failure_text, small_spec
+    from tests.pipelines.sweep_drill import drill_resources, open_instance, prepared_home
+    from trainyard.search import FloatParam, SearchSpec
+
+    home = tmp_path / "home"
+    spec = small_spec(search=SearchSpec(params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, sampler="random", seed=7),
+                      distribution=Distribution(nodes=2, procs_per_node=1))
+    node = f"{spec.team}__{spec.name}__trial_model"
+    with EmulatedCluster(tmp_path / "cluster", node_env=NODE_ENV) as c:
+        resources = drill_resources(home, launcher(c))
+        instance = open_instance(home)
+        prepared_home(home, spec, resources, instance)
+        result = build_definitions(spec, resources=resources).resolve_job_def(job_names(spec)["train"]).execute_in_process(
+            instance=instance, partition_key="trial-0000", raise_on_error=False)
+        assert result.success, failure_text(result)
+        value = result.output_for_node(node)
+        trained = json.loads(Path(value.result_uri).read_text())
+        assert trained["world_size"] == 2
+        meta = {k: v.value for k, v in result.asset_materializations_for_node(node)[0].metadata.items()}
+        assert meta["epochs_reported"] == 2  # rank 0's per-epoch progress reached the run through Pipes
+        jobs = c.objects("Job")
+        assert len(jobs) == 1 and jobs[0]["metadata"]["labels"]["trainyard.io/dagster-run"] == result.run_id
+        assert c.job_conditions(jobs[0]["metadata"]["name"], NS)["Complete"]["status"] == "True"
+        assert launcher_requests_outside_its_role(c.server, NS) == []
+        quota_released(c)
+
+
+def test_the_kubelet_expands_variables_and_resolves_only_whole_pod_names() -> None:
+    env = {"JOB_COMPLETION_INDEX": "1", "A": "x"}
+    assert expand("--node-rank=$(JOB_COMPLETION_INDEX)", env) == "--node-rank=1"
+    assert expand("$$(A) $(A) $(UNSET) $$", env) == "$(A) x $(UNSET) $"
+    records = {"job-0.job": "127.0.0.1"}
+    assert resolve_names("--master-addr=job-0.job", records) == "--master-addr=127.0.0.1"
+    assert resolve_names("--master-addr=job-0.job.vision.svc", records) == "--master-addr=job-0.job.vision.svc"
+    assert resolve_names("xjob-0.job", records) == "xjob-0.job"
