@@ -17,9 +17,15 @@ from training.spec import ATTEMPTS_DIR, LAUNCH_ID_ENV
 from training.storage import join, write_atomic
 
 
-def attempt_id() -> str:
-    """One id per launch x torchrun restart."""
-    return f"{os.environ.get(LAUNCH_ID_ENV, 'direct')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+def attempt_id(started: float) -> str:
+    """One id per process incarnation: launch x torchrun restart x this process's start (`started`, epoch seconds).
+
+    The launch id and restart count alone do not tell incarnations apart on a
+    cluster: pods that replace preempted or lost ones under the same Job share
+    both (the launch id is the Job's name), and would overwrite the record of
+    the attempt they replace, so its time would not count as a restart.
+    """
+    return f"{os.environ.get(LAUNCH_ID_ENV, 'direct')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-{int(started * 1000):x}"
 
 
 class FaultMarkers:

@@ -345,7 +345,7 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     val_metric = _val_metric(spec, splits)
     ckpt = ModelFileCheckpoint(f"{out}/{CHECKPOINT_DIR}")
     init_model, history = ckpt.load()
-    attempt = AttemptLog(out, attempt_id(), started_wall, every=HEARTBEAT_SECONDS)
+    attempt = AttemptLog(out, attempt_id(started_wall), started_wall, every=HEARTBEAT_SECONDS)
     done = 0
     if init_model is not None:
         history = _replay(init_model, history, lambda booster, i: val_metric(booster.predict(splits.x["val"], num_iteration=i)))

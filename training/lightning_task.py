@@ -403,7 +403,7 @@ def _checkpointing(spec: TrainSpec, strategy_kwargs: dict[str, Any], markers: Fa
         strategy.committed_io, strategy.shard_token = io, token
     else:
         plugins.append(io)
-    attempt = AttemptLog(spec.output_uri, attempt_id(), started_wall)
+    attempt = AttemptLog(spec.output_uri, attempt_id(started_wall), started_wall)
     resume_path: Optional[str] = None
     if loaded is not None:
         resume_path = io.remember(loaded)
