@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # GPU smoke test for a machine with NVIDIA GPUs (never needed by tests or CI):
 # DDP and FSDP with NCCL and bf16 on all local GPUs through the platform's entrypoint,
-# against a bare PyTorch loop. Writes bench/results/gpu_smoke.json.
+# against a bare PyTorch loop, each timed over a steady-state window (no start-up,
+# checkpoint write or validation inside; see bench/gpu_smoke.py). Writes
+# bench/results/gpu_smoke.json; `--dry-run` runs the same path on CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"

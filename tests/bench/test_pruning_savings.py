@@ -1,57 +1,84 @@
-"""The pruning_savings benchmark's accounting, on tiny sweeps (real trials, real pruning callback)."""
+"""The pruning_savings benchmark: its accounting on tiny inputs, its pipeline, and one real pruned trial."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from bench import pruning_savings as ps
 
 
-def test_epochs_to_counts_every_epoch_until_the_first_reach() -> None:
-    curves = [[0.1, 0.2], [0.3, 0.9, 0.95], [0.99]]
-    assert ps._epochs_to(curves, 0.9) == 4
-    assert ps._epochs_to(curves, 0.99) == 6
-    assert ps._epochs_to(curves, 1.0) is None
+def _trial(acc: float, seconds: float, status: str = "completed", epochs: int = 12, params: dict | None = None) -> dict:
+    return {"best_val_acc": acc, "device_seconds": seconds, "status": status, "epochs": epochs, "params": params or {"lr": acc}}
 
 
-def test_a_tiny_pair_of_sweeps_charges_the_pruned_sweep_honestly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ps, "N_TRIALS", 6)
-    monkeypatch.setattr(ps, "CAP_TRIALS", 8)
-    monkeypatch.setattr(ps, "MAX_EPOCHS", 3)
-    seen: list[tuple[bool, dict, list[float]]] = []
-    fit = ps._fit
-
-    def recording_fit(params: dict, data: object, pruning: object) -> list[float]:
-        curve = fit(params, data, pruning)
-        seen.append((pruning is not None, dict(params), curve))
-        return curve
-
-    monkeypatch.setattr(ps, "_fit", recording_fit)
-    run = ps._pair(0)
-    full = [(p, c) for pruned, p, c in seen if not pruned]
-    cut = [(p, c) for pruned, p, c in seen if pruned]
-    assert len(full) == 6 and all(len(c) == 3 for _, c in full)
-    assert 6 <= len(cut) <= 8 and run["pruned_sweep_trials"] == len(cut)
-    # same trials in the same order, and a trial follows the same curve until it is pruned
-    for (p_full, c_full), (p_cut, c_cut) in zip(full, cut):
-        assert p_full == p_cut and c_cut == c_full[: len(c_cut)]
-    assert run["pruned_trials_of_first"] >= 1  # 2 startup trials, no warm-up: someone falls below the median
-    assert run["unpruned_epochs"] == 18 and run["pruned_epochs_spent"] == sum(len(c) for _, c in cut)
-    bar = max(max(c) for _, c in full)
-    assert run["unpruned_best"] == round(bar, 4)
-    assert run["unpruned_epochs_to_best"] == ps._epochs_to([c for _, c in full], bar)
-    assert run["reached"] and len(cut) == 6  # reached: the pruned sweep stops at the unpruned budget
-    assert run["pruned_charged"] == run["pruned_epochs_to_best"] == ps._epochs_to([c for _, c in cut], bar)
+def test_spent_to_counts_every_trial_up_to_the_first_reach() -> None:
+    trials = [_trial(0.5, 10.0), _trial(0.9, 20.0), _trial(0.95, 30.0)]
+    assert ps.spent_to(trials, 0.9) == 30.0
+    assert ps.spent_to(trials, 0.95) == 60.0
+    assert ps.spent_to(trials, 0.99) is None
+    assert ps.spent_to(trials, 0.9, "epochs") == 24
 
 
-def test_a_pruned_sweep_that_misses_the_target_goes_on_to_the_cap(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
-    monkeypatch.setattr(ps, "N_TRIALS", 4)
-    monkeypatch.setattr(ps, "CAP_TRIALS", 7)
-    monkeypatch.setattr(ps, "MAX_EPOCHS", 2)
-    data = ps._data()
-    (tmp_path / "a").mkdir()
-    missed = ps._sweep(tmp_path / "a", 0, True, data, bar=1.01)  # no trial can reach 101 %
-    assert len(missed["curves"]) == 7
-    (tmp_path / "b").mkdir()
-    hit = ps._sweep(tmp_path / "b", 0, True, data, bar=0.0)  # the first epoch reaches it
-    assert len(hit["curves"]) == 4
+def test_a_pruned_sweep_that_reaches_the_target_is_charged_what_it_spent_to_reach_it() -> None:
+    full = [_trial(0.90, 40.0), _trial(0.97, 40.0), _trial(0.95, 40.0)]
+    cut = [_trial(0.90, 40.0), _trial(0.97, 40.0), _trial(0.50, 8.0, "pruned", 1)]
+    run = ps.charge(full, cut)
+    assert run["unpruned_best"] == 0.97 and run["unpruned_seconds_to_best"] == 80.0
+    assert run["reached"] and run["pruned_charged"] == run["pruned_seconds_to_best"] == 80.0
+    assert run["pruned_trials"] == 1 and run["pruned_seconds_spent"] == 88.0 and run["unpruned_seconds_spent"] == 120.0
+
+
+def test_a_pruned_sweep_that_misses_the_target_saves_nothing() -> None:
+    full = [_trial(0.90, 40.0), _trial(0.97, 40.0)]
+    cheap_miss = [_trial(0.90, 10.0), _trial(0.80, 5.0, "pruned", 1)]
+    assert ps.charge(full, cheap_miss)["pruned_charged"] == 80.0  # charged the unpruned figure, not the 15 s it spent
+    dear_miss = [_trial(0.90, 60.0), _trial(0.96, 60.0)]
+    run = ps.charge(full, dear_miss)
+    assert not run["reached"] and run["pruned_charged"] == 120.0  # charged all it spent
+    with pytest.raises(ValueError, match="no trials"):
+        ps.charge([], cut=full)
+
+
+def test_the_cost_of_the_same_completed_trials_gauges_load_drift() -> None:
+    full = [_trial(0.9, 100.0), _trial(0.8, 100.0), _trial(0.7, 100.0)]
+    cut = [_trial(0.9, 80.0), _trial(0.8, 10.0, "pruned", 1), _trial(0.6, 50.0)]  # trial 2 drew other params
+    assert ps.same_trials_cost_ratio(full, cut) == 0.8  # only trial 0 is the same trial completed in both
+    assert ps.charge(full, cut)["same_trials_cost_ratio"] == 0.8
+    assert ps.same_trials_cost_ratio(full, [_trial(0.1, 5.0, "pruned", 1)]) is None
+
+
+def test_the_sweeps_are_the_digits_pipeline_with_default_sampler_and_pruner() -> None:
+    from pipelines.vision.digits import digits
+
+    full, cut = ps.pipeline(False, 8, 0), ps.pipeline(True, 8, 0)
+    for spec in (full, cut):
+        assert spec.search.params == digits.search.params and spec.search.sampler == "tpe"
+        assert spec.model == digits.model and spec.distribution == digits.distribution
+        assert spec.search.n_trials == 8 and spec.search.parallelism == 1
+    assert not full.search.pruner.enabled
+    assert cut.search.pruner.kind == "median" and cut.search.pruner.n_startup_trials == 5 and cut.search.pruner.n_warmup_steps == 0
+
+
+@pytest.mark.slow
+def test_a_trial_below_the_median_is_pruned_through_the_launcher_and_charged(tmp_path: Path) -> None:
+    """Five finished trials at val_acc 1.0 every epoch: the median pruner stops the next real trial after its first epoch."""
+    from optuna.distributions import FloatDistribution, IntDistribution
+    from optuna.trial import create_trial
+
+    from resources.sweeps import SweepStore
+
+    spec = ps.pipeline(True, 8, 0)
+    sweeps = SweepStore(storage_url=f"sqlite:///{tmp_path / 'optuna.db'}")
+    study = sweeps.load_or_create("digits-test", "max", spec.search)
+    dists = {"lr": FloatDistribution(1e-3, 5e-2, log=True), "hidden": IntDistribution(16, 128, step=16)}
+    for _ in range(5):
+        study.add_trial(create_trial(value=1.0, params={"lr": 1e-2, "hidden": 64}, distributions=dists,
+                                     intermediate_values={epoch: 1.0 for epoch in range(13)}))
+    data = ps.write_digits(tmp_path / "data")
+    assert sum(data.rows.values()) == 1797
+    trial = ps.run_trial(spec, sweeps, "digits-test", data, tmp_path)
+    assert trial["number"] == 5 and trial["status"] == "pruned" and trial["epochs"] < 12
+    assert trial["world_size"] == 2 and trial["device_seconds"] > trial["fit_seconds"] > 0
+    assert sweeps.trial("digits-test", 5).state.name == "PRUNED"
