@@ -52,8 +52,22 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
         raise Failure(description=f"{spec.key}: landing data is still changing, try again once uploads finish: {e}") from e
     except DataQualityError as e:
         raise Failure(description=f"{spec.key}: raw data rejected: {e}") from e
-    snap = result.snapshot
-    value = RawData(uri=snap.uri, md5=snap.md5, rows=snap.rows, dvc_file=snap.dvc_file, files=len(snap.files), warnings=result.warnings)
+    return raw_output(spec, result.snapshot, result.warnings, {
+        "files": len(result.snapshot.files),
+        "new_files": len(result.ingested),
+        "rejected_files": len(result.rejected),
+        "duplicate_files": len(result.duplicates),
+        "removed_files": len(result.removed),
+        "reused_snapshot": result.reused_snapshot,
+        "warnings": len(result.warnings),
+        "ingest": MetadataValue.md(result.files_markdown()),
+        "manifest": MetadataValue.path(ingest.manifest_uri(store, spec)),
+    })
+
+
+def raw_output(spec: PipelineSpec, snap: Any, warnings: list[str], metadata: dict[str, Any]) -> Output[RawData]:
+    """The `raw_data` output of snapshot `snap`: its md5 is the data version; `metadata` adds to what every source shows."""
+    value = RawData(uri=snap.uri, md5=snap.md5, rows=snap.rows, dvc_file=snap.dvc_file, files=len(snap.files), warnings=warnings)
     return Output(
         value,
         data_version=DataVersion(snap.md5),
@@ -61,16 +75,8 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
             "dvc_md5": snap.md5,
             "rows": snap.rows,
             "columns": len(spec.columns),
-            "files": len(snap.files),
-            "new_files": len(result.ingested),
-            "rejected_files": len(result.rejected),
-            "duplicate_files": len(result.duplicates),
-            "removed_files": len(result.removed),
-            "reused_snapshot": result.reused_snapshot,
-            "warnings": len(result.warnings),
-            "ingest": MetadataValue.md(result.files_markdown()),
+            **metadata,
             "uri": MetadataValue.path(snap.uri),
-            "manifest": MetadataValue.path(ingest.manifest_uri(store, spec)),
             "restore": MetadataValue.md(f"`dvc pull` with this pin:\n```\n{snap.dvc_file}```"),
         },
     )
@@ -89,27 +95,17 @@ def feast_raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, stor
         raise Failure(description=f"{spec.key}: entity files are still changing, try again once uploads finish: {e}") from e
     except (DataQualityError, feast.FeastUnavailable, feast.FeastFailed) as e:
         raise Failure(description=f"{spec.key}: training set not retrieved from Feast: {e}") from e
-    snap, lineage = made.snapshot, made.lineage
-    value = RawData(uri=snap.uri, md5=snap.md5, rows=snap.rows, dvc_file=snap.dvc_file, files=len(snap.files), warnings=made.entities.warnings)
+    lineage = made.lineage
     views = "\n".join(f"| {v['name']} | {v['definition'][:12]} | {v['version']} | {v['ttl_s']} |" for v in lineage["feature_views"])
-    return Output(
-        value,
-        data_version=DataVersion(snap.md5),
-        metadata={
-            "dvc_md5": snap.md5,
-            "rows": snap.rows,
-            "columns": len(spec.columns),
-            "entity_md5": lineage["entity_md5"],
-            "feature_service": (lineage["feature_service"] or {}).get("name", ""),
-            "features": MetadataValue.json(lineage["features"]),
-            "feature_views": MetadataValue.md("| view | definition | version | ttl (s) |\n|---|---|---|---|\n" + views),
-            "time_range": " .. ".join(str(t) for t in lineage["time_range"]),
-            "reused_snapshot": made.reused,
-            "entity_files": MetadataValue.md(made.entities.files_markdown()),
-            "uri": MetadataValue.path(snap.uri),
-            "restore": MetadataValue.md(f"`dvc pull` with this pin:\n```\n{snap.dvc_file}```"),
-        },
-    )
+    return raw_output(spec, made.snapshot, made.entities.warnings, {
+        "entity_md5": lineage["entity_md5"],
+        "feature_service": (lineage["feature_service"] or {}).get("name", ""),
+        "features": MetadataValue.json(lineage["features"]),
+        "feature_views": MetadataValue.md("| view | definition | version | ttl (s) |\n|---|---|---|---|\n" + views),
+        "time_range": " .. ".join(str(t) for t in lineage["time_range"]),
+        "reused_snapshot": made.reused,
+        "entity_files": MetadataValue.md(made.entities.files_markdown()),
+    })
 
 
 def check_metadata(outcome: VersionOutcome, spec: PipelineSpec) -> dict[str, Any]:

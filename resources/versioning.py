@@ -20,18 +20,18 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import importlib.util
 import os
 import shutil
 import subprocess
 import sys
-from typing import Iterator, Optional
+from typing import Optional
 
 from dagster import ConfigurableResource
 from pydantic import PrivateAttr
+
+from training.atomic import exclusive_lock
 
 _REMOTE = "trainyard"
 _SNAPSHOTS = "snapshots"
@@ -129,7 +129,7 @@ class DataVersioning(ConfigurableResource):
             raise DataVersioningError(f"cannot pin {local_file!r}: no such file")
         repo = os.path.abspath(self.repo_dir)
         os.makedirs(repo, exist_ok=True)
-        with _locked(os.path.join(repo, ".trainyard-dvc.lock")):
+        with exclusive_lock(os.path.join(repo, ".trainyard-dvc.lock")):
             self._ensure_repo(repo)
             if os.path.commonpath([source, repo]) == repo:
                 rel = os.path.relpath(source, repo)
@@ -236,12 +236,3 @@ def _text(data: Optional[bytes | str]) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """Hold an exclusive lock on `path`: concurrent pins in one repo would trip over DVC's own lock."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

@@ -20,7 +20,6 @@ beside its socket and writes its pid to `<key>.pid`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -32,9 +31,10 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import training.spec
+from training.atomic import exclusive_lock
 
 WARM_DIR_ENV = "TRAINYARD_WARM_DIR"
 WARM_WORKERS_ENV = "TRAINYARD_WARM_WORKERS"
@@ -119,16 +119,6 @@ def _site_packages_mtime() -> int:
         return 0
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _connect(path: Path) -> socket.socket:
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -168,7 +158,7 @@ def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, st
         raise WarmUnavailable(f"the socket path {path} is longer than {SUN_PATH_MAX} bytes; set {WARM_DIR_ENV} to a shorter directory")
     with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
         return _connect(path)
-    with _locked(directory / f"{key}.lock"):
+    with exclusive_lock(str(directory / f"{key}.lock")):
         with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
             return _connect(path)  # started by another launch while this one waited for the lock
         with contextlib.suppress(FileNotFoundError):

@@ -72,6 +72,24 @@ def atomic_path(path: str, *, fsync: bool = True) -> Iterator[str]:
             os.remove(tmp)
 
 
+@contextlib.contextmanager
+def exclusive_lock(path: str) -> Iterator[None]:
+    """Hold an exclusive `flock` on the file `path` (created when missing) for the body: one holder per machine at a time.
+
+    Used where processes share a local resource: concurrent DVC pins in one
+    repository (`resources.versioning`), the start of a warm worker server
+    (`resources.warm`).
+    """
+    import fcntl
+
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def atomic_write_bytes(path: str, data: bytes, *, fsync: bool = True) -> None:
     """Write `data` to `path` atomically (see `atomic_path`)."""
     with atomic_path(path, fsync=fsync) as tmp:

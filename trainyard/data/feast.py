@@ -35,7 +35,6 @@ others, as the cluster environment does.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import subprocess
@@ -48,7 +47,7 @@ import pyarrow.parquet as pq
 from trainyard import naming
 from trainyard.data.canonical import CanonicalParquetWriter, canonical_schema, to_canonical
 from trainyard.data.errors import DataQualityError
-from trainyard.data.ingest import DataPinner, IngestResult, SnapshotRecord, ingest
+from trainyard.data.ingest import DataPinner, IngestResult, SnapshotRecord, file_md5, ingest
 from trainyard.data.quarantine import utc_now
 from trainyard.data.sources import landing_spec
 from trainyard.feast_source import FeastSourceSpec
@@ -186,14 +185,6 @@ def run_retrieve(request: dict[str, Any], env: Optional[Mapping[str, str]] = Non
     return answer
 
 
-def _md5(path: str) -> str:
-    h = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def provenance(answer: dict[str, Any], entity_md5: str) -> dict[str, Any]:
     """What the snapshot's footer records: everything that decides the rows, nothing that changes without changing them (apply times)."""
     return {
@@ -243,7 +234,7 @@ def feast_snapshot(
                 writer.write(to_canonical(batch, spec))
             writer.add_metadata({METADATA_KEY: json.dumps(footer, sort_keys=True)})
         rows = writer.rows
-        md5 = _md5(local)
+        md5 = file_md5(local)
         base = naming.raw_dir(store, spec.team, spec.name, md5)
         reused = store.exists(f"{base}/{LINEAGE_FILE}")
         if not reused:

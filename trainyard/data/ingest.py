@@ -356,7 +356,7 @@ def _snapshot_key(records: list[FileRecord]) -> str:
     return h.hexdigest()[:32]
 
 
-def _md5(path: str) -> str:
+def file_md5(path: str) -> str:
     h = hashlib.md5()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -575,7 +575,7 @@ def _new_snapshot(
             pin = versioning.pin(local)
             md5, dvc_file = pin.md5, pin.dvc_file
         else:
-            md5, dvc_file = _md5(local), ""
+            md5, dvc_file = file_md5(local), ""
         base = naming.raw_dir(store, spec.team, spec.name, md5)
         store.put_file(local, f"{base}/data.parquet")
     if dvc_file:
