@@ -1,0 +1,138 @@
+"""Gang recovery on the process-backed cluster: one pod SIGKILLed -> the gang's first resumed step.
+
+A 2-node x 1-process digits trial runs through the real `KubernetesLauncher`
+against the process-backed emulation (`tests.support.cluster`: Kueue admission,
+the Job controller, pods as local process groups running the rendered container
+command). Once rank 0 has committed a checkpoint, the process of the node-1 pod
+gets SIGKILL, as a lost node would. Measured: the kill -> the first training step
+of the gang's next attempt (rank 0's attempt record), which covers the pod's
+failure as the Job controller sees it, the replacement pod's start-up, the
+rendezvous that node 0's torchrun agent reopens, imports and the checkpoint
+load. Baseline: the cold start of the same gang (the launch call -> the first
+step of its first attempt: Job creation, admission, two pods, rendezvous,
+imports). Ratio = recovery / cold start, lower is better; target <= 1.5 (a
+recovery may cost a cold start plus half of one for failure detection and the
+checkpoint load), the target `recovery_seconds` has for the local launcher, set
+before measuring.
+
+What recovers here is the launched default, an Indexed Job (docs/kubernetes.md):
+the killed pod is replaced under the same Job and joins node 0's in-job
+restart. A JobSet's whole-gang restart is not launched yet (issue 18).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from bench.harness import Target, write_result
+
+ROOT = Path(__file__).resolve().parent.parent
+REPEATS = 2
+CHECKPOINT_EVERY = 20
+NS = "vision"
+IMAGE = "registry.example.com/trainyard/trainer@sha256:" + "0" * 64
+INDEX = "batch.kubernetes.io/job-completion-index"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank0_checkpoint(cluster: Any) -> Optional[tuple[str, dict[str, Any]]]:
+    """(Job name, the node-1 pod) once rank 0 logged a committed checkpoint, else None."""
+    pods = cluster.pods()
+    for pod in pods:
+        if pod["metadata"]["annotations"].get(INDEX) == "0" and re.search(r"committed checkpoint \S+/step-\d+", cluster.log(pod["metadata"]["name"])):
+            job = pod["metadata"]["labels"]["batch.kubernetes.io/job-name"]
+            victims = [p for p in cluster.running(job) if p["metadata"]["annotations"].get(INDEX) == "1"]
+            if victims:
+                return job, victims[0]
+    return None
+
+
+def run(work: Path, i: int) -> dict[str, Any]:
+    from resources.k8s.launcher import KubernetesLauncher
+    from tests.support.cluster import EmulatedCluster
+    from tests.support.train_specs import make_spec
+    from training.attempts import read_attempts
+    from training.spec import CheckpointPolicy, Distribution
+
+    tmp = work / f"run-{i}"
+    tmp.mkdir()
+    spec = make_spec(tmp, distribution=Distribution(nodes=2, procs_per_node=1), max_epochs=20,
+                     checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
+    box: dict[str, Any] = {}
+    with EmulatedCluster(tmp / "cluster", node_env={"OMP_NUM_THREADS": "1"}) as cluster:
+        launcher = KubernetesLauncher(namespace=NS, image=IMAGE, api_url=cluster.url, poll_interval_seconds=0.5, cpu="1", memory="1Gi",
+                                      master_port=_free_port(), termination_grace_seconds=15, run_timeout_seconds=1500, queue_timeout_seconds=120)
+
+        def launch() -> None:
+            try:
+                box["outcome"] = launcher.launch(spec)
+            except BaseException as e:  # re-raised below, in the benchmark's thread
+                box["error"] = e
+
+        launched = time.time()
+        thread = threading.Thread(target=launch, daemon=True)
+        thread.start()
+        job, victim = cluster.wait_for("a committed checkpoint of rank 0", lambda: _rank0_checkpoint(cluster), timeout=600)
+        killed = time.time()
+        cluster.kill(victim["metadata"]["name"], signal.SIGKILL)
+        thread.join(900)
+        if thread.is_alive() or "error" in box:
+            raise RuntimeError(f"run {i}: the launch did not succeed: {box.get('error', 'still running')}")
+        cluster.wait_for("every pod process to end", lambda: not cluster.live_processes(), timeout=60)
+    attempts = read_attempts(spec.output_uri)
+    resumed = [a for a in attempts if a["started"] >= killed - 1 and a.get("first_step_at")]
+    if len(attempts) < 2 or not resumed:
+        raise RuntimeError(f"run {i}: no resumed attempt after the kill: {attempts}")
+    goodput = box["outcome"].result.goodput
+    return {
+        "recovery_seconds": resumed[0]["first_step_at"] - killed,
+        "cold_start_seconds": attempts[0]["first_step_at"] - launched,
+        "job": job,
+        "attempts": len(attempts),
+        "lost_steps": goodput.get("lost_steps"),
+        "restart_causes": goodput.get("restart_causes"),
+    }
+
+
+def main() -> dict:
+    sys.path.insert(0, str(ROOT))
+    with tempfile.TemporaryDirectory(prefix="gang-recovery-") as tmp:
+        runs = [run(Path(tmp), i) for i in range(REPEATS)]
+    recoveries = [r["recovery_seconds"] for r in runs]
+    starts = [r["cold_start_seconds"] for r in runs]
+    return write_result(
+        "gang_recovery_seconds",
+        statistics.median(recoveries),
+        "s",
+        statistics.median(starts),
+        {
+            "what": "one pod of a 2-node digits gang SIGKILLed -> the gang's first resumed step (Indexed Job path, process-backed emulation)",
+            "baseline_is": "cold start of the same gang: launch call -> first step of its first attempt",
+            "runs": runs,
+            "checkpoint_every_steps": CHECKPOINT_EVERY,
+            "nodes": 2,
+        },
+        targets=[Target("ratio", "<=", 1.5)],
+        better="lower",
+        runs=recoveries,
+        baseline_runs=starts,
+    )
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(), indent=2))
