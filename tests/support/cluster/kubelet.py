@@ -137,7 +137,8 @@ class PodProcess:
                 raise ContainerConfigError(f"couldn't find key {ref['key']} in Secret {pod['metadata']['namespace']}/{ref['name']}")
         mounts = local_volumes(spec, container, root)
         refs = {v["valueFrom"]["fieldRef"]["fieldPath"]: "" for v in container.get("env") or [] if "fieldRef" in (v.get("valueFrom") or {})}
-        env = {k: remap(v, mounts) for k, v in IMAGE_ENV.items()}
+        # PYTHONPATH is this checkout, the image's copy of the code, never inside a mount (a checkout under /tmp is not the pod's /tmp).
+        env = {k: v if k == "PYTHONPATH" else remap(v, mounts) for k, v in IMAGE_ENV.items()}
         env.update(local_env(container, mounts, {path: field_value(pod, path) for path in refs}, secrets))
         env = {k: resolve_names(v, dns) for k, v in env.items()}
         command = [resolve_names(expand(arg, env), dns) for arg in [*container.get("command", []), *container.get("args", [])]]
