@@ -50,9 +50,8 @@ def _check_records(sweep: sb.Sweep, trials: int) -> None:
     assert partitions == keys
 
 
-@pytest.mark.slow
-def test_a_tiny_full_sweep_registers_every_trial_with_a_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sb, "REAL_RUNS", 4)  # 4 runs the real way, the rest copied
+def captured_sweeps(monkeypatch: pytest.MonkeyPatch) -> list[sb.Sweep]:
+    """Every `Sweep` the benchmark builds from now on, in order."""
     made: list[sb.Sweep] = []
     init = sb.Sweep.__init__
 
@@ -61,6 +60,13 @@ def test_a_tiny_full_sweep_registers_every_trial_with_a_run_record(tmp_path: Pat
         made.append(self)
 
     monkeypatch.setattr(sb.Sweep, "__init__", keep)
+    return made
+
+
+@pytest.mark.slow
+def test_a_tiny_full_sweep_registers_every_trial_with_a_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sb, "REAL_RUNS", 4)  # 4 runs the real way, the rest copied
+    made = captured_sweeps(monkeypatch)
     full = sb.full_sweep(tmp_path, 12, None)
     assert full["partitions"] == 12 and full["train_runs"] == 12 and full["daemon_runs_timed"] == 4
     assert 0 < full["registration_seconds"] <= full["tick_seconds_total"]
@@ -72,14 +78,7 @@ def test_a_tiny_full_sweep_registers_every_trial_with_a_run_record(tmp_path: Pat
 
 @pytest.mark.slow
 def test_ticks_on_a_seeded_study_see_every_seeded_trial_and_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    made: list[sb.Sweep] = []
-    init = sb.Sweep.__init__
-
-    def keep(self: sb.Sweep, *args: object, **kwargs: object) -> None:
-        init(self, *args, **kwargs)  # type: ignore[arg-type]
-        made.append(self)
-
-    monkeypatch.setattr(sb.Sweep, "__init__", keep)
+    made = captured_sweeps(monkeypatch)
     seeded = sb.seeded_ticks(tmp_path, 100, None, ticks=2)
     assert seeded["ticks"] == 2 and len(seeded["tick_seconds"]) == 2
     total = 100 + sum(seeded["asked_per_tick"])

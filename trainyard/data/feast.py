@@ -261,5 +261,7 @@ def feast_snapshot(
 
 def read_lineage(store: FileStore, spec: PipelineSpec, md5: str) -> Optional[dict[str, Any]]:
     """The Feast lineage of data version `md5` (`feast.json`), or None for a snapshot of landing files."""
+    if not isinstance(spec.source, FeastSourceSpec):
+        return None  # no store round trip per trial for a file source
     uri = f"{naming.raw_dir(store, spec.team, spec.name, md5)}/{LINEAGE_FILE}"
     return store.read_json(uri) if store.exists(uri) else None
