@@ -111,7 +111,7 @@ def test_csv_parquet_and_jsonl_become_one_canonical_snapshot(store):
     table = pq.read_table(result.snapshot.uri)
     assert table.schema == pa.schema([("x", pa.float64()), ("s", pa.string()), ("label", pa.int64())])
     assert table.to_pydict() == {"x": [1.0, 2.0, 3.0, 4.0, 5.5, 6.0], "s": ["a", "b", "c", "a", "b", "c"], "label": [0, 1, 1, 0, 1, 0]}
-    assert result.snapshot.md5 == ingest._md5(result.snapshot.uri) and result.snapshot.rows == 6
+    assert result.snapshot.md5 == ingest.file_md5(result.snapshot.uri) and result.snapshot.rows == 6
     stored = json.loads(Path(result.snapshot.uri).with_name("manifest.json").read_text())
     assert [f["uri"] for f in stored["files"]] == result.snapshot.files
 
@@ -455,7 +455,7 @@ def test_snapshots_pinned_to_an_s3_dvc_remote_restore_byte_identical(s3_endpoint
         elsewhere = DataVersioning(repo_dir=str(tmp_path / f"other-{n}"), remote_url=versioning.remote_url, remote_endpoint_url=s3_endpoint.url)
         restored = elsewhere.restore(snap.dvc_file, "snapshots/data.parquet", str(tmp_path / f"fresh-{n}"))
         assert Path(restored).read_bytes() == store.read_bytes(snap.uri)
-        assert ingest._md5(restored) == snap.md5
+        assert ingest.file_md5(restored) == snap.md5
 
 
 @pytest.mark.slow
