@@ -23,6 +23,7 @@ KINDS = {
     "Event": ("/api/v1", "events"),
     "Secret": ("/api/v1", "secrets"),
     "Workload": ("/apis/kueue.x-k8s.io/v1beta2", "workloads"),
+    "JobSet": ("/apis/jobset.x-k8s.io/v1alpha2", "jobsets"),
 }
 
 

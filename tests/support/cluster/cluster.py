@@ -32,6 +32,7 @@ from tests.support.cluster.controllers import (
     Scheduler,
     conditions,
 )
+from tests.support.cluster.jobset import JobSetController
 from tests.support.cluster.kubelet import Kubelet
 from tests.support.cluster.server import KubeServer
 
@@ -71,6 +72,7 @@ class EmulatedCluster:
         self.gc = GarbageCollector(self.api)
         self.kueue = KueueController(self.api, self.kueue_settings)
         self.jobs = JobController(self.api, self.pod_backoff_seconds)
+        self.jobsets = JobSetController(self.api)
         self.scheduler = Scheduler(self.api, self.nodes)
         self.kubelet = Kubelet(self.api, self.root, self.server.logs, self.node_env)
         self._thread = threading.Thread(target=self._loop, name="emulated-cluster", daemon=True)
@@ -102,8 +104,11 @@ class EmulatedCluster:
         services = self.api.list("Service")
         workloads = self.api.list("Workload")
         jobs = self.api.list("Job")
-        self.gc.step([*pods, *services, *workloads], jobs)
-        self.kueue.step(jobs, pods, workloads)
+        jobsets = self.api.list("JobSet")
+        self.gc.step([*pods, *services, *workloads, *jobs], [*jobs, *jobsets])
+        self.kueue.step(jobs, pods, workloads, jobsets)
+        self.jobsets.step(jobsets, jobs, services)
+        jobs = self.api.list("Job")
         self.jobs.step(jobs, pods)
         pods = self.api.list("Pod")
         self.scheduler.step(pods)
@@ -120,9 +125,9 @@ class EmulatedCluster:
         """Send `sig` to the main process of running pod `pod` (as `kill` on its node does)."""
         self.kubelet.signal(pod, sig)
 
-    def preempt(self, job: str, namespace: str) -> None:
-        """Ask Kueue to preempt the admitted Workload of Job `job`: evicted with reason Preempted, its pods stopped."""
-        self.kueue.preempt_requests.add((namespace, job))
+    def preempt(self, gang: str, namespace: str) -> None:
+        """Ask Kueue to preempt the admitted Workload of Job or JobSet `gang`: evicted with reason Preempted, its pods stopped."""
+        self.kueue.preempt_requests.add((namespace, gang))
 
     # -- reading the cluster ----------------------------------------------------------
 
@@ -156,6 +161,9 @@ class EmulatedCluster:
     def job_conditions(self, name: str, namespace: str) -> dict[str, dict[str, Any]]:
         job = self.job(name, namespace)
         return conditions(job) if job is not None else {}
+
+    def jobset(self, name: str, namespace: str) -> Optional[dict[str, Any]]:
+        return self.api.get("JobSet", namespace, name)
 
     def objects(self, kind: str) -> list[dict[str, Any]]:
         return self.api.list(kind)

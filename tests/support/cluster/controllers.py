@@ -2,11 +2,14 @@
 
 They follow the rules of the real ones that the platform relies on:
 
-- `GarbageCollector`: foreground deletion (dependents first, then the owner) and
-  background deletion of objects whose owner is gone (ownerReferences).
-- `KueueController` (Kueue 0.x, batch/v1 Jobs): a suspended Job with the
-  queue-name label gets a Workload; it is admitted (QuotaReserved, Admitted,
-  the Job unsuspended) when the ClusterQueue's quota fits every pod; with
+- `GarbageCollector`: foreground deletion (dependents first, then the owner; a
+  dependent Job in the foreground too) and background deletion of objects whose
+  owner is gone (ownerReferences).
+- `KueueController` (Kueue 0.x, batch/v1 Jobs and JobSets): a suspended Job or
+  JobSet with the queue-name label gets a Workload (a JobSet ONE, with a podSet
+  per replicatedJob of replicas x parallelism pods; its child Jobs carry no
+  queue label and get none); it is admitted (QuotaReserved, Admitted, the Job or
+  JobSet unsuspended) when the ClusterQueue's quota fits every pod; with
   `waitForPodsReady`, a gang whose pods are not all Ready within the timeout
   is evicted (reason PodsReadyTimeout: the Job suspended, its pods deleted)
   and requeued after `backoffBaseSeconds * 2^(n-1)` (at most
@@ -29,7 +32,8 @@ They follow the rules of the real ones that the platform relies on:
   FailedScheduling Event, as kube-scheduler reports it.
 
 The kubelet, which runs the bound pods as local processes, is
-`tests.support.cluster.kubelet.Kubelet`.
+`tests.support.cluster.kubelet.Kubelet`; the JobSet controller is
+`tests.support.cluster.jobset.JobSetController`.
 """
 
 from __future__ import annotations
@@ -154,7 +158,9 @@ class GarbageCollector:
                 mine = [d for d in dependents if owned_by(d, owner["metadata"]["uid"])]
                 for d in mine:
                     if not terminating(d):
-                        self.api.delete(d)
+                        # A dependent that owns objects itself (a JobSet's child Job) is deleted in the foreground too,
+                        # so the owner stays until the whole tree is gone (the GC's blockOwnerDeletion chain).
+                        self.api.delete(d, propagation="Foreground" if d.get("kind") == "Job" else "Background")
                 if not mine:
                     rest = [f for f in owner["metadata"]["finalizers"] if f != FOREGROUND]
                     self.api.patch(owner, {"metadata": {"finalizers": rest}})
@@ -195,40 +201,53 @@ class KueueController:
                     total[res] = total.get(res, Decimal(0)) + q
         return total
 
-    def step(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], workloads: list[dict[str, Any]]) -> None:
-        by_job = {wl["metadata"]["labels"].get(JOB_UID_LABEL): wl for wl in workloads}
-        for job in jobs:
-            if QUEUE_LABEL in job["metadata"].get("labels", {}) and job["metadata"]["uid"] not in by_job and not terminating(job):
-                wl = self._create_workload(job)
+    def step(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], workloads: list[dict[str, Any]],
+             jobsets: Optional[list[dict[str, Any]]] = None) -> None:
+        """Workloads of queued Jobs and JobSets (a JobSet is ONE Workload, a podSet per replicatedJob; its child Jobs none)."""
+        jobsets = jobsets or []
+        owners = [*jobs, *jobsets]
+        by_owner = {wl["metadata"]["labels"].get(JOB_UID_LABEL): wl for wl in workloads}
+        for owner in owners:
+            if QUEUE_LABEL in owner["metadata"].get("labels", {}) and owner["metadata"]["uid"] not in by_owner and not terminating(owner):
+                wl = self._create_workload(owner)
                 workloads.append(wl)
-                by_job[job["metadata"]["uid"]] = wl
-        jobs_by_uid = {j["metadata"]["uid"]: j for j in jobs}
+                by_owner[owner["metadata"]["uid"]] = wl
+        owners_by_uid = {o["metadata"]["uid"]: o for o in owners}
         for wl in sorted(workloads, key=lambda w: w["metadata"]["creationTimestamp"]):
-            owner = jobs_by_uid.get(wl["metadata"]["labels"].get(JOB_UID_LABEL))
-            if owner is None or terminating(owner) or is_true(wl, "Finished"):
+            found = owners_by_uid.get(wl["metadata"]["labels"].get(JOB_UID_LABEL))
+            if found is None or terminating(found) or is_true(wl, "Finished"):
                 continue
-            job = owner
-            job_conds = conditions(job)
-            if any(job_conds.get(t, {}).get("status") == "True" for t in ("Complete", "Failed")):
-                self._finish(wl, job)
+            owner = found
+            finished = ("Completed", "Failed") if owner.get("kind") == "JobSet" else ("Complete", "Failed")
+            if any(is_true(owner, t) for t in finished):
+                self._finish(wl, owner)
                 continue
-            job_pods = [p for p in pods if owned_by(p, job["metadata"]["uid"])]
+            uids = {owner["metadata"]["uid"]} | {j["metadata"]["uid"] for j in jobs if owned_by(j, owner["metadata"]["uid"])}
+            owner_pods = [p for p in pods if any(owned_by(p, u) for u in uids)]
             if is_true(wl, "QuotaReserved"):
-                self._watch_admitted(wl, job, job_pods)
+                self._watch_admitted(wl, owner, owner_pods)
             elif wl["spec"].get("active", True):
-                self._try_admit(wl, job, job_pods, workloads)
+                self._try_admit(wl, owner, owner_pods, workloads)
 
-    def _create_workload(self, job: dict[str, Any]) -> dict[str, Any]:
-        meta = job["metadata"]
-        spec = job["spec"]
+    @staticmethod
+    def pod_sets(owner: dict[str, Any]) -> list[dict[str, Any]]:
+        """Kueue's podSets: one (`main`) for a Job; one per replicatedJob of a JobSet, count replicas x parallelism."""
+        spec = owner["spec"]
+        if owner.get("kind") == "JobSet":
+            return [{"name": rj["name"], "count": int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("parallelism", 1)),
+                     "template": rj["template"]["spec"]["template"]} for rj in spec["replicatedJobs"]]
+        return [{"name": "main", "count": spec.get("parallelism", 1), "template": spec["template"]}]
+
+    def _create_workload(self, owner: dict[str, Any]) -> dict[str, Any]:
+        meta = owner["metadata"]
+        kind = owner.get("kind", "Job")
         wl = {
             "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-            "metadata": {"name": f"job-{meta['name']}-{suffix()}", "namespace": meta["namespace"],
+            "metadata": {"name": f"{kind.lower()}-{meta['name']}-{suffix()}", "namespace": meta["namespace"],
                          "labels": {JOB_UID_LABEL: meta["uid"]},
-                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"],
-                                              "controller": True, "blockOwnerDeletion": True}]},
-            "spec": {"active": True, "queueName": meta["labels"][QUEUE_LABEL],
-                     "podSets": [{"name": "main", "count": spec.get("parallelism", 1), "template": spec["template"]}]},
+                         "ownerReferences": [{"apiVersion": owner.get("apiVersion", "batch/v1"), "kind": kind, "name": meta["name"],
+                                              "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"active": True, "queueName": meta["labels"][QUEUE_LABEL], "podSets": self.pod_sets(owner)},
             "status": {"conditions": []},
         }
         return self.api.create("Workload", wl)
@@ -247,14 +266,15 @@ class KueueController:
         for res, q in sorted(need.items()):
             free = quota.get(res, Decimal(0)) - used.get(res, Decimal(0))
             if q > free:
-                message = (f"couldn't assign flavors to pod set main: insufficient unused quota for {res} in flavor "
+                message = (f"couldn't assign flavors to pod set {wl['spec']['podSets'][0]['name']}: insufficient unused quota for {res} in flavor "
                            f"{s.flavor}, {q - free} more needed")
                 self._set(wl, [("QuotaReserved", "False", "Pending", message)])
                 return
         self.requeue_at.pop(uid, None)
         admission = {"clusterQueue": s.cluster_queue, "podSetAssignments": [
-            {"name": "main", "count": wl["spec"]["podSets"][0]["count"],
-             "flavors": {res: s.flavor for res in need}, "resourceUsage": {res: str(q) for res, q in need.items()}}]}
+            {"name": ps["name"], "count": ps["count"], "flavors": {res: s.flavor for res in need},
+             "resourceUsage": {res: str(q * ps["count"]) for res, q in pod_requests(ps["template"]["spec"]).items()}}
+            for ps in wl["spec"]["podSets"]]}
         self._set(wl, [("QuotaReserved", "True", "QuotaReserved", f"Quota reserved in ClusterQueue {s.cluster_queue}"),
                        ("Admitted", "True", "Admitted", "The workload is admitted"),
                        ("Evicted", "False", "QuotaReserved", "Previously: evicted"),
@@ -274,7 +294,7 @@ class KueueController:
                         f"Kueue preempted Workload {wl['metadata']['name']} to accommodate a higher priority workload")}})
             self._evict(wl, job, "Preempted", "Preempted to accommodate a higher priority Workload", backoff=False)
             return
-        parallelism = job["spec"].get("parallelism", 1)
+        parallelism = sum(int(ps["count"]) for ps in wl["spec"]["podSets"])
         ready = sum(1 for p in job_pods if not terminating(p) and (
             p["status"].get("phase") == "Succeeded" or (p["status"].get("phase") == "Running" and is_true(p, "Ready"))))
         if ready >= parallelism:
@@ -313,8 +333,9 @@ class KueueController:
     def _finish(self, wl: dict[str, Any], job: dict[str, Any]) -> None:
         self.admitted_at.pop(wl["metadata"]["uid"], None)
         failed = is_true(job, "Failed")
+        kind = job.get("kind", "Job")
         self._set(wl, [("Finished", "True", "Failed" if failed else "Succeeded",
-                        "Job failed" if failed else "Job finished successfully")])
+                        f"{kind} failed" if failed else f"{kind} finished successfully")])
 
     def _set(self, wl: dict[str, Any], updates: list[tuple[str, str, str, str]], admission: Optional[dict[str, Any]] = None,
              **body: Any) -> None:

@@ -124,13 +124,14 @@ class KubeServer:
         self._stop = asyncio.Event()
         async with Emulator() as km, kmock.Server(km) as server:
             km.graceful = self.graceful
-            # Declared resources list as empty instead of 404, like a cluster with Kueue installed.
+            # Declared resources list as empty instead of 404, like a cluster with Kueue and JobSet installed.
             km.resources["v1/pods"] = {}  # type: ignore[assignment]
             km.resources["v1/services"] = {}  # type: ignore[assignment]
             km.resources["v1/secrets"] = {}  # type: ignore[assignment]
             km.resources["batch/v1/jobs"] = {}  # type: ignore[assignment]
             km.resources["v1/events"] = {}  # type: ignore[assignment]
             km.resources["kueue.x-k8s.io/v1beta2/workloads"] = {}  # type: ignore[assignment]
+            km.resources["jobset.x-k8s.io/v1alpha2/jobsets"] = {}  # type: ignore[assignment]
             km[lambda req: req.subresource == "log"] << self._serve_log
             self.km, self.url = km, str(server.url).rstrip("/")
             self._ready.set()
