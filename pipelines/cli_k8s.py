@@ -1,7 +1,7 @@
 """`trainyard k8s`: what a trial submits to Kubernetes, for review and GitOps.
 
-    trainyard k8s render vision/digits                        # trial 0: its Service and Indexed Job
-    trainyard k8s render vision/digits --trial 3 --kind jobset
+    trainyard k8s render vision/digits                        # trial 0: its JobSet (the launcher's default kind)
+    trainyard k8s render vision/digits --trial 3 --kind job   # as an Indexed Job and its Service
     trainyard k8s render vision/digits --data-version <md5> > trial-0000.yaml
     trainyard k8s gc --namespace vision --namespace language  # delete gangs whose Dagster run has ended
     trainyard k8s gc --dry-run                                # TRAINYARD_K8S_NAMESPACE; print only
@@ -26,7 +26,7 @@ files go into its `spec.json`, which the pods read.
 `trainyard --help` imports this module to build its parser, so everything
 beyond the standard library is imported inside the command.
 
-`gc` deletes the unfinished gangs (Job and Service) whose Dagster run has
+`gc` deletes the unfinished gangs (JobSet, or Job and Service) whose Dagster run has
 ended: each object carries its run id as the label `trainyard.io/dagster-run`,
 and the Dagster instance (`DAGSTER_HOME`) says whether that run is still going
 (`resources.k8s.gangs.collect_garbage`). A gang of a run the instance does not
@@ -55,7 +55,8 @@ def register(subparsers: Any) -> None:
     render.add_argument("pipeline", help="<team>/<pipeline>, e.g. vision/digits")
     render.add_argument("--trial", type=int, default=0, help="trial number (default 0)")
     render.add_argument("--attempt", type=int, default=0, help="launch attempt: 100 x run retry + step retry (default 0)")
-    render.add_argument("--kind", choices=GANG_KINDS, default="job", help="gang object: job (what the launcher submits, default) or jobset")
+    render.add_argument("--kind", choices=GANG_KINDS, default=None,
+                        help="gang object: jobset or job (default: what the launcher submits, TRAINYARD_K8S_GANG_KIND, default jobset)")
     render.add_argument("--data-version", help="md5 of the accepted data version (default: the newest in the object store)")
     render.set_defaults(func=cmd_render)
     gc = sub.add_parser("gc", help="delete gangs whose Dagster run has ended")
@@ -128,9 +129,11 @@ def trial_spec(pipeline: Any, store: Any, number: int, md5: str) -> Any:
     )
 
 
-def render(key: str, trial: int = 0, attempt: int = 0, kind: str = "job", md5: Optional[str] = None,
+def render(key: str, trial: int = 0, attempt: int = 0, kind: Optional[str] = None, md5: Optional[str] = None,
            env: Optional[dict[str, str]] = None) -> list[dict[str, Any]]:
     """The objects attempt `attempt` of trial `trial` of pipeline `key` submits, in creation order.
+
+    `kind` None: the launcher's own gang kind (`KubernetesLauncher.gang_kind`).
 
     Raises:
         KeyError: no pipeline `key`.
@@ -198,8 +201,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     status = run_status_from(DagsterInstance.get())
     api = _api_client(args.api_url)
     try:
-        batch, core = k8s_client.BatchV1Api(api), k8s_client.CoreV1Api(api)
-        collected = [g for ns in namespaces for g in collect_garbage(batch, core, ns, status, dry_run=args.dry_run)]
+        batch, core, custom = k8s_client.BatchV1Api(api), k8s_client.CoreV1Api(api), k8s_client.CustomObjectsApi(api)
+        collected = [g for ns in namespaces for g in collect_garbage(batch, core, ns, status, dry_run=args.dry_run, custom=custom)]
     finally:
         api.close()
     print(f"# {'would delete' if args.dry_run else 'deleted'} {len(collected)} gang(s) in {', '.join(namespaces)}", file=sys.stderr)

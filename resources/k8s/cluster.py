@@ -34,6 +34,8 @@ TRIAL_SERVICE_ACCOUNT = "trainyard-trial"
 LAUNCHER_RULES: list[dict[str, Any]] = [
     # list: the trial's gangs of other attempts, found by label (resources.k8s.gangs).
     {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create", "get", "list", "delete"]},
+    # The default gang; get on jobs reads a JobSet's child Job (its failure reason).
+    {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "get", "list", "delete"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "list", "delete"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
     # FailedCreate warnings on a Job whose pods the API refuses (resources.k8s.stuck).

@@ -1,4 +1,4 @@
-"""`KubernetesLauncher`: the Dagster resource that runs a trial as an Indexed Job under Kueue.
+"""`KubernetesLauncher`: the Dagster resource that runs a trial as a gang under Kueue: a JobSet, or an Indexed Job.
 
 It holds the configuration and builds the API clients; `JobSupervisor`
 (`resources.k8s.supervisor`) does the work. Under Dagster a launch runs in a
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from dagster import AssetExecutionContext, Config, OpExecutionContext, PipesEnvContextInjector, open_pipes_session
 from kubernetes import client as k8s_client
@@ -91,7 +91,15 @@ def _bounds_from_env(env: dict[str, str]) -> dict[str, Any]:
 
 
 class KubernetesLauncher(Launcher):
-    """Runs each trial as an Indexed Job (one pod per node) under Kueue.
+    """Runs each trial attempt as one gang (one pod per node) under Kueue.
+
+    `gang_kind` "jobset" (default): a JobSet, admitted by Kueue as one Workload,
+    whose failurePolicy restarts the whole gang on an infrastructure failure or
+    disruption within `backoff_limit` restarts and fails it at once on the
+    entrypoint's user or config error code. "job": an Indexed Job and its
+    headless Service, for clusters without the JobSet controller: the same exit
+    code contract through its podFailurePolicy, a failed pod replaced by the Job
+    within `backoff_limit` (the replacement rejoins torchrun's rendezvous).
 
     Cluster access, in order: `api_url` (a plain endpoint, for tests and
     `kubectl proxy`), `in_cluster` (the run pod's service account), else
@@ -127,6 +135,8 @@ class KubernetesLauncher(Launcher):
     secret_env: dict[str, SecretKeyConfig] = Field(default_factory=dict)
     master_port: int = 29500
     labels: dict[str, str] = Field(default_factory=dict)
+    gang_kind: Literal["jobset", "job"] = Field(
+        "jobset", description="jobset (whole-gang restarts; needs the JobSet controller) or job (an Indexed Job and its Service)")
 
     api_url: Optional[str] = Field(None, description="explicit API server URL (tests, kubectl proxy)")
     in_cluster: bool = False
@@ -175,7 +185,7 @@ class KubernetesLauncher(Launcher):
         Bounds: TRAINYARD_K8S_STUCK_SECONDS (image pull errors, crash loops, refused
         pod creation; default 300), TRAINYARD_K8S_UNSCHEDULABLE_SECONDS (default
         900), TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS (the Job's activeDeadlineSeconds,
-        default 7 days; 0: none).
+        default 7 days; 0: none). TRAINYARD_K8S_GANG_KIND: jobset (default) or job.
         Then TRAINYARD_K8S_POD, a `PodConfig` as JSON (what `TeamSpec.environment`
         writes from the team's `pod`): its set fields win, its `env` is merged and
         its Secrets are added.
@@ -201,6 +211,11 @@ class KubernetesLauncher(Launcher):
         ).overlay(pod)
         fields: dict[str, Any] = platform.model_dump(exclude_unset=True, by_alias=True)
         fields.update(_bounds_from_env(env))
+        kind = env.get("TRAINYARD_K8S_GANG_KIND")
+        if kind:
+            if kind not in ("jobset", "job"):
+                raise ValueError(f"TRAINYARD_K8S_GANG_KIND={kind!r} is not a gang kind; accepted: jobset, job")
+            fields["gang_kind"] = kind
         fields["env_from_secrets"] = list(fields.get("env_from_secrets", ()))
         fields["tolerations"] = [t.model_dump(exclude_none=True) for t in platform.tolerations or ()]
         fields["affinity"] = platform.affinity.to_k8s() if platform.affinity is not None else None
@@ -231,14 +246,16 @@ class KubernetesLauncher(Launcher):
             stuck_seconds=self.stuck_seconds, unschedulable_seconds=self.unschedulable_seconds,
         )
 
-    def trial_objects(self, spec: TrainSpec, attempt: int = 0, kind: str = "job", run_id: Optional[str] = None) -> list[dict[str, Any]]:
+    def trial_objects(self, spec: TrainSpec, attempt: int = 0, kind: Optional[str] = None,
+                      run_id: Optional[str] = None) -> list[dict[str, Any]]:
         """The objects `launch` submits for `attempt` of `spec` in Dagster run `run_id`, in creation order.
 
-        `kind` "job" is what `launch` submits today (Indexed Job, then its Service,
-        which `launch` makes owned by the created Job); "jobset" builds the same
-        trial as a JobSet (`resources.k8s.manifests.trial_objects`).
+        `kind` None is `gang_kind`, what `launch` submits: "jobset" (the JobSet;
+        its controller makes the child Job and the headless Service) or "job"
+        (the Indexed Job, then its Service, which `launch` makes owned by the
+        created Job) (`resources.k8s.manifests.trial_objects`).
         """
-        return build_trial_objects(spec, join(spec.output_uri, SPEC_FILE), attempt, self.job_config(), kind, run_id)
+        return build_trial_objects(spec, join(spec.output_uri, SPEC_FILE), attempt, self.job_config(), kind or self.gang_kind, run_id)
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         api_client = self._api_client()
@@ -248,7 +265,8 @@ class KubernetesLauncher(Launcher):
             if isinstance(context, (AssetExecutionContext, OpExecutionContext)):
                 return self._run_with_pipes(supervisor, spec, spec_uri, attempt, cfg, context)
             # No Dagster step (a script, `trainyard reproduce`, a test's stand-in with a log): no Pipes session.
-            return supervisor.run(spec, spec_uri, attempt, cfg, log=getattr(context, "log", logger), run_id=run_id_of(context))
+            return supervisor.run(spec, spec_uri, attempt, cfg, log=getattr(context, "log", logger), run_id=run_id_of(context),
+                                  kind=self.gang_kind)
         finally:
             api_client.close()
 
@@ -269,7 +287,8 @@ class KubernetesLauncher(Launcher):
             ) as session:
                 relay = ProgressRelay(context, session.get_custom_messages)
                 piped = cfg.model_copy(update={"env": {**cfg.env, **session.get_bootstrap_env_vars()}})
-                outcome = supervisor.run(spec, spec_uri, attempt, piped, log=context.log, run_id=run_id, tick=relay.poll)
+                outcome = supervisor.run(spec, spec_uri, attempt, piped, log=context.log, run_id=run_id, tick=relay.poll,
+                                         kind=self.gang_kind)
         finally:
             # Closing the session read what rank 0 wrote last, of a failed launch too.
             if relay is not None:

@@ -1,14 +1,22 @@
 """The Kubernetes objects of one trial, built by pure functions (no API calls).
 
-A trial on Kubernetes is one Indexed Job (one pod per node, node rank = completion
-index) plus a headless Service that gives every pod a stable DNS name, so torchrun
-in each pod can reach rank 0 at `<job>-0.<job>`. Kueue admits the Job as one gang
-(it is created suspended with a queue label), PriorityClasses order teams' work,
-and a podFailurePolicy reads each pod's exit status, which `training.gang` makes
-the classified status of the first failing worker: disruptions and preemptions
-are not the trial's fault, a user or config error fails the Job at once. For
-clusters running the JobSet controller, `jobset_manifest` builds the same trial
-as a JobSet. `trial_objects` is every object one attempt submits, in order.
+A trial attempt on Kubernetes is one gang, one pod per node. By default a JobSet
+(`jobset_manifest`): one replicated Job `node` (an Indexed Job, node rank =
+completion index) whose pods find rank 0 at `<jobset>-node-0-0.<jobset>` through
+the headless Service the JobSet controller makes; any failure of a pod fails the
+child Job at once, and the JobSet's failurePolicy restarts the whole gang (every
+pod, a fresh rendezvous, from the newest committed checkpoint) or fails it, by
+the child Job's failure reason and message: a user or config error fails at
+once, a disruption or preemption restarts without using up the budget, anything
+else (a lost node, OOM, SIGKILL, infrastructure) restarts within `maxRestarts`.
+For clusters without the JobSet controller, one Indexed Job (`job_manifest`)
+plus a headless Service (`service_manifest`) that gives every pod a stable DNS
+name, so torchrun in each pod can reach rank 0 at `<job>-0.<job>`; its
+podFailurePolicy replaces a failed pod within `backoffLimit` instead. Either
+way Kueue admits the gang as one Workload (it is created suspended with a queue
+label), PriorityClasses order teams' work, and the policies read each pod's
+exit status, which `training.gang` makes the classified status of the first
+failing worker. `trial_objects` is every object one attempt submits, in order.
 
 Every function returns plain dicts that validate against the Kubernetes schemas
 (`kubernetes-validate`, strict) or, for JobSet, against its CRD.
@@ -285,8 +293,59 @@ def service_manifest(name: str, cfg: K8sJobConfig, labels: Optional[Mapping[str,
     }
 
 
+def _gang_pod_failure_policy() -> dict[str, Any]:
+    """A JobSet's child Job: every pod failure fails the Job at once, so the JobSet decides for the whole gang.
+
+    FailJob rules give the child Job the failure reason PodFailurePolicy and a
+    message naming the rule's cause, which the JobSet's failurePolicy matches
+    (`_jobset_failure_policy`); anything else is counted against backoffLimit 0
+    (reason BackoffLimitExceeded).
+    """
+    return {
+        "rules": [
+            # Preemption, node drain, eviction: the JobSet restarts the gang without using up maxRestarts.
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            # A bug in model or data code, or a spec that cannot work: the JobSet fails at once.
+            {"action": "FailJob", "onExitCodes": _exit_codes(EXIT_USER_ERROR, EXIT_BAD_CONFIG)},
+            # Stopped on request after a checkpoint, without a DisruptionTarget condition: a preemption too.
+            {"action": "FailJob", "onExitCodes": _exit_codes(EXIT_PREEMPTED)},
+            # A lost worker, node or dependency (EXIT_INFRA), or the container killed: the JobSet restarts the
+            # gang within maxRestarts.
+            {"action": "Count", "onExitCodes": _exit_codes(EXIT_INFRA)},
+        ]
+    }
+
+
+# The Job controller's messages for a FailJob rule (pkg/controller/job/pod_failure_policy.go):
+# "Pod <ns>/<pod> has condition DisruptionTarget matching FailJob rule at index 0",
+# "Container trainer for pod <ns>/<pod> failed with exit code 143 matching FailJob rule at index 2".
+DISRUPTION_PATTERNS = (
+    "^Pod .+ has condition DisruptionTarget matching FailJob rule",
+    f"failed with exit code {EXIT_PREEMPTED} matching FailJob rule",
+)
+
+
+def _jobset_failure_policy(max_restarts: int) -> dict[str, Any]:
+    """What a failed child Job means to the JobSet; the first matching rule acts, no match restarts within `max_restarts`."""
+    return {
+        "maxRestarts": max_restarts,
+        "rules": [
+            # Preempted or disrupted (`_gang_pod_failure_policy` rules 0 and 2): not the trial's fault; the whole
+            # gang restarts from its preemption checkpoint without using up the budget.
+            {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"],
+             "onJobFailureMessagePatterns": list(DISRUPTION_PATTERNS)},
+            # Any other FailJob rule: exit EXIT_USER_ERROR or EXIT_BAD_CONFIG; restarting cannot help.
+            {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            # activeDeadlineSeconds: a hung or too-long trial would run as long again.
+            {"name": "deadline", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
+            # No rule (BackoffLimitExceeded: exit EXIT_INFRA, a SIGKILL, OOM, a lost node): RestartJobSet within maxRestarts.
+        ],
+    }
+
+
 def _job_spec(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, name: str, pod_labels: dict[str, str], *,
-              master_addr: str, subdomain: Optional[str], backoff_limit: int, suspend: bool) -> dict[str, Any]:
+              master_addr: str, subdomain: Optional[str], backoff_limit: int, suspend: bool,
+              pod_failure_policy: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     nodes = spec.distribution.nodes
     job_spec: dict[str, Any] = {
         # One pod per node with a stable index 0..nodes-1: the index is the
@@ -295,7 +354,7 @@ def _job_spec(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, name: str, pod_
         "completions": nodes,
         "parallelism": nodes,
         "backoffLimit": backoff_limit,
-        "podFailurePolicy": _pod_failure_policy(),
+        "podFailurePolicy": pod_failure_policy or _pod_failure_policy(),
         "template": _pod_template(spec, spec_uri, cfg, pod_labels, master_addr=master_addr, subdomain=subdomain),
     }
     if suspend:
@@ -333,11 +392,14 @@ def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig
 
 
 def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, run_id: Optional[str] = None) -> dict[str, Any]:
-    """The same trial as a JobSet (jobset.x-k8s.io/v1alpha2), for clusters running its controller.
+    """The trial attempt as a JobSet (jobset.x-k8s.io/v1alpha2): the launcher's default gang.
 
-    The JobSet makes its own headless Service (`network.subdomain`), and restarts
-    the whole gang on a pod failure (`failurePolicy.maxRestarts`), which suits
-    torchrun's static rendezvous better than replacing one pod.
+    The JobSet controller makes its headless Service (`network.subdomain`) and
+    the child Job `<jobset>-node-0`; a pod's failure fails the child Job at once
+    and the JobSet restarts the whole gang (`failurePolicy`: `cfg.backoff_limit`
+    counted restarts; disruptions not counted; a user or config error or the
+    deadline fails it), which suits torchrun's static rendezvous: every restart
+    is a fresh rendezvous of all ranks from the newest committed checkpoint.
     """
     name = job_name(spec.pipeline, spec.trial_id, attempt, max_length=MAX_JOBSET_NAME)
     labels = {**cfg.labels, **trial_labels(spec, attempt, run_id), LABEL_JOB: name}
@@ -346,22 +408,16 @@ def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobCon
         # Pod hostnames are <jobset>-<replicated job>-<job index>-<pod index>.
         master_addr=f"{name}-{JOBSET_REPLICATED_JOB}-0-0.{name}",
         subdomain=None,  # set by the JobSet controller from network.subdomain
-        # Any counted pod failure fails the child Job at once, and the JobSet
+        # Any pod failure fails the child Job at once, and the JobSet
         # restarts every pod together: a fresh rendezvous for all ranks.
         backoff_limit=0,
         suspend=False,  # the JobSet is what Kueue suspends and admits
+        pod_failure_policy=_gang_pod_failure_policy(),
     )
     child.pop("ttlSecondsAfterFinished", None)
     jobset_spec: dict[str, Any] = {
         "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True, "subdomain": name},
-        "failurePolicy": {
-            "maxRestarts": cfg.backoff_limit,
-            "rules": [
-                # The child Job failed through the podFailurePolicy's FailJob rule
-                # (exit EXIT_USER_ERROR or EXIT_BAD_CONFIG): restarting cannot help.
-                {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
-            ],
-        },
+        "failurePolicy": _jobset_failure_policy(cfg.backoff_limit),
         "successPolicy": {"operator": "All"},
         "replicatedJobs": [
             {"name": JOBSET_REPLICATED_JOB, "replicas": 1, "template": {"metadata": {"labels": labels}, "spec": child}},
@@ -382,13 +438,14 @@ def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobCon
 GANG_KINDS = ("job", "jobset")
 
 
-def trial_objects(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, kind: str = "job",
+def trial_objects(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, kind: str = "jobset",
                   run_id: Optional[str] = None) -> list[dict[str, Any]]:
     """Every object one attempt of a trial submits, in the order it creates them.
 
-    `kind` "job": the Indexed Job, then the headless Service (the launcher adds an
-    ownerReference to the created Job, whose uid only the API knows); "jobset":
-    the JobSet (its controller makes the Service). Every object carries the
+    `kind` "jobset" (the launcher's default): the JobSet (its controller makes
+    the child Job and the Service); "job": the Indexed Job, then the headless
+    Service (the launcher adds an ownerReference to the created Job, whose uid
+    only the API knows). Every object carries the
     trial's labels, with the Dagster run id `run_id` when given.
     `trainyard k8s render` prints these, and the Kubernetes launcher creates them.
 

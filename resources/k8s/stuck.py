@@ -2,7 +2,7 @@
 
 Kueue's quota is reserved once a gang is admitted, so an admitted gang whose pods
 cannot start holds GPUs nobody uses. The launcher classifies what it reads from
-the API (pod conditions and container states, the Job's events) into kinds with
+the API (pod conditions and container states, the Job's events; a JobSet's child Jobs' events) into kinds with
 a bound each; a kind seen for longer than its bound, counted in admitted time
 only (time queued, e.g. after Kueue's `waitForPodsReady` eviction, does not
 count), fails the trial with the reason, and the gang is deleted:
@@ -129,8 +129,8 @@ class StuckTimers:
         return admitted_seconds - self.since.get(kind, admitted_seconds)
 
 
-def read_workload(workloads: list[dict[str, Any]], job: str) -> tuple[str, Optional[str]]:
-    """From the Kueue Workloads listed for Job `job`: (why it is not admitted, or ""; why it was deactivated, or None).
+def read_workload(workloads: list[dict[str, Any]], job: str, kind: str = "Job") -> tuple[str, Optional[str]]:
+    """From the Kueue Workloads listed for the Job (or JobSet, `kind`) `job`: (why it is not admitted, or ""; why it was deactivated, or None).
 
     Kueue deactivates a Workload (`spec.active: false`) once it was requeued
     `waitForPodsReady.requeuingStrategy.backoffLimitCount` times; the Job then
@@ -138,13 +138,13 @@ def read_workload(workloads: list[dict[str, Any]], job: str) -> tuple[str, Optio
     """
     for wl in workloads:
         owners = wl.get("metadata", {}).get("ownerReferences", [])
-        if not any(o.get("kind") == "Job" and o.get("name") == job for o in owners):
+        if not any(o.get("kind") == kind and o.get("name") == job for o in owners):
             continue
         name = wl.get("metadata", {}).get("name")
         conds = {c.get("type"): c for c in wl.get("status", {}).get("conditions", [])}
         if wl.get("spec", {}).get("active") is False:
             why = conds.get("Evicted") or conds.get("DeactivationTarget") or conds.get("Requeued") or {}
-            return "", (f"Kueue deactivated Workload {name} of Job {job} "
+            return "", (f"Kueue deactivated Workload {name} of {kind} {job} "
                         f"({why.get('reason', 'Deactivated')}: {why.get('message', 'spec.active is false')})")
         for ctype, status in (("Evicted", "True"), ("QuotaReserved", "False"), ("Admitted", "False")):
             c = conds.get(ctype)

@@ -1,16 +1,19 @@
-"""The waiter behind the Kubernetes launcher: submit a trial's Job, watch it, bring back its result.
+"""The waiter behind the Kubernetes launcher: submit a trial's gang (a JobSet, or an Indexed Job), watch it, bring back its result.
 
 `JobSupervisor` takes its API objects, clock and sleep as arguments, so tests
 drive queueing, retries and timeouts without a cluster and without sleeping.
 
 What a launch does:
 
-1. Lists the trial's gangs by label: deletes those of other Dagster runs or
-   attempts and waits until they are gone (`resources.k8s.gangs`: one gang per
-   trial). If this attempt's Job exists (a restarted orchestrator), re-attach.
+1. Lists the trial's gangs (Jobs and JobSets) by label: deletes those of other
+   Dagster runs or attempts and waits until they are gone (`resources.k8s.gangs`:
+   one gang per trial). If this attempt's gang exists (a restarted orchestrator),
+   re-attach.
 2. Otherwise clears stale `result.json`/failure records, writes `spec.json`,
-   creates the Job, then the headless Service owned by it (ownerReference with
-   the Job's uid). A 409 on create means an earlier try went through: re-attach.
+   creates the gang: a JobSet (its controller makes the child Job and the
+   headless Service), or the Job, then the headless Service owned by it
+   (ownerReference with the Job's uid). A 409 on create means an earlier try
+   went through: re-attach.
    5xx and connection errors are retried with backoff (`training.retry`).
 3. Watches by polling. A suspended Job is queued (Kueue has not admitted the gang;
    the Workload's conditions say why); queued time counts against the queue
@@ -19,13 +22,19 @@ What a launch does:
    treated as failures; rank 0's log lines are streamed to the Dagster log.
    Admitted pods that cannot start (Unschedulable, FailedCreate, image or config
    errors) are logged and fail the launch past their bound (`resources.k8s.stuck`).
-4. Job condition Complete: read `result.json`. Failed: map the failing pod's exit
-   code and the trial's failure records to the launcher error hierarchy (78 bad
-   config, 143 preempted), with the pod's reason and rank 0's log tail in the
-   message.
-5. Cleanup: the Service is deleted on every finished outcome; the Job is kept for
-   its TTL (logs, debugging). Leaving before the Job finished (cancellation,
-   timeouts, API failure) deletes Job and Service, then re-raises.
+   A JobSet's whole-gang restart (`status.restarts` grew: its failurePolicy
+   restarted every pod after an infrastructure failure) is logged with the
+   failing pod and its count against `maxRestarts`; every restart resumes from
+   the newest committed checkpoint.
+4. Condition Complete (Job) / Completed (JobSet): read `result.json`. Failed:
+   map the failing pod's exit code and the trial's failure records to the
+   launcher error hierarchy (78 bad config, 143 preempted), with the Job's or
+   JobSet's and its child Job's reason, the pod's state and rank 0's (and the
+   failing pod's) log tail in the message.
+5. Cleanup: the Job's Service is deleted on every finished outcome (a JobSet's
+   is owned by the JobSet and goes with it); the gang is kept for its TTL (logs,
+   debugging). Leaving before the gang finished (cancellation, timeouts, API
+   failure) deletes it (and the Job's Service), then re-raises.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ from kubernetes.client.exceptions import ApiException
 from resources.k8s.config import K8sJobConfig
 from resources.k8s.errors import TRANSIENT_STATUSES, KubernetesAPIError, QueueTimeout, StuckGang, Transient, api_message
 from resources.k8s.gangs import clear_other_gangs
+from resources.k8s.kinds import GANG_KINDS, GangApi, GangView, kind_of
 from resources.k8s.manifests import trial_objects
 from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, LABEL_TRIAL, trial_labels
 from resources.k8s.pods import LogFollower, PodView, blame_order, rank0_pod
@@ -70,8 +80,11 @@ T = TypeVar("T")
 class _Watch:
     """Bookkeeping of one watch: what was reported already, time spent per state."""
 
+    kind: str = "Job"
     owns_job: bool = False
     owns_service: bool = False
+    restarts: int = 0
+    last_failed: Optional[PodView] = None
     finished: bool = False
     queued_seconds: float = 0.0
     running_seconds: float = 0.0
@@ -165,6 +178,7 @@ class JobSupervisor:
         self.delete_timeout = delete_timeout
         self.stream_tail_lines = stream_tail_lines
         self.kueue_version = kueue_version
+        self.gangs = GangApi(batch_api, custom_api, namespace, self._api)
 
     # -- API access -------------------------------------------------------------
 
@@ -211,8 +225,17 @@ class JobSupervisor:
             ) from last.error
 
     def _get_job(self, name: str) -> Any:
+        """The Job `name` (the client's model), None when there is none."""
         try:
             return self._api(f"read Job {name}", self.batch.read_namespaced_job, name, self.namespace, expect=(404,))
+        except ApiException:
+            return None
+
+    def get_gang(self, kind: str, name: str) -> Optional[GangView]:
+        """The Job or JobSet (`kind`) `name`, None when there is none (or no JobSet API on the cluster)."""
+        try:
+            view: GangView = self.gangs.get(kind, name, expect=(404,))
+            return view
         except ApiException:
             return None
 
@@ -243,7 +266,7 @@ class JobSupervisor:
     # -- submission ---------------------------------------------------------------
 
     def _verify(self, obj: Any, want: dict[str, str], kind: str, name: str) -> None:
-        labels = obj.metadata.labels or {}
+        labels = obj.labels if isinstance(obj, GangView) else (obj.metadata.labels or {})
         wrong = {k: {"found": labels.get(k), "expected": v} for k, v in want.items() if labels.get(k) != v}
         if wrong:
             raise LaunchError(
@@ -254,9 +277,9 @@ class JobSupervisor:
     def _ensure_service(self, service: dict[str, Any], want: dict[str, str], w: _Watch, owner: Any) -> None:
         """Create the Service, owned by the Job `owner` (as read back, with its uid), or adopt this attempt's existing one."""
         name = service["metadata"]["name"]
-        if owner.metadata.uid:  # every API server sets one
+        if owner.uid:  # every API server sets one
             service = {**service, "metadata": {**service["metadata"], "ownerReferences": [
-                {"apiVersion": "batch/v1", "kind": "Job", "name": owner.metadata.name, "uid": owner.metadata.uid}]}}
+                {"apiVersion": "batch/v1", "kind": "Job", "name": owner.name, "uid": owner.uid}]}}
         try:
             self._api(f"create Service {name}", self.core.create_namespaced_service, self.namespace, service, expect=(409,))
         except ApiException:
@@ -264,18 +287,18 @@ class JobSupervisor:
             self._verify(existing, want, "Service", name)
         w.owns_service = True
 
-    def _create_job(self, job: dict[str, Any], want: dict[str, str], w: _Watch) -> tuple[bool, Any]:
-        """Create the Job: (True, the created Job), or (False, the Job) when it already existed (a retried create went through)."""
-        name = job["metadata"]["name"]
+    def _create_gang(self, obj: dict[str, Any], want: dict[str, str], w: _Watch) -> tuple[bool, GangView]:
+        """Create the Job or JobSet: (True, it as created), or (False, it) when it already existed (a retried create went through)."""
+        name, kind = obj["metadata"]["name"], obj["kind"]
         try:
-            created = self._api(f"create Job {name}", self.batch.create_namespaced_job, self.namespace, job, expect=(409,))
+            created = self.gangs.create(kind, obj, expect=(409,))
             w.owns_job = True
             return True, created
         except ApiException as e:
-            existing = self._get_job(name)
+            existing = self.get_gang(kind, name)
             if existing is None:
-                raise InfrastructureError(f"Job {self.namespace}/{name} was reported to exist (409) but cannot be read") from e
-            self._verify(existing, want, "Job", name)
+                raise InfrastructureError(f"{kind} {self.namespace}/{name} was reported to exist (409) but cannot be read") from e
+            self._verify(existing, want, kind, name)
             w.owns_job = True
             return False, existing
 
@@ -297,17 +320,32 @@ class JobSupervisor:
         # checkpoint directory.
         self._delete("Job", name, self.batch.delete_namespaced_job, log, body=V1DeleteOptions(propagation_policy="Foreground"))
 
+    def delete_gang(self, kind: str, name: str, log: Any = logger) -> None:
+        """Delete the Job or JobSet (`kind`) and, with it, its child Jobs, pods and owned Service (foreground)."""
+        if kind == "Job":
+            self.delete_job(name, log)
+            return
+        try:
+            self.gangs.delete(kind, name, expect=(404,), retries=1)
+        except ApiException:
+            pass  # already gone
+        except LaunchError as e:
+            log.warning(f"could not delete {kind} {self.namespace}/{name}: {e}; delete it by hand "
+                        f"(kubectl -n {self.namespace} delete {kind.lower()} {name})")
+
     def delete_service(self, name: str, log: Any = logger) -> None:
         self._delete("Service", name, self.core.delete_namespaced_service, log)
 
     # -- the launch ------------------------------------------------------------------
 
     def run(self, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, log: Any = logger,
-            run_id: Optional[str] = None, tick: Callable[[], None] = lambda: None) -> LaunchOutcome:
-        """Launch (or re-attach to) the trial's Job for `attempt` of Dagster run `run_id` and wait for its outcome.
+            run_id: Optional[str] = None, tick: Callable[[], None] = lambda: None, kind: str = "job") -> LaunchOutcome:
+        """Launch (or re-attach to) the trial's gang for `attempt` of Dagster run `run_id` and wait for its outcome.
 
+        `kind` "jobset": a JobSet (whole-gang restarts by its failurePolicy);
+        "job": an Indexed Job and its headless Service.
         First the trial's gangs of other runs or attempts are deleted (`resources.k8s.gangs`).
-        `tick` is called at every poll while the Job is watched (the launcher
+        `tick` is called at every poll while the gang is watched (the launcher
         turns new Pipes progress records into observations there).
 
         Raises:
@@ -316,37 +354,42 @@ class JobSupervisor:
                 from the last committed checkpoint.
             KubernetesAPIError: the API refused a request (RBAC, invalid manifest).
         """
+        if kind not in GANG_KINDS:
+            raise ValueError(f"kind={kind!r} is not a gang kind; accepted: {', '.join(GANG_KINDS)}")
         started = self.clock()
-        job, service = trial_objects(spec, spec_uri, attempt, cfg, kind="job", run_id=run_id)
-        name = job["metadata"]["name"]
+        objects = trial_objects(spec, spec_uri, attempt, cfg, kind=kind, run_id=run_id)
+        gang, service = objects[0], (objects[1] if len(objects) > 1 else None)
+        name, what = gang["metadata"]["name"], kind_of(kind)
         want = trial_labels(spec, attempt, run_id)
-        w = _Watch()
+        w = _Watch(kind=what)
         try:
             clear_other_gangs(self, spec, name, want, log, timeout=cfg.termination_grace_seconds + self.delete_timeout)
-            existing = self._get_job(name)
+            existing = self.get_gang(what, name)
             if existing is not None:
-                self._verify(existing, want, "Job", name)
+                self._verify(existing, want, what, name)
                 w.owns_job = True
-                log.info(f"trial {spec.trial_id}: re-attaching to existing Job {self.namespace}/{name}")
+                w.restarts = existing.restarts
+                log.info(f"trial {spec.trial_id}: re-attaching to existing {what} {self.namespace}/{name}")
             else:
                 prepare_output(spec, spec_uri)
-                created, existing = self._create_job(job, want, w)
+                created, existing = self._create_gang(gang, want, w)
                 if created:
-                    log.info(f"trial {spec.trial_id}: created Job {self.namespace}/{name} "
+                    log.info(f"trial {spec.trial_id}: created {what} {self.namespace}/{name} "
                              f"({spec.distribution.nodes} pods, queue {cfg.queue_name or '-'})")
                 else:
-                    log.info(f"trial {spec.trial_id}: Job {self.namespace}/{name} already existed; re-attaching")
-            self._ensure_service(service, want, w, owner=existing)
+                    log.info(f"trial {spec.trial_id}: {what} {self.namespace}/{name} already existed; re-attaching")
+            if service is not None:
+                self._ensure_service(service, want, w, owner=existing)
             return self._watch(spec, name, started, w, log, tick)
         finally:
             if w.finished:
-                # The Job stays for its TTL (logs, debugging); rendezvous is over.
+                # The gang stays for its TTL (logs, debugging); rendezvous is over.
                 if w.owns_service:
                     self.delete_service(name, log)
             elif w.owns_job or w.owns_service:
-                log.warning(f"trial {spec.trial_id}: leaving before Job {self.namespace}/{name} finished; deleting it")
+                log.warning(f"trial {spec.trial_id}: leaving before {what} {self.namespace}/{name} finished; deleting it")
                 if w.owns_job:
-                    self.delete_job(name, log)
+                    self.delete_gang(what, name, log)
                 if w.owns_service:
                     self.delete_service(name, log)
 
@@ -355,68 +398,79 @@ class JobSupervisor:
         last = self.clock()
         while True:
             tick()
-            job = self._get_job(name)
+            gang = self.get_gang(w.kind, name)
             now = self.clock()
             if w.state == "queued":
                 w.queued_seconds += now - last
             elif w.state == "running":
                 w.running_seconds += now - last
             last = now
-            if job is None:
+            if gang is None:
                 return self._vanished(spec, name, started, w)
-            conditions = {c.type: c for c in (job.status.conditions or [])} if job.status else {}
-            if _true(conditions.get("Complete")):
+            if gang.complete is not None:
                 w.finished = True
                 pods = self._pods(name)
                 self._stream(name, w, log, pods)
-                return self._success(spec, name, started, pods)
-            if _true(conditions.get("Failed")):
+                return self._success(spec, name, started, pods, w)
+            if gang.failed is not None:
                 w.finished = True
-                raise self._failure(spec, name, conditions["Failed"], self._pods(name))
+                raise self._failure(spec, name, gang, self._pods(name), w)
+            if gang.restarts > w.restarts:
+                self._report_restart(spec, gang, w, log)
 
-            state = "queued" if job.spec.suspend else "running"
+            state = "queued" if gang.suspended else "running"
             if state != w.state:
                 self._transition(spec, name, w, state, log)
             w.state = state
             if state == "queued":
-                self._explain_queue(job, name, w, log)
+                self._explain_queue(gang, name, w, log)
                 if w.queued_seconds > self.queue_timeout:
                     raise QueueTimeout(
-                        f"trial {spec.trial_id}: Kueue did not admit Job {self.namespace}/{name} within "
+                        f"trial {spec.trial_id}: Kueue did not admit {w.kind} {self.namespace}/{name} within "
                         f"{self.queue_timeout:.0f} s ({w.workload_note or 'no Workload status'}); deleted it"
                     )
             else:
                 if w.running_seconds > self.run_timeout:
                     raise InfrastructureError(
-                        f"trial {spec.trial_id}: Job {self.namespace}/{name} ran {w.running_seconds:.0f} s, past the run "
+                        f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} ran {w.running_seconds:.0f} s, past the run "
                         f"timeout of {self.run_timeout:.0f} s; deleted it. Last log lines of rank 0:\n"
                         f"{self._log_tail(rank0_pod(self._pods(name)), self.log_tail_lines)}"
                     )
                 pods = self._pods(name)
                 self._report_pods(spec, pods, w, log, now)
-                self._check_stuck(spec, job, pods, w, log)
+                self._check_stuck(spec, gang, pods, w, log)
                 self._stream(name, w, log, pods)
             self.sleep(self.poll_interval)
 
+    def _report_restart(self, spec: TrainSpec, gang: GangView, w: _Watch, log: Any) -> None:
+        """Log a JobSet's whole-gang restart: its count against maxRestarts, why, and the pod that failed."""
+        cause = gang.restarting.message if gang.restarting is not None else "a child Job failed"
+        culprit = f"; {w.last_failed.describe()}" if w.last_failed is not None else ""
+        log.warning(f"trial {spec.trial_id}: JobSet {self.namespace}/{gang.name} restarts the whole gang "
+                    f"(restart {gang.restarts}, at most {gang.max_restarts} counted: {cause}{culprit}); "
+                    "every pod resumes from the newest committed checkpoint")
+        w.restarts = gang.restarts
+        w.last_failed = None
+
     def _transition(self, spec: TrainSpec, name: str, w: _Watch, state: str, log: Any) -> None:
         if state == "queued" and w.state is None:
-            log.info(f"trial {spec.trial_id}: Job {name} is queued, waiting for Kueue to admit all its pods")
+            log.info(f"trial {spec.trial_id}: {w.kind} {name} is queued, waiting for Kueue to admit all its pods")
         elif state == "queued":
-            log.warning(f"trial {spec.trial_id}: Job {name} was suspended again (preempted by Kueue); "
+            log.warning(f"trial {spec.trial_id}: {w.kind} {name} was suspended again (preempted by Kueue); "
                         "it resumes from its last checkpoint once re-admitted")
         elif w.state == "queued":
-            log.info(f"trial {spec.trial_id}: Job {name} admitted after {w.queued_seconds:.0f} s in the queue")
+            log.info(f"trial {spec.trial_id}: {w.kind} {name} admitted after {w.queued_seconds:.0f} s in the queue")
         else:
-            log.info(f"trial {spec.trial_id}: Job {name} is running")
+            log.info(f"trial {spec.trial_id}: {w.kind} {name} is running")
 
-    def _explain_queue(self, job: Any, name: str, w: _Watch, log: Any) -> None:
-        """Log why Kueue has not admitted the Job yet, from its Workload (when readable)."""
+    def _explain_queue(self, gang: GangView, name: str, w: _Watch, log: Any) -> None:
+        """Log why Kueue has not admitted the gang yet, from its Workload (when readable)."""
         if w.workloads_forbidden:
             return
-        uid = getattr(job.metadata, "uid", None)
+        uid = gang.uid
         try:
             found = self._api(
-                f"list Kueue Workloads for Job {name}", self.custom.list_namespaced_custom_object,
+                f"list Kueue Workloads for {w.kind} {name}", self.custom.list_namespaced_custom_object,
                 KUEUE_GROUP, self.kueue_version, self.namespace, "workloads",
                 label_selector=f"{KUEUE_GROUP}/job-uid={uid}" if uid else None, expect=(403, 404),
             )
@@ -426,11 +480,12 @@ class JobSupervisor:
             return  # 404: no Kueue, or no Workload yet
         except LaunchError:
             return  # explanatory only; the watch goes on
-        note, deactivated = read_workload(found.get("items", []), name)
+        note, deactivated = read_workload(found.get("items", []), name, kind=w.kind)
         if deactivated is not None:
             raise StuckGang(
-                f"trial {spec_trial(job)}: {deactivated}; it is never admitted again: its pods did not all become Ready "
-                "within waitForPodsReady's timeout on any of its admissions (see the log above for why). Deleted the Job.",
+                f"trial {gang.labels.get(LABEL_TRIAL, name)}: {deactivated}; it is never admitted again: its pods did not all "
+                f"become Ready within waitForPodsReady's timeout on any of its admissions (see the log above for why). "
+                f"Deleted the {w.kind}.",
                 kind="deactivated",
             )
         if note and note != w.workload_note:
@@ -444,7 +499,10 @@ class JobSupervisor:
                 text = f"{p.describe()}; disruption, not a failure: the Job replaces the pod and the trial resumes from its checkpoint"
             elif p.phase == "Failed":
                 key, level = "failed", log.warning
-                text = f"{p.describe()}; the Job retries it within its backoffLimit"
+                w.last_failed = p if w.reported.get(p.name) != "failed" else w.last_failed
+                text = (f"{p.describe()}; the Job retries it within its backoffLimit" if w.kind == "Job" else
+                        f"{p.describe()}; the JobSet restarts the whole gang within its failurePolicy.maxRestarts "
+                        "unless the exit code is a user or config error")
             elif p.waiting_reason and not pod_problems([p]):  # problems are `_check_stuck`'s to report
                 key, level = f"waiting:{p.waiting_reason}", log.warning
                 text = p.describe()
@@ -459,12 +517,12 @@ class JobSupervisor:
         return {"config": 0.0, "image": self.stuck_seconds, "crashloop": self.stuck_seconds, "create": self.stuck_seconds,
                 "unschedulable": self.unschedulable_seconds}
 
-    def _check_stuck(self, spec: TrainSpec, job: Any, pods: list[PodView], w: _Watch, log: Any) -> None:
+    def _check_stuck(self, spec: TrainSpec, gang: GangView, pods: list[PodView], w: _Watch, log: Any) -> None:
         """Log what keeps admitted pods from starting; past its bound, fail (the caller deletes the gang)."""
         problems = pod_problems(pods)
         live = [p for p in pods if p.phase in ("Pending", "Running")]
-        if len(live) < (job.spec.parallelism or 0):
-            problems += self._create_problems(job)
+        if len(live) < gang.pods_wanted:
+            problems += self._create_problems(gang)
         w.timers.bounds = self._bounds()
         new, expired = w.timers.update(problems, w.running_seconds)
         for p in new:
@@ -479,22 +537,25 @@ class JobSupervisor:
                 kind=expired.kind,
             )
 
-    def _create_problems(self, job: Any) -> list[Any]:
-        """FailedCreate events of the Job; [] when events cannot be read."""
-        if self._events_forbidden:
-            return []
-        name, uid = job.metadata.name, getattr(job.metadata, "uid", None)
-        try:
-            events = self._api(
-                f"list events of Job {name}", self.core.list_namespaced_event, self.namespace,
-                field_selector=f"involvedObject.kind=Job,involvedObject.name={name}", expect=(403, 404),
-            )
-        except ApiException as e:
-            self._events_forbidden = e.status == 403
-            return []
-        except LaunchError:
-            return []
-        return event_problems(list(events.items or []), "Job", name, uid)
+    def _create_problems(self, gang: GangView) -> list[Any]:
+        """FailedCreate events of the Job (of a JobSet: of its child Jobs, where the Job controller records them); [] when unreadable."""
+        out: list[Any] = []
+        for name in gang.children:
+            if self._events_forbidden:
+                return []
+            uid = gang.uid if gang.kind == "Job" else None
+            try:
+                events = self._api(
+                    f"list events of Job {name}", self.core.list_namespaced_event, self.namespace,
+                    field_selector=f"involvedObject.kind=Job,involvedObject.name={name}", expect=(403, 404),
+                )
+            except ApiException as e:
+                self._events_forbidden = e.status == 403
+                return []
+            except LaunchError:
+                return []
+            out += event_problems(list(events.items or []), "Job", name, uid)
+        return out
 
     def _stream(self, name: str, w: _Watch, log: Any, pods: list[PodView]) -> None:
         """Send rank 0's new log lines to the log; a failed read skips this poll."""
@@ -531,12 +592,12 @@ class JobSupervisor:
             f.write("\n")
         return uri
 
-    def _success(self, spec: TrainSpec, name: str, started: float, pods: list[PodView]) -> LaunchOutcome:
+    def _success(self, spec: TrainSpec, name: str, started: float, pods: list[PodView], w: _Watch) -> LaunchOutcome:
         log_uri = self._save_log(spec, name, pods)
         result = read_result(spec.output_uri)
         if result is None:
             raise InfrastructureError(
-                f"trial {spec.trial_id}: Job {self.namespace}/{name} completed but {join(spec.output_uri, RESULT_FILE)} "
+                f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} completed but {join(spec.output_uri, RESULT_FILE)} "
                 "does not exist (is output_uri shared storage the pods can write?)"
             )
         return LaunchOutcome(result=result, log_uri=log_uri, seconds=self.clock() - started)
@@ -546,12 +607,24 @@ class JobSupervisor:
         result = read_result(spec.output_uri)
         if result is None:
             raise InfrastructureError(
-                f"trial {spec.trial_id}: Job {self.namespace}/{name} disappeared before finishing "
+                f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} disappeared before finishing "
                 "(deleted by someone, or removed by its TTL unseen) and left no result"
             )
         return LaunchOutcome(result=result, log_uri=self._save_log(spec, name, []), seconds=self.clock() - started)
 
-    def _failure(self, spec: TrainSpec, name: str, condition: Any, pods: list[PodView]) -> LaunchError:
+    def _failure(self, spec: TrainSpec, name: str, gang: GangView, pods: list[PodView], w: _Watch) -> LaunchError:
+        condition = gang.failed
+        assert condition is not None
+        child = None
+        if gang.kind == "JobSet":
+            # The child Job that failed it: its reason (PodFailurePolicy, BackoffLimitExceeded, DeadlineExceeded) says why.
+            for child_name in gang.children:
+                job = self._get_job(child_name)
+                failed = [c for c in ((job.status.conditions or []) if job is not None and job.status else [])
+                          if c.type == "Failed" and c.status == "True"]
+                if failed:
+                    child = (child_name, failed[0])
+                    break
         failed = [p for p in pods if p.phase == "Failed" and not p.disrupted]
         culprit = min(failed, key=blame_order, default=None)
         code = culprit.exit_code if culprit is not None and culprit.exit_code is not None else -1
@@ -563,10 +636,15 @@ class JobSupervisor:
                 f"trial {spec.trial_id}: the entrypoint exited {EXIT_BAD_CONFIG} (bad config) without a failure record "
                 "(is spec.json readable from the pods?)", log_tail=tail,
             )
-        if condition.reason == "DeadlineExceeded":  # killed by activeDeadlineSeconds: a retry would run as long
+        reason = child[1].reason if child is not None else condition.reason
+        if reason == "DeadlineExceeded":  # killed by activeDeadlineSeconds: a retry would run as long
             err = LaunchError(f"trial {spec.trial_id}: ran past the Job's activeDeadlineSeconds (a hung or too-long trial)",
                               log_tail=tail)
-        details = [f"Kubernetes: Job {self.namespace}/{name} failed ({condition.reason}: {condition.message})"]
+        details = [f"Kubernetes: {gang.kind} {self.namespace}/{name} failed ({condition.reason}: {condition.message})"]
+        if gang.kind == "JobSet":
+            details[0] += f" after {gang.restarts} whole-gang restart(s) of at most {gang.max_restarts}"
+        if child is not None:
+            details.append(f"child Job {child[0]} failed ({child[1].reason}: {child[1].message})")
         if culprit is not None:
             details.append(culprit.describe())
             if rank0 is None or culprit.name != rank0.name:
@@ -580,11 +658,6 @@ class JobSupervisor:
             details.append(f"(could not save rank 0's log: {e})")
         return type(err)("\n".join([str(err), *details]), log_tail=tail, rank=err.rank)
 
-
-
-def spec_trial(job: Any) -> str:
-    """The trial label of a Job, for messages."""
-    return str((job.metadata.labels or {}).get(LABEL_TRIAL, job.metadata.name))
 
 
 def _true(cond: Any) -> bool:

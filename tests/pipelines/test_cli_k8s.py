@@ -93,9 +93,10 @@ def test_the_data_version_defaults_to_the_newest_accepted_one(cluster_env: str, 
     assert "vision/digits has no accepted data version in " in capsys.readouterr().err
     store = ObjectStore(root=cluster_env, endpoint_url=s3_endpoint.url)
     store.write_json(naming.validated_latest(store, "vision", "digits"), {"md5": "f" * 32, "split_id": "x"})
-    (job, _) = rendered(capsys, "vision/digits")
-    assert f"/{naming.study_name(pipeline, 'f' * 32)}/trial-0000/spec.json" in job["metadata"]["annotations"]["trainyard.io/spec-uri"]
-    assert job["metadata"]["labels"]["trainyard.io/attempt"] == "0"
+    (gang,) = rendered(capsys, "vision/digits")  # the launcher's default gang kind: one JobSet
+    assert gang["kind"] == "JobSet"
+    assert f"/{naming.study_name(pipeline, 'f' * 32)}/trial-0000/spec.json" in gang["metadata"]["annotations"]["trainyard.io/spec-uri"]
+    assert gang["metadata"]["labels"]["trainyard.io/attempt"] == "0"
 
 
 def test_bad_input_is_named(cluster_env: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

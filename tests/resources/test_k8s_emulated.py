@@ -1,13 +1,16 @@
 """The Kubernetes launcher against the process-backed cluster (`tests.support.cluster`).
 
 Every trial here is a 2-node x 1-process digits gang run through the real
-`KubernetesLauncher`: Kueue admits it, the Job controller makes one pod per
-completion index, and each pod is a local process group running the rendered
-container command (`python -m training.gang ... torchrun ... training.entrypoint`).
-Exit codes, pod phases and Job conditions come from the processes and the
+`KubernetesLauncher`, by default as a JobSet: Kueue admits it as one Workload,
+the JobSet controller makes the child Job `<jobset>-node-0` and the headless
+Service, the Job controller one pod per completion index, and each pod is a
+local process group running the rendered container command (`python -m
+training.gang ... torchrun ... training.entrypoint`). Exit codes, pod phases,
+Job and JobSet conditions and restarts come from the processes and the
 controllers' rules; the tests only act as a user or the cluster would (a
 SIGKILL to a pod's process, a Kueue preemption, a model that raises on rank 1,
-a nodeSelector no node matches).
+a nodeSelector no node matches). One scenario runs the Indexed Job option
+(`gang_kind="job"`): a killed pod replaced inside the Job.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from resources.k8s.errors import StuckGang
 from resources.k8s.launcher import KubernetesLauncher
 from resources.launcher import LaunchOutcome, TrainingCodeError
 from tests.support.cluster import EmulatedCluster, KueueSettings, Node
-from tests.support.cluster.controllers import COMPLETION_INDEX, exit_code
+from tests.support.cluster.controllers import COMPLETION_INDEX, conditions, exit_code
+from tests.support.cluster.jobset import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB, RESTART_ATTEMPT
 from tests.support.cluster.kubelet import expand, resolve_names
 from tests.support.cluster.server import launcher_requests_outside_its_role
 from tests.support.train_specs import make_spec
@@ -74,6 +78,20 @@ def index(pod: dict[str, Any]) -> int:
     return int(pod["metadata"]["annotations"][COMPLETION_INDEX])
 
 
+GANG_LABEL = "trainyard.io/job-name"  # on every pod of a gang: the JobSet's (or the Job's) name
+
+
+def gang_pods(c: EmulatedCluster, gang: str) -> list[dict[str, Any]]:
+    """Every pod of the gang, of every child Job and restart, oldest first."""
+    return [p for p in c.pods() if p["metadata"]["labels"].get(GANG_LABEL) == gang]
+
+
+def jobset(c: EmulatedCluster, name: str) -> dict[str, Any]:
+    js = c.jobset(name, NS)
+    assert js is not None, f"no JobSet {name}"
+    return js
+
+
 def launch_in_thread(lx: KubernetesLauncher, spec: TrainSpec) -> tuple[threading.Thread, dict[str, Any]]:
     """Run `lx.launch(spec)` in a thread; the dict gets "outcome" or "error"."""
     box: dict[str, Any] = {}
@@ -99,39 +117,19 @@ def finish(thread: threading.Thread, box: dict[str, Any], timeout: float = 400) 
 
 
 def wait_for_checkpoint(c: EmulatedCluster, at_least: int) -> tuple[str, int]:
-    """(Job name, step) once rank 0 has logged a committed checkpoint at step >= `at_least`."""
+    """(gang name: the JobSet's or the Job's, step) once rank 0 has logged a committed checkpoint at step >= `at_least`."""
     def found() -> Optional[tuple[str, int]]:
         for p in c.pods():
             if index(p) == 0:
                 steps = [int(s) for s in re.findall(r"committed checkpoint \S+/step-(\d+)", c.log(p["metadata"]["name"]))]
                 if steps and max(steps) >= at_least:
-                    return p["metadata"]["labels"]["batch.kubernetes.io/job-name"], max(steps)
+                    return p["metadata"]["labels"][GANG_LABEL], max(steps)
         return None
     return c.wait_for(f"a checkpoint at step >= {at_least}", found, timeout=300)
 
 
 @pytest.mark.slow
-def test_a_two_node_trial_succeeds(cluster: EmulatedCluster, tmp_path: Path) -> None:
-    spec = gang_spec(tmp_path)
-    started = time.monotonic()
-    outcome = launcher(cluster).launch(spec)
-    assert outcome.result.world_size == 2 and outcome.result.trial_id == spec.trial_id
-    # Written by the pods themselves: rank 0's process, in the trial's directory.
-    result = json.loads(Path(spec.output_uri, "result.json").read_text())
-    assert result["world_size"] == 2 and result["train_samples"] == 2 * 210
-    pods = cluster.pods()
-    assert sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods) == [(0, "Succeeded", 0), (1, "Succeeded", 0)]
-    job = pods[0]["metadata"]["labels"]["batch.kubernetes.io/job-name"]
-    assert {p["spec"]["hostname"] for p in pods} == {f"{job}-0", f"{job}-1"} and {p["spec"]["subdomain"] for p in pods} == {job}
-    assert cluster.job_conditions(job, NS)["Complete"]["status"] == "True"
-    assert "trial trial-0000: done" in Path(outcome.log_uri).read_text()  # rank 0's log, kept with the trial
-    assert cluster.objects("Service") == []  # the rendezvous is over
-    quota_released(cluster)  # the finished Workload holds no quota
-    logging.getLogger(__name__).info("2-node trial on the emulation: %.1f s", time.monotonic() - started)
-
-
-@pytest.mark.slow
-def test_a_user_error_on_node_1_fails_at_once_with_its_traceback(cluster: EmulatedCluster, tmp_path: Path) -> None:
+def test_a_user_error_on_node_1_fails_the_jobset_at_once_with_its_traceback(cluster: EmulatedCluster, tmp_path: Path) -> None:
     spec = gang_spec(tmp_path, model=ImportTarget(path="tests.support.gang_models:UserErrorOnRank",
                                                  kwargs={"hidden": 16, "lr": 0.02, "rank": 1, "at_step": 2}))
     with pytest.raises(TrainingCodeError) as err:
@@ -140,29 +138,73 @@ def test_a_user_error_on_node_1_fails_at_once_with_its_traceback(cluster: Emulat
     assert not e.retryable
     message = str(e)
     assert "ZeroDivisionError: rank 1: division by zero in the loss" in message and "Traceback" in message, message
-    # Not retried: one pod per index was ever created; the Job failed through the podFailurePolicy on pod 1's
-    # real exit code and deleted pod 0 (still running, or exiting 1 too: its wrapper reads rank 1's record).
+    # Not restarted: one pod per index was ever created; the child Job failed through the podFailurePolicy on pod 1's
+    # real exit code (deleting pod 0), and the JobSet's failurePolicy rule failed the JobSet without a restart.
     assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 2
     pods = cluster.pods()
     assert [(index(p), p["status"]["phase"], exit_code(p)) for p in pods] == [(1, "Failed", 1)], pods
-    job = pods[0]["metadata"]["labels"]["batch.kubernetes.io/job-name"]
-    failed = cluster.job_conditions(job, NS)["Failed"]
-    assert failed["reason"] == "PodFailurePolicy" and "exit code 1 matching FailJob rule" in failed["message"]
-    assert f"Job {NS}/{job} failed (PodFailurePolicy:" in message
+    name = pods[0]["metadata"]["labels"][JOBSET_NAME]
+    js = jobset(cluster, name)
+    assert js["status"]["restarts"] == 0 and js["status"]["terminalState"] == "Failed"
+    assert conditions(js)["Failed"]["reason"] == "FailJobSetFailurePolicyAction"
+    child = cluster.job_conditions(f"{name}-node-0", NS)["Failed"]
+    assert child["reason"] == "PodFailurePolicy" and "exit code 1 matching FailJob rule" in child["message"]
+    assert f"JobSet {NS}/{name} failed (FailJobSetFailurePolicyAction:" in message
+    assert f"child Job {name}-node-0 failed (PodFailurePolicy:" in message
     quota_released(cluster)
 
 
 @pytest.mark.slow
-def test_a_pod_killed_mid_epoch_is_replaced_and_the_gang_resumes_from_its_checkpoint(
+def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(
+        cluster: EmulatedCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The JobSet path: the killed pod's 137 fails the child Job (backoffLimit 0), and the JobSet restarts every pod.
+
+    No failurePolicy rule matches BackoffLimitExceeded, so the default
+    RestartJobSet acts within maxRestarts: the child Job and its pods are
+    deleted and made again with restart-attempt 1, and the new gang resumes
+    from the newest committed checkpoint (a fresh rendezvous of all ranks).
+    """
+    caplog.set_level(logging.INFO, logger="trainyard.k8s")
+    spec = gang_spec(tmp_path, max_epochs=50)
+    thread, box = launch_in_thread(launcher(cluster), spec)
+    name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
+    first = [p for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"]
+    victim = next(p for p in first if index(p) == 1)
+    cluster.kill(victim["metadata"]["name"], signal.SIGKILL)
+    outcome = finish(thread, box)
+
+    js = jobset(cluster, name)
+    assert js["status"]["restarts"] == 1 and js["status"]["restartsCountTowardsMax"] == 1, js["status"]
+    assert js["status"]["terminalState"] == "Completed" and conditions(js)["Completed"]["reason"] == "AllJobsCompleted"
+    assert conditions(js)["RestartingJobSet"]["status"] == "False"
+    assert cluster.jobsets.restarts == [(name, f"{name}-node-0")]
+    child = cluster.job(f"{name}-node-0", NS)
+    assert child is not None and child["metadata"]["labels"][RESTART_ATTEMPT] == "1"
+    assert child["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+    final = gang_pods(cluster, name)
+    # The whole gang is new: every pod of the first attempt is gone (the killed one deleted with its Job).
+    assert not {p["metadata"]["name"] for p in first} & {p["metadata"]["name"] for p in final}
+    assert sorted((index(p), p["metadata"]["labels"][RESTART_ATTEMPT], p["status"]["phase"], exit_code(p)) for p in final) == [
+        (0, "1", "Succeeded", 0), (1, "1", "Succeeded", 0)]
+    assert "restarts the whole gang (restart 1, at most 3 counted" in caplog.text
+    result = outcome.result
+    assert result.world_size == 2 and result.resumed_from is not None
+    assert int(result.resumed_from.rsplit("-", 1)[1]) >= step, (result.resumed_from, step)
+    assert result.goodput["restarts"] >= 1 and result.goodput["lost_steps"] <= CHECKPOINT_EVERY, result.goodput
+    quota_released(cluster)
+
+
+@pytest.mark.slow
+def test_indexed_job_option_a_pod_killed_mid_epoch_is_replaced_and_the_gang_resumes(
         cluster: EmulatedCluster, tmp_path: Path) -> None:
-    """The Indexed Job path: the killed pod's 137 is counted (within backoffLimit) and its index gets a new pod.
+    """The Indexed Job option (`gang_kind="job"`): the killed pod's 137 is counted (within backoffLimit) and its index gets a new pod.
 
     The new pod's torchrun agent joins the static rendezvous that node 0's agent
     reopens for its in-job restart (`--max-restarts`), so the gang trains on
     from the newest committed checkpoint inside the same Job; no run-level retry.
     """
     spec = gang_spec(tmp_path, max_epochs=50)
-    thread, box = launch_in_thread(launcher(cluster), spec)
+    thread, box = launch_in_thread(launcher(cluster, gang_kind="job"), spec)
     job, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
     victim = next(p for p in cluster.running(job) if index(p) == 1)
     cluster.kill(victim["metadata"]["name"], signal.SIGKILL)
@@ -180,35 +222,42 @@ def test_a_pod_killed_mid_epoch_is_replaced_and_the_gang_resumes_from_its_checkp
     resumed_step = int(result.resumed_from.rsplit("-", 1)[1])
     assert resumed_step >= step, (result.resumed_from, step)  # the checkpoint the test waited for, or a newer one
     assert result.goodput["restarts"] >= 1 and result.goodput["lost_steps"] <= CHECKPOINT_EVERY, result.goodput
+    assert cluster.objects("JobSet") == []  # the option makes no JobSet
     quota_released(cluster)
 
 
 @pytest.mark.slow
 def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedCluster, tmp_path: Path,
                                                           caplog: pytest.LogCaptureFixture) -> None:
-    """Kueue suspends the Job: pods get SIGTERM, write the preemption checkpoint and exit; re-admitted, the Job resumes.
+    """Kueue evicts the JobSet's one Workload and suspends the JobSet: its controller suspends the child Job, whose
+    pods get SIGTERM, write the preemption checkpoint and exit; re-admitted, the JobSet resumes the child Job.
 
-    On the Indexed Job path this all happens inside one launch: the launcher
-    sees the Job suspended (queued again) and re-admitted, and the trial
-    succeeds; it does not raise `TrainingPreempted`.
+    This all happens inside one launch: the launcher sees the JobSet suspended
+    (queued again) and re-admitted, and the trial succeeds; it does not raise
+    `TrainingPreempted`, and the JobSet did not restart (suspension is not a failure).
     """
     caplog.set_level(logging.INFO, logger="trainyard.k8s")
     spec = gang_spec(tmp_path, max_epochs=50)
     thread, box = launch_in_thread(launcher(cluster), spec)
-    job, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
-    first = {p["metadata"]["name"] for p in cluster.running(job)}
-    cluster.preempt(job, NS)
+    name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
+    first = {p["metadata"]["name"] for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"}
+    cluster.preempt(name, NS)
     outcome = finish(thread, box)
 
     assert [reason for _, reason in cluster.kueue.evictions] == ["Preempted"]
+    (workload,) = cluster.objects("Workload")  # the JobSet is one Workload, one podSet per replicatedJob
+    assert workload["metadata"]["ownerReferences"][0]["kind"] == "JobSet" and workload["metadata"]["ownerReferences"][0]["name"] == name
+    assert [(ps["name"], ps["count"]) for ps in workload["spec"]["podSets"]] == [("node", 2)]
     text = caplog.text
-    assert "was suspended again (preempted by Kueue)" in text and "Evicted=True (Preempted" in text
+    assert f"JobSet {name} was suspended again (preempted by Kueue)" in text and "Evicted=True (Preempted" in text
     assert "disruption, not a failure" in text
-    final = cluster.pods(job)
+    final = gang_pods(cluster, name)
     assert not first & {p["metadata"]["name"] for p in final}  # the preempted pods were deleted, new ones trained
     assert sorted((index(p), p["status"]["phase"]) for p in final) == [(0, "Succeeded"), (1, "Succeeded")]
-    job_obj = cluster.job(job, NS)
-    assert job_obj is not None and job_obj["status"].get("failed", 0) == 0  # a preemption is not a failure
+    js = jobset(cluster, name)
+    assert js["status"]["restarts"] == 0 and conditions(js)["Suspended"]["status"] == "False"  # a preemption is not a failure
+    child = cluster.job(f"{name}-node-0", NS)
+    assert child is not None and child["status"].get("failed", 0) == 0
     result = outcome.result
     assert result.resumed_from is not None
     resumed_step = int(result.resumed_from.rsplit("-", 1)[1])
@@ -230,7 +279,8 @@ def stuck_launcher(c: EmulatedCluster, **env: str) -> KubernetesLauncher:
 
 
 def assert_nothing_left(c: EmulatedCluster) -> None:
-    c.wait_for("the gang to be deleted", lambda: not (c.objects("Job") or c.objects("Pod") or c.objects("Workload")), timeout=60)
+    c.wait_for("the gang to be deleted", lambda: not (c.objects("JobSet") or c.objects("Job") or c.objects("Pod")
+                                                      or c.objects("Workload")), timeout=60)
     assert c.quota_used() == {} and c.objects("Service") == []
 
 
@@ -282,8 +332,8 @@ def test_a_missing_secret_is_a_config_error_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_dagster_run_trains_a_two_node_trial_on_the_emulated_cluster(tmp_path: Path) -> None:
-    """`trial_model` materialized by a real Dagster run whose launcher resource is the Kubernetes launcher."""
+def test_a_dagster_run_trains_a_two_node_jobset_on_the_emulated_cluster(tmp_path: Path) -> None:
+    """`trial_model` materialized by a real Dagster run whose launcher resource is the Kubernetes launcher (default kind: JobSet)."""
     from pipelines.factory import build_definitions, job_names
     from tests.pipelines.pipeline_fixtures import failure_text, small_spec
     from tests.pipelines.sweep_drill import drill_resources, open_instance, prepared_home
@@ -305,9 +355,26 @@ def test_a_dagster_run_trains_a_two_node_trial_on_the_emulated_cluster(tmp_path:
         assert trained["world_size"] == 2
         meta = {k: v.value for k, v in result.asset_materializations_for_node(node)[0].metadata.items()}
         assert meta["epochs_reported"] == 2  # rank 0's per-epoch progress reached the run through Pipes
-        jobs = c.objects("Job")
-        assert len(jobs) == 1 and jobs[0]["metadata"]["labels"]["trainyard.io/dagster-run"] == result.run_id
-        assert c.job_conditions(jobs[0]["metadata"]["name"], NS)["Complete"]["status"] == "True"
+        # One JobSet, labelled with the run; its controller made one child Job <jobset>-node-0 and the Service.
+        (js,) = c.objects("JobSet")
+        name = js["metadata"]["name"]
+        assert js["metadata"]["labels"]["trainyard.io/dagster-run"] == result.run_id
+        assert js["status"]["terminalState"] == "Completed" and js["status"]["restarts"] == 0
+        (child,) = c.objects("Job")
+        assert child["metadata"]["name"] == f"{name}-node-0" and conditions(child)["Complete"]["status"] == "True"
+        assert {k: child["metadata"]["labels"][k] for k in (JOBSET_NAME, REPLICATED_JOB, JOB_INDEX, RESTART_ATTEMPT)} == {
+            JOBSET_NAME: name, REPLICATED_JOB: "node", JOB_INDEX: "0", RESTART_ATTEMPT: "0"}
+        pods = c.pods()
+        assert sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods) == [(0, "Succeeded", 0), (1, "Succeeded", 0)]
+        assert {p["spec"]["hostname"] for p in pods} == {f"{name}-node-0-0", f"{name}-node-0-1"}
+        assert {p["spec"]["subdomain"] for p in pods} == {name}
+        (svc,) = c.objects("Service")  # headless, owned by the JobSet: it goes with it
+        assert svc["metadata"]["name"] == name and svc["spec"]["clusterIP"] == "None"
+        assert svc["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+        (workload,) = c.objects("Workload")
+        assert workload["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+        # Rank 0's log, kept with the trial's files.
+        assert "trial trial-0000: done" in (Path(value.result_uri).parent / "logs" / f"{name}.rank0.log").read_text()
         assert launcher_requests_outside_its_role(c.server, NS) == []
         quota_released(c)
 

@@ -51,7 +51,7 @@ def context(run_id: str, run_retry: int = 0, step_retry: int = 0) -> Any:
 
 def launcher(kube: KubeServer, **kw: Any) -> KubernetesLauncher:
     options: dict[str, Any] = dict(namespace=NS, image="trainer:1", api_url=kube.url, poll_interval_seconds=0.02,
-                                   queue_timeout_seconds=20, run_timeout_seconds=20)
+                                   queue_timeout_seconds=20, run_timeout_seconds=20, gang_kind="job")
     return KubernetesLauncher(**{**options, **kw})
 
 

@@ -269,7 +269,7 @@ def test_admission_delay_then_success(kube: KubeServer, tmp_path: Path) -> None:
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)
     launcher = KubernetesLauncher(namespace=NS, image="trainer:1", api_url=kube.url, poll_interval_seconds=0.02,
-                                  queue_timeout_seconds=30, run_timeout_seconds=30)
+                                  queue_timeout_seconds=30, run_timeout_seconds=30, gang_kind="job")
     context = SimpleNamespace(log=Recorder(), retry_number=0, run=SimpleNamespace(tags={}))
     quota = "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor a100"
 

@@ -224,13 +224,13 @@ def test_pod_failure_rules_follow_the_gang_exit_codes(two_node_spec) -> None:
 
 def test_trial_objects_are_what_one_attempt_submits(two_node_spec) -> None:
     cfg = full_config()
-    job, service = trial_objects(two_node_spec, SPEC_URI, 1, cfg)  # the Job first: the Service is owned by it
+    job, service = trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="job")  # the Job first: the Service is owned by it
     assert job == job_manifest(two_node_spec, SPEC_URI, 1, cfg)
     assert service == service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(two_node_spec, 1))
     assert trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="jobset") == [jobset_manifest(two_node_spec, SPEC_URI, 1, cfg)]
     # With a Dagster run id, every object and every pod carries it (a UUID is a valid label value as it is).
     run_id = "6c4f0a0e-2b1d-4c3e-9f6a-0d2a6f1e8b77"
-    for obj in (*trial_objects(two_node_spec, SPEC_URI, 1, cfg, run_id=run_id),
+    for obj in (*trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="job", run_id=run_id),
                 *trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="jobset", run_id=run_id)):
         assert obj["metadata"]["labels"]["trainyard.io/dagster-run"] == run_id
         for _, pod_labels in _pod_template_labels(obj):
@@ -397,9 +397,17 @@ def test_jobset_equivalent(two_node_spec, crd_schemas) -> None:
     assert js["spec"]["network"] == {"enableDNSHostnames": True, "publishNotReadyAddresses": True, "subdomain": name}
     child = js["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert child["backoffLimit"] == 0 and "suspend" not in child and child["completionMode"] == "Indexed"
-    assert child["podFailurePolicy"] == job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["podFailurePolicy"]
-    assert js["spec"]["failurePolicy"]["rules"] == [
-        {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]
+    # Every pod failure fails the child Job at once; the JobSet decides for the whole gang by its reason and message.
+    job_rules = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["podFailurePolicy"]["rules"]
+    assert [r["action"] for r in child["podFailurePolicy"]["rules"]] == ["FailJob", "FailJob", "FailJob", "Count"]
+    assert [{k: v for k, v in r.items() if k != "action"} for r in child["podFailurePolicy"]["rules"]] == \
+        [{k: v for k, v in r.items() if k != "action"} for r in job_rules]
+    assert js["spec"]["failurePolicy"] == {"maxRestarts": 2, "rules": [  # maxRestarts: backoff_limit
+        {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"],
+         "onJobFailureMessagePatterns": ["^Pod .+ has condition DisruptionTarget matching FailJob rule",
+                                         "failed with exit code 143 matching FailJob rule"]},
+        {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+        {"name": "deadline", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]}]}
     command = child["template"]["spec"]["containers"][0]["command"]
     assert f"--master-addr={name}-node-0-0.{name}" in command and "subdomain" not in child["template"]["spec"]
     assert len(f"{name}-node-0-99999") <= 63
@@ -453,6 +461,7 @@ def test_rbac_is_least_privilege() -> None:
     # Exactly what JobSupervisor calls (test_k8s_launcher checks every call it makes against these rules).
     assert {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]} == {
         (("batch",), ("jobs",)): {"create", "get", "list", "delete"},
+        (("jobset.x-k8s.io",), ("jobsets",)): {"create", "get", "list", "delete"},
         (("",), ("services",)): {"create", "get", "list", "delete"},
         (("",), ("pods",)): {"list"},
         (("",), ("events",)): {"list"},
