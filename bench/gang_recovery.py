@@ -1,23 +1,24 @@
 """Gang recovery on the process-backed cluster: one pod SIGKILLed -> the gang's first resumed step.
 
 A 2-node x 1-process digits trial runs through the real `KubernetesLauncher`
-against the process-backed emulation (`tests.support.cluster`: Kueue admission,
-the Job controller, pods as local process groups running the rendered container
-command). Once rank 0 has committed a checkpoint, the process of the node-1 pod
-gets SIGKILL, as a lost node would. Measured: the kill -> the first training step
-of the gang's next attempt (rank 0's attempt record), which covers the pod's
-failure as the Job controller sees it, the replacement pod's start-up, the
-rendezvous that node 0's torchrun agent reopens, imports and the checkpoint
-load. Baseline: the cold start of the same gang (the launch call -> the first
-step of its first attempt: Job creation, admission, two pods, rendezvous,
-imports). Ratio = recovery / cold start, lower is better; target <= 1.5 (a
+with its default gang kind, a JobSet, against the process-backed emulation
+(`tests.support.cluster`: Kueue admission, the JobSet and Job controllers, pods
+as local process groups running the rendered container command). Once rank 0
+has committed a checkpoint, the process of the node-1 pod gets SIGKILL, as a
+lost node would. Measured: the kill -> the first training step of the gang's
+next attempt (rank 0's attempt record), which covers the pod's failure as the
+Job controller sees it (the child Job fails: backoffLimit 0), node 0's pod
+stopped within its grace period, the JobSet's whole-gang restart (child Job
+deleted in the foreground, made again with restart-attempt 1), two new pods,
+their rendezvous, imports and the checkpoint load. Baseline: the cold start of
+the same gang (the launch call -> the first step of its first attempt: JobSet
+creation, admission, child Job, two pods, rendezvous, imports). Ratio = recovery / cold start, lower is better; target <= 1.5 (a
 recovery may cost a cold start plus half of one for failure detection and the
 checkpoint load), the target `recovery_seconds` has for the local launcher, set
 before measuring.
 
-What recovers here is the launched default, an Indexed Job (docs/kubernetes.md):
-the killed pod is replaced under the same Job and joins node 0's in-job
-restart. A JobSet's whole-gang restart is not launched yet (issue 18).
+`GANG_KIND = "job"` measures the Indexed Job option instead (docs/kubernetes.md):
+the killed pod is replaced under the same Job and joins node 0's in-job restart.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ CHECKPOINT_EVERY = 20
 NS = "vision"
 IMAGE = "registry.example.com/trainyard/trainer@sha256:" + "0" * 64
 INDEX = "batch.kubernetes.io/job-completion-index"
+GANG = "trainyard.io/job-name"  # the gang's (JobSet's or Job's) name, on each of its pods
+GANG_KIND = "jobset"  # the launcher's default
 
 
 def _free_port() -> int:
@@ -51,14 +54,15 @@ def _free_port() -> int:
 
 
 def _rank0_checkpoint(cluster: Any) -> Optional[tuple[str, dict[str, Any]]]:
-    """(Job name, the node-1 pod) once rank 0 logged a committed checkpoint, else None."""
+    """(gang name, the node-1 pod) once rank 0 logged a committed checkpoint, else None."""
     pods = cluster.pods()
     for pod in pods:
         if pod["metadata"]["annotations"].get(INDEX) == "0" and re.search(r"committed checkpoint \S+/step-\d+", cluster.log(pod["metadata"]["name"])):
-            job = pod["metadata"]["labels"]["batch.kubernetes.io/job-name"]
-            victims = [p for p in cluster.running(job) if p["metadata"]["annotations"].get(INDEX) == "1"]
+            gang = pod["metadata"]["labels"][GANG]
+            victims = [p for p in pods if p["metadata"]["labels"].get(GANG) == gang and p["metadata"]["annotations"].get(INDEX) == "1"
+                       and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
             if victims:
-                return job, victims[0]
+                return gang, victims[0]
     return None
 
 
@@ -76,7 +80,8 @@ def run(work: Path, i: int) -> dict[str, Any]:
     box: dict[str, Any] = {}
     with EmulatedCluster(tmp / "cluster", node_env={"OMP_NUM_THREADS": "1"}) as cluster:
         launcher = KubernetesLauncher(namespace=NS, image=IMAGE, api_url=cluster.url, poll_interval_seconds=0.5, cpu="1", memory="1Gi",
-                                      master_port=_free_port(), termination_grace_seconds=15, run_timeout_seconds=1500, queue_timeout_seconds=120)
+                                      master_port=_free_port(), termination_grace_seconds=15, run_timeout_seconds=1500, queue_timeout_seconds=120,
+                                      gang_kind=GANG_KIND)
 
         def launch() -> None:
             try:
@@ -99,10 +104,17 @@ def run(work: Path, i: int) -> dict[str, Any]:
     if len(attempts) < 2 or not resumed:
         raise RuntimeError(f"run {i}: no resumed attempt after the kill: {attempts}")
     goodput = box["outcome"].result.goodput
+    restarts = None
+    if GANG_KIND == "jobset":
+        restarts = cluster.jobsets.restarts
+        if len(restarts) != 1:
+            raise RuntimeError(f"run {i}: expected one whole-gang restart of the JobSet, got {restarts}")
     return {
         "recovery_seconds": resumed[0]["first_step_at"] - killed,
         "cold_start_seconds": attempts[0]["first_step_at"] - launched,
-        "job": job,
+        "gang": job,
+        "gang_kind": GANG_KIND,
+        "jobset_restarts": restarts,
         "attempts": len(attempts),
         "lost_steps": goodput.get("lost_steps"),
         "restart_causes": goodput.get("restart_causes"),
@@ -121,7 +133,8 @@ def main() -> dict:
         "s",
         statistics.median(starts),
         {
-            "what": "one pod of a 2-node digits gang SIGKILLed -> the gang's first resumed step (Indexed Job path, process-backed emulation)",
+            "what": f"one pod of a 2-node digits gang SIGKILLed -> the gang's first resumed step ({GANG_KIND}: "
+                    f"{'whole-gang restart' if GANG_KIND == 'jobset' else 'the pod replaced in the Indexed Job'}, process-backed emulation)",
             "baseline_is": "cold start of the same gang: launch call -> first step of its first attempt",
             "runs": runs,
             "checkpoint_every_steps": CHECKPOINT_EVERY,
