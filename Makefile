@@ -12,7 +12,7 @@ export GX_ANALYTICS_ENABLED := False
 export WANDB_SILENT := true
 export DO_NOT_TRACK := 1
 
-.PHONY: install demo test test-all lint ui mlflow-ui optuna-ui bench clean
+.PHONY: install demo test test-all lint ui mlflow-ui optuna-ui bench kind-e2e kind-e2e-clean clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -75,6 +75,15 @@ optuna-ui: $(STAMP)
 # and fails when a target is missed or a benchmark failed (docs/benchmarks.md).
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH)
+
+# The digits pipeline as a 2-node JobSet gang on a kind cluster with the real JobSet and
+# Kueue controllers (docs/kubernetes.md, "End to end on kind"). Needs Docker, kind, kubectl
+# and the internet; without a Docker daemon it says so and exits 0 (skipped).
+kind-e2e:
+	bash deploy/kind/e2e.sh
+
+kind-e2e-clean:
+	bash deploy/kind/e2e.sh clean
 
 clean:
 	rm -rf $(TRAINYARD_HOME) bench/results
