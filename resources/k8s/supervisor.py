@@ -84,7 +84,7 @@ class _Watch:
     owns_job: bool = False
     owns_service: bool = False
     restarts: int = 0
-    last_failed: Optional[PodView] = None
+    failed_since_restart: list[PodView] = field(default_factory=list)
     finished: bool = False
     queued_seconds: float = 0.0
     running_seconds: float = 0.0
@@ -445,12 +445,14 @@ class JobSupervisor:
     def _report_restart(self, spec: TrainSpec, gang: GangView, w: _Watch, log: Any) -> None:
         """Log a JobSet's whole-gang restart: its count against maxRestarts, why, and the pod that failed."""
         cause = gang.restarting.message if gang.restarting is not None else "a child Job failed"
-        culprit = f"; {w.last_failed.describe()}" if w.last_failed is not None else ""
+        # The pod that most likely failed the gang (its own death, not the SIGTERM its peers got after it).
+        first = min(w.failed_since_restart, key=blame_order, default=None)
+        culprit = f"; {first.describe()}" if first is not None else ""
         log.warning(f"trial {spec.trial_id}: JobSet {self.namespace}/{gang.name} restarts the whole gang "
                     f"(restart {gang.restarts}, at most {gang.max_restarts} counted: {cause}{culprit}); "
                     "every pod resumes from the newest committed checkpoint")
         w.restarts = gang.restarts
-        w.last_failed = None
+        w.failed_since_restart = []
 
     def _transition(self, spec: TrainSpec, name: str, w: _Watch, state: str, log: Any) -> None:
         if state == "queued" and w.state is None:
@@ -499,7 +501,8 @@ class JobSupervisor:
                 text = f"{p.describe()}; disruption, not a failure: the Job replaces the pod and the trial resumes from its checkpoint"
             elif p.phase == "Failed":
                 key, level = "failed", log.warning
-                w.last_failed = p if w.reported.get(p.name) != "failed" else w.last_failed
+                if w.reported.get(p.name) != "failed":
+                    w.failed_since_restart.append(p)
                 text = (f"{p.describe()}; the Job retries it within its backoffLimit" if w.kind == "Job" else
                         f"{p.describe()}; the JobSet restarts the whole gang within its failurePolicy.maxRestarts "
                         "unless the exit code is a user or config error")

@@ -186,7 +186,10 @@ def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(
     assert not {p["metadata"]["name"] for p in first} & {p["metadata"]["name"] for p in final}
     assert sorted((index(p), p["metadata"]["labels"][RESTART_ATTEMPT], p["status"]["phase"], exit_code(p)) for p in final) == [
         (0, "1", "Succeeded", 0), (1, "1", "Succeeded", 0)]
-    assert "restarts the whole gang (restart 1, at most 3 counted" in caplog.text
+    (restart,) = [r.getMessage() for r in caplog.records if "restarts the whole gang (restart" in r.getMessage()]
+    # The restart in the log, with the pod that caused it (not its peer, stopped with SIGTERM after it).
+    assert "(restart 1, at most 3 counted" in restart and f"first failed job: {name}-node-0" in restart, restart
+    assert f"pod {victim['metadata']['name']} (node rank 1): Failed, exit code 137" in restart, restart
     result = outcome.result
     assert result.world_size == 2 and result.resumed_from is not None
     assert int(result.resumed_from.rsplit("-", 1)[1]) >= step, (result.resumed_from, step)

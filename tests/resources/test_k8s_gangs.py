@@ -223,3 +223,56 @@ def test_gc_needs_a_namespace(monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
     monkeypatch.delenv("TRAINYARD_K8S_NAMESPACE", raising=False)
     assert main(["k8s", "gc"]) == 2
     assert "no namespace" in capsys.readouterr().err
+
+
+JOBSETS = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets"
+
+
+def test_jobset_gangs_one_per_attempt_orphans_deleted_child_jobs_not_gangs_and_a_resumed_run_reattaches(
+        kube: KubeServer, tmp_path: Path) -> None:
+    """The default kind: run A's JobSet is the orphan its retry (run B) deletes, never its child Job directly (the JobSet
+    controller's: it carries the trial's labels too); then run B's launch, resumed, re-attaches to its own JobSet."""
+    from resources.k8s.manifests import jobset_manifest
+
+    spec = two_node_spec(tmp_path)
+    setup = Cluster(kube)
+    group, version = "jobset.x-k8s.io", "v1alpha2"
+    orphan = jobset_manifest(spec, f"{spec.output_uri}/spec.json", 0, CFG, RUN_A)
+    setup.custom.create_namespaced_custom_object(group, version, NS, "jobsets", orphan)
+    js = setup.custom.get_namespaced_custom_object(group, version, NS, "jobsets", orphan["metadata"]["name"])
+    child = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": f"{orphan['metadata']['name']}-node-0", "namespace": NS, "labels": trial_labels(spec, 0, RUN_A),
+        "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": js["metadata"]["name"],
+                             "uid": js["metadata"]["uid"], "controller": True}]},
+        "spec": orphan["spec"]["replicatedJobs"][0]["template"]["spec"]}
+    setup.batch.create_namespaced_job(NS, child)
+    new = job_name(spec.pipeline, spec.trial_id, 100, max_length=48)
+
+    def complete(c: Cluster) -> None:
+        c.wait(lambda: any(o["metadata"]["name"] == new for o in
+                           c.custom.list_namespaced_custom_object(group, version, NS, "jobsets")["items"]))
+        write_result(spec)
+        c.custom.patch_namespaced_custom_object(group, version, NS, "jobsets", new, {"status": {
+            "restarts": 0, "terminalState": "Completed",
+            "conditions": [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted", "message": "jobset completed successfully",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+
+    before = len(requests(kube))
+    with playing(kube, complete):
+        ctx = context(RUN_B, run_retry=1)
+        outcome = launcher(kube, gang_kind="jobset").launch(spec, context=ctx)
+    assert outcome.result.world_size == 2
+    calls = requests(kube)[before:]
+    assert calls.index(f"DELETE {JOBSETS}/{orphan['metadata']['name']}") < calls.index(f"POST {JOBSETS}")
+    assert not [c for c in calls if c.startswith(f"DELETE {JOBS}") or c.startswith(f"POST {JOBS}") or "services" in c]
+    assert ctx.log.count(f"deleting JobSet {NS}/{orphan['metadata']['name']} (attempt 0 of run {RUN_A})") == 1
+    created = setup.custom.get_namespaced_custom_object(group, version, NS, "jobsets", new)
+    assert created["metadata"]["labels"][LABEL_RUN] == RUN_B and created["metadata"]["labels"][LABEL_ATTEMPT] == "100"
+
+    # Run B resumed by run monitoring (same run, same attempt): the finished JobSet is re-attached, nothing created.
+    before = len(requests(kube))
+    ctx = context(RUN_B, run_retry=1)
+    assert launcher(kube, gang_kind="jobset").launch(spec, context=ctx).result.world_size == 2
+    assert [c for c in requests(kube)[before:] if c.startswith("POST") or c.startswith("DELETE")] == []
+    assert ctx.log.count(f"re-attaching to existing JobSet {NS}/{new}") == 1
+    assert test_k8s_launcher.launcher_requests_outside_its_role(kube) == []
