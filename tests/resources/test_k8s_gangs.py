@@ -205,6 +205,17 @@ def test_gc_deletes_gangs_whose_dagster_run_ended(kube: KubeServer, tmp_path: Pa
     setup.finish(done, "Complete")  # finished: holds nothing, kept for its TTL
     # Launched outside Dagster: no run label, not gc's business.
     setup.batch.create_namespaced_job(NS, job_manifest(make_spec(tmp_path / "x", trial_id="trial-0042"), "s", 0, CFG))
+    # The default kind: a JobSet of the failed run, and its child Job (the JobSet controller's, labelled like it).
+    from resources.k8s.manifests import jobset_manifest
+
+    js = jobset_manifest(make_spec(tmp_path / "js", trial_id="trial-0050"), "s", 0, CFG, runs[DagsterRunStatus.FAILURE])
+    setup.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", js)
+    js_name = js["metadata"]["name"]
+    uid = setup.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", js_name)["metadata"]["uid"]
+    setup.batch.create_namespaced_job(NS, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": f"{js_name}-node-0", "namespace": NS, "labels": js["metadata"]["labels"],
+        "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": js_name, "uid": uid}]},
+        "spec": js["spec"]["replicatedJobs"][0]["template"]["spec"]})
 
     assert main(["k8s", "gc", "--namespace", NS, "--api-url", kube.url, "--dry-run"]) == 0
     assert kube.count("DELETE", f"{JOBS}/{failed}") == 0
@@ -217,6 +228,10 @@ def test_gc_deletes_gangs_whose_dagster_run_ended(kube: KubeServer, tmp_path: Pa
         assert kube.count("DELETE", f"{JOBS}/{name}") == 0
     assert kube.count("DELETE", f"{SERVICES}/{live}") == 0
     assert kube.count("DELETE", f"{SERVICES}/{done}") == 1  # its run ended: the rendezvous Service has no use
+    # The JobSet goes (foreground: its child Job and pods with it); its child Job is never deleted on its own.
+    assert kube.count("DELETE", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/{js_name}") == 1
+    assert kube.count("DELETE", f"{JOBS}/{js_name}-node-0") == 0
+    assert f"deleting JobSet {NS}/{js_name}: its Dagster run" in out
 
 
 def test_gc_needs_a_namespace(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
