@@ -7,9 +7,13 @@ and pushes it to the remote; the returned `Pin` carries the text of the
 configured with the same remote. The pin's md5 is the one DVC wrote into that
 file, so it is the data version Dagster records.
 
-DVC runs as a subprocess (`python -m dvc`): its output is captured for error
-messages, every call has a deadline, and its import cost and global state
-(logging, locks) stay out of the orchestrator process.
+DVC runs in a subprocess: its output is captured for error messages, every
+call has a deadline, and its import cost and global state (logging, locks) stay
+out of the orchestrator process. The commands of one `pin` or `restore` (init
+and remote configuration when needed, then add and push, or pull) run one after
+another in one interpreter through DVC's own command-line entry point
+(`dvc.cli.main`), stopping at the first that fails: DVC takes seconds to import,
+and a process per command paid that three to five times per pin.
 
 Example:
     >>> dv = DataVersioning(repo_dir="/tmp/dvc-work", remote_url="/tmp/dvc-remote")
@@ -22,10 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Optional
 
 from dagster import ConfigurableResource
@@ -35,6 +41,20 @@ from training.atomic import exclusive_lock
 
 _REMOTE = "trainyard"
 _SNAPSHOTS = "snapshots"
+_MARK = "\x1etrainyard-dvc-command "
+# One interpreter for a batch of DVC commands (a JSON list of argument lists in argv[1]):
+# each is announced on stderr (so a failure or a deadline names its command), then run by
+# DVC's own entry point; the first non-zero exit status ends the batch with that status.
+_BATCH = f"""
+import json, sys
+from dvc.cli import main
+for number, args in enumerate(json.loads(sys.argv[1])):
+    print({_MARK!r} + str(number), file=sys.stderr, flush=True)
+    code = main(args)
+    if code:
+        sys.stdout.flush()
+        sys.exit(code)
+"""
 
 
 class DataVersioningError(Exception):
@@ -130,7 +150,7 @@ class DataVersioning(ConfigurableResource):
         repo = os.path.abspath(self.repo_dir)
         os.makedirs(repo, exist_ok=True)
         with exclusive_lock(os.path.join(repo, ".trainyard-dvc.lock")):
-            self._ensure_repo(repo)
+            setup = self._repo_setup(repo)
             if os.path.commonpath([source, repo]) == repo:
                 rel = os.path.relpath(source, repo)
             else:
@@ -140,12 +160,12 @@ class DataVersioning(ConfigurableResource):
                 tmp = f"{target}.tmp-{os.getpid()}"
                 shutil.copyfile(source, tmp)
                 os.replace(tmp, target)
-            self._dvc(repo, "add", "--quiet", rel)
+            self._dvc(repo, *setup, ("add", "--quiet", rel), ("push", "--quiet", "--remote", _REMOTE, f"{rel}.dvc"))
+            self._configured.add(repo)
             dvc_path = os.path.join(repo, f"{rel}.dvc")
             with open(dvc_path, encoding="utf-8") as f:
                 text = f.read()
             md5, size, _ = parse_dvc_file(text)
-            self._dvc(repo, "push", "--quiet", "--remote", _REMOTE, f"{rel}.dvc")
         return Pin(md5=md5, size=size, dvc_file=text, path=rel.replace(os.sep, "/"))
 
     def restore(self, dvc_file_text: str, rel_path: str, dest_dir: str) -> str:
@@ -179,18 +199,20 @@ class DataVersioning(ConfigurableResource):
                 f"rel_path {rel_path!r} does not end with the file the .dvc text records ({recorded!r})"
             )
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        self._ensure_repo(dest)
+        setup = self._repo_setup(dest)
         with open(f"{target}.dvc", "w", encoding="utf-8") as f:
             f.write(dvc_file_text)
-        self._dvc(dest, "pull", "--quiet", "--force", "--remote", _REMOTE, f"{rel_path}.dvc")
+        self._dvc(dest, *setup, ("pull", "--quiet", "--force", "--remote", _REMOTE, f"{rel_path}.dvc"))
+        self._configured.add(dest)
         if not os.path.isfile(target):
             raise DataVersioningError(f"dvc pull of {md5} reported success but {target} does not exist")
         return target
 
-    def _ensure_repo(self, repo: str) -> None:
-        """Initialise `repo` if needed and point its default remote at `remote_url`.
+    def _repo_setup(self, repo: str) -> list[tuple[str, ...]]:
+        """The DVC commands that initialise `repo` if needed and point its default remote at `remote_url`.
 
-        The remote is (re)configured once per resource instance and directory:
+        The remote is (re)configured once per resource instance and directory
+        (the caller marks the directory configured once its batch succeeded):
         `remote add --force` replaces the whole section, so a changed URL or a
         removed endpoint never lingers from an earlier configuration.
         """
@@ -199,19 +221,21 @@ class DataVersioning(ConfigurableResource):
                 f"remote_url {self.remote_url!r} needs the dvc-s3 plugin, which is not installed; "
                 "install dvc[s3] or use a local directory remote"
             )
+        commands: list[tuple[str, ...]] = []
         if not os.path.isdir(os.path.join(repo, ".dvc")):
-            self._dvc(repo, "init", "--no-scm", "--quiet")
+            commands.append(("init", "--no-scm", "--quiet"))
             self._configured.discard(repo)
         if repo in self._configured:
-            return
+            return commands
         url = self.remote_url if "://" in self.remote_url else os.path.abspath(self.remote_url)
-        self._dvc(repo, "remote", "add", "--default", "--force", _REMOTE, url)
+        commands.append(("remote", "add", "--default", "--force", _REMOTE, url))
         if self.remote_endpoint_url:
-            self._dvc(repo, "remote", "modify", _REMOTE, "endpointurl", self.remote_endpoint_url)
-        self._configured.add(repo)
+            commands.append(("remote", "modify", _REMOTE, "endpointurl", self.remote_endpoint_url))
+        return commands
 
-    def _dvc(self, cwd: str, *args: str) -> str:
-        cmd = [sys.executable, "-m", "dvc", *args]
+    def _dvc(self, cwd: str, *commands: Sequence[str]) -> str:
+        """Run `commands` (DVC argument lists) in order in one interpreter in `cwd`; the first failure raises, naming its command."""
+        cmd = [sys.executable, "-c", _BATCH, json.dumps([list(c) for c in commands])]
         # No usage reports; DVC's per-repo scratch (locks, indexes) stays inside the repo, not in /var/tmp.
         env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": os.path.join(cwd, ".dvc", "tmp", "site")}
         try:
@@ -219,15 +243,26 @@ class DataVersioning(ConfigurableResource):
                 cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=self.command_timeout_s, check=False
             )
         except subprocess.TimeoutExpired as e:
+            failed, err = _last_command(_text(e.stderr), commands)
             raise DataVersioningError(
-                f"`dvc {' '.join(args)}` in {cwd} did not finish within {self.command_timeout_s}s; "
-                f"output so far:\n{_text(e.stdout)}{_text(e.stderr)}"
+                f"`dvc {' '.join(failed)}` in {cwd} did not finish within {self.command_timeout_s}s; "
+                f"output so far:\n{_text(e.stdout)}{err}"
             ) from e
         if done.returncode != 0:
+            failed, err = _last_command(done.stderr, commands)
             raise DataVersioningError(
-                f"`dvc {' '.join(args)}` in {cwd} failed with exit code {done.returncode}:\n{done.stdout}{done.stderr}".rstrip()
+                f"`dvc {' '.join(failed)}` in {cwd} failed with exit code {done.returncode}:\n{done.stdout}{err}".rstrip()
             )
         return done.stdout
+
+
+def _last_command(stderr: str, commands: Sequence[Sequence[str]]) -> tuple[Sequence[str], str]:
+    """The command a batch was running when it ended (the last one announced) and the stderr it wrote."""
+    head, mark, tail = stderr.rpartition(_MARK)
+    if not mark:
+        return commands[0], stderr  # the interpreter failed before the first command (DVC not importable)
+    number, _, err = tail.partition("\n")
+    return commands[int(number)] if number.isdigit() and int(number) < len(commands) else commands[-1], err
 
 
 def _text(data: Optional[bytes | str]) -> str:
