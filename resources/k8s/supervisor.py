@@ -498,7 +498,9 @@ class JobSupervisor:
         for p in pods:
             if p.disrupted:
                 key, level = "disrupted", log.warning
-                text = f"{p.describe()}; disruption, not a failure: the Job replaces the pod and the trial resumes from its checkpoint"
+                text = (f"{p.describe()}; disruption, not a failure: "
+                        + ("the Job replaces the pod" if w.kind == "Job" else "the JobSet restarts or resumes the gang")
+                        + " and the trial resumes from its checkpoint")
             elif p.phase == "Failed":
                 key, level = "failed", log.warning
                 if w.reported.get(p.name) != "failed":
