@@ -33,10 +33,11 @@ demo: $(STAMP) $(FEAST_STAMP)
 
 # Fast suite; slow end-to-end tests also run when CI is set (as .ci/run does) or with SLOW=1.
 # Two workers (one test file each at a time): much of a test is waiting on subprocesses,
-# so two files overlap well even on 2 cores. WORKERS=0 runs in this process.
+# so two files overlap well even on 2 cores. Files are handed out in collection order,
+# which tests/conftest.py makes longest first. WORKERS=0 runs in this process.
 WORKERS ?= 2
 test: $(STAMP) $(FEAST_STAMP)
-	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile --no-loadscope-reorder) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
 
 # The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.
 lint: $(STAMP)

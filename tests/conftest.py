@@ -24,23 +24,37 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="also run tests marked slow (always on when CI is set)")
 
 
-# The longest files (minutes each with slow tests on), collected first. xdist's loadfile
-# hands out files with the most tests first and keeps this order only among equals, so
-# the one-test journey still starts late; `--no-loadscope-reorder` would apply the order
-# fully (a clean CI run: tests took about the same time) but made three tests fail with
-# Dagster's "undefined DagsterInstance weakref" under the new pairing of files (see
-# `_no_dangling_dagster_instance`, added after that run). Measured with `make test` (--durations) in CI.
+# The longest files (minutes each with slow tests on), collected first, longest first.
+# `make test` runs xdist with `--dist loadfile --no-loadscope-reorder`: each worker takes
+# the next file in collection order when it has fewer than two queued, so this order is a
+# longest-first schedule and no long file starts late and runs alone at the end (xdist's
+# default order, files with the most tests first, started the one-test journey last). The
+# "undefined DagsterInstance weakref" failures a new pairing of files once caused are
+# prevented by `_no_dangling_dagster_instance`. Measured per file with slow tests on
+# (worker seconds, --durations).
 LONGEST_FIRST = (
     "tests/e2e/test_first_contact.py",
-    "tests/test_demo.py",
-    "tests/pipelines/test_sensors.py",
-    "tests/resources/test_promotion.py",
-    "tests/pipelines/test_language.py",
-    "tests/test_serving.py",
-    "tests/assets/test_trials.py",
     "tests/training/test_fault_tolerance.py",
+    "tests/pipelines/test_sensors.py",
     "tests/deploy/test_trainer_image.py",
+    "tests/resources/test_launcher.py",
+    "tests/resources/test_warm_workers.py",
+    "tests/test_demo.py",
+    "tests/pipelines/test_team.py",
+    "tests/resources/test_k8s_emulated.py",
+    "tests/test_serving.py",
+    "tests/resources/registry/test_client.py",
+    "tests/pipelines/test_language.py",
+    "tests/resources/test_promotion.py",
+    "tests/assets/test_trials.py",
     "tests/training/test_safe_loading.py",
+    "tests/pipelines/test_recovery.py",
+    "tests/training/test_strategies.py",
+    "tests/training/test_gang.py",
+    "tests/security/test_credential_canary.py",
+    "tests/featurestore/test_churn_pipeline.py",
+    "tests/pipelines/test_regression_pipeline.py",
+    "tests/trainyard/data/test_ingest.py",
 )
 
 
