@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../.."
 
 CLUSTER=trainyard-e2e
 NETWORK=kind
-JOBSET_VERSION="${JOBSET_VERSION:-v0.8.0}"
+JOBSET_VERSION="${JOBSET_VERSION:-v0.10.1}"  # >= v0.10: failurePolicy onJobFailureMessagePatterns (resources.k8s.manifests)
 KUEUE_VERSION="${KUEUE_VERSION:-v0.13.4}"
 TRAINER_IMAGE=trainyard/trainer:kind
 ORCH_IMAGE=trainyard/orchestrator:kind

@@ -316,13 +316,9 @@ def _gang_pod_failure_policy() -> dict[str, Any]:
     }
 
 
-# The Job controller's messages for a FailJob rule (pkg/controller/job/pod_failure_policy.go):
-# "Pod <ns>/<pod> has condition DisruptionTarget matching FailJob rule at index 0",
-# "Container trainer for pod <ns>/<pod> failed with exit code 143 matching FailJob rule at index 2".
-DISRUPTION_PATTERNS = (
-    "^Pod .+ has condition DisruptionTarget matching FailJob rule",
-    f"failed with exit code {EXIT_PREEMPTED} matching FailJob rule",
-)
+# The Job controller's message for a FailJob rule on exit codes (pkg/controller/job/pod_failure_policy.go):
+# "Container trainer for pod <ns>/<pod> failed with exit code 1 matching FailJob rule at index 1".
+USER_ERROR_PATTERN = f"failed with exit code ({EXIT_USER_ERROR}|{EXIT_BAD_CONFIG}) matching FailJob rule"
 
 
 def _jobset_failure_policy(max_restarts: int) -> dict[str, Any]:
@@ -330,12 +326,14 @@ def _jobset_failure_policy(max_restarts: int) -> dict[str, Any]:
     return {
         "maxRestarts": max_restarts,
         "rules": [
-            # Preempted or disrupted (`_gang_pod_failure_policy` rules 0 and 2): not the trial's fault; the whole
+            # Exit EXIT_USER_ERROR or EXIT_BAD_CONFIG (`_gang_pod_failure_policy` rule 1): restarting cannot help.
+            # First, so that a JobSet controller without onJobFailureMessagePatterns (before v0.10), whose API
+            # server drops the field, fails every PodFailurePolicy failure instead of restarting user errors.
+            {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
+             "onJobFailureMessagePatterns": [USER_ERROR_PATTERN]},
+            # The other FailJob rules, preempted or disrupted (rules 0 and 2): not the trial's fault; the whole
             # gang restarts from its preemption checkpoint without using up the budget.
-            {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"],
-             "onJobFailureMessagePatterns": list(DISRUPTION_PATTERNS)},
-            # Any other FailJob rule: exit EXIT_USER_ERROR or EXIT_BAD_CONFIG; restarting cannot help.
-            {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+            {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"]},
             # activeDeadlineSeconds: a hung or too-long trial would run as long again.
             {"name": "deadline", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
             # No rule (BackoffLimitExceeded: exit EXIT_INFRA, a SIGKILL, OOM, a lost node): RestartJobSet within maxRestarts.

@@ -403,10 +403,9 @@ def test_jobset_equivalent(two_node_spec, crd_schemas) -> None:
     assert [{k: v for k, v in r.items() if k != "action"} for r in child["podFailurePolicy"]["rules"]] == \
         [{k: v for k, v in r.items() if k != "action"} for r in job_rules]
     assert js["spec"]["failurePolicy"] == {"maxRestarts": 2, "rules": [  # maxRestarts: backoff_limit
-        {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"],
-         "onJobFailureMessagePatterns": ["^Pod .+ has condition DisruptionTarget matching FailJob rule",
-                                         "failed with exit code 143 matching FailJob rule"]},
-        {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]},
+        {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
+         "onJobFailureMessagePatterns": ["failed with exit code (1|78) matching FailJob rule"]},
+        {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"]},
         {"name": "deadline", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]}]}
     command = child["template"]["spec"]["containers"][0]["command"]
     assert f"--master-addr={name}-node-0-0.{name}" in command and "subdomain" not in child["template"]["spec"]
