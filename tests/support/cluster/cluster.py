@@ -50,21 +50,17 @@ class EmulatedCluster:
             machine's settings, e.g. `OMP_NUM_THREADS`); never the trial's own settings.
         pod_backoff_seconds: the Job controller's first delay before re-creating a
             failed pod, doubled per counted failure (Kubernetes: 10 s).
-        tick: least seconds between reconcile passes (the next follows a write to the API).
-        idle_tick: most seconds between passes without a write (a pass notices exited
-            processes and expired timeouts).
+        tick: seconds between reconcile steps.
     """
 
     def __init__(self, root: Path, nodes: Optional[list[Node]] = None, kueue: Optional[KueueSettings] = None,
-                 node_env: Optional[dict[str, str]] = None, pod_backoff_seconds: float = 1.0, tick: float = 0.1,
-                 idle_tick: float = 0.5) -> None:
+                 node_env: Optional[dict[str, str]] = None, pod_backoff_seconds: float = 1.0, tick: float = 0.1) -> None:
         self.root = root
         self.nodes = nodes if nodes is not None else [Node("node-a"), Node("node-b")]
         self.kueue_settings = kueue or KueueSettings()
         self.node_env = dict(node_env or {})
         self.pod_backoff_seconds = pod_backoff_seconds
         self.tick = tick
-        self.idle_tick = idle_tick
         self.errors: list[BaseException] = []
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
@@ -100,14 +96,7 @@ class EmulatedCluster:
                 self.errors.append(e)
                 self.kubelet.stop_all()
                 return
-            # The next pass comes at once after a write to the API (the launcher's, a
-            # controller's, a test's), at most every `tick`, and every `idle_tick`
-            # regardless, for what only a pass notices: a pod's process that exited, a
-            # timeout or backoff that ran out. A fixed 0.1 s pass cost 0.7 of a core with
-            # nothing to do, which the pods' training then lacked on this 2-core machine.
             self._stop.wait(self.tick)
-            self.server.written.wait(self.idle_tick)
-            self.server.written.clear()
 
     def step(self) -> None:
         """One reconcile pass of every controller over a fresh read of the API."""

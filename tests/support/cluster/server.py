@@ -54,12 +54,8 @@ class Emulator(kmock.KubernetesEmulator):
     """kmock's emulator, plus a uid and creationTimestamp on create, and (graceful) foreground and pod deletion."""
 
     graceful: bool = False
-    written: Optional[threading.Event] = None
-    """Set on every write (create, update or patch, delete): wakes the emulated cluster's control loop."""
 
     async def _handle(self, request: Any) -> Any:
-        if self.written is not None and request.action in (kmock.action.CREATE, kmock.action.UPDATE, kmock.action.DELETE):
-            self.written.set()
         if request.resource is not None and request.action == kmock.action.CREATE and isinstance(request.data, dict):
             meta = request.data.setdefault("metadata", {})
             meta.setdefault("uid", str(uuid.uuid4()))
@@ -107,7 +103,6 @@ class KubeServer:
     def __init__(self, graceful: bool = False) -> None:
         self.logs: dict[str, list[str]] = {}
         self.graceful = graceful
-        self.written = threading.Event()
         self._ready = threading.Event()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -129,7 +124,6 @@ class KubeServer:
         self._stop = asyncio.Event()
         async with Emulator() as km, kmock.Server(km) as server:
             km.graceful = self.graceful
-            km.written = self.written
             # Declared resources list as empty instead of 404, like a cluster with Kueue and JobSet installed.
             km.resources["v1/pods"] = {}  # type: ignore[assignment]
             km.resources["v1/services"] = {}  # type: ignore[assignment]
