@@ -37,7 +37,7 @@ demo: $(STAMP) $(FEAST_STAMP)
 # which tests/conftest.py makes longest first. WORKERS=0 runs in this process.
 WORKERS ?= 2
 test: $(STAMP) $(FEAST_STAMP)
-	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile --no-loadscope-reorder) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
+	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
 
 # The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.
 lint: $(STAMP)
