@@ -247,7 +247,10 @@ def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedClus
     `TrainingPreempted`, and the JobSet did not restart (suspension is not a failure).
     """
     caplog.set_level(logging.INFO, logger="trainyard.k8s")
-    spec = gang_spec(tmp_path, max_epochs=50)
+    # 0.1 s per step: the eviction reaches the pods long before the 200 steps end (a plain digits trial
+    # once finished all of them first on a loaded machine, and its "preemption" found nothing to resume).
+    spec = gang_spec(tmp_path, max_epochs=50, model=ImportTarget(path="tests.support.gang_models:SlowSteps",
+                                                                 kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.1}))
     thread, box = launch_in_thread(launcher(cluster), spec)
     name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
     first = {p["metadata"]["name"] for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"}

@@ -6,6 +6,8 @@ Imported by the training processes of `tests/training/test_gang.py` (the spec's
 
 from __future__ import annotations
 
+import time
+
 from pipelines.vision.models import DigitsMLP
 from training.errors import ConfigError
 
@@ -38,3 +40,19 @@ class UserErrorOnRank(_FailsOnRank):
 
     def error(self) -> Exception:
         return ZeroDivisionError(f"rank {self.fail_rank}: division by zero in the loss")
+
+
+class SlowSteps(DigitsMLP):
+    """`DigitsMLP` whose every training step also waits `step_seconds`: a window in which a disruption lands mid-training.
+
+    A digits step takes milliseconds, so a 200-step trial could finish before an eviction
+    the test asked for has reached its pods on a loaded machine.
+    """
+
+    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2, step_seconds: float = 0.1) -> None:
+        super().__init__(n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr)
+        self.step_seconds = step_seconds
+
+    def training_step(self, batch, batch_idx):
+        time.sleep(self.step_seconds)
+        return super().training_step(batch, batch_idx)
