@@ -11,6 +11,7 @@
 - `gangs`: one gang per trial attempt (re-attach or delete), `trainyard k8s gc`.
 - `stuck`: admitted gangs that cannot start, and the bounds before the trial fails.
 - `supervisor`: `JobSupervisor`, the waiter that submits, watches and cleans up.
+- `watch`: what one watch keeps, and its outcomes (success, a vanished gang, a mapped failure).
 - `launcher`: `KubernetesLauncher`, the Dagster resource around the supervisor.
 - `errors`: the errors this package adds to the launcher hierarchy.
 """

@@ -42,10 +42,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
 
-import fsspec
 import urllib3
 from kubernetes.client import V1DeleteOptions
 from kubernetes.client.exceptions import ApiException
@@ -56,49 +54,24 @@ from resources.k8s.gangs import clear_other_gangs
 from resources.k8s.kinds import GANG_KINDS, GangApi, GangView, kind_of
 from resources.k8s.manifests import trial_objects
 from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, LABEL_TRIAL, trial_labels
-from resources.k8s.pods import LogFollower, PodView, blame_order, rank0_pod
-from resources.k8s.stuck import HINTS, StuckTimers, event_problems, pod_problems, read_workload
+from resources.k8s.pods import PodView, blame_order, rank0_pod
+from resources.k8s.stuck import HINTS, event_problems, pod_problems, read_workload
+from resources.k8s.watch import Outcomes
+from resources.k8s.watch import Watch as _Watch
 from resources.launcher import (
     InfrastructureError,
     LaunchError,
     LaunchOutcome,
-    TrainingConfigError,
-    join,
-    outcome_error,
     prepare_output,
-    read_failures,
-    read_result,
 )
 from training.retry import RetriesExhausted, retry_call
-from training.spec import EXIT_BAD_CONFIG, RESULT_FILE, TrainSpec
+from training.spec import TrainSpec
 
 logger = logging.getLogger("trainyard.k8s")
 
 T = TypeVar("T")
 
-@dataclass
-class _Watch:
-    """Bookkeeping of one watch: what was reported already, time spent per state."""
-
-    kind: str = "Job"
-    owns_job: bool = False
-    owns_service: bool = False
-    restarts: int = 0
-    failed_since_restart: list[PodView] = field(default_factory=list)
-    finished: bool = False
-    queued_seconds: float = 0.0
-    running_seconds: float = 0.0
-    state: Optional[str] = None
-    workload_note: str = ""
-    reported: dict[str, str] = field(default_factory=dict)
-    timers: StuckTimers = field(default_factory=lambda: StuckTimers({}))
-    log_pod: Optional[str] = None
-    log_read_at: Optional[float] = None
-    follower: LogFollower = field(default_factory=LogFollower)
-    workloads_forbidden: bool = False
-
-
-class JobSupervisor:
+class JobSupervisor(Outcomes):
     """Submits, watches and cleans up one trial's Job; all I/O through the given APIs.
 
     Args:
@@ -583,86 +556,6 @@ class JobSupervisor:
         w.log_pod, w.log_read_at = rank0.name, now
         for line in w.follower.new_lines(text):
             log.info(f"[rank 0] {line}")
-
-    # -- outcomes --------------------------------------------------------------------
-
-    def _save_log(self, spec: TrainSpec, name: str, pods: list[PodView]) -> str:
-        """Keep rank 0's log with the trial's files; the pod goes away with the Job's TTL."""
-        uri = join(spec.output_uri, "logs", f"{name}.rank0.log")
-        fs, path = fsspec.core.url_to_fs(uri)
-        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
-        rank0 = rank0_pod(pods)
-        with fs.open(path, "w") as f:
-            f.write(self._log_tail(rank0, self.saved_log_lines) if rank0 else "(no rank 0 pod left to read a log from)")
-            f.write("\n")
-        return uri
-
-    def _success(self, spec: TrainSpec, name: str, started: float, pods: list[PodView], w: _Watch) -> LaunchOutcome:
-        log_uri = self._save_log(spec, name, pods)
-        result = read_result(spec.output_uri)
-        if result is None:
-            raise InfrastructureError(
-                f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} completed but {join(spec.output_uri, RESULT_FILE)} "
-                "does not exist (is output_uri shared storage the pods can write?)"
-            )
-        return LaunchOutcome(result=result, log_uri=log_uri, seconds=self.clock() - started)
-
-    def _vanished(self, spec: TrainSpec, name: str, started: float, w: _Watch) -> LaunchOutcome:
-        w.finished = True
-        result = read_result(spec.output_uri)
-        if result is None:
-            raise InfrastructureError(
-                f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} disappeared before finishing "
-                "(deleted by someone, or removed by its TTL unseen) and left no result"
-            )
-        return LaunchOutcome(result=result, log_uri=self._save_log(spec, name, []), seconds=self.clock() - started)
-
-    def _failure(self, spec: TrainSpec, name: str, gang: GangView, pods: list[PodView], w: _Watch) -> LaunchError:
-        condition = gang.failed
-        assert condition is not None
-        child = None
-        if gang.kind == "JobSet":
-            # The child Job that failed it: its reason (PodFailurePolicy, BackoffLimitExceeded, DeadlineExceeded) says why.
-            for child_name in gang.children:
-                job = self._get_job(child_name)
-                failed = [c for c in ((job.status.conditions or []) if job is not None and job.status else [])
-                          if c.type == "Failed" and c.status == "True"]
-                if failed:
-                    child = (child_name, failed[0])
-                    break
-        failed = [p for p in pods if p.phase == "Failed" and not p.disrupted]
-        culprit = min(failed, key=blame_order, default=None)
-        code = culprit.exit_code if culprit is not None and culprit.exit_code is not None else -1
-        rank0 = rank0_pod(pods)
-        tail = self._log_tail(rank0, self.log_tail_lines)
-        err = outcome_error(code, read_failures(spec.output_uri), tail, spec.trial_id)
-        if code == EXIT_BAD_CONFIG and not isinstance(err, TrainingConfigError):
-            err = TrainingConfigError(
-                f"trial {spec.trial_id}: the entrypoint exited {EXIT_BAD_CONFIG} (bad config) without a failure record "
-                "(is spec.json readable from the pods?)", log_tail=tail,
-            )
-        reason = child[1].reason if child is not None else condition.reason
-        if reason == "DeadlineExceeded":  # killed by activeDeadlineSeconds: a retry would run as long
-            err = LaunchError(f"trial {spec.trial_id}: ran past the Job's activeDeadlineSeconds (a hung or too-long trial)",
-                              log_tail=tail)
-        details = [f"Kubernetes: {gang.kind} {self.namespace}/{name} failed ({condition.reason}: {condition.message})"]
-        if gang.kind == "JobSet":
-            details[0] += f" after {gang.restarts} whole-gang restart(s) of at most {gang.max_restarts}"
-        if child is not None:
-            details.append(f"child Job {child[0]} failed ({child[1].reason}: {child[1].message})")
-        if culprit is not None:
-            details.append(culprit.describe())
-            if rank0 is None or culprit.name != rank0.name:
-                details.append(f"last {self.log_tail_lines} log lines of {culprit.name}:\n"
-                               f"{self._log_tail(culprit, self.log_tail_lines)}")
-        if rank0 is not None and tail and tail not in str(err):
-            details.append(f"last {self.log_tail_lines} log lines of rank 0 ({rank0.name}):\n{tail}")
-        try:
-            self._save_log(spec, name, pods)
-        except OSError as e:
-            details.append(f"(could not save rank 0's log: {e})")
-        return type(err)("\n".join([str(err), *details]), log_tail=tail, rank=err.rank)
-
 
 
 def _true(cond: Any) -> bool:
