@@ -46,6 +46,8 @@ def test_without_docker_at_all_it_says_so(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     bash_dir = Path(subprocess.run(["bash", "-c", "command -v dirname"], capture_output=True, text=True).stdout.strip()).parent
+    if (bash_dir / "docker").exists():
+        pytest.skip(f"docker is installed next to bash in {bash_dir}: no PATH without docker but with bash")
     done = _run(f"{empty}:{bash_dir}")
     assert done.returncode == 0 and done.stdout.strip() == "kind-e2e: skipped: no docker command", done.stdout + done.stderr
 
