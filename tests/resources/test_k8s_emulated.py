@@ -128,24 +128,30 @@ def wait_for_checkpoint(c: EmulatedCluster, at_least: int) -> tuple[str, int]:
     return c.wait_for(f"a checkpoint at step >= {at_least}", found, timeout=300)
 
 
-@pytest.mark.slow
-def test_a_user_error_on_node_1_fails_the_jobset_at_once_with_its_traceback(cluster: EmulatedCluster, tmp_path: Path) -> None:
+def fail_on_node_1(cluster: EmulatedCluster, tmp_path: Path, **launcher_options: Any) -> tuple[str, list[dict[str, Any]]]:
+    """Launch a gang whose rank 1 raises at step 2: the launch fails at once, not retryable, with rank 1's traceback,
+    and one pod per index was ever created; (the error's text, the pods left)."""
     spec = gang_spec(tmp_path, model=ImportTarget(path="tests.support.gang_models:UserErrorOnRank",
                                                  kwargs={"hidden": 16, "lr": 0.02, "rank": 1, "at_step": 2}))
     with pytest.raises(TrainingCodeError) as err:
-        launcher(cluster).launch(spec)
-    e = err.value
-    assert not e.retryable
-    message = str(e)
+        launcher(cluster, **launcher_options).launch(spec)
+    assert not err.value.retryable
+    message = str(err.value)
     assert "ZeroDivisionError: rank 1: division by zero in the loss" in message and "Traceback" in message, message
-    # Not restarted: one pod per index was ever created; the child Job failed through the podFailurePolicy on pod 1's
-    # real exit code (deleting pod 0), and the JobSet's failurePolicy rule failed the JobSet without a restart.
     assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 2
     pods = cluster.pods()
     # Pod 0 is gone when the Job controller saw rank 1's failure while pod 0 still ran; when both exits were
     # seen in one pass, pod 0 stays Failed with exit 1 too (a failed Job keeps its terminated pods).
     states = sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods)
     assert states in ([(1, "Failed", 1)], [(0, "Failed", 1), (1, "Failed", 1)]), pods
+    return message, pods
+
+
+@pytest.mark.slow
+def test_a_user_error_on_node_1_fails_the_jobset_at_once_with_its_traceback(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    # Not restarted: the child Job failed through the podFailurePolicy on pod 1's real exit code, and the
+    # JobSet's failurePolicy rule failed the JobSet without a restart.
+    message, pods = fail_on_node_1(cluster, tmp_path)
     name = pods[0]["metadata"]["labels"][JOBSET_NAME]
     js = jobset(cluster, name)
     assert js["status"]["restarts"] == 0 and js["status"]["terminalState"] == "Failed"
@@ -211,22 +217,8 @@ def test_indexed_job_option_a_user_error_on_node_1_fails_the_job_at_once_with_it
     replacement's re-join of the static rendezvous hung in 2 of 3 runs, so it is
     not a test.)
     """
-    spec = gang_spec(tmp_path, model=ImportTarget(path="tests.support.gang_models:UserErrorOnRank",
-                                                 kwargs={"hidden": 16, "lr": 0.02, "rank": 1, "at_step": 2}))
-    with pytest.raises(TrainingCodeError) as err:
-        launcher(cluster, gang_kind="job").launch(spec)
-    e = err.value
-    assert not e.retryable
-    message = str(e)
-    assert "ZeroDivisionError: rank 1: division by zero in the loss" in message and "Traceback" in message, message
-    # Not retried: one pod per index was ever created; the Job failed through the podFailurePolicy on pod 1's
-    # real exit code and deleted pod 0 (still running, or exiting 1 too: its wrapper reads rank 1's record).
-    assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 2
-    pods = cluster.pods()
-    # Pod 0 is gone when the Job controller saw rank 1's failure while pod 0 still ran; when both exits were
-    # seen in one pass, pod 0 stays Failed with exit 1 too (a failed Job keeps its terminated pods).
-    states = sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods)
-    assert states in ([(1, "Failed", 1)], [(0, "Failed", 1), (1, "Failed", 1)]), pods
+    # Not retried: the Job failed through the podFailurePolicy on pod 1's real exit code.
+    message, pods = fail_on_node_1(cluster, tmp_path, gang_kind="job")
     job = pods[0]["metadata"]["labels"]["batch.kubernetes.io/job-name"]
     assert pods[0]["metadata"]["labels"][GANG_LABEL] == job  # the Job is the gang
     failed = cluster.job_conditions(job, NS)["Failed"]
