@@ -9,8 +9,10 @@ training.gang ... torchrun ... training.entrypoint`). Exit codes, pod phases,
 Job and JobSet conditions and restarts come from the processes and the
 controllers' rules; the tests only act as a user or the cluster would (a
 SIGKILL to a pod's process, a Kueue preemption, a model that raises on rank 1,
-a nodeSelector no node matches). One scenario runs the Indexed Job option
-(`gang_kind="job"`): a user error on node 1 fails the Job at once.
+a nodeSelector no node matches, a SIGKILL to the Dagster run worker). One
+scenario runs the Indexed Job option (`gang_kind="job"`): a user error on node 1
+fails the Job at once. A gang that restarted or resumed ends with weights bitwise
+equal to the same trial trained undisturbed (2 local processes).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tests.support.cluster import EmulatedCluster, KueueSettings, Node
 from tests.support.cluster.controllers import COMPLETION_INDEX, conditions, exit_code
 from tests.support.cluster.jobset import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB, RESTART_ATTEMPT
 from tests.support.cluster.kubelet import expand, resolve_names
-from tests.support.cluster.server import launcher_requests_outside_its_role
+from tests.support.cluster.server import CONTROLLER_AGENT, launcher_requests_outside_its_role
 from tests.support.train_specs import make_spec
 from training.spec import CheckpointPolicy, Distribution, ImportTarget, TrainSpec
 
@@ -204,6 +206,20 @@ def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(
     assert int(result.resumed_from.rsplit("-", 1)[1]) >= step, (result.resumed_from, step)
     assert result.goodput["restarts"] >= 1 and result.goodput["lost_steps"] <= CHECKPOINT_EVERY, result.goodput
     quota_released(cluster)
+    assert_bitwise_undisturbed(spec, tmp_path)
+
+
+def assert_bitwise_undisturbed(spec: TrainSpec, tmp: Path) -> None:
+    """The trial's newest checkpoint holds bitwise the weights of the same trial trained undisturbed."""
+    import torch
+
+    from training.checkpointing import CheckpointStore
+
+    latest = CheckpointStore(spec.output_uri + "/checkpoints").latest()
+    assert latest is not None
+    expected, got = reference_weights(spec, tmp), latest.state["state_dict"]
+    assert expected and expected.keys() <= got.keys(), (expected.keys(), got.keys())
+    assert [k for k in expected if not torch.equal(got[k], expected[k])] == []
 
 
 @pytest.mark.slow
@@ -392,3 +408,89 @@ def test_the_kubelet_expands_variables_and_resolves_only_whole_pod_names() -> No
     assert resolve_names("--master-addr=job-0.job", records) == "--master-addr=127.0.0.1"
     assert resolve_names("--master-addr=job-0.job.vision.svc", records) == "--master-addr=job-0.job.vision.svc"
     assert resolve_names("xjob-0.job", records) == "xjob-0.job"
+
+
+def reference_weights(trial_spec: TrainSpec, tmp: Path) -> dict[str, Any]:
+    """The final weights of `trial_spec` trained undisturbed by the local launcher at the same world size (2 processes)."""
+    import torch
+
+    from resources.launcher import LocalLauncher
+    from training.checkpointing import CheckpointStore
+
+    kwargs = dict(trial_spec.model.kwargs)
+    if "step_seconds" in kwargs:
+        kwargs["step_seconds"] = 0.0  # `SlowSteps`' wait changes nothing but time
+    spec = trial_spec.model_copy(update={"output_uri": str(tmp / "reference"), "optuna": None,
+                                         "model": trial_spec.model.model_copy(update={"kwargs": kwargs}),
+                                         "distribution": trial_spec.distribution.model_copy(update={"nodes": 1, "procs_per_node": 2})})
+    LocalLauncher().launch(spec)
+    latest = CheckpointStore(spec.output_uri + "/checkpoints").latest()
+    assert latest is not None
+    return {k: v for k, v in latest.state["state_dict"].items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.slow
+def test_the_orchestrator_killed_mid_trial_and_its_run_retried_runs_one_gang_at_a_time(tmp_path: Path) -> None:
+    """The Dagster run worker is SIGKILLed while its JobSet trains; the orphan trains on; the run is retried.
+
+    Dagster's retry is a new run tagged `dagster/retry_number` 1 (attempt 100):
+    before it launches, the launcher finds the orphan JobSet of the dead run,
+    deletes it and waits until its pods are gone, then starts its own gang, which
+    resumes from the newest committed checkpoint. Asserted from the API server's
+    request log (the emulation's own controllers and kubelet included): the new
+    JobSet was created only after the last pod of the orphan was released, and the
+    final weights are bitwise those of an undisturbed run.
+    """
+    import os
+    import subprocess
+    import sys
+
+    from dagster import DagsterRunStatus, RunsFilter
+
+    from tests.pipelines.pipeline_fixtures import failure_text
+    from tests.pipelines.sweep_drill import drill_resources, open_instance, prepared_home
+    from tests.resources.k8s_orchestrator import k8s_launcher, orchestrated_spec, run_trial
+    from training.checkpointing import CheckpointStore
+
+    home, port = tmp_path / "home", free_port()
+    spec = orchestrated_spec()
+    node = f"{spec.team}__{spec.name}__trial_model"
+    with EmulatedCluster(tmp_path / "cluster", node_env=NODE_ENV) as c:
+        prepared_home(home, spec, drill_resources(home, k8s_launcher(c.url, port)), open_instance(home))
+        orchestrator = subprocess.Popen([sys.executable, "-m", "tests.resources.k8s_orchestrator", str(home), c.url, str(port)],
+                                        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            orphan, step = wait_for_checkpoint(c, 10)
+        finally:
+            os.killpg(orchestrator.pid, signal.SIGKILL)
+            orchestrator.wait(30)
+        assert jobset(c, orphan)["status"].get("terminalState") is None  # the orphan trains on without its orchestrator
+        instance = open_instance(home)
+        (dead,) = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
+        assert jobset(c, orphan)["metadata"]["labels"]["trainyard.io/dagster-run"] == dead.run_id
+        instance.report_run_failed(dead, "the run worker was killed")  # what run monitoring records for a dead run worker
+        result = run_trial(home, c.url, port, tags={"dagster/retry_number": "1", "dagster/parent_run_id": dead.run_id,
+                                                     "dagster/root_run_id": dead.run_id})
+        assert result.success, failure_text(result)
+
+        (js,) = c.objects("JobSet")  # the orphan is gone; the retry's JobSet, of attempt 100, trained the trial
+        name = js["metadata"]["name"]
+        assert name != orphan and js["metadata"]["labels"]["trainyard.io/dagster-run"] == result.run_id
+        assert js["metadata"]["labels"]["trainyard.io/attempt"] == "100" and js["status"]["terminalState"] == "Completed"
+        log = list(c.server.km)
+        created = [r.id for r in log if r.method.value == "POST" and r.url.path.endswith("/jobsets")]
+        assert len(created) == 2, created  # one gang per attempt, ever
+        deleted = [r for r in log if r.method.value == "DELETE" and r.url.path.endswith(f"/jobsets/{orphan}")]
+        assert deleted and deleted[0].headers.get("User-Agent") != CONTROLLER_AGENT, "the launcher deleted the orphan"
+        # The orphan's pods were last touched (their finalizer released once their processes ended) before the new JobSet.
+        orphan_pods = [r.id for r in log if f"/pods/{orphan}-" in r.url.path]
+        assert orphan_pods and max(orphan_pods) < created[1] and deleted[0].id < created[1], (max(orphan_pods), created)
+        value = result.output_for_node(node)
+        trained = json.loads(Path(value.result_uri).read_text())
+        assert trained["resumed_from"] is not None and int(trained["resumed_from"].rsplit("-", 1)[1]) >= step, trained["resumed_from"]
+        trial_spec = TrainSpec.model_validate_json((Path(value.result_uri).parent / "spec.json").read_text())
+        latest = CheckpointStore(trial_spec.output_uri + "/checkpoints").latest()
+        assert latest is not None and latest.step == trained["global_step"]
+        quota_released(c)
+        assert launcher_requests_outside_its_role(c.server, NS) == []
+    assert_bitwise_undisturbed(trial_spec, tmp_path)
