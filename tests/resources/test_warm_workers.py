@@ -211,7 +211,9 @@ def test_preemption_reaches_the_warm_worker_and_checkpoints(shared: Path, tmp_pa
 
 
 def test_timeout_stops_the_warm_worker(shared: Path, tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, max_epochs=200)
+    # 0.05 s per step, 1,000 steps: longer than the timeout on any machine (plain digits steps took 200 epochs in < 8 s).
+    spec = make_spec(tmp_path, max_epochs=200, model=ImportTarget(path="tests.support.gang_models:SlowSteps",
+                                                                  kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.05}))
     thread, box = launch_in_thread(spec, LocalLauncher(timeout_seconds=8))
     pid, _ = worker_of(shared, str(tmp_path / "run" / "spec.json"))
     thread.join()
