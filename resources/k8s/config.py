@@ -60,7 +60,9 @@ class K8sJobConfig(_Frozen):
         termination_grace_seconds: SIGTERM-to-SIGKILL time; long enough to write the
             preemption checkpoint.
         ttl_seconds_after_finished: finished Jobs are garbage-collected after this.
-        backoff_limit: pod failures (not disruptions) the Job retries before failing.
+        backoff_limit: whole-gang restarts a JobSet makes on infrastructure failures
+            (its failurePolicy.maxRestarts; disruptions do not count). The Indexed
+            Job option has backoffLimit 0 and restarts through the run's retries.
         active_deadline_seconds: optional wall-clock cap on the running Job.
         env_from_secrets: Secret names whose keys become environment variables;
             with `secret_env` (one Secret key per variable) the only way

@@ -98,8 +98,10 @@ class KubernetesLauncher(Launcher):
     disruption within `backoff_limit` restarts and fails it at once on the
     entrypoint's user or config error code. "job": an Indexed Job and its
     headless Service, for clusters without the JobSet controller: the same exit
-    code contract through its podFailurePolicy, a failed pod replaced by the Job
-    within `backoff_limit` (the replacement rejoins torchrun's rendezvous).
+    code contract through its podFailurePolicy, and backoffLimit 0, so any pod
+    failure fails the Job; the launcher raises the classified error and the
+    Dagster run's retry (a new attempt, a new Job) restarts the whole gang from
+    its checkpoint, within the pipeline's retry budgets.
 
     Cluster access, in order: `api_url` (a plain endpoint, for tests and
     `kubectl proxy`), `in_cluster` (the run pod's service account), else

@@ -11,8 +11,11 @@ once, a disruption or preemption restarts without using up the budget, anything
 else (a lost node, OOM, SIGKILL, infrastructure) restarts within `maxRestarts`.
 For clusters without the JobSet controller, one Indexed Job (`job_manifest`)
 plus a headless Service (`service_manifest`) that gives every pod a stable DNS
-name, so torchrun in each pod can reach rank 0 at `<job>-0.<job>`; its
-podFailurePolicy replaces a failed pod within `backoffLimit` instead. Either
+name, so torchrun in each pod can reach rank 0 at `<job>-0.<job>`; it has the
+child Job's policy (backoffLimit 0, any pod failure fails it at once), and the
+Dagster run's retry is its whole-gang restart: a new attempt, a new Job, a
+fresh rendezvous from the newest committed checkpoint (a replacement pod could
+not rejoin torchrun's static rendezvous of the survivors). Either
 way Kueue admits the gang as one Workload (it is created suspended with a queue
 label), PriorityClasses order teams' work, and the policies read each pod's
 exit status, which `training.gang` makes the classified status of the first
@@ -216,32 +219,6 @@ def _exit_codes(*codes: int) -> dict[str, Any]:
     return {"containerName": CONTAINER_NAME, "operator": "In", "values": sorted(codes)}
 
 
-def _pod_failure_policy() -> dict[str, Any]:
-    """What a failed pod means to its Job, by the container's exit status.
-
-    The container runs `training.gang`, which exits with the classified status
-    of the first failing worker (`training.spec.EXIT_*`), not torchrun's 1.
-    """
-    return {
-        "rules": [
-            # Preemption, node drain, eviction: not the trial's fault. The Job makes
-            # a replacement pod without counting it against backoffLimit; the
-            # trial resumes from its last committed checkpoint.
-            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-            # A bug in model or data code (EXIT_USER_ERROR) or a spec that cannot
-            # work (EXIT_BAD_CONFIG): retrying cannot help, so fail the whole Job
-            # at once instead of burning backoffLimit retries.
-            {"action": "FailJob", "onExitCodes": _exit_codes(EXIT_USER_ERROR, EXIT_BAD_CONFIG)},
-            # Stopped on request after a checkpoint (EXIT_PREEMPTED) without a
-            # DisruptionTarget condition: a preemption too, not a failure.
-            {"action": "Ignore", "onExitCodes": _exit_codes(EXIT_PREEMPTED)},
-            # A lost worker, node or dependency (EXIT_INFRA): a retry may succeed,
-            # within backoffLimit (as is any other status, e.g. the container killed).
-            {"action": "Count", "onExitCodes": _exit_codes(EXIT_INFRA)},
-        ]
-    }
-
-
 def _metadata(name: str, cfg: K8sJobConfig, labels: dict[str, str], annotations: Optional[dict[str, str]] = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": cfg.namespace, "labels": labels}
     if annotations:
@@ -294,12 +271,18 @@ def service_manifest(name: str, cfg: K8sJobConfig, labels: Optional[Mapping[str,
 
 
 def _gang_pod_failure_policy() -> dict[str, Any]:
-    """A JobSet's child Job: every pod failure fails the Job at once, so the JobSet decides for the whole gang.
+    """A gang's Job (a JobSet's child, or the Indexed Job option): every pod failure fails the Job at once.
 
-    FailJob rules give the child Job the failure reason PodFailurePolicy and a
-    message naming the rule's cause, which the JobSet's failurePolicy matches
-    (`_jobset_failure_policy`); anything else is counted against backoffLimit 0
-    (reason BackoffLimitExceeded).
+    A JobSet then decides for the whole gang: FailJob rules give the child Job
+    the failure reason PodFailurePolicy and a message naming the rule's cause,
+    which the JobSet's failurePolicy matches (`_jobset_failure_policy`);
+    anything else is counted against backoffLimit 0 (reason
+    BackoffLimitExceeded). For the Indexed Job option the launcher decides from
+    the failed pod's exit code or DisruptionTarget condition (user or config
+    error, preempted, infrastructure) and the Dagster run retries or fails.
+
+    The container runs `training.gang`, which exits with the classified status
+    of the first failing worker (`training.spec.EXIT_*`), not torchrun's 1.
     """
     return {
         "rules": [
@@ -342,8 +325,7 @@ def _jobset_failure_policy(max_restarts: int) -> dict[str, Any]:
 
 
 def _job_spec(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, name: str, pod_labels: dict[str, str], *,
-              master_addr: str, subdomain: Optional[str], backoff_limit: int, suspend: bool,
-              pod_failure_policy: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+              master_addr: str, subdomain: Optional[str], suspend: bool) -> dict[str, Any]:
     nodes = spec.distribution.nodes
     job_spec: dict[str, Any] = {
         # One pod per node with a stable index 0..nodes-1: the index is the
@@ -351,8 +333,10 @@ def _job_spec(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, name: str, pod_
         "completionMode": "Indexed",
         "completions": nodes,
         "parallelism": nodes,
-        "backoffLimit": backoff_limit,
-        "podFailurePolicy": pod_failure_policy or _pod_failure_policy(),
+        # Any pod failure fails the Job at once: a gang restarts whole, never one pod
+        # (torchrun's static rendezvous cannot take a replacement of one node).
+        "backoffLimit": 0,
+        "podFailurePolicy": _gang_pod_failure_policy(),
         "template": _pod_template(spec, spec_uri, cfg, pod_labels, master_addr=master_addr, subdomain=subdomain),
     }
     if suspend:
@@ -375,6 +359,8 @@ def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig
 
     Every pod runs `torchrun_command(...)` with node rank `$(JOB_COMPLETION_INDEX)`
     and rank 0 at `<job>-0.<job>` (the headless Service from `service_manifest`).
+    A failed pod fails the Job at once (backoffLimit 0); the launcher classifies
+    it and the Dagster run's retry starts the next attempt's Job.
     """
     name = job_name(spec.pipeline, spec.trial_id, attempt)
     labels = {**cfg.labels, **trial_labels(spec, attempt, run_id), LABEL_JOB: name}
@@ -383,8 +369,7 @@ def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig
         "kind": "Job",
         "metadata": _metadata(name, cfg, {**labels, **_queue_labels(cfg)}, {ANNOTATION_SPEC_URI: spec_uri}),
         "spec": _job_spec(
-            spec, spec_uri, cfg, name, labels, master_addr=f"{name}-0.{name}", subdomain=name,
-            backoff_limit=cfg.backoff_limit, suspend=cfg.queue_name is not None,
+            spec, spec_uri, cfg, name, labels, master_addr=f"{name}-0.{name}", subdomain=name, suspend=cfg.queue_name is not None,
         ),
     }
 
@@ -406,11 +391,9 @@ def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobCon
         # Pod hostnames are <jobset>-<replicated job>-<job index>-<pod index>.
         master_addr=f"{name}-{JOBSET_REPLICATED_JOB}-0-0.{name}",
         subdomain=None,  # set by the JobSet controller from network.subdomain
-        # Any pod failure fails the child Job at once, and the JobSet
-        # restarts every pod together: a fresh rendezvous for all ranks.
-        backoff_limit=0,
+        # Any pod failure fails the child Job at once (backoffLimit 0), and the
+        # JobSet restarts every pod together: a fresh rendezvous for all ranks.
         suspend=False,  # the JobSet is what Kueue suspends and admits
-        pod_failure_policy=_gang_pod_failure_policy(),
     )
     child.pop("ttlSecondsAfterFinished", None)
     jobset_spec: dict[str, Any] = {

@@ -472,13 +472,14 @@ class JobSupervisor(Outcomes):
             if p.disrupted:
                 key, level = "disrupted", log.warning
                 text = (f"{p.describe()}; disruption, not a failure: "
-                        + ("the Job replaces the pod" if w.kind == "Job" else "the JobSet restarts or resumes the gang")
-                        + " and the trial resumes from its checkpoint")
+                        + ("the Job fails and the run retries the trial" if w.kind == "Job" else "the JobSet restarts or resumes the gang")
+                        + " from its checkpoint")
             elif p.phase == "Failed":
                 key, level = "failed", log.warning
                 if w.reported.get(p.name) != "failed":
                     w.failed_since_restart.append(p)
-                text = (f"{p.describe()}; the Job retries it within its backoffLimit" if w.kind == "Job" else
+                text = (f"{p.describe()}; the Job fails (backoffLimit 0): the run retries the trial within its budget "
+                        "unless the exit code is a user or config error" if w.kind == "Job" else
                         f"{p.describe()}; the JobSet restarts the whole gang within its failurePolicy.maxRestarts "
                         "unless the exit code is a user or config error")
             elif p.waiting_reason and not pod_problems([p]):  # problems are `_check_stuck`'s to report

@@ -18,7 +18,9 @@ from resources.launcher import (
     InfrastructureError,
     LaunchError,
     LaunchOutcome,
+    TrainingCodeError,
     TrainingConfigError,
+    TrainingPreempted,
     join,
     outcome_error,
     read_failures,
@@ -114,6 +116,12 @@ class Outcomes:
         rank0 = rank0_pod(pods)
         tail = self._log_tail(rank0, self.log_tail_lines)
         err = outcome_error(code, read_failures(spec.output_uri), tail, spec.trial_id)
+        disrupted = [p for p in pods if p.phase == "Failed" and p.disrupted]
+        if culprit is None and disrupted and not isinstance(err, (TrainingConfigError, TrainingCodeError)):
+            # Only disruptions failed the gang's Job (the Indexed Job option fails on any pod failure): a preemption,
+            # retried from the checkpoint the pods wrote on SIGTERM, under the run's preemption budget.
+            err = TrainingPreempted(f"trial {spec.trial_id}: {min(disrupted, key=blame_order).describe()}; a disruption, not a failure: "
+                                    "the run retries the trial from its last checkpoint", log_tail=tail)
         if code == EXIT_BAD_CONFIG and not isinstance(err, TrainingConfigError):
             err = TrainingConfigError(
                 f"trial {spec.trial_id}: the entrypoint exited {EXIT_BAD_CONFIG} (bad config) without a failure record "

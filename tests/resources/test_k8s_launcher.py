@@ -310,7 +310,13 @@ def test_admission_delay_then_success(kube: KubeServer, tmp_path: Path) -> None:
     assert gone.value.status == 404
 
 
-def test_disrupted_and_retried_pods_are_not_failures(kube: KubeServer, tmp_path: Path) -> None:
+def test_a_disrupted_pod_fails_the_indexed_job_as_a_preemption_not_a_failure(kube: KubeServer, tmp_path: Path) -> None:
+    """The Indexed Job option fails on any pod failure (backoffLimit 0): a pod with DisruptionTarget is a preemption.
+
+    The Job's podFailurePolicy fails it (reason PodFailurePolicy); the launcher
+    raises `TrainingPreempted`, which the run retries from the checkpoint the
+    pods wrote on SIGTERM, under the preemption budget.
+    """
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)
     log = Recorder()
@@ -318,25 +324,18 @@ def test_disrupted_and_retried_pods_are_not_failures(kube: KubeServer, tmp_path:
     def play(c: Cluster) -> None:
         c.wait_job(name)
         c.admit(name)
-        pod0, pod1 = c.add_pod(name, 0), c.add_pod(name, 1)
+        c.add_pod(name, 0)
+        pod1 = c.add_pod(name, 1)
         c.wait_polls(name)
-        # Preempted by the scheduler: the Job's podFailurePolicy ignores it and replaces the pod.
         c.end_pod(pod1, 143, disruption=("PreemptionByScheduler", "Preempted in order to admit critical pod"))
-        c.add_pod(name, 1, suffix="b")
-        c.wait_polls(name)
-        # A counted failure while the Job still has backoffLimit left: the Job retries, not a failed trial.
-        c.end_pod(pod0, 1)
-        c.add_pod(name, 0, suffix="b")
-        c.wait_polls(name)
-        write_result(spec)
-        c.finish(name, "Complete")
+        c.finish(name, "Failed", "PodFailurePolicy", f"Pod {NS}/{name}-1-a has condition DisruptionTarget matching FailJob rule at index 0")
 
-    with playing(kube, play) as cluster:
-        outcome = run(supervisor(kube, sleep=cluster.sleep), spec, log)
-    assert outcome.result.world_size == 2
-    assert log.count(f"pod {name}-1-a (node rank 1): Failed, exit code 143, PreemptionByScheduler") == 1, log.text()
-    assert log.count("disruption, not a failure") == 1
-    assert log.count(f"pod {name}-0-a (node rank 0): Failed, exit code 1, Error; the Job retries it") == 1
+    with playing(kube, play) as cluster, pytest.raises(TrainingPreempted) as err:
+        run(supervisor(kube, sleep=cluster.sleep), spec, log)
+    assert err.value.retryable
+    assert f"pod {name}-1-a (node rank 1): Failed, exit code 143, PreemptionByScheduler" in str(err.value), str(err.value)
+    assert "a disruption, not a failure: the run retries the trial from its last checkpoint" in str(err.value)
+    assert log.count("disruption, not a failure: the Job fails and the run retries the trial from its checkpoint") == 1, log.text()
 
 
 @pytest.mark.parametrize(

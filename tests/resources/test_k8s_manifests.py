@@ -104,12 +104,12 @@ def test_two_node_job_exact(two_node_spec) -> None:
             "completionMode": "Indexed",
             "completions": 2,
             "parallelism": 2,
-            "backoffLimit": 2,
+            "backoffLimit": 0,  # whatever backoff_limit says: a gang restarts whole, through the run's retry
             "podFailurePolicy": {
                 "rules": [
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
                     {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [1, 78]}},
-                    {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [143]}},
+                    {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [143]}},
                     {"action": "Count", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}},
                 ]
             },
@@ -215,9 +215,11 @@ def test_pod_failure_rules_follow_the_gang_exit_codes(two_node_spec) -> None:
     """The container's status is `training.gang`'s contract (tests/training/test_gang.py runs it): each code has its rule."""
     rules = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["podFailurePolicy"]["rules"]
     by_code = {code: r["action"] for r in rules if "onExitCodes" in r for code in r["onExitCodes"]["values"]}
-    assert by_code == {EXIT_USER_ERROR: "FailJob", EXIT_BAD_CONFIG: "FailJob", EXIT_PREEMPTED: "Ignore", EXIT_INFRA: "Count"}
+    # Every failure fails the Job (backoffLimit 0): FailJob rules give the launcher (and a JobSet) the cause in the
+    # Job's reason and message; EXIT_INFRA and anything else is counted, past backoffLimit 0.
+    assert by_code == {EXIT_USER_ERROR: "FailJob", EXIT_BAD_CONFIG: "FailJob", EXIT_PREEMPTED: "FailJob", EXIT_INFRA: "Count"}
     assert all(r["onExitCodes"]["containerName"] == "trainer" and r["onExitCodes"]["operator"] == "In" for r in rules if "onExitCodes" in r)
-    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}  # checked first
+    assert rules[0] == {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}  # checked first
     command = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:3] == ["python", "-m", "training.gang"]
 
@@ -398,10 +400,10 @@ def test_jobset_equivalent(two_node_spec, crd_schemas) -> None:
     child = js["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert child["backoffLimit"] == 0 and "suspend" not in child and child["completionMode"] == "Indexed"
     # Every pod failure fails the child Job at once; the JobSet decides for the whole gang by its reason and message.
-    job_rules = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["podFailurePolicy"]["rules"]
+    # The Indexed Job option has the same policy: both gang kinds fail their Job on any pod failure.
+    job = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]
     assert [r["action"] for r in child["podFailurePolicy"]["rules"]] == ["FailJob", "FailJob", "FailJob", "Count"]
-    assert [{k: v for k, v in r.items() if k != "action"} for r in child["podFailurePolicy"]["rules"]] == \
-        [{k: v for k, v in r.items() if k != "action"} for r in job_rules]
+    assert child["podFailurePolicy"] == job["podFailurePolicy"] and job["backoffLimit"] == 0
     assert js["spec"]["failurePolicy"] == {"maxRestarts": 2, "rules": [  # maxRestarts: backoff_limit
         {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
          "onJobFailureMessagePatterns": ["failed with exit code (1|78) matching FailJob rule"]},
