@@ -23,16 +23,17 @@ import re
 import signal
 import socket
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 import pytest
 
 from resources.k8s.errors import StuckGang
 from resources.k8s.launcher import KubernetesLauncher
-from resources.launcher import LaunchOutcome, TrainingCodeError
+from resources.launcher import InfrastructureError, TrainingCodeError
 from tests.support.cluster import EmulatedCluster, KueueSettings, Node
 from tests.support.cluster.controllers import COMPLETION_INDEX, conditions, exit_code
 from tests.support.cluster.jobset import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB, RESTART_ATTEMPT
@@ -40,6 +41,8 @@ from tests.support.cluster.kubelet import expand, resolve_names
 from tests.support.cluster.server import CONTROLLER_AGENT, launcher_requests_outside_its_role
 from tests.support.train_specs import make_spec
 from training.spec import CheckpointPolicy, Distribution, ImportTarget, TrainSpec
+from trainyard.search import FloatParam, SearchSpec
+from trainyard.spec import ModelSpec, PipelineSpec
 
 NS = "vision"
 IMAGE = "registry.example.com/trainyard/trainer@sha256:" + "0" * 64
@@ -94,13 +97,13 @@ def jobset(c: EmulatedCluster, name: str) -> dict[str, Any]:
     return js
 
 
-def launch_in_thread(lx: KubernetesLauncher, spec: TrainSpec) -> tuple[threading.Thread, dict[str, Any]]:
-    """Run `lx.launch(spec)` in a thread; the dict gets "outcome" or "error"."""
+def in_thread(fn: Callable[..., Any], *args: Any) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run `fn(*args)` in a thread; the dict gets "outcome" (its value) or "error"."""
     box: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            box["outcome"] = lx.launch(spec)
+            box["outcome"] = fn(*args)
         except BaseException as e:  # handed to the test thread
             box["error"] = e
 
@@ -109,13 +112,91 @@ def launch_in_thread(lx: KubernetesLauncher, spec: TrainSpec) -> tuple[threading
     return thread, box
 
 
-def finish(thread: threading.Thread, box: dict[str, Any], timeout: float = 400) -> LaunchOutcome:
+def launch_in_thread(lx: KubernetesLauncher, spec: TrainSpec) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run `lx.launch(spec)` in a thread; the dict gets "outcome" or "error"."""
+    return in_thread(lx.launch, spec)
+
+
+def pipeline_spec(**over: Any) -> PipelineSpec:
+    """The small digits pipeline as a 2-node gang of one process each, one trial (random sampler, seed 7)."""
+    from tests.pipelines.pipeline_fixtures import small_spec
+
+    base: dict[str, Any] = dict(search=SearchSpec(params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, sampler="random", seed=7),
+                                distribution=Distribution(nodes=2, procs_per_node=1))
+    base.update(over)
+    return small_spec(**base)
+
+
+def slow_model(step_seconds: float, max_epochs: int = 50) -> ModelSpec:
+    """`SlowSteps` digits (2 steps per epoch and rank): a window for a disruption to land mid-training on any machine."""
+    return ModelSpec(path="tests.support.gang_models:SlowSteps", hparams={"hidden": 16, "step_seconds": step_seconds},
+                     max_epochs=max_epochs, batch_size=64)
+
+
+@dataclass
+class DagsterTrial:
+    """A real Dagster run of `trial_model` for `trial-0000` (`run_trial_model`): its result, instance and spec."""
+
+    result: Any
+    instance: Any
+    spec: PipelineSpec
+
+    @property
+    def value(self) -> Any:
+        return self.result.output_for_node(f"{self.spec.team}__{self.spec.name}__trial_model")
+
+    def trained(self) -> dict[str, Any]:
+        """The trial's result.json (a `TrainResult`)."""
+        return dict(json.loads(Path(self.value.result_uri).read_text()))
+
+    def train_spec(self) -> TrainSpec:
+        return TrainSpec.model_validate_json((Path(self.value.result_uri).parent / "spec.json").read_text())
+
+    def messages(self) -> list[str]:
+        """Every message the run logged, in order (what the Dagster UI shows for it)."""
+        return [e.user_message for e in self.instance.all_logs(self.result.run_id)]
+
+    def step_seconds(self) -> float:
+        """STEP_START -> the step's end (success or failure) of the run's one step, from its event log."""
+        stamps = [e.timestamp for e in self.instance.all_logs(self.result.run_id)
+                  if e.dagster_event is not None and e.dagster_event.event_type_value in ("STEP_START", "STEP_SUCCESS", "STEP_FAILURE")]
+        assert len(stamps) == 2, stamps
+        return float(stamps[1] - stamps[0])
+
+    def failure(self) -> str:
+        """The run's step failures, each error with its causes (what the Dagster UI shows)."""
+        out = []
+        for event in self.result.all_events:
+            error = getattr(event.event_specific_data, "error", None) if event.is_failure else None
+            if error is not None:
+                out.append(error.to_string())
+        return "\n".join(out)
+
+
+def run_trial_model(tmp: Path, lx: KubernetesLauncher, spec: PipelineSpec) -> DagsterTrial:
+    """Materialize `trial_model` for `trial-0000` of `spec` through a real Dagster run whose launcher resource is `lx`.
+
+    The home at `tmp/home` gets digits splits and the `sweep` asset first (`prepared_home`).
+    """
+    from pipelines.factory import build_definitions, job_names
+    from tests.pipelines.sweep_drill import drill_resources, open_instance, prepared_home
+
+    home = tmp / "home"
+    resources = drill_resources(home, lx)
+    instance = open_instance(home)
+    prepared_home(home, spec, resources, instance)
+    result = build_definitions(spec, resources=resources).resolve_job_def(job_names(spec)["train"]).execute_in_process(
+        instance=instance, partition_key="trial-0000", raise_on_error=False)
+    return DagsterTrial(result, instance, spec)
+
+
+def finish(thread: threading.Thread, box: dict[str, Any], timeout: float = 400) -> Any:
+    """What `in_thread`'s call returned (a `LaunchOutcome`, a `DagsterTrial`), or raise what it raised."""
     thread.join(timeout)
     assert not thread.is_alive(), "the launch did not end"
     if "error" in box:
         raise box["error"]
-    outcome: LaunchOutcome = box["outcome"]
-    return outcome
+    return box["outcome"]
 
 
 def wait_for_checkpoint(c: EmulatedCluster, at_least: int) -> tuple[str, int]:
@@ -150,45 +231,53 @@ def fail_on_node_1(cluster: EmulatedCluster, tmp_path: Path, **launcher_options:
 
 
 @pytest.mark.slow
-def test_a_user_error_on_node_1_fails_the_jobset_at_once_with_its_traceback(cluster: EmulatedCluster, tmp_path: Path) -> None:
-    # Not restarted: the child Job failed through the podFailurePolicy on pod 1's real exit code, and the
-    # JobSet's failurePolicy rule failed the JobSet without a restart.
-    message, pods = fail_on_node_1(cluster, tmp_path)
-    name = pods[0]["metadata"]["labels"][JOBSET_NAME]
-    js = jobset(cluster, name)
+def test_a_user_error_on_node_1_fails_the_dagster_run_at_once_with_its_traceback(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    """Not restarted, not retried: the child Job failed through the podFailurePolicy on pod 1's real exit code, the
+    JobSet's failurePolicy rule failed the JobSet without a restart, and the run failed with rank 1's traceback."""
+    model = ModelSpec(path="tests.support.gang_models:UserErrorOnRank", hparams={"hidden": 16, "rank": 1, "at_step": 2},
+                      max_epochs=2, batch_size=64)
+    trial = run_trial_model(tmp_path, launcher(cluster), pipeline_spec(model=model))
+    assert not trial.result.success
+    failure = trial.failure()
+    assert "ZeroDivisionError: rank 1: division by zero in the loss" in failure and "Traceback" in failure, failure
+    (js,) = cluster.objects("JobSet")  # one gang, ever: the run did not retry the trial
+    name = js["metadata"]["name"]
+    assert cluster.server.count("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets") == 1
+    assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 2
     assert js["status"]["restarts"] == 0 and js["status"]["terminalState"] == "Failed"
     assert conditions(js)["Failed"]["reason"] == "FailJobSetFailurePolicyAction"
     child = cluster.job_conditions(f"{name}-node-0", NS)["Failed"]
     assert child["reason"] == "PodFailurePolicy" and "exit code 1 matching FailJob rule" in child["message"]
-    assert f"JobSet {NS}/{name} failed (FailJobSetFailurePolicyAction:" in message
-    assert f"child Job {name}-node-0 failed (PodFailurePolicy:" in message
+    assert f"JobSet {NS}/{name} failed (FailJobSetFailurePolicyAction:" in failure
+    assert f"child Job {name}-node-0 failed (PodFailurePolicy:" in failure
     quota_released(cluster)
 
 
 @pytest.mark.slow
-def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(
-        cluster: EmulatedCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """The JobSet path: the killed pod's 137 fails the child Job (backoffLimit 0), and the JobSet restarts every pod.
+def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(cluster: EmulatedCluster, tmp_path: Path) -> None:
+    """The JobSet path, in a Dagster run: the killed pod's 137 fails the child Job (backoffLimit 0), and the JobSet restarts every pod.
 
     No failurePolicy rule matches BackoffLimitExceeded, so the default
     RestartJobSet acts within maxRestarts: the child Job and its pods are
     deleted and made again with restart-attempt 1, and the new gang resumes
-    from the newest committed checkpoint (a fresh rendezvous of all ranks).
+    from the newest committed checkpoint (a fresh rendezvous of all ranks),
+    ending bitwise where an undisturbed run ends.
     """
-    caplog.set_level(logging.INFO, logger="trainyard.k8s")
-    spec = gang_spec(tmp_path, max_epochs=50)
-    thread, box = launch_in_thread(launcher(cluster), spec)
+    spec = pipeline_spec(model=slow_model(0.05), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
+    thread, box = in_thread(run_trial_model, tmp_path, launcher(cluster), spec)
     name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
     first = [p for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"]
     victim = next(p for p in first if index(p) == 1)
     cluster.kill(victim["metadata"]["name"], signal.SIGKILL)
-    outcome = finish(thread, box)
+    trial: DagsterTrial = finish(thread, box)
+    assert trial.result.success, trial.failure()
 
     js = jobset(cluster, name)
     assert js["status"]["restarts"] == 1 and js["status"]["restartsCountTowardsMax"] == 1, js["status"]
     assert js["status"]["terminalState"] == "Completed" and conditions(js)["Completed"]["reason"] == "AllJobsCompleted"
     assert conditions(js)["RestartingJobSet"]["status"] == "False"
     assert cluster.jobsets.restarts == [(name, f"{name}-node-0")]
+    assert cluster.server.count("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets") == 1  # restarted, not relaunched
     child = cluster.job(f"{name}-node-0", NS)
     assert child is not None and child["metadata"]["labels"][RESTART_ATTEMPT] == "1"
     assert child["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
@@ -197,16 +286,16 @@ def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(
     assert not {p["metadata"]["name"] for p in first} & {p["metadata"]["name"] for p in final}
     assert sorted((index(p), p["metadata"]["labels"][RESTART_ATTEMPT], p["status"]["phase"], exit_code(p)) for p in final) == [
         (0, "1", "Succeeded", 0), (1, "1", "Succeeded", 0)]
-    (restart,) = [r.getMessage() for r in caplog.records if "restarts the whole gang (restart" in r.getMessage()]
-    # The restart in the log, with the pod that caused it (not its peer, stopped with SIGTERM after it).
+    # The restart in the run's log, with the pod that caused it (not its peer, stopped with SIGTERM after it).
+    (restart,) = [m for m in trial.messages() if "restarts the whole gang (restart" in m]
     assert "(restart 1, at most 3 counted" in restart and f"first failed job: {name}-node-0" in restart, restart
     assert f"pod {victim['metadata']['name']} (node rank 1): Failed, exit code 137" in restart, restart
-    result = outcome.result
-    assert result.world_size == 2 and result.resumed_from is not None
-    assert int(result.resumed_from.rsplit("-", 1)[1]) >= step, (result.resumed_from, step)
-    assert result.goodput["restarts"] >= 1 and result.goodput["lost_steps"] <= CHECKPOINT_EVERY, result.goodput
+    result = trial.trained()
+    assert result["world_size"] == 2 and result["resumed_from"] is not None
+    assert int(result["resumed_from"].rsplit("-", 1)[1]) >= step, (result["resumed_from"], step)
+    assert result["goodput"]["restarts"] >= 1 and result["goodput"]["lost_steps"] <= CHECKPOINT_EVERY, result["goodput"]
     quota_released(cluster)
-    assert_bitwise_undisturbed(spec, tmp_path)
+    assert_bitwise_undisturbed(trial.train_spec(), tmp_path)
 
 
 def assert_bitwise_undisturbed(spec: TrainSpec, tmp: Path) -> None:
@@ -225,14 +314,7 @@ def assert_bitwise_undisturbed(spec: TrainSpec, tmp: Path) -> None:
 @pytest.mark.slow
 def test_indexed_job_option_a_user_error_on_node_1_fails_the_job_at_once_with_its_traceback(
         cluster: EmulatedCluster, tmp_path: Path) -> None:
-    """The Indexed Job option (`gang_kind="job"`): the same exit-code contract through the Job's own podFailurePolicy.
-
-    (Its other behaviour, a killed pod replaced within backoffLimit and joining
-    node 0's in-job restart, is documented in docs/kubernetes.md and measured by
-    bench.gang_recovery with GANG_KIND = "job"; on this loaded machine the
-    replacement's re-join of the static rendezvous hung in 2 of 3 runs, so it is
-    not a test.)
-    """
+    """The Indexed Job option (`gang_kind="job"`): the same exit-code contract through the Job's own podFailurePolicy."""
     # Not retried: the Job failed through the podFailurePolicy on pod 1's real exit code.
     message, pods = fail_on_node_1(cluster, tmp_path, gang_kind="job")
     job = pods[0]["metadata"]["labels"]["batch.kubernetes.io/job-name"]
@@ -245,31 +327,64 @@ def test_indexed_job_option_a_user_error_on_node_1_fails_the_job_at_once_with_it
 
 
 @pytest.mark.slow
-def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedCluster, tmp_path: Path,
-                                                          caplog: pytest.LogCaptureFixture) -> None:
+def test_indexed_job_option_a_killed_pod_fails_the_job_and_the_retry_restarts_the_whole_gang(
+        cluster: EmulatedCluster, tmp_path: Path) -> None:
+    """The Indexed Job option has backoffLimit 0: the killed pod fails the Job, and no replacement pod is made.
+
+    The launcher raises a retryable `InfrastructureError` naming the pod; the
+    run's retry (attempt 1: a new Job, every rank in a fresh rendezvous) resumes
+    from the newest committed checkpoint and ends bitwise equal to the trial
+    trained undisturbed.
+    """
+    spec = gang_spec(tmp_path, max_epochs=50)
+    thread, box = launch_in_thread(launcher(cluster, gang_kind="job"), spec)
+    name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
+    victim = next(p for p in gang_pods(cluster, name) if index(p) == 1 and p["status"].get("phase") == "Running")
+    cluster.kill(victim["metadata"]["name"], signal.SIGKILL)
+    with pytest.raises(InfrastructureError) as err:
+        finish(thread, box)
+    assert err.value.retryable
+    message = str(err.value)
+    assert f"pod {victim['metadata']['name']} (node rank 1): Failed, exit code 137" in message, message
+    assert cluster.job_conditions(name, NS)["Failed"]["reason"] == "BackoffLimitExceeded"
+    assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 2  # the Job replaced no pod
+    quota_released(cluster)
+    # What the asset's RetryRequested leads to: the same trial in the run's next attempt.
+    retry = SimpleNamespace(retry_number=1, log=logging.getLogger("trainyard.k8s"))
+    outcome = launcher(cluster, gang_kind="job").launch(spec, retry)
+    result = outcome.result
+    assert result.resumed_from is not None and int(result.resumed_from.rsplit("-", 1)[1]) >= step, (result.resumed_from, step)
+    jobs = sorted(j["metadata"]["name"] for j in cluster.objects("Job"))
+    assert len(jobs) == 2 and name in jobs  # the failed attempt's Job stays for its TTL; the retry's is new
+    assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 4
+    assert_bitwise_undisturbed(spec, tmp_path)
+
+
+@pytest.mark.slow
+def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedCluster, tmp_path: Path) -> None:
     """Kueue evicts the JobSet's one Workload and suspends the JobSet: its controller suspends the child Job, whose
     pods get SIGTERM, write the preemption checkpoint and exit; re-admitted, the JobSet resumes the child Job.
 
-    This all happens inside one launch: the launcher sees the JobSet suspended
-    (queued again) and re-admitted, and the trial succeeds; it does not raise
-    `TrainingPreempted`, and the JobSet did not restart (suspension is not a failure).
+    This all happens inside one launch of the Dagster run's step: the launcher
+    sees the JobSet suspended (queued again) and re-admitted, and the trial
+    succeeds; it does not raise `TrainingPreempted`, and the JobSet did not
+    restart (suspension is not a failure).
     """
-    caplog.set_level(logging.INFO, logger="trainyard.k8s")
-    # 0.1 s per step: the eviction reaches the pods long before the 200 steps end (a plain digits trial
+    # 0.1 s per step: the eviction reaches the pods long before the 100 steps end (a plain digits trial
     # once finished all of them first on a loaded machine, and its "preemption" found nothing to resume).
-    spec = gang_spec(tmp_path, max_epochs=50, model=ImportTarget(path="tests.support.gang_models:SlowSteps",
-                                                                 kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.1}))
-    thread, box = launch_in_thread(launcher(cluster), spec)
+    spec = pipeline_spec(model=slow_model(0.1), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
+    thread, box = in_thread(run_trial_model, tmp_path, launcher(cluster), spec)
     name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
     first = {p["metadata"]["name"] for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"}
     cluster.preempt(name, NS)
-    outcome = finish(thread, box)
+    trial: DagsterTrial = finish(thread, box)
+    assert trial.result.success, trial.failure()
 
     assert [reason for _, reason in cluster.kueue.evictions] == ["Preempted"]
     (workload,) = cluster.objects("Workload")  # the JobSet is one Workload, one podSet per replicatedJob
     assert workload["metadata"]["ownerReferences"][0]["kind"] == "JobSet" and workload["metadata"]["ownerReferences"][0]["name"] == name
     assert [(ps["name"], ps["count"]) for ps in workload["spec"]["podSets"]] == [("node", 2)]
-    text = caplog.text
+    text = "\n".join(trial.messages())  # the run's log
     assert f"JobSet {name} was suspended again (preempted by Kueue)" in text and "Evicted=True (Preempted" in text
     assert "disruption, not a failure" in text
     final = gang_pods(cluster, name)
@@ -279,16 +394,16 @@ def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedClus
     assert js["status"]["restarts"] == 0 and conditions(js)["Suspended"]["status"] == "False"  # a preemption is not a failure
     child = cluster.job(f"{name}-node-0", NS)
     assert child is not None and child["status"].get("failed", 0) == 0
-    result = outcome.result
-    assert result.resumed_from is not None
-    resumed_step = int(result.resumed_from.rsplit("-", 1)[1])
+    result = trial.trained()
+    assert result["resumed_from"] is not None
+    resumed_step = int(result["resumed_from"].rsplit("-", 1)[1])
     # The preemption checkpoint, written on SIGTERM after the periodic one the test waited for.
-    assert resumed_step > step, (result.resumed_from, step)
+    assert resumed_step > step, (result["resumed_from"], step)
     quota_released(cluster)
     # The resumed pods share the launch id (the Job name) and restart count 0 with the preempted ones; their
     # attempt record is still their own (training.attempts.attempt_id), so the preemption counts as a restart.
-    assert result.goodput["restarts"] == 1, result.goodput
-    assert result.goodput["restart_causes"] == ["preempted"], result.goodput
+    assert result["goodput"]["restarts"] == 1, result["goodput"]
+    assert result["goodput"]["restart_causes"] == ["preempted"], result["goodput"]
 
 
 def stuck_launcher(c: EmulatedCluster, **env: str) -> KubernetesLauncher:
@@ -296,7 +411,9 @@ def stuck_launcher(c: EmulatedCluster, **env: str) -> KubernetesLauncher:
     base = KubernetesLauncher.from_env({"TRAINYARD_K8S_NAMESPACE": NS, "TRAINYARD_TRAINER_IMAGE": IMAGE,
                                         "TRAINYARD_K8S_POD": json.dumps({"node_selector": {"trainyard.io/pool": "gpu-h100"},
                                                                          "cpu": "1", "memory": "1Gi"}), **env})
-    return base.model_copy(update={"api_url": c.url, "poll_interval_seconds": 0.5, "master_port": free_port()})
+    # Made again, not model_copy'd: a Dagster resource is rebuilt from the fields it was constructed with.
+    return KubernetesLauncher(**{**base.model_dump(exclude_unset=True), "api_url": c.url, "poll_interval_seconds": 0.5,
+                                 "master_port": free_port()})
 
 
 def assert_nothing_left(c: EmulatedCluster) -> None:
@@ -310,18 +427,17 @@ def quota_released(c: EmulatedCluster) -> None:
     c.wait_for("Kueue to release the quota", lambda: c.quota_used() == {}, timeout=10)
 
 
-def test_a_gang_that_can_never_be_scheduled_fails_within_the_bound_and_leaves_nothing(cluster: EmulatedCluster,
-                                                                                      tmp_path: Path) -> None:
-    spec = gang_spec(tmp_path)
+def test_a_gang_that_can_never_be_scheduled_fails_the_run_within_the_bound_and_leaves_nothing(cluster: EmulatedCluster,
+                                                                                              tmp_path: Path) -> None:
     lx = stuck_launcher(cluster, TRAINYARD_K8S_UNSCHEDULABLE_SECONDS="3")
     assert lx.unschedulable_seconds == 3
-    started = time.monotonic()
-    with pytest.raises(StuckGang) as err:
-        lx.launch(spec)
-    elapsed = time.monotonic() - started
-    assert err.value.kind == "unschedulable" and not err.value.retryable
-    assert "didn't match Pod's node affinity/selector" in str(err.value) and "holds no quota" in str(err.value)
-    assert elapsed < 3 + 10, elapsed  # the bound, plus admission and a few polls
+    trial = run_trial_model(tmp_path, lx, pipeline_spec())
+    assert not trial.result.success
+    failure = trial.failure()  # the run's failure says why
+    assert "didn't match Pod's node affinity/selector" in failure and "holds no quota" in failure, failure
+    # The bound, plus admission, a few polls and the step's own work (plan, study); not retried.
+    assert trial.step_seconds() < 3 + 20, trial.step_seconds()
+    assert cluster.server.count("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets") == 1
     events = [e for e in cluster.objects("Event") if e["reason"] == "FailedScheduling"]
     assert events and all(e["type"] == "Warning" for e in events)
     assert_nothing_left(cluster)
@@ -353,51 +469,36 @@ def test_a_missing_secret_is_a_config_error_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_dagster_run_trains_a_two_node_jobset_on_the_emulated_cluster(tmp_path: Path) -> None:
+def test_a_dagster_run_trains_a_two_node_jobset_on_the_emulated_cluster(cluster: EmulatedCluster, tmp_path: Path) -> None:
     """`trial_model` materialized by a real Dagster run whose launcher resource is the Kubernetes launcher (default kind: JobSet)."""
-    from pipelines.factory import build_definitions, job_names
-    from tests.pipelines.pipeline_fixtures import failure_text, small_spec
-    from tests.pipelines.sweep_drill import drill_resources, open_instance, prepared_home
-    from trainyard.search import FloatParam, SearchSpec
-
-    home = tmp_path / "home"
-    spec = small_spec(search=SearchSpec(params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, sampler="random", seed=7),
-                      distribution=Distribution(nodes=2, procs_per_node=1))
-    node = f"{spec.team}__{spec.name}__trial_model"
-    with EmulatedCluster(tmp_path / "cluster", node_env=NODE_ENV) as c:
-        resources = drill_resources(home, launcher(c))
-        instance = open_instance(home)
-        prepared_home(home, spec, resources, instance)
-        result = build_definitions(spec, resources=resources).resolve_job_def(job_names(spec)["train"]).execute_in_process(
-            instance=instance, partition_key="trial-0000", raise_on_error=False)
-        assert result.success, failure_text(result)
-        value = result.output_for_node(node)
-        trained = json.loads(Path(value.result_uri).read_text())
-        assert trained["world_size"] == 2
-        meta = {k: v.value for k, v in result.asset_materializations_for_node(node)[0].metadata.items()}
-        assert meta["epochs_reported"] == 2  # rank 0's per-epoch progress reached the run through Pipes
-        # One JobSet, labelled with the run; its controller made one child Job <jobset>-node-0 and the Service.
-        (js,) = c.objects("JobSet")
-        name = js["metadata"]["name"]
-        assert js["metadata"]["labels"]["trainyard.io/dagster-run"] == result.run_id
-        assert js["status"]["terminalState"] == "Completed" and js["status"]["restarts"] == 0
-        (child,) = c.objects("Job")
-        assert child["metadata"]["name"] == f"{name}-node-0" and conditions(child)["Complete"]["status"] == "True"
-        assert {k: child["metadata"]["labels"][k] for k in (JOBSET_NAME, REPLICATED_JOB, JOB_INDEX, RESTART_ATTEMPT)} == {
-            JOBSET_NAME: name, REPLICATED_JOB: "node", JOB_INDEX: "0", RESTART_ATTEMPT: "0"}
-        pods = c.pods()
-        assert sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods) == [(0, "Succeeded", 0), (1, "Succeeded", 0)]
-        assert {p["spec"]["hostname"] for p in pods} == {f"{name}-node-0-0", f"{name}-node-0-1"}
-        assert {p["spec"]["subdomain"] for p in pods} == {name}
-        (svc,) = c.objects("Service")  # headless, owned by the JobSet: it goes with it
-        assert svc["metadata"]["name"] == name and svc["spec"]["clusterIP"] == "None"
-        assert svc["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
-        (workload,) = c.objects("Workload")
-        assert workload["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
-        # Rank 0's log, kept with the trial's files.
-        assert "trial trial-0000: done" in (Path(value.result_uri).parent / "logs" / f"{name}.rank0.log").read_text()
-        assert launcher_requests_outside_its_role(c.server, NS) == []
-        quota_released(c)
+    trial = run_trial_model(tmp_path, launcher(cluster), pipeline_spec())
+    result = trial.result
+    assert result.success, trial.failure()
+    assert trial.trained()["world_size"] == 2
+    node = f"{trial.spec.team}__{trial.spec.name}__trial_model"
+    meta = {k: v.value for k, v in result.asset_materializations_for_node(node)[0].metadata.items()}
+    assert meta["epochs_reported"] == 2  # rank 0's per-epoch progress reached the run through Pipes
+    # One JobSet, labelled with the run; its controller made one child Job <jobset>-node-0 and the Service.
+    (js,) = cluster.objects("JobSet")
+    name = js["metadata"]["name"]
+    assert js["metadata"]["labels"]["trainyard.io/dagster-run"] == result.run_id
+    assert js["status"]["terminalState"] == "Completed" and js["status"]["restarts"] == 0
+    (child,) = cluster.objects("Job")
+    assert child["metadata"]["name"] == f"{name}-node-0" and conditions(child)["Complete"]["status"] == "True"
+    assert {k: child["metadata"]["labels"][k] for k in (JOBSET_NAME, REPLICATED_JOB, JOB_INDEX, RESTART_ATTEMPT)} == {
+        JOBSET_NAME: name, REPLICATED_JOB: "node", JOB_INDEX: "0", RESTART_ATTEMPT: "0"}
+    pods = cluster.pods()
+    assert sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods) == [(0, "Succeeded", 0), (1, "Succeeded", 0)]
+    assert {p["spec"]["hostname"] for p in pods} == {f"{name}-node-0-0", f"{name}-node-0-1"}
+    assert {p["spec"]["subdomain"] for p in pods} == {name}
+    (svc,) = cluster.objects("Service")  # headless, owned by the JobSet: it goes with it
+    assert svc["metadata"]["name"] == name and svc["spec"]["clusterIP"] == "None"
+    assert svc["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+    (workload,) = cluster.objects("Workload")
+    assert workload["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+    # Rank 0's log, kept with the trial's files.
+    assert "trial trial-0000: done" in (Path(trial.value.result_uri).parent / "logs" / f"{name}.rank0.log").read_text()
+    quota_released(cluster)
 
 
 def test_the_kubelet_expands_variables_and_resolves_only_whole_pod_names() -> None:
