@@ -24,8 +24,10 @@ from bench.harness import STARTED_ENV, started_marker
 BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory", "bench.validation_throughput", "bench.ingest_memory", "bench.gbt_overhead", "bench.time_to_first_step", "bench.sweep_throughput", "bench.cluster_sim", "bench.sweep_10k", "bench.pruning_savings", "bench.gang_recovery"]
 ROOT = Path(__file__).resolve().parent.parent
 _KEYS = ("name", "value", "unit", "baseline", "ratio")
+# The benchmark's argv is its module alone: `python -c` leaves the module name in sys.argv[1:], which a
+# benchmark with command-line options (sweep_10k, pruning_savings) would read as an unknown argument.
 _RUN = (
-    "import importlib, json, sys; r = importlib.import_module(sys.argv[1]).main(); "
+    "import importlib, json, sys; sys.argv = sys.argv[1:2]; r = importlib.import_module(sys.argv[0]).main(); "
     f"print('BENCH-RESULT ' + json.dumps({{**{{k: r[k] for k in {_KEYS!r}}}, "
     "'better': r['details'].get('better'), 'targets': r['details'].get('targets', [])}))"
 )

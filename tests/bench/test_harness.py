@@ -36,6 +36,16 @@ def main():
                         targets=[Target("ratio", ">=", 0.98)], better="higher")
 """
 
+ARGPARSE = """
+import argparse
+from bench.harness import Target, write_result
+def main(argv=None):
+    args = argparse.ArgumentParser()
+    args.add_argument("--size", type=int, default=3)
+    size = args.parse_args(argv).size
+    return write_result("fake_argparse", float(size), "s", None, {}, targets=[Target("value", "<=", 5)], better="lower")
+"""
+
 UNDECLARED = """
 from bench.harness import write_result
 def main():
@@ -47,7 +57,7 @@ def main():
 def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     modules = tmp_path / "modules"
     modules.mkdir()
-    for name, text in {"bench_meets": MEETS, "bench_misses": MISSES, "bench_undeclared": UNDECLARED,
+    for name, text in {"bench_meets": MEETS, "bench_misses": MISSES, "bench_undeclared": UNDECLARED, "bench_argparse": ARGPARSE,
                        "bench_broken": "def main():\n    raise RuntimeError('broken benchmark')\n"}.items():
         (modules / f"{name}.py").write_text(text)
     results = tmp_path / "results"
@@ -131,6 +141,12 @@ def test_write_result_refuses_what_would_mislead(tmp_path: Path, monkeypatch: py
     best = write_result("x", 3.0, "s", 2.0, {}, runs=[1.0, 2.0, 3.0], aggregate="best of the runs")
     assert best["details"]["repeats"]["aggregate"] == "best of the runs" and best["ratio"] == 1.5
     assert json.loads((tmp_path / "x.json").read_text())["value"] == 3.0
+
+
+def test_a_benchmark_with_command_line_options_runs_on_its_defaults(fakes: Path) -> None:
+    # `python -m bench` runs each module through `python -c`; the module's own argparse must see no arguments.
+    result = runner.run_one("bench_argparse")
+    assert result is not None and result["value"] == 3.0
 
 
 def test_a_target_without_a_finite_value_is_missed() -> None:
