@@ -106,7 +106,8 @@ def platform(work: Path, spec: Any) -> tuple[float, dict[str, int], str, Any]:
     found = {
         "out_of_range": sum(r["unexpected_count"] or 0 for r in report.failures() if r["expectation"] == "expect_column_values_to_be_between"),
         "unknown_category": sum(r["unexpected_count"] or 0 for r in report.failures() if r["expectation"] == "expect_column_values_to_be_in_set"),
-        "duplicates": sum(r["unexpected_count"] or 0 for r in report.failures() if r["expectation"] == dq.UNIQUE_ROWS_EXPECTATION),
+        # Found whether they fail the data (`duplicates="reject"`) or pass to be dropped (the default, `keep_first`).
+        "duplicates": sum(r["unexpected_count"] or 0 for r in report.results if r["expectation"] == dq.UNIQUE_ROWS_EXPECTATION),
         "rows": report.rows,
         "expectations": report.evaluated,
         "ingest_seconds": ingested - started,
