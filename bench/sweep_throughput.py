@@ -4,7 +4,7 @@ Platform (the real path): a fresh PostgreSQL database for every Dagster
 storage, a fresh DAGSTER_HOME (deploy/local/dagster.yaml's run queue and team
 limit of 2, plus `storage: postgres:`), `dagster dev` serving this module: the
 vision team's digits pipeline with one process per trial, 1 epoch, 4 trials,
-parallelism 2, and its sweep sensor at the shipped interval (30 s). `prepare`
+parallelism 2, and its sweep sensor at the shipped interval (10 s). `prepare`
 is launched through GraphQL; the sweep sensor then starts the trials, two at a
 time, a new one at the tick after one finishes. Window: `prepare` success (the
 sweep exists) -> the last trial run's success.
@@ -126,6 +126,7 @@ def main() -> dict:
     from dagster import DagsterInstance
 
     from bench.e2e_support import dagster_dev, dagster_home, fresh_database
+    from pipelines.sensors import MINIMUM_INTERVAL_SECONDS as sweep_interval
 
     spec = _spec()
     with tempfile.TemporaryDirectory(prefix="sweep-throughput-") as tmp, fresh_database() as pg_url:
@@ -154,7 +155,7 @@ def main() -> dict:
             "reference_trial_seconds": reference["trial_seconds"],
             "first_trial_run_after_sweep_seconds": platform["first_trial_run_after_sweep_seconds"],
             "platform_runs": platform["runs"],
-            "sweep_sensor_interval_seconds": 30,
+            "sweep_sensor_interval_seconds": sweep_interval,
         },
         targets=[Target("ratio", ">=", TARGET_RATIO)],
         better="higher",
