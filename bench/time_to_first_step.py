@@ -158,6 +158,8 @@ def main() -> dict:
     from dagster import DagsterInstance
 
     from bench.e2e_support import dagster_dev, dagster_home, fresh_database
+    from pipelines.landing_sensor import MINIMUM_INTERVAL_SECONDS as landing_interval
+    from pipelines.sensors import MINIMUM_INTERVAL_SECONDS as sweep_interval
 
     with tempfile.TemporaryDirectory(prefix="ttfs-") as tmp, fresh_database() as pg_url:
         work = Path(tmp)
@@ -181,7 +183,7 @@ def main() -> dict:
             "phases_seconds": {k: round(v, 3) for k, v in phases.items()},
             "sensor_waits_seconds": round(ticks, 3),
             "excluding_sensor_waits_seconds": round(phases["total"] - ticks, 3),
-            "sensor_intervals_seconds": {"landing": 60, "sweep": 30},
+            "sensor_intervals_seconds": {"landing": landing_interval, "sweep": sweep_interval},
             "note": "the file lands just after a landing sensor tick: that wait is the sensor's worst case (its whole interval)",
             "prepare_run_phases_seconds": {k: round(v, 3) for k, v in measured["prepare_phases"].items()},
             "attempt": measured["attempt"],
