@@ -238,7 +238,11 @@ def dagster_values(locations: list[CodeLocation], platform: Platform) -> dict[st
             # A run mostly waits on its trial's Job; Kueue decides how many trials
             # train at once. This only bounds the number of waiting run pods.
             "runCoordinator": {"enabled": True, "type": "QueuedRunCoordinator",
-                               "config": {"queuedRunCoordinator": {"maxConcurrentRuns": 50}}},
+                               "config": {"queuedRunCoordinator": {"maxConcurrentRuns": 50, "dequeueIntervalSeconds": 1}}},
+            # A run pod killed (node lost, evicted, OOM) is resumed: a new run worker for the same
+            # run and attempt, whose launcher re-attaches to the trial's running gang (same name,
+            # attempt and run id) instead of starting a second one (resources.k8s.gangs).
+            "runMonitoring": {"enabled": True, "startTimeoutSeconds": 300, "pollIntervalSeconds": 60, "maxResumeRunAttempts": 3},
         },
         "dagster-user-deployments": {
             "enabled": True,

@@ -257,3 +257,15 @@ def test_the_kueue_configuration_check_rejects_what_kueue_would(bad: dict[str, A
         kueue_configuration_validate(config)
     with pytest.raises(ValueError, match="backoff_base_seconds"):
         PodsReadyPolicy(backoff_base_seconds=600, backoff_max_seconds=60)
+
+
+def test_run_monitoring_resumes_a_killed_run_pod(values: dict[str, Any]) -> None:
+    """A run pod that dies is resumed (same run, same attempt: its launcher re-attaches to the trial's gang), not left STARTED."""
+    from dagster_k8s import K8sRunLauncher
+
+    monitoring = values["dagsterDaemon"]["runMonitoring"]
+    assert monitoring["enabled"] is True and monitoring["maxResumeRunAttempts"] >= 1, monitoring
+    assert values["runLauncher"]["type"] == "K8sRunLauncher"
+    # Resuming needs a launcher that can check a run worker's health and resume it; the chart's is one.
+    assert K8sRunLauncher.supports_resume_run.fget(None) is True  # a property that reads nothing of the instance
+    assert values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]["dequeueIntervalSeconds"] == 1
