@@ -328,6 +328,7 @@ def test_a_disrupted_pod_fails_the_indexed_job_as_a_preemption_not_a_failure(kub
         pod1 = c.add_pod(name, 1)
         c.wait_polls(name)
         c.end_pod(pod1, 143, disruption=("PreemptionByScheduler", "Preempted in order to admit critical pod"))
+        c.wait_polls(name)  # the launcher sees the disrupted pod before the Job's failure
         c.finish(name, "Failed", "PodFailurePolicy", f"Pod {NS}/{name}-1-a has condition DisruptionTarget matching FailJob rule at index 0")
 
     with playing(kube, play) as cluster, pytest.raises(TrainingPreempted) as err:
