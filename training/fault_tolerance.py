@@ -316,6 +316,15 @@ class FaultTolerance(Callback):
         )
 
     def save(self, trainer: L.Trainer, sync: bool = False, best: bool = False) -> None:
+        if trainer.global_step == self.last_save_step and trainer.world_size > 1:
+            # This step again (a periodic save, then the best one after validation at the same step): the previous
+            # save of this directory must be committed on every rank first. Otherwise a rank other than 0, which
+            # does not wait for the commit, can replace its sidecar with the new save's token before rank 0 read
+            # the old one, and rank 0 waits for a token that never comes (a sharded save hung this way). Every
+            # rank decides this alike (saves are collective), so the barrier is reached by all.
+            if self.io.writer is not None:
+                self.io.writer.wait()
+            trainer.strategy.barrier("trainyard-save-again")
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         before = self.io.blocking_seconds
         trainer.save_checkpoint(
