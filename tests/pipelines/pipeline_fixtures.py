@@ -80,10 +80,11 @@ class Harness:
 
 
 def failure_text(result) -> str:
+    """The run's failures, each error with its causes (what the Dagster UI shows)."""
     out = []
     for event in result.all_events:
         if event.is_failure and event.event_specific_data is not None:
             error = getattr(event.event_specific_data, "error", None)
             if error is not None:
-                out.append(error.message)
+                out.append(error.to_string())
     return "\n".join(out)

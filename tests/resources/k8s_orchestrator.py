@@ -6,6 +6,9 @@ home at HOME (which `prepared_home` prepared), against the emulated cluster's AP
 at API_URL. It is the orchestrator a drill SIGKILLs mid-trial: its gang lives on in
 the cluster, and the run it leaves STARTED is retried the way Dagster does (a new
 run tagged with the retry number), in the test's own process, by `run_trial`.
+
+The emulated-cluster tests (`test_k8s_emulated`) build their launchers and
+pipelines from the same helpers: `k8s_launcher`, `pipeline_spec`, `slow_model`.
 """
 
 from __future__ import annotations
@@ -31,21 +34,33 @@ STEP_SECONDS = 0.5
 EPOCHS = 30
 
 
+def pipeline_spec(**over: Any) -> PipelineSpec:
+    """The small digits pipeline as a 2-node gang of one process each, one trial (random sampler, seed 7)."""
+    base: dict[str, Any] = dict(search=SearchSpec(params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, sampler="random", seed=7),
+                                distribution=Distribution(nodes=2, procs_per_node=1))
+    base.update(over)
+    return small_spec(**base)
+
+
+def slow_model(step_seconds: float, max_epochs: int = 50) -> ModelSpec:
+    """`SlowSteps` digits (2 steps per epoch and rank): a window for a disruption to land mid-training on any machine."""
+    return ModelSpec(path="tests.support.gang_models:SlowSteps", hparams={"hidden": 16, "step_seconds": step_seconds},
+                     max_epochs=max_epochs, batch_size=64)
+
+
 def orchestrated_spec() -> PipelineSpec:
-    """Small digits as a 2-node gang with one trial, a checkpoint every 5 steps and 0.5 s per step."""
-    return small_spec(
-        search=SearchSpec(params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, sampler="random", seed=7),
-        model=ModelSpec(path="tests.support.gang_models:SlowSteps", hparams={"hidden": 16, "step_seconds": STEP_SECONDS},
-                        max_epochs=EPOCHS, batch_size=64),
-        distribution=Distribution(nodes=2, procs_per_node=1),
-        checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False),
-    )
+    """`pipeline_spec` with a checkpoint every 5 steps and 0.5 s per step."""
+    return pipeline_spec(model=slow_model(STEP_SECONDS, EPOCHS),
+                         checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
 
 
-def k8s_launcher(api_url: str, master_port: int) -> KubernetesLauncher:
-    return KubernetesLauncher(namespace=NAMESPACE, image=IMAGE, api_url=api_url, poll_interval_seconds=0.5, cpu="1", memory="1Gi",
-                              master_port=master_port, termination_grace_seconds=15, run_timeout_seconds=400,
-                              queue_timeout_seconds=120)
+def k8s_launcher(api_url: str, master_port: int, **over: Any) -> KubernetesLauncher:
+    """The Kubernetes launcher of the emulated-cluster tests, at `api_url`; `over` replaces its options."""
+    options: dict[str, Any] = dict(namespace=NAMESPACE, image=IMAGE, api_url=api_url, poll_interval_seconds=0.5, cpu="1",
+                                   memory="1Gi", master_port=master_port, termination_grace_seconds=15, run_timeout_seconds=400,
+                                   queue_timeout_seconds=120)
+    options.update(over)
+    return KubernetesLauncher(**options)
 
 
 def run_trial(home: Path, api_url: str, master_port: int, tags: Optional[dict[str, str]] = None) -> Any:

@@ -34,6 +34,7 @@ import pytest
 from resources.k8s.errors import StuckGang
 from resources.k8s.launcher import KubernetesLauncher
 from resources.launcher import InfrastructureError, TrainingCodeError
+from tests.resources.k8s_orchestrator import IMAGE, NAMESPACE, k8s_launcher, pipeline_spec, slow_model
 from tests.support.cluster import EmulatedCluster, KueueSettings, Node
 from tests.support.cluster.controllers import COMPLETION_INDEX, conditions, exit_code
 from tests.support.cluster.jobset import JOB_INDEX, JOBSET_NAME, REPLICATED_JOB, RESTART_ATTEMPT
@@ -41,11 +42,9 @@ from tests.support.cluster.kubelet import expand, resolve_names
 from tests.support.cluster.server import CONTROLLER_AGENT, launcher_requests_outside_its_role
 from tests.support.train_specs import make_spec
 from training.spec import CheckpointPolicy, Distribution, ImportTarget, TrainSpec
-from trainyard.search import FloatParam, SearchSpec
 from trainyard.spec import ModelSpec, PipelineSpec
 
-NS = "vision"
-IMAGE = "registry.example.com/trainyard/trainer@sha256:" + "0" * 64
+NS = NAMESPACE
 # Threads per process: this machine's setting, given by the emulated nodes (not by the trial).
 NODE_ENV = {"OMP_NUM_THREADS": "1"}
 CHECKPOINT_EVERY = 20
@@ -67,11 +66,7 @@ def cluster(tmp_path: Path) -> Iterator[EmulatedCluster]:
 
 
 def launcher(c: EmulatedCluster, **kw: Any) -> KubernetesLauncher:
-    options: dict[str, Any] = dict(namespace=NS, image=IMAGE, api_url=c.url, poll_interval_seconds=0.5, cpu="1", memory="1Gi",
-                                   master_port=free_port(), termination_grace_seconds=15, run_timeout_seconds=400,
-                                   queue_timeout_seconds=120)
-    options.update(kw)
-    return KubernetesLauncher(**options)
+    return k8s_launcher(c.url, free_port(), **kw)
 
 
 def gang_spec(tmp: Path, **over: Any) -> TrainSpec:
@@ -117,22 +112,6 @@ def launch_in_thread(lx: KubernetesLauncher, spec: TrainSpec) -> tuple[threading
     return in_thread(lx.launch, spec)
 
 
-def pipeline_spec(**over: Any) -> PipelineSpec:
-    """The small digits pipeline as a 2-node gang of one process each, one trial (random sampler, seed 7)."""
-    from tests.pipelines.pipeline_fixtures import small_spec
-
-    base: dict[str, Any] = dict(search=SearchSpec(params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, sampler="random", seed=7),
-                                distribution=Distribution(nodes=2, procs_per_node=1))
-    base.update(over)
-    return small_spec(**base)
-
-
-def slow_model(step_seconds: float, max_epochs: int = 50) -> ModelSpec:
-    """`SlowSteps` digits (2 steps per epoch and rank): a window for a disruption to land mid-training on any machine."""
-    return ModelSpec(path="tests.support.gang_models:SlowSteps", hparams={"hidden": 16, "step_seconds": step_seconds},
-                     max_epochs=max_epochs, batch_size=64)
-
-
 @dataclass
 class DagsterTrial:
     """A real Dagster run of `trial_model` for `trial-0000` (`run_trial_model`): its result, instance and spec."""
@@ -164,13 +143,9 @@ class DagsterTrial:
         return float(stamps[1] - stamps[0])
 
     def failure(self) -> str:
-        """The run's step failures, each error with its causes (what the Dagster UI shows)."""
-        out = []
-        for event in self.result.all_events:
-            error = getattr(event.event_specific_data, "error", None) if event.is_failure else None
-            if error is not None:
-                out.append(error.to_string())
-        return "\n".join(out)
+        from tests.pipelines.pipeline_fixtures import failure_text
+
+        return failure_text(self.result)
 
 
 def run_trial_model(tmp: Path, lx: KubernetesLauncher, spec: PipelineSpec) -> DagsterTrial:
@@ -550,7 +525,7 @@ def test_the_orchestrator_killed_mid_trial_and_its_run_retried_runs_one_gang_at_
 
     from tests.pipelines.pipeline_fixtures import failure_text
     from tests.pipelines.sweep_drill import drill_resources, open_instance, prepared_home
-    from tests.resources.k8s_orchestrator import k8s_launcher, orchestrated_spec, run_trial
+    from tests.resources.k8s_orchestrator import orchestrated_spec, run_trial
     from training.checkpointing import CheckpointStore
 
     home, port = tmp_path / "home", free_port()
