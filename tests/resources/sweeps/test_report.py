@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from optuna.trial import TrialState
@@ -77,7 +78,6 @@ def test_a_sweep_where_every_trial_ties_still_reports(tmp_path: Path) -> None:
 
 
 def test_an_importance_evaluator_failure_is_a_note_not_a_failed_sweep(tmp_path: Path, monkeypatch) -> None:
-    import optuna
 
     spec = small_spec(search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=4, sampler="random"))
     sweeps = store_at(tmp_path)
@@ -88,7 +88,8 @@ def test_an_importance_evaluator_failure_is_a_note_not_a_failed_sweep(tmp_path: 
     def broken(*args, **kwargs):
         raise RuntimeError("Encountered zero total variance in all trees.")
 
-    monkeypatch.setattr(optuna.importance, "get_param_importances", broken)
+    # The module itself: `optuna.importance` may still be optuna's lazy proxy, which a later import replaces.
+    monkeypatch.setattr(importlib.import_module("optuna.importance"), "get_param_importances", broken)
     report = build_report(sweeps, study, spec)
     assert report.importances == {} and report.best_trial == 3
     assert report.importance_note == "parameter importance could not be computed (fANOVA): RuntimeError: Encountered zero total variance in all trees."
