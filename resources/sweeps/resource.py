@@ -12,6 +12,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from resources.sweeps.batch import create_running, tpe_batch
 from resources.sweeps.rules import (
     CREATED_AT,
     MODES,
@@ -135,15 +136,22 @@ class SweepStore(ConfigurableResource):
     def ask(self, study: Any, search: SearchSpec, n: int, deadline: Optional[float] = None) -> list[int]:
         """Ask up to `n` trials; stops early at `deadline` (time.monotonic()). Returns their numbers.
 
-        Random sweeps are asked as one batch: the draws of a random sampler do
-        not depend on other trials, so each trial is created with its
-        parameters in a single write, at a flat cost per trial. Other samplers
-        go through `Study.ask`, which re-reads every unfinished trial per ask.
+        Random and TPE sweeps are asked as one batch, each trial created with
+        its parameters in a single write: a random sampler's draws do not
+        depend on other trials, and TPE's are drawn from one fit of the study
+        per batch (`resources.sweeps.batch.tpe_batch`), not one per trial. Other
+        samplers, and TPE where a batch does not apply (before its startup
+        trials, a dynamic search space), go through `Study.ask`, which re-reads
+        every trial per ask.
         """
         dists = distributions(search)
-        numbers: list[int] = []
         if search.sampler == "random":
             return self._ask_random(study, search, dists, n, deadline)
+        if search.sampler == "tpe":
+            batch = tpe_batch(study, study.sampler, dists, n, deadline)
+            if batch is not None:
+                return create_running(study, batch, dists)
+        numbers: list[int] = []
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             for _ in range(n):
@@ -155,18 +163,14 @@ class SweepStore(ConfigurableResource):
     def _ask_random(self, study: Any, search: SearchSpec, dists: dict[str, Any], n: int, deadline: Optional[float]) -> list[int]:
         from optuna.trial import TrialState, create_trial
 
-        storage = self.storage()
-        study_id = storage.get_study_id_from_name(study.study_name)
         sampler = build_sampler(search, derive_seed(search.seed, len(study.get_trials(deepcopy=False))))
         placeholder = create_trial(state=TrialState.RUNNING)
-        numbers: list[int] = []
+        batch = []
         for _ in range(n):
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            params = {name: sampler.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()}
-            trial_id = storage.create_new_trial(study_id, template_trial=create_trial(state=TrialState.RUNNING, params=params, distributions=dists))
-            numbers.append(storage.get_trial_number_from_id(trial_id))
-        return numbers
+            batch.append({name: sampler.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()})
+        return create_running(study, batch, dists)
 
     def status(self, study: Any, search: SearchSpec, now: Optional[float] = None) -> SweepStatus:
         attrs = study.user_attrs
