@@ -125,14 +125,16 @@ def _creating(url: str) -> Iterator[None]:
 
 
 def _create_storage(url: str, kwargs: dict[str, Any]) -> Any:
-    """An RDBStorage for `url`; a server database whose schema another process is creating at the same moment is retried."""
+    """An RDBStorage for `url` (with the fast bulk read of `resources.sweeps.rdb`); a server database whose schema another process is creating at the same moment is retried."""
     import optuna
     import sqlalchemy.exc
+
+    from resources.sweeps.rdb import SweepRDBStorage
 
     def create() -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.storages.RDBStorage(url, **kwargs)
+            return SweepRDBStorage(url, **kwargs)
 
     try:
         return retry_call(create, retry_on=(sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError), attempts=3,

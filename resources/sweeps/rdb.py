@@ -1,0 +1,118 @@
+"""Optuna's RDBStorage with a faster bulk read of trials (the sweep sensor's cold load).
+
+`RDBStorage._get_trials` loads trials through the ORM (a TrialModel and five
+child collections per trial, each row an ORM object) and parses the same
+distribution JSON again for every parameter of every trial. A sensor whose
+code server restarted reads its whole study that way on its first tick: 22 s
+of a 24 s tick at 50k trials here (issue 16). `SweepRDBStorage` reads the
+same six tables with plain SELECTs, groups the rows in Python and parses each
+distinct distribution once; it builds the same FrozenTrials
+(tests/resources/sweeps/test_rdb.py compares them with Optuna's own read on
+every kind of trial). Everything else is Optuna's RDBStorage.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections import defaultdict
+from typing import Any, Container, Iterable, Optional
+
+import sqlalchemy
+import sqlalchemy.exc
+from optuna import distributions
+from optuna.storages import RDBStorage
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
+from optuna.trial import FrozenTrial, TrialState
+
+_TRIALS = models.TrialModel.__table__
+_PARAMS = models.TrialParamModel.__table__
+_VALUES = models.TrialValueModel.__table__
+_USER = models.TrialUserAttributeModel.__table__
+_SYSTEM = models.TrialSystemAttributeModel.__table__
+_INTERMEDIATE = models.TrialIntermediateValueModel.__table__
+
+
+def _local(utc: Optional[datetime.datetime]) -> Optional[datetime.datetime]:
+    """A stored naive-UTC datetime as the naive local time FrozenTrial carries (as TrialModel's properties do)."""
+    return None if utc is None else utc.replace(tzinfo=datetime.UTC).astimezone().replace(tzinfo=None)
+
+
+class SweepRDBStorage(RDBStorage):
+    """RDBStorage whose `_get_trials` (every bulk read of a study's trials) uses plain SELECTs."""
+
+    def _get_trials(
+        self,
+        study_id: int,
+        states: Container[TrialState] | None,
+        included_trial_ids: set[int],
+        trial_id_greater_than: int,
+    ) -> list[FrozenTrial]:
+        included = {i for i in included_trial_ids if i <= trial_id_greater_than}
+        where = _TRIALS.c.study_id == study_id
+        if states is not None:
+            assert isinstance(states, Iterable)
+            where = where & _TRIALS.c.state.in_(list(states))
+        if included and trial_id_greater_than > -1:
+            where = where & sqlalchemy.or_(_TRIALS.c.trial_id.in_(included), _TRIALS.c.trial_id > trial_id_greater_than)
+        elif trial_id_greater_than > -1:
+            where = where & (_TRIALS.c.trial_id > trial_id_greater_than)
+        try:
+            with _create_scoped_session(self.scoped_session) as session:
+                models.StudyModel.find_or_raise_by_id(study_id, session)
+                return self._read(session, where)
+        except sqlalchemy.exc.OperationalError:
+            # Likely too many variables in the IN list for this database: Optuna's own read has the fallback.
+            return super()._get_trials(study_id, states, included_trial_ids, trial_id_greater_than)
+
+    def _read(self, session: Any, where: Any) -> list[FrozenTrial]:
+        ids = sqlalchemy.select(_TRIALS.c.trial_id).where(where).scalar_subquery()
+
+        def rows(table: Any, *columns: str, order: str) -> Iterable[Any]:
+            query = sqlalchemy.select(table.c.trial_id, *(table.c[c] for c in columns)).where(table.c.trial_id.in_(ids))
+            return session.execute(query.order_by(table.c[order])).all()
+
+        trials = session.execute(
+            sqlalchemy.select(_TRIALS.c.trial_id, _TRIALS.c.number, _TRIALS.c.state, _TRIALS.c.datetime_start, _TRIALS.c.datetime_complete)
+            .where(where).order_by(_TRIALS.c.trial_id)
+        ).all()
+        dists: dict[str, Any] = {}
+        params: dict[int, dict[str, Any]] = defaultdict(dict)
+        param_dists: dict[int, dict[str, Any]] = defaultdict(dict)
+        for trial_id, name, value, dist_json in rows(_PARAMS, "param_name", "param_value", "distribution_json", order="param_id"):
+            dist = dists.get(dist_json)
+            if dist is None:
+                dist = dists[dist_json] = distributions.json_to_distribution(dist_json)
+            params[trial_id][name] = dist.to_external_repr(value)
+            param_dists[trial_id][name] = dist
+        values: dict[int, dict[int, float]] = defaultdict(dict)
+        for trial_id, objective, value, kind in rows(_VALUES, "objective", "value", "value_type", order="trial_value_id"):
+            values[trial_id][objective] = models.TrialValueModel.stored_repr_to_value(value, kind)
+        attrs: dict[str, dict[int, dict[str, Any]]] = {}
+        for label, table, order in (("user", _USER, "trial_user_attribute_id"), ("system", _SYSTEM, "trial_system_attribute_id")):
+            attrs[label] = defaultdict(dict)
+            for trial_id, key, value_json in rows(table, "key", "value_json", order=order):
+                attrs[label][trial_id][key] = json.loads(value_json)
+        intermediate: dict[int, dict[int, float]] = defaultdict(dict)
+        for trial_id, step, value, kind in rows(_INTERMEDIATE, "step", "intermediate_value", "intermediate_value_type",
+                                               order="trial_intermediate_value_id"):
+            intermediate[trial_id][step] = models.TrialIntermediateValueModel.stored_repr_to_intermediate_value(value, kind)
+        out = []
+        for trial_id, number, state, start, complete in trials:
+            by_objective = values.get(trial_id)
+            out.append(FrozenTrial(
+                number=number,
+                state=state,
+                value=None,
+                values=[by_objective[k] for k in range(len(by_objective))] if by_objective else None,
+                datetime_start=_local(start),
+                datetime_complete=_local(complete),
+                params=params.get(trial_id, {}),
+                distributions=param_dists.get(trial_id, {}),
+                user_attrs=attrs["user"].get(trial_id, {}),
+                system_attrs=attrs["system"].get(trial_id, {}),
+                intermediate_values=intermediate.get(trial_id, {}),
+                trial_id=trial_id,
+            ))
+        return out
