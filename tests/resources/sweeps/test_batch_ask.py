@@ -38,10 +38,10 @@ def _seeded(tmp_path: Path, search: SearchSpec, finished: int, running: int, dir
     return sweeps, study, dists
 
 
-@pytest.mark.parametrize("running", [0, 5])
-def test_a_batch_of_one_is_exactly_optunas_ask(tmp_path: Path, running: int) -> None:
-    """Same study, same seed: the batch path draws the parameters `Study.ask` draws (constant liar included)."""
-    search = SearchSpec(params=SPACE, n_trials=100, parallelism=8, seed=11)
+@pytest.mark.parametrize("running,parallelism", [(0, 8), (5, 8), (0, 1)])
+def test_a_batch_of_one_is_exactly_optunas_ask(tmp_path: Path, running: int, parallelism: int) -> None:
+    """Same study, same seed: the batch path draws the parameters `Study.ask` draws (with and without constant liar)."""
+    search = SearchSpec(params=SPACE, n_trials=100, parallelism=parallelism, seed=11)
     sweeps, study, dists = _seeded(tmp_path, search, finished=30, running=running)
     (batch,) = tpe_batch(study, build_sampler(search, 5), dists, 1)
     study.sampler = build_sampler(search, 5)
@@ -49,7 +49,7 @@ def test_a_batch_of_one_is_exactly_optunas_ask(tmp_path: Path, running: int) -> 
         warnings.simplefilter("ignore")
         asked = study.ask(dists).params
     assert batch == asked
-    assert build_sampler(search, 5)._constant_liar
+    assert build_sampler(search, 5)._constant_liar == (parallelism > 1)
 
 
 def test_the_store_asks_tpe_in_one_batch_and_the_trials_are_ordinary(tmp_path: Path, monkeypatch) -> None:
