@@ -60,17 +60,16 @@ def tpe_batch(study: Any, sampler: Any, dists: dict[str, Any], n: int, deadline:
 
     if not isinstance(sampler, TPESampler) or n <= 0:
         return None
-    finished = study._get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED), use_cache=True)
-    if len(finished) < sampler._n_startup_trials:
+    states = [TrialState.COMPLETE, TrialState.PRUNED] + ([TrialState.RUNNING] if sampler._constant_liar else [])
+    trials = study._get_trials(deepcopy=False, states=states, use_cache=not sampler._constant_liar)
+    n_done = sum(t.state != TrialState.RUNNING for t in trials)
+    if n_done < sampler._n_startup_trials:
         return None
     spaces = _spaces(sampler, study, dists)
     if spaces is None:
         return None
-    states = [TrialState.COMPLETE, TrialState.PRUNED] + ([TrialState.RUNNING] if sampler._constant_liar else [])
-    trials = study._get_trials(deepcopy=False, states=states, use_cache=not sampler._constant_liar)
     if sampler._gamma is None:
         sampler._gamma = default_gamma if len(study.directions) <= 1 else default_gamma_multiobjective
-    n_done = sum(t.state != TrialState.RUNNING for t in trials)
     below, above = _split_trials(study, trials, sampler._gamma(n_done))
     fits = [(space, sampler._build_parzen_estimator(study, space, below, handle_below=True),
              sampler._build_parzen_estimator(study, space, above, handle_below=False)) for space in spaces]
