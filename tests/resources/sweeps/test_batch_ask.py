@@ -33,16 +33,16 @@ def _seeded(tmp_path: Path, search: SearchSpec, finished: int, running: int, dir
         params = {n: rnd.sample_independent(study, optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING), n, d) for n, d in dists.items()}
         value = _value(params) if i < finished else None
         state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.RUNNING
-        values = None if value is None else ([value] if direction == "max" else [value, float(params["hidden"])])
+        values = None if value is None else ([value] if isinstance(direction, str) else [value, float(params["hidden"])])
         study.add_trial(optuna.trial.create_trial(state=state, params=params, distributions=dists, values=values))
     return sweeps, study, dists
 
 
-@pytest.mark.parametrize("running,parallelism", [(0, 8), (5, 8), (0, 1)])
-def test_a_batch_of_one_is_exactly_optunas_ask(tmp_path: Path, running: int, parallelism: int) -> None:
-    """Same study, same seed: the batch path draws the parameters `Study.ask` draws (with and without constant liar)."""
+@pytest.mark.parametrize("running,parallelism,direction", [(0, 8, "max"), (5, 8, "max"), (0, 1, "max"), (5, 8, "min")])
+def test_a_batch_of_one_is_exactly_optunas_ask(tmp_path: Path, running: int, parallelism: int, direction: str) -> None:
+    """Same study, same seed: the batch path draws the parameters `Study.ask` draws (with and without constant liar; a loss to minimize too)."""
     search = SearchSpec(params=SPACE, n_trials=100, parallelism=parallelism, seed=11)
-    sweeps, study, dists = _seeded(tmp_path, search, finished=30, running=running)
+    sweeps, study, dists = _seeded(tmp_path, search, finished=30, running=running, direction=direction)
     (batch,) = tpe_batch(study, build_sampler(search, 5), dists, 1)
     study.sampler = build_sampler(search, 5)
     with warnings.catch_warnings():
