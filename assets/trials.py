@@ -8,6 +8,8 @@ the metrics, checkpoint, tracker run and goodput as metadata.
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import time
 from typing import Any, NoReturn, Optional
 
@@ -15,6 +17,7 @@ from dagster import AssetExecutionContext, Config, Failure, MetadataValue, Outpu
 
 from assets.metadata import to_dagster
 from resources.launcher import Launcher, LaunchError, TrainingPreempted, pod_environment
+from resources.model_facts import describe_model
 from resources.storage import ObjectStore
 from resources.sweeps import (
     SweepError,
@@ -27,6 +30,7 @@ from resources.sweeps import (
     trials_markdown,
 )
 from resources.tracking import Tracking
+from resources.warm import warm_workers_enabled
 from training.spec import FaultInjection
 from trainyard import lineage, naming, planner
 from trainyard.curves import CURVES_FILE, curves_markdown, curves_png, epoch_rows
@@ -328,7 +332,10 @@ def trial_model_body(
     record = lineage.record(spec, validated.md5, params=trial.params, seed=spec.model.seed, feast=read_lineage(store, spec, validated.md5))
     record["max_epochs"] = config.max_epochs or spec.model.max_epochs  # run config overrides the spec
     # The capacity plan (strategy 'auto' resolved here, before any TrainSpec exists), shown for every trial.
-    plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), lambda: planner.count_classes(spec, validated.model_dump(), store), launcher)
+    # The model is built by `training.describe` on a warm worker, so this run worker never imports torch to plan.
+    describe = functools.partial(describe_model, warm=warm_workers_enabled(os.environ) and getattr(launcher, "warm_workers", True))
+    plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), lambda: planner.count_classes(spec, validated.model_dump(), store), launcher,
+                              describe=describe)
     record["strategy"] = plan.distribution.strategy
     resources = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}
     extra: dict[str, Any] = {}

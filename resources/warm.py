@@ -341,6 +341,7 @@ def launch_warm(
     idle_seconds: float,
     start_timeout: float,
     root: Optional[Path] = None,
+    entry: str = "training.entrypoint",
 ) -> WarmProcess:
     """Start a one-process launch of `spec_uri` on a warm worker; it is running when this returns.
 
@@ -353,6 +354,8 @@ def launch_warm(
         idle_seconds: idle time after which a server started now exits.
         start_timeout: how long a server may take to start.
         root: the directory holding `training` (default: this process's).
+        entry: what the worker runs with `--spec spec_uri`: a trial (`training.entrypoint`), or the planner's
+            model description (`training.describe`, see `resources.model_facts`).
 
     Raises:
         WarmUnavailable: nothing started; the trial may run cold.
@@ -360,7 +363,8 @@ def launch_warm(
     root = root or training_root()
     conn = connect(warm_dir(env), python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout)
     run_id = f"warm-{env.get(training.spec.LAUNCH_ID_ENV, time.time_ns())}"
-    request = {"env": dict(env), "cwd": os.getcwd(), "spec_uri": spec_uri, "max_restarts": max_restarts, "run_id": run_id}
+    request = {"env": dict(env), "cwd": os.getcwd(), "spec_uri": spec_uri, "max_restarts": max_restarts, "run_id": run_id,
+               "entry": entry}
     data = (json.dumps(request) + "\n").encode()
     try:
         sent = socket.send_fds(conn, [data], [output_fd])
@@ -368,7 +372,7 @@ def launch_warm(
     except OSError as e:
         conn.close()
         raise WarmUnavailable(f"cannot send the launch to the warm worker server: {e}") from e
-    proc = WarmProcess(conn, ["training.warm", "--spec", spec_uri])
+    proc = WarmProcess(conn, ["training.warm", entry, "--spec", spec_uri])
     proc.wait_for_worker(WORKER_START_SECONDS)
     return proc
 

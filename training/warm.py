@@ -22,8 +22,10 @@ and listens on a unix socket. Each connection is one launch:
   parent can wait for a child's status); it takes its own session, dies with
   the supervisor, restores default signal handlers, replaces its environment,
   working directory and `sys.path` with the request's and runs
-  `training.entrypoint.main`. Team model code is imported only there, after the
-  fork, so an edit to it is always picked up.
+  `training.entrypoint.main` (or, for a request whose `entry` says so, the
+  planner's `training.describe.main`: the capacity planner's model
+  description, which needs the same imports). Team model code is imported
+  only there, after the fork, so an edit to it is always picked up.
 
 The worker's output reaches the launcher through the supervisor, each line
 prefixed `[default0]:` as torchrun's `--tee` does; the supervisor's own lines
@@ -59,7 +61,7 @@ from training.warm_protocol import Request, receive_request
 
 # What a trial imports before its first step; `resources.warm` keys servers on this file's text, so a change
 # here starts a new server. Optional modules are skipped when absent.
-PRELOAD = ("torch", "lightning", "pandas", "pyarrow", "training.entrypoint", "training.lightning_task", "training.gbt")
+PRELOAD = ("torch", "lightning", "pandas", "pyarrow", "training.entrypoint", "training.lightning_task", "training.gbt", "training.describe")
 PRELOAD_OPTIONAL = ("lightgbm", "wandb")
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_SECONDS = 30.0  # torchrun's agent waits as long between SIGTERM and SIGKILL of its workers
@@ -165,7 +167,7 @@ BASE_PATH: list[str] = []
 
 
 def run_worker(request: Request, env: dict[str, str], supervisor: int, out: int, close: list[int]) -> None:
-    """In the forked worker: become `python -m training.entrypoint --spec URI` as torchrun starts it; never returns."""
+    """In the forked worker: become `python -m <request.entry> --spec URI` as torchrun starts it; never returns."""
     code = EXIT_INFRA
     try:
         os.setsid()
@@ -184,11 +186,10 @@ def run_worker(request: Request, env: dict[str, str], supervisor: int, out: int,
         importlib.invalidate_caches()
         import torch
 
-        from training import entrypoint
-
-        sys.argv = [entrypoint.__file__, "--spec", request.spec_uri]
+        program = importlib.import_module(request.entry)
+        sys.argv = [str(program.__file__), "--spec", request.spec_uri]
         torch.set_num_threads(max(1, int(env.get("OMP_NUM_THREADS", "1"))))
-        code = entrypoint.main(["--spec", request.spec_uri])
+        code = program.main(["--spec", request.spec_uri])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # the worker must reach os._exit: it runs inside the supervisor's stack

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+ENTRIES = ("training.entrypoint", "training.describe")
+"""The programs a worker may run, each `main(["--spec", spec_uri])`: a trial, or the planner's model description."""
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Request:
         spec_uri: what `training.entrypoint --spec` reads.
         max_restarts: restarts of a failed worker before the launch fails.
         run_id: `TORCHELASTIC_RUN_ID`.
+        entry: the module whose `main(["--spec", spec_uri])` the worker runs, one of `ENTRIES`.
     """
 
     env: dict[str, str]
@@ -33,6 +36,7 @@ class Request:
     spec_uri: str
     max_restarts: int
     run_id: str
+    entry: str = ENTRIES[0]
 
     @classmethod
     def parse(cls, raw: bytes) -> "Request":
@@ -52,7 +56,10 @@ class Request:
             raise ValueError(f"request field 'max_restarts' must be >= 0, got {data['max_restarts']}")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in data["env"].items()):
             raise ValueError("request field 'env' must map strings to strings")
-        return cls(**{name: data[name] for name in fields})
+        entry = data.get("entry", ENTRIES[0])
+        if entry not in ENTRIES:
+            raise ValueError(f"request field 'entry' must be one of {list(ENTRIES)}, got {entry!r:.80}")
+        return cls(**{name: data[name] for name in fields}, entry=entry)
 
 
 def receive_request(conn: socket.socket) -> tuple[Request, int]:

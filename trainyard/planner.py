@@ -24,7 +24,6 @@ from trainyard.capacity import (
     Sizing,
     TransformerShape,
     bytes_per_param,
-    estimate_params,
     memory_per_device,
     plan,
 )
@@ -279,22 +278,69 @@ def _order(estimates: list[MemoryEstimate], chosen: Plan) -> list[MemoryEstimate
     return out
 
 
+@dataclass(frozen=True)
+class ModelQuery:
+    """The model a trial will build: what a describer instantiates (`training.describe` on the pod side).
+
+    Attributes:
+        model: the class's import path, `module:attribute`.
+        hparams: its keyword arguments for this trial.
+        n_features: filled in when the constructor takes `n_features` and `hparams` does not set it.
+        classification: whether `n_classes` is filled in (as `training.lightning_task.build` does).
+        n_classes: called only when the constructor takes `n_classes` and `hparams` does not set it.
+    """
+
+    model: str
+    hparams: dict[str, Any]
+    n_features: int
+    classification: bool
+    n_classes: Callable[[], int]
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the planner needs of a built model.
+
+    Attributes:
+        name: the class's name, for messages.
+        params: parameters, each shared (tied) one counted once.
+        fsdp_units: `len(fsdp_units())` (at least 1) of a model that has the method, else None.
+        parallel: it has both `fsdp_units()` and `tensor_parallel_plan()` (a `training.parallel.ParallelizableModule`).
+        tp_plan: its `tensor_parallel_plan()` is not empty.
+    """
+
+    name: str
+    params: int
+    fsdp_units: Optional[int] = None
+    parallel: bool = False
+    tp_plan: bool = False
+
+
+Describer = Callable[[ModelQuery], ModelFacts]
+"""Builds the query's model and tells its facts; raises `TrialPlanError` when the model cannot be built.
+
+The orchestrator imports no pod code, so it never builds the model itself: `resources.model_facts.describe_model`
+runs `training.describe` on a warm worker (or in a fresh interpreter)."""
+
+
 def plan_trial(
     spec: "PipelineSpec",
     hparams: dict[str, Any],
     n_classes: Callable[[], int],
     launcher: Any = None,
     *,
+    describe: Describer,
     precision: str = "32-true",
     optimizer: Optimizer = "adam",
     environ: Optional[Mapping[str, str]] = None,
 ) -> TrialPlan:
     """The plan of one trial of `spec`: its model built with `hparams`, on the launcher's devices.
 
-    The model class is instantiated like the entrypoint does (`n_features` and
-    `n_classes` filled in when its constructor takes them), on torch's meta
-    device so no weights are allocated. With strategy 'auto' the chosen strategy
-    must also be one the model supports (fsdp and tp: a `training.parallel.ParallelizableModule`,
+    The model class is instantiated like the entrypoint does (`n_features` and,
+    for classification, `n_classes` filled in when its constructor takes them),
+    on torch's meta device so no weights are allocated, by `describe` in a
+    process of its own. With strategy 'auto' the chosen strategy must also be
+    one the model supports (fsdp and tp: a `training.parallel.ParallelizableModule`,
     recognised by its methods; the pod checks the details again).
     gbt tasks are not planned (one LightGBM process).
 
@@ -306,6 +352,7 @@ def plan_trial(
         hparams: the model's keyword arguments for this trial (pipeline hparams and trial params).
         n_classes: called only when the model takes `n_classes` and it is not in `hparams`.
         launcher: the launcher resource; see `device_memory` for what is read from it.
+        describe: builds the model and tells its facts (`resources.model_facts.describe_model`).
         precision: `TrainSpec.precision` (weight bytes: 4 for '32-true', 2 for the 16-bit ones).
         optimizer: 'adam' (default) or 'sgd'.
         environ: environment to read `TRAINYARD_DEVICE_MEMORY_GB` from (default `os.environ`).
@@ -319,9 +366,9 @@ def plan_trial(
     memory_gb, source = device_memory(dist, launcher, environ)
     chosen_by: Literal["planner", "user"] = "planner" if dist.strategy == "auto" else "user"
     try:
-        model = _meta_model(spec, hparams, n_classes)
-        result = plan_distribution(dist, estimate_params(model), PRECISION_BYTES[precision], memory_gb, optimizer,
-                                   fsdp_units=_fsdp_units(model), device_memory_source=source)
+        model = describe(ModelQuery(spec.model.path, dict(hparams), len(spec.features), spec.task != "regression", n_classes))
+        result = plan_distribution(dist, model.params, PRECISION_BYTES[precision], memory_gb, optimizer,
+                                   fsdp_units=model.fsdp_units, device_memory_source=source)
         if result.chosen_by == "planner":
             _check_supports(model, result.distribution.strategy)
     except (TrialPlanError, NothingFitsError) as e:
@@ -334,56 +381,20 @@ class TrialPlanError(ValueError):
     """A trial's model cannot be built from its hyperparameters, or cannot follow the strategy 'auto' chose."""
 
 
-def _check_supports(model: Any, strategy: str) -> None:
+def _check_supports(model: ModelFacts, strategy: str) -> None:
     """What `training.strategies.check_model_supports` requires, told by the model's methods (orchestration imports no pod code)."""
     if strategy == "ddp":
         return
-    name = type(model).__name__
-    if not (callable(getattr(model, "fsdp_units", None)) and callable(getattr(model, "tensor_parallel_plan", None))):
+    if not model.parallel:
         raise TrialPlanError(
-            f"distribution.strategy='auto' chose {strategy!r} (ddp does not fit), but model {name} does not support strategy "
+            f"distribution.strategy='auto' chose {strategy!r} (ddp does not fit), but model {model.name} does not support strategy "
             f"{strategy!r}: inherit training.parallel.ParallelizableModule, or add devices so that ddp fits"
         )
-    if strategy == "tp" and not model.tensor_parallel_plan():
+    if strategy == "tp" and not model.tp_plan:
         raise TrialPlanError(
-            f"distribution.strategy='auto' chose 'tp' (ddp and fsdp do not fit), but model {name} does not support strategy "
+            f"distribution.strategy='auto' chose 'tp' (ddp and fsdp do not fit), but model {model.name} does not support strategy "
             "'tp': tensor_parallel_plan() is empty; return {submodule FQN: ColwiseParallel() | RowwiseParallel()}"
         )
-
-
-def _meta_model(spec: "PipelineSpec", hparams: dict[str, Any], n_classes: Callable[[], int]) -> Any:
-    """The trial's model, built as `training.lightning_task.build` builds it, without allocating weights."""
-    import importlib
-    import inspect
-
-    import torch
-
-    module, _, attr = spec.model.path.partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise TrialPlanError(f"model {spec.model.path!r} cannot be imported: {e}") from e
-    kwargs = dict(hparams)
-    accepted = inspect.signature(cls.__init__).parameters
-    if "n_features" in accepted and "n_features" not in kwargs:
-        kwargs["n_features"] = len(spec.features)
-    if "n_classes" in accepted and "n_classes" not in kwargs:
-        kwargs["n_classes"] = n_classes()
-    try:
-        try:
-            with torch.device("meta"):
-                return cls(**kwargs)
-        except (NotImplementedError, RuntimeError):
-            # A constructor that reads a tensor's value back cannot run on meta tensors; pay for real weights.
-            return cls(**kwargs)
-    except TypeError as e:
-        raise TrialPlanError(f"model {spec.model.path!r} rejected hyperparameters {kwargs}: {e}") from e
-
-
-def _fsdp_units(model: Any) -> Optional[int]:
-    """FSDP units of a `ParallelizableModule` (its `fsdp_units()`, at least 1); None for other models."""
-    units = getattr(model, "fsdp_units", None)
-    return max(1, len(units())) if callable(units) else None
 
 
 def count_classes(spec: "PipelineSpec", validated_data: dict[str, Any], store: Any) -> int:

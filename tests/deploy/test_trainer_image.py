@@ -512,6 +512,7 @@ def run_trial(spec: PipelineSpec, venv: Path, app: Path, work: Path) -> TrialRun
     from dagster_pipes import encode_env_var
 
     from resources.launcher import prepare_output, read_failures, read_result, torchrun_command
+    from resources.model_facts import describe_model
     from resources.sweeps import SweepStore
     from resources.sweeps.rules import study_directions
     from training.spec import LAUNCH_ID_ENV, TrackerSpec, TrainSpec
@@ -525,7 +526,7 @@ def run_trial(spec: PipelineSpec, venv: Path, app: Path, work: Path) -> TrialRun
     number = sweeps.ask(study, spec.search, 1)[0]
     trial = TrialInputs("trial-0000", number, study_name, sweeps.trial(study_name, number).params)
     classes = int(pd.read_parquet(data.train, columns=[spec.target])[spec.target].nunique())
-    plan = plan_trial(spec, model_kwargs(spec, trial.params), lambda: classes)
+    plan = plan_trial(spec, model_kwargs(spec, trial.params), lambda: classes, describe=describe_model)
     assert plan.error is None, f"{spec.key}: {plan.error}"
     tracker = TrackerSpec(kind="wandb", mode="offline", project=f"{spec.team}-{spec.name}", group=study_name, name=trial.trial_id, dir=str(work / "wandb"))
     built = build_train_spec(

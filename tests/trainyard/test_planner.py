@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from resources.model_facts import describe_model
 from training.spec import Distribution
 from trainyard.capacity import (
     GIB,
@@ -21,7 +22,7 @@ from trainyard.capacity import (
     training_time,
 )
 from trainyard.metadata import Markdown
-from trainyard.planner import DEVICE_MEMORY_ENV, device_memory, plan_distribution, plan_trial, quantity_gib
+from trainyard.planner import DEVICE_MEMORY_ENV, ModelQuery, device_memory, plan_distribution, plan_trial, quantity_gib
 
 B = 1_000_000_000
 
@@ -150,7 +151,7 @@ def _trial(strategy: str = "auto", procs: int = 2, nodes: int = 1, memory_gb: fl
     from trainyard.spec import ModelSpec
 
     spec = small_spec(model=ModelSpec(path=path, max_epochs=1), distribution=Distribution(nodes=nodes, procs_per_node=procs, strategy=strategy))
-    return plan_trial(spec, {"lr": 0.01, **over}, lambda: 10, environ={DEVICE_MEMORY_ENV: repr(memory_gb)})
+    return plan_trial(spec, {"lr": 0.01, **over}, lambda: 10, environ={DEVICE_MEMORY_ENV: repr(memory_gb)}, describe=describe_model)
 
 
 def test_auto_resolves_to_ddp_for_the_digits_model() -> None:
@@ -212,6 +213,10 @@ def test_fixed_strategy_is_kept_with_a_warning_when_it_does_not_fit() -> None:
     assert ok.warnings == () and ok.reasoning.startswith("fsdp (fixed by the pipeline) fits: 75.2 KiB of 14.4 GiB usable per device; strategy 'auto' would choose ddp")
 
 
+def _never(query: ModelQuery):
+    raise AssertionError(f"a gbt trial's model was described: {query}")
+
+
 def test_gbt_is_not_planned() -> None:
     from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
 
@@ -220,7 +225,7 @@ def test_gbt_is_not_planned() -> None:
         target="y", model=ModelSpec(task="gbt", monitor="val_rmse", monitor_mode="min"), promotion=PromotionSpec(metric="test_rmse", mode="min"),
         distribution=Distribution(strategy="auto"),
     )
-    p = plan_trial(spec, {}, lambda: 0)
+    p = plan_trial(spec, {}, lambda: 0, describe=_never)
     assert (p.chosen_by, p.distribution.strategy, p.estimates) == ("skipped", "ddp", ())
     meta = p.metadata()
     assert meta["strategy"] == "none (one process)" and "gbt task" in meta["plan_reasoning"] and "plan" not in meta
