@@ -221,20 +221,20 @@ def train_trial(
 
 
 def curves_metadata(store: ObjectStore, result_uri: str, title: str) -> dict[str, Any]:
-    """The training curves kept beside a result (`curves.json`): a plot and a per-epoch table; empty when there are none.
+    """The training curves kept beside a result (`curves.json`): a per-epoch table, and a plot once there are two epochs; empty when there are none.
 
     The same epochs were observations of the partition while it trained; these
     show the whole curve on the materialization, also when the result is reused.
+    One epoch (a one-epoch trial, a GBT trial whose only report is its last
+    iteration) is no curve: the table holds all of it, and a plot of one marker
+    would cost the run worker matplotlib's import and a render (0.3-0.5 s).
     """
     uri = f"{result_uri.rsplit('/', 1)[0]}/{CURVES_FILE}"
     rows = store.read_json(uri) if store.exists(uri) else []
     if not rows:
         return {}
-    return {
-        "epochs_reported": len(rows),
-        "curves_plot": MetadataValue.md(markdown_image(curves_png(rows, title), "training curves")),
-        "curves": MetadataValue.md(curves_markdown(rows)),
-    }
+    plot = {"curves_plot": MetadataValue.md(markdown_image(curves_png(rows, title), "training curves"))} if len(rows) >= 2 else {}
+    return {"epochs_reported": len(rows), **plot, "curves": MetadataValue.md(curves_markdown(rows))}
 
 
 RETRAIN_DIR_PREFIX = "retrain-"

@@ -105,6 +105,18 @@ def test_trial_model_shows_its_training_curves_also_when_reused(tmp_path: Path) 
     assert again.success and metadata(again)["curves"] == meta["curves"]
 
 
+def test_one_reported_epoch_is_a_table_without_a_plot(tmp_path: Path) -> None:
+    from assets.trials import curves_metadata
+    from resources.storage import ObjectStore
+
+    store = ObjectStore(root=str(tmp_path))
+    store.write_json(store.uri("run", "curves.json"), [{"epoch": 20, "step": 20, "val_logloss": 0.25}])  # a GBT trial's one report
+    meta = curves_metadata(store, store.uri("run", "result.json"), "t")
+    assert list(meta) == ["epochs_reported", "curves"]  # no plot of a single marker
+    assert meta["epochs_reported"] == 1
+    assert meta["curves"].value == "| epoch | step | val_logloss |\n|---|---|---|\n| 20 | 20 | 0.25 |"
+
+
 def test_retrain_config_retrains_one_finished_trial_and_leaves_the_study_alone(tmp_path: Path) -> None:
     trials = Trials(tmp_path)
     first = trials.train()
