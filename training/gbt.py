@@ -61,6 +61,7 @@ import numpy as np
 from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
 from training.errors import ConfigError, Preempted
 from training.gbt_inputs import Splits, lightgbm_params, load_splits, resolve_objective
+from training.pruners import build_pruner
 from training.reporting import Reporter
 from training.spec import CHECKPOINT_DIR, OptunaSpec, TrainResult, TrainSpec, redact_url
 from training.storage import read_text, write_atomic
@@ -151,9 +152,13 @@ class ModelFileCheckpoint:
 
 
 class OptunaReporter:
-    """Reports the monitored value to the spec's Optuna trial and asks its pruner (single process: no broadcast)."""
+    """Reports the monitored value to the spec's Optuna trial and asks its declared pruner (single process: no broadcast).
 
-    def __init__(self, spec: OptunaSpec) -> None:
+    Made only when the pipeline declares a pruner (`spec.pruner.enabled`), as for Lightning trials: the
+    study is loaded with that pruner, never Optuna's default `MedianPruner`.
+    """
+
+    def __init__(self, spec: OptunaSpec, max_rounds: Optional[int] = None) -> None:
         import optuna  # loaded only for trials of a sweep
 
         try:
@@ -164,7 +169,7 @@ class OptunaReporter:
         kwargs: dict[str, Any] = {"engine_kwargs": {"connect_args": {"timeout": 60}}} if storage_url.startswith("sqlite") else {}
         storage = optuna.storages.RDBStorage(storage_url, **kwargs)
         try:
-            self.study = optuna.load_study(study_name=study_name, storage=storage)
+            self.study = optuna.load_study(study_name=study_name, storage=storage, pruner=build_pruner(spec.pruner, max_rounds))
         except KeyError as e:
             raise ConfigError(f"optuna study {study_name!r} does not exist in {redact_url(storage_url.split('?')[0])}") from e
         self.number = number
@@ -354,7 +359,7 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     # Raw data is kept: continuing from a model file scores it with that model first.
     train_set = lgb.Dataset(splits.x["train"], label=splits.y["train"], feature_name=list(spec.data.features), params=params, free_raw_data=False)
     val_set = lgb.Dataset(splits.x["val"], label=splits.y["val"], reference=train_set, free_raw_data=False)
-    optuna = OptunaReporter(spec.optuna) if spec.optuna else None
+    optuna = OptunaReporter(spec.optuna, spec.max_epochs) if spec.optuna and spec.optuna.pruner.enabled else None
     tracker = _tracker(spec)
     with Reporter(0) as reporter:
         loop = _Loop(spec, patience, history, ckpt, attempt, reporter, optuna)

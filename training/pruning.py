@@ -24,36 +24,10 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from training.errors import ConfigError
-from training.spec import OptunaSpec, PrunerSpec, TrainSpec, redact_url
+from training.pruners import build_pruner
+from training.spec import OptunaSpec, TrainSpec, redact_url
 
 log = logging.getLogger("trainyard.training")
-
-
-def build_pruner(spec: PrunerSpec, max_epochs: Optional[int] = None) -> Any:
-    """The Optuna pruner a `PrunerSpec` declares.
-
-    Args:
-        spec: the pruner settings.
-        max_epochs: the trial's epoch budget; Hyperband's `max_resource` when unset.
-    """
-    import optuna  # every Lightning trial imports this module; Optuna loads only for trials of a sweep
-
-    if spec.kind == "none":
-        return optuna.pruners.NopPruner()
-    if spec.kind == "median":
-        return optuna.pruners.MedianPruner(
-            n_startup_trials=spec.n_startup_trials, n_warmup_steps=spec.n_warmup_steps, interval_steps=spec.interval_steps
-        )
-    if spec.kind == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=spec.min_resource, reduction_factor=spec.reduction_factor)
-    if spec.kind == "hyperband":
-        max_resource = spec.max_resource or max_epochs
-        if max_resource is None:
-            raise ConfigError("pruner 'hyperband' needs max_resource (or the trial's max_epochs)")
-        return optuna.pruners.HyperbandPruner(
-            min_resource=spec.min_resource, max_resource=max_resource, reduction_factor=spec.reduction_factor
-        )
-    return optuna.pruners.ThresholdPruner(lower=spec.lower, upper=spec.upper, n_warmup_steps=spec.n_warmup_steps)
 
 
 class OptunaPruning(Callback):

@@ -23,6 +23,7 @@ from training.spec import (
     FaultInjection,
     ImportTarget,
     OptunaSpec,
+    PrunerSpec,
     TrainSpec,
 )
 
@@ -167,7 +168,8 @@ def test_optuna_pruner_stops_a_bad_trial_and_marks_it_pruned(tmp_path: Path) -> 
             t.report(0.0, step)
         study.tell(t, 0.0)
     number = study.ask().number
-    make_spec(tmp_path, kind="multiclass", max_epochs=80, optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number))
+    pruner = PrunerSpec(kind="median")  # Optuna's MedianPruner() defaults: 5 startup trials, no warm-up
+    make_spec(tmp_path, kind="multiclass", max_epochs=80, optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number, pruner=pruner))
     assert run(tmp_path) == 0
     res = result(tmp_path)
     assert res.epochs == gbt.REPORT_EVERY  # stopped at the first report
@@ -175,6 +177,26 @@ def test_optuna_pruner_stops_a_bad_trial_and_marks_it_pruned(tmp_path: Path) -> 
     assert trial.state == optuna.trial.TrialState.PRUNED
     assert trial.intermediate_values == {gbt.REPORT_EVERY: pytest.approx(res.metrics["val_logloss"])}
     assert (tmp_path / "run" / "model" / "model.txt").exists()  # a pruned trial still keeps its model
+
+
+def test_a_trial_whose_pipeline_declares_no_pruner_is_never_pruned(tmp_path: Path) -> None:
+    """The same bad trial as above, with no pruner declared: it trains every round and the study is not asked."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="minimize")
+    for _ in range(5):
+        t = study.ask()
+        for step in range(gbt.REPORT_EVERY, 200, gbt.REPORT_EVERY):
+            t.report(0.0, step)
+        study.tell(t, 0.0)
+    number = study.ask().number
+    make_spec(tmp_path, kind="multiclass", max_epochs=80, optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number))
+    assert run(tmp_path) == 0
+    res = result(tmp_path)
+    assert res.status != "pruned" and res.epochs > gbt.REPORT_EVERY
+    trial = optuna.load_study(study_name="s", storage=url).trials[number]
+    assert trial.state == optuna.trial.TrialState.RUNNING and trial.intermediate_values == {}  # the orchestrator tells it
 
 
 def test_metric_values_are_exact() -> None:
