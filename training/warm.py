@@ -62,7 +62,13 @@ from training.warm_protocol import Request, receive_request
 # What a trial imports before its first step; `resources.warm` keys servers on this file's text, so a change
 # here starts a new server. Optional modules are skipped when absent.
 PRELOAD = ("torch", "lightning", "pandas", "pyarrow", "training.entrypoint", "training.lightning_task", "training.gbt", "training.describe")
-PRELOAD_OPTIONAL = ("lightgbm", "wandb")
+# Also what a trial imports only at run time, each found to cost a forked worker tenths of a second to a second
+# (gbt_overhead): W&B's init imports its launch inputs; the sweep's pruner and a GBT trial's reporter open Optuna's
+# SQL storage (SQLAlchemy, its SQLite dialect, Alembic's migration check; psycopg2 for a PostgreSQL study).
+PRELOAD_OPTIONAL = (
+    "lightgbm", "wandb", "wandb.sdk.launch.inputs.internal", "optuna", "optuna.storages._rdb.storage",
+    "alembic.migration", "alembic.script", "sqlalchemy.dialects.sqlite", "psycopg2",
+)
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_SECONDS = 30.0  # torchrun's agent waits as long between SIGTERM and SIGKILL of its workers
 DRAIN_SECONDS = 2.0  # output a worker's own children still hold after it exited
@@ -276,6 +282,11 @@ class Supervisor:
         stop_sent: Optional[float] = None
         drain_until: Optional[float] = None
         watched = [read_end, self.conn.fileno()]
+        # The worker's exit wakes the loop: its output ends a moment before it can be reaped, and waiting out the
+        # poll interval then cost every launch 0.2 s.
+        exited = _pidfd(pid)
+        if exited is not None:
+            watched.append(exited)
         while True:
             ready, _, _ = select.select(watched, [], [], 0.2)
             if read_end in ready:
@@ -292,6 +303,10 @@ class Supervisor:
                 if done:
                     status = os.waitstatus_to_exitcode(raw)
                     drain_until = time.monotonic() + DRAIN_SECONDS
+                    if exited is not None:
+                        watched.remove(exited)
+                        os.close(exited)
+                        exited = None
                 elif self.client_gone:
                     stop_sent = self._stop(pid, stop_sent)
             if status is not None and (read_end not in watched or time.monotonic() > (drain_until or 0)):
@@ -299,6 +314,8 @@ class Supervisor:
         if self.pending:
             self.relay(b"\n")
         os.close(read_end)
+        if exited is not None:
+            os.close(exited)
         assert status is not None
         return status
 
@@ -353,6 +370,14 @@ class Supervisor:
             say(f"worker exited {status}; {verdict.reason}; exiting {verdict.code}", self.out)
         self.send({"event": "exit", "code": verdict.code, "reason": verdict.reason})
         return verdict.code
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    """A descriptor that becomes readable when child `pid` exits (Linux 5.3+), or None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def _write_all(fd: int, data: bytes) -> None:
