@@ -160,8 +160,15 @@ def read_failures(output_uri: str) -> list[dict[str, Any]]:
         return []
     records = []
     for p in sorted(fs.glob(f"{path}/rank-*.json")):
-        with fs.open(p, "r") as f:
-            records.append(json.load(f))
+        try:
+            with fs.open(p, "r") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            # A rank stopped while writing its record (torchrun SIGTERMs the survivors of a dead
+            # rank) leaves an empty or partial file: that rank recorded nothing (as `training.gang`).
+            continue
+        if isinstance(record, dict):
+            records.append(record)
     return records
 
 
@@ -183,6 +190,16 @@ class WorkerExit:
         except ValueError:
             return f"signal {-self.exitcode}"
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the worker ended on SIGTERM: killed by it (-15) or exiting 143 (128 + 15, `EXIT_PREEMPTED`).
+
+        That is how torchrun stops the surviving workers of a group in which one
+        died, and how a preemption ends a worker; it is never a cause of its own
+        beside a worker that died otherwise (`outcome_error`).
+        """
+        return self.exitcode in (-signal.SIGTERM, 128 + signal.SIGTERM)
+
     def describe(self) -> str:
         if self.signal_name is None:
             return f"rank {self.rank} exited with status {self.exitcode} (pid {self.pid})"
@@ -199,6 +216,8 @@ def parse_worker_exits(torchrun_output: str) -> list[WorkerExit]:
     (the other failed workers) and "Root Cause (first observed failure):", each
     entry naming `rank`, `exitcode` (negative: killed by that signal) and `pid`.
     An output without that block (a launch still running, a pod log) gives [].
+    The root cause is only the first exit torchrun observed, to the second: a
+    survivor it stopped can be named there too (`outcome_error` looks past it).
     """
     start = torchrun_output.rfind("Failures:")
     if start < 0:
@@ -236,6 +255,10 @@ def outcome_error(
     then a worker that died without writing a record (named in torchrun's
     failure summary, e.g. SIGKILL by the kernel's OOM killer), whose peers'
     records ("lost a dependency") are consequences; then any other record.
+    When the summary names a worker that ended otherwise than on SIGTERM,
+    torchrun stopped the others after it died: a worker that ended on SIGTERM
+    then (-15, or 143), with or without a record (even a preemption's), lost
+    its peer and is never the cause, wherever the summary puts it.
     The first line of the message is a whole sentence (a Dagster log shows only
     it); the last log lines follow, of the blamed rank when `rank_tails` has them.
 
@@ -265,14 +288,23 @@ def outcome_error(
         return TrainingCodeError(
             f"trial {trial_id}: rank {f['rank']} raised {f['error']}\n{f['traceback']}", log_tail=log_tail, rank=f["rank"]
         )
-    if returncode == EXIT_PREEMPTED or "preempted" in by_category:
-        detail = by_category.get("preempted", {}).get("error", "SIGTERM")
+    exits = parse_worker_exits(log_tail if torchrun_output is None else torchrun_output)
+    # A worker that ended otherwise than on SIGTERM means torchrun stopped the others after it died:
+    # their SIGTERM exits (and what they recorded while stopping, even a preemption checkpoint) are consequences.
+    causes = [e for e in exits if not e.stopped]
+    stopped = {e.rank for e in exits if e.stopped} if causes else set()
+    preempted = [f for f in failures if f["category"] == "preempted" and f["rank"] not in stopped]
+    if preempted or (returncode == EXIT_PREEMPTED and not causes):
+        detail = min(preempted, key=lambda r: r.get("time", 0.0))["error"] if preempted else "SIGTERM"
         return TrainingPreempted(f"trial {trial_id}: preempted ({detail}); will resume from its last checkpoint", log_tail=log_tail)
+    failures = [f for f in failures if f["category"] != "preempted"]
     recorded = {f["rank"] for f in failures}
-    silent = [e for e in parse_worker_exits(log_tail if torchrun_output is None else torchrun_output) if e.rank not in recorded]
+    silent = [e for e in (causes or exits) if e.rank not in recorded]
     if silent:
         culprit = silent[0].rank
         peers = [f"rank {f['rank']} then lost its peer ({f['error'][:200]})" for f in sorted(failures, key=lambda r: r.get("time", 0.0))]
+        peers += [f"rank {e.rank} then lost its peer (stopped by torchrun with SIGTERM after rank {culprit} died)"
+                  for e in exits if e.rank in stopped and e.rank not in recorded]
         deaths = "; ".join(e.describe() for e in silent)
         tail, shown = tail_of(culprit)
         return InfrastructureError(

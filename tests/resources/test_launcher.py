@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -18,13 +19,15 @@ from resources.launcher import (
     LocalLauncher,
     TrainingCodeError,
     TrainingConfigError,
+    TrainingPreempted,
     WorkerExit,
     outcome_error,
     parse_worker_exits,
+    read_failures,
     torchrun_command,
 )
 from tests.support.train_specs import make_spec
-from training.spec import CheckpointPolicy, Distribution, FaultInjection, ImportTarget
+from training.spec import EXIT_INFRA, EXIT_PREEMPTED, CheckpointPolicy, Distribution, FaultInjection, ImportTarget
 
 
 def test_torchrun_command_single_node(tmp_path: Path) -> None:
@@ -104,6 +107,125 @@ def test_peer_failure_without_a_summary_keeps_its_record_and_the_tail() -> None:
     assert isinstance(err, InfrastructureError) and err.rank == 0
     assert str(err).splitlines()[0] == f"trial t: rank 0 lost a dependency: {GLOO}"
     assert str(err).endswith("last 1 log lines of the launch:\nagent said")
+
+
+# torchrun 2.13's output (agent lines; the ChildFailedError block) of the 2-process launch of
+# `test_rank_killed_from_outside_is_blamed_with_its_own_log_lines`, recorded: rank 1 SIGKILLed from outside;
+# at its next poll (about 0.1 s later) torchrun SIGTERMed rank 0, which was still unwinding from the lost
+# connection and had not written its failure record: rank 0 exited -15 and left no record, or an empty
+# rank-0.json when the SIGTERM came during the write. (When rank 0 was quicker, it exited -15 right after
+# its "infra" record, or 75.) Both exits were observed in the same second.
+STOPPED_SURVIVOR = """\
+W1202 16:02:24.484000 7991 .venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 8027 closing signal SIGTERM
+E1202 16:02:24.782000 7991 .venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -9) local_rank: 1 (pid: 8028) of binary: /work/main/.venv/bin/python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+======================================================
+training.entrypoint FAILED
+------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-02_16:02:24
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 8027)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 8027
+------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-02_16:02:24
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 8028)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 8028
+======================================================
+[trainyard.gang] torchrun exited 1; no worker recorded a cause: a worker died without a word (SIGKILL, out of memory, a lost node) \
+or the rendezvous failed; exiting 75"""
+
+_SUMMARY_ENTRIES = re.compile(r"\[\d+\]:\n(?:  .*\n)+")
+
+
+def root_cause_swapped(summary: str) -> str:
+    """`summary` with its two entries exchanged: the stopped rank printed as the root cause.
+
+    torchrun names as root cause the failure with the smallest timestamp, in whole
+    seconds, ties in the order it observed them: a survivor it stopped in the same
+    second can come first whenever its exit was seen first.
+    """
+    other, root = _SUMMARY_ENTRIES.findall(summary)
+    return summary.replace(other, "\0").replace(root, other.replace("[1]:", "[0]:", 1)).replace("\0", root.replace("[0]:", "[1]:", 1))
+
+
+# rank 0's records in those launches: the lost connection ("infra", a consequence), recorded before torchrun's
+# SIGTERM; and the record of a rank that checkpointed on a SIGTERM (from the preemption drill below).
+LOST_PEER = {"rank": 0, "category": "infra", "consequence": True, "time": 1796225701.5250297, "error": (
+    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:24999: "
+    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application.")}
+PREEMPTED = {"rank": 0, "category": "preempted", "consequence": False, "time": 1796227382.2984104,
+             "error": "Preempted: SIGTERM: checkpoint at step 9 committed in 0.03 s (deadline 60 s)"}
+RANK_TAILS = {0: ["[rank 0] 2026-12-02 16:02:24,333 INFO: committed checkpoint /tmp/r/run/checkpoints/step-000000004 (47277 bytes)"],
+              1: ["/work/main/.venv/lib/python3.11/site-packages/lightning/pytorch/utilities/_pytree.py:21: deprecated",
+                  "`weights_only` was not set, defaulting to `False`."]}
+
+
+@pytest.mark.parametrize("summary", [STOPPED_SURVIVOR, root_cause_swapped(STOPPED_SURVIVOR)], ids=["root-cause-rank-1", "root-cause-rank-0"])
+@pytest.mark.parametrize("records", [[], [LOST_PEER]], ids=["no-record", "lost-peer-record"])
+def test_a_rank_torchrun_stopped_after_its_peer_was_killed_is_not_blamed(summary: str, records: list[dict[str, Any]]) -> None:
+    exits = parse_worker_exits(summary)
+    assert {e.rank: (e.exitcode, e.stopped) for e in exits} == {0: (-15, True), 1: (-9, False)}
+    err = outcome_error(EXIT_INFRA, records, "combined tail", "trial-0000", torchrun_output=summary, rank_tails=RANK_TAILS)
+    assert isinstance(err, InfrastructureError) and err.retryable and err.rank == 1
+    first = str(err).splitlines()[0]
+    assert first.startswith("trial trial-0000: rank 1 was killed (signal 9, SIGKILL; pid 8028) without reporting an error (")
+    assert "rank 0 was killed" not in str(err) and first.count("rank 0 then lost its peer") == 1
+    if records:
+        assert first.endswith("; rank 0 then lost its peer (RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+                              "Read error [127.0.0.1]:24999: Connection reset by peer. This is typically caused by a remote worker hanging or bugs)")
+    else:
+        assert first.endswith("; rank 0 then lost its peer (stopped by torchrun with SIGTERM after rank 1 died)")
+    assert err.log_tail == "\n".join(RANK_TAILS[1]) and str(err).endswith("last 2 log lines of rank 1:\n" + err.log_tail)
+
+
+@pytest.mark.parametrize("exit_line", ["exitcode  : -15 (pid: 8027)  (SIGTERM)", "exitcode  : 143 (pid: 8027)"], ids=["sigterm", "exit-143"])
+@pytest.mark.parametrize("swap", [False, True], ids=["root-cause-rank-1", "root-cause-rank-0"])
+def test_a_preemption_record_of_a_rank_torchrun_stopped_is_not_a_preemption(exit_line: str, swap: bool) -> None:
+    """A survivor that checkpointed on torchrun's SIGTERM records "preempted" and `training.gang` exits 143; the launch was not preempted."""
+    summary = STOPPED_SURVIVOR.replace("exitcode  : -15 (pid: 8027)  (SIGTERM)", exit_line)
+    summary = root_cause_swapped(summary) if swap else summary
+    err = outcome_error(EXIT_PREEMPTED, [PREEMPTED], "combined tail", "trial-0000", torchrun_output=summary, rank_tails=RANK_TAILS)
+    assert isinstance(err, InfrastructureError) and err.retryable and err.rank == 1
+    assert str(err).splitlines()[0].startswith("trial trial-0000: rank 1 was killed (signal 9, SIGKILL; pid 8028) without reporting an error")
+    assert "rank 0 then lost its peer (stopped by torchrun with SIGTERM after rank 1 died)" in str(err).splitlines()[0]
+
+
+# torchrun 2.13's last lines when the launch itself is stopped (`tests/training/test_gang.py`, SIGTERM to the
+# process group): the agent forwards the signal and raises SignalException, printing no failure summary.
+WHOLE_LAUNCH_PREEMPTED = """\
+W1202 16:03:02.260000 8239 .venv/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, shutting down workers
+W1202 16:03:02.261000 8239 .venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 8243 closing signal SIGTERM
+W1202 16:03:02.261000 8239 .venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 8244 closing signal SIGTERM
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+torch.distributed.elastic.multiprocessing.api.SignalException: Process 8239 got signal: 15
+[trainyard.gang] torchrun exited 1; rank 1 failed first (preempted: Preempted: SIGTERM: checkpoint at step 9 committed in 0.02 s (deadline 60 s)); exiting 143"""
+
+
+def test_a_whole_launch_preemption_is_still_a_preemption() -> None:
+    records = [PREEMPTED, {**PREEMPTED, "rank": 1, "time": PREEMPTED["time"] - 0.01}]
+    for failures in (records, []):  # the ranks' records, or none yet: the launch was stopped before they could write one
+        err = outcome_error(EXIT_PREEMPTED, failures, WHOLE_LAUNCH_PREEMPTED, "t", torchrun_output=WHOLE_LAUNCH_PREEMPTED, rank_tails=RANK_TAILS)
+        assert isinstance(err, TrainingPreempted) and err.retryable
+    assert "checkpoint at step 9 committed" in str(outcome_error(EXIT_PREEMPTED, records, WHOLE_LAUNCH_PREEMPTED, "t"))
+
+
+def test_read_failures_skips_a_record_cut_short(tmp_path: Path) -> None:
+    """torchrun's SIGTERM can stop a rank while it writes its record: an empty or partial file is no record."""
+    failures = tmp_path / "failures"
+    failures.mkdir()
+    (failures / "rank-0.json").write_text("")
+    (failures / "rank-1.json").write_text('{"rank": 1, "cat')
+    (failures / "rank-2.json").write_text(json.dumps(LOST_PEER | {"rank": 2}))
+    assert read_failures(str(tmp_path)) == [LOST_PEER | {"rank": 2}]
 
 
 def test_launch_output_keeps_each_ranks_lines_apart() -> None:
