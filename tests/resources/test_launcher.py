@@ -262,7 +262,10 @@ def test_bad_import_path_is_config_error(tmp_path: Path) -> None:
 
 
 def test_timeout_stops_the_launch(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path)
+    # 0.05 s per step, 1,000 steps: longer than the timeout on any machine (a plain digits trial on a warm worker
+    # finished inside 1 s once its server preloaded what the trial imports).
+    spec = make_spec(tmp_path, max_epochs=200, model=ImportTarget(path="tests.support.gang_models:SlowSteps",
+                                                                  kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.05}))
     with pytest.raises(InfrastructureError, match="no result after 1 s"):
         LocalLauncher(timeout_seconds=1).launch(spec)
 
