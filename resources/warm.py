@@ -42,6 +42,7 @@ _ON = {"1", "true", "yes", "on"}
 _OFF = {"0", "false", "no", "off"}
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path on Linux, less the terminating NUL
 WORKER_START_SECONDS = 30.0  # from the request to the worker's fork: the server only forks twice
+SUPERVISOR_EXIT_SECONDS = 5.0  # from the supervisor's exit event to its exit: it only returns and exits
 
 
 class WarmUnavailable(Exception):
@@ -225,6 +226,7 @@ class WarmProcess:
         self.supervisor_ticks: Optional[int] = None
         self.workers: list[tuple[int, int]] = []
         self._buffer = b""
+        self._ended = False  # the supervisor's end of the connection closed: it has exited
 
     @property
     def pid(self) -> Optional[int]:
@@ -253,6 +255,7 @@ class WarmProcess:
             data = b""
             self.lost = f"connection to the warm worker supervisor failed: {e}"
         if not data:
+            self._ended = True
             return False
         self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
@@ -293,6 +296,12 @@ class WarmProcess:
                 who = f"supervisor pid {self.supervisor_pid} (warm server pid {self.server_pid})"
                 self.lost = self.lost or f"the warm worker {who} died before the launch ended"
                 self.returncode = training.spec.EXIT_INFRA
+        # The exit event comes just before the supervisor exits; its end of the connection closes when it has, so
+        # a launch that returns leaves no process of its own behind (its worker was reaped before the event).
+        until = time.monotonic() + SUPERVISOR_EXIT_SECONDS
+        while not self._ended and self.lost is None and time.monotonic() < until:
+            self._read(max(0.01, until - time.monotonic()))
+        self._ended = True
         self.conn.close()
         return self.returncode
 
