@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import time
 from typing import Any, NoReturn, Optional
 
@@ -30,7 +29,6 @@ from resources.sweeps import (
     trials_markdown,
 )
 from resources.tracking import Tracking
-from resources.warm import warm_workers_enabled
 from training.spec import FaultInjection
 from trainyard import lineage, naming, planner
 from trainyard.curves import CURVES_FILE, curves_markdown, curves_png, epoch_rows
@@ -333,7 +331,7 @@ def trial_model_body(
     record["max_epochs"] = config.max_epochs or spec.model.max_epochs  # run config overrides the spec
     # The capacity plan (strategy 'auto' resolved here, before any TrainSpec exists), shown for every trial.
     # The model is built by `training.describe` on a warm worker, so this run worker never imports torch to plan.
-    describe = functools.partial(describe_model, warm=warm_workers_enabled(os.environ) and getattr(launcher, "warm_workers", True))
+    describe = functools.partial(describe_model, warm=getattr(launcher, "warm_workers", True))
     plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), lambda: planner.count_classes(spec, validated.model_dump(), store), launcher,
                               describe=describe)
     record["strategy"] = plan.distribution.strategy

@@ -39,8 +39,8 @@ WARM_START_TIMEOUT_SECONDS = 180.0
 OUTPUT_LINES = 20
 
 
-def _ask(request: dict[str, Any], tmp: Path, warm: bool) -> tuple[Optional[dict[str, Any]], str, str]:
-    """Run one description; (its answer or None, the output's last lines, how it ran)."""
+def _ask(request: dict[str, Any], tmp: Path, warm: bool) -> tuple[Optional[dict[str, Any]], str]:
+    """Run one description; (its answer or None, why not: its status and output's last lines)."""
     request_path, answer_path, output_path = tmp / "request.json", tmp / "answer.json", tmp / "output.log"
     answer_path.unlink(missing_ok=True)
     request_path.write_text(json.dumps({**request, "answer": str(answer_path)}))
@@ -71,28 +71,28 @@ def _ask(request: dict[str, Any], tmp: Path, warm: bool) -> tuple[Optional[dict[
     output = output_path.read_text(errors="replace").splitlines()
     tail = "\n".join(output[-OUTPUT_LINES:])
     if status == 0 and answer_path.exists():
-        return json.loads(answer_path.read_text()), tail, how
-    return None, f"exit status {status}; last output:\n{tail}", how
+        return json.loads(answer_path.read_text()), tail
+    return None, f"exit status {status}; last output:\n{tail}"
 
 
-def describe_model(query: ModelQuery, *, warm: Optional[bool] = None) -> ModelFacts:
+def describe_model(query: ModelQuery, *, warm: bool = True) -> ModelFacts:
     """The facts of `query`'s model, built by `training.describe` on a warm worker or in a new interpreter.
 
     Args:
         query: the model and its arguments; `query.n_classes()` is called only if the constructor needs it.
-        warm: use a warm worker (default: unless `TRAINYARD_WARM_WORKERS` turns them off).
+        warm: use a warm worker unless `TRAINYARD_WARM_WORKERS` turns them off (False: always a new interpreter).
 
     Raises:
         TrialPlanError: the model cannot be imported or rejects its arguments (the pod side's message), or the
             description failed (its output's last lines).
     """
-    warm = warm_workers_enabled(os.environ) if warm is None else warm
+    warm = warm and warm_workers_enabled(os.environ)
     request: dict[str, Any] = {"model": query.model, "hparams": query.hparams, "n_features": query.n_features,
                                "n_classes": None, "classification": query.classification}
     with tempfile.TemporaryDirectory(prefix="trainyard-describe-") as tmp:
-        answer, detail, _ = _ask(request, Path(tmp), warm)
+        answer, detail = _ask(request, Path(tmp), warm)
         if answer is not None and answer.get("needs") == "n_classes":
-            answer, detail, _ = _ask({**request, "n_classes": int(query.n_classes())}, Path(tmp), warm)
+            answer, detail = _ask({**request, "n_classes": int(query.n_classes())}, Path(tmp), warm)
     if answer is None:
         raise TrialPlanError(f"model {query.model!r} could not be described for planning: {detail}")
     if "error" in answer:
