@@ -24,7 +24,7 @@ from resources.launcher import InfrastructureError, LaunchOutcome, LocalLauncher
 from resources.warm import WARM_DIR_ENV, WARM_WORKERS_ENV, connect, server_key, stop_servers, training_root
 from tests.support.train_specs import make_spec
 from training.checkpointing import CheckpointStore
-from training.spec import CheckpointPolicy, FaultInjection, ImportTarget
+from training.spec import CheckpointPolicy, FaultInjection, ImportTarget, TrackerSpec
 
 WORKER_LINE = re.compile(r"\(spec (\S+)\): worker pid (\d+) started \(restart (\d+)\) by supervisor pid (\d+) of warm server pid (\d+)")
 
@@ -302,3 +302,18 @@ def test_same_interpreter_is_one_binary_in_one_environment(tmp_path: Path) -> No
     other.mkdir(parents=True)
     (other / "python").symlink_to(os.path.realpath(sys.executable))
     assert not same_interpreter(str(other / "python"), sys.executable)
+
+
+def test_a_warm_trial_records_the_installed_packages_as_a_cold_one_does(tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm server lists the installed distributions once for W&B (it parses each one's metadata); the list is the same."""
+    recorded = {}
+    for how in ("cold", "warm"):
+        monkeypatch.setenv(WARM_WORKERS_ENV, "0" if how == "cold" else "1")
+        wandb_dir = tmp_path / how / "wandb"
+        wandb_dir.mkdir(parents=True)
+        outcome = LocalLauncher().launch(make_spec(tmp_path / how, max_epochs=1, tracker=TrackerSpec(mode="offline", dir=str(wandb_dir))))
+        assert bool(launches(log_of(outcome))) == (how == "warm")
+        [requirements] = wandb_dir.rglob("requirements.txt")
+        recorded[how] = requirements.read_text().splitlines()
+    assert recorded["warm"] == recorded["cold"]
+    assert f"torch=={torch.__version__}" in recorded["warm"] and len(recorded["warm"]) > 100
