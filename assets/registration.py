@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
 from dagster import AssetExecutionContext, AssetKey, Failure, Output
 
 from resources import promotion
@@ -45,6 +44,8 @@ def registered_model_body(
             description=f"{spec.key}: promotion.metric {spec.promotion.metric!r} is not among the trial's metrics "
             f"{sorted(metrics)}; declare one of them in PromotionSpec(metric=...)"
         )
+    import pandas as pd
+
     with store.open(validated.test, "rb") as f:
         test_df = pd.read_parquet(f)
     validation = promotion.validation_evidence(

@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 from typing import Any, Iterable
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -262,6 +262,7 @@ def jsonable(value: Any) -> Any:
         return None if math.isnan(value) else value
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if value is pd.NA or value is pd.NaT:
+    pd = sys.modules.get("pandas")  # pandas' missing values exist only once pandas was imported
+    if pd is not None and (value is pd.NA or value is pd.NaT):
         return None
     return str(value)

@@ -7,7 +7,6 @@ import os
 from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -118,6 +117,8 @@ def _mix(h: np.ndarray) -> np.ndarray:
 
 def _column_hash(col: pa.Array) -> np.ndarray:
     """A uint64 per value; equal values (null with null, NaN with NaN, 0.0 with -0.0) hash equal."""
+    import pandas as pd
+
     n = len(col)
     if _is_text_type(col.type):
         encoded = col.dictionary_encode()
@@ -219,6 +220,8 @@ class DuplicateRows:
 
     def finish(self) -> None:
         """Find the duplicates once every batch was added: sets `count`, `positions` and `samples`."""
+        import pandas as pd
+
         dups: list[np.ndarray] = []
         samples: list[tuple[int, int]] = []
         for h, pos in self._buckets():

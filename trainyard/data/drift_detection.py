@@ -8,16 +8,18 @@ and frames.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from trainyard.data.errors import SchemaMismatch
 from trainyard.data.profile import CATEGORY_LIMIT
 from trainyard.data.report import md_cell
 from trainyard.spec import PipelineSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PSI_EPSILON = 1e-4
 """Share given to a bin that is empty on one side, so PSI stays finite."""
@@ -58,6 +60,8 @@ def psi(prev: pd.Series, cur: pd.Series, bins: int = 10, categories: Optional[Se
     Raises:
         ValueError: `bins` < 1 or either series is empty.
     """
+    import pandas as pd
+
     if bins < 1:
         raise ValueError(f"bins must be >= 1, got {bins}")
     if len(prev) == 0 or len(cur) == 0:

@@ -34,9 +34,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-import pandas as pd
 import pyarrow as pa
 
 from trainyard.data.metrics import (
@@ -53,6 +52,9 @@ from trainyard.data.metrics import (
     MissingColumn,
     TableMetrics,
 )
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PARTIAL_UNEXPECTED_COUNT = 5
 """Unexpected values and row positions kept per expectation."""
@@ -76,6 +78,8 @@ def pandas_frame_for(schema: pa.Schema) -> pd.DataFrame:
     GE 1.x cannot name pandas' string dtypes in a type list, so text is
     handed over as object columns, whose values GE checks one by one.
     """
+    import pandas as pd
+
     frame = schema.empty_table().to_pandas()
     text = {c: object for c in frame.columns if isinstance(frame[c].dtype, pd.StringDtype)}
     return frame.astype(text) if text else frame

@@ -10,12 +10,14 @@ expectations that depend on it fail with that message, as in GE's pandas engine.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DISTINCT_LIMIT = 100_000
 """Most distinct values a `column.distinct_values` metric may collect before it refuses."""
@@ -69,6 +71,7 @@ def _accepts_text(type_list: Sequence[str]) -> bool:
     Follows `ColumnValuesInTypeList._pandas`: each name is tried as a numpy
     dtype, a pandas type and a native type name.
     """
+    import pandas as pd
     from great_expectations.expectations.type_comparison import native_type_type_map
 
     types: list[type] = []

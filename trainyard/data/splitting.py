@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from trainyard.data.canonical import BATCH_ROWS, CanonicalParquetWriter, jsonable
 from trainyard.data.errors import SchemaMismatch, SplitError
 from trainyard.spec import PipelineSpec
 from trainyard.store import FileStore
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def split_positions(labels: Optional[np.ndarray], n: int, spec: PipelineSpec) -> np.ndarray:

@@ -14,10 +14,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from trainyard import naming
@@ -32,6 +31,9 @@ from trainyard.data.splitting import split_snapshot
 from trainyard.data.suite import suite_expectations, suite_hash
 from trainyard.spec import PipelineSpec
 from trainyard.store import FileStore
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclasses.dataclass
