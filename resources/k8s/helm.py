@@ -237,8 +237,11 @@ def dagster_values(locations: list[CodeLocation], platform: Platform) -> dict[st
             "enabled": True,
             # A run mostly waits on its trial's Job; Kueue decides how many trials
             # train at once. This only bounds the number of waiting run pods.
+            # Runs dequeued together are launched in parallel threads (Dagster launches them one after the other by
+            # default: each waits for the previous launch's Job creation).
             "runCoordinator": {"enabled": True, "type": "QueuedRunCoordinator",
-                               "config": {"queuedRunCoordinator": {"maxConcurrentRuns": 50, "dequeueIntervalSeconds": 1}}},
+                               "config": {"queuedRunCoordinator": {"maxConcurrentRuns": 50, "dequeueIntervalSeconds": 1,
+                                                                   "dequeueUseThreads": True, "dequeueNumWorkers": 4}}},
             # A run pod killed (node lost, evicted, OOM) is resumed: a new run worker for the same
             # run and attempt, whose launcher re-attaches to the trial's running gang (same name,
             # attempt and run id) instead of starting a second one (resources.k8s.gangs).

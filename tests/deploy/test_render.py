@@ -268,4 +268,5 @@ def test_run_monitoring_resumes_a_killed_run_pod(values: dict[str, Any]) -> None
     assert values["runLauncher"]["type"] == "K8sRunLauncher"
     # Resuming needs a launcher that can check a run worker's health and resume it; the chart's is one.
     assert K8sRunLauncher.supports_resume_run.fget(None) is True  # a property that reads nothing of the instance
-    assert values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]["dequeueIntervalSeconds"] == 1
+    queue = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
+    assert queue["dequeueIntervalSeconds"] == 1 and queue["dequeueUseThreads"] is True and queue["dequeueNumWorkers"] >= 2
