@@ -81,9 +81,10 @@ def _sweep_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefi
         **common,
     )
     def sweep(
-        context: AssetExecutionContext, validated_data: ValidatedData, sweeps: SweepStore, store: ObjectStore, tracking: Tracking
+        context: AssetExecutionContext, validated_data: ValidatedData, sweeps: SweepStore, store: ObjectStore, tracking: Tracking,
+        launcher: Launcher,
     ) -> Output[Sweep]:
-        return sweep_body(context, spec, validated_data, sweeps, store, tracking)
+        return sweep_body(context, spec, validated_data, sweeps, store, tracking, launcher)
 
     @asset(
         key=asset_key(spec, naming.TRIAL_MODEL),

@@ -6,7 +6,8 @@
   (the run queue: QueuedRunCoordinator, default run launcher) plus
   `storage: postgres:` pointing at that database.
 - `DagsterDev`: `dagster dev` (webserver, daemon, code server) on a workspace of
-  one module, started in its own process group; runs are launched through the
+  one module, started in its own process group, with a warm worker directory of
+  its own (no server left by an earlier benchmark); runs are launched through the
   webserver's GraphQL API, as the UI's Launchpad does.
 - `run_phases()` (pure): a run's event timestamps -> queue wait, launch (run
   worker start-up and imports), up to the first step, steps, finish.
@@ -17,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -129,7 +132,15 @@ class DagsterDev:
 
 @contextlib.contextmanager
 def dagster_dev(module: str, location: str, env: dict[str, str], workdir: Path, expected_assets: int, timeout: float = 180) -> Iterator[DagsterDev]:
-    """`dagster dev` on a workspace of `module`, serving once the webserver lists `expected_assets` assets; stopped (its whole process group) afterwards."""
+    """`dagster dev` on a workspace of `module`, serving once the webserver lists `expected_assets` assets; stopped (its whole process group) afterwards.
+
+    Warm worker servers (`resources.warm`) live in a directory of this run's own and are stopped with it: each
+    benchmark starts as a machine with none running does, never on a server an earlier benchmark left warm.
+    """
+    from resources.warm import WARM_DIR_ENV, stop_servers
+
+    warm = Path(tempfile.mkdtemp(prefix="tyw-"))  # short: a socket path must stay under 108 bytes
+    env = {WARM_DIR_ENV: str(warm), **env}
     workspace = workdir / "workspace.yaml"
     workspace.write_text(f"load_from:\n  - python_module:\n      module_name: {module}\n      location_name: {location}\n      working_directory: {ROOT}\n")
     port, log = free_port(), workdir / "dagster-dev.log"
@@ -144,6 +155,8 @@ def dagster_dev(module: str, location: str, env: dict[str, str], workdir: Path, 
         yield dev
     finally:
         stop_group(proc)
+        stop_servers(warm)
+        shutil.rmtree(warm, ignore_errors=True)
 
 
 def stop_group(proc: subprocess.Popen) -> None:

@@ -57,7 +57,7 @@ from resources.launch_errors import (  # noqa: F401 (their home was here)
     parse_worker_exits,
     read_failures,
 )
-from resources.warm import WarmProcess, WarmUnavailable, launch_warm, warm_workers_enabled
+from resources.warm import WarmProcess, WarmUnavailable, launch_warm, prestart, warm_workers_enabled
 from training.spec import FAILURE_DIR, LAUNCH_ID_ENV, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
 from trainyard.curves import epoch_point
 
@@ -309,6 +309,19 @@ class LocalLauncher(Launcher):
             returncode, read_failures(spec.output_uri), log_tail, spec.trial_id,
             torchrun_output="\n".join(output.agent), rank_tails={r: list(t) for r, t in output.ranks.items()},
         )
+
+    def prestart_warm(self) -> bool:
+        """Start this launcher's warm server in the background when trials are coming (`resources.warm.prestart`).
+
+        The planner describes every trial's model on it and one-process trials
+        train on it, so the first trial no longer waits for its imports. Returns
+        whether a start was begun (False: warm workers are off, a server already
+        listens, or this launcher runs another interpreter, which it would not use).
+        """
+        if not self.warm_workers or not same_interpreter(self.python, sys.executable):
+            return False
+        return prestart(os.environ, python=sys.executable, idle_seconds=self.warm_idle_seconds,
+                        start_timeout=self.warm_start_timeout_seconds) is not None
 
     def _warm(self, spec: TrainSpec) -> bool:
         """Whether `spec` runs on a warm worker: one process, warm workers on (field and environment), this interpreter."""

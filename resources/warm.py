@@ -411,3 +411,54 @@ def stop_servers(directory: Path, timeout: float = 10.0) -> list[int]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     return pids
+
+
+def prestart(env: Mapping[str, str], *, python: str, idle_seconds: float, start_timeout: float,
+             root: Optional[Path] = None) -> Optional[subprocess.Popen]:
+    """Have the server for `python` and `root` start in the background, unless one is listening; the caller does not wait.
+
+    For the run that knows trials are coming (the `sweep` asset): the server's
+    imports (7-8 s here) then overlap the sweep sensor's tick and the trial
+    run's queue and start-up instead of sitting in the first trial's step.
+    A detached `python -m resources.warm prestart` starts it exactly as a
+    launch does (`connect`, under the start-up lock), so a launch that comes
+    before it listens waits for this start rather than making a second server.
+
+    Returns:
+        The detached starter, or None: a server already listens, warm workers
+        are off in `env`, or this is not Linux. A starter that fails leaves the
+        first launch to start the server (or run cold) as it would have.
+    """
+    if not sys.platform.startswith("linux") or not warm_workers_enabled(env):
+        return None
+    root = root or training_root()
+    path = warm_dir(env) / f"{server_key(python, root)}.sock"
+    with contextlib.suppress(OSError):
+        _connect(path).close()
+        return None
+    cmd = [python, "-m", "resources.warm", "prestart", "--idle-seconds", f"{idle_seconds:g}", "--start-timeout", f"{start_timeout:g}"]
+    return subprocess.Popen(cmd, cwd=root, env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m resources.warm prestart`: start (or find) this interpreter's server for this checkout, then exit."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m resources.warm")
+    commands = parser.add_subparsers(dest="command", required=True)
+    start = commands.add_parser("prestart", help="start the warm worker server for this interpreter and checkout, if none listens")
+    start.add_argument("--idle-seconds", type=float, required=True)
+    start.add_argument("--start-timeout", type=float, required=True)
+    args = parser.parse_args(argv)
+    try:
+        connect(warm_dir(os.environ), python=sys.executable, root=training_root(), idle_seconds=args.idle_seconds,
+                start_timeout=args.start_timeout).close()
+    except WarmUnavailable as e:
+        print(f"warm worker server not started: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

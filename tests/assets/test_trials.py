@@ -215,3 +215,30 @@ def test_kill_drill_on_a_finished_real_trial_retrains_and_recovers(tmp_path: Pat
     meta = metadata(drill)
     assert meta["drill_recovered"] is True and meta["drill_restarts"] >= 1
     assert json.loads(Path(recorded.result_uri).read_text())["best_metric"] == recorded.best_metric  # the recorded result is untouched
+
+
+def test_the_sweep_starts_the_warm_server_for_its_trials_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep with trials to run on this machine starts the warm server while the first trial run is on its way."""
+    import shutil
+    import tempfile
+    import time
+
+    from resources.launcher import LocalLauncher
+    from resources.warm import WARM_DIR_ENV, stop_servers
+
+    warm = Path(tempfile.mkdtemp(prefix="tyw-"))  # a socket path must stay short
+    monkeypatch.setenv(WARM_DIR_ENV, str(warm))
+    try:
+        spec = drill_spec(n_trials=2, parallelism=1)
+        instance = open_instance(tmp_path)
+        sweep = prepared_home(tmp_path, spec, drill_resources(tmp_path, LocalLauncher()), instance)
+        assert sweep["trials"] == ["trial-0000"]
+        deadline = time.monotonic() + 180
+        while not list(warm.glob("*.sock")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(list(warm.glob("*.sock"))) == 1 and len(list(warm.glob("*.pid"))) == 1
+        logs = [e.message for e in instance.all_logs(instance.get_runs()[0].run_id)]
+        assert any("starting the warm worker server in the background" in m for m in logs)
+    finally:
+        stop_servers(warm)
+        shutil.rmtree(warm, ignore_errors=True)

@@ -317,3 +317,24 @@ def test_a_warm_trial_records_the_installed_packages_as_a_cold_one_does(tmp_path
         recorded[how] = requirements.read_text().splitlines()
     assert recorded["warm"] == recorded["cold"]
     assert f"torch=={torch.__version__}" in recorded["warm"] and len(recorded["warm"]) > 100
+
+
+def test_prestart_starts_one_server_in_the_background_that_a_launch_then_uses(warm_dir: Path, tmp_path: Path) -> None:
+    """The sweep asset's prestart returns at once; a launch that comes before the server listens waits for it, no second one."""
+    launcher = LocalLauncher()
+    assert launcher.prestart_warm() is True
+    socket_path = warm_dir / f"{server_key(sys.executable, training_root())}.sock"
+    assert not socket_path.exists(), "prestart waited for the server's imports"
+    outcome = launcher.launch(make_spec(tmp_path, max_epochs=1))  # at once: the server is still importing
+    [(_, _, _, _, server)] = launches(log_of(outcome))
+    assert [int(p.read_text()) for p in warm_dir.glob("*.pid")] == [server]
+    assert "warm workers unavailable" not in log_of(outcome)
+    assert launcher.prestart_warm() is False  # a server listens: nothing to start
+
+
+def test_prestart_does_nothing_with_warm_workers_off(warm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(WARM_WORKERS_ENV, "0")
+    assert LocalLauncher().prestart_warm() is False
+    assert LocalLauncher(warm_workers=False).prestart_warm() is False
+    time.sleep(1.0)
+    assert list(warm_dir.iterdir()) == []
