@@ -44,13 +44,14 @@ from dagster import (
 )
 
 from assets.factory import asset_key
+from pipelines.sensor_timing import ticks_every
 from resources.storage import ObjectStore
 from trainyard import naming
 from trainyard.data import ingest
 from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG, TRIGGER_TAG
 from trainyard.spec import PipelineSpec
 
-MINIMUM_INTERVAL_SECONDS = 60
+MINIMUM_INTERVAL_SECONDS = ticks_every(60)  # a tick a minute (60 s gave one every 65 s: pipelines.sensor_timing)
 MAX_RAW_DATA_PER_TICK = 100
 RAW_DATA_RUN_TAG = "trainyard/raw_data_run"
 

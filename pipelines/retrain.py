@@ -45,6 +45,7 @@ from dagster import (
 
 from assets.factory import asset_key
 from pipelines.landing_sensor import continuation_selection
+from pipelines.sensor_timing import ticks_every
 from pipelines.sensors import latest_study
 from resources.registry import ModelRegistry, ModelVersionInfo
 from resources.storage import ObjectStore
@@ -56,7 +57,7 @@ from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG, TR
 from trainyard.promotion import CHAMPION
 from trainyard.spec import PipelineSpec
 
-DRIFT_MINIMUM_INTERVAL_SECONDS = 300
+DRIFT_MINIMUM_INTERVAL_SECONDS = ticks_every(300)  # every 5 minutes (pipelines.sensor_timing)
 
 
 def prepare_selection(spec: PipelineSpec) -> list[AssetKey]:

@@ -66,6 +66,7 @@ from dagster import (
 
 from assets.factory import trials_partitions
 from pipelines.landing_sensor import evaluate_raw_data
+from pipelines.sensor_timing import ticks_every
 from resources.sweeps import SweepError, SweepStatus, SweepStore
 from trainyard import naming
 from trainyard.naming import PIPELINE_TAG, STUDY_TAG, TEAM_TAG, TRIGGER_TAG, job_names, trial_key
@@ -75,14 +76,12 @@ PARTITION_TAG = "dagster/partition"  # the tag Dagster puts on a partitioned run
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 ENDED_UNTOLD = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 
-# The sweep sensor's minimum interval. A trial slot that frees waits for the next tick: with ticks 30 s apart,
-# 4 one-epoch digits trials at parallelism 2 spent 54 of 64 s waiting for them (bench.sweep_throughput). Dagster's
-# sensor daemon looks at its sensors every 5 s and starts a tick once this interval has passed since the last one
-# started, so ticks land on that 5 s grid: an interval of 10 gave ticks 15 s apart (measured: 14.9-15.1 s; the
-# check 10 s after a tick finds a hair under 10 s elapsed), 5 a mix of 5 and 10 s, 9 gives 10 s. A tick costs the
-# code server 0.4-0.6 s even for a small study, so 10 s, not 5, per pipeline; one near the 20 s budget (tens of
-# thousands of trials) simply runs again at the next look after it ends.
-MINIMUM_INTERVAL_SECONDS = 9
+# The sweep sensor ticks every 10 s (`pipelines.sensor_timing`: an interval of 10 gave ticks 15 s apart). A trial
+# slot that frees waits for the next tick: with ticks 30 s apart, 4 one-epoch digits trials at parallelism 2 spent
+# 54 of 64 s waiting for them (bench.sweep_throughput). A tick costs the code server 0.4-0.6 s even for a small study,
+# so 10 s, not 5, per pipeline; one near the 20 s budget (tens of thousands of trials) simply runs again at the next
+# look after it ends.
+MINIMUM_INTERVAL_SECONDS = ticks_every(10)
 MAX_ASKS_PER_TICK = 64
 TICK_BUDGET_SECONDS = 20.0  # a third of Dagster's default 60 s sensor timeout
 

@@ -363,3 +363,16 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
         engine = [e.message for e in instance.all_logs(record.dagster_run.run_id) if e.dagster_event and e.dagster_event.event_type_value == "ENGINE_EVENT"]
         assert any(m.startswith("Executing steps in process") for m in engine), engine
         assert not any("multiprocess" in m for m in engine), engine
+
+
+def test_sensor_intervals_land_on_the_daemons_looks() -> None:
+    """The cadence `ticks_every` promises rests on Dagster's 5 s sensor loop: an upgrade that changes it fails here."""
+    from dagster._daemon.sensor import MIN_INTERVAL_LOOP_TIME
+
+    from pipelines import landing_sensor, sensors
+    from pipelines.sensor_timing import DAEMON_LOOK_SECONDS, ticks_every
+
+    assert DAEMON_LOOK_SECONDS == MIN_INTERVAL_LOOP_TIME
+    assert (sensors.MINIMUM_INTERVAL_SECONDS, landing_sensor.MINIMUM_INTERVAL_SECONDS) == (9, 59)
+    with pytest.raises(ValueError, match="multiple of the daemon's 5 s look"):
+        ticks_every(12)
