@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 from dagster import AssetExecutionContext, MetadataValue, Output
 
-from resources.launcher import Launcher, LocalLauncher
+from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from resources.sweeps import SweepStore, build_report, objectives_of, report_metadata, study_directions
 from resources.tracking import Tracking
@@ -17,7 +15,7 @@ from trainyard.values import Sweep, ValidatedData
 
 def sweep_body(
     context: AssetExecutionContext, spec: PipelineSpec, validated: ValidatedData, sweeps: SweepStore, store: ObjectStore, tracking: Tracking,
-    launcher: Optional[Launcher] = None,
+    launcher: Launcher,
 ) -> Output[Sweep]:
     """Ask the study's first trials, add them as `trial_model` partitions and report best parameters, history and importance.
 
@@ -43,7 +41,7 @@ def sweep_body(
     if stale:
         context.log.info(f"{spec.key}: removed {len(stale)} trial partitions of an earlier study ({stale[0]} .. {stale[-1]}); study {name} has not asked them")
     report = build_report(sweeps, study, spec)
-    if isinstance(launcher, LocalLauncher) and not report.status.done and launcher.prestart_warm():
+    if not report.status.done and launcher.prestart_warm():
         context.log.info(f"{spec.key}: starting the warm worker server in the background for the trials to come")
     meta = report_metadata(report, store, naming.sweep_report_dir(store, spec.team, spec.name, name), objectives_of(spec))
     if report.status.stop_reason:

@@ -203,6 +203,10 @@ class Launcher(ConfigurableResource):
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         raise NotImplementedError
 
+    def prestart_warm(self) -> bool:
+        """Get ready for trials that are coming (the `sweep` asset calls it); whether a start was begun. Nothing here."""
+        return False
+
 
 class LocalLauncher(Launcher):
     """torchrun on this machine: N CPU processes with gloo, logs captured; one-process trials on warm workers.
@@ -321,7 +325,7 @@ class LocalLauncher(Launcher):
         if not self.warm_workers or not same_interpreter(self.python, sys.executable):
             return False
         return prestart(os.environ, python=sys.executable, idle_seconds=self.warm_idle_seconds,
-                        start_timeout=self.warm_start_timeout_seconds) is not None
+                        start_timeout=self.warm_start_timeout_seconds)
 
     def _warm(self, spec: TrainSpec) -> bool:
         """Whether `spec` runs on a warm worker: one process, warm workers on (field and environment), this interpreter."""

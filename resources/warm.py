@@ -413,9 +413,8 @@ def stop_servers(directory: Path, timeout: float = 10.0) -> list[int]:
     return pids
 
 
-def prestart(env: Mapping[str, str], *, python: str, idle_seconds: float, start_timeout: float,
-             root: Optional[Path] = None) -> Optional[subprocess.Popen]:
-    """Have the server for `python` and `root` start in the background, unless one is listening; the caller does not wait.
+def prestart(env: Mapping[str, str], *, python: str, idle_seconds: float, start_timeout: float) -> bool:
+    """Have the server for `python` and this checkout start in the background, unless one listens; the caller does not wait.
 
     For the run that knows trials are coming (the `sweep` asset): the server's
     imports (7-8 s here) then overlap the sweep sensor's tick and the trial
@@ -425,20 +424,20 @@ def prestart(env: Mapping[str, str], *, python: str, idle_seconds: float, start_
     before it listens waits for this start rather than making a second server.
 
     Returns:
-        The detached starter, or None: a server already listens, warm workers
-        are off in `env`, or this is not Linux. A starter that fails leaves the
-        first launch to start the server (or run cold) as it would have.
+        Whether a starter was begun (False: a server already listens, warm
+        workers are off in `env`, or this is not Linux). A starter that fails
+        leaves the first launch to start the server (or run cold) as it would have.
     """
     if not sys.platform.startswith("linux") or not warm_workers_enabled(env):
-        return None
-    root = root or training_root()
-    path = warm_dir(env) / f"{server_key(python, root)}.sock"
+        return False
+    root = training_root()
     with contextlib.suppress(OSError):
-        _connect(path).close()
-        return None
+        _connect(warm_dir(env) / f"{server_key(python, root)}.sock").close()
+        return False
     cmd = [python, "-m", "resources.warm", "prestart", "--idle-seconds", f"{idle_seconds:g}", "--start-timeout", f"{start_timeout:g}"]
-    return subprocess.Popen(cmd, cwd=root, env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH", "")]))},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    subprocess.Popen(cmd, cwd=root, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)
+    return True
 
 
 def main(argv: Optional[list[str]] = None) -> int:
