@@ -88,11 +88,25 @@ def tpe_batch(study: Any, sampler: Any, dists: dict[str, Any], n: int, deadline:
 
 
 def create_running(study: Any, params: BatchParams, dists: dict[str, Any]) -> list[int]:
-    """Create one RUNNING trial per parameter set, each in a single storage write; returns their numbers in order."""
+    """Create one RUNNING trial per parameter set; returns their numbers in order.
+
+    On the sweeps' own storage (`SweepRDBStorage` behind Optuna's cache) all in
+    one write, and the cache learns them as `create_new_trial` would teach it;
+    on any other storage one `create_new_trial` each.
+    """
+    from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
     from optuna.trial import TrialState, create_trial
+
+    from resources.sweeps.rdb import SweepRDBStorage
 
     storage = study._storage
     study_id = study._study_id
+    if isinstance(storage, _CachedStorage) and isinstance(storage._backend, SweepRDBStorage):
+        created = storage._backend.create_running_trials(study_id, params, dists)
+        with storage._lock:
+            storage._studies.setdefault(study_id, _StudyInfo())
+            storage._add_trials_to_cache(study_id, created)
+        return [t.number for t in created]
     numbers = []
     for p in params:
         trial_id = storage.create_new_trial(study_id, template_trial=create_trial(state=TrialState.RUNNING, params=p, distributions=dists))

@@ -8,7 +8,16 @@ of a 24 s tick at 50k trials here (issue 16). `SweepRDBStorage` reads the
 same six tables with plain SELECTs, groups the rows in Python and parses each
 distinct distribution once; it builds the same FrozenTrials
 (tests/resources/sweeps/test_rdb.py compares them with Optuna's own read on
-every kind of trial). Everything else is Optuna's RDBStorage.
+every kind of trial).
+
+`create_running_trials` writes a tick's new trials (the sweep sensor asks up
+to 64 at once) in one transaction: Optuna's `create_new_trial` is a
+transaction of ORM round trips per trial (the study row locked, the trial
+inserted and flushed, each parameter checked against the study's first use of
+its name and inserted, the trial's number counted), 10-20 ms each here, half
+of a 64-trial tick at 5,000 trials. The numbers are counted as Optuna counts
+them (the trials of the study with a smaller trial id), under the same lock.
+Everything else is Optuna's RDBStorage.
 """
 
 from __future__ import annotations
@@ -40,7 +49,76 @@ def _local(utc: Optional[datetime.datetime]) -> Optional[datetime.datetime]:
 
 
 class SweepRDBStorage(RDBStorage):
-    """RDBStorage whose `_get_trials` (every bulk read of a study's trials) uses plain SELECTs."""
+    """RDBStorage whose `_get_trials` (every bulk read of a study's trials) uses plain SELECTs and that creates a batch of running trials in one write."""
+
+    def create_running_trials(
+        self, study_id: int, params: list[dict[str, Any]], dists: dict[str, distributions.BaseDistribution]
+    ) -> list[FrozenTrial]:
+        """One RUNNING trial per parameter set (external values of `dists`), in one transaction; the new trials in order.
+
+        What `create_new_trial` with a RUNNING template trial stores, and the
+        same checks: each distribution must be compatible with the study's
+        earlier use of its parameter name (ValueError otherwise, nothing written).
+        """
+        if not params:
+            return []
+        names = sorted({name for p in params for name in p})
+        encoded = {name: distributions.distribution_to_json(dists[name]) for name in names}
+        start = datetime.datetime.now()
+        start_utc = start.astimezone(datetime.UTC).replace(tzinfo=None)
+        with _create_scoped_session(self.scoped_session) as session:
+            # The lock Optuna's create_new_trial takes: trial numbers are counted under it.
+            models.StudyModel.find_or_raise_by_id(study_id, session, for_update=True)
+            try:
+                self._check_compatible(session, study_id, {name: dists[name] for name in names})
+            except ValueError:
+                session.rollback()
+                raise
+            ids = []
+            for _ in params:  # one INSERT per row: the ids come back on every backend, in order
+                result = session.execute(sqlalchemy.insert(_TRIALS).values(
+                    study_id=study_id, number=None, state=TrialState.RUNNING, datetime_start=start_utc, datetime_complete=None))
+                ids.append(result.inserted_primary_key[0])
+            before = session.execute(
+                sqlalchemy.select(sqlalchemy.func.count()).select_from(_TRIALS)
+                .where(_TRIALS.c.study_id == study_id, _TRIALS.c.trial_id < ids[0])
+            ).scalar_one()
+            later = session.execute(
+                sqlalchemy.select(_TRIALS.c.trial_id).where(_TRIALS.c.study_id == study_id, _TRIALS.c.trial_id >= ids[0])
+                .order_by(_TRIALS.c.trial_id)
+            ).scalars().all()
+            number_of = {trial_id: before + i for i, trial_id in enumerate(later)}
+            session.execute(
+                sqlalchemy.update(_TRIALS).where(_TRIALS.c.trial_id == sqlalchemy.bindparam("tid")).values(number=sqlalchemy.bindparam("num")),
+                [{"tid": trial_id, "num": number_of[trial_id]} for trial_id in ids],
+            )
+            rows = [{"trial_id": trial_id, "param_name": name, "param_value": dists[name].to_internal_repr(value),
+                     "distribution_json": encoded[name]}
+                    for trial_id, p in zip(ids, params) for name, value in p.items()]
+            if rows:
+                session.execute(sqlalchemy.insert(_PARAMS), rows)
+        return [
+            FrozenTrial(number=number_of[trial_id], state=TrialState.RUNNING, value=None, values=None, datetime_start=_local(start_utc),
+                        datetime_complete=None, params=dict(p), distributions={name: dists[name] for name in p}, user_attrs={},
+                        system_attrs={}, intermediate_values={}, trial_id=trial_id)
+            for trial_id, p in zip(ids, params)
+        ]
+
+    @staticmethod
+    def _check_compatible(session: Any, study_id: int, dists: dict[str, distributions.BaseDistribution]) -> None:
+        """Each distribution against the study's first stored use of its name, as `set_trial_param` checks it (ValueError)."""
+        for name, dist in dists.items():
+            previous = session.execute(
+                sqlalchemy.select(_PARAMS.c.distribution_json).join(_TRIALS, _TRIALS.c.trial_id == _PARAMS.c.trial_id)
+                .where(_TRIALS.c.study_id == study_id, _PARAMS.c.param_name == name).limit(1)
+            ).scalar()
+            if previous is None:
+                continue
+            stored = distributions.json_to_distribution(previous)
+            try:
+                distributions.check_distribution_compatibility(stored, dist)
+            except ValueError as e:
+                raise ValueError(f"parameter {name!r}: the study stores it as {stored}, this batch asks {dist}: {e}") from e
 
     def _get_trials(
         self,

@@ -83,3 +83,83 @@ def test_the_bulk_read_builds_optunas_trials_on_postgresql(pg_databases: list[st
 
 def test_the_sweep_store_reads_through_it(tmp_path: Path) -> None:
     assert isinstance(open_storage(f"sqlite:///{tmp_path / 'o.db'}"), SweepRDBStorage)
+
+
+BATCH = [{"lr": 0.01, "hidden": 64, "act": "tanh", "p": 0.5}, {"lr": 0.003, "hidden": 16, "act": None, "p": 0.0},
+         {"lr": 0.05, "hidden": 256, "act": 3, "p": 1.0}]
+
+
+def _batch_against_optunas_create(url: str) -> None:
+    """A batch written in one transaction reads back (through Optuna's own read) as `create_new_trial` of the same trials does."""
+    ours = SweepRDBStorage(url)
+    theirs = optuna.storages.RDBStorage(url)
+    made = {}
+    for name, create in (("ours", lambda sid: ours.create_running_trials(sid, BATCH, DISTS)),
+                         ("theirs", lambda sid: [theirs.create_new_trial(sid, create_trial(state=TrialState.RUNNING, params=p, distributions=DISTS))
+                                                 for p in BATCH])):
+        study_id = theirs.create_new_study([optuna.study.StudyDirection.MAXIMIZE], name)
+        theirs.create_new_trial(study_id)  # a trial before the batch: numbers count on from it
+        returned = create(study_id)
+        made[name] = (returned, theirs.get_all_trials(study_id))
+    (returned, mine), (_, optunas) = made["ours"], made["theirs"]
+    assert [t.number for t in mine] == [t.number for t in optunas] == [0, 1, 2, 3]
+    assert [t.number for t in returned] == [1, 2, 3]
+    for read, got in zip(mine[1:], returned):
+        assert (read.number, read._trial_id, read.params, read.distributions, read.state) == (got.number, got._trial_id, got.params, got.distributions, got.state)
+        assert read.datetime_start == got.datetime_start
+    for a, b in zip(mine, optunas):
+        assert (a.state, a.params, a.distributions, a.user_attrs, a.system_attrs, a.values) == (b.state, b.params, b.distributions, b.user_attrs, b.system_attrs, b.values)
+        assert a.datetime_start is not None and abs((a.datetime_start - b.datetime_start).total_seconds()) < 60
+    # Optuna's own writes on the batch's trials work as on its own: a told trial completes.
+    theirs.set_trial_state_values(mine[2]._trial_id, TrialState.COMPLETE, [0.5])
+    assert theirs.get_trial(mine[2]._trial_id).value == 0.5
+
+
+def test_a_batch_of_running_trials_is_what_optunas_create_writes_on_sqlite(tmp_path: Path) -> None:
+    _batch_against_optunas_create(f"sqlite:///{tmp_path / 'optuna.db'}")
+
+
+def test_a_batch_of_running_trials_is_what_optunas_create_writes_on_postgresql(pg_databases: list[str]) -> None:
+    _batch_against_optunas_create(pg_databases[0])
+
+
+def test_an_incompatible_distribution_writes_nothing_and_releases_the_study(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    ours = SweepRDBStorage(url)
+    study_id = ours.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
+    ours.create_running_trials(study_id, BATCH[:1], DISTS)
+    wrong = {**DISTS, "hidden": CategoricalDistribution(["a", "b"])}
+    with pytest.raises(ValueError, match="hidden|compatib"):
+        ours.create_running_trials(study_id, [{**BATCH[0], "hidden": "a"}], wrong)
+    assert len(ours.get_all_trials(study_id)) == 1
+    # The failed batch holds no lock: another storage on the file writes at once.
+    other = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 2}})
+    other.create_new_trial(study_id)
+    assert [t.number for t in ours.get_all_trials(study_id)] == [0, 1]
+
+
+def _create_batches(url: str, rounds: int) -> None:
+    storage = SweepRDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
+    plain = optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None)
+    study_id = storage.get_study_id_from_name("s")
+    for i in range(rounds):
+        storage.create_running_trials(study_id, BATCH, DISTS)
+        plain.create_new_trial(study_id, create_trial(state=TrialState.RUNNING, params=BATCH[i % 3], distributions=DISTS))
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_concurrent_batches_and_optunas_creates_number_trials_without_gaps_or_repeats(tmp_path: Path, backend: str, request) -> None:
+    """Three processes, each alternating batches and Optuna's own create: every trial gets its own number, 0..n-1."""
+    import multiprocessing
+
+    url = f"sqlite:///{tmp_path / 'optuna.db'}" if backend == "sqlite" else request.getfixturevalue("pg_databases")[0]
+    optuna.storages.RDBStorage(url).create_new_study([optuna.study.StudyDirection.MAXIMIZE], "s")
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_create_batches, args=(url, 10)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+    assert [w.exitcode for w in workers] == [0, 0, 0]
+    trials = optuna.storages.RDBStorage(url).get_all_trials(optuna.storages.RDBStorage(url).get_study_id_from_name("s"))
+    assert sorted(t.number for t in trials) == list(range(3 * 10 * 4))
