@@ -1,7 +1,7 @@
 """A Dagster run of `trial-0000` whose launcher is the Kubernetes launcher on an emulated cluster, as its own process.
 
 `python -m tests.resources.k8s_orchestrator HOME API_URL MASTER_PORT` materializes
-`trial_model` for `trial-0000` of `orchestrated_spec()` on the Dagster instance and
+`trial_model` for `trial-0000` of `orchestrated_spec(HOME)` on the Dagster instance and
 home at HOME (which `prepared_home` prepared), against the emulated cluster's API
 at API_URL. It is the orchestrator a drill SIGKILLs mid-trial: its gang lives on in
 the cluster, and the run it leaves STARTED is retried the way Dagster does (a new
@@ -29,9 +29,15 @@ NAMESPACE = "vision"
 IMAGE = "registry.example.com/trainyard/trainer@sha256:" + "0" * 64
 CHECKPOINT_EVERY = 5
 # 60 steps of 0.5 s (2 steps per epoch per rank: 210 training rows, batch 64, 2 ranks): the orphan gang still
-# trains while the retried run starts, so the retry has a live gang to delete.
+# trains while the retried run starts, so the retry has a live gang to delete. Steps stop waiting once the file
+# `fast_file(HOME)` exists: the drill creates it when the retry's own gang exists (the orphan is gone by then).
 STEP_SECONDS = 0.5
 EPOCHS = 30
+
+
+def fast_file(home: Path) -> Path:
+    """The file whose existence ends `SlowSteps`' wait for the orchestrated trial at HOME (see `slow_model`)."""
+    return home / "steps-at-full-speed"
 
 
 def pipeline_spec(**over: Any) -> PipelineSpec:
@@ -42,15 +48,20 @@ def pipeline_spec(**over: Any) -> PipelineSpec:
     return small_spec(**base)
 
 
-def slow_model(step_seconds: float, max_epochs: int = 50) -> ModelSpec:
-    """`SlowSteps` digits (2 steps per epoch and rank): a window for a disruption to land mid-training on any machine."""
-    return ModelSpec(path="tests.support.gang_models:SlowSteps", hparams={"hidden": 16, "step_seconds": step_seconds},
-                     max_epochs=max_epochs, batch_size=64)
+def slow_model(step_seconds: float, max_epochs: int = 50, until: Optional[Path] = None) -> ModelSpec:
+    """`SlowSteps` digits (2 steps per epoch and rank): a window for a disruption to land mid-training on any machine.
+
+    With `until`, steps stop waiting once that file exists (the test creates it after the disruption).
+    """
+    hparams: dict[str, Any] = {"hidden": 16, "step_seconds": step_seconds}
+    if until is not None:
+        hparams["until"] = str(until)
+    return ModelSpec(path="tests.support.gang_models:SlowSteps", hparams=hparams, max_epochs=max_epochs, batch_size=64)
 
 
-def orchestrated_spec() -> PipelineSpec:
-    """`pipeline_spec` with a checkpoint every 5 steps and 0.5 s per step."""
-    return pipeline_spec(model=slow_model(STEP_SECONDS, EPOCHS),
+def orchestrated_spec(home: Path) -> PipelineSpec:
+    """`pipeline_spec` with a checkpoint every 5 steps and 0.5 s per step until `fast_file(home)` exists."""
+    return pipeline_spec(model=slow_model(STEP_SECONDS, EPOCHS, until=fast_file(home)),
                          checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
 
 
@@ -65,7 +76,7 @@ def k8s_launcher(api_url: str, master_port: int, **over: Any) -> KubernetesLaunc
 
 def run_trial(home: Path, api_url: str, master_port: int, tags: Optional[dict[str, str]] = None) -> Any:
     """Execute the train job for `trial-0000` on HOME's instance; the `ExecuteInProcessResult`."""
-    spec = orchestrated_spec()
+    spec = orchestrated_spec(home)
     resources = drill_resources(home, k8s_launcher(api_url, master_port))
     job = build_definitions(spec, resources=resources).resolve_job_def(job_names(spec)["train"])
     return job.execute_in_process(instance=open_instance(home), partition_key="trial-0000", tags=tags, raise_on_error=False)

@@ -186,6 +186,24 @@ def wait_for_checkpoint(c: EmulatedCluster, at_least: int) -> tuple[str, int]:
     return c.wait_for(f"a checkpoint at step >= {at_least}", found, timeout=300)
 
 
+def full_speed_once(c: EmulatedCluster, thread: threading.Thread, until: Path, what: str, landed: Callable[[], bool]) -> None:
+    """Create `until` (`SlowSteps` stop waiting: see `slow_model`) once `landed()` holds, or once the run ended.
+
+    The wait per step is the window in which a disruption reaches the gang; once it has (the
+    disturbed pods are gone), the resumed training needs no window and runs at full speed.
+    """
+    c.wait_for(what, lambda: not thread.is_alive() or landed(), timeout=400)
+    until.touch()
+
+
+def replaced(c: EmulatedCluster, gang: str, before: set[str]) -> Callable[[], bool]:
+    """Whether every pod of `gang` in `before` is gone and pods of its next attempt exist."""
+    def check() -> bool:
+        now = {p["metadata"]["name"] for p in gang_pods(c, gang)}
+        return bool(now) and not now & before
+    return check
+
+
 def fail_on_node_1(cluster: EmulatedCluster, tmp_path: Path, **launcher_options: Any) -> tuple[str, list[dict[str, Any]]]:
     """Launch a gang whose rank 1 raises at step 2: the launch fails at once, not retryable, with rank 1's traceback,
     and one pod per index was ever created; (the error's text, the pods left)."""
@@ -238,12 +256,15 @@ def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(cl
     from the newest committed checkpoint (a fresh rendezvous of all ranks),
     ending bitwise where an undisturbed run ends.
     """
-    spec = pipeline_spec(model=slow_model(0.05), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
+    fast = tmp_path / "steps-at-full-speed"
+    spec = pipeline_spec(model=slow_model(0.05, until=fast), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
     thread, box = in_thread(run_trial_model, tmp_path, launcher(cluster), spec)
     name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
     first = [p for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"]
     victim = next(p for p in first if index(p) == 1)
+    before = {p["metadata"]["name"] for p in gang_pods(cluster, name)}
     cluster.kill(victim["metadata"]["name"], signal.SIGKILL)
+    full_speed_once(cluster, thread, fast, "the restarted gang's pods", replaced(cluster, name, before))
     trial: DagsterTrial = finish(thread, box)
     assert trial.result.success, trial.failure()
 
@@ -347,11 +368,15 @@ def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedClus
     """
     # 0.1 s per step: the eviction reaches the pods long before the 100 steps end (a plain digits trial
     # once finished all of them first on a loaded machine, and its "preemption" found nothing to resume).
-    spec = pipeline_spec(model=slow_model(0.1), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
+    # Once the preempted pods are gone and re-admitted ones exist, the steps stop waiting (`full_speed_once`).
+    fast = tmp_path / "steps-at-full-speed"
+    spec = pipeline_spec(model=slow_model(0.1, until=fast), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
     thread, box = in_thread(run_trial_model, tmp_path, launcher(cluster), spec)
     name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
     first = {p["metadata"]["name"] for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"}
+    before = {p["metadata"]["name"] for p in gang_pods(cluster, name)}
     cluster.preempt(name, NS)
+    full_speed_once(cluster, thread, fast, "the re-admitted gang's pods", replaced(cluster, name, before))
     trial: DagsterTrial = finish(thread, box)
     assert trial.result.success, trial.failure()
 
@@ -525,11 +550,11 @@ def test_the_orchestrator_killed_mid_trial_and_its_run_retried_runs_one_gang_at_
 
     from tests.pipelines.pipeline_fixtures import failure_text
     from tests.pipelines.sweep_drill import drill_resources, open_instance, prepared_home
-    from tests.resources.k8s_orchestrator import orchestrated_spec, run_trial
+    from tests.resources.k8s_orchestrator import fast_file, orchestrated_spec, run_trial
     from training.checkpointing import CheckpointStore
 
     home, port = tmp_path / "home", free_port()
-    spec = orchestrated_spec()
+    spec = orchestrated_spec(home)
     node = f"{spec.team}__{spec.name}__trial_model"
     with EmulatedCluster(tmp_path / "cluster", node_env=NODE_ENV) as c:
         prepared_home(home, spec, drill_resources(home, k8s_launcher(c.url, port)), open_instance(home))
@@ -545,8 +570,12 @@ def test_the_orchestrator_killed_mid_trial_and_its_run_retried_runs_one_gang_at_
         (dead,) = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
         assert jobset(c, orphan)["metadata"]["labels"]["trainyard.io/dagster-run"] == dead.run_id
         instance.report_run_failed(dead, "the run worker was killed")  # what run monitoring records for a dead run worker
-        result = run_trial(home, c.url, port, tags={"dagster/retry_number": "1", "dagster/parent_run_id": dead.run_id,
-                                                     "dagster/root_run_id": dead.run_id})
+        thread, box = in_thread(run_trial, home, c.url, port, {"dagster/retry_number": "1", "dagster/parent_run_id": dead.run_id,
+                                                               "dagster/root_run_id": dead.run_id})
+        # The retry's own JobSet exists only once the orphan is gone: from then on the steps need no window.
+        full_speed_once(c, thread, fast_file(home), "the retry's JobSet",
+                        lambda: any(js["metadata"]["name"] != orphan for js in c.objects("JobSet")))
+        result = finish(thread, box)
         assert result.success, failure_text(result)
 
         (js,) = c.objects("JobSet")  # the orphan is gone; the retry's JobSet, of attempt 100, trained the trial

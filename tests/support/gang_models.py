@@ -6,7 +6,9 @@ Imported by the training processes of `tests/training/test_gang.py` (the spec's
 
 from __future__ import annotations
 
+import os
 import time
+from typing import Optional
 
 from pipelines.vision.models import DigitsMLP
 from training.errors import ConfigError
@@ -47,12 +49,20 @@ class SlowSteps(DigitsMLP):
 
     A digits step takes milliseconds, so a 200-step trial could finish before an eviction
     the test asked for has reached its pods on a loaded machine.
+
+    `until`: a file; once it exists, steps no longer wait. A test creates it when the
+    disruption has landed (the disturbed processes are gone), so the resumed training runs
+    at full speed instead of sleeping through the rest of its steps. The weights do not
+    depend on the wait: a trial is bitwise the same with or without it.
     """
 
-    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2, step_seconds: float = 0.1) -> None:
+    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2, step_seconds: float = 0.1,
+                 until: Optional[str] = None) -> None:
         super().__init__(n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr)
         self.step_seconds = step_seconds
+        self.until = until
 
     def training_step(self, batch, batch_idx):
-        time.sleep(self.step_seconds)
+        if self.until is None or not os.path.exists(self.until):
+            time.sleep(self.step_seconds)
         return super().training_step(batch, batch_idx)
