@@ -50,10 +50,12 @@ import select
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from training.gang import classify, launch_records, output_uri_of
 from training.spec import EXIT_INFRA, EXIT_OK, LAUNCH_ID_ENV
@@ -148,15 +150,25 @@ def preload() -> list[str]:
     os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without a CUDA context
     loaded = []
-    for name in PRELOAD:
-        importlib.import_module(name)
-        loaded.append(name)
-    for name in PRELOAD_OPTIONAL:
-        try:
+    register = atexit.register
+
+    def recording(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+        SERVER_EXIT_CALLBACKS.append(func)
+        return register(func, *args, **kwargs)
+
+    atexit.register = recording  # type: ignore[assignment]  # modules call `atexit.register` at import
+    try:
+        for name in PRELOAD:
             importlib.import_module(name)
-        except ImportError:
-            continue
-        loaded.append(name)
+            loaded.append(name)
+        for name in PRELOAD_OPTIONAL:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                continue
+            loaded.append(name)
+    finally:
+        atexit.register = register
     _freeze_package_list()
     running = threads()
     if len(running) != 1:
@@ -200,10 +212,57 @@ def worker_path(cwd: str, env: dict[str, str], base: list[str]) -> list[str]:
 BASE_PATH: list[str] = []
 
 
+# The `atexit` callbacks the server's imports registered (`preload` records them): W&B's registers the cleanup of the
+# temporary directories it makes at import for media and artifact staging.
+SERVER_EXIT_CALLBACKS: list[Callable[..., Any]] = []
+
+
+def _server_temporary_directories() -> list[Callable[..., Any]]:
+    """The recorded exit callbacks that remove a temporary directory of the server's."""
+    return [f for f in SERVER_EXIT_CALLBACKS if isinstance(getattr(f, "__self__", None), tempfile.TemporaryDirectory)]
+
+
+def disown_server_exit_work() -> int:
+    """Keep this worker's exit from doing the server's exit work; how many finalizers and callbacks were set aside.
+
+    A fork inherits the `atexit` callbacks and `weakref.finalize`'s exit-time
+    finalizers, so a worker's exit ran the server's as its own: it removed the
+    temporary directories W&B makes at import for media and artifact staging (the
+    first trial's exit deleted them, and every later trial on that server that made
+    a `wandb.Image` failed with FileNotFoundError), and it ran torch's ~300 operator
+    library deregistrations (a model description, two forks, took 0.28 s instead of
+    0.34 s without them; a one-epoch trial's launch, about 0.53 s, did not change
+    measurably). Both are the server's: it runs them at its own exit
+    (`run_server_exit_work`). The worker's other exit callbacks (logging,
+    multiprocessing, file locks) act on the worker's own state and still run, and so
+    do the finalizers and callbacks the trial registers after the fork.
+    """
+    registry = getattr(weakref.finalize, "_registry", {})  # CPython's registry of live finalizers (since 3.4)
+    for finalizer in list(registry):
+        finalizer.atexit = False
+    cleanups = _server_temporary_directories()
+    for cleanup in cleanups:
+        atexit.unregister(cleanup)
+    return len(registry) + len(cleanups)
+
+
+def run_server_exit_work() -> None:
+    """In the server, at its exit: remove its temporary directories and run its exit-time finalizers, as a normal exit would."""
+    for cleanup in _server_temporary_directories():
+        try:
+            cleanup()
+        except OSError as e:
+            say(f"server pid {os.getpid()}: could not remove a temporary directory: {e}")
+    exit_func = getattr(weakref.finalize, "_exitfunc", None)
+    if exit_func is not None:
+        exit_func()
+
+
 def run_worker(request: Request, env: dict[str, str], supervisor: int, out: int, close: list[int]) -> None:
     """In the forked worker: become `python -m <request.entry> --spec URI` as torchrun starts it; never returns."""
     code = EXIT_INFRA
     try:
+        disown_server_exit_work()
         os.setsid()
         _die_with_parent(supervisor)
         for s in (signal.SIGTERM, signal.SIGCHLD, signal.SIGHUP):
@@ -594,7 +653,10 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 if __name__ == "__main__":
     status = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Skips tearing down the preloaded modules, which the server never used: seconds of work on every stop.
-    os._exit(status)
+    try:
+        run_server_exit_work()  # its temporary directories; the workers leave them to it
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Skips tearing down the preloaded modules, which the server never used: seconds of work on every stop.
+        os._exit(status)

@@ -166,6 +166,19 @@ def test_user_error_is_terminal_with_its_traceback(shared: Path, tmp_path: Path)
     assert launches(log)
 
 
+def test_trials_after_the_first_keep_the_servers_temporary_directories(shared: Path, tmp_path: Path) -> None:
+    """W&B makes its media directory when the server imports it; a worker's exit must not delete it for later trials.
+
+    Each forked worker inherited the server's exit-time finalizers and ran them at its exit, so
+    the first trial removed the directory and the next one's `wandb.Image` failed.
+    """
+    model = ImportTarget(path="tests.support.gang_models:MakesWandbImage", kwargs={"hidden": 16})
+    outcomes = [LocalLauncher().launch(make_spec(tmp_path / f"trial-{n}", max_epochs=1, model=model)) for n in range(3)]
+    servers = {launch[4] for outcome in outcomes for launch in launches(log_of(outcome))}
+    assert len(servers) == 1, servers  # all three forked from one server
+    assert all(o.result is not None for o in outcomes)
+
+
 def test_config_error_is_terminal_and_never_trains_again(shared: Path, tmp_path: Path) -> None:
     spec = make_spec(tmp_path, model=ImportTarget(path="pipelines.vision.models:NoSuchModel"))
     with pytest.raises(TrainingConfigError, match="has no attribute 'NoSuchModel'") as err:

@@ -66,3 +66,17 @@ class SlowSteps(DigitsMLP):
         if self.until is None or not os.path.exists(self.until):
             time.sleep(self.step_seconds)
         return super().training_step(batch, batch_idx)
+
+
+class MakesWandbImage(DigitsMLP):
+    """`DigitsMLP` that makes a `wandb.Image` when training starts, as a team's model that logs samples does.
+
+    A `wandb.Image` of an array is written at once to W&B's media directory, a temporary
+    directory `wandb` creates when it is imported: on a warm worker, the server's.
+    """
+
+    def on_train_start(self) -> None:
+        import numpy as np
+        import wandb
+
+        wandb.Image(np.zeros((8, 8, 3), dtype=np.uint8), caption="a sample")
