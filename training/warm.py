@@ -50,33 +50,16 @@ import select
 import signal
 import socket
 import sys
-import tempfile
 import time
 import traceback
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from training.gang import classify, launch_records, output_uri_of
 from training.spec import EXIT_INFRA, EXIT_OK, LAUNCH_ID_ENV
+from training.warm_preload import disown_server_exit_work, preload, run_server_exit_work
 from training.warm_protocol import Request, receive_request
 
-# What a trial imports before its first step; `resources.warm` keys servers on this file's text, so a change
-# here starts a new server. Optional modules are skipped when absent.
-PRELOAD = ("torch", "lightning", "pandas", "pyarrow", "training.entrypoint", "training.lightning_task", "training.gbt", "training.describe")
-# Also what a trial imports only at run time, each found to cost a forked worker tenths of a second to a second
-# (gbt_overhead): W&B's init imports its launch inputs; the sweep's pruner and a GBT trial's reporter open Optuna's
-# SQL storage (SQLAlchemy, its SQLite dialect, Alembic's migration check; psycopg2 for a PostgreSQL study).
-PRELOAD_OPTIONAL = (
-    "lightgbm", "wandb", "wandb.sdk.launch.inputs.internal", "optuna", "optuna.storages._rdb.storage",
-    "alembic.migration", "alembic.script", "sqlalchemy.dialects.sqlite", "psycopg2",
-    # the export of the trained model (torch.export's tracer, AOT autograd, the pt2 archive) and the data module's
-    # and reporting's run-time imports: 0.4 s of every one-epoch digits trial (sweep_throughput)
-    "torch.export._trace", "torch._functorch.aot_autograd", "torch._functorch.partitioners", "torch._export.serde.serialize",
-    "torch.export.pt2_archive._package", "pyarrow.dataset", "pyarrow.pandas_compat", "dagster_pipes", "training.pipes_store",
-    "omegaconf", "wandb.wandb_run", "torch._export.passes.replace_set_grad_with_hop_pass",
-    "torch._export.passes.replace_autocast_with_hop_pass", "torch._inductor.ir", "torch.fx.experimental.validator",
-)
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_SECONDS = 30.0  # torchrun's agent waits as long between SIGTERM and SIGKILL of its workers
 DRAIN_SECONDS = 2.0  # output a worker's own children still hold after it exited
@@ -101,82 +84,6 @@ def _die_with_parent(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(EXIT_INFRA)
-
-
-def threads() -> list[str]:
-    """The names of this process's threads (Linux `/proc`)."""
-    names = []
-    for tid in sorted(os.listdir("/proc/self/task")):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            continue  # the thread ended
-    return names
-
-
-def _freeze_package_list() -> None:
-    """List the installed distributions once, for W&B, instead of in every forked worker.
-
-    `wandb.init` records the installed packages (`x_save_requirements`) by
-    parsing every distribution's METADATA: 0.5 s of each trial here, the
-    largest single cost of a one-epoch digits trial in a warm worker. The list
-    is taken once, in the server, and `wandb.util.working_set` returns it; a
-    server lives only while site-packages is unchanged (`resources.warm.server_key`
-    hashes its modification time), so the list is as current as the modules it
-    preloaded. A W&B without that function is left alone.
-    """
-    try:
-        import wandb.util
-    except ImportError:
-        return
-    if not callable(getattr(wandb.util, "working_set", None)):
-        return
-    frozen = tuple(wandb.util.working_set())
-    wandb.util.working_set = lambda: iter(frozen)
-
-
-def preload() -> list[str]:
-    """Import what a trial needs, single-threaded and with no CUDA context; the modules imported.
-
-    pyarrow's bundled jemalloc starts a background purging thread when loaded;
-    it is turned off (unless the environment configures jemalloc itself), as a
-    forked child would not have it anyway.
-
-    Raises:
-        RuntimeError: an import left a second thread or loaded the CUDA driver,
-            after which forking is unsafe.
-    """
-    os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # torch.cuda.is_available() without a CUDA context
-    loaded = []
-    register = atexit.register
-
-    def recording(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
-        SERVER_EXIT_CALLBACKS.append(func)
-        return register(func, *args, **kwargs)
-
-    atexit.register = recording  # type: ignore[assignment]  # modules call `atexit.register` at import
-    try:
-        for name in PRELOAD:
-            importlib.import_module(name)
-            loaded.append(name)
-        for name in PRELOAD_OPTIONAL:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                continue
-            loaded.append(name)
-    finally:
-        atexit.register = register
-    _freeze_package_list()
-    running = threads()
-    if len(running) != 1:
-        raise RuntimeError(f"importing {loaded} started threads {running[1:]}; a fork server must stay single-threaded")
-    with open("/proc/self/maps") as f:
-        if "libcuda.so" in f.read():
-            raise RuntimeError(f"importing {loaded} loaded the CUDA driver; a forked worker could not use the GPU")
-    return loaded
 
 
 def free_port() -> int:
@@ -210,52 +117,6 @@ def worker_path(cwd: str, env: dict[str, str], base: list[str]) -> list[str]:
 # The interpreter's own `sys.path` (site-packages, the standard library), without what the server's own working
 # directory and PYTHONPATH added; set by `serve`.
 BASE_PATH: list[str] = []
-
-
-# The `atexit` callbacks the server's imports registered (`preload` records them): W&B's registers the cleanup of the
-# temporary directories it makes at import for media and artifact staging.
-SERVER_EXIT_CALLBACKS: list[Callable[..., Any]] = []
-
-
-def _server_temporary_directories() -> list[Callable[..., Any]]:
-    """The recorded exit callbacks that remove a temporary directory of the server's."""
-    return [f for f in SERVER_EXIT_CALLBACKS if isinstance(getattr(f, "__self__", None), tempfile.TemporaryDirectory)]
-
-
-def disown_server_exit_work() -> int:
-    """Keep this worker's exit from doing the server's exit work; how many finalizers and callbacks were set aside.
-
-    A fork inherits the `atexit` callbacks and `weakref.finalize`'s exit-time
-    finalizers, so a worker's exit ran the server's as its own: it removed the
-    temporary directories W&B makes at import for media and artifact staging (the
-    first trial's exit deleted them, and every later trial on that server that made
-    a `wandb.Image` failed with FileNotFoundError), and it ran torch's ~300 operator
-    library deregistrations (a model description, two forks, took 0.28 s instead of
-    0.34 s without them; a one-epoch trial's launch, about 0.53 s, did not change
-    measurably). Both are the server's: it runs them at its own exit
-    (`run_server_exit_work`). The worker's other exit callbacks (logging,
-    multiprocessing, file locks) act on the worker's own state and still run, and so
-    do the finalizers and callbacks the trial registers after the fork.
-    """
-    registry = getattr(weakref.finalize, "_registry", {})  # CPython's registry of live finalizers (since 3.4)
-    for finalizer in list(registry):
-        finalizer.atexit = False
-    cleanups = _server_temporary_directories()
-    for cleanup in cleanups:
-        atexit.unregister(cleanup)
-    return len(registry) + len(cleanups)
-
-
-def run_server_exit_work() -> None:
-    """In the server, at its exit: remove its temporary directories and run its exit-time finalizers, as a normal exit would."""
-    for cleanup in _server_temporary_directories():
-        try:
-            cleanup()
-        except OSError as e:
-            say(f"server pid {os.getpid()}: could not remove a temporary directory: {e}")
-    exit_func = getattr(weakref.finalize, "_exitfunc", None)
-    if exit_func is not None:
-        exit_func()
 
 
 def run_worker(request: Request, env: dict[str, str], supervisor: int, out: int, close: list[int]) -> None:
