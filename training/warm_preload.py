@@ -24,7 +24,6 @@ import atexit
 import contextlib
 import importlib
 import os
-import sys
 import tempfile
 import weakref
 from typing import Any, Callable, Iterator
@@ -67,29 +66,17 @@ def recording_exit_callbacks() -> Iterator[None]:
         atexit.register = register
 
 
-def _server_temporary_directories() -> list[Callable[..., Any]]:
-    """The recorded exit callbacks that remove a temporary directory of the server's."""
-    return [f for f in SERVER_EXIT_CALLBACKS if isinstance(getattr(f, "__self__", None), tempfile.TemporaryDirectory)]
-
-
-def disown_server_exit_work() -> int:
-    """In a forked worker: set the server's exit-time finalizers and temporary-directory callbacks aside; how many."""
-    registry = getattr(weakref.finalize, "_registry", {})  # CPython's registry of live finalizers (since 3.4)
-    for finalizer in list(registry):
+def disown_server_exit_work() -> None:
+    """In a forked worker: set the server's exit-time finalizers and recorded temporary-directory cleanups aside."""
+    for finalizer in list(getattr(weakref.finalize, "_registry", {})):  # CPython's registry of live finalizers (since 3.4)
         finalizer.atexit = False
-    cleanups = _server_temporary_directories()
-    for cleanup in cleanups:
-        atexit.unregister(cleanup)
-    return len(registry) + len(cleanups)
+    for func in SERVER_EXIT_CALLBACKS:
+        if isinstance(getattr(func, "__self__", None), tempfile.TemporaryDirectory):
+            atexit.unregister(func)
 
 
 def run_server_exit_work() -> None:
-    """In the server, at its exit: remove its temporary directories and run its exit-time finalizers, as a normal exit would."""
-    for cleanup in _server_temporary_directories():
-        try:
-            cleanup()
-        except OSError as e:
-            print(f"[trainyard.warm] server pid {os.getpid()}: could not remove a temporary directory: {e}", file=sys.stderr, flush=True)
+    """In the server, at its exit: its exit-time finalizers, as a normal exit runs them (they remove its temporary directories)."""
     exit_func = getattr(weakref.finalize, "_exitfunc", None)
     if exit_func is not None:
         exit_func()
