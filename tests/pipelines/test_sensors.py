@@ -133,7 +133,10 @@ def test_team_limit_holds_with_more_pending_trials_than_slots(tmp_path: Path) ->
     assert instance.get_runs_count(RunsFilter(tags={TEAM_TAG: "test"}, statuses=ACTIVE)) == 1
     gates.mkdir()
     (gates / "trial-0000").write_text("go")
-    runner.join(timeout=60)
+    # The run ends once its step has, plus Dagster's own clean-up (its compute-log
+    # tailer may wait 30 s on a loaded machine): wait for that, not a guess at it.
+    runner.join(timeout=300)
+    assert not runner.is_alive(), "trial-0000's run had not ended 300 s after its gate opened"
     freed = tick(spec, instance, resources, held.cursor.dump())
     assert [r.partition_key for r in freed.run_requests] == ["trial-0001"]
 
