@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dagster import AssetKey, DagsterEventType, DagsterInstance, EventRecordsFilter
@@ -173,6 +174,14 @@ def blocked_runs(instance: DagsterInstance, pool: str = "test_gpu") -> set[str]:
     return {r.event_log_entry.run_id for r in records if f"blocked by limit for pool {pool}" in (r.event_log_entry.message or "")}
 
 
+def pool_state(instance: DagsterInstance, step_key: str, running: Any, waiting: set[str], pending: set[tuple[str, str]]) -> str:
+    """What the pool-limit test saw when it gave up: every run (partition, status), the slots' holders, who started."""
+    runs = {r.run_id: (r.tags.get("dagster/partition"), r.status.value) for r in instance.get_runs()}
+    holders = [(c.run_id, c.step_key) for c in instance.event_log_storage.get_concurrency_info("test_gpu").claimed_slots]
+    started = {r for r, _ in step_events(instance, DagsterEventType.STEP_START, step_key)}
+    return f"in the barrier {running}, waiting {waiting}, queued without a slot {pending}, slot holders {holders}, started {started}, runs {runs}"
+
+
 @pytest.mark.slow
 def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: Path, pg_databases) -> None:
     """Four trial runs, each its own process, on one instance whose pool `test_gpu` has two slots:
@@ -214,7 +223,7 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
                 break
             assert len(running) <= 2, f"{running} train at once with two slots"
             assert all(p.poll() is None for p in procs), [(home / f"{k}.log").read_text()[-2000:] for k in sweep["trials"]]
-            assert time.time() < deadline, f"running {running}, waiting {waiting}, pending claims {pending}"
+            assert time.time() < deadline, pool_state(instance, trial_step, running, waiting, pending)
             time.sleep(0.5)
         # Both slots are claimed and both other steps queue for one: none of them can start
         # before a slot is freed, and no slot is freed before a gate opens.
