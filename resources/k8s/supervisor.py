@@ -397,6 +397,8 @@ class JobSupervisor(Outcomes):
             w.state = state
             if state == "queued":
                 self._explain_queue(gang, name, w, log)
+                if w.running_seconds:  # suspended again: its pods are stopping, say why (a disruption) while they are there
+                    self._report_pods(spec, self._pods(name), w, log, now)
                 if w.queued_seconds > self.queue_timeout:
                     raise QueueTimeout(
                         f"trial {spec.trial_id}: Kueue did not admit {w.kind} {self.namespace}/{name} within "
