@@ -535,6 +535,44 @@ def test_queued_time_does_not_count_against_the_run_timeout(kube: KubeServer, tm
     assert log.count("admitted after 130 s in the queue") == 1  # queued time is a total
 
 
+def test_pods_stopped_by_a_suspension_are_reported_as_a_disruption(kube: KubeServer, tmp_path: Path) -> None:
+    """Kueue preempts: the pods get DisruptionTarget and stop on SIGTERM and the Job is suspended in one pass.
+
+    No poll saw the pods disrupted while the gang ran; the launcher still says, once per pod
+    and while they are there, that they were disrupted and why, then resumes the gang.
+    """
+    spec = two_node_spec(tmp_path)
+    name = job_name(spec.pipeline, spec.trial_id, 0)
+    cluster = Cluster(kube)
+    why = ("PreemptionByKueue", "Kueue preempted Workload w to accommodate a higher priority workload")
+
+    def preempt() -> None:
+        for index in (0, 1):
+            cluster.end_pod(f"{name}-{index}-a", 143, disruption=why)
+        cluster.suspend(name)
+
+    actions = {
+        100: lambda: (cluster.admit(name), cluster.add_pod(name, 0), cluster.add_pod(name, 1)),
+        120: preempt,
+        130: lambda: [cluster.core.delete_namespaced_pod(f"{name}-{index}-a", NS) for index in (0, 1)],
+        150: lambda: (cluster.admit(name), cluster.add_pod(name, 0, "b"), cluster.add_pod(name, 1, "b")),
+        175: lambda: (write_result(spec), cluster.finish(name, "Complete")),
+    }
+
+    def hook(now: float) -> None:
+        if now in actions:
+            actions.pop(now)()
+
+    t = FakeTime(hook)
+    log = Recorder()
+    outcome = run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=5, run_timeout=50, queue_timeout=500), spec, log)
+    assert outcome.result.world_size == 2
+    assert log.count("was suspended again (preempted by Kueue)") == 1
+    for index in (0, 1):
+        assert log.count(f"pod {name}-{index}-a (node rank {index}): Failed, exit code 143, PreemptionByKueue") == 1, log.text()
+    assert log.count("disruption, not a failure") == 2, log.text()
+
+
 def test_a_job_deleted_under_the_launcher_is_an_infrastructure_error(kube: KubeServer, tmp_path: Path) -> None:
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)
