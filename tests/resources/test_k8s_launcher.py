@@ -507,17 +507,16 @@ def test_cancellation_deletes_job_and_service(kube: KubeServer, tmp_path: Path, 
 # -- time-driven scenarios: fake clock, the cluster played from its sleep ------------
 
 
-def test_queued_time_does_not_count_against_the_run_timeout(kube: KubeServer, tmp_path: Path) -> None:
-    """Queued 0-100 s, runs 100-120 s, preempted by Kueue (suspended) 120-150 s, runs 150-175 s.
-
-    45 s of running time: within a run timeout of 50 s although 175 s passed.
-    """
-    spec = two_node_spec(tmp_path)
+def suspended_and_resumed(kube: KubeServer, spec: TrainSpec, suspend: Callable[[Cluster, str], Any],
+                          between: Optional[Callable[[Cluster, str], Any]] = None) -> tuple[Any, Recorder]:
+    """Fake clock: queued 0-100 s, runs 100-120 s, `suspend` at 120 s, `between` at 130 s, re-admitted with new pods
+    150 s, done at 175 s; what the supervisor returned (run timeout 50 s, queue timeout 500 s) and its log."""
     name = job_name(spec.pipeline, spec.trial_id, 0)
     cluster = Cluster(kube)
     actions = {
         100: lambda: (cluster.admit(name), cluster.add_pod(name, 0), cluster.add_pod(name, 1)),
-        120: lambda: cluster.suspend(name),
+        120: lambda: suspend(cluster, name),
+        130: lambda: between(cluster, name) if between else None,
         150: lambda: (cluster.admit(name), cluster.add_pod(name, 0, "b"), cluster.add_pod(name, 1, "b")),
         175: lambda: (write_result(spec), cluster.finish(name, "Complete")),
     }
@@ -528,7 +527,16 @@ def test_queued_time_does_not_count_against_the_run_timeout(kube: KubeServer, tm
 
     t = FakeTime(hook)
     log = Recorder()
-    outcome = run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=5, run_timeout=50, queue_timeout=500), spec, log)
+    return run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=5, run_timeout=50, queue_timeout=500), spec, log), log
+
+
+def test_queued_time_does_not_count_against_the_run_timeout(kube: KubeServer, tmp_path: Path) -> None:
+    """Queued 0-100 s, runs 100-120 s, preempted by Kueue (suspended) 120-150 s, runs 150-175 s.
+
+    45 s of running time: within a run timeout of 50 s although 175 s passed.
+    """
+    spec = two_node_spec(tmp_path)
+    outcome, log = suspended_and_resumed(kube, spec, lambda cluster, name: cluster.suspend(name))
     assert outcome.result.world_size == 2 and outcome.seconds == pytest.approx(175)
     assert log.count("admitted after 100 s in the queue") == 1
     assert log.count("was suspended again (preempted by Kueue)") == 1
@@ -543,29 +551,18 @@ def test_pods_stopped_by_a_suspension_are_reported_as_a_disruption(kube: KubeSer
     """
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)
-    cluster = Cluster(kube)
     why = ("PreemptionByKueue", "Kueue preempted Workload w to accommodate a higher priority workload")
 
-    def preempt() -> None:
+    def preempt(cluster: Cluster, name: str) -> None:
         for index in (0, 1):
             cluster.end_pod(f"{name}-{index}-a", 143, disruption=why)
         cluster.suspend(name)
 
-    actions = {
-        100: lambda: (cluster.admit(name), cluster.add_pod(name, 0), cluster.add_pod(name, 1)),
-        120: preempt,
-        130: lambda: [cluster.core.delete_namespaced_pod(f"{name}-{index}-a", NS) for index in (0, 1)],
-        150: lambda: (cluster.admit(name), cluster.add_pod(name, 0, "b"), cluster.add_pod(name, 1, "b")),
-        175: lambda: (write_result(spec), cluster.finish(name, "Complete")),
-    }
+    def gone(cluster: Cluster, name: str) -> None:
+        for index in (0, 1):
+            cluster.core.delete_namespaced_pod(f"{name}-{index}-a", NS)
 
-    def hook(now: float) -> None:
-        if now in actions:
-            actions.pop(now)()
-
-    t = FakeTime(hook)
-    log = Recorder()
-    outcome = run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=5, run_timeout=50, queue_timeout=500), spec, log)
+    outcome, log = suspended_and_resumed(kube, spec, preempt, gone)
     assert outcome.result.world_size == 2
     assert log.count("was suspended again (preempted by Kueue)") == 1
     for index in (0, 1):
