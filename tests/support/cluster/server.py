@@ -85,7 +85,7 @@ class _MatchByRequest(kmock_apps.RawHandler):
     """kmock's reaction lookup (`RawHandler._handle`, kmock 0.8) with `holds` in place of the history scan.
 
     The same order (priorities, then registration), the same disabling of depleted
-    reactions and the same fall-through; `tests/resources/k8s/test_emulated_server.py` checks
+    reactions and the same fall-through; `tests/resources/test_k8s_server.py` checks
     that `holds` agrees with kmock's own membership on every reaction the emulator has.
     """
 
