@@ -99,6 +99,26 @@ def event_problems(events: list[Any], kind: str, name: str, uid: Optional[str]) 
     return out[-1:]  # the newest says enough; the event's count grows, not the list
 
 
+# The JobSet controller's Warning events for a whole-gang restart (pkg/constants, applied by failurePolicyRecreateAll).
+RESTART_EVENT_REASONS = ("RestartJobSetFailurePolicyAction", "RestartJobSetAndIgnoreMaxRestartsFailurePolicyAction")
+
+
+def restart_cause(events: list[Any], name: str, uid: Optional[str]) -> Optional[str]:
+    """The newest restart event's message on JobSet `name` (this incarnation), e.g. "applying RestartJobSet failure
+    policy action (first failed job: <child Job>)"; None when there is none.
+
+    Events outlive the JobSet's RestartingJobSet condition, which the controller clears once the new Jobs are ready
+    (and which older JobSet versions never set), so a launcher whose polls straddle that window still learns why.
+    """
+    found = [e for e in events
+             if _get(e, "reason") in RESTART_EVENT_REASONS and _get(e, "involvedObject", "kind") == "JobSet"
+             and _get(e, "involvedObject", "name") == name and (not uid or _get(e, "involvedObject", "uid") in (None, "", uid))]
+    if not found:
+        return None
+    newest = max(found, key=lambda e: str(_get(e, "lastTimestamp") or _get(e, "eventTime") or _get(e, "firstTimestamp") or ""))
+    return str(_get(newest, "message") or "") or None
+
+
 @dataclass
 class StuckTimers:
     """When each kind of problem was first seen, in admitted seconds; `bounds` maps kind -> seconds allowed."""

@@ -55,7 +55,7 @@ from resources.k8s.kinds import GANG_KINDS, GangApi, GangView, kind_of
 from resources.k8s.manifests import trial_objects
 from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, LABEL_TRIAL, trial_labels
 from resources.k8s.pods import PodView, blame_order, rank0_pod
-from resources.k8s.stuck import HINTS, event_problems, pod_problems, read_workload
+from resources.k8s.stuck import HINTS, event_problems, pod_problems, read_workload, restart_cause
 from resources.k8s.watch import Outcomes
 from resources.k8s.watch import Watch as _Watch
 from resources.launcher import (
@@ -419,7 +419,9 @@ class JobSupervisor(Outcomes):
 
     def _report_restart(self, spec: TrainSpec, gang: GangView, w: _Watch, log: Any) -> None:
         """Log a JobSet's whole-gang restart: its count against maxRestarts, why, and the pod that failed."""
-        cause = gang.restarting.message if gang.restarting is not None else "a child Job failed"
+        # The condition while it holds; the controller's event once it is cleared (the new Jobs became ready between polls).
+        cause = gang.restarting.message if gang.restarting is not None else None
+        cause = cause or restart_cause(self._events("JobSet", gang.name) or [], gang.name, gang.uid) or "a child Job failed"
         # The pod that most likely failed the gang (its own death, not the SIGTERM its peers got after it).
         first = min(w.failed_since_restart, key=blame_order, default=None)
         culprit = f"; {first.describe()}" if first is not None else ""
@@ -522,21 +524,27 @@ class JobSupervisor(Outcomes):
         """FailedCreate events of the Job (of a JobSet: of its child Jobs, where the Job controller records them); [] when unreadable."""
         out: list[Any] = []
         for name in gang.children:
-            if self._events_forbidden:
+            events = self._events("Job", name)
+            if events is None:
                 return []
-            uid = gang.uid if gang.kind == "Job" else None
-            try:
-                events = self._api(
-                    f"list events of Job {name}", self.core.list_namespaced_event, self.namespace,
-                    field_selector=f"involvedObject.kind=Job,involvedObject.name={name}", expect=(403, 404),
-                )
-            except ApiException as e:
-                self._events_forbidden = e.status == 403
-                return []
-            except LaunchError:
-                return []
-            out += event_problems(list(events.items or []), "Job", name, uid)
+            out += event_problems(events, "Job", name, gang.uid if gang.kind == "Job" else None)
         return out
+
+    def _events(self, kind: str, name: str) -> Optional[list[Any]]:
+        """The namespace's events about `kind` `name`; None when they cannot be read (forbidden: not asked again)."""
+        if self._events_forbidden:
+            return None
+        try:
+            events = self._api(
+                f"list events of {kind} {name}", self.core.list_namespaced_event, self.namespace,
+                field_selector=f"involvedObject.kind={kind},involvedObject.name={name}", expect=(403, 404),
+            )
+        except ApiException as e:
+            self._events_forbidden = e.status == 403
+            return None
+        except LaunchError:
+            return None
+        return list(events.items or [])
 
     def _stream(self, name: str, w: _Watch, log: Any, pods: list[PodView]) -> None:
         """Send rank 0's new log lines to the log; a failed read skips this poll."""

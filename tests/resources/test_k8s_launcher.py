@@ -570,6 +570,68 @@ def test_pods_stopped_by_a_suspension_are_reported_as_a_disruption(kube: KubeSer
     assert log.count("disruption, not a failure") == 2, log.text()
 
 
+def test_a_jobset_restart_seen_only_after_its_condition_cleared_names_its_cause_from_the_event(
+        kube: KubeServer, tmp_path: Path) -> None:
+    """The JobSet controller restarts the gang and clears RestartingJobSet (new Jobs ready) between two polls.
+
+    The launcher never sees the condition; the cause and the first failed Job still reach the
+    log, from the controller's restart event on this JobSet (not the decoys: another JobSet's,
+    and an earlier incarnation's of the same name), with the pod that failed first.
+    """
+    spec = two_node_spec(tmp_path)
+    name = job_name(spec.pipeline, spec.trial_id, 0, max_length=48)
+    cluster = Cluster(kube)
+    group, version = "jobset.x-k8s.io", "v1alpha2"
+    action = "applying RestartJobSet failure policy action"
+
+    def jobset() -> dict[str, Any]:
+        return cluster.custom.get_namespaced_custom_object(group, version, NS, "jobsets", name)
+
+    def status(**fields: Any) -> None:
+        cluster.custom.patch_namespaced_custom_object(group, version, NS, "jobsets", name, {"status": fields})
+
+    def event(about: str, uid: str, message: str, at: str) -> None:
+        cluster.core.create_namespaced_event(NS, {
+            "metadata": {"name": f"{about}.{at[-3:-1]}", "namespace": NS},
+            "involvedObject": {"kind": "JobSet", "name": about, "namespace": NS, "uid": uid, "apiVersion": f"{group}/{version}"},
+            "reason": "RestartJobSetFailurePolicyAction", "message": message, "type": "Warning",
+            "firstTimestamp": at, "lastTimestamp": at})
+
+    def restart() -> None:
+        for pod in (f"{name}-0-a", f"{name}-1-a"):
+            cluster.core.delete_namespaced_pod(pod, NS)
+        uid = jobset()["metadata"]["uid"]
+        event(name, "uid-of-an-earlier-jobset", f"{action} (first failed job: {name}-worker-9)", "2026-01-01T00:00:50Z")
+        event(f"{name}x", "other", f"{action} (first failed job: {name}x-node-1)", "2026-01-01T00:00:40Z")
+        event(name, uid, f"{action} (first failed job: {name}-node-0)", "2026-01-01T00:00:30Z")
+        ready = {"type": "RestartingJobSet", "status": "False", "reason": "JobsReady", "message": "all jobs are ready",
+                 "lastTransitionTime": "2026-01-01T00:00:31Z"}
+        status(restarts=1, restartsCountTowardsMax=1, conditions=[ready])
+        cluster.add_pod(name, 0, "b")
+        cluster.add_pod(name, 1, "b")
+
+    def complete() -> None:
+        write_result(spec)
+        status(terminalState="Completed", conditions=[{"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
+                                                       "message": "jobset completed successfully"}])
+
+    actions = {
+        10: lambda: (cluster.custom.patch_namespaced_custom_object(group, version, NS, "jobsets", name, {"spec": {"suspend": False}}),
+                     cluster.add_pod(name, 0), cluster.add_pod(name, 1)),
+        20: lambda: (cluster.end_pod(f"{name}-1-a", 137), cluster.end_pod(f"{name}-0-a", 143)),
+        25: restart,
+        40: complete,
+    }
+    t = FakeTime(lambda now: actions.pop(now)() if now in actions else None)
+    log = Recorder()
+    sup = supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=5, run_timeout=500, queue_timeout=500)
+    outcome = sup.run(spec, f"{spec.output_uri}/spec.json", 0, CFG, log=log, kind="jobset")
+    assert outcome.result.world_size == 2
+    (restarted,) = [m for _, m in log.records if "restarts the whole gang (restart" in m]
+    assert f"(restart 1, at most 3 counted: {action} (first failed job: {name}-node-0); " in restarted, restarted
+    assert f"pod {name}-1-a (node rank 1): Failed, exit code 137" in restarted, restarted
+
+
 def test_a_job_deleted_under_the_launcher_is_an_infrastructure_error(kube: KubeServer, tmp_path: Path) -> None:
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)

@@ -118,6 +118,19 @@ def suffix() -> str:
     return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
 
 
+def record_event(api: Api, obj: dict[str, Any], kind: str, reason: str, message: str, component: str) -> None:
+    """A Warning Event about `obj` (of `kind`), as a controller's event recorder writes it (in the object's namespace)."""
+    meta = obj["metadata"]
+    api.create("Event", {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{suffix()}", "namespace": meta["namespace"]},
+        "involvedObject": {"kind": kind, "name": meta["name"], "namespace": meta["namespace"], "uid": meta["uid"],
+                           "apiVersion": obj.get("apiVersion", "v1")},
+        "reason": reason, "message": message, "type": "Warning", "count": 1,
+        "firstTimestamp": now_iso(), "lastTimestamp": now_iso(), "source": {"component": component},
+    })
+
+
 @dataclass
 class Node:
     """An emulated node: its labels and what it can allocate (quantities as in a manifest)."""
@@ -535,14 +548,7 @@ class Scheduler:
             if pod["metadata"]["uid"] not in self.reported:
                 self.reported.add(pod["metadata"]["uid"])
                 self.api.patch(pod, {"status": {"conditions": with_condition(pod, "PodScheduled", "False", "Unschedulable", message)}})
-                self.api.create("Event", {
-                    "apiVersion": "v1", "kind": "Event",
-                    "metadata": {"name": f"{pod['metadata']['name']}.{suffix()}", "namespace": pod["metadata"]["namespace"]},
-                    "involvedObject": {"kind": "Pod", "name": pod["metadata"]["name"], "namespace": pod["metadata"]["namespace"],
-                                       "uid": pod["metadata"]["uid"], "apiVersion": "v1"},
-                    "reason": "FailedScheduling", "message": message, "type": "Warning", "count": 1,
-                    "firstTimestamp": now_iso(), "lastTimestamp": now_iso(), "source": {"component": "default-scheduler"},
-                })
+                record_event(self.api, pod, "Pod", "FailedScheduling", message, "default-scheduler")
 
     def _fit(self, pod: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[Optional[Node], str]:
         need = pod_requests(pod["spec"])

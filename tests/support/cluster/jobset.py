@@ -20,7 +20,8 @@ dependsOn, coordinator, exclusive placement, TTL or in-place restarts):
   FailJobSet, RestartJobSet (within `maxRestarts`, counted in
   `restartsCountTowardsMax`, else Failed with ReachedMaxRestarts) or
   RestartJobSetAndIgnoreMaxRestarts; no rule: RestartJobSet; no failurePolicy:
-  Failed (FailedJobs). A restart adds 1 to `status.restarts`;
+  Failed (FailedJobs). A restart adds 1 to `status.restarts` and records a Warning
+  Event on the JobSet (reason the action's, message naming the first failed Job);
 - successPolicy (All or Any, `targetReplicatedJobs`): Completed (AllJobsCompleted);
 - a finished JobSet deletes its active child Jobs; a suspended one suspends its
   active child Jobs (the Job controller deletes their pods), a resumed one
@@ -36,7 +37,7 @@ import re
 from typing import Any, Optional
 
 from tests.support.cluster.api import Api
-from tests.support.cluster.controllers import conditions, is_true, owned_by, terminating, with_condition
+from tests.support.cluster.controllers import conditions, is_true, owned_by, record_event, terminating, with_condition
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
@@ -174,9 +175,12 @@ class JobSetController:
         status["restarts"] = int(status["restarts"]) + 1
         if action == "RestartJobSet":
             status["restartsCountTowardsMax"] = int(status["restartsCountTowardsMax"]) + 1
-        message = _with_job((RESTART_JOBSET_ACTION if action == "RestartJobSet" else RESTART_IGNORE_MAX_ACTION)[1], job)
+        event = RESTART_JOBSET_ACTION if action == "RestartJobSet" else RESTART_IGNORE_MAX_ACTION
+        message = _with_job(event[1], job)
         reason = f"FailurePolicy_{rule['name']}" if rule is not None else "DefaultFailurePolicy"
         self._condition(js, status, "RestartingJobSet", "True", reason, message)
+        # failurePolicyRecreateAll's event: it outlives the condition, which is cleared once the new Jobs are ready.
+        record_event(self.api, js, "JobSet", event[0], message, "jobset-controller")
         self.restarts.append((js["metadata"]["name"], job["metadata"]["name"]))
 
     def _fail(self, js: dict[str, Any], status: dict[str, Any], reason: str, message: str) -> None:
