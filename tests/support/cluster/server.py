@@ -27,6 +27,9 @@ from datetime import UTC, datetime
 from typing import Any, Optional
 
 import kmock
+from kmock._internal import apps as kmock_apps
+from kmock._internal import dsl as kmock_dsl
+from kmock._internal import rendering as kmock_rendering
 from kubernetes import client
 
 from resources.k8s.cluster import LAUNCHER_RULES
@@ -50,8 +53,66 @@ def log_stamp(epoch_ns: int) -> str:
     return f"{datetime.fromtimestamp(seconds, tz=UTC).strftime('%Y-%m-%dT%H:%M:%S')}.{nanos:09d}Z"
 
 
-class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator, plus a uid and creationTimestamp on create, and (graceful) foreground and pod deletion."""
+def holds(view: Any, request: Any) -> Optional[bool]:
+    """Whether `request`, the one being served, is in kmock's `view`, judged from the request alone.
+
+    kmock decides it by scanning every request the server ever received through the
+    view's filters (`request in view`), for each reaction in turn, on every request:
+    its cost grows with the history, and a drill's polling controllers sent thousands.
+    For the views reactions sit on (filters, priorities, exclusions, and/or groups over
+    the root) the request's own criteria decide the same; None for a view that needs
+    the history (a slice such as `[:1]`, a stream), where the caller scans.
+    """
+    if isinstance(view, kmock_dsl.Root):
+        return any(r is request for r in reversed(view._requests))  # the request was just appended: found at once
+    if type(view) is kmock_dsl.Filter:
+        inside = holds(view._source, request)
+        return None if inside is None else inside and bool(view.criteria(request))
+    if type(view) is kmock_dsl.Priority:
+        return holds(view._source, request)
+    if type(view) is kmock_dsl.Exclusion:
+        verdicts = [holds(view._source, request), *(holds(v, request) for v in view._exclusions)]
+        return None if None in verdicts else bool(verdicts[0]) and not any(verdicts[1:])
+    if type(view) in (kmock_dsl.OrGroup, kmock_dsl.AndGroup):
+        verdicts = [holds(v, request) for v in view._sources]
+        if None in verdicts:
+            return None
+        return any(verdicts) if type(view) is kmock_dsl.OrGroup else all(verdicts)
+    return None
+
+
+class _MatchByRequest(kmock_apps.RawHandler):
+    """kmock's reaction lookup (`RawHandler._handle`, kmock 0.8) with `holds` in place of the history scan.
+
+    The same order (priorities, then registration), the same disabling of depleted
+    reactions and the same fall-through; `tests/resources/k8s/test_emulated_server.py` checks
+    that `holds` agrees with kmock's own membership on every reaction the emulator has.
+    """
+
+    async def _handle(self, request: Any) -> Any:
+        priorities = [payload.priorities for payload in self._payloads]
+        width = max((len(p) for p in priorities), default=0)
+        keys = [tuple(-p for p in priority) + (0,) * (width - len(priority)) for priority in priorities]
+        for index in sorted(range(len(keys)), key=keys.__getitem__):
+            payload = self._payloads[index]
+            inside = holds(payload._source, request)
+            if inside is None:
+                inside = request in payload._source
+            if inside and not payload._disabled.is_set():
+                try:
+                    return await payload(request)
+                except kmock_rendering.ReactionMismatchError:  # either mismatch or depletion
+                    payload._disabled.set()
+                except NotImplementedError:  # matched, but non-actionable (nothing to respond with)
+                    pass
+        raise NotImplementedError("Undefined server behaviour: no reaction matching the request is defined.")
+
+
+class Emulator(kmock.KubernetesEmulator, _MatchByRequest):
+    """kmock's emulator, plus a uid and creationTimestamp on create, and (graceful) foreground and pod deletion.
+
+    Reactions are looked up by the request alone (`_MatchByRequest`), not by a scan of the history.
+    """
 
     graceful: bool = False
 
