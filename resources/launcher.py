@@ -4,10 +4,11 @@
 machine with N CPU processes over gloo, through `training.gang`, which exits
 with the classified status of the first failing worker. The command line comes from the pure
 function `torchrun_command`, which the Kubernetes launcher shares, so a trial runs
-the same program in both places. A one-process trial starts on a warm worker
+the same program in both places. A trial's processes start on warm workers
 instead (`resources.warm`, `training.warm`): forked from a server that has
-imported torch already, with the same restarts, signals, exit statuses and log
-format, and torchrun again whenever no warm worker can take it.
+imported torch already, with torchrun's environment per rank and the same
+group restarts, signals, exit statuses and log format, and torchrun again
+whenever no warm worker can take it.
 
 Outcomes map to a small error hierarchy: `retryable` errors (lost workers,
 preemption, infrastructure) may be retried by Dagster's RetryPolicy; terminal
@@ -209,7 +210,7 @@ class Launcher(ConfigurableResource):
 
 
 class LocalLauncher(Launcher):
-    """torchrun on this machine: N CPU processes with gloo, logs captured; one-process trials on warm workers.
+    """torchrun on this machine: N CPU processes with gloo, logs captured; on warm workers where a server takes them.
 
     With a Dagster context the launch runs in a Pipes session: the pod's log
     lines reach the run log, and each epoch's metrics become an observation of
@@ -219,9 +220,9 @@ class LocalLauncher(Launcher):
         timeout_seconds: the whole launch is stopped (SIGTERM, then SIGKILL) past this.
         log_tail_lines: lines of output carried in error messages.
         progress_poll_seconds: how often new progress records are turned into observations.
-        warm_workers: start one-process trials on a warm worker (`resources.warm`: a fork server that has
-            imported torch, Lightning and the trial code already) instead of torchrun; trials of more
-            processes, a `python` other than this interpreter, or `TRAINYARD_WARM_WORKERS=0` use torchrun.
+        warm_workers: start a trial's processes on warm workers (`resources.warm`: a fork server that has
+            imported torch and Lightning already) instead of torchrun; a `python` other than this
+            interpreter, or `TRAINYARD_WARM_WORKERS=0`, uses torchrun.
         warm_idle_seconds: a warm server started by this launcher exits after this long without a launch.
         warm_start_timeout_seconds: how long a warm server may take to start before the trial runs cold.
     """
@@ -328,11 +329,11 @@ class LocalLauncher(Launcher):
                         start_timeout=self.warm_start_timeout_seconds)
 
     def _warm(self, spec: TrainSpec) -> bool:
-        """Whether `spec` runs on a warm worker: one process, warm workers on (field and environment), this interpreter."""
+        """Whether `spec` runs on warm workers: one node, warm workers on (field and environment), this interpreter."""
         return (
             self.warm_workers
             and warm_workers_enabled(os.environ)
-            and spec.distribution.world_size == 1
+            and spec.distribution.nodes == 1
             and same_interpreter(self.python, sys.executable)  # a server is keyed on, and runs, this process's interpreter
         )
 
@@ -348,7 +349,7 @@ class LocalLauncher(Launcher):
             read_end, write_end = os.pipe()
             try:
                 proc = launch_warm(
-                    env, spec_uri, spec.distribution.max_restarts, write_end,
+                    env, spec_uri, spec.distribution.max_restarts, write_end, nprocs=spec.distribution.procs_per_node,
                     python=self.python, idle_seconds=self.warm_idle_seconds, start_timeout=self.warm_start_timeout_seconds,
                 )
             except WarmUnavailable as e:

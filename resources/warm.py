@@ -1,6 +1,6 @@
-"""Warm workers: the launcher's side of `training.warm`, the fork server that starts one-process trials without a cold start.
+"""Warm workers: the launcher's side of `training.warm`, the fork server that starts one-node trials without a cold start.
 
-`LocalLauncher` hands a one-process trial to a server on this machine instead
+`LocalLauncher` hands a one-node trial to a server on this machine instead
 of starting `training.gang` and torchrun: `launch_warm` finds the server for
 this interpreter and this `training/` code (starting it when there is none),
 sends the launch with the write end of the output pipe, and returns a
@@ -263,21 +263,23 @@ class WarmProcess:
             self._handle(json.loads(line))
         return True
 
-    def wait_for_worker(self, timeout: float) -> None:
-        """Return once the first worker is started.
+    def wait_for_workers(self, n: int, timeout: float) -> None:
+        """Return once the first `n` workers (the first group) are started.
 
         Raises:
             WarmUnavailable: refused, or the connection ended or stalled first (nothing of the trial ran).
         """
         deadline = time.monotonic() + timeout
         try:
-            while not self.workers:
+            while len(self.workers) < n:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise WarmUnavailable(f"the warm worker server started no worker within {timeout:.0f} s")
+                    raise WarmUnavailable(f"the warm worker server started {len(self.workers)} of {n} workers within {timeout:.0f} s")
                 if not self._read(left):
-                    raise WarmUnavailable(f"the warm worker server closed the connection before starting a worker ({self.lost or 'no reason given'})")
+                    raise WarmUnavailable(f"the warm worker server closed the connection before starting the workers "
+                                          f"({self.lost or 'no reason given'})")
         except WarmUnavailable:
+            self.kill_workers(wait=0.0)
             self.conn.close()
             raise
 
@@ -351,13 +353,14 @@ def launch_warm(
     start_timeout: float,
     root: Optional[Path] = None,
     entry: str = "training.entrypoint",
+    nprocs: int = 1,
 ) -> WarmProcess:
-    """Start a one-process launch of `spec_uri` on a warm worker; it is running when this returns.
+    """Start a one-node launch of `spec_uri` on warm workers; its workers are running when this returns.
 
     Args:
         env: the worker's environment (the launcher's, with `TRAINYARD_LAUNCH_ID`).
         spec_uri: the spec the worker trains.
-        max_restarts: restarts of a failed worker, as torchrun's `--max-restarts`.
+        max_restarts: restarts of the worker group after a failure, as torchrun's `--max-restarts`.
         output_fd: the write end of the pipe the launch's output goes to (passed over the socket).
         python: the interpreter; a server runs this one.
         idle_seconds: idle time after which a server started now exits.
@@ -365,6 +368,7 @@ def launch_warm(
         root: the directory holding `training` (default: this process's).
         entry: what the worker runs with `--spec spec_uri`: a trial (`training.entrypoint`), or the planner's
             model description (`training.describe`, see `resources.model_facts`).
+        nprocs: the workers (ranks) of the launch, as torchrun's `--nproc-per-node`.
 
     Raises:
         WarmUnavailable: nothing started; the trial may run cold.
@@ -373,7 +377,7 @@ def launch_warm(
     conn = connect(warm_dir(env), python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout)
     run_id = f"warm-{env.get(training.spec.LAUNCH_ID_ENV, time.time_ns())}"
     request = {"env": dict(env), "cwd": os.getcwd(), "spec_uri": spec_uri, "max_restarts": max_restarts, "run_id": run_id,
-               "entry": entry}
+               "entry": entry, "nprocs": nprocs}
     data = (json.dumps(request) + "\n").encode()
     try:
         sent = socket.send_fds(conn, [data], [output_fd])
@@ -382,7 +386,7 @@ def launch_warm(
         conn.close()
         raise WarmUnavailable(f"cannot send the launch to the warm worker server: {e}") from e
     proc = WarmProcess(conn, ["training.warm", entry, "--spec", spec_uri])
-    proc.wait_for_worker(WORKER_START_SECONDS)
+    proc.wait_for_workers(nprocs, WORKER_START_SECONDS)
     return proc
 
 

@@ -7,7 +7,7 @@ the team's model class with the trial's hyperparameters, which imports torch,
 Lightning and the team's code: seconds of imports that a Dagster run worker
 would otherwise pay on every trial. This module does it on the pod side, in a
 process of its own: forked from a warm server that has those imports done
-(`resources.model_facts` sends it there, the way one-process trials start),
+(`resources.model_facts` sends it there, the way trials start),
 or a cold `python -m training.describe` when no warm server can take it.
 
 The request is a JSON file:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 REQUEST_TIMEOUT_SECONDS = 30.0
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
+MAX_PROCS = 64
 ENTRIES = ("training.entrypoint", "training.describe")
 """The programs a worker may run, each `main(["--spec", spec_uri])`: a trial, or the planner's model description."""
 
@@ -26,9 +27,10 @@ class Request:
         env: the worker's whole environment (torchrun's variables are added to it).
         cwd: the worker's working directory.
         spec_uri: what `training.entrypoint --spec` reads.
-        max_restarts: restarts of a failed worker before the launch fails.
+        max_restarts: restarts of the worker group after a worker failed, before the launch fails.
         run_id: `TORCHELASTIC_RUN_ID`.
         entry: the module whose `main(["--spec", spec_uri])` the worker runs, one of `ENTRIES`.
+        nprocs: workers of this one-node launch (ranks 0..nprocs-1), as torchrun's `--nproc-per-node`.
     """
 
     env: dict[str, str]
@@ -37,6 +39,7 @@ class Request:
     max_restarts: int
     run_id: str
     entry: str = ENTRIES[0]
+    nprocs: int = 1
 
     @classmethod
     def parse(cls, raw: bytes) -> "Request":
@@ -59,7 +62,10 @@ class Request:
         entry = data.get("entry", ENTRIES[0])
         if entry not in ENTRIES:
             raise ValueError(f"request field 'entry' must be one of {list(ENTRIES)}, got {entry!r:.80}")
-        return cls(**{name: data[name] for name in fields}, entry=entry)
+        nprocs = data.get("nprocs", 1)
+        if not isinstance(nprocs, int) or isinstance(nprocs, bool) or not 1 <= nprocs <= MAX_PROCS:
+            raise ValueError(f"request field 'nprocs' must be an integer from 1 to {MAX_PROCS}, got {nprocs!r:.80}")
+        return cls(**{name: data[name] for name in fields}, entry=entry, nprocs=nprocs)
 
 
 def receive_request(conn: socket.socket) -> tuple[Request, int]:

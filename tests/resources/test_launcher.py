@@ -26,8 +26,9 @@ from resources.launcher import (
     read_failures,
     torchrun_command,
 )
+from resources.warm import warm_dir
 from tests.support.train_specs import make_spec
-from training.spec import EXIT_INFRA, EXIT_PREEMPTED, CheckpointPolicy, Distribution, FaultInjection, ImportTarget
+from training.spec import EXIT_INFRA, EXIT_PREEMPTED, SPEC_FILE, CheckpointPolicy, Distribution, FaultInjection, ImportTarget
 
 
 def test_torchrun_command_single_node(tmp_path: Path) -> None:
@@ -271,7 +272,7 @@ def test_timeout_stops_the_launch(tmp_path: Path) -> None:
 
 
 def _workers_of(root: int) -> dict[int, int]:
-    """rank -> pid of the `training.entrypoint` processes descended from process `root` (read from /proc)."""
+    """rank -> pid of the `training.entrypoint` processes descended from process `root` (read from /proc): torchrun's."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -297,13 +298,27 @@ def _workers_of(root: int) -> dict[int, int]:
     return ranks
 
 
-def launch_and_kill(spec: Any, rank: int) -> tuple[Optional[Any], Optional[BaseException], float]:
-    """Launch `spec`, SIGKILL rank `rank` from outside once a checkpoint is committed; (outcome, error, kill time)."""
+_WARM_WORKER = re.compile(r"\(spec (\S+)\): worker pid (\d+) started \(restart 0\) by .* \(rank (\d+) of \d+\)")
+
+
+def _warm_workers_of(spec_uri: str) -> dict[int, int]:
+    """rank -> pid of the first group of `spec_uri`'s warm workers, from the logs of this session's warm servers."""
+    ranks = {}
+    for log in warm_dir(os.environ).glob("*.log"):
+        for m in _WARM_WORKER.finditer(log.read_text()):
+            if m[1] == spec_uri:
+                ranks[int(m[3])] = int(m[2])
+    return ranks
+
+
+def launch_and_kill(spec: Any, rank: int, warm: bool) -> tuple[Optional[Any], Optional[BaseException], float]:
+    """Launch `spec` (on warm workers or torchrun), SIGKILL rank `rank` from outside once a checkpoint is committed;
+    (outcome, error, kill time)."""
     box: dict[str, Any] = {}
 
     def run() -> None:
         try:
-            box["outcome"] = LocalLauncher().launch(spec)
+            box["outcome"] = LocalLauncher(warm_workers=warm).launch(spec)
         except BaseException as e:  # handed to the test thread
             box["error"] = e
 
@@ -314,7 +329,8 @@ def launch_and_kill(spec: Any, rank: int) -> tuple[Optional[Any], Optional[BaseE
     while not (checkpoints.is_dir() and any(p.name.startswith("step-") for p in checkpoints.iterdir())):
         assert thread.is_alive() and time.monotonic() < deadline, "the launch ended before its first checkpoint"
         time.sleep(0.05)
-    pid = _workers_of(os.getpid())[rank]
+    workers = _warm_workers_of(f"{spec.output_uri}/{SPEC_FILE}") if warm else _workers_of(os.getpid())
+    pid = workers[rank]
     killed_at = time.time()
     os.kill(pid, signal.SIGKILL)
     thread.join()
@@ -322,13 +338,14 @@ def launch_and_kill(spec: Any, rank: int) -> tuple[Optional[Any], Optional[BaseE
 
 
 @pytest.mark.slow
-def test_rank_killed_from_outside_is_blamed_with_its_own_log_lines(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "torchrun"])
+def test_rank_killed_from_outside_is_blamed_with_its_own_log_lines(tmp_path: Path, warm: bool) -> None:
     """No restarts left: the launch fails, naming the killed rank first and showing that rank's lines."""
     spec = make_spec(
         tmp_path, distribution=Distribution(procs_per_node=2, max_restarts=0), checkpoint=CheckpointPolicy(every_n_steps=4),
         max_epochs=6, batch_size=16,
     )
-    _, error, _ = launch_and_kill(spec, rank=1)
+    _, error, _ = launch_and_kill(spec, rank=1, warm=warm)
     assert isinstance(error, InfrastructureError) and error.retryable and error.rank == 1
     first = str(error).splitlines()[0]
     assert first.startswith("trial trial-0000: rank 1 was killed (signal 9, SIGKILL; pid ")
@@ -340,11 +357,12 @@ def test_rank_killed_from_outside_is_blamed_with_its_own_log_lines(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_rank_killed_from_outside_is_restarted_in_the_job_by_default(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "torchrun"])
+def test_rank_killed_from_outside_is_restarted_in_the_job_by_default(tmp_path: Path, warm: bool) -> None:
     """The default `max_restarts` lets torchrun restart the group; it resumes from the newest checkpoint."""
     spec = make_spec(tmp_path, distribution=Distribution(procs_per_node=2), checkpoint=CheckpointPolicy(every_n_steps=4),
                      max_epochs=6, batch_size=16)
-    outcome, error, killed_at = launch_and_kill(spec, rank=1)
+    outcome, error, killed_at = launch_and_kill(spec, rank=1, warm=warm)
     assert error is None and outcome is not None
     result = outcome.result
     assert result.goodput["restarts"] == 1 and result.resumed_from and "step-" in result.resumed_from

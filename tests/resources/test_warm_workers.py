@@ -1,4 +1,4 @@
-"""Warm workers: one-process trials forked from a server that has imported torch already, with torchrun's semantics.
+"""Warm workers: trials' processes forked from a server that has imported torch already, with torchrun's semantics.
 
 Real processes throughout: the launcher starts a real `python -m training.warm serve`, whose forked workers train
 the digits MLP; pids, exit statuses and log lines come from those processes.
@@ -6,6 +6,7 @@ the digits MLP; pids, exit statuses and log lines come from those processes.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -24,7 +25,8 @@ from resources.launcher import InfrastructureError, LaunchOutcome, LocalLauncher
 from resources.warm import WARM_DIR_ENV, WARM_WORKERS_ENV, connect, server_key, stop_servers, training_root
 from tests.support.train_specs import make_spec
 from training.checkpointing import CheckpointStore
-from training.spec import CheckpointPolicy, FaultInjection, ImportTarget, TrackerSpec
+from training.spec import CheckpointPolicy, Distribution, FaultInjection, ImportTarget, TrackerSpec
+from training.warm_protocol import Request
 
 WORKER_LINE = re.compile(r"\(spec (\S+)\): worker pid (\d+) started \(restart (\d+)\) by supervisor pid (\d+) of warm server pid (\d+)")
 
@@ -156,6 +158,37 @@ def test_a_second_trial_reuses_the_server_and_starts_sooner(cold_and_warm: dict[
     assert second.seconds < first.seconds, (first.seconds, second.seconds)
 
 
+def test_a_two_process_trial_on_warm_workers_is_bitwise_the_torchrun_trial(shared: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """DDP over gloo with two ranks forked from the server: torchrun's environment per rank, the same weights bit for bit."""
+    runs = {}
+    for name, switch in (("cold", "0"), ("warm", "1")):
+        monkeypatch.setenv(WARM_WORKERS_ENV, switch)
+        spec = make_spec(tmp_path / name, max_epochs=1, distribution=Distribution(procs_per_node=2))
+        runs[name] = (spec, LocalLauncher().launch(spec))
+    (cold_spec, cold), (warm_spec, warm) = runs["cold"], runs["warm"]
+    assert "[trainyard.warm]" not in log_of(cold)
+    started = launches(log_of(warm))
+    assert len(started) == 2 and len({supervisor for *_, supervisor, _ in started}) == 1, started
+    ranks = [int(m) for m in re.findall(r"started \(restart 0\) by .* \(rank (\d) of 2\)", log_of(warm))]
+    assert sorted(ranks) == [0, 1]
+    assert "[default1]:[rank 1]" in log_of(warm) and "[default1]:[rank 1]" in log_of(cold)
+    assert warm.result.world_size == cold.result.world_size == 2
+    assert warm.result.metrics == cold.result.metrics and warm.result.global_step == cold.result.global_step
+    cold_weights, warm_weights = weights(cold_spec.output_uri), weights(warm_spec.output_uri)
+    assert cold_weights.keys() == warm_weights.keys()
+    for k in cold_weights:
+        assert torch.equal(cold_weights[k], warm_weights[k]), k
+    assert not any(running(pid) for _, pid, _, _, _ in started)
+
+
+@pytest.mark.parametrize("nprocs", [0, 65, "2", True, 1.5])
+def test_a_request_with_a_bad_process_count_is_refused_by_name(nprocs: Any) -> None:
+    request = {"env": {}, "cwd": "/", "spec_uri": "s", "max_restarts": 0, "run_id": "r", "nprocs": nprocs}
+    with pytest.raises(ValueError, match="request field 'nprocs' must be an integer from 1 to 64"):
+        Request.parse(json.dumps(request).encode())
+
+
 def test_user_error_is_terminal_with_its_traceback(shared: Path, tmp_path: Path) -> None:
     spec = make_spec(tmp_path, faults=FaultInjection(raise_at_step=2))
     with pytest.raises(TrainingCodeError) as err:
@@ -206,7 +239,7 @@ def test_killed_worker_is_restarted_and_resumes_from_its_checkpoint(shared: Path
     assert result.goodput["restart_causes"][0].startswith("lost (")
     log = log_of(box["outcome"])
     assert [r for _, _, r, _, _ in launches(log)] == [0, 1] and f"worker pid {pid} started (restart 0)" in log
-    assert "worker exited with status -9; restarting it (1 of 2)" in log
+    assert "worker group failed (rank 0 exited with status -9); restarting it (1 of 2)" in log
     restarted, _ = worker_of(shared, spec_uri, restart=1)
     assert restarted != pid and not running(pid)
     assert Path(spec.output_uri, "attempts").is_dir() and killed_at < time.time()
