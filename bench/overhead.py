@@ -6,8 +6,10 @@ not the platform's bookkeeping. Data: synthetic, 64 features, 10 classes,
 `STEPS` batches of `BATCH` rows per rank, one epoch; 2 processes, DDP over gloo,
 one thread each (OMP_NUM_THREADS=1).
 
-- platform: `LocalLauncher().launch(spec)`, the real path (torchrun ->
-  `training.entrypoint` -> `training.lightning_task`: ParquetDataModule with its
+- platform: `LocalLauncher().launch(spec)`, the real path (since aeff01a its
+  ranks fork from the warm worker server, which the first platform run starts;
+  torchrun where no server can take a launch -> `training.entrypoint` ->
+  `training.lightning_task`: ParquetDataModule with its
   resumable sampler, ProgressCallback, FaultTolerance with the default Young/Daly
   checkpointing and async first save, W&B offline logging, evaluation and
   export after the fit).

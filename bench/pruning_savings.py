@@ -13,14 +13,15 @@ batch 64, 2-process DDP, and the default sampler, TPE) on all 1797 digits:
 
 Each trial goes the platform's way: `SweepStore.ask` on a real SQLite study,
 `build_train_spec` (the spec `trial_model` builds, with the study's pruner in
-its `OptunaSpec`), `LocalLauncher.launch` (torchrun, `training.entrypoint`,
+its `OptunaSpec`), `LocalLauncher.launch` (warm workers since aeff01a, torchrun
+where no warm server can take it; `training.entrypoint`,
 the `OptunaPruning` callback reporting val_acc each epoch to the study and
 asking its pruner), then `SweepStore.tell` with the result (PRUNED when the
 result says `pruned`, as `trial_model` does). Trials run one after another
 (parallelism 1), so the pruner sees every earlier trial.
 
 Charge: each trial's device-seconds = the wall seconds of its launch
-(`LocalLauncher.launch`: torchrun, the processes' start-up and imports,
+(`LocalLauncher.launch`: the processes' start-up and whatever imports a warm server has not done,
 training, evaluation, export, exit) x its processes: the time its devices are
 held, start-up included, which a pruned trial pays in full. Not `fit_seconds`
 (leaves start-up out and so flatters pruning), and not the result's
@@ -236,7 +237,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
             "sampler": "tpe (SearchSpec default), parallelism 1",
             "pruner": "median with PrunerSpec defaults (5 startup trials, no warm-up, interval 1) = Optuna's default MedianPruner; "
             "the digits pipeline itself declares none",
-            "execution": "SweepStore ask/tell on SQLite, build_train_spec, LocalLauncher (torchrun, training.entrypoint, OptunaPruning)",
+            "execution": "SweepStore ask/tell on SQLite, build_train_spec, LocalLauncher (warm workers, training.entrypoint, OptunaPruning)",
             "sweeps": runs,
             "per_seed_ratio": [round(r["pruned_charged"] / r["unpruned_seconds_to_best"], 3) for r in runs],
             "total_device_seconds_ratio": round(sum(r["pruned_seconds_spent"] for r in runs) / sum(r["unpruned_seconds_spent"] for r in runs), 3),
