@@ -41,7 +41,7 @@ WARM_WORKERS_ENV = "TRAINYARD_WARM_WORKERS"
 _ON = {"1", "true", "yes", "on"}
 _OFF = {"0", "false", "no", "off"}
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path on Linux, less the terminating NUL
-WORKER_START_SECONDS = 30.0  # from the request to the worker's fork: the server only forks twice
+WORKER_START_SECONDS = 30.0  # from the request to the last worker's fork: the server forks the supervisor, it the workers
 SUPERVISOR_EXIT_SECONDS = 5.0  # from the supervisor's exit event to its exit: it only returns and exits
 
 
@@ -314,12 +314,12 @@ class WarmProcess:
             return None
 
     def send_signal(self, signum: int) -> None:
-        """Signal the supervisor (it forwards SIGTERM and SIGINT to the worker, as `training.gang` does)."""
+        """Signal the supervisor (it forwards SIGTERM and SIGINT to every worker, as `training.gang` does)."""
         if self.supervisor_pid is not None and start_ticks(self.supervisor_pid) == self.supervisor_ticks:
             os.kill(self.supervisor_pid, signum)
 
     def stop(self, grace: float) -> None:
-        """SIGTERM the launch; after `grace` seconds SIGKILL the supervisor and the worker's process group."""
+        """SIGTERM the launch; after `grace` seconds SIGKILL the supervisor and the workers' process groups."""
         self.send_signal(signal.SIGTERM)
         try:
             self.wait(grace)
@@ -358,8 +358,8 @@ def launch_warm(
     """Start a one-node launch of `spec_uri` on warm workers; its workers are running when this returns.
 
     Args:
-        env: the worker's environment (the launcher's, with `TRAINYARD_LAUNCH_ID`).
-        spec_uri: the spec the worker trains.
+        env: the workers' environment (the launcher's, with `TRAINYARD_LAUNCH_ID`).
+        spec_uri: the spec the workers train.
         max_restarts: restarts of the worker group after a failure, as torchrun's `--max-restarts`.
         output_fd: the write end of the pipe the launch's output goes to (passed over the socket).
         python: the interpreter; a server runs this one.
