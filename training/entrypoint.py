@@ -38,7 +38,7 @@ from training.spec import (
     TrainResult,
     TrainSpec,
 )
-from training.storage import join
+from training.storage import join, write_atomic
 
 log = logging.getLogger("trainyard.training")
 
@@ -118,9 +118,14 @@ def earlier_terminal_failure(output_uri: str) -> Optional[dict[str, Any]]:
     if not fs.exists(path):
         return None
     for p in sorted(fs.glob(f"{path}/rank-*.json")):
-        with fs.open(p, "r") as f:
-            record = json.load(f)
-        if record.get("launch") == launch and record["category"] in ("config", "user"):
+        try:
+            with fs.open(p, "r") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            # Cut short (a rank stopped while writing it, before records were written atomically): that rank
+            # recorded nothing, as `training.gang` and the launcher read it; never a reason to fail this group.
+            continue
+        if isinstance(record, dict) and record.get("launch") == launch and record.get("category") in ("config", "user"):
             return record
     return None
 
@@ -138,8 +143,8 @@ def write_failure(spec_uri: str, output_uri: Optional[str], category: str, exc: 
     }
     if output_uri is None:
         output_uri = spec_uri.rsplit("/", 1)[0]
-    with fsspec.open(join(output_uri, FAILURE_DIR, f"rank-{record['rank']}.json"), "w", auto_mkdir=True) as f:
-        json.dump(record, f, indent=2)
+    # Atomic: the agent stops the survivors of a failed rank with SIGTERM, often while they write this record.
+    write_atomic(join(output_uri, FAILURE_DIR, f"rank-{record['rank']}.json"), json.dumps(record, indent=2).encode(), fsync=False)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

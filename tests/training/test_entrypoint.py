@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.support.train_specs import make_spec
@@ -75,3 +76,29 @@ def test_world_size_mismatch_is_a_config_error(tmp_path: Path) -> None:
 
 def test_missing_spec_file(tmp_path: Path) -> None:
     assert entrypoint.main(["--spec", str(tmp_path / "missing.json")]) == EXIT_BAD_CONFIG
+
+
+def test_a_restarted_group_skips_a_failure_record_cut_short_and_still_finds_a_terminal_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank stopped while writing its record leaves an empty file; the restarted group must not fail on it."""
+    failures = tmp_path / "failures"
+    failures.mkdir()
+    (failures / "rank-0.json").write_text("")  # truncated by the write, then the writer was stopped
+    monkeypatch.setenv("TRAINYARD_LAUNCH_ID", "launch-1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert entrypoint.earlier_terminal_failure(str(tmp_path)) is None
+    (failures / "rank-1.json").write_text(json.dumps({"rank": 1, "launch": "launch-1", "category": "user", "error": "boom"}))
+    earlier = entrypoint.earlier_terminal_failure(str(tmp_path))
+    assert earlier is not None and earlier["rank"] == 1
+
+
+def test_a_failure_record_is_written_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record replaces the file by rename: no moment exists at which a reader finds it empty."""
+    monkeypatch.setenv("RANK", "0")
+    entrypoint.write_failure(str(tmp_path / "spec.json"), str(tmp_path), "user", ValueError("first"))
+    record = tmp_path / "failures" / "rank-0.json"
+    before = record.stat().st_ino
+    entrypoint.write_failure(str(tmp_path / "spec.json"), str(tmp_path), "config", ValueError("second"))
+    assert record.stat().st_ino != before  # a new file renamed into place, not the old one truncated and rewritten
+    assert json.loads(record.read_text())["error"] == "ValueError: second"
+    assert [p.name for p in record.parent.iterdir()] == ["rank-0.json"]
