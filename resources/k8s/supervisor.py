@@ -420,8 +420,8 @@ class JobSupervisor(Outcomes):
     def _report_restart(self, spec: TrainSpec, gang: GangView, w: _Watch, log: Any) -> None:
         """Log a JobSet's whole-gang restart: its count against maxRestarts, why, and the pod that failed."""
         # The condition while it holds; the controller's event once it is cleared (the new Jobs became ready between polls).
-        cause = gang.restarting.message if gang.restarting is not None else None
-        cause = cause or restart_cause(self._events("JobSet", gang.name) or [], gang.name, gang.uid) or "a child Job failed"
+        cause = ((gang.restarting.message if gang.restarting is not None else None)
+                 or restart_cause(self._events("JobSet", gang.name) or [], gang.name, gang.uid) or "a child Job failed")
         # The pod that most likely failed the gang (its own death, not the SIGTERM its peers got after it).
         first = min(w.failed_since_restart, key=blame_order, default=None)
         culprit = f"; {first.describe()}" if first is not None else ""
