@@ -391,7 +391,9 @@ def trainer_venv() -> tuple[Path, Optional[float]]:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_outside_environ())
         log = venv / "trainyard-pip.log"
         with log.open("w") as out:
-            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "-r", str(REQUIREMENTS), "-c", str(CONSTRAINTS)]
+            # --no-compile: pip byte-compiles every installed module (torch's thousands) otherwise, most of the
+            # build's time; the trials below compile what they import. What installs, and from where, is the same.
+            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "--no-compile", "-r", str(REQUIREMENTS), "-c", str(CONSTRAINTS)]
             code = subprocess.run(pip, env=_outside_environ(), stdout=out, stderr=subprocess.STDOUT, timeout=3000).returncode
         assert code == 0, f"pip could not install the trainer requirements (log: {log}):\n{log.read_text()[-4000:]}"
         seconds = time.monotonic() - start
