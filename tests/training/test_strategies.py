@@ -175,8 +175,11 @@ def test_tp_with_a_model_without_plan_fails_as_config_before_training(tmp_path: 
     )
     with pytest.raises(TrainingConfigError, match=r"model DigitsMLP does not support strategy 'tp'.*ParallelizableModule"):
         LocalLauncher(timeout_seconds=120).launch(spec)
-    ranks = sorted(json.loads(p.read_text())["category"] for p in (tmp_path / "run" / "failures").glob("rank-*.json"))
-    assert ranks == ["config", "config"]
+    # Both ranks raise it, but the first to fail stops the group (as torchrun's agent does): its peer may be
+    # stopped before writing a record, or write one as a consequence. Every record of a rank's own failure says config.
+    records = [json.loads(p.read_text()) for p in (tmp_path / "run" / "failures").glob("rank-*.json")]
+    own = [r["category"] for r in records if not r["consequence"]]
+    assert own and set(own) == {"config"}, records
 
 
 # --- real training: 2 (or 4) CPU processes through torchrun -----------------------------------
