@@ -32,10 +32,11 @@ demo: $(STAMP) $(FEAST_STAMP)
 	$(BIN)/trainyard demo
 
 # Fast suite; slow end-to-end tests also run when CI is set (as .ci/run does) or with SLOW=1.
-# Two workers (one test file each at a time): much of a test is waiting on subprocesses,
-# so two files overlap well even on 2 cores. Files are handed out in collection order,
-# which tests/conftest.py makes longest first. WORKERS=0 runs in this process.
-WORKERS ?= 2
+# Three workers (one test file each at a time) on 2 cores: much of a test waits on
+# subprocesses, daemons and sensor ticks, so with two workers the cores sat 22% idle
+# (docs/benchmarks.md, "The test suite's time"). Files are handed out in collection
+# order, which tests/conftest.py makes longest first. WORKERS=0 runs in this process.
+WORKERS ?= 3
 test: $(STAMP) $(FEAST_STAMP)
 	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
 
