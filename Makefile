@@ -34,8 +34,8 @@ demo: $(STAMP) $(FEAST_STAMP)
 # Fast suite; slow end-to-end tests also run when CI is set (as .ci/run does) or with SLOW=1.
 # Three workers (one test file each at a time) on 2 cores: much of a test waits on
 # subprocesses, daemons and sensor ticks, so with two workers the cores sat 22% idle
-# (docs/benchmarks.md, "The test suite's time"). Files are handed out in collection
-# order, which tests/conftest.py makes longest first. WORKERS=0 runs in this process.
+# (docs/benchmarks.md, "The test suite's time"). xdist hands out files with the most
+# tests first (tests/conftest.py says why not longest first). WORKERS=0 runs in this process.
 WORKERS ?= 3
 test: $(STAMP) $(FEAST_STAMP)
 	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
