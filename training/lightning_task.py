@@ -177,19 +177,42 @@ def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
                           f"(class indices {classes}); for one value per row set the pipeline's task='regression'")
 
 
-def evaluate(model: Any, x: Any, y: Any, task: str = "classification") -> float:
+EVAL_BATCH_ROWS = 8192  # rows per forward pass of the final evaluation (bounds its activation memory)
+
+
+def evaluate(model: Any, x: Any, y: Any, task: str = "classification", device: Any = None) -> float:
     """`model`'s accuracy (classification, arg-max of the logits) or RMSE (regression) on features `x` against targets `y`.
 
+    Runs on `device` (default: where `x` is) in batches of `EVAL_BATCH_ROWS`,
+    in full float32 (no TF32 on CUDA), and leaves `model` where it found it.
     RMSE is computed in float64, as the serving smoke test recomputes it from served predictions.
     """
+    device = torch.device(device) if device is not None else x.device
+    home = next(model.parameters(), x).device
     model.eval()
-    with torch.no_grad():
-        out = model(x)
+    outs = []
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        model.to(device)
+        with torch.no_grad():
+            for start in range(0, len(x), EVAL_BATCH_ROWS):
+                outs.append(model(x[start:start + EVAL_BATCH_ROWS].to(device)).cpu())
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+        model.to(home)
+    out = torch.cat(outs) if outs else torch.empty(0)
     if task == "regression":
         err = out.reshape(len(y)).double() - y.double()
         return float(torch.sqrt(torch.mean(err * err)))
     return float((out.argmax(dim=1) == y).float().mean())
 
+
+def eval_device(spec: TrainSpec) -> torch.device:
+    """Where rank 0 evaluates the trained model: the GPU it trained on, else the CPU (never a CPU pass over a GPU-sized model)."""
+    if spec.distribution.accelerator == "gpu" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
@@ -314,10 +337,16 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
             return None
 
         ckpt.ft.attempt.update(force=True, status="completed", last_step=trainer.global_step)
-        model, best_uri = _load_best(spec, model, ckpt.store)
+        finish: dict[str, float] = {}
+        mark = time.perf_counter()
+        model, best_uri = _load_best(spec, model, ckpt.store, trainer.global_step)
+        finish["load_best"], mark = time.perf_counter() - mark, time.perf_counter()
         metrics = _final_metrics(spec, model)
+        finish["evaluate"], mark = time.perf_counter() - mark, time.perf_counter()
         model_uri = join(spec.output_uri, "model")
         export_model(model, dm, spec, model_uri)
+        finish["export"] = time.perf_counter() - mark
+        reporter.info(f"trial {spec.trial_id}: after training " + ", ".join(f"{k} {v:.2f}s" for k, v in finish.items()))
         tracker_run = None
         if logger:
             logger.experiment.summary.update(metrics)
@@ -347,6 +376,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
             checkpoint_interval_seconds=ckpt.ft.interval_seconds,
             checkpoint_interval_source=ckpt.ft.interval_source,
             goodput=accounting,
+            finish_seconds=finish,
         )
         reporter.info(f"trial {spec.trial_id}: done, {metrics}")
         if logger:
@@ -433,19 +463,28 @@ def _trainer(spec: TrainSpec, dm: Any, strategy_kwargs: dict[str, Any], callback
     )
 
 
-def _load_best(spec: TrainSpec, model: Any, store: CheckpointStore) -> tuple[Any, str]:
+def _load_best(spec: TrainSpec, model: Any, store: CheckpointStore, step: int) -> tuple[Any, str]:
     """The model with the best (else the newest) committed weights, and that checkpoint's URI.
 
-    Sharded checkpoints are read whole here (every rank's shard merged) into a
+    When the newest best checkpoint was saved at `step` (the last training step)
+    from an unsharded model, `model` holds those very weights: it is kept as it
+    is and nothing is read (for a 1B-parameter model the checkpoint with its
+    optimizer state is ~13 GB). Otherwise the checkpoint is read and verified;
+    sharded checkpoints are read whole (every rank's shard merged) into a
     freshly built, unsharded model; rank 0 alone, no collectives.
 
     Raises:
         CheckpointError: no committed checkpoint is readable.
     """
+    sharded = is_sharded(model)
+    if not sharded:
+        newest = store.newest_best()
+        if newest is not None and newest[1] == step:
+            return model, newest[0]
     best = store.best() or store.latest()
     if best is None:
         raise CheckpointError(f"training finished but no committed checkpoint is readable under {store.root_uri}")
-    if is_sharded(model):
+    if sharded:
         model = build(spec)[0]
     model.load_state_dict(best.state["state_dict"])
     return model, best.uri
@@ -454,8 +493,9 @@ def _load_best(spec: TrainSpec, model: Any, store: CheckpointStore) -> tuple[Any
 def _final_metrics(spec: TrainSpec, model: Any) -> dict[str, float]:
     """The task's metric (`EVALUATION_METRIC`) of `model` on the full validation and test splits: `val_acc`, `test_acc` or `val_rmse`, `test_rmse`."""
     task = prediction_task(spec)
+    device = eval_device(spec)
     metrics = {}
     for split, uri in (("val", spec.data.val_uri), ("test", spec.data.test_uri)):
         x, y = read_parquet_tensors(uri, spec.data.features, spec.data.target, task)
-        metrics[f"{split}_{EVALUATION_METRIC[task]}"] = evaluate(model, x, y, task)
+        metrics[f"{split}_{EVALUATION_METRIC[task]}"] = evaluate(model, x, y, task, device)
     return metrics

@@ -459,3 +459,6 @@ class TrainResult(_Strict):
     checkpoint_interval_seconds: Optional[float] = None
     checkpoint_interval_source: Optional[str] = None
     goodput: dict[str, Any] = Field(default_factory=dict)
+    finish_seconds: dict[str, float] = Field(
+        default_factory=dict, description="rank 0's time after the last step: load_best, evaluate, export (seconds)"
+    )

@@ -102,3 +102,51 @@ def test_a_failure_record_is_written_whole_or_not_at_all(tmp_path: Path, monkeyp
     assert record.stat().st_ino != before  # a new file renamed into place, not the old one truncated and rewritten
     assert json.loads(record.read_text())["error"] == "ValueError: second"
     assert [p.name for p in record.parent.iterdir()] == ["rank-0.json"]
+
+
+def _linear_state(value: float) -> dict[str, object]:
+    model = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(value)
+    return {"state_dict": model.state_dict()}
+
+
+def test_the_trained_model_is_kept_without_reading_the_checkpoint_when_the_last_step_is_the_best(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.lightning_task import _load_best
+
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    store.save(5, _linear_state(1.0), best=True)
+    store.save(9, _linear_state(2.0), best=True)
+    trained = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        trained.weight.fill_(2.0)
+        trained.bias.fill_(2.0)
+    reads: list[str] = []
+    real_load = CheckpointStore._load
+    monkeypatch.setattr(CheckpointStore, "_load", lambda self, entry, *a, **k: reads.append(entry.name) or real_load(self, entry, *a, **k))
+    model, uri = _load_best(make_spec(tmp_path), trained, store, step=9)
+    assert model is trained and uri == store.uri(9) and reads == []  # the weights in memory are step 9's: nothing read
+    # the best is older than the last step: it is read, verified and loaded over the trained weights
+    store.save(12, _linear_state(3.0), best=False)
+    model, uri = _load_best(make_spec(tmp_path), trained, store, step=12)
+    assert uri == store.uri(9) and reads == ["step-000000009"]
+    assert torch.equal(model.weight, torch.full((3, 4), 2.0))
+
+
+def test_the_final_evaluation_in_batches_equals_one_pass_and_leaves_the_model_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    from training import lightning_task
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(1000, 8), torch.randint(0, 3, (1000,))
+    whole = lightning_task.evaluate(model, x, y, "classification")
+    monkeypatch.setattr(lightning_task, "EVAL_BATCH_ROWS", 64)  # 16 batches, the last one short
+    assert lightning_task.evaluate(model, x, y, "classification", "cpu") == whole
+    assert whole == float((model(x).argmax(dim=1) == y).float().mean())
+    reg = torch.nn.Linear(8, 1)
+    rmse = lightning_task.evaluate(reg, x, y.float(), "regression")
+    assert rmse == pytest.approx(float(torch.sqrt(torch.mean((reg(x).reshape(-1).double() - y.double()) ** 2))), rel=1e-6)
+    assert next(model.parameters()).device.type == "cpu" and not model.training

@@ -486,6 +486,23 @@ class CheckpointStore:
                 continue
         return self._first_loadable(marked)
 
+    def newest_best(self) -> Optional[tuple[str, int]]:
+        """(URI, step) of the newest committed checkpoint saved with `best=True`, from manifests alone; None if none.
+
+        Reads no checkpoint file and verifies no checksum: for a caller that
+        holds those very weights already (the trained model at the step the
+        checkpoint was saved) and needs only to name it. `best()` loads and verifies.
+        """
+        for entry in reversed(self._scan()):
+            if not entry.committed:
+                continue
+            try:
+                if self._read_manifest(entry).get("best"):
+                    return self.uri(entry.step), entry.step
+            except CheckpointUnusable:
+                continue
+        return None
+
     def list_committed(self) -> list[dict[str, Any]]:
         """Manifests of committed checkpoints, newest first, each with its `uri` added.
 
