@@ -22,6 +22,8 @@ def test_trains_exports_and_writes_result(tmp_path: Path) -> None:
     assert set(result.metrics) == {"val_acc", "test_acc"}
     assert 0.0 <= result.metrics["test_acc"] <= 1.0
     assert result.train_samples == 2 * 210  # 70% of 300 rows, two epochs
+    assert set(result.finish_seconds) == {"load_best", "evaluate", "export"} and all(v >= 0 for v in result.finish_seconds.values())
+    assert result.checkpoint_uri == CheckpointStore(str(tmp_path / "run" / "checkpoints")).best().uri
     meta = json.loads((tmp_path / "run" / "model" / "meta.json").read_text())
     assert meta["features"] == spec.data.features and meta["classes"] == list(range(10))
     exported = torch.export.load(str(tmp_path / "run" / "model" / "model.pt2")).module()

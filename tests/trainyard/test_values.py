@@ -10,7 +10,7 @@ RESULT = {
     "trial_id": "trial-0000", "status": "completed", "metrics": {"test_acc": 0.9}, "best_metric": 0.91, "epochs": 2, "global_step": 8,
     "train_samples": 400, "fit_seconds": 1.0, "samples_per_second": 400.0, "wall_seconds": 2.0, "world_size": 1, "device_hours": 0.001,
     "model_uri": "/runs/t/model", "checkpoint_uri": None, "tracker_run": None, "lineage": {"data_version": "a"}, "resumed_from": None,
-    "checkpoint_interval_seconds": None, "checkpoint_interval_source": None, "goodput": {},
+    "checkpoint_interval_seconds": None, "checkpoint_interval_source": None, "goodput": {}, "finish_seconds": {"load_best": 0.0, "evaluate": 0.1, "export": 0.2},
 }
 
 
