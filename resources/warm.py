@@ -11,8 +11,11 @@ Servers live in `${TRAINYARD_WARM_DIR:-${XDG_RUNTIME_DIR:-/tmp}/trainyard-warm-<
 (a directory only this user may use), one per key: a hash of the interpreter,
 its version, its site-packages directory's modification time and the text of
 every `training/**/*.py` (which includes `training.warm`'s list of modules to
-preload). A changed `training/`, interpreter or set of installed packages gets
-a new server; the old one exits when idle. A lock file serializes start-up so
+preload), and the launch's variables that only a process's start reads
+(`startup_env`: `MALLOC_*`, `LD_*`, `GLIBC_TUNABLES`, `PYTHONHASHSEED`,
+`PYTHONMALLOC`), which a forked worker would otherwise take from the server.
+A changed `training/`, interpreter, set of installed packages or start-time
+variable gets a new server; the old one exits when idle. A lock file serializes start-up so
 that concurrent launches start one server; each server logs to `<key>.log`
 beside its socket and writes its pid to `<key>.pid`.
 """
@@ -96,16 +99,31 @@ def training_root() -> Path:
     return Path(training.spec.__file__).resolve().parent.parent
 
 
-def server_key(python: str, root: Path) -> str:
+# Variables read only when a process starts (the C library's allocator and loader, Python's hash seed and allocator):
+# a worker forked from a server keeps the server's, whatever its launch environment says.
+STARTUP_ENV_PREFIXES = ("MALLOC_", "LD_")
+STARTUP_ENV_NAMES = frozenset({"GLIBC_TUNABLES", "PYTHONHASHSEED", "PYTHONMALLOC"})
+
+
+def startup_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of `env` that only a process's start reads (`STARTUP_ENV_*`); a server is started with, and keyed on, them."""
+    return {k: v for k, v in env.items() if k in STARTUP_ENV_NAMES or k.startswith(STARTUP_ENV_PREFIXES)}
+
+
+def server_key(python: str, root: Path, env: Optional[Mapping[str, str]] = None) -> str:
     """The name of the server for interpreter `python` serving `root/training`: a hash of all that makes it stale.
 
     Args:
         python: the interpreter's path (this process's own, `sys.executable`).
         root: the directory that holds the `training` package.
+        env: the launch's environment (default: this process's): its start-time variables (`startup_env`) are part
+            of the key, so a launch that sets `MALLOC_ARENA_MAX`, say, runs on a server started with it.
     """
     h = hashlib.sha256()
     for part in (python, sys.version, str(root), str(_site_packages_mtime())):
         h.update(part.encode() + b"\0")
+    for name, value in sorted(startup_env(os.environ if env is None else env).items()):
+        h.update(f"{name}={value}".encode() + b"\0")
     for path in sorted((root / "training").rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0")
         h.update(path.read_bytes() + b"\0")
@@ -137,13 +155,15 @@ def _log_tail(path: Path, lines: int = 5) -> str:
         return "(no log)"
 
 
-def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, start_timeout: float) -> socket.socket:
-    """A connection to the server for `python` and `root`, starting it (once, under a lock) when there is none.
+def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, start_timeout: float,
+            env: Optional[Mapping[str, str]] = None) -> socket.socket:
+    """A connection to the server for `python`, `root` and `env`'s start-time variables, starting it (once, under a lock) when there is none.
 
     Args:
         directory: where servers live (`warm_dir`).
         python: the interpreter the server runs.
         root: the directory holding the `training` package the server imports.
+        env: the launch's environment (default: this process's); a server started here gets its start-time variables.
         idle_seconds: the idle time after which a server started here exits.
         start_timeout: how long a starting server may take to import and listen.
 
@@ -153,7 +173,8 @@ def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, st
     if not sys.platform.startswith("linux"):
         raise WarmUnavailable(f"warm workers need Linux (process death signals, /proc); this is {sys.platform}")
     directory = private_dir(directory)
-    key = server_key(python, root)
+    env = os.environ if env is None else env
+    key = server_key(python, root, env)
     path = directory / f"{key}.sock"
     if len(os.fsencode(path)) > SUN_PATH_MAX:
         raise WarmUnavailable(f"the socket path {path} is longer than {SUN_PATH_MAX} bytes; set {WARM_DIR_ENV} to a shorter directory")
@@ -165,20 +186,22 @@ def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, st
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a dead server's socket
         log = directory / f"{key}.log"
-        _start_server(path, log, python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout)
+        _start_server(path, log, python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout, env=env)
         try:
             return _connect(path)
         except OSError as e:
             raise WarmUnavailable(f"the warm worker server at {path} started but refused the connection ({e}); log {log}") from e
 
 
-def _start_server(path: Path, log: Path, *, python: str, root: Path, idle_seconds: float, start_timeout: float) -> None:
-    """Start `python -m training.warm serve` detached and wait until its socket is in place.
+def _start_server(path: Path, log: Path, *, python: str, root: Path, idle_seconds: float, start_timeout: float,
+                  env: Mapping[str, str]) -> None:
+    """Start `python -m training.warm serve` detached, with `env`'s start-time variables, and wait until its socket is in place.
 
     Raises:
         WarmUnavailable: it exited or took longer than `start_timeout` (then it is killed).
     """
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    base = {k: v for k, v in os.environ.items() if k not in startup_env(os.environ)}
+    env = {**base, **startup_env(env), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     cmd = [python, "-m", "training.warm", "serve", "--socket", str(path), "--idle-seconds", f"{idle_seconds:g}"]
     with open(log, "w") as out:
         # Its own session: a signal to the launcher's process group (a run being stopped) leaves it serving others.
@@ -374,7 +397,7 @@ def launch_warm(
         WarmUnavailable: nothing started; the trial may run cold.
     """
     root = root or training_root()
-    conn = connect(warm_dir(env), python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout)
+    conn = connect(warm_dir(env), python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout, env=env)
     run_id = f"warm-{env.get(training.spec.LAUNCH_ID_ENV, time.time_ns())}"
     request = {"env": dict(env), "cwd": os.getcwd(), "spec_uri": spec_uri, "max_restarts": max_restarts, "run_id": run_id,
                "entry": entry, "nprocs": nprocs}
@@ -436,7 +459,7 @@ def prestart(env: Mapping[str, str], *, python: str, idle_seconds: float, start_
         return False
     root = training_root()
     with contextlib.suppress(OSError):
-        _connect(warm_dir(env) / f"{server_key(python, root)}.sock").close()
+        _connect(warm_dir(env) / f"{server_key(python, root, env)}.sock").close()
         return False
     cmd = [python, "-m", "resources.warm", "prestart", "--idle-seconds", f"{idle_seconds:g}", "--start-timeout", f"{start_timeout:g}"]
     subprocess.Popen(cmd, cwd=root, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -384,3 +384,22 @@ def test_prestart_does_nothing_with_warm_workers_off(warm_dir: Path, monkeypatch
     assert LocalLauncher(warm_workers=False).prestart_warm() is False
     time.sleep(1.0)
     assert list(warm_dir.iterdir()) == []
+
+
+def test_a_launch_that_sets_a_start_time_variable_runs_on_a_server_started_with_it(
+    shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """glibc reads MALLOC_* when a process starts: a worker forked from a server started without it would not have it."""
+    for name in ("plain", "arena"):
+        (tmp_path / name).mkdir()
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    plain = LocalLauncher().launch(make_spec(tmp_path / "plain", max_epochs=1))
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
+    arena = LocalLauncher().launch(make_spec(tmp_path / "arena", max_epochs=1))
+    servers = [launches(log_of(o))[0][4] for o in (plain, arena)]
+    assert servers[0] != servers[1]
+    started_with = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in servers]  # what each server's exec had
+    assert b"MALLOC_ARENA_MAX=2" not in started_with[0] and b"MALLOC_ARENA_MAX=2" in started_with[1]
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    again = LocalLauncher().launch(make_spec(tmp_path / "plain", max_epochs=1, trial_id="trial-0001"))
+    assert launches(log_of(again))[0][4] == servers[0]  # the same environment finds its server again
