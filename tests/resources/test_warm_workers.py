@@ -390,16 +390,13 @@ def test_a_launch_that_sets_a_start_time_variable_runs_on_a_server_started_with_
     shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """glibc reads MALLOC_* when a process starts: a worker forked from a server started without it would not have it."""
-    for name in ("plain", "arena"):
-        (tmp_path / name).mkdir()
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    plain = LocalLauncher().launch(make_spec(tmp_path / "plain", max_epochs=1))
+    root = training_root()
+    plain = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    arena = {**plain, "MALLOC_ARENA_MAX": "2"}
+    assert server_key(sys.executable, root, plain) != server_key(sys.executable, root, arena)
+    assert server_key(sys.executable, root, plain) == server_key(sys.executable, root, {**plain, "UNRELATED": "x"})
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
-    arena = LocalLauncher().launch(make_spec(tmp_path / "arena", max_epochs=1))
-    servers = [launches(log_of(o))[0][4] for o in (plain, arena)]
-    assert servers[0] != servers[1]
-    started_with = [Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") for pid in servers]  # what each server's exec had
-    assert b"MALLOC_ARENA_MAX=2" not in started_with[0] and b"MALLOC_ARENA_MAX=2" in started_with[1]
-    monkeypatch.delenv("MALLOC_ARENA_MAX")
-    again = LocalLauncher().launch(make_spec(tmp_path / "plain", max_epochs=1, trial_id="trial-0001"))
-    assert launches(log_of(again))[0][4] == servers[0]  # the same environment finds its server again
+    outcome = LocalLauncher().launch(make_spec(tmp_path, max_epochs=1))
+    server = launches(log_of(outcome))[0][4]
+    assert int((shared / f"{server_key(sys.executable, root, arena)}.pid").read_text()) == server
+    assert b"MALLOC_ARENA_MAX=2" in Path(f"/proc/{server}/environ").read_bytes().split(b"\0")  # what the server's exec had
