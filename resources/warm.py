@@ -200,8 +200,8 @@ def _start_server(path: Path, log: Path, *, python: str, root: Path, idle_second
     Raises:
         WarmUnavailable: it exited or took longer than `start_timeout` (then it is killed).
     """
-    base = {k: v for k, v in os.environ.items() if k not in startup_env(os.environ)}
-    env = {**base, **startup_env(env), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    own = startup_env(os.environ)
+    env = {**{k: v for k, v in os.environ.items() if k not in own}, **startup_env(env), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     cmd = [python, "-m", "training.warm", "serve", "--socket", str(path), "--idle-seconds", f"{idle_seconds:g}"]
     with open(log, "w") as out:
         # Its own session: a signal to the launcher's process group (a run being stopped) leaves it serving others.

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 import warnings
-from typing import IO, Any, Callable, Optional, TypeVar, cast
+from typing import IO, Any, Callable, Iterator, Optional, TypeVar, cast
 
 import fsspec
 import torch
@@ -473,18 +473,20 @@ class CheckpointStore:
         """
         return self._first_loadable(list(reversed(self._scan())))
 
-    def best(self) -> Optional[LoadedCheckpoint]:
-        """The newest verified checkpoint saved with `best=True`, or None."""
-        marked = []
+    def _marked_best(self) -> Iterator[_Entry]:
+        """Committed entries whose manifest says `best`, newest first (manifests only; no checksum verified)."""
         for entry in reversed(self._scan()):
             if not entry.committed:
                 continue
             try:
                 if self._read_manifest(entry).get("best"):
-                    marked.append(entry)
+                    yield entry
             except CheckpointUnusable:
                 continue
-        return self._first_loadable(marked)
+
+    def best(self) -> Optional[LoadedCheckpoint]:
+        """The newest verified checkpoint saved with `best=True`, or None."""
+        return self._first_loadable(list(self._marked_best()))
 
     def newest_best(self) -> Optional[tuple[str, int]]:
         """(URI, step) of the newest committed checkpoint saved with `best=True`, from manifests alone; None if none.
@@ -493,15 +495,8 @@ class CheckpointStore:
         holds those very weights already (the trained model at the step the
         checkpoint was saved) and needs only to name it. `best()` loads and verifies.
         """
-        for entry in reversed(self._scan()):
-            if not entry.committed:
-                continue
-            try:
-                if self._read_manifest(entry).get("best"):
-                    return self.uri(entry.step), entry.step
-            except CheckpointUnusable:
-                continue
-        return None
+        entry = next(self._marked_best(), None)
+        return None if entry is None else (self.uri(entry.step), entry.step)
 
     def list_committed(self) -> list[dict[str, Any]]:
         """Manifests of committed checkpoints, newest first, each with its `uri` added.
