@@ -271,7 +271,7 @@ class LocalLauncher(Launcher):
                 LAUNCH_ID_ENV: f"{time.time_ns():x}",
             }
             output = LaunchOutput(self.log_tail_lines)
-            with open(log_path, "w") as log_file:
+            with open(log_path, "w", buffering=1) as log_file:  # line-buffered: a tail of the log follows the run
                 proc, stream = self._start(spec, spec_uri, env, os.path.join(tmp, "ranks"), log_file, output)
                 pump = threading.Thread(target=output.pump, args=(stream, log_file), daemon=True)
                 pump.start()
