@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import fsspec
 import lightning as L
@@ -25,6 +25,26 @@ def read_parquet_tensors(uri: str, features: list[str], target: str, task: str =
     return x, y
 
 
+class BatchedTensorDataset(TensorDataset):
+    """A `TensorDataset` that gathers a whole batch with one index per tensor.
+
+    The DataLoader calls `__getitems__` with a batch's indices when a dataset has
+    it; `TensorDataset` alone indexes row by row in Python and then stacks the
+    rows (about 1.3 ms for 256 rows of 1,024 floats on this machine's CPU, 0.45
+    ms this way). The batch holds the same rows in the same order; the loader
+    must pass it through (`collate_batched`).
+    """
+
+    def __getitems__(self, indices: list[int]) -> list[torch.Tensor]:
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return [t[index] for t in self.tensors]
+
+
+def collate_batched(batch: Any) -> Any:
+    """The collate function for `BatchedTensorDataset`: its batches arrive stacked already."""
+    return batch
+
+
 class ParquetDataModule(L.LightningDataModule):
     """Train/val/test splits of a tabular dataset stored as Parquet (local or s3://).
 
@@ -41,6 +61,10 @@ class ParquetDataModule(L.LightningDataModule):
         num_workers: DataLoader workers (0 keeps runs deterministic and cheap).
         seed: seed of the loaders' generators and the training sampler.
         task: `classification` (int64 targets) or `regression` (float32 targets).
+        pin_memory: put batches in page-locked memory before they go to a CUDA device. Off by
+            default: on one H200 (`bench/gpu_step_breakdown.py`, 1.1B-parameter MLP, 256 rows of
+            1,024 floats a step) neither a bare loop (29.09 vs 29.11 ms a step) nor Lightning
+            (36.78 vs 37.68 ms) ran faster pinned; Lightning already copies with `non_blocking`.
     """
 
     def __init__(
@@ -54,6 +78,7 @@ class ParquetDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 0,
         task: str = "classification",
+        pin_memory: bool = False,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -65,12 +90,13 @@ class ParquetDataModule(L.LightningDataModule):
         self.num_workers = num_workers
         self.seed = seed
         self.task = task
+        self.pin_memory = pin_memory
         self._sets: dict[str, TensorDataset] = {}
 
     def setup(self, stage: Optional[str] = None) -> None:
         for split, uri in self.uris.items():
             if split not in self._sets:
-                self._sets[split] = TensorDataset(*read_parquet_tensors(uri, self.features, self.target, self.task))
+                self._sets[split] = BatchedTensorDataset(*read_parquet_tensors(uri, self.features, self.target, self.task))
 
     # The entrypoint turns off Lightning's sampler replacement for data modules that shard themselves.
     handles_distributed_sampling = True
@@ -84,6 +110,8 @@ class ParquetDataModule(L.LightningDataModule):
             shuffle=False,
             num_workers=self.num_workers,
             generator=torch.Generator().manual_seed(self.seed),
+            collate_fn=collate_batched,
+            pin_memory=self.pin_memory,
         )
 
     def train_dataloader(self) -> DataLoader:
