@@ -313,6 +313,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
     L.seed_everything(spec.seed, workers=True, verbose=False)
     model, dm = build(spec)
     check_output_fits_task(model, dm, spec)
+    built = time.perf_counter() - started
     strategy_kwargs = _trainer_kwargs(spec)
     init_process_group("gloo" if spec.distribution.accelerator == "cpu" else "nccl")
     caveats = determinism.apply(
@@ -329,7 +330,8 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         callbacks.append(ckpt.ft)
         logger = _logger(spec)
         trainer = _trainer(spec, dm, strategy_kwargs, callbacks, ckpt.plugins, logger)
-        reporter.info(f"trial {spec.trial_id}: training {spec.model.path} on data {spec.data.version[:12]}")
+        reporter.info(f"trial {spec.trial_id}: training {spec.model.path} on data {spec.data.version[:12]} (start-up: model "
+                      f"{built:.2f}s, process group, checkpoints and trainer {time.perf_counter() - started - built:.2f}s)")
         fit_started = time.perf_counter()
         trainer.fit(model, datamodule=dm, ckpt_path=ckpt.resume_path)
         fit_seconds = time.perf_counter() - fit_started
