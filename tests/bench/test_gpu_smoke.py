@@ -70,12 +70,16 @@ def test_gpu_smoke_dry_run_on_cpu() -> None:
     record = main(dry_run=True)
     assert record["name"] == "gpu_smoke_dry_run"
     details = record["details"]
-    for side in ("ddp", "fsdp", "bare_single_device"):
+    for side in ("ddp", "fsdp", "bare_single_device", "bare_lightning"):
         window = details[side]["window"]
         assert details[side]["samples_per_second"] > 0 and window["start"] >= WARMUP and window["steps"] > 0
     for side in ("ddp", "fsdp"):  # the platform's window lies within one epoch
         assert details[side]["window"]["end"] < details[side]["steps"] and details[side]["window"]["steps"] < DRY_STEPS
     assert details["ddp"]["steps"] == DRY_STEPS * DRY_EPOCHS and details["parameters"] > 0 and 0 < details["ddp"]["mfu"]
+    # the baseline is bare Lightning (issue 16's reference); the bare loop rides along
+    assert record["baseline"] == details["bare_lightning"]["samples_per_second"] and details["bare_lightning"]["steps"] == DRY_STEPS
+    assert record["ratio"] == pytest.approx(record["value"] / record["baseline"])
+    assert set(details["ddp"]["finish_seconds"]) == {"load_best", "evaluate", "export"}
 
 
 def test_peak_flops_lookup() -> None:
