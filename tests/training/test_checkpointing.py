@@ -9,6 +9,7 @@ import re
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -35,6 +36,11 @@ def _state(seed: int) -> dict:
         "optimizer": {"state": {0: {"step": torch.tensor(float(seed))}}, "param_groups": [{"lr": 0.1}]},
         "sampler": {"epoch": 1, "position": 17 * seed},
     }
+
+
+def _tree(data: bytes, leaf: int = 16 * 2**20) -> str:
+    """The manifest's file hash, computed here from its definition: sha256 of each leaf, then of their digests."""
+    return hashlib.sha256(b"".join(hashlib.sha256(data[i:i + leaf]).digest() for i in range(0, len(data), leaf))).hexdigest()
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -80,7 +86,8 @@ def test_commit_and_load_round_trip(store: CheckpointStore, tmp_path: Path) -> N
     assert sorted(p.name for p in directory.iterdir()) == [MANIFEST, PAYLOAD]
     manifest = json.loads((directory / MANIFEST).read_text())
     payload = (directory / PAYLOAD).read_bytes()
-    assert manifest["files"] == {PAYLOAD: {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}}
+    assert manifest["files"] == {PAYLOAD: {"sha256_tree": _tree(payload), "leaf_bytes": 16 * 2**20, "size": len(payload)}}
+    assert manifest["format_version"] == 2
     assert (manifest["step"], manifest["epoch"], manifest["metrics"], manifest["best"]) == (12, 3, {"val_acc": 0.75}, True)
 
     loaded = store.latest()
@@ -496,3 +503,195 @@ def test_sharded_save_on_s3_commits_and_merges(s3_endpoint) -> None:
     whole = store().latest()
     assert whole.world_size == 2 and torch.equal(whole.state["state_dict"]["w"], torch.arange(12, dtype=torch.float32).reshape(4, 3))
     assert store().load("step-000000007", rank=0, world_size=2).state["global_step"] == 5
+
+
+# --- integrity of large payloads: hashed in leaves while written, verified on every load ----------
+
+import io  # noqa: E402
+import zipfile  # noqa: E402
+
+import training.checkpointing.files as ckpt_files  # noqa: E402
+from training.checkpointing.files import HashingWriter  # noqa: E402
+
+SMALL_LEAF = 64 * 1024
+
+
+@pytest.fixture
+def small_leaves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Leaves of 64 KiB and inline hashing below 4 KiB, so a 1 MB tensor takes the pipelined, threaded path;
+    records the descriptors whose early write-out was started."""
+    monkeypatch.setattr(ckpt_files, "LEAF", SMALL_LEAF)
+    monkeypatch.setattr(ckpt_files, "_INLINE", 4096)
+    monkeypatch.setattr(ckpt_files, "_HASH_THREADS", 3)
+    started: list[int] = []
+    monkeypatch.setattr(ckpt_files, "_start_writeback", started.append)
+    return started
+
+
+def _big_state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(1000, 250, generator=g), "b": torch.randn(37, generator=g)}, "step": seed}
+
+
+def _same_big(a: dict, b: dict) -> bool:
+    return all(torch.equal(a["model"][k], b["model"][k]) for k in ("w", "b")) and a["step"] == b["step"]
+
+
+def test_writer_hashes_every_byte_in_order_and_returns_only_when_done(small_leaves: list[int]) -> None:
+    rng = random.Random(7)
+    sink = io.BytesIO()
+    written = bytearray()
+    with HashingWriter(sink) as writer:
+        for n in [10, 5000, 3 * SMALL_LEAF + 17, 1, SMALL_LEAF - 28, 200_000, 0, 4095, 70_000]:
+            buf = bytearray(rng.randbytes(n))
+            assert writer.write(buf) == n
+            written += buf
+            buf[:] = bytes(n)  # the caller reuses its buffer at once: what was written must be hashed already
+    assert sink.getvalue() == bytes(written) and writer.size == len(written)
+    assert writer.meta() == {"size": len(written), "sha256_tree": _tree(bytes(written), SMALL_LEAF), "leaf_bytes": SMALL_LEAF}
+
+
+def test_large_payload_round_trip_records_the_tree_hash_of_the_file(store: CheckpointStore, tmp_path: Path,
+                                                                   small_leaves: list[int]) -> None:
+    state = _big_state(1)
+    store.save(1, state)
+    payload = (tmp_path / "ckpt" / "step-000000001" / PAYLOAD).read_bytes()
+    manifest = json.loads((tmp_path / "ckpt" / "step-000000001" / MANIFEST).read_text())
+    assert len(payload) > 10 * SMALL_LEAF
+    assert manifest["files"][PAYLOAD] == {"size": len(payload), "sha256_tree": _tree(payload, SMALL_LEAF), "leaf_bytes": SMALL_LEAF}
+    assert small_leaves and all(isinstance(fd, int) for fd in small_leaves)  # local disk: write-out started early
+    assert _same_big(store.latest().state, state)
+
+
+def test_payload_is_a_torch_file_without_torch_crc32_the_manifest_hash_covers_it(store: CheckpointStore, tmp_path: Path) -> None:
+    state = _big_state(2)
+    store.save(1, state)
+    path = tmp_path / "ckpt" / "step-000000001" / PAYLOAD
+    assert {i.CRC for i in zipfile.ZipFile(path).infolist()} == {0}  # the crc32 pass is skipped (it was as slow as the write)
+    assert _same_big(torch.load(path, weights_only=True), state)  # still an ordinary torch.save file
+
+
+@pytest.mark.parametrize("damage", ["first byte", "tensor data", "last byte", "one byte more", "one byte less"])
+def test_damage_anywhere_in_a_payload_is_detected(store: CheckpointStore, tmp_path: Path, small_leaves: list[int], damage: str) -> None:
+    store.save(1, _big_state(1))
+    store.save(2, _big_state(2))
+    path = tmp_path / "ckpt" / "step-000000002" / PAYLOAD
+    data = bytearray(path.read_bytes())
+    if damage == "one byte more":
+        data += b"\0"
+    elif damage == "one byte less":
+        del data[-1]
+    else:
+        at = {"first byte": 0, "tensor data": len(data) * 3 // 4, "last byte": len(data) - 1}[damage]
+        data[at] ^= 0x01  # a single bit
+    path.write_bytes(bytes(data))
+    why = "size mismatch" if "one byte" in damage else "checksum mismatch"
+    with pytest.warns(SkippedCheckpointWarning, match=f"step-000000002: {why} for file {PAYLOAD}"):
+        loaded = store.latest()
+    assert loaded.step == 1 and _same_big(loaded.state, _big_state(1))
+    with pytest.raises(CheckpointUnusable, match=why):
+        store.load("step-000000002")
+
+
+def test_format_1_checkpoint_with_a_plain_sha256_still_loads_and_is_verified(store: CheckpointStore, tmp_path: Path) -> None:
+    # As written before the tree hash: torch.save with crc32, the file's plain sha256 in the manifest.
+    store.save(1, _state(1))
+    old = tmp_path / "ckpt" / "step-000000002"
+    old.mkdir()
+    buf = io.BytesIO()
+    torch.save(_big_state(2), buf)
+    (old / PAYLOAD).write_bytes(buf.getvalue())
+    manifest = {"format_version": 1, "step": 2, "epoch": 0, "created_unix": 0.0, "created": "1970-01-01T00:00:00+00:00",
+                "metrics": {}, "best": False,
+                "files": {PAYLOAD: {"sha256": hashlib.sha256(buf.getvalue()).hexdigest(), "size": len(buf.getvalue())}}}
+    (old / MANIFEST).write_text(json.dumps(manifest))
+    assert _same_big(store.latest().state, _big_state(2))
+
+    store.corrupt_latest()
+    with pytest.warns(SkippedCheckpointWarning, match=f"step-000000002: checksum mismatch for file {PAYLOAD}"):
+        assert store.latest().step == 1
+
+
+@pytest.mark.parametrize("leaf", [None, 1, "16777216"])
+def test_a_manifest_with_a_tree_hash_but_no_usable_leaf_size_is_unreadable(store: CheckpointStore, tmp_path: Path, leaf: Any) -> None:
+    store.save(1, _state(1))
+    store.save(2, _state(2))
+    path = tmp_path / "ckpt" / "step-000000002" / MANIFEST
+    manifest = json.loads(path.read_text())
+    if leaf is None:
+        del manifest["files"][PAYLOAD]["leaf_bytes"]
+    else:
+        manifest["files"][PAYLOAD]["leaf_bytes"] = leaf
+    path.write_text(json.dumps(manifest))
+    with pytest.warns(SkippedCheckpointWarning, match="step-000000002: unreadable manifest"):
+        assert store.latest().step == 1
+
+
+class _FailingFile:
+    """Passes writes through until `fail_after` bytes, then raises OSError: a disk or connection failing mid-payload."""
+
+    def __init__(self, f: Any, fail_after: int, failures: list[str], path: str) -> None:
+        self._f, self._left, self._failures, self._path = f, fail_after, failures, path
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        if n > self._left:
+            self._failures.append(self._path)
+            raise OSError("injected failure in the middle of the payload")
+        self._left -= n
+        return self._f.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+@pytest.mark.parametrize("failing_attempts", [1, 3])
+def test_a_write_failing_midway_never_leaves_a_visible_or_partial_checkpoint(
+    store: CheckpointStore, tmp_path: Path, small_leaves: list[int], monkeypatch: pytest.MonkeyPatch, failing_attempts: int
+) -> None:
+    store.save(1, _big_state(1))
+    real_open = store.fs.open
+    attempts: list[str] = []
+
+    def open_failing(path: str, mode: str = "rb", **kw: Any) -> Any:
+        f = real_open(path, mode, **kw)
+        if mode == "wb" and "step-000000002" in path and len(attempts) < failing_attempts:
+            return _FailingFile(f, 5 * SMALL_LEAF + 123, attempts, path)  # fails inside the 1 MB tensor's write
+        return f
+
+    monkeypatch.setattr(store.fs, "open", open_failing)
+    directory = tmp_path / "ckpt" / "step-000000002"
+    if failing_attempts >= store.max_write_attempts:
+        with pytest.raises(CheckpointWriteError, match="after 3 attempts"):
+            store.save(2, _big_state(2))
+        assert store.latest().step == 1
+        assert not (directory / MANIFEST).exists() and not (directory / PAYLOAD).exists()
+    else:
+        store.save(2, _big_state(2))
+        assert _same_big(store.latest().state, _big_state(2))
+    assert len(attempts) == failing_attempts and all(".tmp-" in p for p in attempts)
+    assert not [p.name for p in directory.iterdir() if p.name.startswith(".tmp-")]  # staged files discarded
+    assert threading.active_count() < 20  # hashing threads stopped
+
+
+def test_sharded_manifest_carries_each_shards_tree_hash(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    _save_sharded(store, 5, "a:1")
+    files = store.list_committed()[0]["files"]
+    for rank in (0, 1):
+        data = (tmp_path / "step-000000005" / f"shard-0000{rank}.pt").read_bytes()
+        assert files[f"shard-0000{rank}.pt"] == {"size": len(data), "sha256_tree": _tree(data), "leaf_bytes": 16 * 2**20}
+
+
+def test_large_payload_on_s3_is_hashed_in_leaves_and_verified(s3_endpoint, small_leaves: list[int]) -> None:
+    store = CheckpointStore(s3_endpoint.root("runs/trial-0002/checkpoints"), retry_backoff_s=0.0,
+                            storage_options={"client_kwargs": {"endpoint_url": s3_endpoint.url}})
+    store.save(1, _big_state(1))
+    store.save(2, _big_state(2))
+    assert small_leaves == []  # no local descriptor on S3: nothing to start early
+    meta = store.list_committed()[0]["files"][PAYLOAD]
+    assert meta["leaf_bytes"] == SMALL_LEAF and meta["size"] > 10 * SMALL_LEAF
+    assert _same_big(store.latest().state, _big_state(2))
+    store.corrupt_latest()
+    with pytest.warns(SkippedCheckpointWarning, match="step-000000002: checksum mismatch"):
+        assert store.latest().step == 1

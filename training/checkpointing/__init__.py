@@ -8,15 +8,17 @@ the newest *committed* checkpoint. Layout under the root (a local path or
     <root>/step-000000012/MANIFEST.json   written last, the same way: the commit marker
 
 A step directory without `MANIFEST.json` is partial and never loaded. A
-committed one whose files do not match the sizes and sha256 in its manifest is
-skipped with a warning and the previous one is used.
+committed one whose files do not match the sizes and hashes in its manifest is
+skipped with a warning and the previous one is used. Every byte is hashed as it is
+written and verified on every load: a tree of sha256 over 16 MiB leaves, hashed in
+parallel (`files.LEAF`; manifests of format 1 carry a plain sha256, still verified).
 
 Replicated state (DDP, one process): rank 0 writes `state.pt`. Sharded state
 (FSDP2, tensor parallel: parameters and optimizer states are DTensors) is
 written by every rank at once, without gathering::
 
     <root>/step-000000012/shard-00001.pt    rank 1's own state: each DTensor as its local shard
-    <root>/step-000000012/shard-00001.json  rank 1's sidecar: sha256, size and the save's token
+    <root>/step-000000012/shard-00001.json  rank 1's sidecar: hash, size and the save's token
     <root>/step-000000012/MANIFEST.json     rank 0 writes it once every rank's sidecar carries this save's token
 
 Each DTensor is stored as its local tensor plus its global shape and offset

@@ -1,7 +1,11 @@
 """Names under a checkpoint root and the manifest format: what makes a step directory committed.
 
     <root>/step-000000012/state.pt        replicated state, or shard-<rank>.pt (+ .json sidecar) per rank
-    <root>/step-000000012/MANIFEST.json   written last: the commit marker, with every file's sha256 and size
+    <root>/step-000000012/MANIFEST.json   written last: the commit marker, with every file's hash and size
+
+A file's hash is `sha256_tree` (format 2: sha256 of each `leaf_bytes` piece, then of
+those digests; `training.checkpointing.files.LEAF`); manifests of format 1 carry the
+plain `sha256` of the whole file instead, and still load.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from training.checkpointing.sharding import shard_file
 
 MANIFEST = "MANIFEST.json"
 PAYLOAD = "state.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 STEP_DIR = re.compile(r"step-(\d{9,})")
 
 
@@ -27,7 +31,7 @@ def step_dir(step: int) -> str:
 def manifest_bytes(
     *, step: int, epoch: int, created: float, metrics: dict[str, float], best: bool, files: dict[str, Any], world_size: Optional[int]
 ) -> bytes:
-    """The manifest committing a checkpoint: its step, metrics and every file's sha256 and size.
+    """The manifest committing a checkpoint: its step, metrics and every file's hash and size.
 
     Args:
         created: Wall-clock seconds since the epoch, recorded as number and ISO time.
@@ -64,6 +68,13 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
     if not expected <= set(files):
         raise ValueError(f"files must list {sorted(expected)[:3]}{'...' if len(expected) > 3 else ''}")
     for meta in files.values():
-        if not isinstance(meta["sha256"], str) or not isinstance(meta["size"], int):
-            raise ValueError("each file needs a sha256 string and an integer size")
+        if not isinstance(meta["size"], int):
+            raise ValueError("each file needs an integer size")
+        if "sha256_tree" in meta:
+            leaf = meta.get("leaf_bytes")
+            # A floor on the leaf keeps a doctored manifest from making verification slice a file byte by byte.
+            if not isinstance(meta["sha256_tree"], str) or not isinstance(leaf, int) or isinstance(leaf, bool) or leaf < 4096:
+                raise ValueError("a sha256_tree needs a string digest and an integer leaf_bytes >= 4096")
+        elif not isinstance(meta["sha256"], str):
+            raise ValueError("each file needs a sha256_tree (or, format 1, a sha256) string")
     return manifest

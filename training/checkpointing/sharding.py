@@ -49,7 +49,7 @@ def shard_file(rank: int) -> str:
 
 
 def sidecar_file(rank: int) -> str:
-    """The name of `rank`'s sidecar: its shard's sha256, size and the save's token."""
+    """The name of `rank`'s sidecar: its shard's hash, size and the save's token."""
     return f"shard-{rank:05d}.json"
 
 

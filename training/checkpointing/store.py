@@ -6,16 +6,14 @@ See `training.checkpointing` for the layout and the commit protocol.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import math
 import time
 import warnings
-from typing import IO, Any, Callable, Iterator, Optional, TypeVar, cast
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import fsspec
-import torch
 
 from training.checkpointing.errors import (
     CheckpointError,
@@ -26,7 +24,7 @@ from training.checkpointing.errors import (
     check,
     is_int,
 )
-from training.checkpointing.files import HashingWriter, StagedFile
+from training.checkpointing.files import HashingWriter, StagedFile, digest_matches, save_payload
 from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, parse_manifest, step_dir
 from training.checkpointing.safe_load import check_plain, load_payload
 from training.checkpointing.sharding import ShardSpec, merge_shards, shard_file, sidecar_file
@@ -207,7 +205,7 @@ class CheckpointStore:
         self._with_retries(f"{self.root_uri}/{name}/{MANIFEST}", uncommit)
 
     def _write_state(self, name: str, state: dict[str, Any], shard: Optional[ShardSpec]) -> dict[str, Any]:
-        """Write this process's payload (and, sharded, its sidecar); returns `{file: {sha256, size}}`."""
+        """Write this process's payload (and, sharded, its sidecar); returns `{file: {size, sha256_tree, leaf_bytes}}`."""
         directory = self._path(name)
         fname = PAYLOAD if shard is None else shard_file(shard.rank)
 
@@ -216,10 +214,10 @@ class CheckpointStore:
                 self.fail_next_writes -= 1
                 raise OSError(f"injected transient write failure ({self.fail_next_writes} more to come)")
             self.fs.makedirs(directory, exist_ok=True)
-            with StagedFile(self.fs, directory, fname) as f:
-                writer = HashingWriter(f)
-                torch.save(state, cast(IO[bytes], writer))  # it has the write/flush torch.save uses
-            return {"sha256": writer.sha256.hexdigest(), "size": writer.size}
+            staged = StagedFile(self.fs, directory, fname)
+            with staged as f, HashingWriter(f, fd=staged.fd) as writer:
+                save_payload(state, writer)  # it has the write/flush torch.save uses
+            return writer.meta()
 
         payload = self._with_retries(f"{self.root_uri}/{name}/{fname}", write_payload)
         if shard is not None:
@@ -253,7 +251,7 @@ class CheckpointStore:
                     log.warning("reading %s/%s/%s failed: %s; retrying", self.root_uri, name, sidecar_file(rank), e)
                     continue
                 if meta.get("token") == shard.token:
-                    found[rank] = {"sha256": meta["sha256"], "size": meta["size"]}
+                    found[rank] = {k: v for k, v in meta.items() if k not in ("token", "rank")}
             if len(found) == shard.world_size:
                 return {shard_file(r): found[r] for r in range(shard.world_size)}
             if time.monotonic() > deadline:
@@ -369,7 +367,7 @@ class CheckpointStore:
             raise CheckpointUnusable(f"file {fname} listed in the manifest is missing") from e
         if len(data) != meta["size"]:
             raise CheckpointUnusable(f"size mismatch for file {fname}: manifest says {meta['size']} bytes, found {len(data)}")
-        if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        if not digest_matches(data, meta):
             raise CheckpointUnusable(f"checksum mismatch for file {fname}")
         return data
 
