@@ -130,7 +130,9 @@ class SweepStore(ConfigurableResource):
 
     def _with_sampler(self, study: Any, search: Optional[SearchSpec]) -> Any:
         if search is not None:
-            study.sampler = build_sampler(search, derive_seed(search.seed, len(study.get_trials(deepcopy=False))))
+            sampler = build_sampler(search, derive_seed(search.seed, len(study.get_trials(deepcopy=False))))
+            _keep_search_space(study.sampler, sampler, study)
+            study.sampler = sampler
         return study
 
     def ask(self, study: Any, search: SearchSpec, n: int, deadline: Optional[float] = None) -> list[int]:
@@ -287,3 +289,24 @@ class SweepStore(ConfigurableResource):
             stop.set()
             thread.join(timeout=10)
 
+
+
+def _keep_search_space(old: Any, new: Any, study: Any) -> None:
+    """A TPE sampler rebuilt for this tick takes over its predecessor's intersection search space on the same study.
+
+    Optuna's `IntersectionSearchSpace` is incremental: it remembers the
+    intersection of the finished trials up to the first unfinished one and
+    reads only the trials after that (finished trials never change their
+    distributions). The sweep store builds a fresh sampler every tick (a new
+    seed), which recomputed the intersection over every trial, an equality of
+    distributions per trial and parameter: 10-25 ms a tick at 10,000 trials.
+    """
+    from optuna.samplers import TPESampler
+    from optuna.search_space import IntersectionSearchSpace
+
+    if not (isinstance(old, TPESampler) and isinstance(new, TPESampler)):
+        return
+    space = getattr(old, "_search_space", None)
+    if (type(space) is IntersectionSearchSpace and type(getattr(new, "_search_space", None)) is IntersectionSearchSpace
+            and space._include_pruned == new._search_space._include_pruned and space._study_id in (None, study._study_id)):
+        new._search_space = space

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -184,9 +185,11 @@ def sweep_status(
         stopped: a stop reason recorded earlier; a stopped sweep stays stopped.
     """
     counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0, "RUNNING": 0, "WAITING": 0}
-    for t in trials:
-        counts[t.state.name] = counts.get(t.state.name, 0) + 1
-    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    by_state = Counter(t.state for t in trials)  # one pass; an enum's `.name` costs a property call per trial
+    for state, n in by_state.items():
+        counts[state.name] = counts.get(state.name, 0) + n
+    completed = {state for state in by_state if state.name == "COMPLETE"}
+    complete = [t for t in trials if t.state in completed]
     sign = 1.0 if directions[0] == "max" else -1.0
     best = max((sign * t.values[0] for t in complete), default=None)
     best = None if best is None else sign * best
