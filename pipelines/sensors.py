@@ -105,6 +105,29 @@ def team_run_limit(instance: DagsterInstance, team: str) -> Optional[int]:
     return min(limits) if limits else None
 
 
+def active_runs(instance: DagsterInstance) -> list[Any]:
+    """The instance's queued and running runs (records), in one query.
+
+    The sensor reads what it needs of them here (the team's count, the trials
+    a run already trains) instead of one tag-filtered query each: a tag filter
+    joins every run carrying the tag (a 10k sweep's 10,000 finished trial runs
+    carry the team's; 20-25 ms a query on PostgreSQL), and a query per pending
+    trial made a tick that requests 64 of them take 0.8 s.
+    """
+    return list(instance.get_run_records(RunsFilter(statuses=ACTIVE)))
+
+
+def active_team_runs(records: list[Any], team: str) -> int:
+    """Of `active_runs`, those tagged `trainyard/team=<team>`: what the run queue counts against the team's limit."""
+    return sum(1 for record in records if record.dagster_run.tags.get(TEAM_TAG) == team)
+
+
+def trained_partitions(records: list[Any], job_name: str) -> set[str]:
+    """Of `active_runs`, the partitions that runs of `job_name` train."""
+    return {record.dagster_run.tags[PARTITION_TAG] for record in records
+            if record.dagster_run.job_name == job_name and PARTITION_TAG in record.dagster_run.tags}
+
+
 @dataclass
 class SweepCursor:
     """What the sensor remembers between ticks (JSON in the sensor cursor)."""
@@ -146,12 +169,20 @@ def latest_study(instance: DagsterInstance, spec: PipelineSpec) -> Optional[str]
 
 
 def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, study_name: str, since: float) -> list[int]:
-    """Fail trials whose run ended (failed or canceled) without telling the study, unless another run has taken over."""
+    """Fail trials whose run ended (failed or canceled) without telling the study, unless another run has taken over.
+
+    The study's tag is matched here, not in the query: a tag filter joins every
+    run carrying the tag (every trial run of the study, 10,000 in a 10k sweep;
+    30-40 ms a tick on PostgreSQL), while the job, status and time filters alone
+    select only the few runs that ended badly since the last look.
+    """
     records = instance.get_run_records(
-        RunsFilter(job_name=job_name, statuses=ENDED_UNTOLD, tags={STUDY_TAG: study_name}, updated_after=datetime.fromtimestamp(since, tz=UTC))
+        RunsFilter(job_name=job_name, statuses=ENDED_UNTOLD, updated_after=datetime.fromtimestamp(since, tz=UTC))
     )
     failed = []
     for record in records:
+        if record.dagster_run.tags.get(STUDY_TAG) != study_name:
+            continue
         key = record.dagster_run.tags.get(PARTITION_TAG, "")
         if not naming.is_trial_key(key):
             continue
@@ -252,22 +283,27 @@ def evaluate_sweep(
     free = search.window - in_flight
     limit = team_run_limit(instance, spec.team)
     team_note = ""
+    records: Optional[list[Any]] = None  # active_runs(instance), read once when needed
     if limit is not None:
-        active = instance.get_runs_count(RunsFilter(tags={TEAM_TAG: spec.team}, statuses=ACTIVE))
+        records = active_runs(instance)
+        active = active_team_runs(records, spec.team)
         free = min(free, limit - active)
         team_note = f", team {spec.team} {active}/{limit} runs"
     free = max(0, min(free, max_asks_per_tick))
 
     tags = {TEAM_TAG: spec.team, STUDY_TAG: study_name, PIPELINE_TAG: spec.key}
     requested: list[int] = []
+    trained: Optional[set[str]] = None
     for t in trials:
         if t.number < state.next:
             continue
         if t.state.is_finished():
             state.next = t.number + 1
             continue
-        key = trial_key(t.number)
-        if instance.get_runs_count(RunsFilter(job_name=train_job, statuses=ACTIVE, tags={PARTITION_TAG: key})):
+        if trained is None:
+            records = active_runs(instance) if records is None else records
+            trained = trained_partitions(records, train_job)
+        if trial_key(t.number) in trained:
             state.next = t.number + 1  # a run started elsewhere (UI, backfill) already trains it
             continue
         if len(requested) >= free:

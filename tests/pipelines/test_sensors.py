@@ -379,3 +379,73 @@ def test_sensor_intervals_land_on_the_daemons_looks() -> None:
     assert (sensors.MINIMUM_INTERVAL_SECONDS, landing_sensor.MINIMUM_INTERVAL_SECONDS) == (9, 59)
     with pytest.raises(ValueError, match="multiple of the daemon's 5 s look"):
         ticks_every(12)
+
+
+def _runs(instance, *runs: tuple[str, DagsterRunStatus, dict]) -> None:
+    from dagster._core.storage.dagster_run import DagsterRun
+    from dagster._core.utils import make_new_run_id
+
+    from bench.sweep_10k import job_origin
+
+    for job, status, tags in runs:
+        instance.add_run(DagsterRun(job_name=job, run_id=make_new_run_id(), status=status, tags=tags, remote_job_origin=job_origin(job)))
+
+
+def test_active_runs_are_read_once_and_counted_as_the_tag_filtered_queries_count(tmp_path: Path) -> None:
+    """The team's active runs and the trials a run already trains, from one read of the active runs: what the tag-filtered queries answered."""
+    from pipelines.sensors import PARTITION_TAG, active_runs, active_team_runs, trained_partitions
+
+    instance = open_instance(tmp_path)
+    S = DagsterRunStatus
+    _runs(instance,
+          ("train", S.QUEUED, {TEAM_TAG: "a", PARTITION_TAG: "trial-0001"}),
+          ("train", S.STARTED, {TEAM_TAG: "a", PARTITION_TAG: "trial-0002"}),
+          ("train", S.SUCCESS, {TEAM_TAG: "a", PARTITION_TAG: "trial-0003"}),
+          ("train", S.FAILURE, {TEAM_TAG: "a", PARTITION_TAG: "trial-0004"}),
+          ("other", S.STARTING, {TEAM_TAG: "a", PARTITION_TAG: "trial-0005"}),
+          ("train", S.NOT_STARTED, {TEAM_TAG: "b", PARTITION_TAG: "trial-0006"}),
+          ("train", S.STARTED, {}))
+    records = active_runs(instance)
+    for team in ("a", "b", "c"):
+        assert active_team_runs(records, team) == instance.get_runs_count(RunsFilter(tags={TEAM_TAG: team}, statuses=ACTIVE))
+    assert active_team_runs(records, "a") == 3
+    assert trained_partitions(records, "train") == {"trial-0001", "trial-0002", "trial-0006"}
+    for n in range(1, 8):
+        key = f"trial-{n:04d}"
+        assert (key in trained_partitions(records, "train")) == bool(
+            instance.get_runs_count(RunsFilter(job_name="train", statuses=ACTIVE, tags={PARTITION_TAG: key})))
+
+
+def test_a_run_of_another_study_that_ended_untold_fails_no_trial_of_this_one(tmp_path: Path) -> None:
+    """`_fail_untold` matches the study tag itself: only this study's trial runs that ended FAILURE/CANCELED fail trials."""
+    from pipelines.sensors import PARTITION_TAG, _fail_untold
+
+    instance = open_instance(tmp_path)
+    S = DagsterRunStatus
+    since = time.time() - 60
+    _runs(instance,
+          ("train", S.FAILURE, {STUDY_TAG: "mine", PARTITION_TAG: "trial-0001"}),
+          ("train", S.CANCELED, {STUDY_TAG: "mine", PARTITION_TAG: "trial-0002"}),
+          ("train", S.FAILURE, {STUDY_TAG: "theirs", PARTITION_TAG: "trial-0003"}),
+          ("train", S.SUCCESS, {STUDY_TAG: "mine", PARTITION_TAG: "trial-0004"}),
+          ("other", S.FAILURE, {STUDY_TAG: "mine", PARTITION_TAG: "trial-0005"}),
+          ("train", S.FAILURE, {PARTITION_TAG: "trial-0006"}))
+
+    class Trial:
+        class state:  # a stand-in for TrialState.RUNNING
+            name = "RUNNING"
+
+    class Sweeps:
+        told: list[tuple[str, int]] = []
+
+        def trial(self, study, number):
+            return Trial()
+
+        def tell(self, study, number, value, attrs, failed=False):
+            assert failed and "without reporting the trial" in attrs["error"]
+            self.told.append((study, number))
+
+    sweeps = Sweeps()
+    assert sorted(_fail_untold(instance, sweeps, "train", "mine", since)) == [1, 2]  # type: ignore[arg-type]
+    assert sorted(sweeps.told) == [("mine", 1), ("mine", 2)]
+    assert _fail_untold(instance, Sweeps(), "train", "mine", time.time() + 60) == []  # type: ignore[arg-type]
