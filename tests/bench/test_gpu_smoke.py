@@ -85,3 +85,14 @@ def test_gpu_smoke_dry_run_on_cpu() -> None:
 def test_peak_flops_lookup() -> None:
     assert peak_flops("NVIDIA H200") == 989e12
     assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+
+
+@pytest.mark.slow
+def test_gpu_step_breakdown_dry_run_on_cpu() -> None:
+    from bench.gpu_step_breakdown import WARMUP, main
+
+    out = main(dry_run=True, steps=WARMUP + 20)
+    variants = ("bare_resident", "bare_loader", "bare_loader_pinned", "lightning_pageable", "lightning_pinned")
+    assert all(out[v] > 0 for v in variants)
+    assert set(out["excess_ms_over_bare_resident"]) == set(variants[1:])
+    assert out["excess_ms_over_bare_resident"]["lightning_pageable"] == pytest.approx(out["lightning_pageable"] - out["bare_resident"])
