@@ -290,7 +290,6 @@ class SweepStore(ConfigurableResource):
             thread.join(timeout=10)
 
 
-
 def _keep_search_space(old: Any, new: Any, study: Any) -> None:
     """A TPE sampler rebuilt for this tick takes over its predecessor's intersection search space on the same study.
 

@@ -184,12 +184,9 @@ def sweep_status(
         now: the current time (epoch seconds).
         stopped: a stop reason recorded earlier; a stopped sweep stays stopped.
     """
-    counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0, "RUNNING": 0, "WAITING": 0}
-    by_state = Counter(t.state for t in trials)  # one pass; an enum's `.name` costs a property call per trial
-    for state, n in by_state.items():
-        counts[state.name] = counts.get(state.name, 0) + n
-    completed = {state for state in by_state if state.name == "COMPLETE"}
-    complete = [t for t in trials if t.state in completed]
+    names = [t.state.name for t in trials]  # read once: an enum's `.name` is a property call per trial
+    counts = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0, "RUNNING": 0, "WAITING": 0, **Counter(names)}
+    complete = [t for t, name in zip(trials, names) if name == "COMPLETE"]
     sign = 1.0 if directions[0] == "max" else -1.0
     best = max((sign * t.values[0] for t in complete), default=None)
     best = None if best is None else sign * best

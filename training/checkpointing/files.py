@@ -192,8 +192,8 @@ def _crc_free_save() -> Optional[Callable[[Any, Any], None]]:
             # aborts the process. The file is discarded anyway; the first error is kept.
             try:
                 zip_file.write_end_of_file()
-            except Exception:  # the original error is the one to report
-                pass
+            except Exception as e:  # the original error is the one to report
+                log.debug("finishing the abandoned checkpoint archive failed too: %s", e)
             raise
         zip_file.write_end_of_file()
         f.flush()
@@ -246,13 +246,12 @@ class StagedFile:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
             if exc_type is None:
-                local = self.local
-                if local:
+                if self.local:
                     self._f.flush()
                     os.fsync(self._f.fileno())
                 self._f.close()
                 self.fs.mv(self.tmp, self.final)
-                if local:
+                if self.local:
                     fsync_dir(os.path.dirname(self.final))
                 return
         except BaseException:
