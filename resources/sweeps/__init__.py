@@ -29,6 +29,7 @@ from resources.sweeps.report import (
 )
 from resources.sweeps.resource import SweepStore
 from resources.sweeps.rules import (
+    CLAIMED_BY,
     CREATED_AT,
     ERROR,
     STOPPED,
@@ -48,6 +49,7 @@ from resources.sweeps.rules import (
 )
 
 __all__ = [
+    "CLAIMED_BY",
     "CREATED_AT",
     "ERROR",
     "FANOVA_MAX_TRIALS",

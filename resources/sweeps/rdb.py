@@ -52,13 +52,21 @@ class SweepRDBStorage(RDBStorage):
     """RDBStorage whose `_get_trials` (every bulk read of a study's trials) uses plain SELECTs and that creates a batch of running trials in one write."""
 
     def create_running_trials(
-        self, study_id: int, params: list[dict[str, Any]], dists: dict[str, distributions.BaseDistribution]
+        self, study_id: int, params: list[dict[str, Any]], dists: dict[str, distributions.BaseDistribution], *,
+        user_attrs: Optional[dict[str, Any]] = None, max_running: Optional[int] = None, max_live: Optional[int] = None,
     ) -> list[FrozenTrial]:
         """One RUNNING trial per parameter set (external values of `dists`), in one transaction; the new trials in order.
 
         What `create_new_trial` with a RUNNING template trial stores, and the
         same checks: each distribution must be compatible with the study's
         earlier use of its parameter name (ValueError otherwise, nothing written).
+
+        Args:
+            user_attrs: attributes every new trial carries from the moment it exists (e.g. the run that
+                claims it, `resources.sweeps.rules.CLAIMED_BY`), so no reader ever sees it without them.
+            max_running, max_live: create only as many as keep the study's RUNNING trials, and its live ones
+                (running, waiting, complete, pruned), at or under these; counted under the study's lock, so
+                two processes asking at once cannot both take the last slot. The first parameter sets are kept.
         """
         if not params:
             return []
@@ -74,6 +82,9 @@ class SweepRDBStorage(RDBStorage):
             except ValueError:
                 session.rollback()
                 raise
+            params = params[:self._room(session, study_id, len(params), max_running, max_live)]
+            if not params:
+                return []
             ids = []
             for _ in params:  # one INSERT per row: the ids come back on every backend, in order
                 result = session.execute(sqlalchemy.insert(_TRIALS).values(
@@ -97,12 +108,31 @@ class SweepRDBStorage(RDBStorage):
                     for trial_id, p in zip(ids, params) for name, value in p.items()]
             if rows:
                 session.execute(sqlalchemy.insert(_PARAMS), rows)
+            attrs = dict(user_attrs or {})
+            if attrs:
+                session.execute(sqlalchemy.insert(_USER), [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                                                           for trial_id in ids for key, value in attrs.items()])
         return [
             FrozenTrial(number=number_of[trial_id], state=TrialState.RUNNING, value=None, values=None, datetime_start=_local(start_utc),
-                        datetime_complete=None, params=dict(p), distributions={name: dists[name] for name in p}, user_attrs={},
+                        datetime_complete=None, params=dict(p), distributions={name: dists[name] for name in p}, user_attrs=dict(attrs),
                         system_attrs={}, intermediate_values={}, trial_id=trial_id)
             for trial_id, p in zip(ids, params)
         ]
+
+    @staticmethod
+    def _room(session: Any, study_id: int, wanted: int, max_running: Optional[int], max_live: Optional[int]) -> int:
+        """How many of `wanted` new RUNNING trials fit under `max_running` and `max_live` (read under the study's lock)."""
+        room = wanted
+        for limit, states in ((max_running, [TrialState.RUNNING]),
+                              (max_live, [TrialState.RUNNING, TrialState.WAITING, TrialState.COMPLETE, TrialState.PRUNED])):
+            if limit is None:
+                continue
+            have = session.execute(
+                sqlalchemy.select(sqlalchemy.func.count()).select_from(_TRIALS)
+                .where(_TRIALS.c.study_id == study_id, _TRIALS.c.state.in_(states))
+            ).scalar_one()
+            room = min(room, limit - have)
+        return max(0, room)
 
     @staticmethod
     def _check_compatible(session: Any, study_id: int, dists: dict[str, distributions.BaseDistribution]) -> None:

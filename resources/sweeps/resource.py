@@ -14,6 +14,7 @@ from pydantic import Field
 
 from resources.sweeps.batch import create_running, tpe_batch
 from resources.sweeps.rules import (
+    CLAIMED_BY,
     CREATED_AT,
     MODES,
     STOPPED,
@@ -173,6 +174,60 @@ class SweepStore(ConfigurableResource):
                 break
             batch.append({name: sampler.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()})
         return create_running(study, batch, dists)
+
+    def ask_claimed(self, study: Any, search: SearchSpec, claim: str) -> Optional[int]:
+        """Ask one trial for the run `claim` to train next, within the sweep's window and budget; None when none may be asked.
+
+        The trial is created with its parameters and `CLAIMED_BY = claim` in
+        one write, under the study's lock, and only while fewer than
+        `search.window` trials run and fewer than the budget are live: a
+        sweep sensor ticking at the same moment can neither take the slot
+        too nor mistake the trial for one it asked and has still to start.
+        None when the sweep has stopped or has nothing left to ask, when the
+        window is full, or when the sampler's draw cannot be made apart
+        from its ask (samplers other than random and TPE; TPE where its
+        batch does not apply past its startup trials), which the sensor then
+        asks as usual. Before TPE's startup trials are done, its draw is its
+        own independent random draw, as `Study.ask` makes it.
+        """
+        from optuna.samplers import TPESampler
+        from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
+        from optuna.trial import TrialState, create_trial
+
+        from resources.sweeps.rdb import SweepRDBStorage
+
+        storage = study._storage
+        if not (isinstance(storage, _CachedStorage) and isinstance(storage._backend, SweepRDBStorage)):
+            return None
+        status = self.status(study, search)
+        if status.stop_reason or status.remaining <= 0 or status.in_flight >= search.window:
+            return None
+        dists = distributions(search)
+        params: Optional[list[dict[str, Any]]] = None
+        if search.sampler == "random":
+            source = build_sampler(search, derive_seed(search.seed, len(study.get_trials(deepcopy=False))))
+        elif search.sampler == "tpe" and isinstance(study.sampler, TPESampler):
+            params = tpe_batch(study, study.sampler, dists, 1)
+            done = sum(1 for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
+            if params is None and done >= study.sampler._n_startup_trials:
+                return None
+            source = study.sampler._random_sampler
+        else:
+            return None
+        if params is None:
+            placeholder = create_trial(state=TrialState.RUNNING)
+            params = [{name: source.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()}]
+        if not params:
+            return None
+        created = storage._backend.create_running_trials(
+            study._study_id, params, dists, user_attrs={CLAIMED_BY: claim}, max_running=search.window, max_live=status.budget
+        )
+        if not created:
+            return None
+        with storage._lock:
+            storage._studies.setdefault(study._study_id, _StudyInfo())
+            storage._add_trials_to_cache(study._study_id, created)
+        return created[0].number
 
     def status(self, study: Any, search: SearchSpec, now: Optional[float] = None) -> SweepStatus:
         attrs = study.user_attrs

@@ -22,6 +22,9 @@ from trainyard.spec import PipelineSpec
 CREATED_AT = "trainyard.created_at"
 STOPPED = "trainyard.stopped"
 ERROR = "error"
+# A trial asked by a trial run that goes on with the sweep (`SweepStore.ask_claimed`) carries the run's id here from
+# the moment it exists: the sweep sensor counts it in flight and requests no run of its own for it.
+CLAIMED_BY = "trainyard.claimed_by"
 FAILURE_BUDGET_SPENT = "failure budget spent"
 
 
