@@ -67,7 +67,7 @@ from dagster import (
 from assets.factory import trials_partitions
 from pipelines.landing_sensor import evaluate_raw_data
 from pipelines.sensor_timing import ticks_every
-from resources.sweeps import SweepError, SweepStatus, SweepStore
+from resources.sweeps import CLAIMED_BY, SweepError, SweepStatus, SweepStore
 from trainyard import naming
 from trainyard.naming import PIPELINE_TAG, STUDY_TAG, TEAM_TAG, TRIGGER_TAG, job_names, trial_key
 from trainyard.spec import PipelineSpec
@@ -168,8 +168,15 @@ def latest_study(instance: DagsterInstance, spec: PipelineSpec) -> Optional[str]
     return None if entry is None else str(entry.value)
 
 
+def claimed(trial: Any) -> Optional[str]:
+    """The run that asked this trial to train it next (`SweepStore.ask_claimed`), if one did."""
+    return trial.user_attrs.get(CLAIMED_BY) or None
+
+
 def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, study_name: str, since: float) -> list[int]:
     """Fail trials whose run ended (failed or canceled) without telling the study, unless another run has taken over.
+
+    A run's trials are its partition's and those it claimed to go on with (`claimed`).
 
     The study's tag is matched here, not in the query: a tag filter joins every
     run carrying the tag (every trial run of the study, 10,000 in a 10k sweep;
@@ -179,21 +186,24 @@ def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, s
     records = instance.get_run_records(
         RunsFilter(job_name=job_name, statuses=ENDED_UNTOLD, updated_after=datetime.fromtimestamp(since, tz=UTC))
     )
-    failed = []
-    for record in records:
-        if record.dagster_run.tags.get(STUDY_TAG) != study_name:
-            continue
+    failed: list[int] = []
+    ours = [r for r in records if r.dagster_run.tags.get(STUDY_TAG) == study_name]
+    if not ours:
+        return failed
+    running = [t for t in sweeps.load(study_name).get_trials(deepcopy=False) if t.state.name == "RUNNING"]
+    for record in ours:
+        run_id = record.dagster_run.run_id
         key = record.dagster_run.tags.get(PARTITION_TAG, "")
-        if not naming.is_trial_key(key):
-            continue
-        number = naming.trial_number(key)
-        if sweeps.trial(study_name, number).state.name != "RUNNING":
-            continue
-        if instance.get_runs_count(RunsFilter(job_name=job_name, statuses=ACTIVE, tags={PARTITION_TAG: key})):
-            continue
-        status = record.dagster_run.status.value
-        sweeps.tell(study_name, number, None, {"error": f"run {record.dagster_run.run_id} ended {status} without reporting the trial"}, failed=True)
-        failed.append(number)
+        numbers = [naming.trial_number(key)] if naming.is_trial_key(key) else []
+        numbers += [t.number for t in running if claimed(t) == run_id]
+        for number in numbers:
+            if sweeps.trial(study_name, number).state.name != "RUNNING":
+                continue
+            if instance.get_runs_count(RunsFilter(job_name=job_name, statuses=ACTIVE, tags={PARTITION_TAG: trial_key(number)})):
+                continue
+            status = record.dagster_run.status.value
+            sweeps.tell(study_name, number, None, {"error": f"run {run_id} ended {status} without reporting the trial"}, failed=True)
+            failed.append(number)
     return failed
 
 
@@ -279,7 +289,8 @@ def evaluate_sweep(
         sweeps.record_stop(study, status.stop_reason)
 
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
-    in_flight = sum(1 for t in trials if t.state.name == "RUNNING" and t.number < state.next)
+    # A trial that a trial run asked to go on with (`claimed`) is in flight in that run: never requested here.
+    in_flight = sum(1 for t in trials if t.state.name == "RUNNING" and (t.number < state.next or claimed(t)))
     free = search.window - in_flight
     limit = team_run_limit(instance, spec.team)
     team_note = ""
@@ -297,7 +308,7 @@ def evaluate_sweep(
     for t in trials:
         if t.number < state.next:
             continue
-        if t.state.is_finished():
+        if t.state.is_finished() or (t.state.name == "RUNNING" and claimed(t)):
             state.next = t.number + 1
             continue
         if trained is None:

@@ -121,7 +121,9 @@ def wait_for_file(path: Path, timeout: float) -> None:
 
 
 def drill_spec(**search: Any) -> PipelineSpec:
-    base: dict[str, Any] = {"params": {"lr": FloatParam(low=1e-4, high=1.0, log=True)}, "n_trials": 4, "sampler": "random", "seed": 7}
+    # One run per trial unless a test asks for run reuse: these drills test the sensor's own requests.
+    base: dict[str, Any] = {"params": {"lr": FloatParam(low=1e-4, high=1.0, log=True)}, "n_trials": 4, "sampler": "random", "seed": 7,
+                            "reuse_run_under_seconds": 0}
     base.update(search)
     return small_spec(search=SearchSpec(**base))
 

@@ -16,7 +16,7 @@ from dagster import AssetKey, DagsterRunStatus, RunsFilter, SensorResult, build_
 
 from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import ACTIVE, STUDY_TAG, TEAM_TAG, SweepCursor, run_tick, team_run_limit, with_sweep_sensors
-from resources.sweeps import STOPPED
+from resources.sweeps import CLAIMED_BY, STOPPED
 from tests.pipelines.sweep_drill import (
     TrivialLauncher,
     drill_resources,
@@ -430,13 +430,25 @@ def test_a_run_of_another_study_that_ended_untold_fails_no_trial_of_this_one(tmp
           ("train", S.SUCCESS, {STUDY_TAG: "mine", PARTITION_TAG: "trial-0004"}),
           ("other", S.FAILURE, {STUDY_TAG: "mine", PARTITION_TAG: "trial-0005"}),
           ("train", S.FAILURE, {PARTITION_TAG: "trial-0006"}))
+    first = instance.get_runs(RunsFilter(tags={PARTITION_TAG: "trial-0001"}))[0].run_id
+    theirs = instance.get_runs(RunsFilter(tags={PARTITION_TAG: "trial-0003"}))[0].run_id
 
     class Trial:
         class state:  # a stand-in for TrialState.RUNNING
             name = "RUNNING"
 
+        def __init__(self, number=0, claim=None):
+            self.number, self.user_attrs = number, ({CLAIMED_BY: claim} if claim else {})
+
+    class Study:
+        def get_trials(self, deepcopy=True):  # trial 7 went on in trial-0001's run, 8 in another study's run
+            return [Trial(7, first), Trial(8, theirs), Trial(9)]
+
     class Sweeps:
         told: list[tuple[str, int]] = []
+
+        def load(self, study):
+            return Study()
 
         def trial(self, study, number):
             return Trial()
@@ -446,6 +458,7 @@ def test_a_run_of_another_study_that_ended_untold_fails_no_trial_of_this_one(tmp
             self.told.append((study, number))
 
     sweeps = Sweeps()
-    assert sorted(_fail_untold(instance, sweeps, "train", "mine", since)) == [1, 2]  # type: ignore[arg-type]
-    assert sorted(sweeps.told) == [("mine", 1), ("mine", 2)]
+    # trial 7 was claimed by the failed run of trial-0001 (run reuse): it fails with it
+    assert sorted(_fail_untold(instance, sweeps, "train", "mine", since)) == [1, 2, 7]  # type: ignore[arg-type]
+    assert sorted(sweeps.told) == [("mine", 1), ("mine", 2), ("mine", 7)]
     assert _fail_untold(instance, Sweeps(), "train", "mine", time.time() + 60) == []  # type: ignore[arg-type]
