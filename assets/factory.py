@@ -10,6 +10,7 @@ kept as JSON by `ObjectStoreJsonIOManager`; data and models live in the
 object store. Names come from `trainyard.naming`.
 """
 
+import time
 from typing import Any, Iterator
 
 from dagster import (
@@ -25,7 +26,7 @@ from dagster import (
 from assets.data import CHECK_NAME, raw_data_body, validated_data_body
 from assets.registration import registered_model_body
 from assets.sweep import sweep_body
-from assets.trials import TrialConfig, best_model_body, trial_model_body
+from assets.trials import TrialConfig, best_model_body, continue_sweep, trial_model_body
 from resources.handoff import HandoffPublisher
 from resources.launcher import Launcher
 from resources.registry import ModelRegistry
@@ -35,7 +36,7 @@ from resources.tracking import Tracking
 from resources.versioning import DataVersioning
 from trainyard import naming
 from trainyard.spec import PipelineSpec
-from trainyard.values import BestModel, RawData, RegisteredModel, Sweep, TrialModel, ValidatedData
+from trainyard.values import BestModel, RawData, RegisteredModel, Sweep, ValidatedData
 
 __all__ = ["CHECK_NAME", "TrialConfig", "asset_key", "build_assets", "trials_partitions"]
 
@@ -102,8 +103,13 @@ def _sweep_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefi
         launcher: Launcher,
         tracking: Tracking,
         sweeps: SweepStore,
-    ) -> Output[TrialModel]:
-        return trial_model_body(context, config, spec, validated_data, sweep, store, launcher, tracking, sweeps)
+    ) -> Iterator[Any]:
+        resources = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}
+        trains = sweeps.trial(sweep.study, naming.trial_number(context.partition_key)).state.name == "RUNNING"
+        started = time.monotonic()
+        yield trial_model_body(context, config, spec, validated_data, sweep, **resources)
+        # A short trial's run goes on with the sweep's next trials (SearchSpec.reuse_run_under_seconds).
+        yield from continue_sweep(context, config, spec, validated_data, sweep, trains, time.monotonic() - started, **resources)
 
     @asset(
         key=asset_key(spec, naming.BEST_MODEL),

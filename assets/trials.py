@@ -10,9 +10,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from typing import Any, NoReturn, Optional
+from typing import Any, Iterator, NoReturn, Optional
 
-from dagster import AssetExecutionContext, Config, Failure, MetadataValue, Output, RetryRequested
+from dagster import AssetExecutionContext, AssetMaterialization, Config, Failure, MetadataValue, Output, PartitionKeyRange, RetryRequested
 
 from assets.metadata import to_dagster
 from resources.launcher import Launcher, LaunchError, TrainingPreempted, pod_environment
@@ -33,12 +33,13 @@ from training.spec import FaultInjection
 from trainyard import lineage, naming, planner
 from trainyard.curves import CURVES_FILE, curves_markdown, curves_png, epoch_rows
 from trainyard.data.feast import read_lineage
+from trainyard.naming import STUDY_TAG
 from trainyard.plots import markdown_image
 from trainyard.redact import redact_text
 from trainyard.spec import PipelineSpec
 from trainyard.trainspec import TrialInputs, build_train_spec, model_kwargs
 from trainyard.trials import best_single_objective, count_failures, model_bytes, record_launch_failure, trial_comparison, trials_markdown_table
-from trainyard.values import BestModel, Sweep, TrialModel, ValidatedData
+from trainyard.values import BestModel, Sweep, TrialModel, ValidatedData, dump_value
 
 
 class TrialConfig(Config):
@@ -361,6 +362,118 @@ def trial_model_body(
     )
     curves = curves_metadata(store, result_uri, f"{spec.key} {context.partition_key}")
     return Output(value, metadata={**trial_metadata(spec, value, record, plan), **curves, **extra})
+
+
+REUSED_RUN_TAG = "trainyard/also_trained"  # on a trial run that went on with the sweep: the other trials it trained
+
+
+class TrialContext:
+    """A trial run's asset context, lent to the next trial the run goes on with (`continue_sweep`).
+
+    Everything is the run's own context except the partition (the trial's
+    key: what Pipes hands the training processes, what its progress
+    observations and messages name) and the retry count, which starts at 0
+    for each trial the run takes on.
+    """
+
+    has_partition_key = True
+
+    def __init__(self, context: AssetExecutionContext, partition_key: str) -> None:
+        self._context = context
+        self.partition_key = partition_key
+        self.retry_number = 0
+
+    @property
+    def partition_key_range(self) -> PartitionKeyRange:
+        return PartitionKeyRange(self.partition_key, self.partition_key)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def goes_on(context: AssetExecutionContext, config: TrialConfig, spec: PipelineSpec, sweep: Sweep, trained: bool, seconds: float) -> Optional[str]:
+    """Why this trial run does not go on with the sweep's next trial, or None when it does (`SearchSpec.reuse_run_under_seconds`)."""
+    limit = spec.search.reuse_run_under_seconds
+    if limit <= 0:
+        return "reuse_run_under_seconds is 0"
+    if context.run.tags.get(STUDY_TAG) != sweep.study:
+        return "the run was not started by the sweep sensor for this study"
+    if config.retrain or config.drill() or config.max_epochs is not None:
+        return "the run config retrains, drills or overrides max_epochs"
+    if not trained:
+        return "the run trained no trial (its result was reused, or a retrain)"
+    if seconds >= limit:
+        return f"its trial took {seconds:.1f} s (reuse_run_under_seconds {limit:g})"
+    return None
+
+
+def continue_sweep(
+    context: AssetExecutionContext,
+    config: TrialConfig,
+    spec: PipelineSpec,
+    validated: ValidatedData,
+    sweep: Sweep,
+    trained: bool,
+    seconds: float,
+    *,
+    store: ObjectStore,
+    launcher: Launcher,
+    tracking: Tracking,
+    sweeps: SweepStore,
+) -> Iterator[AssetMaterialization]:
+    """Train the sweep's next trials in this run while they stay short and the sweep has a slot and a trial left.
+
+    Each is asked claimed by this run (`SweepStore.ask_claimed`: the sweep
+    sensor counts it in flight and starts no run for it), added as a
+    partition, trained exactly as a run of its own would train it (heartbeat,
+    launch, retries of infrastructure failures within the pipeline's budget,
+    the study told), and recorded as that partition's materialization with
+    the same metadata and stored value. A trial that fails is told to the
+    study as failed (as in a run of its own) and ends the run's going on: the
+    sensor asks its replacement.
+
+    Args:
+        trained: whether the run trained its own trial (not a reused result, not a retrain).
+        seconds: how long the run's own trial took (the first test of `reuse_run_under_seconds`).
+    """
+    why = goes_on(context, config, spec, sweep, trained, seconds)
+    if why is not None:
+        context.log.debug(f"{context.partition_key}: not going on with the sweep: {why}")
+        return
+    partitions = naming.trials_partitions_name(spec)
+    io_manager = getattr(context.resources, "io_manager", None)
+    also: list[str] = []
+    while seconds < spec.search.reuse_run_under_seconds:
+        number = sweeps.ask_claimed(sweeps.load(sweep.study, spec.search), spec.search, context.run_id)
+        if number is None:
+            break
+        key = naming.trial_key(number)
+        context.instance.add_dynamic_partitions(partitions, [key])
+        context.log.info(f"{context.partition_key}'s run goes on with {key} (its last trial took {seconds:.1f} s)")
+        view = TrialContext(context, key)
+        started = time.monotonic()
+        try:
+            while True:
+                try:
+                    output = trial_model_body(view, config, spec, validated, sweep, store, launcher, tracking, sweeps)  # type: ignore[arg-type]
+                    break
+                except RetryRequested as retry:
+                    view.retry_number += 1
+                    time.sleep(retry.seconds_to_wait or 0)
+        except Failure as failure:
+            context.log.warning(f"{key} failed in {context.partition_key}'s run: {failure.description}; the run stops going on with the sweep")
+            break
+        seconds = time.monotonic() - started
+        if io_manager is not None and hasattr(io_manager, "store"):
+            io_manager.store.write_json(
+                naming.asset_value_uri(io_manager.store, list(context.asset_key.path), key, prefix=io_manager.prefix), dump_value(output.value)
+            )
+        yield AssetMaterialization(asset_key=context.asset_key, partition=key, metadata={**output.metadata, "trained_in_run_of": context.partition_key})
+        also.append(key)
+    if also:
+        shown = ",".join(also) if len(also) <= 10 else f"{also[0]}..{also[-1]} ({len(also)})"
+        context.instance.add_run_tags(context.run_id, {REUSED_RUN_TAG: shown})
+        context.log.info(f"{context.partition_key}'s run also trained {len(also)} more trial(s) of study {sweep.study}: {shown}")
 
 
 def best_model_body(context: AssetExecutionContext, spec: PipelineSpec, sweep: Sweep, sweeps: SweepStore, store: ObjectStore) -> Output[BestModel]:
