@@ -5,9 +5,11 @@ storage, a fresh DAGSTER_HOME (deploy/local/dagster.yaml's run queue and team
 limit of 2, plus `storage: postgres:`), `dagster dev` serving this module: the
 vision team's digits pipeline with one process per trial, 1 epoch, 4 trials,
 parallelism 2, and its sweep sensor at the shipped interval (10 s). `prepare`
-is launched through GraphQL; the sweep sensor then starts the trials, two at a
-time, a new one at the tick after one finishes. Window: `prepare` success (the
-sweep exists) -> the last trial run's success.
+is launched through GraphQL; the sweep sensor then starts the trials' runs, two
+at a time; a run whose trial was short goes on with the sweep's next trial
+(`SearchSpec.reuse_run_under_seconds`, the pipeline's default), otherwise a new
+run starts at the tick after one finishes. Window: `prepare` success (the sweep
+exists) -> every trial materialized and the last trial run's success.
 
 Reference: the trials' own TrainSpecs (their `spec.json`, the same parameters
 and data), each with a fresh output directory and no study to report to,
@@ -74,13 +76,30 @@ def _landing(home: Path, spec: Any) -> None:
     data.to_csv(landing / "part-0.csv", index=False)
 
 
+def _trials_materialized(instance: Any, spec: Any) -> dict[str, tuple[float, str]]:
+    """trial_model's materialized partitions: partition -> (timestamp, run id) of its latest materialization."""
+    from dagster import AssetKey, DagsterEventType, EventRecordsFilter
+
+    from trainyard import naming
+
+    key = AssetKey(naming.asset_path(spec, naming.TRIAL_MODEL))
+    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key), ascending=True)
+    return {r.event_log_entry.dagster_event.partition: (float(r.timestamp), r.run_id) for r in records}
+
+
 def _platform(dev: Any, instance: Any, home: Path) -> dict[str, Any]:
+    """Platform window: `prepare` success -> every trial materialized and every trial run ended (successfully).
+
+    A run may train more than its own trial (`SearchSpec.reuse_run_under_seconds`), so the trials
+    are counted by trial_model's materialized partitions, not by runs.
+    """
     from dagster import DagsterRunStatus, RunsFilter
 
     from bench.e2e_support import run_events, run_phases, wait_for, wait_for_run
     from pipelines.factory import job_names
 
-    names = job_names(_spec())
+    spec = _spec()
+    names = job_names(spec)
     prepare = dev.launch(names["prepare"])
     wait_for_run(instance, prepare, TIMEOUT_S, dev.log)
     swept = instance.get_run_record_by_id(prepare).end_time
@@ -90,15 +109,19 @@ def _platform(dev: Any, instance: Any, home: Path) -> dict[str, Any]:
         failed = [r.dagster_run.run_id for r in records if r.dagster_run.status == DagsterRunStatus.FAILURE]
         if failed:
             raise RuntimeError(f"trial runs failed: {failed}\n{dev.log.read_text(errors='replace')[-3000:]}")
-        done = [r for r in records if r.dagster_run.status == DagsterRunStatus.SUCCESS]
-        return done if len(done) >= TRIALS else None
+        if len(_trials_materialized(instance, spec)) < TRIALS:
+            return None
+        return records if records and all(r.dagster_run.status == DagsterRunStatus.SUCCESS for r in records) else None
 
-    records = wait_for(finished, TIMEOUT_S, f"{TRIALS} trial runs", log=dev.log)
+    records = wait_for(finished, TIMEOUT_S, f"{TRIALS} trials materialized and their runs ended", log=dev.log)
+    trials = _trials_materialized(instance, spec)
     ended = max(r.end_time for r in records)
     runs = [{"partition": r.dagster_run.tags.get("dagster/partition"), "created": r.create_timestamp.timestamp(), "ended": r.end_time,
+             "trials": sorted(p for p, (_, run) in trials.items() if run == r.dagster_run.run_id),
              "phases": run_phases(run_events(instance, r.dagster_run.run_id), submitted=r.create_timestamp.timestamp())} for r in records]
     first_created = min(r["created"] for r in runs)
-    return {"seconds": ended - swept, "first_trial_run_after_sweep_seconds": first_created - swept, "runs": sorted(runs, key=lambda r: r["created"])}
+    return {"seconds": ended - swept, "first_trial_run_after_sweep_seconds": first_created - swept, "runs": sorted(runs, key=lambda r: r["created"]),
+            "trial_materialized_after_sweep_seconds": {p: round(t - swept, 3) for p, (t, _) in sorted(trials.items())}}
 
 
 def _reference(home: Path, work: Path) -> dict[str, Any]:
@@ -155,6 +178,9 @@ def main() -> dict:
             "reference_trial_seconds": reference["trial_seconds"],
             "first_trial_run_after_sweep_seconds": platform["first_trial_run_after_sweep_seconds"],
             "platform_runs": platform["runs"],
+            "platform_run_count": len(platform["runs"]),
+            "trial_materialized_after_sweep_seconds": platform["trial_materialized_after_sweep_seconds"],
+            "reuse_run_under_seconds": spec.search.reuse_run_under_seconds,
             "sweep_sensor_interval_seconds": sweep_interval,
         },
         targets=[Target("ratio", ">=", TARGET_RATIO)],
