@@ -308,6 +308,17 @@ def retrain_trial(
     return {**result, "result_uri": f"{retrain_uri}/result.json"}, meta
 
 
+_CLASSES: dict[tuple[str, ...], int] = {}
+
+
+def classes_of(spec: PipelineSpec, validated: ValidatedData, store: ObjectStore) -> int:
+    """`planner.count_classes` of a split, read once per process (a split's files never change: their paths carry `split_id`)."""
+    key = (spec.target, validated.train, validated.val, validated.test)
+    if key not in _CLASSES:
+        _CLASSES[key] = planner.count_classes(spec, validated.model_dump(), store)
+    return _CLASSES[key]
+
+
 def trial_model_body(
     context: AssetExecutionContext,
     config: TrialConfig,
@@ -333,7 +344,7 @@ def trial_model_body(
     # The capacity plan (strategy 'auto' resolved here, before any TrainSpec exists), shown for every trial.
     # The model is built by `training.describe` on a warm worker, so this run worker never imports torch to plan.
     describe = functools.partial(describe_model, warm=getattr(launcher, "warm_workers", True))
-    plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), lambda: planner.count_classes(spec, validated.model_dump(), store), launcher,
+    plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), functools.partial(classes_of, spec, validated, store), launcher,
                               describe=describe)
     record["strategy"] = plan.distribution.strategy
     resources = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}

@@ -37,6 +37,7 @@ DESCRIBE_TIMEOUT_SECONDS = 300.0
 WARM_IDLE_SECONDS = 300.0
 WARM_START_TIMEOUT_SECONDS = 180.0
 OUTPUT_LINES = 20
+_NEEDS_CLASSES: set[str] = set()  # model classes (`module:attribute`) whose description asked for `n_classes`
 
 
 def _ask(request: dict[str, Any], tmp: Path, warm: bool) -> tuple[Optional[dict[str, Any]], str]:
@@ -87,11 +88,15 @@ def describe_model(query: ModelQuery, *, warm: bool = True) -> ModelFacts:
             description failed (its output's last lines).
     """
     warm = warm and warm_workers_enabled(os.environ)
+    # A model class found to need `n_classes` gets it with its first question from then on (a run that goes on with
+    # the sweep describes one model per trial): one description instead of two, 0.1 s a trial on a warm worker.
+    known = query.model in _NEEDS_CLASSES and query.classification and "n_classes" not in query.hparams
     request: dict[str, Any] = {"model": query.model, "hparams": query.hparams, "n_features": query.n_features,
-                               "n_classes": None, "classification": query.classification}
+                               "n_classes": int(query.n_classes()) if known else None, "classification": query.classification}
     with tempfile.TemporaryDirectory(prefix="trainyard-describe-") as tmp:
         answer, detail = _ask(request, Path(tmp), warm)
         if answer is not None and answer.get("needs") == "n_classes":
+            _NEEDS_CLASSES.add(query.model)
             answer, detail = _ask({**request, "n_classes": int(query.n_classes())}, Path(tmp), warm)
     if answer is None:
         raise TrialPlanError(f"model {query.model!r} could not be described for planning: {detail}")

@@ -53,6 +53,26 @@ def test_classes_are_counted_only_when_the_constructor_needs_them() -> None:
     assert describe_model(_query(classification=False, n_classes=count)).params == 64 * 64 + 64 + 64 * 10 + 10 and calls == [1]
 
 
+def test_a_model_known_to_need_classes_gets_them_with_its_first_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After one description asked for `n_classes`, the next of the same model class is one question, not two."""
+    from resources import model_facts
+
+    asked: list[dict] = []
+    real = model_facts._ask
+
+    def ask(request: dict, tmp: Path, warm: bool):
+        asked.append(dict(request))
+        return real(request, tmp, warm)
+
+    monkeypatch.setattr(model_facts, "_NEEDS_CLASSES", set())
+    monkeypatch.setattr(model_facts, "_ask", ask)
+    first = describe_model(_query(n_classes=lambda: 7))
+    assert [a["n_classes"] for a in asked] == [None, 7]
+    second = describe_model(_query(hparams={"hidden": 32}, n_classes=lambda: 7))
+    assert [a["n_classes"] for a in asked[2:]] == [7]
+    assert (first.params, second.params) == (64 * 64 + 64 + 64 * 7 + 7, 64 * 32 + 32 + 32 * 7 + 7)
+
+
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_a_model_that_cannot_be_built_is_a_plan_error_naming_it(warm: bool) -> None:
     with pytest.raises(TrialPlanError, match=r"model 'pipelines.vision.nowhere:Net' cannot be imported: No module named 'pipelines.vision.nowhere'"):
