@@ -57,6 +57,7 @@ from training.spec import EXIT_INFRA, EXIT_OK
 from training.warm_preload import preload, run_server_exit_work
 from training.warm_protocol import receive_request
 from training.warm_supervisor import BASE_PATH, Supervisor, die_with_parent, say
+from training.warm_wandb import SERVICE, start_keeper
 
 
 def supervise(conn: socket.socket, server: int) -> None:
@@ -195,7 +196,9 @@ def serve(path: str, idle_seconds: float) -> int:
     except (ImportError, RuntimeError) as e:
         say(f"server pid {os.getpid()} cannot serve: {e}")
         return EXIT_INFRA
-    say(f"server pid {os.getpid()}: imported {', '.join(loaded)} in {time.monotonic() - started:.1f} s; listening on {path}")
+    keeper, service = start_keeper()
+    shared = f"W&B service {service} (keeper pid {keeper})" if SERVICE else f"no shared W&B service: {service}"
+    say(f"server pid {os.getpid()}: imported {', '.join(loaded)} in {time.monotonic() - started:.1f} s; {shared}; listening on {path}")
     Server(path, idle_seconds).serve()
     return EXIT_OK
 

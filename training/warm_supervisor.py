@@ -28,6 +28,7 @@ import ctypes
 import importlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -65,10 +66,10 @@ def say(message: str, out: Optional[int] = None) -> None:
             pass  # the launcher is gone; the supervisor notices on its socket
 
 
-def die_with_parent(parent: int) -> None:
-    """SIGKILL this process when `parent` dies (Linux); exit at once if it already has."""
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """Send this process `signum` (SIGKILL) when `parent` dies (Linux); exit at once if it already has."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum)
     if os.getppid() != parent:
         os._exit(EXIT_INFRA)
 
@@ -80,11 +81,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The server's shared W&B service (`training.warm_wandb`): its `WANDB_SERVICE` value, set before any supervisor is forked.
+SERVICE_VAR = "WANDB_SERVICE"
+SWITCH_ENV = "TRAINYARD_WARM_WANDB_SERVICE"
+UNIX_TOKEN = re.compile(r"\d+-\d+-unix-(.+)")
+SERVICE: dict[str, str] = {}
+
+
+def service_env(env: dict[str, str]) -> dict[str, str]:
+    """`{WANDB_SERVICE: value}` for a worker whose launch environment `env` names no service, while the shared one's socket exists."""
+    value = SERVICE.get(SERVICE_VAR)
+    if not value or SERVICE_VAR in env or env.get(SWITCH_ENV) == "0":
+        return {}
+    match = UNIX_TOKEN.fullmatch(value)
+    return {SERVICE_VAR: value} if match and os.path.exists(match.group(1)) else {}
+
+
 def worker_env(request: Request, restart: int, master_port: int, rank: int = 0) -> dict[str, str]:
     """The environment torchrun's agent gives local rank `rank` of a one-node launch of `request.nprocs`, over the request's."""
     n = str(request.nprocs)
     return {
         **request.env,
+        **service_env(request.env),  # the server's shared W&B service, unless the launch names one (training.warm_wandb)
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
         "WORLD_SIZE": n, "LOCAL_WORLD_SIZE": n, "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": n,
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),

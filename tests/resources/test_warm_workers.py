@@ -400,3 +400,33 @@ def test_a_launch_that_sets_a_start_time_variable_runs_on_a_server_started_with_
     server = launches(log_of(outcome))[0][4]
     assert int((shared / f"{server_key(sys.executable, root, arena)}.pid").read_text()) == server
     assert b"MALLOC_ARENA_MAX=2" in Path(f"/proc/{server}/environ").read_bytes().split(b"\0")  # what the server's exec had
+
+
+def test_warm_trials_share_the_servers_wandb_service_which_stops_with_the_server(warm_dir: Path, tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's keeper sets W&B up once; its workers' runs connect to that service (W&B's own debug log says so)
+    instead of starting one each; a launch that turns it off starts its own; stopping the server stops the service."""
+    connected = "Connected to an existing wandb-core service via WANDB_SERVICE"
+
+    def run_log(name: str, **env: str) -> str:
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        wandb_dir = tmp_path / name / "wandb"
+        wandb_dir.mkdir(parents=True)
+        outcome = LocalLauncher().launch(make_spec(tmp_path / name, max_epochs=1, tracker=TrackerSpec(mode="offline", dir=str(wandb_dir))))
+        assert launches(log_of(outcome)), "the trial did not run on a warm worker"
+        [debug] = wandb_dir.rglob("offline-run-*/logs/debug.log")
+        return debug.read_text()
+
+    assert connected in run_log("first") and connected in run_log("second")
+    [server_log] = warm_dir.glob("*.log")
+    service = re.search(r"W&B service \S+-unix-(\S+) \(keeper pid (\d+)\)", server_log.read_text())
+    assert service, server_log.read_text()[:2000]
+    socket_path, keeper = Path(service[1]), int(service[2])
+    assert socket_path.exists() and running(keeper)
+    assert connected not in run_log("own", TRAINYARD_WARM_WANDB_SERVICE="0")  # the launch's switch: a service of its own
+    stop_servers(warm_dir)
+    deadline = time.monotonic() + 30
+    while (running(keeper) or socket_path.exists()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not running(keeper) and not socket_path.exists(), "the keeper or its service outlived the server"
