@@ -128,3 +128,30 @@ def goodput(attempts: list[dict[str, Any]], world_size: int, ended: float) -> di
         "restarts": len(attempts) - 1,
         "restart_causes": causes,
     }
+
+
+SHARED_WANDB_MARKER = "wandb-shared-service"  # under <trial>/attempts/: an attempt of this trial used a shared W&B service
+WANDB_SERVICE_VAR = "WANDB_SERVICE"
+
+
+def private_wandb_unless_first(output_uri: str, mode: str) -> bool:
+    """Keep a shared W&B service (`WANDB_SERVICE`, a warm server's) only for an offline trial's first attempt; whether it is kept.
+
+    A process that dies in the middle of a W&B run leaves that run open in a
+    shared service, and the service refuses the same run id to the attempt that
+    resumes it ("run ID ... is in use"); a service of the process's own dies
+    with it. So only the first attempt of a trial uses the shared service: it
+    leaves a marker first, and any later attempt (a restarted rank, a Dagster
+    retry, a retrain) finds the marker and starts its own service. Online runs
+    always start their own: an open run in a shared service would keep talking
+    to the W&B server beside the attempt that resumes it.
+    """
+    if not os.environ.get(WANDB_SERVICE_VAR):
+        return False
+    fs, path = fsspec.core.url_to_fs(join(output_uri, ATTEMPTS_DIR, SHARED_WANDB_MARKER))
+    if mode != "offline" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" or fs.exists(path):
+        os.environ.pop(WANDB_SERVICE_VAR, None)
+        return False
+    write_atomic(join(output_uri, ATTEMPTS_DIR, SHARED_WANDB_MARKER), b"", fsync=False)
+    return True
+

@@ -58,7 +58,7 @@ import fsspec
 import lightgbm as lgb
 import numpy as np
 
-from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
+from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, private_wandb_unless_first, read_attempts
 from training.errors import ConfigError, Preempted
 from training.gbt_inputs import Splits, lightgbm_params, load_splits, resolve_objective
 from training.pruners import build_pruner
@@ -326,6 +326,7 @@ def _tracker(spec: TrainSpec) -> Any:
     import wandb  # loaded only when the trial is tracked
 
     os.environ.setdefault("WANDB_SILENT", "true")
+    private_wandb_unless_first(spec.output_uri, t.mode)
     if t.dir:
         os.makedirs(t.dir, exist_ok=True)
     return wandb.init(

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from lightning.pytorch.loggers import WandbLogger
 
 from training import determinism
-from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, read_attempts
+from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, private_wandb_unless_first, read_attempts
 from training.callbacks import FaultInjectionCallback, ProgressCallback
 from training.checkpointing import CheckpointError, CheckpointStore, CheckpointUnusable, SkippedCheckpointWarning, UnsafeCheckpointError
 from training.data import read_parquet_tensors
@@ -128,6 +128,7 @@ def _logger(spec: TrainSpec) -> Any:
     if t.kind == "none" or t.mode == "disabled":
         return False
     os.environ.setdefault("WANDB_SILENT", "true")
+    private_wandb_unless_first(spec.output_uri, t.mode)
     if t.dir:
         os.makedirs(t.dir, exist_ok=True)
     return WandbLogger(
