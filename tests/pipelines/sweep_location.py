@@ -3,7 +3,9 @@
 Loaded by `dagster-daemon run` in tests (see test_sensors.py); configured by
 environment: SWEEP_DRILL_HOME (store and data), SWEEP_DRILL_OPTUNA_URL (study
 storage), SWEEP_DRILL_TRIALS and SWEEP_DRILL_PARALLELISM. Trials train inside the
-barrier `SWEEP_DRILL_HOME/barrier`, which holds each until two train together.
+barrier `SWEEP_DRILL_HOME/barrier`, which holds each until two train together;
+with SWEEP_DRILL_REUSE (seconds) they train without it and a short trial's run
+goes on with the sweep (`SearchSpec.reuse_run_under_seconds`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,11 @@ def drill_definitions() -> Definitions:
     home = Path(os.environ["SWEEP_DRILL_HOME"])
     spec = daemon_spec(int(os.environ["SWEEP_DRILL_TRIALS"]), int(os.environ["SWEEP_DRILL_PARALLELISM"]))
     sweeps = SweepStore(storage_url=os.environ["SWEEP_DRILL_OPTUNA_URL"], heartbeat_interval=2, grace_period=30)
-    resources = drill_resources(home, BarrierLauncher(timeout_seconds=300, barrier_dir=str(home / "barrier")), sweeps)
+    launcher: LocalLauncher = BarrierLauncher(timeout_seconds=300, barrier_dir=str(home / "barrier"))
+    if os.environ.get("SWEEP_DRILL_REUSE"):  # runs go on with the sweep: real trials, no barrier (a lone last trial would wait forever)
+        spec = spec.model_copy(update={"search": spec.search.model_copy(update={"reuse_run_under_seconds": float(os.environ["SWEEP_DRILL_REUSE"])})})
+        launcher = LocalLauncher(timeout_seconds=300)
+    resources = drill_resources(home, launcher, sweeps)
     full = build_definitions(spec, resources=resources)
     bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=resources, executor=full.executor)
     return with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)

@@ -368,6 +368,58 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
         assert not any("multiprocess" in m for m in engine), engine
 
 
+@pytest.mark.slow
+def test_under_the_daemon_short_trials_runs_go_on_and_every_trial_is_materialized_once(tmp_path: Path, pg_databases) -> None:
+    """Run reuse for real: dagster-daemon ticks the sensor and dequeues runs, run workers train real one-epoch
+    trials on warm workers and go on with the sweep; the study lives in PostgreSQL. Five trials finish (complete or
+    pruned), each materialized once, in fewer runs than trials, and the final report runs."""
+    from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
+
+    from assets.trials import REUSED_RUN_TAG
+    from resources.sweeps import SweepStore
+    from tests.pipelines.sweep_location import daemon_spec
+
+    optuna_url = pg_databases[0]
+    env = {**os.environ, "SWEEP_DRILL_HOME": str(tmp_path), "SWEEP_DRILL_OPTUNA_URL": optuna_url, "SWEEP_DRILL_TRIALS": "5",
+           "SWEEP_DRILL_PARALLELISM": "2", "SWEEP_DRILL_REUSE": "120", "DAGSTER_HOME": str(tmp_path / "dagster"), "PYTHONPATH": str(ROOT)}
+    (tmp_path / "dagster").mkdir()
+    (tmp_path / "dagster" / "dagster.yaml").write_text(DAEMON_YAML)
+    (tmp_path / "workspace.yaml").write_text(
+        f"load_from:\n  - python_module:\n      module_name: tests.pipelines.sweep_location\n      working_directory: {ROOT}\n"
+    )
+    spec = daemon_spec(5, 2)
+    spec = spec.model_copy(update={"search": spec.search.model_copy(update={"reuse_run_under_seconds": 120.0})})
+    resources = drill_resources(tmp_path, TrivialLauncher(), SweepStore(storage_url=optuna_url, heartbeat_interval=2, grace_period=30))
+    instance = DagsterInstance.from_config(str(tmp_path / "dagster"))
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(tmp_path / "workspace.yaml")], cwd=ROOT,
+                              env=env, stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    train = job_names(spec)["train"]
+    try:
+        deadline = time.time() + 480
+        while time.time() < deadline:
+            runs = instance.get_runs(RunsFilter(job_name=train))
+            assert not any(r.status == DagsterRunStatus.FAILURE for r in runs), (tmp_path / "daemon.log").read_text()[-3000:]
+            reports = instance.get_runs(RunsFilter(tags={"trainyard/report": "final"}, statuses=[DagsterRunStatus.SUCCESS]))
+            if reports and all(r.status == DagsterRunStatus.SUCCESS for r in runs):
+                break
+            time.sleep(1)
+        else:
+            pytest.fail(f"the sweep did not finish in time: {[r.status for r in runs]}\n" + (tmp_path / "daemon.log").read_text()[-3000:])
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=60)
+    study = resources["sweeps"].load(sweep["study"])
+    assert len(study.get_trials()) == 5 and {t.state.name for t in study.get_trials()} <= {"COMPLETE", "PRUNED"}  # the drill's median pruner
+    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION,
+                                                            asset_key=AssetKey(["test", "digits", "trial_model"])))
+    assert sorted(r.event_log_entry.dagster_event.partition for r in records) == [f"trial-{n:04d}" for n in range(5)]
+    runs = instance.get_runs(RunsFilter(job_name=train))
+    assert len(runs) < 5 and any(REUSED_RUN_TAG in r.tags for r in runs), [(r.tags.get("dagster/partition"), r.tags.get(REUSED_RUN_TAG)) for r in runs]
+    report = instance.get_latest_materialization_event(AssetKey(["test", "digits", "sweep"])).asset_materialization.metadata
+    assert report["status"].value == "finished" and report["finished_trials"].value == 5
+
+
 def test_sensor_intervals_land_on_the_daemons_looks() -> None:
     """The cadence `ticks_every` promises rests on Dagster's 5 s sensor loop: an upgrade that changes it fails here."""
     from dagster._daemon.sensor import MIN_INTERVAL_LOOP_TIME
