@@ -32,11 +32,16 @@ def materializations(instance) -> list[Any]:
     return [(r.event_log_entry.dagster_event.partition, r.event_log_entry.run_id, r.asset_materialization.metadata) for r in records]
 
 
-def test_a_short_trial_run_goes_on_with_the_sweep_and_each_trial_stays_its_partition(tmp_path: Path) -> None:
-    spec = drill_spec(n_trials=5, parallelism=2, reuse_run_under_seconds=60)
-    resources = drill_resources(tmp_path, TrivialLauncher())
+def started(tmp_path: Path, launcher: Any = None, **search: Any) -> tuple[Any, dict, Any, dict]:
+    """A drill sweep with run reuse (60 s) and `search`, its `sweep` materialized: spec, resources, instance, sweep."""
+    spec = drill_spec(**{"reuse_run_under_seconds": 60, **search})
+    resources = drill_resources(tmp_path, launcher or TrivialLauncher())
     instance = open_instance(tmp_path)
-    sweep = prepared_home(tmp_path, spec, resources, instance)
+    return spec, resources, instance, prepared_home(tmp_path, spec, resources, instance)
+
+
+def test_a_short_trial_run_goes_on_with_the_sweep_and_each_trial_stays_its_partition(tmp_path: Path) -> None:
+    spec, resources, instance, sweep = started(tmp_path, n_trials=5, parallelism=2)
     defs = build_definitions(spec, resources=resources)
     first = tick(spec, instance, resources)
     assert [r.partition_key for r in first.run_requests] == ["trial-0000", "trial-0001"]
@@ -69,10 +74,7 @@ def test_a_short_trial_run_goes_on_with_the_sweep_and_each_trial_stays_its_parti
 
 
 def test_the_sensor_counts_a_claimed_trial_in_flight_and_requests_no_run_for_it(tmp_path: Path) -> None:
-    spec = drill_spec(n_trials=6, parallelism=3, reuse_run_under_seconds=60)
-    resources = drill_resources(tmp_path, TrivialLauncher())
-    instance = open_instance(tmp_path)
-    sweep = prepared_home(tmp_path, spec, resources, instance)
+    spec, resources, instance, sweep = started(tmp_path, n_trials=6, parallelism=3)
     sweeps: SweepStore = resources["sweeps"]
     first = tick(spec, instance, resources)
     assert [r.partition_key for r in first.run_requests] == ["trial-0000", "trial-0001", "trial-0002"]
@@ -90,10 +92,7 @@ def test_the_sensor_counts_a_claimed_trial_in_flight_and_requests_no_run_for_it(
 
 
 def test_ask_claimed_keeps_to_the_budget_and_asks_nothing_once_stopped(tmp_path: Path) -> None:
-    spec = drill_spec(n_trials=2, parallelism=4, reuse_run_under_seconds=60)
-    resources = drill_resources(tmp_path, TrivialLauncher())
-    instance = open_instance(tmp_path)
-    sweep = prepared_home(tmp_path, spec, resources, instance)  # asks the two trials of the budget
+    spec, resources, instance, sweep = started(tmp_path, n_trials=2, parallelism=4)  # asks the two trials of the budget
     sweeps: SweepStore = resources["sweeps"]
     assert sweeps.ask_claimed(sweeps.load(sweep["study"], spec.search), spec.search, "run-a") is None
     sweeps.tell(sweep["study"], 0, None, {"error": "boom"}, failed=True)  # a failed trial is replaced
@@ -107,10 +106,7 @@ def test_ask_claimed_keeps_to_the_budget_and_asks_nothing_once_stopped(tmp_path:
 def test_ask_claimed_draws_within_the_search_space(tmp_path: Path, sampler: str) -> None:
     """TPE before its startup trials draws as `Study.ask` would (its independent random draw); after them, from its batch fit."""
     params = {"lr": FloatParam(low=1e-4, high=1.0, log=True), "hidden": IntParam(low=16, high=128, step=16)}
-    spec = drill_spec(n_trials=30, parallelism=1, sampler=sampler, params=params, reuse_run_under_seconds=60)
-    resources = drill_resources(tmp_path, TrivialLauncher())
-    instance = open_instance(tmp_path)
-    sweep = prepared_home(tmp_path, spec, resources, instance)
+    spec, resources, instance, sweep = started(tmp_path, n_trials=30, parallelism=1, sampler=sampler, params=params)
     sweeps: SweepStore = resources["sweeps"]
     sweeps.tell(sweep["study"], 0, 0.1, {})
     seen = []
@@ -134,10 +130,7 @@ class FailAfterFirst(TrivialLauncher):
 
 
 def test_a_failing_trial_taken_on_is_told_failed_and_ends_the_going_on_without_failing_the_run(tmp_path: Path) -> None:
-    spec = drill_spec(n_trials=4, parallelism=1, reuse_run_under_seconds=60)
-    resources = drill_resources(tmp_path, FailAfterFirst())
-    instance = open_instance(tmp_path)
-    sweep = prepared_home(tmp_path, spec, resources, instance)
+    spec, resources, instance, sweep = started(tmp_path, FailAfterFirst(), n_trials=4, parallelism=1)
     first = tick(spec, instance, resources)
     run = submit(build_definitions(spec, resources=resources), instance, first.run_requests[0])
     assert run.success  # its own trial's materialization stands
@@ -152,10 +145,7 @@ def test_a_failing_trial_taken_on_is_told_failed_and_ends_the_going_on_without_f
 
 
 def test_a_long_trial_or_a_run_the_sensor_did_not_start_does_not_go_on(tmp_path: Path) -> None:
-    spec = drill_spec(n_trials=3, parallelism=1, reuse_run_under_seconds=60)
-    resources = drill_resources(tmp_path, TrivialLauncher())
-    instance = open_instance(tmp_path)
-    prepared_home(tmp_path, spec, resources, instance)
+    spec, resources, instance, sweep = started(tmp_path, n_trials=3, parallelism=1)
     defs = build_definitions(spec, resources=resources)
     # launched by hand (the UI's Materialize): no study tag, one trial
     result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(instance=instance, partition_key="trial-0000")

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dagster import AssetKey, DagsterRunStatus, RunsFilter, SensorResult, build_sensor_context
@@ -309,6 +310,49 @@ run_queue:
 """
 
 
+def daemon_drill(tmp_path: Path, optuna_url: str, trials: int, parallelism: int, **extra_env: str) -> tuple[Any, Any, dict, dict]:
+    """The drill location's instance (dagster.yaml with the team limit of 2), spec, resources and materialized sweep."""
+    from dagster import DagsterInstance
+
+    from resources.sweeps import SweepStore
+    from tests.pipelines.sweep_location import daemon_spec
+
+    (tmp_path / "dagster").mkdir()
+    (tmp_path / "dagster" / "dagster.yaml").write_text(DAEMON_YAML)
+    (tmp_path / "workspace.yaml").write_text(
+        f"load_from:\n  - python_module:\n      module_name: tests.pipelines.sweep_location\n      working_directory: {ROOT}\n"
+    )
+    spec = daemon_spec(trials, parallelism)
+    if "SWEEP_DRILL_REUSE" in extra_env:
+        spec = spec.model_copy(update={"search": spec.search.model_copy(update={"reuse_run_under_seconds": float(extra_env["SWEEP_DRILL_REUSE"])})})
+    resources = drill_resources(tmp_path, TrivialLauncher(), SweepStore(storage_url=optuna_url, heartbeat_interval=2, grace_period=30))
+    instance = DagsterInstance.from_config(str(tmp_path / "dagster"))
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    return instance, spec, resources, sweep
+
+
+def run_daemon_until(tmp_path: Path, optuna_url: str, trials: int, parallelism: int, instance: Any, spec: Any, done: Any,
+                     **extra_env: str) -> None:
+    """Run `dagster-daemon` over the drill location until `done(train runs, final report runs)`; no trial run may fail."""
+    env = {**os.environ, "SWEEP_DRILL_HOME": str(tmp_path), "SWEEP_DRILL_OPTUNA_URL": optuna_url, "SWEEP_DRILL_TRIALS": str(trials),
+           "SWEEP_DRILL_PARALLELISM": str(parallelism), "DAGSTER_HOME": str(tmp_path / "dagster"), "PYTHONPATH": str(ROOT), **extra_env}
+    daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(tmp_path / "workspace.yaml")], cwd=ROOT,
+                              env=env, stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 480
+        while time.time() < deadline:
+            runs = instance.get_runs(RunsFilter(job_name=job_names(spec)["train"]))
+            assert not any(r.status == DagsterRunStatus.FAILURE for r in runs), (tmp_path / "daemon.log").read_text()[-3000:]
+            reports = instance.get_runs(RunsFilter(tags={"trainyard/report": "final"}, statuses=[DagsterRunStatus.SUCCESS]))
+            if done(runs, reports):
+                return
+            time.sleep(1)
+        pytest.fail(f"trial runs and the report did not finish in time: {[r.status for r in runs]}\n" + (tmp_path / "daemon.log").read_text()[-3000:])
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=60)
+
+
 @pytest.mark.slow
 def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp_path: Path, pg_databases) -> None:
     """The real thing: dagster-daemon ticks the sensor, the run queue applies dagster.yaml's team limit (2),
@@ -318,42 +362,13 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
     a sweep that never ran two at once fails by the barrier's timeout, and the barrier's count of
     trials inside at once shows that a third never joined.
     """
-    from dagster import DagsterInstance
-
-    from tests.pipelines.sweep_location import daemon_spec
     from tests.support.barrier import FileBarrier
 
     optuna_url = pg_databases[0]
-    env = {**os.environ, "SWEEP_DRILL_HOME": str(tmp_path), "SWEEP_DRILL_OPTUNA_URL": optuna_url, "SWEEP_DRILL_TRIALS": "3",
-           "SWEEP_DRILL_PARALLELISM": "3", "DAGSTER_HOME": str(tmp_path / "dagster"), "PYTHONPATH": str(ROOT)}
-    (tmp_path / "dagster").mkdir()
-    (tmp_path / "dagster" / "dagster.yaml").write_text(DAEMON_YAML)
-    (tmp_path / "workspace.yaml").write_text(
-        f"load_from:\n  - python_module:\n      module_name: tests.pipelines.sweep_location\n      working_directory: {ROOT}\n"
-    )
-    spec = daemon_spec(3, 3)
-    from resources.sweeps import SweepStore
-
-    resources = drill_resources(tmp_path, TrivialLauncher(), SweepStore(storage_url=optuna_url, heartbeat_interval=2, grace_period=30))
-    instance = DagsterInstance.from_config(str(tmp_path / "dagster"))
-    sweep = prepared_home(tmp_path, spec, resources, instance)
+    instance, spec, resources, sweep = daemon_drill(tmp_path, optuna_url, 3, 3)
     assert len(sweep["trials"]) == 3  # three trials pending, two team slots
-    daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(tmp_path / "workspace.yaml")], cwd=ROOT,
-                              env=env, stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 480
-        while time.time() < deadline:
-            runs = instance.get_runs(RunsFilter(job_name=job_names(spec)["train"]))
-            reports = instance.get_runs(RunsFilter(tags={"trainyard/report": "final"}, statuses=[DagsterRunStatus.SUCCESS]))
-            if len([r for r in runs if r.status == DagsterRunStatus.SUCCESS]) == 3 and reports:
-                break
-            assert not any(r.status == DagsterRunStatus.FAILURE for r in runs), (tmp_path / "daemon.log").read_text()[-3000:]
-            time.sleep(1)
-        else:
-            pytest.fail(f"trial runs and the report did not finish in time: {[r.status for r in runs]}\n" + (tmp_path / "daemon.log").read_text()[-3000:])
-    finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        daemon.wait(timeout=60)
+    run_daemon_until(tmp_path, optuna_url, 3, 3, instance, spec,
+                     lambda runs, reports: len([r for r in runs if r.status == DagsterRunStatus.SUCCESS]) == 3 and reports)
     records = instance.get_run_records(RunsFilter(job_name=job_names(spec)["train"]))
     assert FileBarrier(tmp_path / "barrier", parties=2).peak() == 2  # two trials trained at once, never three
     study = resources["sweeps"].load(sweep["study"])
@@ -373,48 +388,20 @@ def test_under_the_daemon_short_trials_runs_go_on_and_every_trial_is_materialize
     """Run reuse for real: dagster-daemon ticks the sensor and dequeues runs, run workers train real one-epoch
     trials on warm workers and go on with the sweep; the study lives in PostgreSQL. Five trials finish (complete or
     pruned), each materialized once, in fewer runs than trials, and the final report runs."""
-    from dagster import DagsterEventType, DagsterInstance, EventRecordsFilter
+    from dagster import DagsterEventType, EventRecordsFilter
 
     from assets.trials import REUSED_RUN_TAG
-    from resources.sweeps import SweepStore
-    from tests.pipelines.sweep_location import daemon_spec
 
     optuna_url = pg_databases[0]
-    env = {**os.environ, "SWEEP_DRILL_HOME": str(tmp_path), "SWEEP_DRILL_OPTUNA_URL": optuna_url, "SWEEP_DRILL_TRIALS": "5",
-           "SWEEP_DRILL_PARALLELISM": "2", "SWEEP_DRILL_REUSE": "120", "DAGSTER_HOME": str(tmp_path / "dagster"), "PYTHONPATH": str(ROOT)}
-    (tmp_path / "dagster").mkdir()
-    (tmp_path / "dagster" / "dagster.yaml").write_text(DAEMON_YAML)
-    (tmp_path / "workspace.yaml").write_text(
-        f"load_from:\n  - python_module:\n      module_name: tests.pipelines.sweep_location\n      working_directory: {ROOT}\n"
-    )
-    spec = daemon_spec(5, 2)
-    spec = spec.model_copy(update={"search": spec.search.model_copy(update={"reuse_run_under_seconds": 120.0})})
-    resources = drill_resources(tmp_path, TrivialLauncher(), SweepStore(storage_url=optuna_url, heartbeat_interval=2, grace_period=30))
-    instance = DagsterInstance.from_config(str(tmp_path / "dagster"))
-    sweep = prepared_home(tmp_path, spec, resources, instance)
-    daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-w", str(tmp_path / "workspace.yaml")], cwd=ROOT,
-                              env=env, stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    train = job_names(spec)["train"]
-    try:
-        deadline = time.time() + 480
-        while time.time() < deadline:
-            runs = instance.get_runs(RunsFilter(job_name=train))
-            assert not any(r.status == DagsterRunStatus.FAILURE for r in runs), (tmp_path / "daemon.log").read_text()[-3000:]
-            reports = instance.get_runs(RunsFilter(tags={"trainyard/report": "final"}, statuses=[DagsterRunStatus.SUCCESS]))
-            if reports and all(r.status == DagsterRunStatus.SUCCESS for r in runs):
-                break
-            time.sleep(1)
-        else:
-            pytest.fail(f"the sweep did not finish in time: {[r.status for r in runs]}\n" + (tmp_path / "daemon.log").read_text()[-3000:])
-    finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        daemon.wait(timeout=60)
+    instance, spec, resources, sweep = daemon_drill(tmp_path, optuna_url, 5, 2, SWEEP_DRILL_REUSE="120")
+    run_daemon_until(tmp_path, optuna_url, 5, 2, instance, spec,
+                     lambda runs, reports: reports and all(r.status == DagsterRunStatus.SUCCESS for r in runs), SWEEP_DRILL_REUSE="120")
     study = resources["sweeps"].load(sweep["study"])
     assert len(study.get_trials()) == 5 and {t.state.name for t in study.get_trials()} <= {"COMPLETE", "PRUNED"}  # the drill's median pruner
     records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION,
                                                             asset_key=AssetKey(["test", "digits", "trial_model"])))
     assert sorted(r.event_log_entry.dagster_event.partition for r in records) == [f"trial-{n:04d}" for n in range(5)]
-    runs = instance.get_runs(RunsFilter(job_name=train))
+    runs = instance.get_runs(RunsFilter(job_name=job_names(spec)["train"]))
     assert len(runs) < 5 and any(REUSED_RUN_TAG in r.tags for r in runs), [(r.tags.get("dagster/partition"), r.tags.get(REUSED_RUN_TAG)) for r in runs]
     report = instance.get_latest_materialization_event(AssetKey(["test", "digits", "sweep"])).asset_materialization.metadata
     assert report["status"].value == "finished" and report["finished_trials"].value == 5
