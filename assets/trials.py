@@ -15,6 +15,7 @@ from typing import Any, Iterator, NoReturn, Optional
 from dagster import AssetExecutionContext, AssetMaterialization, Config, Failure, MetadataValue, Output, PartitionKeyRange, RetryRequested
 
 from assets.metadata import to_dagster
+from resources.io_manager import ObjectStoreJsonIOManager
 from resources.launcher import Launcher, LaunchError, TrainingPreempted, pod_environment
 from resources.model_facts import describe_model
 from resources.storage import ObjectStore
@@ -39,7 +40,7 @@ from trainyard.redact import redact_text
 from trainyard.spec import PipelineSpec
 from trainyard.trainspec import TrialInputs, build_train_spec, model_kwargs
 from trainyard.trials import best_single_objective, count_failures, model_bytes, record_launch_failure, trial_comparison, trials_markdown_table
-from trainyard.values import BestModel, Sweep, TrialModel, ValidatedData, dump_value
+from trainyard.values import BestModel, Sweep, TrialModel, ValidatedData
 
 
 class TrialConfig(Config):
@@ -475,10 +476,11 @@ def continue_sweep(
             context.log.warning(f"{key} failed in {context.partition_key}'s run: {failure.description}; the run stops going on with the sweep")
             break
         seconds = time.monotonic() - started
-        if io_manager is not None and hasattr(io_manager, "store"):
-            io_manager.store.write_json(
-                naming.asset_value_uri(io_manager.store, list(context.asset_key.path), key, prefix=io_manager.prefix), dump_value(output.value)
-            )
+        if isinstance(io_manager, ObjectStoreJsonIOManager):
+            io_manager.write_value(context.asset_key, key, output.value)
+        else:
+            context.log.warning(f"{key}: the io_manager is a {type(io_manager).__name__}, not the platform's; its value is kept only in the study and "
+                                "its result files, so an asset that takes trial_model as input cannot load this partition")
         yield AssetMaterialization(asset_key=context.asset_key, partition=key, metadata={**output.metadata, "trained_in_run_of": context.partition_key})
         also.append(key)
     if also:

@@ -9,9 +9,9 @@ stored value that does not fit fails naming the asset and the field.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
-from dagster import ConfigurableIOManager, InputContext, OutputContext
+from dagster import AssetKey, ConfigurableIOManager, InputContext, OutputContext
 
 from resources.storage import ObjectStore
 from trainyard import naming
@@ -30,6 +30,14 @@ class ObjectStoreJsonIOManager(ConfigurableIOManager):
         if obj is None:
             return
         self.store.write_json(self._uri(context), dump_value(obj))
+
+    def write_value(self, asset_key: AssetKey, partition: Optional[str], obj: Any) -> None:
+        """Keep `obj` as the value of `asset_key`'s `partition`, where `handle_output` would have put it.
+
+        For a partition an op materializes besides its own (a trial run that
+        goes on with the sweep, `assets.trials.continue_sweep`).
+        """
+        self.store.write_json(naming.asset_value_uri(self.store, list(asset_key.path), partition, prefix=self.prefix), dump_value(obj))
 
     def load_input(self, context: InputContext) -> Any:
         """The stored value, as its `trainyard.values` model when it has one.

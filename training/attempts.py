@@ -13,7 +13,7 @@ from typing import Any
 
 import fsspec
 
-from training.spec import ATTEMPTS_DIR, LAUNCH_ID_ENV
+from training.spec import ATTEMPTS_DIR, LAUNCH_ID_ENV, WANDB_SERVICE_ENV
 from training.storage import join, write_atomic
 
 
@@ -131,7 +131,6 @@ def goodput(attempts: list[dict[str, Any]], world_size: int, ended: float) -> di
 
 
 SHARED_WANDB_MARKER = "wandb-shared-service"  # under <trial>/attempts/: an attempt of this trial used a shared W&B service
-WANDB_SERVICE_VAR = "WANDB_SERVICE"
 
 
 def private_wandb_unless_first(output_uri: str, mode: str) -> bool:
@@ -146,12 +145,13 @@ def private_wandb_unless_first(output_uri: str, mode: str) -> bool:
     always start their own: an open run in a shared service would keep talking
     to the W&B server beside the attempt that resumes it.
     """
-    if not os.environ.get(WANDB_SERVICE_VAR):
+    if not os.environ.get(WANDB_SERVICE_ENV):
         return False
-    fs, path = fsspec.core.url_to_fs(join(output_uri, ATTEMPTS_DIR, SHARED_WANDB_MARKER))
+    marker = join(output_uri, ATTEMPTS_DIR, SHARED_WANDB_MARKER)
+    fs, path = fsspec.core.url_to_fs(marker)
     if mode != "offline" or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0" or fs.exists(path):
-        os.environ.pop(WANDB_SERVICE_VAR, None)
+        os.environ.pop(WANDB_SERVICE_ENV, None)
         return False
-    write_atomic(join(output_uri, ATTEMPTS_DIR, SHARED_WANDB_MARKER), b"", fsync=False)
+    write_atomic(marker, b"", fsync=False)
     return True
 

@@ -37,6 +37,7 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM: stopped on request after a checkpoint
 EXIT_INFRA = 75  # EX_TEMPFAIL: storage or another dependency failed; a retry may succeed
 
 LAUNCH_ID_ENV = "TRAINYARD_LAUNCH_ID"  # set by launchers, one value per launch
+WANDB_SERVICE_ENV = "WANDB_SERVICE"  # W&B's own variable naming a running service to connect to (a warm server's shared one)
 OPTUNA_URL_ENV = "TRAINYARD_OPTUNA_URL"  # the Optuna storage URL with its credentials, in the pod's environment
 RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"

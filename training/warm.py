@@ -56,8 +56,8 @@ from typing import Optional
 from training.spec import EXIT_INFRA, EXIT_OK
 from training.warm_preload import preload, run_server_exit_work
 from training.warm_protocol import receive_request
-from training.warm_supervisor import BASE_PATH, Supervisor, die_with_parent, say
-from training.warm_wandb import SERVICE, start_keeper
+from training.warm_supervisor import BASE_PATH, SERVICE, Supervisor, die_with_parent, say
+from training.warm_wandb import start_keeper
 
 
 def supervise(conn: socket.socket, server: int) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from training.gang import classify, launch_records, output_uri_of
-from training.spec import EXIT_INFRA, LAUNCH_ID_ENV
+from training.spec import EXIT_INFRA, LAUNCH_ID_ENV, WANDB_SERVICE_ENV
 from training.warm_preload import disown_server_exit_work
 from training.warm_protocol import Request
 
@@ -82,7 +82,7 @@ def free_port() -> int:
 
 
 # The server's shared W&B service (`training.warm_wandb`): its `WANDB_SERVICE` value, set before any supervisor is forked.
-SERVICE_VAR = "WANDB_SERVICE"
+SERVICE_VAR = WANDB_SERVICE_ENV
 SWITCH_ENV = "TRAINYARD_WARM_WANDB_SERVICE"
 UNIX_TOKEN = re.compile(r"\d+-\d+-unix-(.+)")
 SERVICE: dict[str, str] = {}

@@ -116,26 +116,40 @@ def tpe_batch(study: Any, sampler: Any, dists: dict[str, Any], n: int, deadline:
     return [{name: params[name] for name in dists} for params in batch]
 
 
-def create_running(study: Any, params: BatchParams, dists: dict[str, Any]) -> list[int]:
-    """Create one RUNNING trial per parameter set; returns their numbers in order.
-
-    On the sweeps' own storage (`SweepRDBStorage` behind Optuna's cache) all in
-    one write, and the cache learns them as `create_new_trial` would teach it;
-    on any other storage one `create_new_trial` each.
-    """
-    from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
-    from optuna.trial import TrialState, create_trial
+def one_write(study: Any) -> bool:
+    """Whether `study` is on the sweeps' own storage (`SweepRDBStorage` behind Optuna's cache), which creates a batch in one write."""
+    from optuna.storages._cached_storage import _CachedStorage
 
     from resources.sweeps.rdb import SweepRDBStorage
 
     storage = study._storage
+    return isinstance(storage, _CachedStorage) and isinstance(storage._backend, SweepRDBStorage)
+
+
+def create_running(study: Any, params: BatchParams, dists: dict[str, Any], **guarded: Any) -> list[int]:
+    """Create one RUNNING trial per parameter set; returns their numbers in order.
+
+    On the sweeps' own storage (`one_write`) all in one write, and the cache
+    learns them as `create_new_trial` would teach it; on any other storage one
+    `create_new_trial` each.
+
+    Args:
+        guarded: `SweepRDBStorage.create_running_trials`'s `user_attrs`, `max_running` and `max_live`,
+            which only the one write can honour (ValueError on any other storage).
+    """
+    from optuna.storages._cached_storage import _StudyInfo
+    from optuna.trial import TrialState, create_trial
+
+    storage = study._storage
     study_id = study._study_id
-    if isinstance(storage, _CachedStorage) and isinstance(storage._backend, SweepRDBStorage):
-        created = storage._backend.create_running_trials(study_id, params, dists)
+    if one_write(study):
+        created = storage._backend.create_running_trials(study_id, params, dists, **guarded)
         with storage._lock:
             storage._studies.setdefault(study_id, _StudyInfo())
             storage._add_trials_to_cache(study_id, created)
         return [t.number for t in created]
+    if guarded:
+        raise ValueError(f"{sorted(guarded)} need the sweeps' own storage (SweepRDBStorage), which creates trials in one write")
     numbers = []
     for p in params:
         trial_id = storage.create_new_trial(study_id, template_trial=create_trial(state=TrialState.RUNNING, params=p, distributions=dists))

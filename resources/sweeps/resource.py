@@ -12,7 +12,7 @@ from typing import Any, Iterator, Optional, Sequence, Union
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from resources.sweeps.batch import create_running, tpe_batch
+from resources.sweeps.batch import create_running, one_write, tpe_batch
 from resources.sweeps.rules import (
     CLAIMED_BY,
     CREATED_AT,
@@ -191,13 +191,9 @@ class SweepStore(ConfigurableResource):
         own independent random draw, as `Study.ask` makes it.
         """
         from optuna.samplers import TPESampler
-        from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
         from optuna.trial import TrialState, create_trial
 
-        from resources.sweeps.rdb import SweepRDBStorage
-
-        storage = study._storage
-        if not (isinstance(storage, _CachedStorage) and isinstance(storage._backend, SweepRDBStorage)):
+        if not one_write(study):
             return None
         status = self.status(study, search)
         if status.stop_reason or status.remaining <= 0 or status.in_flight >= search.window:
@@ -208,8 +204,7 @@ class SweepStore(ConfigurableResource):
             source = build_sampler(search, derive_seed(search.seed, len(study.get_trials(deepcopy=False))))
         elif search.sampler == "tpe" and isinstance(study.sampler, TPESampler):
             params = tpe_batch(study, study.sampler, dists, 1)
-            done = sum(1 for t in study.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED))
-            if params is None and done >= study.sampler._n_startup_trials:
+            if params is None and status.finished >= study.sampler._n_startup_trials:
                 return None
             source = study.sampler._random_sampler
         else:
@@ -217,17 +212,8 @@ class SweepStore(ConfigurableResource):
         if params is None:
             placeholder = create_trial(state=TrialState.RUNNING)
             params = [{name: source.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()}]
-        if not params:
-            return None
-        created = storage._backend.create_running_trials(
-            study._study_id, params, dists, user_attrs={CLAIMED_BY: claim}, max_running=search.window, max_live=status.budget
-        )
-        if not created:
-            return None
-        with storage._lock:
-            storage._studies.setdefault(study._study_id, _StudyInfo())
-            storage._add_trials_to_cache(study._study_id, created)
-        return created[0].number
+        created = create_running(study, params, dists, user_attrs={CLAIMED_BY: claim}, max_running=search.window, max_live=status.budget)
+        return created[0] if created else None
 
     def status(self, study: Any, search: SearchSpec, now: Optional[float] = None) -> SweepStatus:
         attrs = study.user_attrs
