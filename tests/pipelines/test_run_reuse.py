@@ -154,3 +154,47 @@ def test_a_long_trial_or_a_run_the_sensor_did_not_start_does_not_go_on(tmp_path:
     first = tick(short, instance, resources)
     assert submit(build_definitions(short, resources=resources), instance, first.run_requests[0]).success
     assert [p for p, _, _ in materializations(instance)] == ["trial-0000", "trial-0001"]
+
+
+def _reuse_through_promotion(tmp_path: Path, spec: Any, frame: Any) -> tuple[Any, list[str]]:
+    """Prepare, one `train` run tagged as the sweep sensor tags it (it goes on with every other trial), then `promote`."""
+    from tests.pipelines.pipeline_fixtures import Harness, failure_text, write_landing
+    from trainyard.naming import STUDY_TAG
+
+    spec = spec.model_copy(update={"search": spec.search.model_copy(update={"n_trials": 3, "parallelism": 1})})
+    write_landing(tmp_path, frame, prefix=spec.source.prefix)
+    harness = Harness(tmp_path, spec)
+    prepare = harness.run("prepare")
+    assert prepare.success, failure_text(prepare)
+    study = prepare.output_for_node(harness.node("sweep")).study
+    run = harness.defs.resolve_job_def(harness.names["train"]).execute_in_process(
+        instance=harness.instance, partition_key="trial-0000", tags={STUDY_TAG: study}, raise_on_error=False)
+    assert run.success, failure_text(run)
+    key = AssetKey([spec.team, spec.name, "trial_model"])
+    records = harness.instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key))
+    assert {r.run_id for r in records} == {run.run_id}
+    promote = harness.run("promote")
+    assert promote.success, failure_text(promote)
+    states = [t.state.name for t in harness.resources["sweeps"].load(study).get_trials()]
+    assert states == ["COMPLETE"] * 3, states
+    return promote.output_for_node(harness.node("best_model")), sorted(r.event_log_entry.dagster_event.partition for r in records)
+
+
+@pytest.mark.slow
+def test_run_reuse_on_a_regression_target_and_a_gbt_team(tmp_path: Path) -> None:
+    """Inputs the feature was not built around: a Lightning regression (val_rmse, minimized; TPE before its startup
+    trials) and the tabular team's LightGBM trials (the GBT runner, a classification of another team), real launches."""
+    from pipelines.tabular.breast_cancer import breast_cancer, landing_frame
+    from tests import diabetes
+    from tests.pipelines.test_regression_pipeline import diabetes_pipeline
+
+    regression = diabetes_pipeline()
+    regression = regression.model_copy(update={"search": regression.search.model_copy(update={"params": {
+        "lr": FloatParam(low=0.02, high=0.1, log=True), "hidden": IntParam(low=8, high=32, step=8)}})})
+    best, partitions = _reuse_through_promotion(tmp_path / "regression", regression, diabetes.diabetes_frame())
+    assert partitions == ["trial-0000", "trial-0001", "trial-0002"]
+    assert best.best_metric > 0 and best.metrics["test_rmse"] > 0 and "val_acc" not in best.metrics
+
+    best, partitions = _reuse_through_promotion(tmp_path / "gbt", breast_cancer, landing_frame())
+    assert partitions == ["trial-0000", "trial-0001", "trial-0002"]
+    assert 0.0 < best.best_metric < 0.5 and best.metrics["test_acc"] > 0.8  # val_logloss, minimized
