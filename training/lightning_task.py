@@ -43,7 +43,7 @@ from training.errors import ConfigError, StrategyConfigError
 from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
 from training.pruning import OptunaPruning, pruning_callback
 from training.reporting import Reporter
-from training.spec import CHECKPOINT_DIR, ImportTarget, TrainResult, TrainSpec
+from training.spec import CHECKPOINT_DIR, WANDB_SERVICE_ENV, ImportTarget, TrainResult, TrainSpec
 from training.storage import join
 from training.strategies import is_sharded, trainer_kwargs
 
@@ -143,6 +143,47 @@ def _logger(spec: TrainSpec) -> Any:
         log_model=False,
         resume="allow",  # a resumed trial continues the same run
     )
+
+
+def _open_run(logger: WandbLogger, trial_id: str) -> None:
+    """Start the trial's W&B run now (rank 0), on a service of this process's own if the shared one refuses its id.
+
+    A warm server's shared service (`training.warm_wandb`) keeps a run open
+    when the process that wrote it died without finishing it (SIGKILL, or an
+    earlier worker that left through `os._exit`), and refuses that run id to
+    anyone else: "run ID ... is in use". `private_wandb_unless_first` avoids
+    it for a trial's own later attempts; this covers what it cannot see (the
+    same tracker run id written from another output directory, or a trial
+    re-materialized after its attempt log was wiped): the trial goes on with a
+    service of its own instead of failing on its experiment tracker.
+    """
+    try:
+        logger.experiment  # noqa: B018  # the property starts the run
+    except Exception as e:
+        if "is in use" not in str(e) or not os.environ.get(WANDB_SERVICE_ENV):
+            raise
+        import wandb
+
+        log.warning("trial %s: the shared W&B service refused run %s (%s); using a W&B service of this process's own",
+                    trial_id, logger.version, e)
+        os.environ.pop(WANDB_SERVICE_ENV, None)
+        wandb.teardown()  # closes this process's connection; the shared service is the warm server's and stays
+        logger.experiment  # noqa: B018
+
+
+def _finish_failed_run(logger: WandbLogger) -> None:
+    """Mark the trial's W&B run failed when training raises (W&B's exit hook would; a warm worker leaves by `os._exit`).
+
+    A run left open also stays open in a warm server's shared service, which
+    then refuses its id to the trial's next attempt.
+    """
+    experiment = getattr(logger, "_experiment", None)
+    if experiment is None:
+        return
+    try:
+        experiment.finish(exit_code=1)
+    except Exception as e:  # the training error matters more than the tracker's
+        log.warning("could not mark W&B run %s failed: %s", logger.version, e)
 
 
 def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
@@ -330,11 +371,18 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         ckpt = _checkpointing(spec, strategy_kwargs, markers, rank, started_wall, reporter)
         callbacks.append(ckpt.ft)
         logger = _logger(spec)
+        if logger and rank == 0:
+            _open_run(logger, spec.trial_id)
         trainer = _trainer(spec, dm, strategy_kwargs, callbacks, ckpt.plugins, logger)
         reporter.info(f"trial {spec.trial_id}: training {spec.model.path} on data {spec.data.version[:12]} (start-up: model "
                       f"{built:.2f}s, process group, checkpoints and trainer {time.perf_counter() - started - built:.2f}s)")
         fit_started = time.perf_counter()
-        trainer.fit(model, datamodule=dm, ckpt_path=ckpt.resume_path)
+        try:
+            trainer.fit(model, datamodule=dm, ckpt_path=ckpt.resume_path)
+        except Exception:
+            if logger and rank == 0:
+                _finish_failed_run(logger)
+            raise
         fit_seconds = time.perf_counter() - fit_started
         if trainer.global_rank != 0:
             return None

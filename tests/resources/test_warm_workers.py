@@ -430,3 +430,38 @@ def test_warm_trials_share_the_servers_wandb_service_which_stops_with_the_server
     while (running(keeper) or socket_path.exists()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not running(keeper) and not socket_path.exists(), "the keeper or its service outlived the server"
+
+
+
+def test_a_run_id_left_open_in_the_shared_wandb_service_does_not_fail_the_next_trial_that_uses_it(
+        warm_dir: Path, tmp_path: Path) -> None:
+    """Found by CI: a trial killed mid-run leaves its W&B run open in the server's shared service, which then refused that
+    run id ("run ID ... is in use") to a trial writing the same tracker run from another directory. The next trial now
+    goes on with a service of its own; a trial whose training raises marks its run failed, which frees the id."""
+    connected = "Connected to an existing wandb-core service via WANDB_SERVICE"
+
+    def launch(name: str, run: str, **over: Any) -> tuple[str, list[str]]:
+        """(the launch's log or its error, the W&B debug log of each of its attempts)."""
+        wandb_dir = tmp_path / name / "wandb"
+        wandb_dir.mkdir(parents=True)
+        tracker = TrackerSpec(mode="offline", dir=str(wandb_dir), group="same-pipeline", name=run)
+        try:
+            log = log_of(LocalLauncher().launch(make_spec(tmp_path / name, max_epochs=1, tracker=tracker, **over)))
+        except TrainingCodeError as e:
+            log = str(e) + Path(e.log_uri).read_text() if getattr(e, "log_uri", None) else str(e)
+        return log, [p.read_text() for p in sorted(wandb_dir.rglob("offline-run-*/logs/debug.log"), key=lambda p: p.stat().st_mtime)]
+
+    # SIGKILLed at step 2: the first attempt's run stays open in the shared service (the restart has a service of its own).
+    killed, debugs = launch("killed", "trial-0000", faults=FaultInjection(kill_rank=0, kill_at_step=2))
+    assert launches(killed) and connected in debugs[0], "the killed attempt did not use the shared service: this test proves nothing"
+    # The same run id from another directory: refused by the shared service, trained on a service of the trial's own.
+    log, debugs = launch("after-kill", "trial-0000")
+    assert "the shared W&B service refused run same-pipeline-trial-0000" in log, log[-3000:]
+    assert (tmp_path / "after-kill" / "run" / "result.json").exists() and connected not in debugs[-1]
+    # A trial whose training raises marks its run failed, which closes it in the shared service ...
+    log, debugs = launch("raises", "trial-0001", faults=FaultInjection(raise_at_step=2))
+    assert connected in debugs[0] and not (tmp_path / "raises" / "run" / "result.json").exists(), log[-3000:]
+    # ... so the next trial with that run id keeps the shared service.
+    log, debugs = launch("after-raise", "trial-0001")
+    assert "refused run" not in log and connected in debugs[-1], log[-3000:]
+    assert (tmp_path / "after-raise" / "run" / "result.json").exists()
