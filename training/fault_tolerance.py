@@ -43,6 +43,9 @@ log = logging.getLogger("trainyard.training")
 
 
 SYNC_PERIOD = 0.5  # seconds between rank agreements (preemption, time-based saves)
+# How long a rank whose training raised (a lost peer, a bug) lets its checkpoint write in flight finish before it
+# exits; inside the 30 s torchrun's agent and the warm supervisor give a worker between SIGTERM and SIGKILL.
+EXCEPTION_WRITE_GRACE_SECONDS = 20.0
 CALIBRATION_STEPS = 10
 SIGTERM_RECEIVED = False  # set by the handler; the entrypoint reads it to classify a failure during shutdown
 
@@ -348,6 +351,7 @@ class FaultTolerance(Callback):
 
     @override
     def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._finish_write_in_flight()
         if trainer.is_global_zero and self.attempt.record["status"] == "running":
             # A lost peer is the restart's cause as goodput reports it, not the gloo error it surfaced as.
             status = "lost (a peer rank died)" if lost_peer(exception) else f"failed: {type(exception).__name__}: {str(exception)[:200]}"
@@ -366,6 +370,30 @@ class FaultTolerance(Callback):
             self.save(trainer, sync=True)
         elif self.io.writer is not None:
             self.io.writer.wait()
+
+    def _finish_write_in_flight(self) -> None:
+        """Let a checkpoint write in flight commit before the process leaves, for up to `EXCEPTION_WRITE_GRACE_SECONDS`.
+
+        A save whose every part is written is worth keeping: without this, rank
+        0 of a sharded save could leave (its training raised when a peer died)
+        while its writer thread waited for the peer's shard that the peer had
+        written, and the retry resumed from the checkpoint before. A DDP save is
+        also waited for by the checkpoint IO's teardown, but a sharded one
+        belongs to the strategy, which has none; and the wait is bounded, since
+        a shard of a rank that died before writing it never comes.
+        """
+        writer = self.io.writer
+        if writer is None or not writer.in_flight:
+            return
+        started = time.monotonic()
+        try:
+            uri = writer.wait(timeout=EXCEPTION_WRITE_GRACE_SECONDS)
+            log.info("the checkpoint write in flight finished (%s) %.2f s after training raised", uri, time.monotonic() - started)
+        except TimeoutError:
+            log.warning("the checkpoint write in flight did not finish within %.0f s after training raised; left uncommitted "
+                        "(the store skips it)", EXCEPTION_WRITE_GRACE_SECONDS)
+        except Exception as e:  # the training error is the one to report
+            log.warning("the checkpoint write in flight failed after training raised: %s", e)
 
     # -- exact resume state --------------------------------------------------------
 

@@ -241,3 +241,53 @@ def test_sharded_corrupt_shard_is_skipped_by_every_rank(sharded_reference, tmp_p
     assert_same(final_weights(spec), ref_weights)
     log = Path(spec.output_uri, "logs", "launcher.log").read_text()
     assert "step-000000007: rank 0: checksum mismatch for file shard-00000.pt" in log
+
+
+def _failing_rank_zero(tmp_path: Path, commit_timeout_s: float = 600.0) -> tuple[object, object, CheckpointStore]:
+    """Rank 0 of two with a sharded save of step 8 in flight, waiting for rank 1's shard, as when rank 1 was killed."""
+    import time
+    from types import SimpleNamespace
+
+    from training.attempts import AttemptLog, FaultMarkers
+    from training.checkpointing.sharding import ShardSpec
+    from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
+
+    store = CheckpointStore(str(tmp_path / "checkpoints"))
+    io = StoreCheckpointIO(store, async_save=True)
+    ft = FaultTolerance(CheckpointPolicy(), io, 1, "val_acc", "max", FaultInjection(), FaultMarkers(str(tmp_path)),
+                        AttemptLog(str(tmp_path), "a0", time.time()))
+    io.save_checkpoint({"global_step": 8, "epoch": 0, "w": torch.ones(4)}, "unused", {"shard": ShardSpec(0, 2, "save-8", commit_timeout_s=commit_timeout_s)})
+    assert io.writer is not None and io.writer.in_flight and store.latest() is None
+    return ft, SimpleNamespace(is_global_zero=True), store
+
+
+def test_a_rank_whose_training_raised_lets_its_checkpoint_write_commit_before_it_leaves(tmp_path: Path) -> None:
+    """Found when a change let ranks run further apart: rank 0 of a sharded save raised (its peer died after writing its shard) and
+    left while its writer waited for that shard; the retry resumed from the checkpoint before, losing steps."""
+    import threading
+
+    from training.checkpointing.sharding import ShardSpec
+
+    ft, trainer, store = _failing_rank_zero(tmp_path)
+    peer = threading.Timer(0.3, lambda: CheckpointStore(str(tmp_path / "checkpoints")).save(
+        8, {"global_step": 8, "epoch": 0, "w": torch.zeros(4)}, shard=ShardSpec(1, 2, "save-8")))
+    peer.start()
+    ft.on_exception(trainer, None, RuntimeError("Connection closed by peer"))  # type: ignore[arg-type]
+    latest = store.latest()
+    assert latest is not None and latest.step == 8, "the save whose every shard was written was not committed"
+    peer.join()
+
+
+def test_a_write_that_cannot_finish_holds_a_failing_rank_only_for_the_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    import time
+
+    import training.fault_tolerance as fault_tolerance
+
+    monkeypatch.setattr(fault_tolerance, "EXCEPTION_WRITE_GRACE_SECONDS", 0.5)
+    # rank 1 died before writing its shard: it never comes (the writer thread itself gives up after 3 s, not 600)
+    ft, trainer, store = _failing_rank_zero(tmp_path, commit_timeout_s=3.0)
+    started = time.monotonic()
+    ft.on_exception(trainer, None, RuntimeError("Connection closed by peer"))  # type: ignore[arg-type]
+    assert 0.4 <= time.monotonic() - started < 5 and store.latest() is None
+    assert "did not finish within" in caplog.text and "left uncommitted" in caplog.text

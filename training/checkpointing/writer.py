@@ -148,18 +148,25 @@ class AsyncCheckpointWriter:
         self.last_uri = uri
         return uri
 
-    def _await_pending(self) -> Optional[str]:
+    def _await_pending(self, timeout: Optional[float] = None) -> Optional[str]:
         pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        return pending.result(timeout) if pending is not None else None
 
-    def wait(self) -> Optional[str]:
+    def wait(self, timeout: Optional[float] = None) -> Optional[str]:
         """Block until the last submitted write finishes; re-raise its error.
+
+        Args:
+            timeout: Give up after this many seconds (None: wait as long as it takes).
 
         Returns:
             The URI it committed, or None when nothing was pending.
+
+        Raises:
+            TimeoutError: the write did not finish within `timeout`; it goes on in
+                the background, and this writer no longer waits for it.
         """
         with self._lock:
-            return self._await_pending()
+            return self._await_pending(timeout)
 
     def close(self) -> None:
         """Wait for the last write (re-raising its error) and stop the thread."""
