@@ -42,7 +42,7 @@ def test_preempted_trial_is_retried_by_dagster_and_resumes(tmp_path: Path) -> No
     assert result.success, failure_text(result)
     assert len(step_events(result, "STEP_UP_FOR_RETRY")) == 1
     value = result.output_for_node(harness.node("trial_model"))
-    assert value.resumed_from.endswith("step-000000004")
+    assert value.resumed_from.endswith("step-000000005")  # the preemption save: the agreement after the signal's step
     assert value.goodput["restart_causes"] == ["preempted"]
     launches = json.loads(Path(value.result_uri).with_name("launches.json").read_text())
     assert [x["cause"] for x in launches] == ["TrainingPreempted"]
@@ -51,7 +51,7 @@ def test_preempted_trial_is_retried_by_dagster_and_resumes(tmp_path: Path) -> No
     assert len(run_dirs) == 2
     assert len({d.name.split("-", 3)[-1] for d in run_dirs}) == 1
     materialization = result.asset_materializations_for_node(harness.node("trial_model"))[0]
-    assert materialization.metadata["resumed_from"].value.endswith("step-000000004")
+    assert materialization.metadata["resumed_from"].value.endswith("step-000000005")
     assert materialization.metadata["checkpoint_interval_source"].value == "steps"
 
 

@@ -119,11 +119,12 @@ def test_preemption_checkpoints_then_retry_resumes_with_identical_weights(refere
     spec = drill_spec(tmp_path, faults=FaultInjection(sigterm_at_step=7))
     with pytest.raises(TrainingPreempted) as err:
         LocalLauncher().launch(spec)
-    assert "checkpoint at step 7 committed" in str(err.value)
+    # every rank reads the agreement started at the signal's step one agreement later (every step before calibration)
+    assert "checkpoint at step 8 committed" in str(err.value)
     store = CheckpointStore(spec.output_uri + "/checkpoints")
-    assert store.latest().step == 7
+    assert store.latest().step == 8
     result = LocalLauncher().launch(spec).result  # what Dagster's retry does
-    assert result.resumed_from.endswith("step-000000007")
+    assert result.resumed_from.endswith("step-000000008")
     assert_same(final_weights(spec), ref_weights)
     assert result.goodput["restart_causes"][0] == "preempted"
 
@@ -223,11 +224,11 @@ def test_sharded_killed_rank_resumes_from_its_shards_with_identical_weights(shar
 def test_sharded_preemption_commits_every_shard_and_the_retry_resumes(sharded_reference, tmp_path: Path) -> None:
     _, ref_weights = sharded_reference["tp"]
     spec = sharded_spec(tmp_path, "tp", faults=FaultInjection(sigterm_at_step=7))
-    with pytest.raises(TrainingPreempted, match="checkpoint at step 7 committed"):
+    with pytest.raises(TrainingPreempted, match="checkpoint at step 8 committed"):  # the agreement after the signal's step
         LocalLauncher().launch(spec)
-    assert CheckpointStore(spec.output_uri + "/checkpoints").list_committed()[0]["step"] == 7
+    assert CheckpointStore(spec.output_uri + "/checkpoints").list_committed()[0]["step"] == 8
     result = LocalLauncher().launch(spec).result
-    assert result.resumed_from.endswith("step-000000007")
+    assert result.resumed_from.endswith("step-000000008")
     assert_same(final_weights(spec), ref_weights)
 
 
