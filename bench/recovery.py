@@ -80,13 +80,14 @@ def warm_server_seconds() -> float | None:
     warm workers are off. A start inside the first run would make that run's start and the median a mix of both."""
     import os
 
-    from resources.warm import WarmUnavailable, connect, training_root, warm_dir, warm_workers_enabled
+    from resources.warm import WarmUnavailable, connect, training_env, training_root, warm_dir, warm_workers_enabled
 
     if not warm_workers_enabled(os.environ):
         return None
     started = time.perf_counter()
     try:
-        connect(warm_dir(os.environ), python=sys.executable, root=training_root(), idle_seconds=300, start_timeout=180).close()
+        connect(warm_dir(os.environ), python=sys.executable, root=training_root(), idle_seconds=300, start_timeout=180,
+                env=training_env(os.environ)).close()
     except WarmUnavailable:
         return None
     return time.perf_counter() - started

@@ -58,7 +58,7 @@ from resources.launch_errors import (  # noqa: F401 (their home was here)
     parse_worker_exits,
     read_failures,
 )
-from resources.warm import WarmProcess, WarmUnavailable, launch_warm, prestart, warm_workers_enabled
+from resources.warm import WarmProcess, WarmUnavailable, launch_warm, prestart, training_env, warm_workers_enabled
 from training.spec import FAILURE_DIR, LAUNCH_ID_ENV, RESULT_FILE, SPEC_FILE, TrainResult, TrainSpec
 from trainyard.curves import epoch_point
 
@@ -263,7 +263,7 @@ class LocalLauncher(Launcher):
         with tempfile.TemporaryDirectory(prefix="trainyard-launch-") as tmp:
             log_path = os.path.join(tmp, "launcher.log")
             env = {
-                **os.environ,
+                **training_env(os.environ),
                 **_POD_ENVIRONMENT.get(),
                 **extra_env,
                 "PYTHONUNBUFFERED": "1",
@@ -325,7 +325,7 @@ class LocalLauncher(Launcher):
         """
         if not self.warm_workers or not same_interpreter(self.python, sys.executable):
             return False
-        return prestart(os.environ, python=sys.executable, idle_seconds=self.warm_idle_seconds,
+        return prestart(training_env(os.environ), python=sys.executable, idle_seconds=self.warm_idle_seconds,
                         start_timeout=self.warm_start_timeout_seconds)
 
     def _warm(self, spec: TrainSpec) -> bool:

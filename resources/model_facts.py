@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from resources.warm import WarmUnavailable, launch_warm, warm_workers_enabled
+from resources.warm import WarmUnavailable, launch_warm, training_env, warm_workers_enabled
 from trainyard.planner import ModelFacts, ModelQuery, TrialPlanError
 
 DESCRIBE_TIMEOUT_SECONDS = 300.0
@@ -45,7 +45,7 @@ def _ask(request: dict[str, Any], tmp: Path, warm: bool) -> tuple[Optional[dict[
     request_path, answer_path, output_path = tmp / "request.json", tmp / "answer.json", tmp / "output.log"
     answer_path.unlink(missing_ok=True)
     request_path.write_text(json.dumps({**request, "answer": str(answer_path)}))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**training_env(os.environ), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     how = "cold"
     with open(output_path, "wb") as out:
         proc: Any = None

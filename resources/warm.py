@@ -38,6 +38,7 @@ from typing import Any, Mapping, Optional
 
 import training.spec
 from training.atomic import exclusive_lock
+from training.spec import TRAINING_MALLOC_ENV
 
 WARM_DIR_ENV = "TRAINYARD_WARM_DIR"
 WARM_WORKERS_ENV = "TRAINYARD_WARM_WORKERS"
@@ -103,6 +104,15 @@ def training_root() -> Path:
 # a worker forked from a server keeps the server's, whatever its launch environment says.
 STARTUP_ENV_PREFIXES = ("MALLOC_", "LD_")
 STARTUP_ENV_NAMES = frozenset({"GLIBC_TUNABLES", "PYTHONHASHSEED", "PYTHONMALLOC"})
+
+
+def training_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with the platform's defaults for training processes (`TRAINING_MALLOC_ENV`) where it sets none.
+
+    Every process that starts a server for trials passes its environment through this (launches, the planner's model
+    descriptions, the prestart), so they all key on, and share, the one server.
+    """
+    return {**TRAINING_MALLOC_ENV, **environ}
 
 
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -38,6 +38,15 @@ EXIT_INFRA = 75  # EX_TEMPFAIL: storage or another dependency failed; a retry ma
 
 LAUNCH_ID_ENV = "TRAINYARD_LAUNCH_ID"  # set by launchers, one value per launch
 WANDB_SERVICE_ENV = "WANDB_SERVICE"  # W&B's own variable naming a running service to connect to (a warm server's shared one)
+# glibc malloc settings every launcher gives a training process unless its environment sets them. By default glibc
+# serves a large block (a 10 MB activation, gradient or optimizer temporary) with a fresh mmap, unmaps it when it is
+# freed, and keeps adapting its thresholds (and trimming the heap) as it goes, so a step that allocates and frees the
+# same large tensors again every step can fault tens of thousands of fresh, zeroed pages a second, and how many
+# depends on each process's allocation history. On the 10M-parameter benchmark (`bench/overhead.py`) a rank faulted
+# 13k-172k pages/s and stepped in 119-134 ms; with these settings ~1k pages/s and ~109 ms, bare Lightning alike. Fixed
+# thresholds keep freed blocks up to 32 MB (glibc's most) in the heap and never trim it below 4 GB of free space: a
+# training process holds on to its peak memory, as jemalloc or tcmalloc would.
+TRAINING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
 OPTUNA_URL_ENV = "TRAINYARD_OPTUNA_URL"  # the Optuna storage URL with its credentials, in the pod's environment
 RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"

@@ -59,7 +59,7 @@ from resources.k8s.names import (
     trial_labels,
 )
 from resources.launcher import torchrun_command
-from training.spec import EXIT_BAD_CONFIG, EXIT_INFRA, EXIT_PREEMPTED, EXIT_USER_ERROR, LAUNCH_ID_ENV, TrainSpec
+from training.spec import EXIT_BAD_CONFIG, EXIT_INFRA, EXIT_PREEMPTED, EXIT_USER_ERROR, LAUNCH_ID_ENV, TRAINING_MALLOC_ENV, TrainSpec
 from trainyard.podconfig import SCRATCH_DIR, TRAINER_HOME, TRAINER_UID, WRITABLE_ENV
 
 # The restricted Pod Security profile, and a read-only root filesystem on top.
@@ -126,6 +126,8 @@ def _env(cfg: K8sJobConfig) -> list[dict[str, Any]]:
         # HOME, TMPDIR and the caches of torch, triton, W&B and matplotlib: inside
         # the writable emptyDirs, since the root filesystem is read-only.
         *({"name": k, "value": v} for k, v in WRITABLE_ENV.items()),
+        # The training processes' allocator settings (`TRAINING_MALLOC_ENV`), unless the job's env sets them.
+        *({"name": k, "value": v} for k, v in TRAINING_MALLOC_ENV.items() if k not in cfg.env),
         *({"name": k, "value": v} for k, v in sorted(cfg.env.items())),
         # Credentials only by reference: the manifest (and the Dagster event log
         # it may end up in) never holds a secret value.

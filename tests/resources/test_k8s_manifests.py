@@ -147,6 +147,8 @@ def test_two_node_job_exact(two_node_spec) -> None:
                                 {"name": "WANDB_DIR", "value": "/home/trainer/wandb"},
                                 {"name": "WANDB_CACHE_DIR", "value": "/home/trainer/.cache/wandb"},
                                 {"name": "WANDB_CONFIG_DIR", "value": "/home/trainer/.config/wandb"},
+                                {"name": "MALLOC_MMAP_THRESHOLD_", "value": "33554432"},
+                                {"name": "MALLOC_TRIM_THRESHOLD_", "value": "4294967296"},
                                 {"name": "AWS_ENDPOINT_URL", "value": "http://minio.storage:9000"},
                                 {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-credentials", "key": "token"}}},
@@ -263,6 +265,14 @@ def test_single_node_uses_standalone_rendezvous(tmp_path: Path) -> None:
     # No queue configured: nothing would ever unsuspend the Job.
     assert "suspend" not in job["spec"] and "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
     k8s_validate(job)
+
+
+def test_a_jobs_own_allocator_setting_replaces_the_platforms(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path, max_epochs=1)
+    cfg = K8sJobConfig(namespace="vision", image="trainer:1", env={"MALLOC_TRIM_THRESHOLD_": "131072"})
+    env = job_manifest(spec, SPEC_URI, 0, cfg)["spec"]["template"]["spec"]["containers"][0]["env"]
+    malloc = [(e["name"], e["value"]) for e in env if e["name"].startswith("MALLOC_")]
+    assert malloc == [("MALLOC_MMAP_THRESHOLD_", "33554432"), ("MALLOC_TRIM_THRESHOLD_", "131072")]  # each name once
 
 
 def test_workload_priority_label_only_when_configured(two_node_spec) -> None:

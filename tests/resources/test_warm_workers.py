@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from resources.launcher import InfrastructureError, LaunchOutcome, LocalLauncher, TrainingCodeError, TrainingConfigError, TrainingPreempted
-from resources.warm import WARM_DIR_ENV, WARM_WORKERS_ENV, connect, server_key, stop_servers, training_root
+from resources.warm import WARM_DIR_ENV, WARM_WORKERS_ENV, connect, server_key, stop_servers, training_env, training_root
 from tests.support.train_specs import make_spec
 from training.checkpointing import CheckpointStore
 from training.spec import CheckpointPolicy, Distribution, FaultInjection, ImportTarget, TrackerSpec
@@ -398,7 +398,7 @@ def test_a_launch_that_sets_a_start_time_variable_runs_on_a_server_started_with_
     monkeypatch.setenv("MALLOC_ARENA_MAX", "2")
     outcome = LocalLauncher().launch(make_spec(tmp_path, max_epochs=1))
     server = launches(log_of(outcome))[0][4]
-    assert int((shared / f"{server_key(sys.executable, root, arena)}.pid").read_text()) == server
+    assert int((shared / f"{server_key(sys.executable, root, training_env(arena))}.pid").read_text()) == server
     assert b"MALLOC_ARENA_MAX=2" in Path(f"/proc/{server}/environ").read_bytes().split(b"\0")  # what the server's exec had
 
 
@@ -465,3 +465,22 @@ def test_a_run_id_left_open_in_the_shared_wandb_service_does_not_fail_the_next_t
     log, debugs = launch("after-raise", "trial-0001")
     assert "refused run" not in log and connected in debugs[-1], log[-3000:]
     assert (tmp_path / "after-raise" / "run" / "result.json").exists()
+
+
+def test_training_processes_start_with_the_platforms_allocator_settings_unless_the_launch_sets_its_own(
+    shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`TRAINING_MALLOC_ENV` reaches what glibc read when the worker's server started (its exec environment)."""
+    from training.spec import TRAINING_MALLOC_ENV
+
+    def started_with(name: str) -> dict[str, str]:
+        outcome = LocalLauncher().launch(make_spec(tmp_path / name, max_epochs=1))
+        server = launches(log_of(outcome))[0][4]
+        environ = Path(f"/proc/{server}/environ").read_bytes().split(b"\0")
+        return {k.decode(): v.decode() for k, _, v in (e.partition(b"=") for e in environ) if k.startswith(b"MALLOC_")}
+
+    for name in TRAINING_MALLOC_ENV:
+        monkeypatch.delenv(name, raising=False)
+    assert started_with("defaults") == TRAINING_MALLOC_ENV
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # a team's own setting wins
+    assert started_with("own") == {**TRAINING_MALLOC_ENV, "MALLOC_TRIM_THRESHOLD_": "131072"}
