@@ -19,6 +19,10 @@ import lightning as L
 
 from training.parallel import MLPClassifier
 
+# The per-step hooks whose time `StepClock` charges to the other callbacks (the platform's own, in a platform run).
+STEP_HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+              "on_before_zero_grad", "on_train_batch_end")
+
 
 class StepClock(L.Callback):
     """Rank 0 stamps the first batch's start and every batch's end, and writes them at the end of fit.
@@ -27,7 +31,11 @@ class StepClock(L.Callback):
     comparable with the launching process's clock), `batch_end` (perf_counter
     seconds of every batch end), `writing` (per batch end: whether a
     checkpoint write of the platform's async writer was in flight; always false
-    in a bare run), `world_size`.
+    in a bare run), `hooks` (per batch end: seconds spent in the step, since the
+    previous batch end, in the per-step hooks of the Trainer's other callbacks
+    and in its loggers' `log_metrics`, by class: what the platform's own
+    per-step code costs, measured directly rather than as the difference of two
+    noisy step times), `world_size`.
     """
 
     def __init__(self, path: str) -> None:
@@ -36,6 +44,27 @@ class StepClock(L.Callback):
         self.last_end_wall = 0.0
         self.ends: list[float] = []
         self.writing: list[bool] = []
+        self.hooks: list[dict[str, float]] = []
+        self._spent: dict[str, float] = {}
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for callback in trainer.callbacks:
+            if callback is self:
+                continue
+            for hook in STEP_HOOKS:
+                if getattr(type(callback), hook) is not getattr(L.Callback, hook):  # overridden: it does something
+                    setattr(callback, hook, self._timed(type(callback).__name__, getattr(callback, hook)))
+        for logger in trainer.loggers:
+            logger.log_metrics = self._timed(f"logger:{type(logger).__name__}", logger.log_metrics)  # type: ignore[method-assign]
+
+    def _timed(self, name: str, fn: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._spent[name] = self._spent.get(name, 0.0) + time.perf_counter() - started
+        return timed
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.first_start_wall is None:
@@ -45,6 +74,8 @@ class StepClock(L.Callback):
         self.ends.append(time.perf_counter())
         self.last_end_wall = time.time()
         self.writing.append(any(_writing(c) for c in trainer.callbacks))
+        self.hooks.append(self._spent)
+        self._spent = {}
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_rank != 0:
@@ -52,7 +83,7 @@ class StepClock(L.Callback):
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "w") as f:
             json.dump({"first_step_start_wall": self.first_start_wall, "last_step_end_wall": self.last_end_wall,
-                       "batch_end": self.ends, "writing": self.writing, "world_size": trainer.world_size}, f)
+                       "batch_end": self.ends, "writing": self.writing, "hooks": self.hooks, "world_size": trainer.world_size}, f)
 
 
 def _writing(callback: Any) -> bool:
