@@ -39,7 +39,8 @@ Runs alternate (bare first on even repetitions, platform first on odd ones),
 and each side reports the median of its repetitions. Value: platform
 steady-state samples/s; baseline: bare; ratio = platform / bare (higher is
 better, target >= 0.98); `details.added_ms_per_step` = platform - bare mean step
-period (target <= 1 ms). `details.platform_hooks_ms_per_step`: the time rank 0
+period; `details.like_for_like.added_ms_per_step` = platform - bare_allocator
+(target <= 1 ms: what the platform adds once both allocate alike). `details.platform_hooks_ms_per_step`: the time rank 0
 spends in the platform's own per-step callback hooks and logger calls, timed
 in-process by `StepClock` (no target; it says how much of `added_ms_per_step`
 is the platform's code rather than noise).
@@ -213,7 +214,9 @@ def main() -> dict:
             "first save after step 1), W&B offline logging every 50 steps; after the fit: final checkpoint, evaluation, export",
             "caveat": "2-core machine shared with other work: step times carry its noise; runs alternate so it hits both sides",
         },
-        targets=[Target("ratio", ">=", 0.98), Target("details.added_ms_per_step", "<=", 1.0, unit="ms/step")],
+        # The ms/step target is held against the like-for-like baseline: against plain bare Lightning the allocator
+        # settings make the difference negative, which would say nothing about what the platform's own code adds.
+        targets=[Target("ratio", ">=", 0.98), Target("details.like_for_like.added_ms_per_step", "<=", 1.0, unit="ms/step")],
         better="higher",
         runs=[r["samples_per_second"] for r in plat],
         baseline_runs=[r["samples_per_second"] for r in ref],
