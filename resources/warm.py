@@ -38,7 +38,6 @@ from typing import Any, Mapping, Optional
 
 import training.spec
 from training.atomic import exclusive_lock
-from training.spec import TRAINING_MALLOC_ENV
 
 WARM_DIR_ENV = "TRAINYARD_WARM_DIR"
 WARM_WORKERS_ENV = "TRAINYARD_WARM_WORKERS"
@@ -112,7 +111,7 @@ def training_env(environ: Mapping[str, str]) -> dict[str, str]:
     Every process that starts a server for trials passes its environment through this (launches, the planner's model
     descriptions, the prestart), so they all key on, and share, the one server.
     """
-    return {**TRAINING_MALLOC_ENV, **environ}
+    return {**training.spec.TRAINING_MALLOC_ENV, **environ}
 
 
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -143,30 +143,38 @@ def control_group(world_size: int) -> Any:
     return torch.distributed.new_group(backend="gloo")
 
 
-def _all_reduce_max(values: list[float], trainer: L.Trainer, group: Any = None) -> list[float]:
-    if trainer.world_size == 1:
-        return values
-    t = torch.tensor(values, dtype=torch.float64)
-    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
-    return t.tolist()
-
-
 class _Agreement:
-    """An element-wise max over ranks, started without waiting; `result()` waits (by then it is usually done)."""
+    """An element-wise max over ranks, started without waiting; `result()` waits (by then it is usually done).
+
+    With one rank there is nothing to agree with: the values are the result, and no tensor is made.
+    """
 
     def __init__(self, values: list[float], trainer: L.Trainer, group: Any, measuring: bool) -> None:
         self.step = trainer.global_step
         self.measuring = measuring  # whether the values carry the first save's time (third element)
-        self._values = torch.tensor(values, dtype=torch.float64)
-        self._work = None
+        self._values: list[float] = values
+        self._tensor: Optional[torch.Tensor] = None
+        self._work: Any = None
         if trainer.world_size > 1:
-            self._work = torch.distributed.all_reduce(self._values, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True)
+            self._tensor = torch.tensor(values, dtype=torch.float64)
+            self._work = torch.distributed.all_reduce(self._tensor, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True)
 
     def result(self) -> list[float]:
         if self._work is not None:
             self._work.wait()
             self._work = None
-        return self._values.tolist()
+        if self._tensor is not None:
+            self._values, self._tensor = self._tensor.tolist(), None
+        return self._values
+
+
+def _all_reduce_max(values: list[float], trainer: L.Trainer, group: Any = None) -> list[float]:
+    """The element-wise max over ranks, blocking (the one-off calibration and the end of a fit)."""
+    if trainer.world_size == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64)
+    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX, group=group)
+    return t.tolist()
 
 
 class FaultTolerance(Callback):
@@ -314,16 +322,14 @@ class FaultTolerance(Callback):
         its write is in flight) and sets the interval once all are done.
         """
         local = not self._timed()  # step-based saves and the first Young/Daly save: every rank decides alike
-        if step % self.sync_every != 0 or self._pending is None:
+        agreed = self._collect_agreement() if step % self.sync_every == 0 else None
+        if agreed is None:
             return False, local and self._due(step)
-        pending, self._pending = self._pending, None
-        reduced = pending.result()
-        if pending.measuring and self._measuring and math.isfinite(reduced[2]):
-            self._choose_interval(reduced[2])
+        reduced, started_at = agreed
         if local:
             return bool(reduced[0]), self._due(step)
         # a save every rank made since (the best one after validation) already answered a save due then
-        return bool(reduced[0]), bool(reduced[1]) and self.last_save_step <= pending.step
+        return bool(reduced[0]), bool(reduced[1]) and self.last_save_step <= started_at
 
     def _timed(self) -> bool:
         """Whether a save is due by each rank's clock (an interval in seconds), so ranks must agree on it."""
@@ -334,14 +340,15 @@ class FaultTolerance(Callback):
         values = [float(self.preempt_requested), float(self._timed() and self._due(step))]
         self._pending = _Agreement(values + ([self._save_seconds()] if measuring else []), trainer, self._group, measuring)
 
-    def _settle_agreement(self) -> None:
-        """Wait for an agreement still in flight (every rank started it), keeping only what it says of the first save's time."""
+    def _collect_agreement(self) -> Optional[tuple[list[float], int]]:
+        """The result of the agreement in flight and the step it was started at (None: none is); applies the first save's agreed time."""
         if self._pending is None:
-            return
+            return None
         pending, self._pending = self._pending, None
         reduced = pending.result()
         if pending.measuring and self._measuring and math.isfinite(reduced[2]):
             self._choose_interval(reduced[2])
+        return reduced, pending.step
 
     def _due(self, step: int) -> bool:
         if self.policy.every_n_steps is not None:
@@ -407,7 +414,7 @@ class FaultTolerance(Callback):
     @override
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # The final state is always committed, so the newest checkpoint is the trained model.
-        self._settle_agreement()  # every rank started it at the same step and ends here: no collective left unmatched
+        self._collect_agreement()  # every rank started it at the same step and ends here: no collective left unmatched
         if self._measuring and self.io.writer is not None:
             self.io.writer.wait()
         if self._measuring:
