@@ -8,8 +8,9 @@ parallelism 2, and its sweep sensor at the shipped interval (10 s). `prepare`
 is launched through GraphQL; the sweep sensor then starts the trials' runs, two
 at a time; a run whose trial was short goes on with the sweep's next trial
 (`SearchSpec.reuse_run_under_seconds`, the pipeline's default), otherwise a new
-run starts at the tick after one finishes. Window: `prepare` success (the sweep
-exists) -> every trial materialized and the last trial run's success.
+run starts at the tick after one finishes. Window: the `sweep` materialized (in
+`prepare`, whose run ends a little later) -> every trial materialized and the
+last trial run's success.
 
 Reference: the trials' own TrainSpecs (their `spec.json`, the same parameters
 and data), each with a fresh output directory and no study to report to,
@@ -87,8 +88,22 @@ def _trials_materialized(instance: Any, spec: Any) -> dict[str, tuple[float, str
     return {r.event_log_entry.dagster_event.partition: (float(r.timestamp), r.run_id) for r in records}
 
 
+def _sweep_materialized(instance: Any, spec: Any, run_id: str) -> float:
+    """When `prepare` run `run_id` materialized the sweep (its trials exist from then; the run itself ends a little later)."""
+    from dagster import AssetKey, DagsterEventType, EventRecordsFilter
+
+    from trainyard import naming
+
+    key = AssetKey(naming.asset_path(spec, naming.SWEEP))
+    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key), ascending=True)
+    times = [float(r.timestamp) for r in records if r.run_id == run_id]
+    if not times:
+        raise RuntimeError(f"prepare run {run_id} succeeded without materializing the sweep")
+    return times[-1]
+
+
 def _platform(dev: Any, instance: Any, home: Path) -> dict[str, Any]:
-    """Platform window: `prepare` success -> every trial materialized and every trial run ended (successfully).
+    """Platform window: the sweep materialized -> every trial materialized and every trial run ended (successfully).
 
     A run may train more than its own trial (`SearchSpec.reuse_run_under_seconds`), so the trials
     are counted by trial_model's materialized partitions, not by runs.
@@ -102,7 +117,8 @@ def _platform(dev: Any, instance: Any, home: Path) -> dict[str, Any]:
     names = job_names(spec)
     prepare = dev.launch(names["prepare"])
     wait_for_run(instance, prepare, TIMEOUT_S, dev.log)
-    swept = instance.get_run_record_by_id(prepare).end_time
+    swept = _sweep_materialized(instance, spec, prepare)
+    prepare_ended = instance.get_run_record_by_id(prepare).end_time
 
     def finished() -> Any:
         records = instance.get_run_records(RunsFilter(job_name=names["train"]))
@@ -120,7 +136,8 @@ def _platform(dev: Any, instance: Any, home: Path) -> dict[str, Any]:
              "trials": sorted(p for p, (_, run) in trials.items() if run == r.dagster_run.run_id),
              "phases": run_phases(run_events(instance, r.dagster_run.run_id), submitted=r.create_timestamp.timestamp())} for r in records]
     first_created = min(r["created"] for r in runs)
-    return {"seconds": ended - swept, "first_trial_run_after_sweep_seconds": first_created - swept, "runs": sorted(runs, key=lambda r: r["created"]),
+    return {"seconds": ended - swept, "first_trial_run_after_sweep_seconds": first_created - swept,
+            "prepare_run_ended_after_sweep_seconds": prepare_ended - swept, "runs": sorted(runs, key=lambda r: r["created"]),
             "trial_materialized_after_sweep_seconds": {p: round(t - swept, 3) for p, (t, _) in sorted(trials.items())}}
 
 
@@ -177,6 +194,7 @@ def main() -> dict:
             "reference_seconds": reference["seconds"],
             "reference_trial_seconds": reference["trial_seconds"],
             "first_trial_run_after_sweep_seconds": platform["first_trial_run_after_sweep_seconds"],
+            "prepare_run_ended_after_sweep_seconds": platform["prepare_run_ended_after_sweep_seconds"],
             "platform_runs": platform["runs"],
             "platform_run_count": len(platform["runs"]),
             "trial_materialized_after_sweep_seconds": platform["trial_materialized_after_sweep_seconds"],
