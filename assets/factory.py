@@ -78,14 +78,15 @@ def _sweep_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefi
     @asset(
         key=asset_key(spec, naming.SWEEP),
         description=f"Optuna study of {spec.search.n_trials} trial(s), {spec.search.window} in flight; registers them as "
-        "partitions of trial_model (the sweep sensor asks the rest) and reports best parameters, history and importance.",
+        "partitions of trial_model, starts their runs under the daemon (the sweep sensor asks the rest) and reports best "
+        "parameters, history and importance.",
         **common,
     )
     def sweep(
         context: AssetExecutionContext, validated_data: ValidatedData, sweeps: SweepStore, store: ObjectStore, tracking: Tracking,
         launcher: Launcher,
-    ) -> Output[Sweep]:
-        return sweep_body(context, spec, validated_data, sweeps, store, tracking, launcher)
+    ) -> Iterator[Output[Sweep]]:
+        yield from sweep_body(context, spec, validated_data, sweeps, store, tracking, launcher)
 
     @asset(
         key=asset_key(spec, naming.TRIAL_MODEL),

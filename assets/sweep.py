@@ -1,13 +1,29 @@
-"""The `sweep` asset's body: create or resume the study, register its trials as partitions, report."""
+"""The `sweep` asset's body: create or resume the study, register its trials as partitions, start their runs, report.
+
+Under the daemon with the pipeline's sweep sensor on, the asset starts the
+first window's trial runs itself rather than leaving them to the sensor's next
+tick (2-10 s later): the runs that tick would request (`resources.trial_runs`:
+asked, unfinished, unclaimed trials no run trains, within the window and the
+team's free run slots), tagged as the sensor's with their run keys. They are
+created (NOT_STARTED) before the output, so the sensor counts them in flight
+and the daemon's run-key check drops a repeat, and enqueued once the output is
+stored, so no trial run reads the previous `sweep` value. In process
+(`trainyard demo`, tests), without a run queue, with the sensor stopped or no
+sensor daemon alive, it starts none and its log says why; nor does a failure to
+start them fail the asset: a warning names it, and the sensor starts them.
+"""
 
 from __future__ import annotations
 
-from dagster import AssetExecutionContext, MetadataValue, Output
+from typing import Any, Iterator
+
+from dagster import AssetExecutionContext, DagsterRun, DagsterRunStatus, MetadataValue, Output
 
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from resources.sweeps import SweepStore, build_report, objectives_of, report_metadata, study_directions
 from resources.tracking import Tracking
+from resources.trial_runs import IN_PROCESS, PARTITION_TAG, create_trial_run, from_code_location, trials_to_start, why_not_start
 from trainyard import naming
 from trainyard.spec import PipelineSpec
 from trainyard.values import Sweep, ValidatedData
@@ -16,12 +32,14 @@ from trainyard.values import Sweep, ValidatedData
 def sweep_body(
     context: AssetExecutionContext, spec: PipelineSpec, validated: ValidatedData, sweeps: SweepStore, store: ObjectStore, tracking: Tracking,
     launcher: Launcher,
-) -> Output[Sweep]:
-    """Ask the study's first trials, add them as `trial_model` partitions and report best parameters, history and importance.
+) -> Iterator[Output[Sweep]]:
+    """Ask the study's first trials, add them as `trial_model` partitions, start their runs and report best parameters, history and importance.
 
-    With trials left to run and a launcher that trains on this machine, its warm
-    worker server starts in the background now, while the sweep sensor and the
-    run queue bring the first trial run (`LocalLauncher.prestart_warm`).
+    Trial runs: see the module docstring; metadata `started_trial_runs` counts
+    those created, enqueued right after the output (a run the queue refuses is
+    named in a warning and discarded). With trials left to run and a launcher that trains on this machine,
+    its warm worker server starts in the background now, while the run queue
+    brings the first trial run (`LocalLauncher.prestart_warm`).
     """
     name = naming.study_name(spec, validated.md5)
     study = sweeps.load_or_create(name, study_directions(spec), spec.search)
@@ -50,7 +68,72 @@ def sweep_body(
     wandb = {"wandb_project": project, "wandb_group": name, "wandb_mode": tracking.resolved_mode()}
     if tracking.resolved_mode() == "online" and tracking.entity:
         wandb["wandb_url"] = MetadataValue.url(f"https://wandb.ai/{tracking.entity}/{project}/groups/{name}")
-    return Output(
-        Sweep(study=name, trials=keys, data_md5=validated.md5),
-        metadata={"study": name, "storage": sweeps.shown_url(), "trials": len(keys), "new_partitions": len(new), "removed_partitions": len(stale), **meta, **wandb},
-    )
+    runs = _create_trial_runs(context, spec, name, study.get_trials(deepcopy=False)) if not report.status.done else []
+    stored = False
+    try:
+        yield Output(
+            Sweep(study=name, trials=keys, data_md5=validated.md5),
+            metadata={"study": name, "storage": sweeps.shown_url(), "trials": len(keys), "new_partitions": len(new), "removed_partitions": len(stale),
+                      "started_trial_runs": len(runs), **meta, **wandb},
+        )
+        stored = True
+    finally:
+        if runs and not stored:  # the output failed: no run made here may wait NOT_STARTED, holding its trial and a team slot
+            _discard(context, runs)
+    _enqueue(context, spec, runs)
+
+
+def _create_trial_runs(context: AssetExecutionContext, spec: PipelineSpec, study: str, trials: list[Any]) -> list[DagsterRun]:
+    """Create (NOT_STARTED) the trial runs the sweep sensor's next tick would request, when this run may start them (`why_not_start`)."""
+    if not from_code_location(context.dagster_run):  # in process there is no repository definition to look at either
+        context.log.debug(f"{spec.key}: not starting trial runs: {IN_PROCESS}")
+        return []
+    runs: list[DagsterRun] = []
+    try:
+        why = why_not_start(context.instance, context.dagster_run, context.repository_def, naming.sweep_sensor_name(spec))
+        if why is not None:
+            context.log.info(f"{spec.key}: not starting trial runs: {why}")
+            return []
+        train = naming.job_names(spec)["train"]
+        keys, note = trials_to_start(context.instance, spec, study, trials, train)
+        job = context.repository_def.get_job(train)
+        for key in keys:
+            runs.append(create_trial_run(context.instance, context.dagster_run, job, spec, study, key))
+    except Exception as e:  # the sweep stands and the sweep sensor requests these trials at its next tick
+        context.log.warning(f"{spec.key}: could not create the trial runs of study {study} ({type(e).__name__}: {e}); "
+                            f"the sweep sensor requests them at its next tick" + (f"; the {len(runs)} created before it start now" if runs else ""))
+        return runs
+    context.log.info(f"{spec.key}: created {len(runs)} trial run(s) of study {study} ({note}); they are enqueued once the sweep is stored")
+    return runs
+
+
+def _enqueue(context: AssetExecutionContext, spec: PipelineSpec, runs: list[DagsterRun]) -> None:
+    """Submit the created runs to the run queue; on a failure, discard those not enqueued (the sweep sensor requests their trials)."""
+    started: list[DagsterRun] = []
+    try:
+        for run in runs:
+            context.instance.submit_run(run.run_id, workspace=None)  # the run queue only enqueues: no workspace needed
+            started.append(run)
+    except Exception as e:  # the sweep stands and the sweep sensor requests these trials at its next tick
+        left = runs[len(started):]
+        context.log.warning(f"{spec.key}: could not enqueue trial run {left[0].run_id} ({type(e).__name__}: {e}); discarding the "
+                            f"{len(left)} not enqueued ({', '.join(_partition(r) for r in left)}): the sweep sensor requests them at its next tick")
+        _discard(context, left)
+    if started:
+        context.log.info(f"{spec.key}: started {len(started)} trial run(s): " + ", ".join(f"{_partition(r)} {r.run_id}" for r in started))
+
+
+def _partition(run: DagsterRun) -> str:
+    return run.tags.get(PARTITION_TAG, "?")
+
+
+def _discard(context: AssetExecutionContext, runs: list[DagsterRun]) -> None:
+    """Delete runs made here that never reached the queue (or failed to): as if never made, so their run keys stay free for the sensor."""
+    for run in runs:
+        try:
+            current = context.instance.get_run_by_id(run.run_id)
+            if current is not None and current.status in (DagsterRunStatus.NOT_STARTED, DagsterRunStatus.FAILURE):
+                context.instance.delete_run(run.run_id)
+        except Exception as e:  # still starting runs: the sweep stands, but the run must be named
+            context.log.warning(f"{_partition(run)}: could not delete run {run.run_id} ({type(e).__name__}: {e}); until it is deleted "
+                                f"(`dagster run delete {run.run_id}`) the sweep sensor counts its trial in flight")

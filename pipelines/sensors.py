@@ -10,7 +10,11 @@ timeout (60 s unless `DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS` says otherwise):
 2. fail trials whose heartbeat went stale (their run crashed or was killed) and
    trials whose run ended (failed, canceled) without telling the study;
 3. request runs, oldest first, for trials that were asked but never requested
-   (by the `sweep` asset, or by a tick whose requests were lost in a crash);
+   (by the `sweep` asset when it started no runs itself, or by a tick whose
+   requests were lost in a crash); a trial that a run already trains counts in
+   flight and is passed over: under the daemon with this sensor on, the `sweep`
+   asset starts its first window's runs itself (`resources.trial_runs`), tagged
+   as this sensor's with their run keys, so its first tick finds them in flight;
 4. ask new trials for the slots left: free = min(parallelism - in flight, the
    team's free run slots, `max_asks_per_tick`), asking stops at
    `tick_budget_seconds`; add them as partitions of `trial_model` and request
@@ -35,6 +39,9 @@ asking and requesting leaves its trials RUNNING above the cursor; the next tick
 requests them instead of asking new ones. So a sweep killed mid-way and
 restarted finishes its budget with no duplicate partitions or trial numbers.
 
+The in-flight count, the team's free slots and the trial runs' tags live in
+`resources.trial_runs`, shared with the `sweep` asset.
+
 Per-team concurrency: every run of a pipeline's `train` job carries
 `trainyard/team=<team>`; the run queue in `dagster.yaml` limits runs per team
 (`tag_concurrency_limits`), and the sensor reads the same limit from the
@@ -55,7 +62,7 @@ from dagster import (
     DagsterRunStatus,
     DefaultSensorStatus,
     Definitions,
-    QueuedRunCoordinator,
+    EventLogEntry,
     RunRequest,
     RunsFilter,
     SensorDefinition,
@@ -67,13 +74,31 @@ from dagster import (
 from assets.factory import trials_partitions
 from pipelines.landing_sensor import evaluate_raw_data
 from pipelines.sensor_timing import ticks_every
-from resources.sweeps import CLAIMED_BY, SweepError, SweepStatus, SweepStore
+from resources.sweeps import SweepError, SweepStatus, SweepStore
+from resources.trial_runs import (  # re-exported: tests, drills and benchmarks import them from here
+    ACTIVE,
+    PARTITION_TAG,
+    active_runs,
+    active_team_runs,
+    claimed,
+    count_in_flight,
+    free_slots,
+    pending,
+    team_run_limit,
+    trained_partitions,
+    trial_run_key,
+    trial_run_tags,
+)
 from trainyard import naming
 from trainyard.naming import PIPELINE_TAG, STUDY_TAG, TEAM_TAG, TRIGGER_TAG, job_names, trial_key
 from trainyard.spec import PipelineSpec
 
-PARTITION_TAG = "dagster/partition"  # the tag Dagster puts on a partitioned run
-ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
+__all__ = [
+    "ACTIVE", "MAX_ASKS_PER_TICK", "MINIMUM_INTERVAL_SECONDS", "PARTITION_TAG", "PIPELINE_TAG", "STUDY_TAG", "TEAM_TAG", "TICK_BUDGET_SECONDS",
+    "TRIGGER_TAG", "SweepCursor", "SweepTick", "active_runs", "active_team_runs", "claimed", "evaluate_sweep", "final_requests", "latest_study",
+    "promoted_by", "run_tick", "sweep_sensor", "sweep_sensors", "team_run_limit", "trained_partitions", "with_sweep_sensors",
+]
+
 ENDED_UNTOLD = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 
 # The sweep sensor ticks every 10 s (`pipelines.sensor_timing`: an interval of 10 gave ticks 15 s apart). A trial
@@ -84,48 +109,6 @@ ENDED_UNTOLD = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 MINIMUM_INTERVAL_SECONDS = ticks_every(10)
 MAX_ASKS_PER_TICK = 64
 TICK_BUDGET_SECONDS = 20.0  # a third of Dagster's default 60 s sensor timeout
-
-
-def team_run_limit(instance: DagsterInstance, team: str) -> Optional[int]:
-    """The run queue's limit on concurrent runs tagged `trainyard/team=<team>` (None: no limit).
-
-    Rules with `value: <team>` or `value: {applyLimitPerUniqueValue: true}` on
-    key `trainyard/team` apply; with several, the smallest wins.
-    """
-    coordinator = instance.run_coordinator
-    if not isinstance(coordinator, QueuedRunCoordinator):
-        return None
-    limits = []
-    for rule in coordinator.get_run_queue_config().tag_concurrency_limits:
-        if rule.get("key") != TEAM_TAG:
-            continue
-        value = rule.get("value")
-        if value == team or (isinstance(value, dict) and value.get("applyLimitPerUniqueValue")):
-            limits.append(int(rule["limit"]))
-    return min(limits) if limits else None
-
-
-def active_runs(instance: DagsterInstance) -> list[Any]:
-    """The instance's queued and running runs (records), in one query.
-
-    The sensor reads what it needs of them here (the team's count, the trials
-    a run already trains) instead of one tag-filtered query each: a tag filter
-    joins every run carrying the tag (a 10k sweep's 10,000 finished trial runs
-    carry the team's; 20-25 ms a query on PostgreSQL), and a query per pending
-    trial made a tick that requests 64 of them take 0.8 s.
-    """
-    return list(instance.get_run_records(RunsFilter(statuses=ACTIVE)))
-
-
-def active_team_runs(records: list[Any], team: str) -> int:
-    """Of `active_runs`, those tagged `trainyard/team=<team>`: what the run queue counts against the team's limit."""
-    return sum(1 for record in records if record.dagster_run.tags.get(TEAM_TAG) == team)
-
-
-def trained_partitions(records: list[Any], job_name: str) -> set[str]:
-    """Of `active_runs`, the partitions that runs of `job_name` train."""
-    return {record.dagster_run.tags[PARTITION_TAG] for record in records
-            if record.dagster_run.job_name == job_name and PARTITION_TAG in record.dagster_run.tags}
 
 
 @dataclass
@@ -159,18 +142,25 @@ class SweepTick:
     seconds: float = 0.0
 
 
-def latest_study(instance: DagsterInstance, spec: PipelineSpec) -> Optional[str]:
-    """The study of the latest `sweep` materialization, or None before the first one."""
+def _latest_sweep(instance: DagsterInstance, spec: PipelineSpec) -> Optional[EventLogEntry]:
     event = instance.get_latest_materialization_event(AssetKey(naming.asset_path(spec, naming.SWEEP)))
-    if event is None or event.asset_materialization is None:
-        return None
-    entry = event.asset_materialization.metadata.get("study")
+    return None if event is None or event.asset_materialization is None else event
+
+
+def _study_of(event: Optional[EventLogEntry]) -> Optional[str]:
+    entry = None if event is None or event.asset_materialization is None else event.asset_materialization.metadata.get("study")
     return None if entry is None else str(entry.value)
 
 
-def claimed(trial: Any) -> Optional[str]:
-    """The run that asked this trial to train it next (`SweepStore.ask_claimed`), if one did."""
-    return trial.user_attrs.get(CLAIMED_BY) or None
+def latest_study(instance: DagsterInstance, spec: PipelineSpec) -> Optional[str]:
+    """The study of the latest `sweep` materialization, or None before the first one."""
+    return _study_of(_latest_sweep(instance, spec))
+
+
+def _run_created(instance: DagsterInstance, event: EventLogEntry) -> float:
+    """When the run that recorded `event` was created (the event's time when the run is gone)."""
+    record = instance.get_run_record_by_id(event.run_id) if event.run_id else None
+    return min(event.timestamp, record.create_timestamp.timestamp()) if record is not None else event.timestamp
 
 
 def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, study_name: str, since: float) -> list[int]:
@@ -273,12 +263,15 @@ def evaluate_sweep(
     carry_note = ""
     if spec.retrain_policy.automatic:
         carried, state.raw, carry_note = evaluate_raw_data(spec, instance, state.raw, prepare_job)
-    study_name = latest_study(instance, spec)
-    if study_name is None:
+    event = _latest_sweep(instance, spec)
+    study_name = _study_of(event)
+    if event is None or study_name is None:
         message = f"{spec.key}: the sweep asset has not been materialized yet (run the prepare job){carry_note}"
         return SweepTick(run_requests=carried, cursor=state, message=message)
     if state.study != study_name:
-        state = SweepCursor(study=study_name, checked=time.time(), raw=state.raw)
+        # The `sweep` asset may have started trial runs of the new study before this first look (assets.sweep): runs
+        # that ended since its run was created are looked at, so one that ended untold still fails its trial.
+        state = SweepCursor(study=study_name, checked=_run_created(instance, event), raw=state.raw)
     search = spec.search
     study = sweeps.load(study_name, search)
     now = time.time()
@@ -289,33 +282,23 @@ def evaluate_sweep(
         sweeps.record_stop(study, status.stop_reason)
 
     trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
-    # A trial that a trial run asked to go on with (`claimed`) is in flight in that run: never requested here.
-    in_flight = sum(1 for t in trials if t.state.name == "RUNNING" and (t.number < state.next or claimed(t)))
-    free = search.window - in_flight
     limit = team_run_limit(instance, spec.team)
-    team_note = ""
-    records: Optional[list[Any]] = None  # active_runs(instance), read once when needed
-    if limit is not None:
-        records = active_runs(instance)
-        active = active_team_runs(records, spec.team)
-        free = min(free, limit - active)
-        team_note = f", team {spec.team} {active}/{limit} runs"
-    free = max(0, min(free, max_asks_per_tick))
+    waiting = any(pending(t) for t in trials if t.number >= state.next)
+    records = active_runs(instance) if limit is not None or waiting else []  # one read of the active runs, when needed
+    trained = trained_partitions(records, train_job) if waiting else set()
+    # In flight, never requested here: a trial requested by an earlier tick (below the cursor), claimed by a run that
+    # goes on with the sweep, or trained by a run started elsewhere (the `sweep` asset's first window, the UI, a backfill).
+    in_flight = count_in_flight(trials, trained, lambda t: t.number < state.next)
+    free, team_note = free_slots(search.window, in_flight, spec.team, limit, records)
+    free = min(free, max_asks_per_tick)
 
-    tags = {TEAM_TAG: spec.team, STUDY_TAG: study_name, PIPELINE_TAG: spec.key}
+    tags = trial_run_tags(spec, study_name)
     requested: list[int] = []
-    trained: Optional[set[str]] = None
     for t in trials:
         if t.number < state.next:
             continue
-        if t.state.is_finished() or (t.state.name == "RUNNING" and claimed(t)):
-            state.next = t.number + 1
-            continue
-        if trained is None:
-            records = active_runs(instance) if records is None else records
-            trained = trained_partitions(records, train_job)
-        if trial_key(t.number) in trained:
-            state.next = t.number + 1  # a run started elsewhere (UI, backfill) already trains it
+        if not pending(t) or trial_key(t.number) in trained:
+            state.next = t.number + 1  # finished, claimed, or a run started elsewhere already trains it
             continue
         if len(requested) >= free:
             break
@@ -331,7 +314,7 @@ def evaluate_sweep(
             state.next = max(asked) + 1
 
     keys = [trial_key(n) for n in requested]
-    requests = carried + [RunRequest(partition_key=k, run_key=f"{study_name}/{k}", job_name=train_job, tags=tags) for k in keys]
+    requests = carried + [RunRequest(partition_key=k, run_key=trial_run_key(study_name, k), job_name=train_job, tags=tags) for k in keys]
     after = sweeps.status(study, search) if asked or failed else status
     promote_note = ""
     if after.done and after.finished != state.reported:

@@ -140,14 +140,19 @@ def open_instance(home: Path, **overrides: Any) -> DagsterInstance:
     return DagsterInstance.local_temp(str(home / "dagster"), overrides={"telemetry": {"enabled": False}, **overrides})
 
 
-def prepared_home(home: Path, spec: PipelineSpec, resources: dict[str, Any], instance: DagsterInstance) -> dict:
-    """Write digits splits and the `validated_data` value, then materialize `sweep` alone; returns its value."""
+def prepared_data(home: Path, spec: PipelineSpec, resources: dict[str, Any]) -> None:
+    """Write digits splits and the `validated_data` value that the `sweep` asset reads."""
     paths = write_splits(str(home / "splits"), n=300)
     store = resources["store"]
     store.write_json(
         store.uri("io", spec.team, spec.name, "validated_data", "value.json"),
         {"md5": "d" * 32, "split_id": "d" * 32 + "-drill", **paths, "rows": {"train": 210, "val": 45, "test": 45}},
     )
+
+
+def prepared_home(home: Path, spec: PipelineSpec, resources: dict[str, Any], instance: DagsterInstance) -> dict:
+    """Write digits splits and the `validated_data` value, then materialize `sweep` alone; returns its value."""
+    prepared_data(home, spec, resources)
     return run_sweep_asset(spec, resources, instance)
 
 

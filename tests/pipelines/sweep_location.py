@@ -5,7 +5,11 @@ environment: SWEEP_DRILL_HOME (store and data), SWEEP_DRILL_OPTUNA_URL (study
 storage), SWEEP_DRILL_TRIALS and SWEEP_DRILL_PARALLELISM. Trials train inside the
 barrier `SWEEP_DRILL_HOME/barrier`, which holds each until two train together;
 with SWEEP_DRILL_REUSE (seconds) they train without it and a short trial's run
-goes on with the sweep (`SearchSpec.reuse_run_under_seconds`).
+goes on with the sweep (`SearchSpec.reuse_run_under_seconds`). With
+SWEEP_DRILL_TRIVIAL the trials train nothing (`TrivialLauncher`, still inside the
+barrier); with SWEEP_DRILL_PREPARE_ONCE a sensor requests one `prepare` run of
+`sweep`, so the daemon launches the run that materializes it (from this code
+location, as a run started in the UI or by the landing sensor is).
 """
 
 from __future__ import annotations
@@ -14,17 +18,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dagster import DefaultSensorStatus, Definitions
+from dagster import AssetKey, DefaultSensorStatus, Definitions, RunRequest, SensorDefinition, sensor
 from pydantic import Field
 
-from pipelines.factory import build_definitions
+from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import with_sweep_sensors
-from resources.launcher import LaunchOutcome, LocalLauncher
+from resources.launcher import Launcher, LaunchOutcome, LocalLauncher
 from resources.sweeps import SweepStore
-from tests.pipelines.sweep_drill import drill_resources, drill_spec
+from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec
 from tests.support.barrier import FileBarrier
 from training.spec import PrunerSpec, TrainSpec
+from trainyard import naming
 from trainyard.spec import PipelineSpec
+
+PREPARE_ONCE_KEY = "drill/prepare-once"  # the run key of the one `prepare` run the SWEEP_DRILL_PREPARE_ONCE sensor requests
 
 
 class BarrierLauncher(LocalLauncher):
@@ -50,18 +57,34 @@ def daemon_spec(n_trials: int, parallelism: int) -> PipelineSpec:
     return spec.model_copy(update={"model": spec.model.model_copy(update={"max_epochs": 1})})
 
 
+def prepare_once(spec: PipelineSpec, prepare_job: Any) -> SensorDefinition:
+    """A sensor that requests one run of `prepare` materializing `sweep` (its run key makes the daemon drop every later request)."""
+
+    @sensor(name="drill_prepare_once", job=prepare_job, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
+    def drill_prepare_once(context: Any) -> RunRequest:
+        return RunRequest(run_key=PREPARE_ONCE_KEY, asset_selection=[AssetKey(naming.asset_path(spec, naming.SWEEP))])
+
+    return drill_prepare_once
+
+
 def drill_definitions() -> Definitions:
     home = Path(os.environ["SWEEP_DRILL_HOME"])
     spec = daemon_spec(int(os.environ["SWEEP_DRILL_TRIALS"]), int(os.environ["SWEEP_DRILL_PARALLELISM"]))
     sweeps = SweepStore(storage_url=os.environ["SWEEP_DRILL_OPTUNA_URL"], heartbeat_interval=2, grace_period=30)
-    launcher: LocalLauncher = BarrierLauncher(timeout_seconds=300, barrier_dir=str(home / "barrier"))
+    launcher: Launcher = BarrierLauncher(timeout_seconds=300, barrier_dir=str(home / "barrier"))
+    if os.environ.get("SWEEP_DRILL_TRIVIAL"):
+        launcher = TrivialLauncher(barrier_dir=str(home / "barrier"), barrier_parties=2, timeout_seconds=120)
     if os.environ.get("SWEEP_DRILL_REUSE"):  # runs go on with the sweep: real trials, no barrier (a lone last trial would wait forever)
         spec = spec.model_copy(update={"search": spec.search.model_copy(update={"reuse_run_under_seconds": float(os.environ["SWEEP_DRILL_REUSE"])})})
         launcher = LocalLauncher(timeout_seconds=300)
     resources = drill_resources(home, launcher, sweeps)
     full = build_definitions(spec, resources=resources)
     bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=resources, executor=full.executor)
-    return with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
+    defs = with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
+    if os.environ.get("SWEEP_DRILL_PREPARE_ONCE"):
+        prepare = next(j for j in bare.jobs or [] if j.name == job_names(spec)["prepare"])
+        defs = Definitions.merge(defs, Definitions(sensors=[prepare_once(spec, prepare)]))
+    return defs
 
 
 defs = drill_definitions() if "SWEEP_DRILL_HOME" in os.environ else Definitions()

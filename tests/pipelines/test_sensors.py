@@ -23,6 +23,7 @@ from tests.pipelines.sweep_drill import (
     drill_resources,
     drill_spec,
     open_instance,
+    prepared_data,
     prepared_home,
     score,
     submit,
@@ -310,15 +311,19 @@ run_queue:
 """
 
 
-def daemon_drill(tmp_path: Path, optuna_url: str, trials: int, parallelism: int, **extra_env: str) -> tuple[Any, Any, dict, dict]:
-    """The drill location's instance (dagster.yaml with the team limit of 2), spec, resources and materialized sweep."""
+def daemon_drill(tmp_path: Path, optuna_url: str, trials: int, parallelism: int, yaml: str = DAEMON_YAML, materialize: bool = True,
+                 **extra_env: str) -> tuple[Any, Any, dict, dict]:
+    """The drill location's instance (dagster.yaml: `yaml`, by default with the team limit of 2), spec, resources and materialized sweep.
+
+    With `materialize=False` only the `validated_data` value is written, and the sweep is `{}`.
+    """
     from dagster import DagsterInstance
 
     from resources.sweeps import SweepStore
     from tests.pipelines.sweep_location import daemon_spec
 
     (tmp_path / "dagster").mkdir()
-    (tmp_path / "dagster" / "dagster.yaml").write_text(DAEMON_YAML)
+    (tmp_path / "dagster" / "dagster.yaml").write_text(yaml)
     (tmp_path / "workspace.yaml").write_text(
         f"load_from:\n  - python_module:\n      module_name: tests.pipelines.sweep_location\n      working_directory: {ROOT}\n"
     )
@@ -327,6 +332,9 @@ def daemon_drill(tmp_path: Path, optuna_url: str, trials: int, parallelism: int,
         spec = spec.model_copy(update={"search": spec.search.model_copy(update={"reuse_run_under_seconds": float(extra_env["SWEEP_DRILL_REUSE"])})})
     resources = drill_resources(tmp_path, TrivialLauncher(), SweepStore(storage_url=optuna_url, heartbeat_interval=2, grace_period=30))
     instance = DagsterInstance.from_config(str(tmp_path / "dagster"))
+    if not materialize:
+        prepared_data(tmp_path, spec, resources)
+        return instance, spec, resources, {}
     sweep = prepared_home(tmp_path, spec, resources, instance)
     return instance, spec, resources, sweep
 
@@ -381,6 +389,47 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
         engine = [e.message for e in instance.all_logs(record.dagster_run.run_id) if e.dagster_event and e.dagster_event.event_type_value == "ENGINE_EVENT"]
         assert any(m.startswith("Executing steps in process") for m in engine), engine
         assert not any("multiprocess" in m for m in engine), engine
+
+
+@pytest.mark.slow
+def test_under_the_daemon_the_sweeps_run_starts_the_first_window_before_the_sensor_ticks(tmp_path: Path, pg_databases) -> None:
+    """dagster-daemon launches the `prepare` run that materializes `sweep` (a sensor of the drill location requests it), with
+    the sweep sensor on: that run starts the first window's trial runs itself, the sensor takes them as in flight (it starts
+    neither again nor a third trial in a window of 2: the barrier's peak; the team limit is 3) and finishes the budget.
+    Trials train nothing (TrivialLauncher) inside the barrier, which holds each until two train together."""
+    from dagster._core.remote_origin import RemoteInstigatorOrigin
+
+    from tests.pipelines.sweep_location import PREPARE_ONCE_KEY
+    from tests.support.barrier import FileBarrier
+
+    optuna_url = pg_databases[0]
+    yaml = DAEMON_YAML.replace("limit: 2", "limit: 3").replace("max_concurrent_runs: 10", "max_concurrent_runs: 10\n  dequeue_interval_seconds: 1")
+    env = {"SWEEP_DRILL_TRIVIAL": "1", "SWEEP_DRILL_PREPARE_ONCE": "1"}
+    instance, spec, resources, _ = daemon_drill(tmp_path, optuna_url, 3, 2, yaml=yaml, materialize=False)
+    run_daemon_until(tmp_path, optuna_url, 3, 2, instance, spec,
+                     lambda runs, reports: len([r for r in runs if r.status == DagsterRunStatus.SUCCESS]) == 3 and reports, **env)
+    [prepare] = instance.get_run_records(RunsFilter(tags={"dagster/run_key": PREPARE_ONCE_KEY}))
+    assert prepare.dagster_run.remote_job_origin is not None and prepare.end_time is not None  # launched by the daemon, from the location
+    sweeps = list(instance.fetch_materializations(AssetKey(["test", "digits", "sweep"]), limit=10, ascending=True).records)
+    first, last = sweeps[0].event_log_entry, sweeps[-1].event_log_entry
+    study = first.asset_materialization.metadata["study"].value
+    assert first.run_id == prepare.dagster_run.run_id and first.asset_materialization.metadata["started_trial_runs"].value == 2
+    records = instance.get_run_records(RunsFilter(job_name=job_names(spec)["train"]))
+    by_trial = sorted((r.dagster_run.tags["dagster/partition"], r) for r in records)
+    assert [k for k, _ in by_trial] == ["trial-0000", "trial-0001", "trial-0002"]  # one run per trial
+    for key, record in by_trial:
+        tags = record.dagster_run.tags
+        assert (tags["dagster/sensor_name"], tags["dagster/run_key"]) == (sweep_sensor_name(spec), f"{study}/{key}")
+        # the first window's runs: made by the sweep's run, before it ended; the third, by the sensor's tick
+        assert (tags.get("trainyard/trigger") == "sweep materialized") == (key != "trial-0002"), tags
+        assert (record.create_timestamp.timestamp() <= prepare.end_time) == (key != "trial-0002")
+    sensor = RemoteInstigatorOrigin(prepare.dagster_run.remote_job_origin.repository_origin, sweep_sensor_name(spec))
+    by_ticks = {run_id for t in instance.get_ticks(sensor.get_id(), sensor.get_selector().get_id()) for run_id in t.run_ids}
+    assert {r.dagster_run.run_id for k, r in by_trial if k == "trial-0002"} <= by_ticks  # the sensor's ticks made only the third
+    assert not by_ticks & {r.dagster_run.run_id for k, r in by_trial if k != "trial-0002"}
+    assert FileBarrier(tmp_path / "barrier", parties=2).peak() == 2  # the window held: never a third trial at once
+    assert [t.state.name for t in resources["sweeps"].load(study).get_trials()] == ["COMPLETE"] * 3  # nothing asked twice
+    assert last.asset_materialization.metadata["status"].value == "finished" and last.asset_materialization.metadata["started_trial_runs"].value == 0
 
 
 @pytest.mark.slow
