@@ -59,7 +59,12 @@ def _data_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefin
         description=f"Incremental snapshot of {spec.source.prefix}/{spec.source.pattern} as canonical Parquet, pinned with DVC.",
         **common,
     )
-    def raw_data(context: AssetExecutionContext, store: ObjectStore, versioning: DataVersioning) -> Output[RawData]:
+    def raw_data(context: AssetExecutionContext, store: ObjectStore, versioning: DataVersioning, launcher: Launcher) -> Output[RawData]:
+        # Trials follow this data (validation, then the sweep): the warm worker server imports torch and Lightning
+        # meanwhile, not after the sweep has started its first trial runs (bench.sweep_throughput: the first trials
+        # waited ~9 s for it when the sweep started it).
+        if launcher.prestart_warm():
+            context.log.info(f"{spec.key}: starting the warm worker server in the background for the trials to come")
         return raw_data_body(context, spec, store, versioning)
 
     @asset(
