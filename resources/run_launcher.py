@@ -47,6 +47,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -136,6 +137,7 @@ class _Zygote:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class WarmRunLauncher(DefaultRunLauncher):
@@ -343,6 +345,7 @@ def serve(directory: Path) -> None:
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     finally:
         listener.close()
+        shutil.rmtree(directory, ignore_errors=True)  # its socket and files: the launcher starts a fresh one in a new directory
 
 
 def _reap() -> None:
