@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import shutil
 import signal
@@ -64,8 +63,6 @@ from typing import Any, Optional
 from dagster import DefaultRunLauncher
 from dagster._core.launcher.base import LaunchRunContext
 from dagster._serdes import ConfigurableClassData
-
-log = logging.getLogger("trainyard.run_launcher")
 
 WORKER_TAG = "trainyard/run_worker"  # {"pid": ..., "host": ..., "zygote": ...} on a forked run
 DISABLE_ENV = "TRAINYARD_WARM_RUN_WORKERS"
@@ -116,11 +113,9 @@ class _Zygote:
             self.close()
         return False
 
-    def fork(self, run_id: str, instance_ref: Any) -> dict[str, Any]:
-        """Ask for a run worker for `run_id`: {"pid": ...} or {"stale": file} or {"error": ...}."""
-        from dagster._serdes import serialize_value
-
-        request = json.dumps({"run_id": run_id, "instance_ref": serialize_value(instance_ref)}).encode() + b"\n"
+    def fork(self, run_id: str) -> dict[str, Any]:
+        """Ask for a run worker for `run_id` (on the instance the zygote was started for): {"pid": ...} or {"stale": file} or {"error": ...}."""
+        request = json.dumps({"run_id": run_id}).encode() + b"\n"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(REQUEST_TIMEOUT_SECONDS)
             conn.connect(str(self.socket))
@@ -191,7 +186,7 @@ class WarmRunLauncher(DefaultRunLauncher):
             if not zygote.ready():
                 return zygote.failed or "this code location's warm run worker process is still starting"
             try:
-                answer = zygote.fork(run.run_id, self._instance.get_ref())
+                answer = zygote.fork(run.run_id)
             except OSError as e:
                 answer = {"error": f"{type(e).__name__}: {e}"}
             if "pid" in answer:
@@ -265,20 +260,18 @@ def _changed(files: dict[str, tuple[int, int]]) -> Optional[str]:
     return None
 
 
-def _child(run_id: str, instance_ref_json: str) -> int:
+def _child(run_id: str, instance_ref: Any) -> int:
     """The forked run worker: what `dagster api execute_run` does after its imports."""
     from dagster._cli.api import _execute_run_command_body
     from dagster._cli.utils import get_instance_for_cli
-    from dagster._core.instance.ref import InstanceRef
-    from dagster._serdes import deserialize_value
     from dagster._utils.interrupts import capture_interrupts
 
     with capture_interrupts():
-        with get_instance_for_cli(instance_ref=deserialize_value(instance_ref_json, InstanceRef)) as instance:
+        with get_instance_for_cli(instance_ref=instance_ref) as instance:
             return _execute_run_command_body(run_id, instance, lambda event: None, set_exit_code_on_failure=False)
 
 
-def _warm(directory: Path) -> dict[str, tuple[int, int]]:
+def _warm(directory: Path) -> tuple[dict[str, tuple[int, int]], Any]:
     """Import what a run worker of this location imports: Dagster's run path, the storages, the location's definitions."""
     import importlib
 
@@ -295,14 +288,14 @@ def _warm(directory: Path) -> dict[str, tuple[int, int]]:
             importlib.import_module(data.module_name)
     origin = deserialize_value((directory / "origin.json").read_text(), RepositoryPythonOrigin)
     recon_repository_from_origin(origin).get_definition()  # imports the location's module and builds its definitions
-    return _loaded_files()
+    return _loaded_files(), ref
 
 
 def serve(directory: Path) -> None:
     """Load, then fork a run worker per request on `<directory>/sock` until the parent goes (see the module docstring)."""
     parent = os.getppid()
     try:
-        files = _warm(directory)
+        files, instance_ref = _warm(directory)
         threads = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
         if threads:  # a fork copies no thread but every lock they hold: refuse rather than deadlock a run
             raise RuntimeError(f"loading the code location left threads running ({threads}); runs are started the default way")
@@ -335,7 +328,7 @@ def serve(directory: Path) -> None:
                         listener.close()
                         conn.close()
                         os.setsid()  # its own session, as a spawned worker: a signal to the zygote's group does not reach it
-                        code = _child(request["run_id"], request["instance_ref"])
+                        code = _child(request["run_id"], instance_ref)
                     except BaseException:
                         traceback.print_exc()  # the run's own failure is in its events; this is the worker's
                     finally:
