@@ -27,6 +27,7 @@ from assets.data import CHECK_NAME, raw_data_body, validated_data_body
 from assets.registration import registered_model_body
 from assets.sweep import sweep_body
 from assets.trials import TrialConfig, best_model_body, continue_sweep, trial_model_body
+from resources import pool_slots
 from resources.handoff import HandoffPublisher
 from resources.launcher import Launcher
 from resources.registry import ModelRegistry
@@ -37,6 +38,10 @@ from resources.versioning import DataVersioning
 from trainyard import naming
 from trainyard.spec import PipelineSpec
 from trainyard.values import BestModel, RawData, RegisteredModel, Sweep, ValidatedData
+
+# trial_model's pool limit must hold when several runs claim a slot at once: Dagster's own claim can give one slot
+# to two steps on PostgreSQL (resources/pool_slots.py). Every process that runs a trial step imports this module first.
+pool_slots.install()
 
 __all__ = ["CHECK_NAME", "TrialConfig", "asset_key", "build_assets", "trials_partitions"]
 

@@ -189,8 +189,9 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
     The trials train inside a barrier that opens once two are in, so two at once is certain, and
     the barrier's count of trials inside together shows that a third never joined them.
 
-    The instance stores runs, events and slots in PostgreSQL, as the cluster's does: slot claims
-    from concurrent processes are row-locked there (on SQLite two claims can race).
+    The instance stores runs, events and slots in PostgreSQL, as the cluster's does. There Dagster's
+    own slot claim let two runs take one slot and three trials train at once (CI caught it here);
+    the trial runs claim through `resources.pool_slots`, which assets.factory installs.
     """
     from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, prepared_home
     from tests.support.barrier import FileBarrier
