@@ -16,6 +16,11 @@ compares the listing's digest with the sensor's cursor:
   Dagster has already used, so a run for a removal is keyed by the state it
   came from as well.
 
+A tick that requests the whole `prepare` job (which sweeps the new data) also
+has the launcher start its warm worker server (`Launcher.prestart_warm`), so
+that server's imports run beside the prepare run instead of in the first
+trial's step; a drift-gated pipeline's ingest-only run starts nothing.
+
 A file still being written changes the digest on every tick; the run it
 starts skips it (`LandingFileChanged`) and the next tick, seeing it stable,
 starts another.
@@ -45,6 +50,7 @@ from dagster import (
 
 from assets.factory import asset_key
 from pipelines.sensor_timing import ticks_every
+from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from trainyard import naming
 from trainyard.data import ingest
@@ -163,7 +169,7 @@ def build_landing_sensor(
         default_status=DefaultSensorStatus.RUNNING if spec.retrain_policy.automatic else DefaultSensorStatus.STOPPED,
         description=f"New or changed files under {spec.source.prefix} ({spec.source.pattern}) -> {job_name}",
     )
-    def landing(context: SensorEvaluationContext, store: ObjectStore):
+    def landing(context: SensorEvaluationContext, store: ObjectStore, launcher: Launcher):
         result, cursor = evaluate_landing(spec, store, context.cursor)
         if isinstance(result, RunRequest) and asset_selection is not None:
             result = result.with_replaced_attrs(asset_selection=list(asset_selection))
@@ -171,6 +177,11 @@ def build_landing_sensor(
             context.update_cursor(cursor)
         if isinstance(result, RunRequest):
             context.log.info(f"{spec.key}: new landing data ({result.tags['trainyard/new_file_names']}), requesting {job_name}")
+            if asset_selection is None and launcher.prestart_warm():
+                # The run sweeps the new data, so trials are coming: the warm worker server's imports (8 s here, 15-24 s
+                # on a loaded host) overlap the run's queue, launch, ingest and validation rather than the first trial's
+                # step (raw_data and the sweep ask again; a server that already listens is left alone).
+                context.log.info(f"{spec.key}: starting the warm worker server for the trials this run will sweep")
         return result
 
     return landing

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance, RunRequest, SkipReason, build_sensor_context
+from dagster import AssetKey, DagsterInstance, RunRequest, SkipReason, build_sensor_context
 
 from pipelines.factory import build_definitions, job_names
 from pipelines.landing_sensor import build_landing_sensor, evaluate_landing
+from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from tests.digits import digits_frame
 from tests.pipelines.pipeline_fixtures import Harness, failure_text, small_spec, write_landing
@@ -53,12 +54,45 @@ def test_sensor_definition_targets_prepare_and_keeps_its_cursor(store: ObjectSto
     assert sensor.default_status.value == "RUNNING"  # RetrainPolicy.automatic, the default
     write_landing(tmp_path, digits_frame(200))
     with DagsterInstance.ephemeral() as instance:
-        tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"store": store}))
+        tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"store": store, "launcher": Launcher()}))
         assert [r.run_key for r in tick.run_requests] == [f"landing-{tick.cursor}"]
-        quiet = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=tick.cursor, resources={"store": store}))
+        quiet = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=tick.cursor, resources={"store": store, "launcher": Launcher()}))
         assert quiet.run_requests == [] and "unchanged since the last tick" in quiet.skip_message
     defs = build_definitions(spec, resources={"store": store})
     assert "test__digits__landing" in [s.name for s in defs.sensors]
+
+
+class PrestartCounter(Launcher):
+    """A launcher that notes each `prestart_warm` call in `calls` (one line each) and says a start was begun."""
+
+    calls: str
+
+    def prestart_warm(self) -> bool:
+        with open(self.calls, "a") as f:
+            f.write("prestart\n")
+        return True
+
+
+def test_a_tick_that_requests_a_sweeping_run_starts_the_warm_worker_server(store: ObjectStore, tmp_path: Path) -> None:
+    """New data whose run sweeps: the warm server starts now; no new data, or an ingest-only run (drift-gated): nothing."""
+    calls = tmp_path / "prestarts"
+    calls.touch()
+    launcher = PrestartCounter(calls=str(calls))
+    spec = small_spec()
+    sweeping = build_landing_sensor(spec, job_names(spec)["prepare"])
+    ingest_only = build_landing_sensor(spec, job_names(spec)["prepare"], asset_selection=[AssetKey(["test", "digits", "raw_data"])])
+    with DagsterInstance.ephemeral() as instance:
+        def tick(sensor, cursor=None):
+            return sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor, resources={"store": store, "launcher": launcher}))
+
+        assert tick(sweeping).skip_message and calls.read_text() == ""  # no landing files yet
+        write_landing(tmp_path, digits_frame(200))
+        first = tick(sweeping)
+        assert len(first.run_requests) == 1 and calls.read_text() == "prestart\n"
+        assert tick(sweeping, first.cursor).run_requests == [] and calls.read_text() == "prestart\n"
+        gated = tick(ingest_only)
+        assert [r.asset_selection for r in gated.run_requests] == [[AssetKey(["test", "digits", "raw_data"])]]
+        assert calls.read_text() == "prestart\n"
 
 
 @pytest.mark.slow
@@ -70,7 +104,7 @@ def test_sensor_run_ingests_only_the_new_file(tmp_path: Path) -> None:
     sensor = build_landing_sensor(spec, harness.names["prepare"])
 
     def tick(cursor):
-        return sensor.evaluate_tick(build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store}))
+        return sensor.evaluate_tick(build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store, "launcher": harness.resources["launcher"]}))
 
     first = tick(None)
     assert len(first.run_requests) == 1
@@ -132,7 +166,7 @@ def test_removing_a_bad_file_unblocks_the_pipeline(tmp_path: Path) -> None:
     sensor = build_landing_sensor(spec, harness.names["prepare"])
 
     def tick(cursor):
-        return sensor.evaluate_tick(build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store}))
+        return sensor.evaluate_tick(build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store, "launcher": harness.resources["launcher"]}))
 
     run = harness.run("prepare")
     assert run.success, failure_text(run)

@@ -106,7 +106,7 @@ def test_drift_gating_narrows_landing_runs_to_ingest_and_validation(tmp_path: Pa
     write_landing(tmp_path, digits_frame(200))
     defs = build_definitions(gated, resources=resources)
     with DagsterInstance.ephemeral() as instance:
-        tick = defs.get_sensor_def("test__digits__landing").evaluate_tick(build_sensor_context(instance=instance, resources={"store": resources["store"]}))
+        tick = defs.get_sensor_def("test__digits__landing").evaluate_tick(build_sensor_context(instance=instance, resources={"store": resources["store"], "launcher": resources["launcher"]}))
     assert [r.asset_selection for r in tick.run_requests] == [[key("raw_data"), key("validated_data")]]
     assert drift_sensor_name(gated) in [s.name for s in defs.sensors]
     off = build_definitions(small_spec(retrain=RetrainPolicy(on_new_data=False, cron="0 3 * * *")), resources=resources)
