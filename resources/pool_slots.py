@@ -27,15 +27,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from dagster._core.storage.event_log.schema import ConcurrencySlotsTable
+from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
+from dagster._core.storage.sqlalchemy_compat import db_select
+from dagster._utils.concurrency import ConcurrencySlotStatus
+
 MAX_ATTEMPTS = 64  # each lost write means another step took a slot row: a pool has fewer rows than this
 
 
 def _claim_concurrency_slot(self: Any, concurrency_key: str, run_id: str, step_key: str) -> Any:
     """Claim a free slot row of `concurrency_key` for (`run_id`, `step_key`); CLAIMED only if this write took it."""
-    from dagster._core.storage.event_log.schema import ConcurrencySlotsTable
-    from dagster._core.storage.sqlalchemy_compat import db_select
-    from dagster._utils.concurrency import ConcurrencySlotStatus
-
     table = ConcurrencySlotsTable
     free = (table.c.concurrency_key == concurrency_key) & (table.c.step_key == None) & (table.c.deleted == False)  # noqa: E711, E712
     with self.index_connection() as conn:
@@ -49,40 +50,16 @@ def _claim_concurrency_slot(self: Any, concurrency_key: str, run_id: str, step_k
         return ConcurrencySlotStatus.BLOCKED
 
 
-_claim_concurrency_slot.trainyard_conditional_claim = True  # type: ignore[attr-defined]
-
-
-_STOCK: dict[str, Any] = {}
-
-
-def stock_claim() -> Any:
-    """Dagster's own `_claim_concurrency_slot`, as it was before `install()` (for the test that shows its race)."""
-    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
-
-    return _STOCK.get("claim", SqlEventLogStorage._claim_concurrency_slot)
+# Dagster's own claim, kept for the test that shows its race. A Dagster without it fails here, at import: its claim
+# changed, so check whether this fix still applies.
+STOCK_CLAIM = SqlEventLogStorage._claim_concurrency_slot
 
 
 def installed() -> bool:
     """Whether Dagster's SQL event log storage claims slots with the conditional write."""
-    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
-
-    return bool(getattr(SqlEventLogStorage._claim_concurrency_slot, "trainyard_conditional_claim", False))
+    return SqlEventLogStorage._claim_concurrency_slot is _claim_concurrency_slot
 
 
 def install() -> None:
-    """Replace `SqlEventLogStorage._claim_concurrency_slot` with the conditional claim (idempotent).
-
-    Raises:
-        RuntimeError: this Dagster has no such method to replace (its claim changed: check this fix still applies).
-    """
-    from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
-
-    if installed():
-        return
-    if not callable(getattr(SqlEventLogStorage, "_claim_concurrency_slot", None)):
-        raise RuntimeError(
-            "dagster's SqlEventLogStorage has no _claim_concurrency_slot: its pool slot claim changed; "
-            "check whether resources/pool_slots.py's fix is still needed"
-        )
-    _STOCK["claim"] = SqlEventLogStorage._claim_concurrency_slot
+    """Replace `SqlEventLogStorage._claim_concurrency_slot` with the conditional claim (idempotent)."""
     SqlEventLogStorage._claim_concurrency_slot = _claim_concurrency_slot  # type: ignore[method-assign]

@@ -40,11 +40,26 @@ def race(storage: Any, claim: Callable[..., Any], pool: str) -> tuple[set[str], 
     return told, held
 
 
+def open_storage(tmp_path: Path, postgres_url: str | None) -> Any:
+    """An instance's event log storage: PostgreSQL at `postgres_url`, or the default SQLite one under `tmp_path` (None)."""
+    storage = f"storage:\n  postgres:\n    postgres_url: {postgres_url}\n" if postgres_url else ""
+    (tmp_path / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\n{storage}")
+    return DagsterInstance.from_config(str(tmp_path))
+
+
 @pytest.fixture
 def storage(tmp_path: Path, pg_databases) -> Any:
-    (tmp_path / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {pg_databases[0]}\n")
-    with DagsterInstance.from_config(str(tmp_path)) as instance:
+    with open_storage(tmp_path, pg_databases[0]) as instance:
         yield instance.event_log_storage
+
+
+def test_the_fixed_claim_holds_on_the_local_sqlite_instance_too(tmp_path: Path) -> None:
+    """`trainyard init`'s local instance keeps slots in SQLite: the same conditional write, the same result."""
+    pool_slots.install()
+    with open_storage(tmp_path, None) as instance:
+        for n in range(5):
+            told, held = race(instance.event_log_storage, SqlEventLogStorage._claim_concurrency_slot, f"local_gpu_{n}")
+            assert len(told) == SLOTS and told == held, f"round {n}: told CLAIMED {sorted(told)}, slot rows hold {sorted(held)}"
 
 
 def test_every_slot_goes_to_exactly_one_of_many_simultaneous_claimers(storage: Any) -> None:
@@ -57,7 +72,7 @@ def test_every_slot_goes_to_exactly_one_of_many_simultaneous_claimers(storage: A
 
 def test_the_stock_claim_gives_one_slot_to_two_steps(storage: Any) -> None:
     """The harness catches the race the fix closes; if this fails, Dagster's claim no longer races: drop resources/pool_slots.py."""
-    stock = pool_slots.stock_claim()
+    stock = pool_slots.STOCK_CLAIM
     over = [n for n in range(ROUNDS) if len(race(storage, stock, f"stock_gpu_{n}")[0]) > SLOTS]
     assert over, f"the stock claim never over-claimed in {ROUNDS} rounds of {CLAIMERS} claimers for {SLOTS} slots"
 
