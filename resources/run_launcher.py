@@ -266,8 +266,11 @@ def _child(run_id: str, instance_ref: Any) -> int:
     from dagster._cli.utils import get_instance_for_cli
     from dagster._utils.interrupts import capture_interrupts
 
+    from resources.storage_connections import hold_connections
+
     with capture_interrupts():
         with get_instance_for_cli(instance_ref=instance_ref) as instance:
+            hold_connections(instance)  # before the run's first query
             return _execute_run_command_body(run_id, instance, lambda event: None, set_exit_code_on_failure=False)
 
 

@@ -1,0 +1,121 @@
+"""Run workers keep their PostgreSQL connections open (resources.storage_connections), on a real PostgreSQL.
+
+The runs here go through `execute_job`, which creates the job's own executor
+with the instance, as a run worker does (`execute_in_process` would swap the
+executor out). What is asserted is read from PostgreSQL itself
+(`pg_stat_activity`, `SHOW statement_timeout`), not from the module's state.
+"""
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import sqlalchemy
+from dagster import DagsterInstance, OpExecutionContext, execute_job, in_process_executor, job, op, reconstructable
+
+from pipelines.factory import build_definitions
+from resources import storage_connections
+from resources.storage_connections import hold_connections, trainyard_executor
+from tests.conftest import POSTGRES_URL
+
+
+def idle_sessions(database: str) -> int:
+    """Connections to `database` that sit idle (held by a pool), counted from a connection of its own."""
+    engine = sqlalchemy.create_engine(POSTGRES_URL, poolclass=sqlalchemy.pool.NullPool)
+    with engine.connect() as conn:
+        return int(conn.execute(sqlalchemy.text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = 'idle'"), {"d": database}).scalar_one())
+
+
+@op
+def query_storages(context: OpExecutionContext) -> None:
+    """Queries each storage, then records how many connections to the run's database are left open."""
+    instance = context.instance
+    instance.get_run_record_by_id(context.run_id)
+    instance.report_engine_event("a query of the event log", context.dagster_run)
+    instance.get_runs_count()
+    database = instance.run_storage.postgres_url.rsplit("/", 1)[1]
+    context.log.info(f"idle sessions: {idle_sessions(database)}")
+
+
+@job(executor_def=trainyard_executor)
+def platform_job() -> None:
+    query_storages()
+
+
+@job(executor_def=in_process_executor)
+def stock_job() -> None:
+    query_storages()
+
+
+def logged_idle_sessions(instance: DagsterInstance, run_id: str) -> int:
+    messages = [e.user_message for e in instance.all_logs(run_id) if e.user_message.startswith("idle sessions: ")]
+    assert len(messages) == 1, messages
+    return int(messages[0].split(": ")[1])
+
+
+@pytest.fixture
+def pg_home(tmp_path: Path, pg_databases: list[str]) -> Iterator[tuple[Path, str]]:
+    (tmp_path / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {pg_databases[0]}\n")
+    yield tmp_path, pg_databases[0]
+
+
+def test_a_run_under_the_platform_executor_keeps_its_connections_and_dagsters_own_does_not(pg_home: tuple[Path, str]) -> None:
+    home, _ = pg_home
+    with DagsterInstance.from_config(str(home)) as instance:
+        stock = execute_job(reconstructable(stock_job), instance=instance)
+        assert stock.success
+        assert logged_idle_sessions(instance, stock.run_id) == 0  # Dagster's default: a connection per query, none left open
+    with DagsterInstance.from_config(str(home)) as instance:
+        platform = execute_job(reconstructable(platform_job), instance=instance)
+        assert platform.success
+        held = logged_idle_sessions(instance, platform.run_id)
+    assert 1 <= held <= 3  # one per storage that was queried (runs, events; schedules share the database)
+
+
+def test_the_pipelines_jobs_run_under_the_platform_executor() -> None:
+    from pipelines.vision.digits import digits
+
+    definitions = build_definitions(digits)
+    jobs = [j for j in definitions.resolve_all_job_defs() if not j.name.startswith("__")]
+    assert jobs and {j.executor_def.name for j in jobs} == {"in_process"}
+    assert all(j.executor_def is trainyard_executor for j in jobs)
+
+
+def test_the_pooled_connections_keep_the_statement_timeout_the_database_gives(pg_home: tuple[Path, str]) -> None:
+    """Dagster's pooled engine sets a timeout on every connection: it must be the database's, not a new one."""
+    home, url = pg_home
+    database = url.rsplit("/", 1)[1]
+    admin = sqlalchemy.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT", poolclass=sqlalchemy.pool.NullPool)
+    for setting, shown in ((None, "0"), ("4321", "4321ms")):
+        if setting is not None:
+            with admin.connect() as conn:
+                conn.execute(sqlalchemy.text(f"ALTER DATABASE {database} SET statement_timeout = {setting}"))
+        with DagsterInstance.from_config(str(home)) as instance:
+            assert hold_connections(instance)
+            for storage in (instance.run_storage, instance.event_log_storage, instance.schedule_storage):
+                assert type(storage._engine.pool).__name__ == "QueuePool"
+                with storage._engine.connect() as conn:
+                    assert conn.execute(sqlalchemy.text("SHOW statement_timeout")).scalar_one() == shown
+
+
+def test_a_sqlite_instance_is_left_alone(tmp_path: Path) -> None:
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        engine = instance.run_storage._engine if hasattr(instance.run_storage, "_engine") else None
+        assert hold_connections(instance) is False
+        assert (instance.run_storage._engine if engine is not None else None) is engine
+        assert instance.get_runs_count() == 0
+
+
+def test_a_pool_that_cannot_be_made_leaves_the_run_on_a_connection_per_query(pg_home: tuple[Path, str], monkeypatch: Any) -> None:
+    home, _ = pg_home
+
+    def refuse(storage: Any) -> int:
+        raise sqlalchemy.exc.OperationalError("SELECT setting", {}, Exception("permission denied for pg_settings"))
+
+    monkeypatch.setattr(storage_connections, "statement_timeout_ms", refuse)
+    with DagsterInstance.from_config(str(home)) as instance:
+        with pytest.warns(UserWarning, match="one connection per query .*permission denied"):
+            assert hold_connections(instance) is False
+        assert type(instance.event_log_storage._engine.pool).__name__ == "NullPool"
+        assert instance.get_runs_count() == 0
