@@ -17,9 +17,10 @@ compares the listing's digest with the sensor's cursor:
   came from as well.
 
 A tick that requests the whole `prepare` job (which sweeps the new data) also
-has the launcher start its warm worker server (`Launcher.prestart_warm`), so
-that server's imports run beside the prepare run instead of in the first
-trial's step; a drift-gated pipeline's ingest-only run starts nothing.
+has the launcher start its warm worker server (`prestart_for_sweep`, as the
+drift sensor and the retrain schedule do), so that server's imports run beside
+the prepare run instead of in the first trial's step; a drift-gated pipeline's
+ingest-only run starts nothing.
 
 A file still being written changes the digest on every tick; the run it
 starts skips it (`LandingFileChanged`) and the next tick, seeing it stable,
@@ -33,7 +34,7 @@ first asset is all a user has to start.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from dagster import (
     AssetKey,
@@ -146,6 +147,24 @@ def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None)
     return request, digest
 
 
+def prestart_for_sweep(spec: PipelineSpec, request: RunRequest, launcher: Launcher, log: Any) -> bool:
+    """If `request`'s run sweeps (the whole job, or a selection with the `sweep` asset), start the warm worker server now.
+
+    Trials are coming: the server's imports (8 s here, 15-24 s on a loaded host)
+    then overlap the run's queue, launch, ingest and validation rather than the
+    first trial's step (`raw_data` and the `sweep` ask again; a server that
+    already listens is left alone). Used by the landing and drift sensors and
+    the retrain schedule. Returns whether a start was begun.
+    """
+    selection = request.asset_selection
+    if selection is not None and asset_key(spec, naming.SWEEP) not in selection:
+        return False  # an ingest-only run (drift gates retraining): no trials follow it
+    if not launcher.prestart_warm():
+        return False
+    log.info(f"{spec.key}: starting the warm worker server for the trials this run will sweep")
+    return True
+
+
 def build_landing_sensor(
     spec: PipelineSpec, job_name: str, minimum_interval_seconds: int = MINIMUM_INTERVAL_SECONDS,
     asset_selection: Optional[Sequence[AssetKey]] = None,
@@ -177,11 +196,7 @@ def build_landing_sensor(
             context.update_cursor(cursor)
         if isinstance(result, RunRequest):
             context.log.info(f"{spec.key}: new landing data ({result.tags['trainyard/new_file_names']}), requesting {job_name}")
-            if asset_selection is None and launcher.prestart_warm():
-                # The run sweeps the new data, so trials are coming: the warm worker server's imports (8 s here, 15-24 s
-                # on a loaded host) overlap the run's queue, launch, ingest and validation rather than the first trial's
-                # step (raw_data and the sweep ask again; a server that already listens is left alone).
-                context.log.info(f"{spec.key}: starting the warm worker server for the trials this run will sweep")
+            prestart_for_sweep(spec, result, launcher, context.log)
         return result
 
     return landing

@@ -20,6 +20,10 @@ on" means the latest `sweep` materialization is that version's study.
   largest PSI exceeds `drift_psi`. The measured drift goes into the run's tags
   (`trainyard/drift_psi`, `trainyard/drift_column`, ...) or the skip reason.
   Without a champion the newest version is swept (the first model).
+
+Both have the launcher start its warm worker server when they request a run
+that sweeps (`pipelines.landing_sensor.prestart_for_sweep`): a drift run is the
+sweep alone, whose first trials would otherwise wait for the server's imports.
 """
 
 from __future__ import annotations
@@ -44,9 +48,10 @@ from dagster import (
 )
 
 from assets.factory import asset_key
-from pipelines.landing_sensor import continuation_selection
+from pipelines.landing_sensor import continuation_selection, prestart_for_sweep
 from pipelines.sensor_timing import ticks_every
 from pipelines.sensors import latest_study
+from resources.launcher import Launcher
 from resources.registry import ModelRegistry, ModelVersionInfo
 from resources.storage import ObjectStore
 from trainyard import naming
@@ -115,10 +120,12 @@ def build_retrain_schedule(spec: PipelineSpec, job_name: str, default_status: De
         default_status=default_status,
         description=f"Retrain {spec.key} at '{policy.cron}' ({policy.timezone}) when its data version changed",
     )
-    def retrain(context: ScheduleEvaluationContext, store: ObjectStore):
+    def retrain(context: ScheduleEvaluationContext, store: ObjectStore, launcher: Launcher):
         result = evaluate_schedule(spec, store, context.instance)
         if isinstance(result, SkipReason):
             context.log.info(result.skip_message or "")
+        else:
+            prestart_for_sweep(spec, result, launcher, context.log)
         return result
 
     return retrain
@@ -214,13 +221,14 @@ def build_drift_sensor(
         default_status=default_status,
         description=f"Sweep {spec.key} when its newest data drifted (max PSI > {spec.retrain_policy.drift_psi}) from the champion's",
     )
-    def drift_sensor(context: SensorEvaluationContext, store: ObjectStore, registry: ModelRegistry):
+    def drift_sensor(context: SensorEvaluationContext, store: ObjectStore, registry: ModelRegistry, launcher: Launcher):
         champion = registry.get_alias(spec.model_name, CHAMPION)
         result, cursor = evaluate_drift(spec, store, context.instance, champion, context.cursor)
         if cursor != context.cursor and cursor is not None:
             context.update_cursor(cursor)
         if isinstance(result, RunRequest):
             context.log.info(f"{spec.key}: requesting a sweep ({result.tags.get('trainyard/drift_reason') or 'data drifted'})")
+            prestart_for_sweep(spec, result, launcher, context.log)
         return result
 
     return drift_sensor

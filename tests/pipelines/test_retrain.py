@@ -11,10 +11,11 @@ import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, RunRequest, SkipReason, build_schedule_context, build_sensor_context
 
 from pipelines.retrain import DATA_VERSION_TAG, evaluate_drift, prepare_selection
-from resources.registry import ModelVersionInfo
+from resources.registry import ModelRegistry, ModelVersionInfo
 from resources.storage import ObjectStore
 from tests.digits import digits_frame
 from tests.pipelines.pipeline_fixtures import Harness, failure_text, small_spec, write_landing
+from tests.pipelines.test_landing_sensor import PrestartCounter
 from trainyard import data as dq
 from trainyard.lineage import TEST_SPLIT_TAG
 from trainyard.naming import drift_sensor_name, retrain_schedule_name, study_name
@@ -120,9 +121,11 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
     harness = Harness(tmp_path, spec)
     store = harness.resources["store"]
     schedule = harness.defs.get_schedule_def(retrain_schedule_name(spec))
+    (tmp_path / "prestarts").touch()
+    launcher = PrestartCounter(calls=str(tmp_path / "prestarts"))
 
     def tick():
-        return schedule.evaluate_tick(build_schedule_context(instance=harness.instance, resources={"store": store}))
+        return schedule.evaluate_tick(build_schedule_context(instance=harness.instance, resources={"store": store, "launcher": launcher}))
 
     empty = tick()
     assert empty.run_requests == [] and "no landing files match" in empty.skip_message
@@ -130,6 +133,7 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
     new = tick()
     assert len(new.run_requests) == 1 and new.run_requests[0].tags["trainyard/trigger"] == "cron"
     assert new.run_requests[0].asset_selection == [key("raw_data"), key("validated_data"), key("sweep")]
+    assert (tmp_path / "prestarts").read_text() == "prestart\n"  # the run sweeps: the warm server starts at the tick
     run = harness.run("prepare")
     assert run.success, failure_text(run)
     sweep = run.output_for_node(harness.node("sweep"))
@@ -155,6 +159,7 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
     write_landing(tmp_path, digits_frame(300).iloc[150:].reset_index(drop=True), "part-1.csv")
     more = tick()
     assert len(more.run_requests) == 1 and more.run_requests[0].tags["trainyard/new_files"] == "1"
+    assert (tmp_path / "prestarts").read_text() == "prestart\n" * 2  # the skipped ticks started nothing
 
     # new data, new study: the partitions are its trials, not the last study's failed and replaced ones
     fresh = harness.run("prepare")
@@ -176,6 +181,8 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     harness = Harness(tmp_path, spec)
     store, registry = harness.resources["store"], harness.resources["registry"]
     sensor = harness.defs.get_sensor_def(drift_sensor_name(spec))
+    (tmp_path / "prestarts").touch()
+    launcher = PrestartCounter(calls=str(tmp_path / "prestarts"))
     job = harness.defs.resolve_job_def(harness.names["prepare"])
 
     def ingest_and_validate() -> dict:
@@ -184,7 +191,7 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
         return run.output_for_node(harness.node("validated_data")).model_dump()
 
     def tick(cursor=None):
-        context = build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store, "registry": registry})
+        context = build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store, "registry": registry, "launcher": launcher})
         return sensor.evaluate_tick(context)
 
     frame = digits_frame(900)
@@ -209,6 +216,7 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     third = ingest_and_validate()
     fire = tick(calm.cursor)
     assert len(fire.run_requests) == 1
+    assert (tmp_path / "prestarts").read_text() == "prestart\n"  # only the tick that requests the sweep
     request = fire.run_requests[0]
     assert request.asset_selection == [key("sweep")] and request.run_key == f"drift-{third['md5']}-{version.version}"
     assert float(request.tags["trainyard/drift_psi"]) > 0.25 and request.tags["trainyard/champion_data_version"] == first["md5"]
@@ -217,3 +225,48 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     assert run.output_for_node(harness.node("sweep")).data_md5 == third["md5"]
     rest = tick(fire.cursor)
     assert rest.run_requests == [] and "already swept" in rest.skip_message
+
+
+class NoChampion(ModelRegistry):
+    """A registry with no champion: the drift sensor sweeps the newest version (the first model)."""
+
+    def get_alias(self, name: str, alias: str) -> None:  # type: ignore[override]
+        return None
+
+
+def test_the_drift_sensor_and_the_schedule_start_the_warm_worker_server_for_the_runs_that_sweep(tmp_path: Path) -> None:
+    """A request whose run sweeps starts the server at the tick; a skip, or a run that only ingests and validates, does not."""
+    from pipelines.environments import local_resources
+    from pipelines.factory import build_definitions
+
+    calls = tmp_path / "prestarts"
+    calls.touch()
+    launcher = PrestartCounter(calls=str(calls))
+    resources = local_resources(tmp_path)
+    store = resources["store"]
+    gated = small_spec(retrain=RetrainPolicy(drift_psi=0.25, cron="0 3 * * *", on_new_data=False))
+    swept_each_time = small_spec(retrain=RetrainPolicy(cron="0 3 * * *", on_new_data=False))
+    (tmp_path / "dagster").mkdir()
+    with DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides={"telemetry": {"enabled": False}}) as instance:
+        def schedule_tick(spec):
+            schedule = build_definitions(spec, resources=resources).get_schedule_def(retrain_schedule_name(spec))
+            return schedule.evaluate_tick(build_schedule_context(instance=instance, resources={"store": store, "launcher": launcher}))
+
+        def drift_tick():
+            sensor = build_definitions(gated, resources=resources).get_sensor_def(drift_sensor_name(gated))
+            context = build_sensor_context(instance=instance, resources={"store": store, "registry": NoChampion(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts")), "launcher": launcher})
+            return sensor.evaluate_tick(context)
+
+        assert schedule_tick(swept_each_time).skip_message and drift_tick().skip_message  # no landing files, no validated data
+        assert calls.read_text() == ""
+        write_landing(tmp_path, digits_frame(200))
+        assert schedule_tick(gated).run_requests[0].asset_selection == [key("raw_data"), key("validated_data")]
+        assert calls.read_text() == ""  # ingest and validation only: the drift sensor decides whether trials follow
+        assert key("sweep") in schedule_tick(swept_each_time).run_requests[0].asset_selection
+        assert calls.read_text() == "prestart\n"
+        validated_version(store, gated, digits_frame(300), "a" * 32)
+        assert drift_tick().run_requests[0].asset_selection == [key("sweep")]
+        assert calls.read_text() == "prestart\nprestart\n"
+        instance.report_runless_asset_event(AssetMaterialization(key("sweep"), metadata={"study": study_name(gated, "a" * 32)}))
+        assert drift_tick().skip_message.endswith("already swept (study " + study_name(gated, "a" * 32) + ")")
+        assert calls.read_text() == "prestart\nprestart\n"
