@@ -25,7 +25,7 @@ Called in every run worker: the warm run launcher's forked worker
 started any other way (Dagster's default launcher, a Kubernetes run pod),
 by the platform's executor (`trainyard_executor`) before the first step.
 A run worker holds at most three idle connections (one per storage) while it
-runs; the local run queue runs two at once.
+runs; the local run queue runs three at once.
 """
 
 from __future__ import annotations

@@ -299,3 +299,18 @@ def test_in_flight_and_free_slots() -> None:
     assert free_slots(2, 3, "test", None, []) == (0, "")
     team = [type("R", (), {"dagster_run": DagsterRun(job_name="x", run_id=f"r{i}", tags={"trainyard/team": t})}) for i, t in enumerate(["test", "test", "b"])]
     assert free_slots(4, 1, "test", 3, team) == (1, ", team test 2/3 runs")
+
+
+def test_the_shipped_queue_runs_a_teams_whole_window_beside_one_other_run(tmp_path: Path) -> None:
+    """deploy/local/dagster.yaml as Dagster reads it: more runs at once than a team's quota.
+
+    The `sweep` asset starts its first window's trial runs while its prepare run is still
+    running; with the instance's limit at the team's quota one of them waited for that run to end.
+    """
+    from resources.trial_runs import team_run_limit
+
+    (tmp_path / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        quota = team_run_limit(instance, "vision")
+        assert quota == 2
+        assert instance.run_coordinator.get_run_queue_config().max_concurrent_runs == quota + 1
