@@ -24,7 +24,7 @@ BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 
 LOCATION = '''
-import os, time
+import json, os, sys, time
 from pathlib import Path
 from dagster import Definitions, in_process_executor, job, op
 
@@ -35,7 +35,8 @@ VALUE = "{value}"
 def record(context):
     out = Path(os.environ["WARM_RUN_OUT"])
     out.mkdir(exist_ok=True)
-    (out / f"{{context.run_id}}.json").write_text(f'{{{{"value": "{{VALUE}}", "pid": {{os.getpid()}}, "ppid": {{os.getppid()}}}}}}')
+    preloaded = "resources.sweeps.rdb" in sys.modules  # imported by the zygote (RUN_PRELOAD), not by this location
+    (out / f"{{context.run_id}}.json").write_text(json.dumps({{"value": VALUE, "pid": os.getpid(), "ppid": os.getppid(), "preloaded": preloaded}}))
     while (out.parent / "hold").exists():  # a run to terminate
         time.sleep(0.2)
 
@@ -154,6 +155,7 @@ def test_runs_after_the_first_are_forked_from_the_warm_process_and_edited_code_i
     worker = forked(second)
     seen = location.recorded(second.run_id)
     assert (seen["pid"], seen["ppid"], seen["value"]) == (worker["pid"], worker["zygote"], "v1")  # the run ran in the forked child
+    assert seen["preloaded"] and not location.recorded(first.run_id)["preloaded"]  # the study's storage modules came with the fork
     assert any(m == f"Started process for run (pid: {worker['pid']})." for m in location.events(second.run_id))
 
     location.write("v2")  # a team edits its pipeline: the warm process holds v1
