@@ -36,7 +36,9 @@ def record(context):
     out = Path(os.environ["WARM_RUN_OUT"])
     out.mkdir(exist_ok=True)
     preloaded = "resources.sweeps.rdb" in sys.modules  # imported by the zygote (RUN_PRELOAD), not by this location
-    (out / f"{{context.run_id}}.json").write_text(json.dumps({{"value": VALUE, "pid": os.getpid(), "ppid": os.getppid(), "preloaded": preloaded}}))
+    premade = getattr(context.instance, "_trainyard_premade", False)  # the instance the zygote made before forking
+    (out / f"{{context.run_id}}.json").write_text(json.dumps({{"value": VALUE, "pid": os.getpid(), "ppid": os.getppid(), "preloaded": preloaded,
+                                                              "premade": premade}}))
     while (out.parent / "hold").exists():  # a run to terminate
         time.sleep(0.2)
 
@@ -156,6 +158,7 @@ def test_runs_after_the_first_are_forked_from_the_warm_process_and_edited_code_i
     seen = location.recorded(second.run_id)
     assert (seen["pid"], seen["ppid"], seen["value"]) == (worker["pid"], worker["zygote"], "v1")  # the run ran in the forked child
     assert seen["preloaded"] and not location.recorded(first.run_id)["preloaded"]  # the study's storage modules came with the fork
+    assert seen["premade"] and not location.recorded(first.run_id)["premade"]  # and the instance, made once by the zygote
     assert any(m == f"Started process for run (pid: {worker['pid']})." for m in location.events(second.run_id))
 
     location.write("v2")  # a team edits its pipeline: the warm process holds v1
