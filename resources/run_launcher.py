@@ -157,6 +157,14 @@ class WarmRunLauncher(DefaultRunLauncher):
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> "WarmRunLauncher":
         return cls(inst_data=inst_data)
 
+    def register_instance(self, instance: Any) -> None:
+        """Also keep the PostgreSQL connections of the process that launches runs (the daemon's queue; see
+        `resources.storage_connections`): its every look at the queue and every launch queried on a new connection."""
+        from resources.storage_connections import hold_connections
+
+        super().register_instance(instance)
+        hold_connections(instance)
+
     def launch_run(self, context: LaunchRunContext) -> None:
         run = context.dagster_run
         key = self._key(run)

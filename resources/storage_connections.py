@@ -24,6 +24,9 @@ Called in every run worker: the warm run launcher's forked worker
 (`resources.run_launcher`) as soon as it has its instance, and, for runs
 started any other way (Dagster's default launcher, a Kubernetes run pod),
 by the platform's executor (`trainyard_executor`) before the first step.
+`WarmRunLauncher` also pools the instance it is registered with: the local
+daemon's, whose queue looks every second. An instance pooled already (the
+webserver's) is left as it is.
 A run worker holds at most three idle connections (one per storage) while it
 runs; the local run queue runs three at once.
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import sqlalchemy
 from dagster import InitExecutorContext, executor, in_process_executor
 
 POOL_RECYCLE_SECONDS = 3600  # the webserver's default (`--db-pool-recycle`)
@@ -53,10 +57,8 @@ def statement_timeout_ms(storage: Any) -> int:
 
     Read through the storage's own engine (its URL, connection arguments and token provider).
     """
-    import sqlalchemy as db
-
     with storage._engine.connect() as conn:
-        return int(conn.execute(db.text("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")).scalar_one())
+        return int(conn.execute(sqlalchemy.text("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")).scalar_one())
 
 
 def hold_connections(instance: Any) -> bool:
@@ -70,6 +72,9 @@ def hold_connections(instance: Any) -> bool:
     storage = postgres_storage(instance)
     if storage is None:
         return False
+    engine = getattr(storage, "_engine", None)
+    if engine is not None and not isinstance(engine.pool, sqlalchemy.pool.NullPool):
+        return True  # pooled already (the webserver's, with its own statement timeout): left as it is
     try:
         timeout = statement_timeout_ms(storage)
         instance.optimize_for_webserver(statement_timeout=timeout, pool_recycle=POOL_RECYCLE_SECONDS, max_overflow=POOL_MAX_OVERFLOW)

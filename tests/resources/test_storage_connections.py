@@ -119,3 +119,30 @@ def test_a_pool_that_cannot_be_made_leaves_the_run_on_a_connection_per_query(pg_
             assert hold_connections(instance) is False
         assert type(instance.event_log_storage._engine.pool).__name__ == "NullPool"
         assert instance.get_runs_count() == 0
+
+
+def test_the_webservers_pool_is_left_as_dagster_made_it(pg_home: tuple[Path, str]) -> None:
+    """An instance pooled already (the webserver's, with its statement timeout) keeps its engines and its timeout."""
+    home, _ = pg_home
+    with DagsterInstance.from_config(str(home)) as instance:
+        instance.optimize_for_webserver(statement_timeout=15000, pool_recycle=3600, max_overflow=20)
+        engine = instance.event_log_storage._engine
+        assert hold_connections(instance)
+        assert instance.event_log_storage._engine is engine
+        with engine.connect() as conn:
+            assert conn.execute(sqlalchemy.text("SHOW statement_timeout")).scalar_one() == "15s"
+
+
+def test_the_process_that_launches_runs_with_the_warm_run_launcher_keeps_its_connections(pg_home: tuple[Path, str]) -> None:
+    """The daemon makes its run launcher when it first launches a run; from then on its queue's looks share a connection."""
+    home, url = pg_home
+    (home / "dagster.yaml").write_text(
+        f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {url}\n"
+        "run_launcher:\n  module: resources.run_launcher\n  class: WarmRunLauncher\n"
+    )
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert type(instance.run_storage._engine.pool).__name__ == "NullPool"
+        assert type(instance.run_launcher).__name__ == "WarmRunLauncher"
+        assert {type(s._engine.pool).__name__ for s in (instance.run_storage, instance.event_log_storage, instance.schedule_storage)} == {"QueuePool"}
+        instance.get_runs_count()
+        assert idle_sessions(url.rsplit("/", 1)[1]) >= 1
