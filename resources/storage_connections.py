@@ -13,8 +13,8 @@ about 40 events before its trial's result is recorded
 (bench.sweep_throughput).
 
 `hold_connections(instance)` switches an instance's PostgreSQL storages to
-what the webserver uses: a pool of one connection per storage (plus overflow
-for the run worker's other threads, discarded when returned), recycled after
+what the webserver uses: a pool of one connection per storage (plus unbounded
+overflow for the process's other threads, discarded when returned), recycled after
 `POOL_RECYCLE_SECONDS`. The statement timeout stays what the database gives
 the role (read once; Dagster's pooled engine sets one on every connection, and
 a run worker's long queries must not start failing because it pooled). A
@@ -40,7 +40,10 @@ import sqlalchemy
 from dagster import InitExecutorContext, executor, in_process_executor
 
 POOL_RECYCLE_SECONDS = 3600  # the webserver's default (`--db-pool-recycle`)
-POOL_MAX_OVERFLOW = 10  # connections beyond the pooled one while several threads query at once; closed when returned
+# Connections beyond the pooled one while several threads query at once, closed when returned: no limit (-1), so a
+# process with more threads querying at once than any bound (the daemon's queue, sensor and backfill threads) never
+# waits for a connection, which a connection per query never did either.
+POOL_MAX_OVERFLOW = -1
 HELD = "_trainyard_connections_held"  # set on an instance whose storages hold connections
 
 

@@ -146,3 +146,32 @@ def test_the_process_that_launches_runs_with_the_warm_run_launcher_keeps_its_con
         assert {type(s._engine.pool).__name__ for s in (instance.run_storage, instance.event_log_storage, instance.schedule_storage)} == {"QueuePool"}
         instance.get_runs_count()
         assert idle_sessions(url.rsplit("/", 1)[1]) >= 1
+
+
+def test_threads_querying_at_once_never_wait_for_a_pooled_connection(pg_home: tuple[Path, str]) -> None:
+    """The daemon's threads query at once: each gets a connection at once, as with a connection per query.
+
+    16 threads each hold a connection for 1 s; a bounded overflow (ours was 10 at first) would make
+    some of them wait for another's second.
+    """
+    import threading
+    import time
+
+    home, _ = pg_home
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert hold_connections(instance)
+        engine = instance.run_storage._engine
+        start = threading.Barrier(16)
+
+        def hold() -> None:
+            start.wait()
+            with engine.connect() as conn:
+                conn.execute(sqlalchemy.text("SELECT pg_sleep(1)"))
+
+        threads = [threading.Thread(target=hold) for _ in range(16)]
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert time.monotonic() - began < 1.9
