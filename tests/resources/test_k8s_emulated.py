@@ -217,9 +217,11 @@ def fail_on_node_1(cluster: EmulatedCluster, tmp_path: Path, **launcher_options:
     assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 2
     pods = cluster.pods()
     # Pod 0 is gone when the Job controller saw rank 1's failure while pod 0 still ran; when both exits were
-    # seen in one pass, pod 0 stays Failed with exit 1 too (a failed Job keeps its terminated pods).
+    # seen in one pass, pod 0 stays Failed with exit 1 too (a failed Job keeps its terminated pods). Pod 0 exits
+    # (its peer is gone) about when rank 1 does: when the controller saw pod 0's failure first, it failed the Job
+    # and removed pod 1 as still active (seen once in CI at ca6a72c); rank 1's traceback was read either way.
     states = sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods)
-    assert states in ([(1, "Failed", 1)], [(0, "Failed", 1), (1, "Failed", 1)]), pods
+    assert states in ([(1, "Failed", 1)], [(0, "Failed", 1)], [(0, "Failed", 1), (1, "Failed", 1)]), pods
     return message, pods
 
 
