@@ -44,7 +44,6 @@ POOL_RECYCLE_SECONDS = 3600  # the webserver's default (`--db-pool-recycle`)
 # process with more threads querying at once than any bound (the daemon's queue, sensor and backfill threads) never
 # waits for a connection, which a connection per query never did either.
 POOL_MAX_OVERFLOW = -1
-HELD = "_trainyard_connections_held"  # set on an instance whose storages hold connections
 
 
 def postgres_storage(instance: Any) -> Any:
@@ -65,26 +64,23 @@ def statement_timeout_ms(storage: Any) -> int:
 
 
 def hold_connections(instance: Any) -> bool:
-    """Pool the instance's PostgreSQL storages' connections (once per instance); whether they are pooled now.
+    """Pool the instance's PostgreSQL storages' connections (once: a pooled engine is left as it is); whether they are pooled now.
 
     Never fails a run: if the timeout cannot be read or the pool not made, the
     storages stay as they were (a connection per query) and a warning says why.
     """
-    if getattr(instance, HELD, False):
-        return True
     storage = postgres_storage(instance)
     if storage is None:
         return False
     engine = getattr(storage, "_engine", None)
     if engine is not None and not isinstance(engine.pool, sqlalchemy.pool.NullPool):
-        return True  # pooled already (the webserver's, with its own statement timeout): left as it is
+        return True  # pooled already (by an earlier call, or the webserver's with its own timeout): left as it is
     try:
         timeout = statement_timeout_ms(storage)
         instance.optimize_for_webserver(statement_timeout=timeout, pool_recycle=POOL_RECYCLE_SECONDS, max_overflow=POOL_MAX_OVERFLOW)
     except Exception as e:  # a run goes on without the pool
         warnings.warn(f"trainyard: the run worker's PostgreSQL storages stay at one connection per query ({type(e).__name__}: {e})", stacklevel=2)
         return False
-    setattr(instance, HELD, True)
     return True
 
 
