@@ -43,7 +43,10 @@ period; `details.like_for_like.added_ms_per_step` = platform - bare_allocator
 (target <= 1 ms: what the platform adds once both allocate alike). `details.platform_hooks_ms_per_step`: the time rank 0
 spends in the platform's own per-step callback hooks and logger calls, timed
 in-process by `StepClock` (no target; it says how much of `added_ms_per_step`
-is the platform's code rather than noise).
+is the platform's code rather than noise). `details.where_the_time_goes`: per side, rank 0's steady step split by
+phase (fetch, forward, backward, optimizer) in wall and main-thread CPU time, the CPU of its other threads (gloo's)
+and the machine's busy cores, all from the same clock: added time in the platform's own code shows in one phase,
+the same work done slower in all of them.
 """
 
 from __future__ import annotations
@@ -96,11 +99,50 @@ def _clock(path: Path) -> dict[str, Any]:
     # the hooks' time in each period: charged at the batch end that closes it
     hooks = [h for h, q in zip(c.get("hooks", [])[1:], quiet) if q]
     by_class = {name: 1e3 * sum(h.get(name, 0.0) for h in hooks) / max(len(hooks), 1) for name in sorted({n for h in hooks for n in h})}
-    return {"first": c["first_step_start_wall"], "last": c["last_step_end_wall"], "mean": float(steady.mean()),
+    cpu = {**_cpu(c.get("cpu"), quiet, float(steady.sum())), **_phases(c.get("phases"), quiet)}
+    return {"cpu": cpu, "first": c["first_step_start_wall"], "last": c["last_step_end_wall"], "mean": float(steady.mean()),
             "hooks_ms": sum(by_class.values()), "hooks_ms_by_class": by_class,
             "median": float(np.median(steady)), "p90": float(np.percentile(steady, 90)), "steps": len(ends),
             "steady_periods": len(steady), "write_periods": int((~quiet[WARMUP:]).sum()),
             "mean_all": float(after_warmup.mean())}
+
+
+def _cpu(rows: Any, quiet: np.ndarray, steady_seconds: float) -> dict[str, float]:
+    """Where a steady step's time goes in CPU, from the clock's cumulative `cpu` rows (see `StepClock`)."""
+    if not rows:
+        return {}
+    d = np.diff(np.asarray(rows, dtype=float), axis=0)[quiet]
+    hz = os.sysconf("SC_CLK_TCK")
+    return {
+        "rank0_main_thread_cpu_ms_per_step": 1e3 * float(d[:, 0].mean()),
+        "rank0_other_threads_cpu_ms_per_step": 1e3 * float((d[:, 1] - d[:, 0]).mean()),
+        "rank0_gc_ms_per_step": 1e3 * float(d[:, 2].mean()),
+        "machine_busy_cores": float(d[:, 3].sum()) / hz / steady_seconds,
+        "machine_cores_seen": float(d[:, 4].sum()) / hz / steady_seconds,
+    }
+
+
+PHASES = ("fetch", "forward", "backward", "to_optimizer", "optimizer")
+
+
+def _phases(rows: Any, quiet: np.ndarray) -> dict[str, Any]:
+    """Rank 0's wall and main-thread CPU ms per steady step by phase, from the clock's per-step stamps.
+
+    A step's stamps are at batch start, before backward, after backward, before the optimizer's step and batch end;
+    `fetch` is the previous batch end (the clock's stamp, the last batch-end hook) -> batch start (Lightning's loop,
+    the next batch, the other callbacks' batch-start hooks), `optimizer` includes the other callbacks' batch-end hooks.
+    """
+    if not rows or any(len(r) != 10 for r in rows):
+        return {}
+    a = np.asarray(rows, dtype=float)  # [step, (wall, cpu) x 5]
+    wall, cpu = a[:, 0::2], a[:, 1::2]
+    out: dict[str, Any] = {}
+    for name, m in (("wall", wall), ("cpu", cpu)):
+        fetch = m[1:, 0] - m[:-1, 4]  # period i (end i -> end i+1) holds step i+1's phases
+        inner = np.diff(m[1:], axis=1)
+        cols = [fetch, *inner.T]
+        out[f"phase_{name}_ms_per_step"] = {ph: 1e3 * float(col[quiet].mean()) for ph, col in zip(PHASES, cols)}
+    return out
 
 
 def _summary(clock: dict[str, Any], launched: float, returned: float) -> dict[str, float]:
@@ -118,6 +160,7 @@ def _summary(clock: dict[str, Any], launched: float, returned: float) -> dict[st
         "steps": clock["steps"],
         "other_callbacks_and_loggers_ms_per_step": clock["hooks_ms"],
         "other_callbacks_and_loggers_ms_per_step_by_class": clock["hooks_ms_by_class"],
+        **clock["cpu"],
     }
 
 
@@ -156,6 +199,29 @@ def platform(data: Path, features: list[str], out: Path) -> dict[str, float]:
     launched = time.time()
     LocalLauncher().launch(spec)
     return _summary(_clock(clock), launched, time.time())
+
+
+def _where(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Per side, the medians of rank 0's step split by phase (wall and main-thread CPU) and its CPU accounting.
+
+    Read `added_ms_per_step` against it: time the platform's own code adds shows in the phase that runs it (its
+    batch-end hooks in `optimizer`, its data module in `fetch`); the same work done slower shows in every phase.
+    """
+    out: dict[str, Any] = {"what": "rank 0, steady-state steps, median over each side's runs: ms per step by phase "
+                           "(fetch: previous batch end -> batch start; forward: -> before backward; backward: -> after "
+                           "backward, DDP's gradient all-reduce waited on included; optimizer: before the optimizer's "
+                           "step -> batch end, the other callbacks' batch-end hooks included), in wall time and in the "
+                           "main thread's CPU time; the CPU its other threads used (gloo's), its garbage collector's "
+                           "time, and how many of the machine's cores were busy"}
+    for side, rs in runs.items():
+        if not rs or "phase_wall_ms_per_step" not in rs[0]:
+            continue
+        out[side] = {
+            kind: {ph: float(statistics.median(r[f"phase_{kind}_ms_per_step"][ph] for r in rs)) for ph in PHASES}
+            for kind in ("wall", "cpu")
+        } | {k: float(statistics.median(r[k] for r in rs)) for k in (
+            "rank0_main_thread_cpu_ms_per_step", "rank0_other_threads_cpu_ms_per_step", "rank0_gc_ms_per_step", "machine_busy_cores")}
+    return out
 
 
 def _median(runs: list[dict[str, float]], key: str) -> float:
@@ -204,6 +270,7 @@ def main() -> dict:
                 "added_ms_per_step": _median(plat, "step_ms_mean") - _median(tuned, "step_ms_mean"),
                 "bare_allocator_runs": tuned,
             },
+            "where_the_time_goes": _where(runs),
             "parameters": params,
             "fixed_costs_s": fixed,
             "platform_runs": plat,

@@ -10,6 +10,7 @@ callbacks: the interval between two stamps is everything one step costs.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -35,7 +36,10 @@ class StepClock(L.Callback):
     previous batch end, in the per-step hooks of the Trainer's other callbacks
     and in its loggers' `log_metrics`, by class: what the platform's own
     per-step code costs, measured directly rather than as the difference of two
-    noisy step times), `world_size`.
+    noisy step times), `world_size`; and per batch end, where a step's time goes in CPU (`cpu`): rank 0's main
+    thread CPU seconds (`time.thread_time`), its whole process's (`time.process_time`: plus gloo's, the
+    checkpoint writer's and any other thread's), the seconds its garbage collector ran (`gc.callbacks`), and the
+    machine's busy and total jiffies (`/proc/stat`), all cumulative.
     """
 
     def __init__(self, path: str) -> None:
@@ -46,6 +50,29 @@ class StepClock(L.Callback):
         self.writing: list[bool] = []
         self.hooks: list[dict[str, float]] = []
         self._spent: dict[str, float] = {}
+        self.cpu: list[list[float]] = []
+        self._gc_seconds = 0.0
+        self._gc_started = 0.0
+        self.phases: list[list[float]] = []
+        self._stamps: list[float] = []
+
+    def _stamp(self) -> None:
+        self._stamps += (time.perf_counter(), time.thread_time())
+
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: Any) -> None:
+        self._stamp()
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._stamp()
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        self._stamp()
+
+    def _gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_seconds += time.perf_counter() - self._gc_started
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for callback in trainer.callbacks:
@@ -56,6 +83,7 @@ class StepClock(L.Callback):
                     setattr(callback, hook, self._timed(type(callback).__name__, getattr(callback, hook)))
         for logger in trainer.loggers:
             logger.log_metrics = self._timed(f"logger:{type(logger).__name__}", logger.log_metrics)  # type: ignore[method-assign]
+        gc.callbacks.append(self._gc)
 
     def _timed(self, name: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -69,21 +97,39 @@ class StepClock(L.Callback):
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         if self.first_start_wall is None:
             self.first_start_wall = time.time()
+        self._stamps = []
+        self._stamp()
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self.ends.append(time.perf_counter())
+        now, cpu = time.perf_counter(), time.thread_time()
+        self.ends.append(now)
         self.last_end_wall = time.time()
         self.writing.append(any(_writing(c) for c in trainer.callbacks))
         self.hooks.append(self._spent)
         self._spent = {}
+        self.cpu.append([cpu, time.process_time(), self._gc_seconds, *_machine_jiffies()])
+        self.phases.append([*self._stamps, now, cpu])
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
         if trainer.global_rank != 0:
             return
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "w") as f:
             json.dump({"first_step_start_wall": self.first_start_wall, "last_step_end_wall": self.last_end_wall,
-                       "batch_end": self.ends, "writing": self.writing, "hooks": self.hooks, "world_size": trainer.world_size}, f)
+                       "batch_end": self.ends, "writing": self.writing, "hooks": self.hooks, "cpu": self.cpu, "phases": self.phases,
+                       "world_size": trainer.world_size}, f)
+
+
+def _machine_jiffies() -> tuple[float, float]:
+    """The machine's busy and total CPU jiffies so far (`/proc/stat`'s first line; busy = all but idle and iowait)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [float(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return float("nan"), float("nan")
+    return sum(fields[:8]) - fields[3] - fields[4], sum(fields[:8])
 
 
 def _writing(callback: Any) -> bool:

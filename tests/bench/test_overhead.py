@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from bench.overhead import STEPS, WARMUP, _clock
+from bench.overhead import PHASES, STEPS, WARMUP, _clock
 
 
 def test_hooks_are_charged_to_the_steady_periods_they_fall_in(tmp_path: Path) -> None:
@@ -32,3 +33,57 @@ def test_a_clock_without_hooks_reads_as_none_spent(tmp_path: Path) -> None:
     path.write_text(json.dumps({"first_step_start_wall": 1.0, "last_step_end_wall": 2.0, "batch_end": [0.1 * k for k in range(STEPS)],
                                 "writing": [False] * STEPS, "world_size": 2}))
     assert _clock(path)["hooks_ms"] == 0.0
+
+
+def test_cpu_and_phases_are_read_from_the_steady_periods_only(tmp_path: Path) -> None:
+    n = STEPS
+    ends = [0.1 * k for k in range(n)]
+    writing = [k == WARMUP + 5 for k in range(n)]
+    # cumulative [thread cpu, process cpu, gc s, busy jiffies, total jiffies]: 60 ms main thread, 20 ms other threads,
+    # 0.1 ms of GC and 1.5 busy cores of 2 per 100 ms step; the write's step costs 10x on the main thread
+    cpu, t = [], [0.0, 0.0, 0.0, 0.0, 0.0]
+    for k in range(n):
+        extra = 0.54 if k == WARMUP + 5 else 0.0
+        t = [t[0] + 0.06 + extra, t[1] + 0.08 + extra, t[2] + 0.0001, t[3] + 15, t[4] + 20]
+        cpu.append(list(t))
+    # per step (wall, cpu) at batch start, before backward, after backward, before optimizer step, batch end
+    phases = []
+    for k in range(n):
+        start = ends[k] - 0.097
+        w = [start, start + 0.010, start + 0.060, start + 0.0601, ends[k]]
+        c = [x * 0.5 for x in w]
+        phases.append([v for pair in zip(w, c) for v in pair])
+    path = tmp_path / "clock.json"
+    path.write_text(json.dumps({"first_step_start_wall": 1.0, "last_step_end_wall": 2.0, "batch_end": ends, "writing": writing,
+                                "cpu": cpu, "phases": phases, "world_size": 2}))
+    c = _clock(path)["cpu"]
+    assert abs(c["rank0_main_thread_cpu_ms_per_step"] - 60.0) < 1e-6  # the write's step is not a steady one
+    assert abs(c["rank0_other_threads_cpu_ms_per_step"] - 20.0) < 1e-6
+    assert abs(c["rank0_gc_ms_per_step"] - 0.1) < 1e-6
+    hz = os.sysconf("SC_CLK_TCK")
+    assert abs(c["machine_busy_cores"] - 15 / hz / 0.1) < 1e-6
+    wall = c["phase_wall_ms_per_step"]
+    assert [round(wall[p], 6) for p in PHASES] == [3.0, 10.0, 50.0, 0.1, 36.9]
+    assert abs(sum(wall.values()) - 100.0) < 1e-6  # the phases tile the step period
+    assert abs(c["phase_cpu_ms_per_step"]["backward"] - 25.0) < 1e-6
+
+
+def test_a_real_lightning_fit_stamps_phases_that_tile_its_step_periods(tmp_path: Path) -> None:
+    """`StepClock` in a real Trainer: its hooks fire in the order `_phases` assumes, so every phase is >= 0."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from bench.steady_model import TimedMLP
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(4 * STEPS, 8), torch.arange(4 * STEPS) % 3)
+    path = tmp_path / "clock.json"
+    model = TimedMLP(clock_path=str(path), n_features=8, n_classes=3, width=16, blocks=1, expansion=2)
+    L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+              enable_model_summary=False).fit(model, DataLoader(data, batch_size=4))
+    clock = _clock(path)
+    wall, cpu = clock["cpu"]["phase_wall_ms_per_step"], clock["cpu"]["phase_cpu_ms_per_step"]
+    assert all(wall[p] >= 0 and cpu[p] >= 0 for p in PHASES), (wall, cpu)
+    assert abs(sum(wall.values()) - clock["mean"] * 1e3) < 1e-6
+    assert wall["backward"] > 0 and wall["optimizer"] > 0 and clock["cpu"]["rank0_main_thread_cpu_ms_per_step"] > 0
