@@ -72,11 +72,15 @@ class Location:
         (tmp_path / "home" / "dagster.yaml").write_text(INSTANCE_YAML)
         (tmp_path / "workspace.yaml").write_text(f"load_from:\n  - python_file:\n      relative_path: loc.py\n      working_directory: {tmp_path}\n")
         self.env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "WARM_RUN_OUT": str(tmp_path / "out")}
-        self.daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], cwd=tmp_path, env=self.env,
-                                       stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
         from dagster import DagsterInstance
 
+        # The SQLite storages are created here, before the daemon, its code server and `dagster job launch` open them:
+        # processes creating them at once can each stamp the schema's alembic version (CI at e5de245: the code server
+        # failed with "Version table 'alembic_version' has more than one head present", and the first launch with it).
         self.instance = DagsterInstance.from_config(str(tmp_path / "home"))
+        self.instance.get_runs(limit=1)
+        self.daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], cwd=tmp_path, env=self.env,
+                                       stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
     def write(self, value: str) -> None:
         (self.dir / "loc.py").write_text(LOCATION.format(value=value))
@@ -84,8 +88,9 @@ class Location:
     def launch(self) -> str:
         """`dagster job launch` (the run queue's submit, as the UI's Launch does); returns the run id."""
         before = {r.run_id for r in self.instance.get_runs()}
-        subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", "workspace.yaml", "-j", "hello"], cwd=self.dir, env=self.env,
-                       check=True, capture_output=True, timeout=120)
+        done = subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", "workspace.yaml", "-j", "hello"], cwd=self.dir, env=self.env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, f"dagster job launch exited {done.returncode}:\n{done.stderr[-3000:]}"
         (run_id,) = {r.run_id for r in self.instance.get_runs()} - before
         return run_id
 
