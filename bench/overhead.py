@@ -99,7 +99,7 @@ def _clock(path: Path) -> dict[str, Any]:
     # the hooks' time in each period: charged at the batch end that closes it
     hooks = [h for h, q in zip(c.get("hooks", [])[1:], quiet) if q]
     by_class = {name: 1e3 * sum(h.get(name, 0.0) for h in hooks) / max(len(hooks), 1) for name in sorted({n for h in hooks for n in h})}
-    cpu = {**_cpu(c.get("cpu"), quiet, float(steady.sum())), **_phases(c.get("phases"), quiet)}
+    cpu = {**_cpu(c.get("cpu"), c.get("phases"), quiet, float(steady.sum())), **_phases(c.get("phases"), quiet)}
     return {"cpu": cpu, "first": c["first_step_start_wall"], "last": c["last_step_end_wall"], "mean": float(steady.mean()),
             "hooks_ms": sum(by_class.values()), "hooks_ms_by_class": by_class,
             "median": float(np.median(steady)), "p90": float(np.percentile(steady, 90)), "steps": len(ends),
@@ -107,18 +107,19 @@ def _clock(path: Path) -> dict[str, Any]:
             "mean_all": float(after_warmup.mean())}
 
 
-def _cpu(rows: Any, quiet: np.ndarray, steady_seconds: float) -> dict[str, float]:
-    """Where a steady step's time goes in CPU, from the clock's cumulative `cpu` rows (see `StepClock`)."""
-    if not rows:
+def _cpu(rows: Any, phases: Any, quiet: np.ndarray, steady_seconds: float) -> dict[str, float]:
+    """Where a steady step's time goes in CPU, from the clock's cumulative `cpu` rows and its batch-end `phases` stamp."""
+    if not rows or not phases:
         return {}
     d = np.diff(np.asarray(rows, dtype=float), axis=0)[quiet]
+    main = np.diff(np.asarray([r[-1] for r in phases], dtype=float))[quiet]  # the main thread's CPU at each batch end
     hz = os.sysconf("SC_CLK_TCK")
     return {
-        "rank0_main_thread_cpu_ms_per_step": 1e3 * float(d[:, 0].mean()),
-        "rank0_other_threads_cpu_ms_per_step": 1e3 * float((d[:, 1] - d[:, 0]).mean()),
-        "rank0_gc_ms_per_step": 1e3 * float(d[:, 2].mean()),
-        "machine_busy_cores": float(d[:, 3].sum()) / hz / steady_seconds,
-        "machine_cores_seen": float(d[:, 4].sum()) / hz / steady_seconds,
+        "rank0_main_thread_cpu_ms_per_step": 1e3 * float(main.mean()),
+        "rank0_other_threads_cpu_ms_per_step": 1e3 * float((d[:, 0] - main).mean()),
+        "rank0_gc_ms_per_step": 1e3 * float(d[:, 1].mean()),
+        "machine_busy_cores": float(d[:, 2].sum()) / hz / steady_seconds,
+        "machine_cores_seen": float(d[:, 3].sum()) / hz / steady_seconds,
     }
 
 

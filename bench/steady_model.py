@@ -36,10 +36,11 @@ class StepClock(L.Callback):
     previous batch end, in the per-step hooks of the Trainer's other callbacks
     and in its loggers' `log_metrics`, by class: what the platform's own
     per-step code costs, measured directly rather than as the difference of two
-    noisy step times), `world_size`; and per batch end, where a step's time goes in CPU (`cpu`): rank 0's main
-    thread CPU seconds (`time.thread_time`), its whole process's (`time.process_time`: plus gloo's, the
-    checkpoint writer's and any other thread's), the seconds its garbage collector ran (`gc.callbacks`), and the
-    machine's busy and total jiffies (`/proc/stat`), all cumulative.
+    noisy step times), `world_size`; `phases` (per batch: wall `perf_counter` and main-thread CPU `thread_time`
+    stamps at batch start, before backward, after backward, before the optimizer step and batch end); and `cpu`
+    (per batch end, cumulative: the process's CPU seconds, `time.process_time`, so gloo's, the checkpoint writer's
+    and any other thread's too, the seconds its garbage collector ran, `gc.callbacks`, and the machine's busy and
+    total jiffies, `/proc/stat`).
     """
 
     def __init__(self, path: str) -> None:
@@ -107,7 +108,7 @@ class StepClock(L.Callback):
         self.writing.append(any(_writing(c) for c in trainer.callbacks))
         self.hooks.append(self._spent)
         self._spent = {}
-        self.cpu.append([cpu, time.process_time(), self._gc_seconds, *_machine_jiffies()])
+        self.cpu.append([time.process_time(), self._gc_seconds, *_machine_jiffies()])
         self.phases.append([*self._stamps, now, cpu])
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
