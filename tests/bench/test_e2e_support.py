@@ -59,5 +59,6 @@ def test_landing_to_first_step_breakdown_adds_up_to_the_total() -> None:
 def test_instance_config_is_the_shipped_one_on_postgres() -> None:
     config = yaml.safe_load(dagster_yaml("postgresql+psycopg2://postgres@127.0.0.1:5432/x"))
     assert config["storage"] == {"postgres": {"postgres_url": "postgresql+psycopg2://postgres@127.0.0.1:5432/x"}}
-    assert config["run_queue"]["max_concurrent_runs"] == 3  # deploy/local/dagster.yaml's queue
+    assert config["run_coordinator"]["config"]["max_concurrent_runs"] == 3  # deploy/local/dagster.yaml's queue
+    assert config["run_coordinator"]["class"] == "LocalRunQueue"
     assert config["telemetry"] == {"enabled": False}

@@ -53,9 +53,12 @@ defs = Definitions(jobs=[hello])
 
 INSTANCE_YAML = """telemetry:
   enabled: false
-run_queue:
-  max_concurrent_runs: 4
-  dequeue_interval_seconds: 1
+run_coordinator:  # the shipped local queue (deploy/local/dagster.yaml)
+  module: resources.run_queue
+  class: LocalRunQueue
+  config:
+    max_concurrent_runs: 4
+    dequeue_interval_seconds: 0.5
 run_launcher:
   module: resources.run_launcher
   class: WarmRunLauncher

@@ -1,0 +1,66 @@
+"""LocalRunQueue: Dagster's run queue with a fractional look interval, as Dagster itself reads and runs it.
+
+The daemon end to end (a real `dagster-daemon` dequeuing runs submitted by `dagster job launch`
+through this queue) is `tests/resources/test_run_launcher.py`, whose instance uses it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import DagsterInstance
+from dagster._core.errors import DagsterInvalidConfigError
+from dagster._daemon.controller import create_daemon_of_type
+from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
+
+from resources.run_queue import MIN_INTERVAL_SECONDS, LocalRunQueue
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _home(tmp_path: Path, config: dict) -> Path:
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({
+        "telemetry": {"enabled": False},
+        "run_coordinator": {"module": "resources.run_queue", "class": "LocalRunQueue", "config": config},
+    }))
+    return tmp_path
+
+
+def test_the_shipped_instance_looks_at_its_queue_every_half_second(tmp_path: Path) -> None:
+    (tmp_path / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        coordinator = instance.run_coordinator
+        assert isinstance(coordinator, LocalRunQueue)
+        assert coordinator.dequeue_interval_seconds == 0.5
+        # Everything else is Dagster's queue as `run_queue:` configured it before.
+        queue = coordinator.get_run_queue_config()
+        assert queue.max_concurrent_runs == 3
+        assert [(rule["key"], rule["limit"]) for rule in queue.tag_concurrency_limits] == [("trainyard/team", 2)]
+        assert coordinator.dequeue_use_threads and coordinator.dequeue_num_workers == 4
+        # The daemon Dagster's controller builds for this instance waits that long between looks.
+        daemon = create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)
+        assert isinstance(daemon, QueuedRunCoordinatorDaemon) and daemon.interval_seconds == 0.5
+
+
+@pytest.mark.parametrize("value", [1, 2.5])
+def test_whole_and_fractional_seconds_are_taken(tmp_path: Path, value: float) -> None:
+    with DagsterInstance.from_config(str(_home(tmp_path, {"dequeue_interval_seconds": value}))) as instance:
+        assert instance.run_coordinator.dequeue_interval_seconds == value
+
+
+def test_without_an_interval_it_is_dagsters_default(tmp_path: Path) -> None:
+    with DagsterInstance.from_config(str(_home(tmp_path, {"max_concurrent_runs": 2}))) as instance:
+        assert instance.run_coordinator.dequeue_interval_seconds == 5
+        assert instance.run_coordinator.get_run_queue_config().max_concurrent_runs == 2
+
+
+def test_an_interval_shorter_than_the_daemons_wait_step_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=rf"dequeue_interval_seconds 0.1 is below {MIN_INTERVAL_SECONDS}"):
+        assert DagsterInstance.from_config(str(_home(tmp_path, {"dequeue_interval_seconds": 0.1}))).run_coordinator is None
+
+
+def test_an_interval_that_is_not_a_number_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DagsterInvalidConfigError, match="dequeue_interval_seconds"):
+        assert DagsterInstance.from_config(str(_home(tmp_path, {"dequeue_interval_seconds": "soon"}))).run_coordinator is None
