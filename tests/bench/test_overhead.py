@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from bench.overhead import PHASES, STEPS, WARMUP, _clock
 
 
@@ -85,3 +87,22 @@ def test_a_real_lightning_fit_stamps_phases_that_tile_its_step_periods(tmp_path:
     assert all(wall[p] >= 0 and cpu[p] >= 0 for p in PHASES), (wall, cpu)
     assert abs(sum(wall.values()) - clock["mean"] * 1e3) < 1e-6
     assert wall["backward"] > 0 and wall["optimizer"] > 0 and clock["cpu"]["rank0_main_thread_cpu_ms_per_step"] > 0
+
+
+def test_the_paired_added_time_says_whether_the_repetitions_resolve_the_target() -> None:
+    from bench.overhead import _paired_added
+
+    def runs(*ms: float) -> list[dict[str, float]]:
+        return [{"step_ms_mean": m} for m in ms]
+
+    steady = _paired_added(runs(100.2, 101.3, 99.4), runs(100.0, 101.0, 99.0))
+    assert steady["differences_ms"] == pytest.approx([0.2, 0.3, 0.4])
+    assert steady["mean"] == pytest.approx(0.3) and steady["ci_high"] < 1.0
+    assert steady["verdict"].startswith("met")
+    slow = _paired_added(runs(104.0, 105.1, 103.9), runs(100.0, 101.0, 100.0))
+    assert slow["ci_low"] > 1.0 and slow["verdict"].startswith("missed")
+    # A mean under 1 ms whose repetitions spread over several: the median difference could pass, the pairs do not say.
+    noisy = _paired_added(runs(103.0, 97.0, 101.5, 99.0), runs(100.0, 100.0, 100.0, 100.0))
+    assert noisy["mean"] == pytest.approx(0.125) and noisy["ci_low"] < 0 < 1.0 < noisy["ci_high"]
+    assert noisy["verdict"].startswith("not resolved")
+    assert _paired_added(runs(100.5), runs(100.0))["verdict"].startswith("not resolved")
