@@ -21,8 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from dagster import Field, Float
-from dagster._core.run_coordinator import QueuedRunCoordinator
+from dagster import Field, Float, QueuedRunCoordinator
 from dagster._serdes import ConfigurableClassData
 
 MIN_INTERVAL_SECONDS = 0.5  # IntervalDaemon.core_loop waits in steps of 0.5 s: a shorter interval looks no sooner
