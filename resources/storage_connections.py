@@ -25,7 +25,7 @@ Called in every run worker: the warm run launcher's forked worker
 started any other way (Dagster's default launcher, a Kubernetes run pod),
 by the platform's executor (`trainyard_executor`) before the first step.
 `WarmRunLauncher` also pools the instance it is registered with: the local
-daemon's, whose queue looks every second. An instance pooled already (the
+daemon's, whose queue looks every 0.5 s. An instance pooled already (the
 webserver's) is left as it is.
 A run worker holds at most three idle connections (one per storage) while it
 runs; the local run queue runs three at once.
