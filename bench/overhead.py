@@ -238,14 +238,14 @@ def _paired_added(plat: list[dict[str, float]], other: list[dict[str, float]], t
     The target reads the difference of the sides' medians; this says whether this many repetitions resolve it: `verdict`
     is "met" when the whole interval is at or below `target_ms`, "missed" when it is all above, else "not resolved".
     """
-    from bench.sim.stats import paired_difference
+    from bench.sim.stats import t_interval
 
-    diffs = [p["step_ms_mean"] - o["step_ms_mean"] for p, o in zip(plat, other)]
+    diffs = [p["step_ms_mean"] - o["step_ms_mean"] for p, o in zip(plat, other, strict=True)]
     out: dict[str, Any] = {"what": "per repetition, platform - bare_allocator mean step period (the two ran one after "
                            "the other): mean with its 95% Student-t interval", "differences_ms": diffs}
     if len(diffs) < 2:
         return out | {"verdict": "not resolved (fewer than two repetitions)"}
-    interval = paired_difference([p["step_ms_mean"] for p in plat], [o["step_ms_mean"] for o in other])
+    interval = t_interval(diffs)
     verdict = "met" if interval["ci_high"] <= target_ms else "missed" if interval["ci_low"] > target_ms else "not resolved"
     return out | interval | {"verdict": f"{verdict} (target <= {target_ms} ms/step at {len(diffs)} repetitions)"}
 

@@ -27,19 +27,24 @@ from dagster._serdes import ConfigurableClassData
 MIN_INTERVAL_SECONDS = 0.5  # IntervalDaemon.core_loop waits in steps of 0.5 s: a shorter interval looks no sooner
 
 
+def _checked(seconds: Any) -> float:
+    """`seconds` if it is a number of seconds the daemon can honour; else an error naming the setting."""
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool):
+        raise TypeError(f"run queue: dequeue_interval_seconds must be a number of seconds, got {seconds!r}")
+    if seconds < MIN_INTERVAL_SECONDS:
+        raise ValueError(
+            f"run queue: dequeue_interval_seconds {seconds} is below {MIN_INTERVAL_SECONDS}: Dagster's daemon waits in steps "
+            f"of {MIN_INTERVAL_SECONDS} s between looks, so a shorter interval would not look sooner")
+    return float(seconds)
+
+
 class LocalRunQueue(QueuedRunCoordinator):
     """`QueuedRunCoordinator` whose `dequeue_interval_seconds` may be fractional (>= `MIN_INTERVAL_SECONDS`)."""
 
     def __init__(self, dequeue_interval_seconds: Optional[float] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if dequeue_interval_seconds is not None:
-            if not isinstance(dequeue_interval_seconds, (int, float)) or isinstance(dequeue_interval_seconds, bool):
-                raise TypeError(f"run queue: dequeue_interval_seconds must be a number of seconds, got {dequeue_interval_seconds!r}")
-            if dequeue_interval_seconds < MIN_INTERVAL_SECONDS:
-                raise ValueError(
-                    f"run queue: dequeue_interval_seconds {dequeue_interval_seconds} is below {MIN_INTERVAL_SECONDS}: Dagster's "
-                    f"daemon waits in steps of {MIN_INTERVAL_SECONDS} s between looks, so a shorter interval would not look sooner")
-            self._dequeue_interval_seconds = dequeue_interval_seconds  # type: ignore[assignment]
+            self._dequeue_interval_seconds = _checked(dequeue_interval_seconds)  # type: ignore[assignment]
 
     @property
     def dequeue_interval_seconds(self) -> float:  # type: ignore[override]
@@ -56,14 +61,8 @@ class LocalRunQueue(QueuedRunCoordinator):
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> "LocalRunQueue":
-        return cls(
-            inst_data=inst_data,
-            max_concurrent_runs=config_value.get("max_concurrent_runs"),
-            tag_concurrency_limits=config_value.get("tag_concurrency_limits"),
-            dequeue_interval_seconds=config_value.get("dequeue_interval_seconds"),
-            dequeue_use_threads=config_value.get("dequeue_use_threads"),
-            dequeue_num_workers=config_value.get("dequeue_num_workers"),
-            max_user_code_failure_retries=config_value.get("max_user_code_failure_retries"),
-            user_code_failure_retry_delay=config_value.get("user_code_failure_retry_delay"),
-            block_op_concurrency_limited_runs=config_value.get("block_op_concurrency_limited_runs"),
-        )
+        """Dagster's own reading of every other setting (its `from_config_value` makes `cls`), then the interval as given."""
+        queue = super().from_config_value(inst_data, {k: v for k, v in config_value.items() if k != "dequeue_interval_seconds"})
+        if config_value.get("dequeue_interval_seconds") is not None:
+            queue._dequeue_interval_seconds = _checked(config_value["dequeue_interval_seconds"])  # type: ignore[assignment]
+        return queue
