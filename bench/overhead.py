@@ -49,7 +49,8 @@ in-process by `StepClock` (no target; it says how much of `added_ms_per_step`
 is the platform's code rather than noise). `details.where_the_time_goes`: per side, rank 0's steady step split by
 phase (fetch, forward, backward, optimizer) in wall and main-thread CPU time, the CPU of its other threads (gloo's)
 and the machine's busy cores, all from the same clock: added time in the platform's own code shows in one phase,
-the same work done slower in all of them.
+the same work done slower in all of them. Beside it, rank 0's page faults and context switches per step, and the cores
+the ranks and every other process (launcher, warm server, W&B's service) used over the steady window.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def _clock(path: Path) -> dict[str, Any]:
     # the hooks' time in each period: charged at the batch end that closes it
     hooks = [h for h, q in zip(c.get("hooks", [])[1:], quiet) if q]
     by_class = {name: 1e3 * sum(h.get(name, 0.0) for h in hooks) / max(len(hooks), 1) for name in sorted({n for h in hooks for n in h})}
-    cpu = {**_cpu(c.get("cpu"), c.get("phases"), quiet, float(steady.sum())), **_phases(c.get("phases"), quiet)}
+    cpu = {**_cpu(c.get("cpu"), c.get("phases"), quiet, float(steady.sum())), **_phases(c.get("phases"), quiet),
+           **_rusage(c.get("rusage"), quiet), **_processes(c)}
     return {"cpu": cpu, "first": c["first_step_start_wall"], "last": c["last_step_end_wall"], "mean": float(steady.mean()),
             "hooks_ms": sum(by_class.values()), "hooks_ms_by_class": by_class,
             "median": float(np.median(steady)), "p90": float(np.percentile(steady, 90)), "steps": len(ends),
@@ -124,6 +126,37 @@ def _cpu(rows: Any, phases: Any, quiet: np.ndarray, steady_seconds: float) -> di
         "machine_busy_cores": float(d[:, 2].sum()) / hz / steady_seconds,
         "machine_cores_seen": float(d[:, 3].sum()) / hz / steady_seconds,
     }
+
+
+RUSAGE = ("minor_faults", "major_faults", "voluntary_switches", "involuntary_switches")
+
+
+def _rusage(rows: Any, quiet: np.ndarray) -> dict[str, float]:
+    """Rank 0's page faults and context switches per steady step, whole process and main thread (the clock's `rusage`)."""
+    if not rows or len(rows) != len(quiet) + 1:
+        return {}
+    d = np.diff(np.asarray(rows, dtype=float), axis=0)[quiet]
+    names = [f"rank0_{n}_per_step" for n in RUSAGE] + [f"rank0_main_thread_{n}_per_step" for n in RUSAGE]
+    return {n: float(col.mean()) for n, col in zip(names, d.T)}
+
+
+def _processes(c: dict[str, Any]) -> dict[str, Any]:
+    """Cores each process used between the clock's two snapshots (end of warm-up, last batch end): ranks apart from the rest.
+
+    `other_processes_cores`: everything but the training ranks (the launcher, a warm server, W&B's service, the
+    machine's other work), which takes cores from ranks that each want one on this 2-core machine.
+    """
+    snaps = c.get("processes") or {}
+    if len(snaps) != 2:
+        return {}
+    (_, a), (_, b) = sorted(snaps.items(), key=lambda kv: int(kv[0]))
+    seconds, hz = b["wall"] - a["wall"], os.sysconf("SC_CLK_TCK")
+    ranks = {str(p) for p in c.get("rank_pids", [])}
+    used = {pid: (t - a["ticks"][pid][0]) / hz / seconds for pid, (t, _) in b["ticks"].items() if pid in a["ticks"]}
+    others = {pid: u for pid, u in used.items() if pid not in ranks and u > 0}
+    top = sorted(others, key=lambda pid: -others[pid])[:6]
+    return {"ranks_cores": sum(used.get(pid, 0.0) for pid in ranks), "other_processes_cores": sum(others.values()),
+            "other_processes_top": [[b["ticks"][pid][1], round(others[pid], 4)] for pid in top]}
 
 
 PHASES = ("fetch", "forward", "backward", "to_optimizer", "optimizer")
@@ -216,7 +249,9 @@ def _where(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
                            "backward, DDP's gradient all-reduce waited on included; optimizer: before the optimizer's "
                            "step -> batch end, the other callbacks' batch-end hooks included), in wall time and in the "
                            "main thread's CPU time; the CPU its other threads used (gloo's), its garbage collector's "
-                           "time, and how many of the machine's cores were busy"}
+                           "time, and how many of the machine's cores were busy; rank 0's page faults and context switches per step (process and main "
+                           "thread: an involuntary switch is another runnable task taking the core); the cores the ranks "
+                           "and all other processes used (the launcher, a warm server, W&B's service, the machine's other work)"}
     for side, rs in runs.items():
         if not rs or "phase_wall_ms_per_step" not in rs[0]:
             continue
@@ -224,7 +259,8 @@ def _where(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             kind: {ph: float(statistics.median(r[f"phase_{kind}_ms_per_step"][ph] for r in rs)) for ph in PHASES}
             for kind in ("wall", "cpu")
         } | {k: float(statistics.median(r[k] for r in rs)) for k in (
-            "rank0_main_thread_cpu_ms_per_step", "rank0_other_threads_cpu_ms_per_step", "rank0_gc_ms_per_step", "machine_busy_cores")}
+            "rank0_main_thread_cpu_ms_per_step", "rank0_other_threads_cpu_ms_per_step", "rank0_gc_ms_per_step", "machine_busy_cores",
+            *(f"rank0_{w}{n}_per_step" for w in ("", "main_thread_") for n in RUSAGE), "ranks_cores", "other_processes_cores") if k in rs[0]}
     return out
 
 

@@ -40,11 +40,19 @@ class StepClock(L.Callback):
     stamps at batch start, before backward, after backward, before the optimizer step and batch end); and `cpu`
     (per batch end, cumulative: the process's CPU seconds, `time.process_time`, so gloo's, the checkpoint writer's
     and any other thread's too, the seconds its garbage collector ran, `gc.callbacks`, and the machine's busy and
-    total jiffies, `/proc/stat`).
+    total jiffies, `/proc/stat`); `rusage` (per batch end, cumulative: the process's minor and major page faults and
+    voluntary and involuntary context switches, then the main thread's, `getrusage`: faults say whether memory is
+    being mapped afresh, involuntary switches whether another runnable task took the core); and `processes` (every
+    process's CPU ticks, `/proc/<pid>/stat`, at the end of batch `snapshot_at` and at the last batch's end, with its
+    command line, and the ranks' pids: which processes used the cores in the steady window, the ranks or others).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, snapshot_at: int = 20) -> None:
         self.path = path
+        self.snapshot_at = snapshot_at
+        self.rusage: list[list[int]] = []
+        self.processes: dict[str, Any] = {}
+        self.rank_pids: list[int] = [os.getpid()]
         self.first_start_wall: Optional[float] = None
         self.last_end_wall = 0.0
         self.ends: list[float] = []
@@ -85,6 +93,12 @@ class StepClock(L.Callback):
         for logger in trainer.loggers:
             logger.log_metrics = self._timed(f"logger:{type(logger).__name__}", logger.log_metrics)  # type: ignore[method-assign]
         gc.callbacks.append(self._gc)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            pids: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(pids, os.getpid())  # before the first step, alike on both sides of the benchmark
+            self.rank_pids = [int(p) for p in pids]
 
     def _timed(self, name: str, fn: Any) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
@@ -110,6 +124,10 @@ class StepClock(L.Callback):
         self._spent = {}
         self.cpu.append([time.process_time(), self._gc_seconds, *_machine_jiffies()])
         self.phases.append([*self._stamps, now, cpu])
+        self.rusage.append(_rusage())
+        # After the stamps: a scan's few ms fall in the next period (a warm-up one) or after the last.
+        if trainer.global_rank == 0 and len(self.ends) in (self.snapshot_at, trainer.num_training_batches):
+            self.processes[str(len(self.ends))] = {"wall": now, "ticks": _process_ticks()}
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self._gc in gc.callbacks:
@@ -120,6 +138,7 @@ class StepClock(L.Callback):
         with open(self.path, "w") as f:
             json.dump({"first_step_start_wall": self.first_start_wall, "last_step_end_wall": self.last_end_wall,
                        "batch_end": self.ends, "writing": self.writing, "hooks": self.hooks, "cpu": self.cpu, "phases": self.phases,
+                       "rusage": self.rusage, "processes": self.processes, "rank_pids": self.rank_pids,
                        "world_size": trainer.world_size}, f)
 
 
@@ -131,6 +150,34 @@ def _machine_jiffies() -> tuple[float, float]:
     except OSError:
         return float("nan"), float("nan")
     return sum(fields[:8]) - fields[3] - fields[4], sum(fields[:8])
+
+
+def _rusage() -> list[int]:
+    """Cumulative [minor faults, major faults, voluntary switches, involuntary switches] of the process, then of this thread."""
+    import resource
+
+    out: list[int] = []
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_THREAD):
+        r = resource.getrusage(who)
+        out += [r.ru_minflt, r.ru_majflt, r.ru_nvcsw, r.ru_nivcsw]
+    return out
+
+
+def _process_ticks() -> dict[str, list[Any]]:
+    """Every process's CPU so far: pid -> [user + system clock ticks, command line (first 120 characters)]."""
+    out: dict[str, list[Any]] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # gone meanwhile
+            continue
+        out[pid] = [int(fields[11]) + int(fields[12]), cmd[:120]]  # utime, stime: fields 14, 15 of stat
+    return out
 
 
 def _writing(callback: Any) -> bool:

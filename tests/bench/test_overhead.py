@@ -87,6 +87,27 @@ def test_a_real_lightning_fit_stamps_phases_that_tile_its_step_periods(tmp_path:
     assert all(wall[p] >= 0 and cpu[p] >= 0 for p in PHASES), (wall, cpu)
     assert abs(sum(wall.values()) - clock["mean"] * 1e3) < 1e-6
     assert wall["backward"] > 0 and wall["optimizer"] > 0 and clock["cpu"]["rank0_main_thread_cpu_ms_per_step"] > 0
+    # The process trained between the two snapshots, so it used CPU; faults and switches are counted, never negative.
+    assert clock["cpu"]["ranks_cores"] > 0 and clock["cpu"]["other_processes_cores"] >= 0
+    assert all(clock["cpu"][f"rank0_{n}_per_step"] >= 0 for n in ("minor_faults", "involuntary_switches", "main_thread_voluntary_switches"))
+
+
+def test_the_cores_other_processes_used_are_told_apart_from_the_ranks(tmp_path: Path) -> None:
+    """`_processes`: between the snapshots, ranks' ticks and everyone else's, per second of the window."""
+    hz = os.sysconf("SC_CLK_TCK")
+    before = {"10": [0, "python rank"], "11": [0, "python rank"], "12": [5, "wandb-core"], "13": [7, "launcher"], "14": [1, "gone"]}
+    after = {"10": [2 * hz, "python rank"], "11": [2 * hz, "python rank"], "12": [5 + hz // 10, "wandb-core"], "13": [7, "launcher"],
+             "15": [hz, "born in the window"]}
+    n, steps = STEPS, WARMUP
+    path = tmp_path / "clock.json"
+    path.write_text(json.dumps({"first_step_start_wall": 1.0, "last_step_end_wall": 2.0, "batch_end": [0.1 * k for k in range(n)],
+                                "writing": [False] * n, "world_size": 2, "rank_pids": [10, 11],
+                                "processes": {str(steps): {"wall": 100.0, "ticks": before}, str(n): {"wall": 102.0, "ticks": after}}}))
+    c = _clock(path)["cpu"]
+    assert c["ranks_cores"] == pytest.approx(2.0)
+    # wandb-core's tenth of a second over 2 s; the idle launcher and the processes not in both snapshots count nothing
+    assert c["other_processes_cores"] == pytest.approx((hz // 10) / hz / 2)
+    assert c["other_processes_top"] == [["wandb-core", pytest.approx((hz // 10) / hz / 2, abs=1e-4)]]
 
 
 def test_the_paired_added_time_says_whether_the_repetitions_resolve_the_target() -> None:
