@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from dagster import AssetExecutionContext, DagsterRun, DagsterRunStatus, MetadataValue, Output
+from dagster import AssetExecutionContext, DagsterRun, MetadataValue, Output
 
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from resources.sweeps import SweepStore, build_report, objectives_of, report_metadata, study_directions
 from resources.tracking import Tracking
-from resources.trial_runs import IN_PROCESS, PARTITION_TAG, create_trial_run, from_code_location, trials_to_start, why_not_start
+from resources.trial_runs import IN_PROCESS, PARTITION_TAG, create_trial_run, discard_runs, from_code_location, trials_to_start, why_not_start
 from trainyard import naming
 from trainyard.spec import PipelineSpec
 from trainyard.values import Sweep, ValidatedData
@@ -128,12 +128,5 @@ def _partition(run: DagsterRun) -> str:
 
 
 def _discard(context: AssetExecutionContext, runs: list[DagsterRun]) -> None:
-    """Delete runs made here that never reached the queue (or failed to): as if never made, so their run keys stay free for the sensor."""
-    for run in runs:
-        try:
-            current = context.instance.get_run_by_id(run.run_id)
-            if current is not None and current.status in (DagsterRunStatus.NOT_STARTED, DagsterRunStatus.FAILURE):
-                context.instance.delete_run(run.run_id)
-        except Exception as e:  # still starting runs: the sweep stands, but the run must be named
-            context.log.warning(f"{_partition(run)}: could not delete run {run.run_id} ({type(e).__name__}: {e}); until it is deleted "
-                                f"(`dagster run delete {run.run_id}`) the sweep sensor counts its trial in flight")
+    """Delete runs made here that never reached the queue (or failed to), as `discard_runs` does."""
+    discard_runs(context.instance, runs, context.log)

@@ -47,6 +47,7 @@ RUN_KEY_TAG = "dagster/run_key"  # Dagster's RUN_KEY_TAG: the sensor daemon star
 SENSOR_NAME_TAG = "dagster/sensor_name"  # Dagster's SENSOR_NAME_TAG: the sensor a run counts as requested by
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 SWEEP_TRIGGER = "sweep materialized"  # `trainyard/trigger` of a trial run the `sweep` asset started
+SUCCESSOR_TRIGGER = "trial run ended"  # of a trial run started by the run of a long trial as it ended (`assets.trials.start_successor`)
 
 SENSOR_DAEMON = "SENSOR"  # Dagster's SensorDaemon.daemon_type()
 HEARTBEAT_INTERVAL_SECONDS = 30.0  # how often a daemon thread writes its heartbeat (Dagster's DEFAULT_HEARTBEAT_INTERVAL_SECONDS)
@@ -218,12 +219,14 @@ def why_not_start(instance: DagsterInstance, run: DagsterRun, repository: Reposi
     return None
 
 
-def create_trial_run(instance: DagsterInstance, origin_run: DagsterRun, job: JobDefinition, spec: PipelineSpec, study: str, key: str) -> DagsterRun:
+def create_trial_run(instance: DagsterInstance, origin_run: DagsterRun, job: JobDefinition, spec: PipelineSpec, study: str, key: str,
+                     trigger: str = SWEEP_TRIGGER) -> DagsterRun:
     """Create (NOT_STARTED) the run of trial `key` that the sweep sensor would request, from the same code location as `origin_run`.
 
     Tags as the sensor daemon's `_create_sensor_run` makes them: the job's, the
     request's with its partition's, the sensor's name and the run key; plus
-    `trainyard/trigger=sweep materialized`. Enqueue it with `instance.submit_run`.
+    `trainyard/trigger=<trigger>` (who started it: the `sweep` asset, or a trial run as it ended).
+    Enqueue it with `instance.submit_run`.
     """
     if origin_run.remote_job_origin is None or origin_run.job_code_origin is None:
         raise ValueError(f"run {origin_run.run_id} has no code location origin to start trial runs from (see why_not_start)")
@@ -233,7 +236,7 @@ def create_trial_run(instance: DagsterInstance, origin_run: DagsterRun, job: Job
         **job.get_tags_for_partition_key(key, selected_asset_keys=None),
         SENSOR_NAME_TAG: naming.sweep_sensor_name(spec),
         RUN_KEY_TAG: trial_run_key(study, key),
-        TRIGGER_TAG: SWEEP_TRIGGER,
+        TRIGGER_TAG: trigger,
     }
     # The execution plan is made here as the daemon's code server makes it (create_execution_plan with the tags).
     return instance.create_run_for_job(
@@ -244,3 +247,18 @@ def create_trial_run(instance: DagsterInstance, origin_run: DagsterRun, job: Job
         remote_job_origin=origin_run.remote_job_origin._replace(job_name=job.name),
         job_code_origin=origin_run.job_code_origin._replace(job_name=job.name),
     )
+
+
+def discard_runs(instance: DagsterInstance, runs: list[DagsterRun], log: Any) -> None:
+    """Delete runs made here that never reached the queue (or failed to): as if never made, so their run keys stay free for the sensor.
+
+    A run that cannot be deleted is named in a warning on `log`: until it is, the sweep sensor counts its trial in flight.
+    """
+    for run in runs:
+        try:
+            current = instance.get_run_by_id(run.run_id)
+            if current is not None and current.status in (DagsterRunStatus.NOT_STARTED, DagsterRunStatus.FAILURE):
+                instance.delete_run(run.run_id)
+        except Exception as e:  # still starting runs: the sweep stands, but the run must be named
+            log.warning(f"{run.tags.get(PARTITION_TAG, '?')}: could not delete run {run.run_id} ({type(e).__name__}: {e}); until it is deleted "
+                        f"(`dagster run delete {run.run_id}`) the sweep sensor counts its trial in flight")

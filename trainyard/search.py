@@ -134,9 +134,12 @@ class SearchSpec(StrictSpec):
             instead of ending and leaving the slot to the sensor's next tick
             and a new run (here 3-4 s of queue, process start-up and imports,
             plus up to a tick's 10 s wait, per trial). Each trial stays its own
-            partition, with its own materialization and study record. 0: one
-            run per trial. Random and TPE sweeps only (other samplers' asks
-            stay with the sensor).
+            partition, with its own materialization and study record. A run
+            whose trial took this long or longer ends, and under the daemon
+            starts the run of the sweep's next trial itself as it ends, instead
+            of leaving the slot to the sensor's next tick. 0: one run per
+            trial, every run started by the sensor. Random and TPE sweeps only
+            (other samplers' asks stay with the sensor).
 
     Example:
         >>> SearchSpec(params={"lr": FloatParam(low=1e-4, high=1e-1, log=True)}, n_trials=40,

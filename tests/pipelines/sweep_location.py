@@ -1,4 +1,4 @@
-"""A code location for daemon drills: the drill pipeline with its sweep sensor started and ticking every second.
+"""A code location for daemon drills: the drill pipeline with its sweep sensor started and ticking at every daemon look.
 
 Loaded by `dagster-daemon run` in tests (see test_sensors.py); configured by
 environment: SWEEP_DRILL_HOME (store and data), SWEEP_DRILL_OPTUNA_URL (study
@@ -7,7 +7,8 @@ barrier `SWEEP_DRILL_HOME/barrier`, which holds each until two train together;
 with SWEEP_DRILL_REUSE (seconds) they train without it and a short trial's run
 goes on with the sweep (`SearchSpec.reuse_run_under_seconds`). With
 SWEEP_DRILL_TRIVIAL the trials train nothing (`TrivialLauncher`, still inside the
-barrier); with SWEEP_DRILL_PREPARE_ONCE a sensor requests one `prepare` run of
+barrier, with SWEEP_DRILL_REUSE too); SWEEP_DRILL_SENSOR_SECONDS sets the sweep
+sensor's minimum interval (default 1: it ticks at every daemon look); with SWEEP_DRILL_PREPARE_ONCE a sensor requests one `prepare` run of
 `sweep`, so the daemon launches the run that materializes it (from this code
 location, as a run started in the UI or by the landing sensor is).
 """
@@ -72,15 +73,16 @@ def drill_definitions() -> Definitions:
     spec = daemon_spec(int(os.environ["SWEEP_DRILL_TRIALS"]), int(os.environ["SWEEP_DRILL_PARALLELISM"]))
     sweeps = SweepStore(storage_url=os.environ["SWEEP_DRILL_OPTUNA_URL"], heartbeat_interval=2, grace_period=30)
     launcher: Launcher = BarrierLauncher(timeout_seconds=300, barrier_dir=str(home / "barrier"))
-    if os.environ.get("SWEEP_DRILL_TRIVIAL"):
-        launcher = TrivialLauncher(barrier_dir=str(home / "barrier"), barrier_parties=2, timeout_seconds=120)
     if os.environ.get("SWEEP_DRILL_REUSE"):  # runs go on with the sweep: real trials, no barrier (a lone last trial would wait forever)
         spec = spec.model_copy(update={"search": spec.search.model_copy(update={"reuse_run_under_seconds": float(os.environ["SWEEP_DRILL_REUSE"])})})
         launcher = LocalLauncher(timeout_seconds=300)
+    if os.environ.get("SWEEP_DRILL_TRIVIAL"):
+        launcher = TrivialLauncher(barrier_dir=str(home / "barrier"), barrier_parties=2, timeout_seconds=120)
     resources = drill_resources(home, launcher, sweeps)
     full = build_definitions(spec, resources=resources)
     bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=resources, executor=full.executor)
-    defs = with_sweep_sensors(bare, spec, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
+    interval = int(os.environ.get("SWEEP_DRILL_SENSOR_SECONDS", "1"))
+    defs = with_sweep_sensors(bare, spec, minimum_interval_seconds=interval, default_status=DefaultSensorStatus.RUNNING)
     if os.environ.get("SWEEP_DRILL_PREPARE_ONCE"):
         prepare = next(j for j in bare.jobs or [] if j.name == job_names(spec)["prepare"])
         defs = Definitions.merge(defs, Definitions(sensors=[prepare_once(spec, prepare)]))

@@ -156,6 +156,31 @@ def test_a_long_trial_or_a_run_the_sensor_did_not_start_does_not_go_on(tmp_path:
     assert [p for p, _, _ in materializations(instance)] == ["trial-0000", "trial-0001"]
 
 
+def test_a_successor_run_that_cannot_be_made_fails_its_trial_untrained_and_the_sensor_asks_another(tmp_path: Path, monkeypatch: Any) -> None:
+    """`start_successor`'s failure path, through a real run: the trial it asked is told failed with the reason (its claim
+    would leave it in flight with no run: the sensor's cursor has passed it), the run itself succeeds, and the sensor's
+    next tick asks a replacement. The gate (code location, sensor on, daemon alive) is opened by hand; the run, made in
+    process, has no repository definition to make its successor's run from, so making it fails for real."""
+    import assets.trials
+
+    monkeypatch.setattr(assets.trials, "successor_blocked", lambda context, spec: None)
+    spec, resources, instance, sweep = started(tmp_path, n_trials=4, parallelism=2, reuse_run_under_seconds=0.001)
+    sweeps: SweepStore = resources["sweeps"]
+    first = tick(spec, instance, resources)
+    assert [r.partition_key for r in first.run_requests] == ["trial-0000", "trial-0001"]
+    run = submit(build_definitions(spec, resources=resources), instance, first.run_requests[0])
+    assert run.success
+    assert [p for p, _, _ in materializations(instance)] == ["trial-0000"]  # a long trial: the run did not go on
+    failed = sweeps.trial(sweep["study"], 2)
+    assert failed.state.name == "FAIL" and failed.user_attrs[CLAIMED_BY] == run.run_id
+    assert failed.user_attrs["error"].startswith(f"run {run.run_id} could not start its run (") and "repository definition" in failed.user_attrs["error"]
+    warnings = [e.user_message for e in instance.all_logs(run.run_id) if "could not start the run of trial-0002" in e.user_message]
+    assert warnings and "asks another trial in its place" in warnings[0]
+    assert instance.get_runs_count(RunsFilter(tags={"dagster/partition": "trial-0002"})) == 0  # no run was left behind
+    again = tick(spec, instance, resources, first.cursor.dump())
+    assert [r.partition_key for r in again.run_requests] == ["trial-0003"] and again.asked == [3]
+
+
 def _reuse_through_promotion(tmp_path: Path, spec: Any, frame: Any) -> tuple[Any, list[str]]:
     """Prepare, one `train` run tagged as the sweep sensor tags it (it goes on with every other trial), then `promote`."""
     from tests.pipelines.pipeline_fixtures import Harness, failure_text, write_landing

@@ -456,6 +456,44 @@ def test_under_the_daemon_short_trials_runs_go_on_and_every_trial_is_materialize
     assert report["status"].value == "finished" and report["finished_trials"].value == 5
 
 
+@pytest.mark.slow
+def test_under_the_daemon_a_long_trials_run_starts_the_next_trials_run_as_it_ends(tmp_path: Path, pg_databases) -> None:
+    """The sweep sensor ticks once here (its interval, 10 minutes, outlasts the test) and requests the first window's two
+    runs. Every trial takes longer than `reuse_run_under_seconds`, so no run goes on with the sweep: each ends, and starts
+    the run of the sweep's next trial itself (`start_successor`). Four trials finish with nobody ticking: without it the
+    test waits for the sensor until its deadline. Trials train nothing (TrivialLauncher) inside the barrier, which holds
+    each until two train together; the window (2) holds, each trial has one run and every trial completes."""
+    from dagster._core.remote_origin import RemoteInstigatorOrigin
+
+    from tests.support.barrier import FileBarrier
+
+    optuna_url = pg_databases[0]
+    env = {"SWEEP_DRILL_TRIVIAL": "1", "SWEEP_DRILL_REUSE": "0.001", "SWEEP_DRILL_SENSOR_SECONDS": "600"}
+    instance, spec, resources, sweep = daemon_drill(tmp_path, optuna_url, 4, 2, **env)
+    assert sweep["trials"] == ["trial-0000", "trial-0001"]  # the window the sweep asked; in process it starts no run
+    run_daemon_until(tmp_path, optuna_url, 4, 2, instance, spec,
+                     lambda runs, reports: len([r for r in runs if r.status == DagsterRunStatus.SUCCESS]) == 4, **env)
+    records = instance.get_run_records(RunsFilter(job_name=job_names(spec)["train"]))
+    by_trial = dict(sorted((r.dagster_run.tags["dagster/partition"], r) for r in records))
+    assert list(by_trial) == ["trial-0000", "trial-0001", "trial-0002", "trial-0003"]  # one run per trial
+    first, later = [by_trial[k] for k in ("trial-0000", "trial-0001")], [by_trial[k] for k in ("trial-0002", "trial-0003")]
+    sensor = RemoteInstigatorOrigin(first[0].dagster_run.remote_job_origin.repository_origin, sweep_sensor_name(spec))
+    by_ticks = {run_id for t in instance.get_ticks(sensor.get_id(), sensor.get_selector().get_id()) for run_id in t.run_ids}
+    assert by_ticks == {r.dagster_run.run_id for r in first}  # the sensor made the first window's runs, and no other
+    for record in later:
+        tags = record.dagster_run.tags
+        assert tags["trainyard/trigger"] == "trial run ended", tags
+        assert (tags["dagster/sensor_name"], tags["dagster/run_key"]) == (sweep_sensor_name(spec), f"{sweep['study']}/{tags['dagster/partition']}")
+        created = record.create_timestamp.timestamp()
+        # made by a run of the trial before it, while that run ran
+        makers = [r for r in records if r.start_time is not None and r.end_time is not None and r.start_time <= created <= r.end_time]
+        assert makers and all(r.dagster_run.run_id != record.dagster_run.run_id for r in makers), (tags, created)
+        maker_logs = [e.user_message for r in makers for e in instance.all_logs(r.dagster_run.run_id)]
+        assert any(f"started run {record.dagster_run.run_id}" in m for m in maker_logs)
+    assert FileBarrier(tmp_path / "barrier", parties=2).peak() == 2  # the window held: never a third trial at once
+    assert [t.state.name for t in resources["sweeps"].load(sweep["study"]).get_trials()] == ["COMPLETE"] * 4  # nothing asked twice
+
+
 def test_sensor_intervals_land_on_the_daemons_looks() -> None:
     """The cadence `ticks_every` promises rests on Dagster's 5 s sensor loop: an upgrade that changes it fails here."""
     from dagster._daemon.sensor import MIN_INTERVAL_LOOP_TIME
