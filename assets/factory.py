@@ -26,7 +26,8 @@ from dagster import (
 from assets.data import CHECK_NAME, raw_data_body, validated_data_body
 from assets.registration import registered_model_body
 from assets.sweep import sweep_body
-from assets.trials import TrialConfig, best_model_body, continue_sweep, trial_model_body
+from assets.trial_handover import continue_sweep
+from assets.trials import TrialConfig, best_model_body, trial_model_body
 from resources import pool_slots
 from resources.handoff import HandoffPublisher
 from resources.launcher import Launcher
