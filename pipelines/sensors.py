@@ -166,7 +166,8 @@ def _run_created(instance: DagsterInstance, event: EventLogEntry) -> float:
 def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, study_name: str, since: float) -> list[int]:
     """Fail trials whose run ended (failed or canceled) without telling the study, unless another run has taken over.
 
-    A run's trials are its partition's and those it claimed to go on with (`claimed`).
+    A run's trials are its partition's and those it claimed (`claimed`): to go on with, or to start the run of as it
+    ended (`assets.trial_handover.start_successor`). A claimed trial that an active run trains is left alone.
 
     The study's tag is matched here, not in the query: a tag filter joins every
     run carrying the tag (every trial run of the study, 10,000 in a 10k sweep;
