@@ -462,14 +462,16 @@ def test_under_the_daemon_a_long_trials_run_starts_the_next_trials_run_as_it_end
     runs. Every trial takes longer than `reuse_run_under_seconds`, so no run goes on with the sweep: each ends, and starts
     the run of the sweep's next trial itself (`start_successor`). Four trials finish with nobody ticking: without it the
     test waits for the sensor until its deadline. Trials train nothing (TrivialLauncher) inside the barrier, which holds
-    each until two train together; the window (2) holds, each trial has one run and every trial completes."""
+    each until two train together; the window (2) holds, each trial has one run and every trial completes. The instance is
+    the shipped local deployment's (deploy/local/dagster.yaml)."""
     from dagster._core.remote_origin import RemoteInstigatorOrigin
 
     from tests.support.barrier import FileBarrier
 
     optuna_url = pg_databases[0]
     env = {"SWEEP_DRILL_TRIVIAL": "1", "SWEEP_DRILL_REUSE": "0.001", "SWEEP_DRILL_SENSOR_SECONDS": "600"}
-    instance, spec, resources, sweep = daemon_drill(tmp_path, optuna_url, 4, 2, **env)
+    shipped = (ROOT / "deploy" / "local" / "dagster.yaml").read_text()  # the 0.5 s run queue, the warm run launcher, a team limit of 2
+    instance, spec, resources, sweep = daemon_drill(tmp_path, optuna_url, 4, 2, yaml=shipped, **env)
     assert sweep["trials"] == ["trial-0000", "trial-0001"]  # the window the sweep asked; in process it starts no run
     run_daemon_until(tmp_path, optuna_url, 4, 2, instance, spec,
                      lambda runs, reports: len([r for r in runs if r.status == DagsterRunStatus.SUCCESS]) == 4, **env)
