@@ -79,7 +79,7 @@ def sweep_body(
         stored = True
     finally:
         if runs and not stored:  # the output failed: no run made here may wait NOT_STARTED, holding its trial and a team slot
-            _discard(context, runs)
+            discard_runs(context.instance, runs, context.log)
     _enqueue(context, spec, runs)
 
 
@@ -118,15 +118,10 @@ def _enqueue(context: AssetExecutionContext, spec: PipelineSpec, runs: list[Dags
         left = runs[len(started):]
         context.log.warning(f"{spec.key}: could not enqueue trial run {left[0].run_id} ({type(e).__name__}: {e}); discarding the "
                             f"{len(left)} not enqueued ({', '.join(_partition(r) for r in left)}): the sweep sensor requests them at its next tick")
-        _discard(context, left)
+        discard_runs(context.instance, left, context.log)
     if started:
         context.log.info(f"{spec.key}: started {len(started)} trial run(s): " + ", ".join(f"{_partition(r)} {r.run_id}" for r in started))
 
 
 def _partition(run: DagsterRun) -> str:
     return run.tags.get(PARTITION_TAG, "?")
-
-
-def _discard(context: AssetExecutionContext, runs: list[DagsterRun]) -> None:
-    """Delete runs made here that never reached the queue (or failed to), as `discard_runs` does."""
-    discard_runs(context.instance, runs, context.log)
