@@ -26,7 +26,7 @@ from resources.sweeps.rules import (
     optuna_direction,
     sweep_status,
 )
-from resources.sweeps.store import cached_study, open_storage, remember_study
+from resources.sweeps.store import cached_study, open_storage, reads_once, remember_study, study_storage
 from training.spec import OPTUNA_URL_ENV, same_database
 from trainyard.redact import redact_url, strip_url_credentials, url_has_credentials
 from trainyard.search import SearchSpec
@@ -115,7 +115,7 @@ class SweepStore(ConfigurableResource):
 
         modes = [direction] if isinstance(direction, str) else list(direction)
         wanted = [optuna_direction(m) for m in modes]
-        study = optuna.create_study(study_name=study_name, storage=self.storage(), directions=wanted, load_if_exists=True)
+        study = optuna.create_study(study_name=study_name, storage=study_storage(self.storage()), directions=wanted, load_if_exists=True)
         have = [d.name.lower() for d in study.directions]
         if have != wanted:
             raise SweepError(f"study {study_name!r} exists with directions {have}; this sweep declares {wanted}")
@@ -128,6 +128,18 @@ class SweepStore(ConfigurableResource):
         """The existing study; with `search`, its sampler is the declared one, freshly seeded."""
         study = cached_study(self._key, study_name)
         return self._with_sampler(study, search) if search is not None else study
+
+    @contextlib.contextmanager
+    def reads_once(self, study_name: str) -> Iterator[None]:
+        """Within (this thread): the study's trials are read from the database once per write through this process.
+
+        A sweep sensor's tick looks at the same trials 7-8 times (the sampler's
+        seed, its own look, status, stale heartbeats, TPE's search space and
+        fit); inside this, once, and again after its own writes. Writes by
+        other processes (runs telling their trials) are seen on the next tick.
+        """
+        with reads_once(cached_study(self._key, study_name)):
+            yield
 
     def _with_sampler(self, study: Any, search: Optional[SearchSpec]) -> Any:
         if search is not None:

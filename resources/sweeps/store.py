@@ -56,7 +56,7 @@ def cached_study(key: tuple, study_name: str, teller: bool = False) -> Any:
         return study
     sampler = optuna.samplers.RandomSampler() if teller else None
     try:
-        study = optuna.load_study(study_name=study_name, storage=open_storage(*key), sampler=sampler)
+        study = optuna.load_study(study_name=study_name, storage=study_storage(open_storage(*key)), sampler=sampler)
     except KeyError as e:
         raise SweepError(f"study {study_name!r} does not exist in {redact_url(key[0].split('?')[0])}; materialize the sweep asset first") from e
     with _LOCK:
@@ -65,6 +65,32 @@ def cached_study(key: tuple, study_name: str, teller: bool = False) -> Any:
 
 
 _STORAGES: "OrderedDict[tuple, Any]" = OrderedDict()
+
+
+def study_storage(storage: Any) -> Any:
+    """What a Study of the sweeps holds: Optuna's cache of finished trials over `storage`, which can read once per tick
+    (`resources.sweeps.rdb.SweepCachedStorage`); Optuna would wrap it in the plain cache."""
+    from resources.sweeps.rdb import SweepCachedStorage, SweepRDBStorage
+
+    return SweepCachedStorage(storage) if isinstance(storage, SweepRDBStorage) else storage
+
+
+@contextlib.contextmanager
+def reads_once(study: Any) -> Iterator[None]:
+    """Within: `study`'s trials are read from the database once per write through this process (this thread only).
+
+    For a sweep sensor's tick, which looks at the same trials many times; a
+    write from another process is seen on the next tick. A study on another
+    storage reads as always.
+    """
+    from resources.sweeps.rdb import SweepCachedStorage
+
+    storage = getattr(study, "_storage", None)
+    if isinstance(storage, SweepCachedStorage):
+        with storage.reads_once():
+            yield
+    else:
+        yield
 
 
 def open_storage(url: str, heartbeat_interval: int = 60, grace_period: Optional[int] = None) -> Any:
