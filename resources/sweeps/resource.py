@@ -26,7 +26,7 @@ from resources.sweeps.rules import (
     optuna_direction,
     sweep_status,
 )
-from resources.sweeps.store import cached_study, open_storage, reads_once, remember_study, study_storage
+from resources.sweeps.store import cached_study, open_storage, remember_study, study_storage
 from training.spec import OPTUNA_URL_ENV, same_database
 from trainyard.redact import redact_url, strip_url_credentials, url_has_credentials
 from trainyard.search import SearchSpec
@@ -138,7 +138,7 @@ class SweepStore(ConfigurableResource):
         fit); inside this, once, and again after its own writes. Writes by
         other processes (runs telling their trials) are seen on the next tick.
         """
-        with reads_once(cached_study(self._key, study_name)):
+        with cached_study(self._key, study_name)._storage.reads_once():
             yield
 
     def _with_sampler(self, study: Any, search: Optional[SearchSpec]) -> Any:

@@ -68,29 +68,11 @@ _STORAGES: "OrderedDict[tuple, Any]" = OrderedDict()
 
 
 def study_storage(storage: Any) -> Any:
-    """What a Study of the sweeps holds: Optuna's cache of finished trials over `storage`, which can read once per tick
-    (`resources.sweeps.rdb.SweepCachedStorage`); Optuna would wrap it in the plain cache."""
-    from resources.sweeps.rdb import SweepCachedStorage, SweepRDBStorage
-
-    return SweepCachedStorage(storage) if isinstance(storage, SweepRDBStorage) else storage
-
-
-@contextlib.contextmanager
-def reads_once(study: Any) -> Iterator[None]:
-    """Within: `study`'s trials are read from the database once per write through this process (this thread only).
-
-    For a sweep sensor's tick, which looks at the same trials many times; a
-    write from another process is seen on the next tick. A study on another
-    storage reads as always.
-    """
+    """What a Study of the sweeps holds: Optuna's cache of finished trials over `storage` (an `open_storage`), which can
+    read once per tick (`resources.sweeps.rdb.SweepCachedStorage`); Optuna would wrap it in the plain cache."""
     from resources.sweeps.rdb import SweepCachedStorage
 
-    storage = getattr(study, "_storage", None)
-    if isinstance(storage, SweepCachedStorage):
-        with storage.reads_once():
-            yield
-    else:
-        yield
+    return SweepCachedStorage(storage)
 
 
 def open_storage(url: str, heartbeat_interval: int = 60, grace_period: Optional[int] = None) -> Any:
