@@ -37,7 +37,8 @@ LAUNCHER_RULES: list[dict[str, Any]] = [
     # The default gang; get on jobs reads a JobSet's child Job (its failure reason).
     {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "get", "list", "delete"]},
     {"apiGroups": [""], "resources": ["services"], "verbs": ["create", "get", "list", "delete"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    # watch: the pods that fail between two polls (resources.k8s.pod_events).
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     # FailedCreate warnings on a Job whose pods the API refuses (resources.k8s.stuck).
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},

@@ -245,7 +245,7 @@ class KubernetesLauncher(Launcher):
             poll_interval=self.poll_interval_seconds, run_timeout=self.run_timeout_seconds,
             queue_timeout=self.queue_timeout_seconds, log_tail_lines=self.log_tail_lines,
             api_retries=self.api_retries, kueue_version=self.kueue_version,
-            stuck_seconds=self.stuck_seconds, unschedulable_seconds=self.unschedulable_seconds,
+            stuck_seconds=self.stuck_seconds, unschedulable_seconds=self.unschedulable_seconds, watch_pods=True,
         )
 
     def trial_objects(self, spec: TrainSpec, attempt: int = 0, kind: Optional[str] = None,

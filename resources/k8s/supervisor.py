@@ -54,6 +54,7 @@ from resources.k8s.gangs import clear_other_gangs
 from resources.k8s.kinds import GANG_KINDS, GangApi, GangView, kind_of
 from resources.k8s.manifests import trial_objects
 from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, LABEL_TRIAL, trial_labels
+from resources.k8s.pod_events import failed_pods_during
 from resources.k8s.pods import PodView, blame_order, rank0_pod
 from resources.k8s.stuck import HINTS, event_problems, pod_problems, read_workload, restart_cause
 from resources.k8s.watch import Outcomes
@@ -98,6 +99,9 @@ class JobSupervisor(Outcomes):
             wait for a deleted gang of another attempt to be gone.
         stream_tail_lines: log lines read from a pod of rank 0 seen for the first time (later reads take every new line).
         kueue_version: API version of Kueue's Workload resource.
+        watch_pods: wait between polls on a watch of the gang's pods (`resources.k8s.pod_events`)
+            rather than in `sleep`, so a pod that fails and is deleted within one poll
+            (a JobSet restart) is still named; needs the real clock.
     """
 
     def __init__(
@@ -123,6 +127,7 @@ class JobSupervisor(Outcomes):
         delete_timeout: float = 60.0,
         stream_tail_lines: int = 1000,
         kueue_version: str = "v1beta2",
+        watch_pods: bool = False,
     ) -> None:
         if api_retries < 0:
             raise ValueError(f"api_retries={api_retries!r} is negative; accepted: 0 (no retry) or more")
@@ -151,6 +156,7 @@ class JobSupervisor(Outcomes):
         self.delete_timeout = delete_timeout
         self.stream_tail_lines = stream_tail_lines
         self.kueue_version = kueue_version
+        self.watch_pods = watch_pods
         self.gangs = GangApi(batch_api, custom_api, namespace, self._api)
 
     # -- API access -------------------------------------------------------------
@@ -415,7 +421,24 @@ class JobSupervisor(Outcomes):
                 self._report_pods(spec, pods, w, log, now)
                 self._check_stuck(spec, gang, pods, w, log)
                 self._stream(name, w, log, pods)
+            self._pause(name, w)
+
+    def _pause(self, name: str, w: _Watch) -> None:
+        """Wait one poll interval; on a watch of the gang's pods when `watch_pods`, keeping the ones that failed."""
+        if not self.watch_pods or w.pods_unwatchable:
             self.sleep(self.poll_interval)
+            return
+        seen = failed_pods_during(self.core, self.namespace, name, self.poll_interval,
+                                  connect_timeout=self.request_timeout[0], clock=self.clock, sleep=self.sleep)
+        if seen is None:
+            w.pods_unwatchable = True
+            logger.warning("the launcher may not watch pods in namespace %s (403); polling them every %.0f s instead, "
+                           "so a pod deleted between two polls goes unnamed", self.namespace, self.poll_interval)
+            self.sleep(self.poll_interval)
+            return
+        for p in seen:
+            if not p.disrupted:  # as `_report_pods`: a disruption is not the gang's failure
+                w.blame(p)
 
     def _report_restart(self, spec: TrainSpec, gang: GangView, w: _Watch, log: Any) -> None:
         """Log a JobSet's whole-gang restart: its count against maxRestarts, why, and the pod that failed."""
@@ -480,8 +503,7 @@ class JobSupervisor(Outcomes):
                         + " from its checkpoint")
             elif p.phase == "Failed":
                 key, level = "failed", log.warning
-                if w.reported.get(p.name) != "failed":
-                    w.failed_since_restart.append(p)
+                w.blame(p)
                 text = (f"{p.describe()}; the Job fails (backoffLimit 0): the run retries the trial within its budget "
                         "unless the exit code is a user or config error" if w.kind == "Job" else
                         f"{p.describe()}; the JobSet restarts the whole gang within its failurePolicy.maxRestarts "

@@ -38,6 +38,8 @@ class Watch:
     owns_service: bool = False
     restarts: int = 0
     failed_since_restart: list[PodView] = field(default_factory=list)
+    blamed: set[str] = field(default_factory=set)  # every pod ever put in failed_since_restart
+    pods_unwatchable: bool = False
     finished: bool = False
     queued_seconds: float = 0.0
     running_seconds: float = 0.0
@@ -49,6 +51,12 @@ class Watch:
     log_read_at: Optional[float] = None
     follower: LogFollower = field(default_factory=LogFollower)
     workloads_forbidden: bool = False
+
+    def blame(self, pod: PodView) -> None:
+        """Count a failed pod against the next restart, once, whether a poll listed it or the pod watch saw it."""
+        if pod.name not in self.blamed:
+            self.blamed.add(pod.name)
+            self.failed_since_restart.append(pod)
 
 
 

@@ -474,7 +474,7 @@ def test_rbac_is_least_privilege() -> None:
         (("batch",), ("jobs",)): {"create", "get", "list", "delete"},
         (("jobset.x-k8s.io",), ("jobsets",)): {"create", "get", "list", "delete"},
         (("",), ("services",)): {"create", "get", "list", "delete"},
-        (("",), ("pods",)): {"list"},
+        (("",), ("pods",)): {"list", "watch"},  # watch: resources.k8s.pod_events
         (("",), ("events",)): {"list"},
         (("",), ("pods/log",)): {"get"},
         (("kueue.x-k8s.io",), ("workloads",)): {"list"},
