@@ -54,7 +54,7 @@ from resources.k8s.gangs import clear_other_gangs
 from resources.k8s.kinds import GANG_KINDS, GangApi, GangView, kind_of
 from resources.k8s.manifests import trial_objects
 from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, LABEL_TRIAL, trial_labels
-from resources.k8s.pod_events import failed_pods_during
+from resources.k8s.pod_events import PodWatch
 from resources.k8s.pods import PodView, blame_order, rank0_pod
 from resources.k8s.stuck import HINTS, event_problems, pod_problems, read_workload, restart_cause
 from resources.k8s.watch import Outcomes
@@ -69,6 +69,9 @@ from training.retry import RetriesExhausted, retry_call
 from training.spec import TrainSpec
 
 logger = logging.getLogger("trainyard.k8s")
+
+POD_WATCH_WINDOW_S = 60.0
+"""Seconds one watch of a gang's pods lasts before the next starts (the API server's `timeoutSeconds`)."""
 
 T = TypeVar("T")
 
@@ -99,9 +102,8 @@ class JobSupervisor(Outcomes):
             wait for a deleted gang of another attempt to be gone.
         stream_tail_lines: log lines read from a pod of rank 0 seen for the first time (later reads take every new line).
         kueue_version: API version of Kueue's Workload resource.
-        watch_pods: wait between polls on a watch of the gang's pods (`resources.k8s.pod_events`)
-            rather than in `sleep`, so a pod that fails and is deleted within one poll
-            (a JobSet restart) is still named; needs the real clock.
+        watch_pods: watch the gang's pods in a thread beside the polls (`resources.k8s.pod_events`),
+            so a pod that fails and is deleted between two polls (a JobSet restart) is still named.
     """
 
     def __init__(
@@ -374,10 +376,21 @@ class JobSupervisor(Outcomes):
 
     def _watch(self, spec: TrainSpec, name: str, started: float, w: _Watch, log: Any,
                tick: Callable[[], None] = lambda: None) -> LaunchOutcome:
+        if self.watch_pods:
+            w.pod_watch = PodWatch(self.core, self.namespace, name, window=max(self.poll_interval, POD_WATCH_WINDOW_S),
+                                   connect_timeout=self.request_timeout[0]).start()
+        try:
+            return self._poll(spec, name, started, w, log, tick)
+        finally:
+            if w.pod_watch is not None:
+                w.pod_watch.stop()
+
+    def _poll(self, spec: TrainSpec, name: str, started: float, w: _Watch, log: Any, tick: Callable[[], None]) -> LaunchOutcome:
         last = self.clock()
         while True:
             tick()
             gang = self.get_gang(w.kind, name)
+            w.take_watched()  # after the gang's read: a pod's failure comes before the restart it causes
             now = self.clock()
             if w.state == "queued":
                 w.queued_seconds += now - last
@@ -421,24 +434,7 @@ class JobSupervisor(Outcomes):
                 self._report_pods(spec, pods, w, log, now)
                 self._check_stuck(spec, gang, pods, w, log)
                 self._stream(name, w, log, pods)
-            self._pause(name, w)
-
-    def _pause(self, name: str, w: _Watch) -> None:
-        """Wait one poll interval; on a watch of the gang's pods when `watch_pods`, keeping the ones that failed."""
-        if not self.watch_pods or w.pods_unwatchable:
             self.sleep(self.poll_interval)
-            return
-        seen = failed_pods_during(self.core, self.namespace, name, self.poll_interval,
-                                  connect_timeout=self.request_timeout[0], clock=self.clock, sleep=self.sleep)
-        if seen is None:
-            w.pods_unwatchable = True
-            logger.warning("the launcher may not watch pods in namespace %s (403); polling them every %.0f s instead, "
-                           "so a pod deleted between two polls goes unnamed", self.namespace, self.poll_interval)
-            self.sleep(self.poll_interval)
-            return
-        for p in seen:
-            if not p.disrupted:  # as `_report_pods`: a disruption is not the gang's failure
-                w.blame(p)
 
     def _report_restart(self, spec: TrainSpec, gang: GangView, w: _Watch, log: Any) -> None:
         """Log a JobSet's whole-gang restart: its count against maxRestarts, why, and the pod that failed."""

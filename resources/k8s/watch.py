@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 import fsspec
 
 from resources.k8s.kinds import GangView
+from resources.k8s.pod_events import PodWatch
 from resources.k8s.pods import LogFollower, PodView, blame_order, rank0_pod
 from resources.k8s.stuck import StuckTimers
 from resources.launcher import (
@@ -39,7 +40,7 @@ class Watch:
     restarts: int = 0
     failed_since_restart: list[PodView] = field(default_factory=list)
     blamed: set[str] = field(default_factory=set)  # every pod ever put in failed_since_restart
-    pods_unwatchable: bool = False
+    pod_watch: Optional[PodWatch] = None
     finished: bool = False
     queued_seconds: float = 0.0
     running_seconds: float = 0.0
@@ -57,6 +58,12 @@ class Watch:
         if pod.name not in self.blamed:
             self.blamed.add(pod.name)
             self.failed_since_restart.append(pod)
+
+    def take_watched(self) -> None:
+        """Blame the failed pods the pod watch kept since the last poll (a disruption is not a failure, as in a poll)."""
+        for pod in self.pod_watch.failed() if self.pod_watch is not None else []:
+            if not pod.disrupted:
+                self.blame(pod)
 
 
 

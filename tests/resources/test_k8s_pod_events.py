@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from resources.k8s.names import job_name
-from resources.k8s.pod_events import failed_pods_during
+from resources.k8s.pod_events import PodWatch, watch_failed_pods
+from resources.k8s.pods import PodView
 from tests.resources import test_k8s_launcher
 from tests.resources.test_k8s_launcher import CFG, NS, Cluster, KubeServer, Recorder, playing, supervisor, two_node_spec, write_result
 
@@ -78,24 +79,52 @@ def test_a_pod_deleted_by_a_restart_between_two_polls_is_named_only_when_watched
     culprit = f"pod {name}-1-a (node rank 1): Failed, exit code 137"
     if watch:
         assert culprit in restart, restart  # the killed pod, not its peer (143)
-        assert pod_watches(kube) >= 2
+        assert pod_watches(kube) >= 1
     else:  # what the supervisor saw before the watch: no pod at all, the failed ones were gone at the next poll
         assert "; pod " not in restart and culprit not in restart, restart
         assert pod_watches(kube) == 0
 
 
-def test_a_watch_the_role_forbids_is_reported_as_none(kube: KubeServer) -> None:
-    """A Role without `watch` on pods: 403; the supervisor then sleeps between polls as before."""
+def test_a_watch_the_role_forbids_ends_the_pod_watch_and_polls_go_on(kube: KubeServer) -> None:
+    """A Role without `watch` on pods: 403; the thread ends at once (no retry loop) and keeps nothing."""
     kube.km["get"][PODS][{"watch": "true"}] << 403 << {"kind": "Status", "code": 403, "reason": "Forbidden", "message": "pods is forbidden"}
     core = Cluster(kube).core
-    slept: list[float] = []
-    assert failed_pods_during(core, NS, "any", 0.2, connect_timeout=5, clock=time.monotonic, sleep=slept.append) is None
+    assert watch_failed_pods(core, NS, "any", 0.2, lambda pod: None, connect_timeout=5) is False
+    watch = PodWatch(core, NS, "any", window=0.2, connect_timeout=5).start()
+    deadline = time.monotonic() + 5
+    while not watch.forbidden and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watch.forbidden and watch.failed() == []
+    assert pod_watches(kube) == 2
 
 
-def test_a_quiet_watch_waits_out_its_interval_and_sees_nothing(kube: KubeServer) -> None:
-    """kmock, like a server that ignores timeoutSeconds, keeps a quiet watch open: the read timeout ends the wait."""
-    core = Cluster(kube).core
-    Cluster(kube).add_pod("other-job", 0)
+def test_a_quiet_watch_ends_with_its_window_and_keeps_only_the_gangs_failed_pods(kube: KubeServer) -> None:
+    """kmock, like a server that ignores timeoutSeconds, keeps a quiet watch open: the read timeout ends the window.
+
+    kmock also ignores the label selector: another Job's failed pod is not kept.
+    """
+    c = Cluster(kube)
+    c.add_pod("other-job", 0)
+    c.end_pod("other-job-0-a", 137)
+    c.add_pod("a-job", 0)
+    c.add_pod("a-job", 1)
+    c.end_pod("a-job-1-a", 1)
+    kept: list[PodView] = []
     started = time.monotonic()
-    seen = failed_pods_during(core, NS, "a-job", 0.5, connect_timeout=5, clock=time.monotonic, sleep=time.sleep)
-    assert seen == [] and 0.45 <= time.monotonic() - started < 3.0
+    assert watch_failed_pods(c.core, NS, "a-job", 0.5, kept.append, connect_timeout=5) is True
+    assert 0.45 <= time.monotonic() - started < 3.0
+    assert [(p.name, p.phase, p.exit_code) for p in kept] == [("a-job-1-a", "Failed", 1)]
+
+
+def test_stop_ends_a_watch_blocked_in_a_long_window_at_once(kube: KubeServer) -> None:
+    """The supervisor's finally: a watch stopped mid-window (60 s in production) lets go of its connection within a second."""
+    watch = PodWatch(Cluster(kube).core, NS, "a-job", window=60, connect_timeout=5).start()
+    deadline = time.monotonic() + 5
+    while pod_watches(kube) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # blocked in its read now
+    stopped = time.monotonic()
+    watch.stop()
+    while watch.running() and time.monotonic() - stopped < 5:
+        time.sleep(0.01)
+    assert not watch.running() and time.monotonic() - stopped < 1.0
