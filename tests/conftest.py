@@ -79,6 +79,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+CPU_LOG_ENV = "TRAINYARD_TEST_CPU_LOG"
+"""A file to append each test's CPU seconds to (its own and its reaped child processes'), one JSON line a test."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
+    path = os.environ.get(CPU_LOG_ENV)
+    if not path:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> tuple[float, float]:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+    before, started = cpu(), time.monotonic()
+    yield
+    after = cpu()
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - started, 2), "own": round(after[0] - before[0], 2),
+                            "children": round(after[1] - before[1], 2)}) + "\n")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _warm_worker_servers() -> Iterator[None]:
     """Warm worker servers (`resources.warm`) of this session (an xdist worker's own) live in a directory of its own and stop with it.
