@@ -60,28 +60,6 @@ LONGEST_FIRST = (
 )
 
 
-# Single-test files that xdist's loadfile would hand out last (it orders files by their
-# number of tests): the journey and the demo then ran alone for the suite's last ~2.5
-# minutes with one core idle (CPU sampled at 03bbfab: 93-100% busy until then, ~50%
-# after). Handed out first instead, they overlap the CPU-bound rest.
-HANDED_OUT_FIRST = ("tests/e2e/test_first_contact.py", "tests/test_demo.py")
-
-
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    if config.getoption("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class FirstFilesFirst(LoadFileScheduling):  # type: ignore[misc]
-        def _assign_work_unit(self, node: Any) -> None:
-            for scope in reversed(HANDED_OUT_FIRST):
-                if scope in self.workqueue:
-                    self.workqueue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
-
-    return FirstFilesFirst(config, log)
-
-
 def _longest_first(items: list[pytest.Item]) -> None:
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
 
