@@ -114,7 +114,7 @@ class PodWatch:
                 logger.warning("the launcher may not watch pods in namespace %s (403); it names a failed pod only "
                                "when a poll lists it before the pod is deleted", self.namespace)
                 return
-            if time.monotonic() - started < min(self.window, 0.05):  # broke at once (API down): not a busy loop
+            if time.monotonic() - started < self.window / 2:  # broke early (API down, refused): no busy reconnect loop
                 self._stopping.wait(self.pause)
 
     def _opened(self, resp: Any) -> None:

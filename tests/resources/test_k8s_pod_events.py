@@ -128,3 +128,12 @@ def test_stop_ends_a_watch_blocked_in_a_long_window_at_once(kube: KubeServer) ->
     while watch.running() and time.monotonic() - stopped < 5:
         time.sleep(0.01)
     assert not watch.running() and time.monotonic() - stopped < 1.0
+
+
+def test_a_watch_the_api_keeps_failing_is_retried_once_a_pause_not_in_a_busy_loop(kube: KubeServer) -> None:
+    """An API that answers the watch with 500 (down, restarting): the thread waits `pause` between tries."""
+    kube.km["get"][PODS][{"watch": "true"}] << 500 << {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd is down"}
+    watch = PodWatch(Cluster(kube).core, NS, "a-job", window=2, connect_timeout=5, pause=0.5).start()
+    time.sleep(1.2)
+    watch.stop()
+    assert not watch.forbidden and 2 <= pod_watches(kube) <= 4, pod_watches(kube)
