@@ -4,14 +4,21 @@ Every write here is durable: after `CheckpointStore.save` commits, the
 benchmark fsyncs the step directory's files and the directory (the store
 itself does not fsync; without it a save would be timed into the page cache).
 
-1. Blocking (a ~100M-parameter model with Adam state: weights and two moments,
-   fp32, ~1.2 GB). A synchronous save (`CheckpointStore.save` + fsync) against an
-   asynchronous one (`AsyncCheckpointWriter.submit`, which copies to host memory
-   and returns; the write and fsync run in the writer's thread). The first
-   asynchronous save is measured apart: its copy lands in freshly allocated host
-   memory (later ones reuse warm buffers), and its whole write is what the first
-   save used to block for when FaultTolerance waited on it to measure the save
-   time (it no longer does: the time is agreed once the write is done).
+1. Blocking (a ~100M-parameter MLP with Adam, stepped for real in this process:
+   weights and two moments, fp32, ~1.2 GB). A synchronous save
+   (`CheckpointStore.save` + fsync) against an asynchronous one as
+   FaultTolerance makes it: `AsyncCheckpointWriter.submit(..., defer=...)`
+   copies what is not deferred and returns, the writer thread copies the
+   weights and optimizer state while the next step's forward and backward run,
+   and `fence()` before that step's `opt.step()` waits for the copy; the write
+   and fsync run in the writer's thread. Held time = submit + the fence's wait.
+   Reported beside it: the same saves copied whole at submit (no deferring, the
+   figure before 2026-12-06), and each save's whole cost to training (submit +
+   the next step's wall time, minus an idle step: the copy's contention with
+   the step's compute included). The first asynchronous save is measured apart:
+   its copy lands in freshly allocated host memory (later ones reuse warm
+   buffers), and its whole write is what the first save used to block for when
+   FaultTolerance waited on it to measure the save time.
 2. Slowdown: a CPU training step (an MLP forward/backward and SGD step, this
    process) timed with no write in flight, then while an asynchronous write is
    in flight.
@@ -20,7 +27,7 @@ itself does not fsync; without it a save would be timed into the page cache).
    the same way a plain `dd` would: the same number of bytes written in 64 MiB
    chunks to one file, then fsync.
 
-Value: median blocking time of a warm asynchronous save; baseline: median
+Value: median held time of a warm asynchronous save; baseline: median
 synchronous save time; ratio = async / sync (lower is better, target <= 0.05).
 Targets also: each size's write rate >= 0.7 of the disk's measured bandwidth.
 """
@@ -33,16 +40,17 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
 
 from bench.harness import Target, write_result
-from training.checkpointing import AsyncCheckpointWriter, CheckpointStore
+from training.checkpointing import AsyncCheckpointWriter, CheckpointStore, deferrable_storages
 
 LAYER = (4096, 4096)
 LAYERS = 6  # 6 x 16.8M = 100.7M parameters
+BATCH = 16
 REPEATS = 3
 CURVE = {"100M": 100_000_000, "300M": 300_000_000, "1B": 1_000_000_000}
 CURVE_REPEATS = 2
@@ -74,15 +82,28 @@ def fsync_tree(directory: Path) -> None:
         os.close(fd)
 
 
-def adam_state(step: int) -> dict[str, Any]:
-    torch.manual_seed(step)
-    weights = {f"layer{i}.weight": torch.randn(*LAYER) for i in range(LAYERS)}
-    return {
-        "state_dict": weights,
-        "optimizer": {"exp_avg": {k: torch.randn_like(v) for k, v in weights.items()},
-                      "exp_avg_sq": {k: torch.rand_like(v) for k, v in weights.items()}},
-        "global_step": step,
-    }
+class Trained:
+    """A ~100M-parameter MLP with Adam, stepped for real: the state a checkpoint of training holds."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Sequential(*[nn.Linear(*LAYER) for _ in range(LAYERS)])
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
+        self.x = torch.randn(BATCH, LAYER[0])
+        self.step()  # Adam's moments exist from the first step
+
+    def forward_backward(self) -> None:
+        self.opt.zero_grad()
+        self.model(self.x).pow(2).mean().backward()
+
+    def step(self, fence: Optional[Callable[[], None]] = None) -> None:
+        self.forward_backward()
+        if fence is not None:
+            fence()  # what FaultTolerance.on_before_optimizer_step does
+        self.opt.step()
+
+    def state(self, step: int) -> dict[str, Any]:
+        return {"state_dict": self.model.state_dict(), "optimizer": self.opt.state_dict(), "global_step": step}
 
 
 def disk_write_seconds(path: Path, nbytes: int) -> float:
@@ -103,31 +124,59 @@ def disk_write_seconds(path: Path, nbytes: int) -> float:
 
 
 def _blocking(tmp: Path) -> dict[str, Any]:
-    payload = adam_state(0)
+    trained = Trained()
     sync_store = DurableStore(str(tmp / "sync"), keep_last=1)
     sync_times = []
     for step in range(1, REPEATS + 1):
         started = time.perf_counter()
-        sync_store.save(step, payload)
+        sync_store.save(step, trained.state(step))
         sync_times.append(time.perf_counter() - started)
+    keys = deferrable_storages([trained.model], [trained.opt])
+
+    def timed_step(fence: Optional[Callable[[], None]] = None) -> float:
+        started = time.perf_counter()
+        trained.step(fence)
+        return time.perf_counter() - started
+
+    idle = [timed_step() for _ in range(REPEATS + 1)][1:]
     first: dict[str, float] = {}
-    warm: list[float] = []
-    writes: list[float] = []
+    held: list[float] = []
+    save_and_step: list[float] = []
+    undeferred: list[float] = []
+    undeferred_save_and_step: list[float] = []
     with AsyncCheckpointWriter(DurableStore(str(tmp / "async"), keep_last=1)) as writer:
         started = time.perf_counter()
-        writer.submit(1, payload)
+        writer.submit(1, trained.state(1), defer=keys)
+        trained.step(writer.fence)
         first["blocking_s"] = writer.blocking_seconds
         writer.wait()
         first["until_written_s"] = time.perf_counter() - started
         for step in range(2, REPEATS + 2):
             before = writer.blocking_seconds
-            writer.submit(step, payload)
-            warm.append(writer.blocking_seconds - before)
+            started = time.perf_counter()
+            writer.submit(step, trained.state(step), defer=keys)
+            trained.step(writer.fence)  # the next step: its forward and backward overlap the copy
+            save_and_step.append(time.perf_counter() - started)
+            held.append(writer.blocking_seconds - before)
             writer.wait()  # measure the save itself, not waiting for the previous write
-        slowdown = _slowdown(writer, payload)
+        for step in range(REPEATS + 2, 2 * REPEATS + 2):  # the same saves copied whole before training goes on
+            before = writer.blocking_seconds
+            started = time.perf_counter()
+            writer.submit(step, trained.state(step))
+            undeferred.append(writer.blocking_seconds - before)
+            trained.step()
+            undeferred_save_and_step.append(time.perf_counter() - started)
+            writer.wait()
+        slowdown = _slowdown(writer, trained.state(0))
         writes = list(writer.save_seconds)
-    return {"sync": sync_times, "first": first, "warm": warm, "writes": writes, "slowdown": slowdown,
-            "bytes": sum(t.numel() * t.element_size() for t in _tensors(payload))}
+        deferred_saves, dropped = writer.deferred_saves, list(writer.dropped)
+    idle_s = statistics.median(idle)
+    return {"sync": sync_times, "first": first, "warm": held, "writes": writes, "slowdown": slowdown,
+            "undeferred": undeferred, "deferred_saves": deferred_saves, "dropped": dropped,
+            "idle_step_s": idle, "save_and_step_s": save_and_step,
+            "step_cost_s": [t - idle_s for t in save_and_step],
+            "undeferred_step_cost_s": [t - idle_s for t in undeferred_save_and_step],
+            "bytes": sum(t.numel() * t.element_size() for t in _tensors(trained.state(0)))}
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -195,12 +244,23 @@ def main() -> dict:
         "s blocked per save",
         baseline,
         {
-            "what": "training blocked by an asynchronous save (warm host buffers) / by a synchronous save, ~100M parameters "
-            "with Adam state; every save fsynced",
+            "what": "training held by an asynchronous save (submit, plus the wait at the next optimizer step for the "
+            "weights' and optimizer state's copy, which runs beside that step's forward and backward; warm host buffers) / "
+            "by a synchronous save; a ~100M-parameter MLP with Adam, stepped for real; every save fsynced",
             "parameters": LAYERS * LAYER[0] * LAYER[1],
             "checkpoint_bytes": blocking["bytes"],
             "sync_save_s": blocking["sync"],
             "async_blocking_s": blocking["warm"],
+            "async_blocking_undeferred_s": blocking["undeferred"],
+            "deferred_saves": blocking["deferred_saves"],
+            "dropped_saves": blocking["dropped"],
+            "idle_step_s": blocking["idle_step_s"],
+            "save_and_next_step_s": blocking["save_and_step_s"],
+            "step_cost_s": blocking["step_cost_s"],
+            "undeferred_step_cost_s": blocking["undeferred_step_cost_s"],
+            "step_cost_note": "submit + the next step's wall time, minus the median idle step: what the save cost training "
+            "in all: held time, the copy's contention with the step's compute, and the write's (pickling, hashing, "
+            "writing) with whatever part of the step it overlaps; undeferred_step_cost_s the same for saves copied whole",
             "async_write_s": blocking["writes"],
             "first_async_save": {**blocking["first"], "note": "cold host buffers; until_written_s is what training waited "
                                  "when the first save blocked in full (FaultTolerance before this change)"},

@@ -36,7 +36,16 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from training.attempts import AttemptLog, FaultMarkers, goodput, read_attempts  # noqa: F401  (re-exported)
-from training.checkpointing import AsyncCheckpointWriter, CheckpointStore, LoadedCheckpoint, ShardSpec, rng_state, set_rng_state, young_daly_interval
+from training.checkpointing import (
+    AsyncCheckpointWriter,
+    CheckpointStore,
+    LoadedCheckpoint,
+    ShardSpec,
+    deferrable_storages,
+    rng_state,
+    set_rng_state,
+    young_daly_interval,
+)
 from training.distributed import lost_peer
 from training.errors import Preempted
 from training.resumable import ResumableSampler
@@ -66,7 +75,9 @@ class StoreCheckpointIO(CheckpointIO):
     """Lightning checkpoint IO backed by the committed-checkpoint store.
 
     `storage_options` of `trainer.save_checkpoint` carries `best`, `metrics` and
-    `sync` (wait for the write, e.g. on preemption); the sharded strategy adds
+    `sync` (wait for the write, e.g. on preemption) and `defer` (storages the
+    writer may copy after training goes on, `deferrable_storages`; the caller
+    then fences before the next optimizer step); the sharded strategy adds
     `shard` (a `ShardSpec`). Under DDP only rank 0 saves; under fsdp/tp every rank does.
     """
 
@@ -92,7 +103,7 @@ class StoreCheckpointIO(CheckpointIO):
             kwargs["shard"] = opts["shard"]  # sharded state: every rank writes its part, rank 0 commits
         started = time.perf_counter()
         if self.writer is not None and not opts.get("sync"):
-            self.writer.submit(step, checkpoint, **kwargs)
+            self.writer.submit(step, checkpoint, defer=opts.get("defer"), **kwargs)
         else:
             if self.writer is not None:
                 self.writer.wait()
@@ -384,14 +395,26 @@ class FaultTolerance(Callback):
             trainer.strategy.barrier("trainyard-save-again")
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         before = self.io.blocking_seconds
-        trainer.save_checkpoint(
-            self.io.store.uri(trainer.global_step), storage_options={"sync": sync, "best": best, "metrics": metrics}
-        )
+        options: dict[str, Any] = {"sync": sync, "best": best, "metrics": metrics}
+        if not sync and self.io.writer is not None:
+            # Weights and optimizer state change only in the optimizer step: the writer copies them while the
+            # next forward and backward run, and on_before_optimizer_step fences.
+            options["defer"] = deferrable_storages([trainer.lightning_module], trainer.optimizers)
+        trainer.save_checkpoint(self.io.store.uri(trainer.global_step), storage_options=options)
         self.attempt.record["checkpoint_blocking_seconds"] += self.io.blocking_seconds - before
         self.last_save_step = trainer.global_step
         self.last_save_time = time.monotonic()
         if trainer.is_global_zero:
             self.attempt.update(force=True, last_step=trainer.global_step)
+
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        if self.io.writer is not None:
+            before = self.io.writer.blocking_seconds
+            self.io.writer.fence()  # a deferred copy of the weights is taken before the step changes them
+            waited = self.io.writer.blocking_seconds - before
+            self.io.blocking_seconds += waited
+            self.attempt.record["checkpoint_blocking_seconds"] += waited
 
     @override
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -57,7 +57,14 @@ from training.checkpointing.rng import rng_state, set_rng_state
 from training.checkpointing.safe_load import CheckpointStateError, UnsafeCheckpointError, load_payload, unpickle_plain
 from training.checkpointing.sharding import DTENSOR, ShardSpec, is_dtensor_marker, localize_dtensors, merge_shards, shard_file
 from training.checkpointing.store import CheckpointStore, LoadedCheckpoint
-from training.checkpointing.writer import AsyncCheckpointWriter, HostBuffers, snapshot_to_cpu, young_daly_interval
+from training.checkpointing.writer import (
+    AsyncCheckpointWriter,
+    HostBuffers,
+    deferrable_storages,
+    snapshot_to_cpu,
+    storage_key,
+    young_daly_interval,
+)
 
 __all__ = [
     "DTENSOR",
@@ -76,6 +83,7 @@ __all__ = [
     "ShardSpec",
     "SkippedCheckpointWarning",
     "UnsafeCheckpointError",
+    "deferrable_storages",
     "is_dtensor_marker",
     "load_payload",
     "localize_dtensors",
@@ -84,6 +92,7 @@ __all__ = [
     "set_rng_state",
     "shard_file",
     "snapshot_to_cpu",
+    "storage_key",
     "unpickle_plain",
     "young_daly_interval",
 ]

@@ -1,9 +1,19 @@
-"""Asynchronous checkpoints: training waits only for a copy to host memory, one thread writes.
+"""Asynchronous checkpoints: training waits at most for a copy to host memory, one thread writes.
 
 `AsyncCheckpointWriter` snapshots the state to CPU (`snapshot_to_cpu`, reusing
 the previous snapshot's buffers) and hands it to `CheckpointStore.save` in a
 background thread; `young_daly_interval` turns the measured save time into how
 often to checkpoint.
+
+Deferred copies: tensors that only the optimizer step changes (parameters and
+optimizer state, named by `deferrable_storages`) need not be copied while
+training waits. `submit(..., defer=keys)` copies everything else at once and
+leaves those to the writer thread, which copies them while the next forward and
+backward run; `fence()`, called before the next optimizer step, waits for that
+copy. Each deferred tensor's version counter is read at `submit` and again at
+the fence: a tensor changed in between (by code that updates weights outside the
+optimizer step) means the copy may mix two states, so that checkpoint is
+dropped with a warning, and later saves copy everything at once.
 """
 
 from __future__ import annotations
@@ -12,8 +22,10 @@ import copy
 import math
 import threading
 import time
+import warnings
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Optional
+from typing import Any, Callable, Iterable, Optional
 
 import torch
 
@@ -45,20 +57,117 @@ class HostBuffers:
             if buf.shape == src.shape and buf.dtype == src.dtype and buf.layout == src.layout and src.layout == torch.strided:
                 return buf.copy_(src)
         out = src.to("cpu", copy=True)
+        self._keep(i, out)
+        return out
+
+    def reserve(self, t: torch.Tensor) -> torch.Tensor:
+        """Host memory shaped like `t` (the previous snapshot's where the layout matches), not yet filled."""
+        src = t.detach()
+        i = self._next
+        self._next += 1
+        if i < len(self.tensors):
+            buf = self.tensors[i]
+            if buf.shape == src.shape and buf.dtype == src.dtype and buf.stride() == src.stride():
+                return buf
+        out = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device="cpu")
+        self._keep(i, out)
+        return out
+
+    def _keep(self, i: int, out: torch.Tensor) -> None:
         if i < len(self.tensors):
             self.tensors[i] = out
         else:
             self.tensors.append(out)
-        return out
 
 
-def snapshot_to_cpu(obj: Any, _memo: Optional[dict[int, Any]] = None, buffers: Optional[HostBuffers] = None) -> Any:
+def storage_key(t: torch.Tensor) -> Optional[int]:
+    """The address of the memory `t` lives in (a DTensor's local shard's), or None when it has none to name."""
+    local = getattr(t, "_local_tensor", None)  # DTensor: its shard on this rank
+    base = local if isinstance(local, torch.Tensor) else t
+    try:
+        return int(base.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):  # sparse, meta, fake tensors
+        return None
+
+
+def deferrable_storages(modules: Iterable[torch.nn.Module], optimizers: Iterable[Any]) -> frozenset[int]:
+    """Storage keys of what only an optimizer step changes: the modules' parameters and the optimizers' state tensors.
+
+    Buffers are not among them (BatchNorm's running statistics change in every
+    forward), so a snapshot copies them at once.
+    """
+    keys: set[Optional[int]] = set()
+    for module in modules:
+        keys.update(storage_key(p) for p in module.parameters())
+    for opt in optimizers:
+        inner = getattr(opt, "optimizer", opt)  # Lightning's LightningOptimizer wraps the torch one
+        for per_param in getattr(inner, "state", {}).values():
+            if isinstance(per_param, dict):
+                keys.update(storage_key(v) for v in per_param.values() if isinstance(v, torch.Tensor))
+    keys.discard(None)
+    return frozenset(k for k in keys if k)
+
+
+class _Deferred:
+    """The copies of one snapshot left to the writer thread, and what the fence found."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[torch.Tensor, torch.Tensor, int, str]] = []  # source, host buffer, version, where
+        self.copied = threading.Event()
+        self.released = threading.Event()
+        self.torn: list[str] = []
+        self.error: Optional[BaseException] = None
+
+    def copy_all(self) -> None:
+        try:
+            for src, dst, _, _ in self.copies:
+                dst.copy_(src)
+        except BaseException as e:  # reported by the write, which then fails
+            self.error = e
+        finally:
+            self.copied.set()
+
+    def check_versions(self) -> None:
+        self.torn = [where for src, _, version, where in self.copies if src._version != version]
+
+
+_WRITERS: "weakref.WeakSet[AsyncCheckpointWriter]" = weakref.WeakSet()
+
+
+def _release_at_exit() -> None:
+    """At the interpreter's exit, let every writer thread still waiting for a fence go on.
+
+    The program ended without fencing (or closing): nothing changes its tensors
+    any more, so a copy whose tensors did not change before stands, and is
+    written as an undeferred save would have been. Runs before
+    `concurrent.futures` joins its threads (threading's exit hooks run in
+    reverse order of registration, and this one registers after it).
+    """
+    for writer in list(_WRITERS):
+        deferred = writer._deferred
+        if deferred is not None:
+            deferred.copied.wait()
+            deferred.check_versions()
+            deferred.released.set()
+
+
+_register_atexit = getattr(threading, "_register_atexit", None)  # what concurrent.futures uses to join its threads
+if _register_atexit is not None:
+    _register_atexit(_release_at_exit)
+
+
+def snapshot_to_cpu(
+    obj: Any, _memo: Optional[dict[int, Any]] = None, buffers: Optional[HostBuffers] = None,
+    defer: Optional[Callable[[torch.Tensor], bool]] = None, _deferred: Optional[_Deferred] = None, _where: str = "",
+) -> Any:
     """A deep copy of `obj` whose tensors are detached copies in CPU memory.
 
     Dicts (keeping their type), lists, tuples and namedtuples are copied
     recursively; an object reachable twice is copied once, so tied weights stay
     tied. Anything else is `copy.deepcopy`'d. With `buffers`, tensors are copied
-    into the previous snapshot's host memory where the layout matches.
+    into the previous snapshot's host memory where the layout matches. With
+    `defer` (and `buffers`), a strided tensor it accepts gets its host memory
+    now and its copy later (`_Deferred`, the writer's).
     """
     memo: dict[int, Any] = {} if _memo is None else _memo
     key = id(obj)
@@ -66,18 +175,24 @@ def snapshot_to_cpu(obj: Any, _memo: Optional[dict[int, Any]] = None, buffers: O
         return memo[key]
     out: Any
     if isinstance(obj, torch.Tensor):
-        # One copy whether the tensor is on CPU (where .cpu() would alias) or a device.
-        out = buffers.copy(obj) if buffers is not None else obj.detach().to("cpu", copy=True)
+        if (buffers is not None and _deferred is not None and defer is not None
+                and type(obj) in (torch.Tensor, torch.nn.Parameter) and obj.layout == torch.strided and defer(obj)):
+            out = buffers.reserve(obj)
+            _deferred.copies.append((obj.detach(), out, obj._version, _where or "<root>"))
+        else:
+            # One copy whether the tensor is on CPU (where .cpu() would alias) or a device.
+            out = buffers.copy(obj) if buffers is not None else obj.detach().to("cpu", copy=True)
     elif isinstance(obj, dict):
         out = copy.copy(obj)
         out.clear()
         for k, v in obj.items():
-            out[k] = snapshot_to_cpu(v, memo, buffers)
-    elif isinstance(obj, list):
-        out = [snapshot_to_cpu(v, memo, buffers) for v in obj]
-    elif isinstance(obj, tuple):
-        items = [snapshot_to_cpu(v, memo, buffers) for v in obj]
-        out = type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+            out[k] = snapshot_to_cpu(v, memo, buffers, defer, _deferred, f"{_where}.{k}" if _where else str(k))
+    elif isinstance(obj, (list, tuple)):
+        items = [snapshot_to_cpu(v, memo, buffers, defer, _deferred, f"{_where}[{i}]") for i, v in enumerate(obj)]
+        if isinstance(obj, list):
+            out = items
+        else:
+            out = type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     else:
         out = copy.deepcopy(obj)
     memo[key] = out
@@ -85,24 +200,35 @@ def snapshot_to_cpu(obj: Any, _memo: Optional[dict[int, Any]] = None, buffers: O
 
 
 class AsyncCheckpointWriter:
-    """Saves checkpoints in one background thread so training waits only for a CPU copy.
+    """Saves checkpoints in one background thread so training waits only for a CPU copy, or less.
 
     `submit` copies the state to CPU memory, then hands it to the writer thread.
     At most one write is in flight: a second `submit` first waits for the
     previous write. A checkpoint counts once its write has committed (the store
     writes the manifest last, so `latest()` never returns an in-flight one).
 
+    With `submit(..., defer=keys)` the tensors in `keys` (`deferrable_storages`:
+    parameters and optimizer state) are copied by the writer thread instead, and
+    the caller must call `fence()` before anything changes them (the next
+    optimizer step); `wait`, `close` and the next `submit` fence first.
+
     Attributes:
-        blocking_seconds: Total time `submit` held the caller (waiting + copying).
+        blocking_seconds: Total time the caller was held (in `submit`, and in
+            `fence` waiting for a deferred copy).
         save_seconds: Duration of each completed write, in order; the measured
             save time for `young_daly_interval`.
         last_uri: URI of the newest committed checkpoint written here.
+        deferred_saves: How many submits left copies to the writer thread.
+        dropped: Steps whose deferred copy was found torn at the fence (not written).
 
     Example:
         >>> with AsyncCheckpointWriter(store) as writer:  # doctest: +SKIP
         ...     for step in steps:
         ...         if step % every == 0:
-        ...             writer.submit(step, {"model": model.state_dict(), "rng": rng_state()})
+        ...             writer.submit(step, state(), defer=deferrable_storages([model], [opt]))
+        ...         loss = model(batch).sum(); loss.backward()
+        ...         writer.fence()
+        ...         opt.step()
     """
 
     def __init__(self, store: CheckpointStore) -> None:
@@ -110,19 +236,25 @@ class AsyncCheckpointWriter:
         self.blocking_seconds = 0.0
         self.save_seconds: list[float] = []
         self.last_uri: Optional[str] = None
+        self.deferred_saves = 0
+        self.dropped: list[int] = []
+        self.defer_allowed = True
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._buffers = HostBuffers()
-        self._pending: Optional[Future[str]] = None
+        self._pending: Optional[Future[Optional[str]]] = None
+        self._deferred: Optional[_Deferred] = None
+        self._deferred_step = 0
         self._lock = threading.Lock()
         self._closed = False
+        _WRITERS.add(self)
 
     @property
     def in_flight(self) -> bool:
         """Whether a write has been submitted and not finished."""
         return self._pending is not None and not self._pending.done()
 
-    def submit(self, step: int, state: dict[str, Any], **kwargs: Any) -> None:
-        """Copy `state` to CPU now and save it in the background as `store.save(step, state, **kwargs)`.
+    def submit(self, step: int, state: dict[str, Any], *, defer: Optional[frozenset[int]] = None, **kwargs: Any) -> None:
+        """Copy `state` to CPU (`defer`'s storages later) and save it in the background as `store.save(step, state, **kwargs)`.
 
         Raises:
             CheckpointWriteError: The previous write failed; raised here so a
@@ -134,14 +266,66 @@ class AsyncCheckpointWriter:
             with self._lock:
                 if self._closed:
                     raise RuntimeError("AsyncCheckpointWriter is closed; create a new one to write more checkpoints")
+                self._fence()
                 self._await_pending()
                 self._buffers.start()
-                snapshot = snapshot_to_cpu(state, buffers=self._buffers)
-                self._pending = self._executor.submit(self._write, step, snapshot, kwargs)
+                deferred = _Deferred() if defer and self.defer_allowed else None
+                snapshot = snapshot_to_cpu(
+                    state, buffers=self._buffers, defer=(lambda t: storage_key(t) in defer) if deferred and defer else None,
+                    _deferred=deferred,
+                )
+                if deferred is not None and not deferred.copies:
+                    deferred = None
+                self.deferred_saves += deferred is not None
+                self._deferred, self._deferred_step = deferred, step
+                self._pending = self._executor.submit(self._write, step, snapshot, kwargs, deferred)
         finally:
             self.blocking_seconds += time.perf_counter() - started
 
-    def _write(self, step: int, state: dict[str, Any], kwargs: dict[str, Any]) -> str:
+    def fence(self) -> None:
+        """Wait until the deferred copies of the last `submit` are taken; call before the state it deferred changes.
+
+        Cheap when nothing is deferred (a DDP rank that does not save, a step
+        with no save in flight). A tensor changed since `submit` drops that
+        checkpoint with a `RuntimeWarning` and turns deferring off.
+        """
+        if self._deferred is None:
+            return
+        started = time.perf_counter()
+        try:
+            with self._lock:
+                self._fence()
+        finally:
+            self.blocking_seconds += time.perf_counter() - started
+
+    def _fence(self) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            return
+        deferred.copied.wait()
+        deferred.check_versions()
+        if deferred.torn:
+            self.defer_allowed = False
+            self.dropped.append(self._deferred_step)
+            shown = ", ".join(deferred.torn[:5]) + (f" and {len(deferred.torn) - 5} more" if len(deferred.torn) > 5 else "")
+            warnings.warn(
+                f"checkpoint of step {self._deferred_step} dropped: {shown} changed between the save and the next "
+                "optimizer step (outside the optimizer's step), so its copy could mix two steps; later checkpoints "
+                "copy the whole state before training goes on", RuntimeWarning, stacklevel=3,
+            )
+        deferred.released.set()
+
+    def _write(self, step: int, state: dict[str, Any], kwargs: dict[str, Any], deferred: Optional[_Deferred]) -> Optional[str]:
+        if deferred is not None:
+            deferred.copy_all()
+            while not deferred.released.wait(1.0):
+                if not threading.main_thread().is_alive():  # as _release_at_exit, where threading has no exit hooks
+                    deferred.check_versions()
+                    break
+            if deferred.error is not None:
+                raise deferred.error
+            if deferred.torn:
+                return None
         started = time.perf_counter()
         uri = self.store.save(step, state, **kwargs)
         self.save_seconds.append(time.perf_counter() - started)
@@ -159,13 +343,15 @@ class AsyncCheckpointWriter:
             timeout: Give up after this many seconds (None: wait as long as it takes).
 
         Returns:
-            The URI it committed, or None when nothing was pending.
+            The URI it committed, or None when nothing was pending or its
+            checkpoint was dropped at the fence.
 
         Raises:
             TimeoutError: the write did not finish within `timeout`; it goes on in
                 the background, and this writer no longer waits for it.
         """
         with self._lock:
+            self._fence()
             return self._await_pending(timeout)
 
     def close(self) -> None:
@@ -175,6 +361,7 @@ class AsyncCheckpointWriter:
                 return
             self._closed = True
             try:
+                self._fence()
                 self._await_pending()
             finally:
                 self._executor.shutdown(wait=True)
