@@ -162,6 +162,23 @@ class _Net(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=0.05)
 
 
+class _ManualNet(_Net):
+    """Manual optimization, as GAN and RL code writes it: the optimizer step is the user's call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        opt = self.optimizers()
+        x, y = batch
+        loss = nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+        opt.zero_grad()
+        self.manual_backward(loss)
+        opt.step()  # Lightning calls on_before_optimizer_step inside, before the torch step
+        return loss
+
+
 class _Recorder(L.Callback):
     """The module's state at each save, read after FaultTolerance submitted it (the callbacks run in order)."""
 
@@ -170,11 +187,14 @@ class _Recorder(L.Callback):
         self.states: dict[int, dict[str, torch.Tensor]] = {}
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step % self.every == 0:
+        if trainer.global_step % self.every == 0 and trainer.global_step not in self.states:  # accumulating: the step's first batch
             self.states[trainer.global_step] = _clone(pl_module.state_dict())
 
 
-def test_a_lightning_fit_defers_its_copies_and_every_checkpoint_holds_the_weights_of_its_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("how", ["automatic", "accumulating 3 batches", "manual"])
+def test_a_lightning_fit_defers_its_copies_and_every_checkpoint_holds_the_weights_of_its_step(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from training.attempts import AttemptLog, FaultMarkers
     from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
     from training.spec import CheckpointPolicy, FaultInjection
@@ -193,9 +213,11 @@ def test_a_lightning_fit_defers_its_copies_and_every_checkpoint_holds_the_weight
     recorder = _Recorder(every=4)
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(96, 8), torch.randn(96))
-    trainer = L.Trainer(max_epochs=2, accelerator="cpu", devices=1, plugins=[io], callbacks=[ft, recorder], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(_Net(), torch.utils.data.DataLoader(data, batch_size=8))
+    accumulate = 3 if how.startswith("accumulating") else 1
+    trainer = L.Trainer(max_epochs=2 * accumulate, accelerator="cpu", devices=1, plugins=[io], callbacks=[ft, recorder], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        accumulate_grad_batches=accumulate)
+    trainer.fit(_ManualNet() if how == "manual" else _Net(), torch.utils.data.DataLoader(data, batch_size=8))
     assert trainer.global_step == 24
     assert io.writer is not None and io.writer.deferred_saves >= 5 and io.writer.dropped == []
     committed = {m["step"]: m["uri"].rsplit("/", 1)[1] for m in store.list_committed()}
