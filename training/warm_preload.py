@@ -43,6 +43,9 @@ PRELOAD_OPTIONAL = (
     "torch.export.pt2_archive._package", "pyarrow.dataset", "pyarrow.pandas_compat", "dagster_pipes", "training.pipes_store",
     "omegaconf", "wandb.wandb_run", "torch._export.passes.replace_set_grad_with_hop_pass",
     "torch._export.passes.replace_autocast_with_hop_pass", "torch._inductor.ir", "torch.fx.experimental.validator",
+    # torch._dynamo's exit callback (`dump_compile_times`, run by every worker's exit) imports tabulate to format a log
+    # line: 30-60 ms of each worker's exit, which on a recovery holds the restart while the surviving ranks stop
+    "tabulate",
 )
 
 # The `atexit` callbacks registered while the server imported its modules: W&B's include the cleanup of its
