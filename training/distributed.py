@@ -5,7 +5,9 @@ store, and gloo's full-mesh connect then reads peer addresses left by the
 previous group ("Connection refused" to a dead worker; a restart that never
 comes up). Each group therefore starts its process group on a store prefixed
 with the launch and restart count, so every group sees only its own keys.
-Lightning finds the group initialized and uses it.
+Lightning finds the group initialized and uses it. On warm workers rank 0's
+store serves a socket its supervisor already listens on (`STORE_LISTEN_FD_ENV`),
+so a rank that connects first waits in the queue, not in a retry backoff.
 
 `lost_peer` tells the error a surviving rank raises when another rank died
 (killed, out of memory) from an error of its own.
@@ -18,7 +20,7 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from training.spec import LAUNCH_ID_ENV
+from training.spec import LAUNCH_ID_ENV, STORE_LISTEN_FD_ENV
 
 
 def init_process_group(backend: str, timeout_seconds: float = 600.0) -> bool:
@@ -28,12 +30,15 @@ def init_process_group(backend: str, timeout_seconds: float = 600.0) -> bool:
         return False
     rank = int(os.environ["RANK"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
+    is_master = not agent_store and rank == 0
+    listen_fd = os.environ.get(STORE_LISTEN_FD_ENV, "") if is_master else ""
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         world,
-        is_master=not agent_store and rank == 0,
+        is_master=is_master,
         timeout=timedelta(seconds=timeout_seconds),
+        master_listen_fd=int(listen_fd) if listen_fd.isdigit() else None,
     )
     prefix = f"trainyard/{os.environ.get(LAUNCH_ID_ENV, 'direct')}/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     dist.init_process_group(

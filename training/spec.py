@@ -37,6 +37,8 @@ EXIT_PREEMPTED = 143  # 128 + SIGTERM: stopped on request after a checkpoint
 EXIT_INFRA = 75  # EX_TEMPFAIL: storage or another dependency failed; a retry may succeed
 
 LAUNCH_ID_ENV = "TRAINYARD_LAUNCH_ID"  # set by launchers, one value per launch
+# A listening socket rank 0's TCPStore serves instead of binding MASTER_PORT itself (set by the warm supervisor).
+STORE_LISTEN_FD_ENV = "TRAINYARD_STORE_LISTEN_FD"
 WANDB_SERVICE_ENV = "WANDB_SERVICE"  # W&B's own variable naming a running service to connect to (a warm server's shared one)
 # glibc malloc settings every launcher gives a training process unless its environment sets them. By default glibc
 # serves a large block (a 10 MB activation, gradient or optimizer temporary) with a fresh mmap, unmaps it when it is

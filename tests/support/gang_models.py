@@ -80,3 +80,32 @@ class MakesWandbImage(DigitsMLP):
         import wandb
 
         wandb.Image(np.zeros((8, 8, 3), dtype=np.uint8), caption="a sample")
+
+
+class ProbesTheStorePort(DigitsMLP):
+    """Rank 0 is slow to build; rank 1 meanwhile connects to `MASTER_PORT` once, as a peer's store client does.
+
+    Rank 1 writes to `record` whether the port took the connection ("accepted")
+    or refused it ("refused"): rank 0 has not reached its TCPStore yet, so only a
+    port something already listens on can take it. Rank 0 waits `head_start`
+    seconds on its first build only (the file exists by its later ones).
+    """
+
+    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2, record: str = "",
+                 head_start: float = 1.0) -> None:
+        super().__init__(n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr)
+        import socket
+
+        if os.environ.get("RANK", "0") == "0":
+            if not os.path.exists(record):
+                time.sleep(head_start)
+            return
+        if os.path.exists(record):
+            return
+        try:
+            with socket.create_connection((os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])), timeout=5):
+                outcome = "accepted"
+        except ConnectionRefusedError:
+            outcome = "refused"
+        with open(record, "w") as f:
+            f.write(outcome)
