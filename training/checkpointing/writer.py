@@ -50,12 +50,9 @@ class HostBuffers:
 
     def copy(self, t: torch.Tensor) -> torch.Tensor:
         src = t.detach()
-        i = self._next
-        self._next += 1
-        if i < len(self.tensors):
-            buf = self.tensors[i]
-            if buf.shape == src.shape and buf.dtype == src.dtype and buf.layout == src.layout and src.layout == torch.strided:
-                return buf.copy_(src)
+        i, buf = self._previous(src, strides=False)
+        if buf is not None and buf.layout == src.layout and src.layout == torch.strided:
+            return buf.copy_(src)
         out = src.to("cpu", copy=True)
         self._keep(i, out)
         return out
@@ -63,15 +60,21 @@ class HostBuffers:
     def reserve(self, t: torch.Tensor) -> torch.Tensor:
         """Host memory shaped like `t` (the previous snapshot's where the layout matches), not yet filled."""
         src = t.detach()
-        i = self._next
-        self._next += 1
-        if i < len(self.tensors):
-            buf = self.tensors[i]
-            if buf.shape == src.shape and buf.dtype == src.dtype and buf.stride() == src.stride():
-                return buf
+        i, buf = self._previous(src, strides=True)
+        if buf is not None:
+            return buf
         out = torch.empty_strided(src.shape, src.stride(), dtype=src.dtype, device="cpu")
         self._keep(i, out)
         return out
+
+    def _previous(self, src: torch.Tensor, strides: bool) -> tuple[int, Optional[torch.Tensor]]:
+        """This tensor's slot, and the previous snapshot's buffer there when its shape and dtype (and strides) match."""
+        i = self._next
+        self._next += 1
+        buf = self.tensors[i] if i < len(self.tensors) else None
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or (strides and buf.stride() != src.stride()):
+            return i, None
+        return i, buf
 
     def _keep(self, i: int, out: torch.Tensor) -> None:
         if i < len(self.tensors):
