@@ -92,12 +92,9 @@ class Trained:
         self.x = torch.randn(BATCH, LAYER[0])
         self.step()  # Adam's moments exist from the first step
 
-    def forward_backward(self) -> None:
+    def step(self, fence: Optional[Callable[[], None]] = None) -> None:
         self.opt.zero_grad()
         self.model(self.x).pow(2).mean().backward()
-
-    def step(self, fence: Optional[Callable[[], None]] = None) -> None:
-        self.forward_backward()
         if fence is not None:
             fence()  # what FaultTolerance.on_before_optimizer_step does
         self.opt.step()

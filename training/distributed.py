@@ -31,14 +31,14 @@ def init_process_group(backend: str, timeout_seconds: float = 600.0) -> bool:
     rank = int(os.environ["RANK"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
     is_master = not agent_store and rank == 0
-    listen_fd = os.environ.get(STORE_LISTEN_FD_ENV, "") if is_master else ""
+    listen_fd = os.environ.pop(STORE_LISTEN_FD_ENV, "")  # consumed here: this process's children name no socket of theirs
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         world,
         is_master=is_master,
         timeout=timedelta(seconds=timeout_seconds),
-        master_listen_fd=int(listen_fd) if listen_fd.isdigit() else None,
+        master_listen_fd=int(listen_fd) if is_master and listen_fd.isdigit() else None,
     )
     prefix = f"trainyard/{os.environ.get(LAUNCH_ID_ENV, 'direct')}/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     dist.init_process_group(

@@ -111,7 +111,6 @@ def worker_env(request: Request, restart: int, master_port: int, rank: int = 0, 
     """
     n = str(request.nprocs)
     return {
-        **({STORE_LISTEN_FD_ENV: str(store_fd)} if store_fd is not None else {}),
         **request.env,
         **service_env(request.env),  # the server's shared W&B service, unless the launch names one (training.warm_wandb)
         "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
@@ -121,6 +120,7 @@ def worker_env(request: Request, restart: int, master_port: int, rank: int = 0, 
         "TORCHELASTIC_MAX_RESTARTS": str(request.max_restarts),
         "TORCHELASTIC_RUN_ID": request.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "False",
+        **({STORE_LISTEN_FD_ENV: str(store_fd)} if store_fd is not None else {}),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": request.env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         # torchrun's default for several workers on one node, unless the launch set it
         "OMP_NUM_THREADS": request.env.get("OMP_NUM_THREADS", "1"),

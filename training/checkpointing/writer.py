@@ -99,7 +99,7 @@ def deferrable_storages(modules: Iterable[torch.nn.Module], optimizers: Iterable
     Buffers are not among them (BatchNorm's running statistics change in every
     forward), so a snapshot copies them at once.
     """
-    keys: set[Optional[int]] = set()
+    keys: set[Optional[int]] = set()  # None (no storage) and 0 (empty) name nothing
     for module in modules:
         keys.update(storage_key(p) for p in module.parameters())
     for opt in optimizers:
@@ -107,14 +107,14 @@ def deferrable_storages(modules: Iterable[torch.nn.Module], optimizers: Iterable
         for per_param in getattr(inner, "state", {}).values():
             if isinstance(per_param, dict):
                 keys.update(storage_key(v) for v in per_param.values() if isinstance(v, torch.Tensor))
-    keys.discard(None)
     return frozenset(k for k in keys if k)
 
 
 class _Deferred:
     """The copies of one snapshot left to the writer thread, and what the fence found."""
 
-    def __init__(self) -> None:
+    def __init__(self, step: int) -> None:
+        self.step = step
         self.copies: list[tuple[torch.Tensor, torch.Tensor, int, str]] = []  # source, host buffer, version, where
         self.copied = threading.Event()
         self.released = threading.Event()
@@ -154,9 +154,7 @@ def _release_at_exit() -> None:
             deferred.released.set()
 
 
-_register_atexit = getattr(threading, "_register_atexit", None)  # what concurrent.futures uses to join its threads
-if _register_atexit is not None:
-    _register_atexit(_release_at_exit)
+threading._register_atexit(_release_at_exit)  # type: ignore[attr-defined]  # how concurrent.futures joins its threads
 
 
 def snapshot_to_cpu(
@@ -189,9 +187,11 @@ def snapshot_to_cpu(
         out = copy.copy(obj)
         out.clear()
         for k, v in obj.items():
-            out[k] = snapshot_to_cpu(v, memo, buffers, defer, _deferred, f"{_where}.{k}" if _where else str(k))
+            where = (f"{_where}.{k}" if _where else str(k)) if _deferred is not None else ""  # named only for a tear warning
+            out[k] = snapshot_to_cpu(v, memo, buffers, defer, _deferred, where)
     elif isinstance(obj, (list, tuple)):
-        items = [snapshot_to_cpu(v, memo, buffers, defer, _deferred, f"{_where}[{i}]") for i, v in enumerate(obj)]
+        items = [snapshot_to_cpu(v, memo, buffers, defer, _deferred, f"{_where}[{i}]" if _deferred is not None else "")
+                 for i, v in enumerate(obj)]
         if isinstance(obj, list):
             out = items
         else:
@@ -246,7 +246,6 @@ class AsyncCheckpointWriter:
         self._buffers = HostBuffers()
         self._pending: Optional[Future[Optional[str]]] = None
         self._deferred: Optional[_Deferred] = None
-        self._deferred_step = 0
         self._lock = threading.Lock()
         self._closed = False
         _WRITERS.add(self)
@@ -272,15 +271,14 @@ class AsyncCheckpointWriter:
                 self._fence()
                 self._await_pending()
                 self._buffers.start()
-                deferred = _Deferred() if defer and self.defer_allowed else None
+                deferred = _Deferred(step) if defer and self.defer_allowed else None
                 snapshot = snapshot_to_cpu(
-                    state, buffers=self._buffers, defer=(lambda t: storage_key(t) in defer) if deferred and defer else None,
-                    _deferred=deferred,
+                    state, buffers=self._buffers, defer=(lambda t: storage_key(t) in defer) if defer else None, _deferred=deferred,
                 )
                 if deferred is not None and not deferred.copies:
                     deferred = None
                 self.deferred_saves += deferred is not None
-                self._deferred, self._deferred_step = deferred, step
+                self._deferred = deferred
                 self._pending = self._executor.submit(self._write, step, snapshot, kwargs, deferred)
         finally:
             self.blocking_seconds += time.perf_counter() - started
@@ -309,10 +307,10 @@ class AsyncCheckpointWriter:
         deferred.check_versions()
         if deferred.torn:
             self.defer_allowed = False
-            self.dropped.append(self._deferred_step)
+            self.dropped.append(deferred.step)
             shown = ", ".join(deferred.torn[:5]) + (f" and {len(deferred.torn) - 5} more" if len(deferred.torn) > 5 else "")
             warnings.warn(
-                f"checkpoint of step {self._deferred_step} dropped: {shown} changed between the save and the next "
+                f"checkpoint of step {deferred.step} dropped: {shown} changed between the save and the next "
                 "optimizer step (outside the optimizer's step), so its copy could mix two steps; later checkpoints "
                 "copy the whole state before training goes on", RuntimeWarning, stacklevel=3,
             )
@@ -321,10 +319,7 @@ class AsyncCheckpointWriter:
     def _write(self, step: int, state: dict[str, Any], kwargs: dict[str, Any], deferred: Optional[_Deferred]) -> Optional[str]:
         if deferred is not None:
             deferred.copy_all()
-            while not deferred.released.wait(1.0):
-                if not threading.main_thread().is_alive():  # as _release_at_exit, where threading has no exit hooks
-                    deferred.check_versions()
-                    break
+            deferred.released.wait()  # set by the fence, or at the interpreter's exit (_release_at_exit)
             if deferred.error is not None:
                 raise deferred.error
             if deferred.torn:
