@@ -64,3 +64,46 @@ def test_an_interval_shorter_than_the_daemons_wait_step_is_refused_by_name(tmp_p
 def test_an_interval_that_is_not_a_number_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DagsterInvalidConfigError, match="dequeue_interval_seconds"):
         assert DagsterInstance.from_config(str(_home(tmp_path, {"dequeue_interval_seconds": "soon"}))).run_coordinator is None
+
+
+def test_the_daemons_dequeue_threads_share_one_launcher_registered_to_the_instance(tmp_path: Path, monkeypatch) -> None:
+    """`dequeue_use_threads` launches runs dequeued together from a pool of threads, each calling Dagster's lazy
+    `instance.run_launcher`, which is not thread-safe: two threads that found none each made one, and one of them
+    launched through a launcher never registered to the instance ("Attempted to resolve undefined DagsterInstance
+    weakref", seen in CI at 629daac). The queue makes the launcher when the daemon makes the queue, in its main
+    thread. The launcher's construction is slowed here to widen the window the race needs."""
+    import threading
+    import time
+
+    from resources.run_launcher import WarmRunLauncher
+
+    made = []
+    original = WarmRunLauncher.__init__
+
+    def slow_init(self, *args, **kwargs) -> None:
+        time.sleep(0.05)
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(WarmRunLauncher, "__init__", slow_init)
+    (tmp_path / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)  # what dagster-daemon does first
+        start, seen, errors = threading.Barrier(4), [], []
+
+        def dequeue_thread() -> None:
+            start.wait()
+            try:
+                launcher = instance.run_launcher
+                seen.append((launcher, launcher._instance))
+            except Exception as e:  # the race's failures are what this test looks for
+                errors.append(e)
+
+        threads = [threading.Thread(target=dequeue_thread) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(made) == 1 and {id(launcher) for launcher, _ in seen} == {id(made[0])}
+        assert all(registered is instance for _, registered in seen)
