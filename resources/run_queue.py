@@ -49,13 +49,13 @@ class LocalRunQueue(QueuedRunCoordinator):
     def register_instance(self, instance: Any) -> None:
         """Also make the instance's run launcher now, when the daemon makes this queue (in its main thread).
 
-        With `dequeue_use_threads`, runs dequeued together are launched from a pool of threads, and each asks
-        Dagster's lazy `instance.run_launcher`, which is not thread-safe: threads that found none each made one,
-        and a thread could launch through a launcher never registered to the instance ("Attempted to resolve
-        undefined DagsterInstance weakref", CI at 629daac), or through another's warm run workers."""
+        The daemon's threads ask Dagster's lazy `instance.run_launcher`, which is not thread-safe: with
+        `dequeue_use_threads`, runs dequeued together are launched from a pool of threads (run monitoring asks from
+        its own). Threads that found none each made one, and one could launch through a launcher never registered
+        to the instance ("Attempted to resolve undefined DagsterInstance weakref", CI at 629daac), or start warm
+        run workers of its own."""
         super().register_instance(instance)
-        if self.dequeue_use_threads:
-            instance.run_launcher  # noqa: B018 - made here, once, before any thread asks
+        instance.run_launcher  # noqa: B018 - made here, once, before any thread asks
 
     @property
     def dequeue_interval_seconds(self) -> float:  # type: ignore[override]
