@@ -1,7 +1,8 @@
 """Sweep scaling with the default sampler: partitions registered and sensor tick times at 1k, 10k and 50k trials.
 
-The sweep sensor's evaluation (`pipelines.sensors.run_tick`: the code the
-daemon runs, plus the daemon's partition add) is driven back to back against a
+The sweep sensor's evaluation (as the code server evaluates it for the daemon:
+`get_external_sensor_execution`, with a context made from the daemon's instance
+ref, then the daemon's partition add) is driven back to back against a
 real Dagster instance whose run, event and schedule storage is a fresh
 PostgreSQL database (with the shipped run queue: QueuedRunCoordinator, a
 per-team limit, here raised to the sweep's parallelism) and a real SQLite
@@ -285,7 +286,7 @@ def tick_stats(seconds: Sequence[float]) -> dict[str, Any]:
 class Drive:
     """A sweep driven tick by tick: what each tick and the daemon's part cost (see `Sweep.tick`)."""
 
-    tick_seconds: list[float] = field(default_factory=list)  # run_tick: evaluation + partition add
+    tick_seconds: list[float] = field(default_factory=list)  # the sensor's evaluation + the daemon's partition add
     asked: list[int] = field(default_factory=list)  # trials newly asked per tick
     daemon_seconds: float = 0.0  # creating and enqueueing runs the real way (the first tick's)
     daemon_runs: int = 0  # runs created the real way
@@ -311,12 +312,45 @@ class Sweep:
 
         self.spec = sweep_spec(n_trials)
         self.names = job_names(self.spec)
-        self.sweeps = SweepStore(storage_url=f"sqlite:///{home / 'optuna.db'}")
+        self.db = home / "optuna.db"
+        self.sweeps = SweepStore(storage_url=f"sqlite:///{self.db}")
         resources = drill_resources(home, TrivialLauncher(), self.sweeps)
         self.instance = open_instance(home, postgres_url)
         self.study = prepared_home(home, self.spec, resources, self.instance)["study"]
-        self.records = RunRecords(self.instance, build_definitions(self.spec, resources=resources), self.names["train"])
+        defs = build_definitions(self.spec, resources=resources)
+        self.records = RunRecords(self.instance, defs, self.names["train"])
+        self.repository = defs.get_repository_def()
+        self.ref = self.instance.get_ref()
         self.cursor: Optional[str] = None
+        self.trials_seen = self.trials_in_study()
+
+    def trials_in_study(self) -> int:
+        """Trials in the study, counted in its database apart from the sweep store (whose caches a read would warm)."""
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(self.db)) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0])
+
+    def evaluate(self) -> Any:
+        """The sweep sensor evaluated as the code server evaluates it for the daemon (`get_external_sensor_execution`:
+        a context from the daemon's instance ref, the sensor's resources, its result), then the daemon's partition add.
+
+        Raises:
+            RuntimeError: the evaluation failed (its error).
+        """
+        from dagster._core.definitions.sensor_definition import SensorExecutionData
+        from dagster._grpc.impl import get_external_sensor_execution
+
+        from trainyard import naming
+
+        data = get_external_sensor_execution(self.repository, self.records.origin.repository_origin.code_location_origin, self.ref,
+                                             naming.sweep_sensor_name(self.spec), None, None, self.cursor, None, None)
+        if not isinstance(data, SensorExecutionData):
+            raise RuntimeError(f"the sweep sensor failed: {data.error.to_string() if data.error else data}")
+        keys = [k for request in data.dynamic_partitions_requests or [] for k in request.partition_keys]
+        if keys:
+            self.instance.add_dynamic_partitions(naming.trials_partitions_name(self.spec), keys)
+        return data, keys
 
     def tick(self, drive: Drive, target: int) -> None:
         """One sensor tick, the daemon's part for its requests, then every requested trial runs and finishes.
@@ -325,16 +359,17 @@ class Sweep:
         and `run`), which times the daemon's part per run and gives the record
         later runs copy; the others are written as finished copies in one batch.
         """
-        from pipelines.sensors import run_tick
         from trainyard import naming
 
         t0 = time.perf_counter()
-        tick = run_tick(self.spec, self.instance, self.sweeps, self.cursor, train_job=self.names["train"], prepare_job=self.names["prepare"])
+        tick, keys = self.evaluate()
         t1 = time.perf_counter()
-        self.cursor = tick.cursor.dump()
+        self.cursor = tick.cursor
         drive.tick_seconds.append(t1 - t0)
-        drive.asked.append(len(tick.asked))
-        drive.registered += len(tick.partitions)
+        asked = self.trials_in_study()
+        drive.asked.append(asked - self.trials_seen)
+        self.trials_seen = asked
+        drive.registered += len(keys)
         if drive.registered_at is None and drive.registered >= target:
             drive.registered_at = sum(drive.tick_seconds)
         requests = [r for r in tick.run_requests if r.job_name == self.names["train"]]
@@ -424,6 +459,7 @@ def seeded_ticks(home: Path, size: int, postgres_url: Optional[str], ticks: int 
     first = PARALLELISM
     t0 = time.perf_counter()
     seed_trials(sweep.sweeps, sweep.study, sweep.spec.search, first, size - first)
+    sweep.trials_seen = sweep.trials_in_study()
     keys = [naming.trial_key(n) for n in range(first, size)]
     sweep.instance.add_dynamic_partitions(naming.trials_partitions_name(sweep.spec), keys)
     tags = {naming.TEAM_TAG: sweep.spec.team, naming.STUDY_TAG: sweep.study, naming.PIPELINE_TAG: sweep.spec.key}
