@@ -54,6 +54,7 @@ from pipelines.sensors import latest_study
 from resources.launcher import Launcher
 from resources.registry import ModelRegistry, ModelVersionInfo
 from resources.storage import ObjectStore
+from resources.storage_connections import evaluation_instance
 from trainyard import naming
 from trainyard.data import ingest
 from trainyard.data.drift_detection import drift
@@ -121,7 +122,7 @@ def build_retrain_schedule(spec: PipelineSpec, job_name: str, default_status: De
         description=f"Retrain {spec.key} at '{policy.cron}' ({policy.timezone}) when its data version changed",
     )
     def retrain(context: ScheduleEvaluationContext, store: ObjectStore, launcher: Launcher):
-        result = evaluate_schedule(spec, store, context.instance)
+        result = evaluate_schedule(spec, store, evaluation_instance(context))
         if isinstance(result, SkipReason):
             context.log.info(result.skip_message or "")
         else:
@@ -223,7 +224,7 @@ def build_drift_sensor(
     )
     def drift_sensor(context: SensorEvaluationContext, store: ObjectStore, registry: ModelRegistry, launcher: Launcher):
         champion = registry.get_alias(spec.model_name, CHAMPION)
-        result, cursor = evaluate_drift(spec, store, context.instance, champion, context.cursor)
+        result, cursor = evaluate_drift(spec, store, evaluation_instance(context), champion, context.cursor)
         if cursor != context.cursor and cursor is not None:
             context.update_cursor(cursor)
         if isinstance(result, RunRequest):

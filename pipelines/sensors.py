@@ -74,6 +74,7 @@ from dagster import (
 from assets.factory import trials_partitions
 from pipelines.landing_sensor import evaluate_raw_data
 from pipelines.sensor_timing import ticks_every
+from resources.storage_connections import evaluation_instance
 from resources.sweeps import SweepError, SweepStatus, SweepStore
 from resources.trial_runs import (  # re-exported: tests, drills and benchmarks import them from here
     ACTIVE,
@@ -384,7 +385,7 @@ def sweep_sensor(
     def sweep_trials(context: SensorEvaluationContext, sweeps: SweepStore) -> SensorResult:
         try:
             tick = evaluate_sweep(
-                spec, context.instance, sweeps, context.cursor, train_job=train_name, prepare_job=prepare_name, promote_job=promote_name,
+                spec, evaluation_instance(context), sweeps, context.cursor, train_job=train_name, prepare_job=prepare_name, promote_job=promote_name,
                 max_asks_per_tick=max_asks_per_tick, tick_budget_seconds=tick_budget_seconds,
             )
         except SweepError as e:

@@ -27,12 +27,18 @@ by the platform's executor (`trainyard_executor`) before the first step.
 `WarmRunLauncher` also pools the instance it is registered with: the local
 daemon's, whose queue looks every 0.5 s. An instance pooled already (the
 webserver's) is left as it is.
+Sensors and schedules whose ticks query the instance take theirs from
+`evaluation_instance(context)`: one pooled instance per instance ref in the
+code server, instead of the one Dagster makes from the ref for every tick.
 A run worker holds at most three idle connections (one per storage) while it
 runs; the local run queue runs three at once.
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import threading
 import warnings
 from typing import Any
 
@@ -79,9 +85,43 @@ def hold_connections(instance: Any) -> bool:
         timeout = statement_timeout_ms(storage)
         instance.optimize_for_webserver(statement_timeout=timeout, pool_recycle=POOL_RECYCLE_SECONDS, max_overflow=POOL_MAX_OVERFLOW)
     except Exception as e:  # a run goes on without the pool
-        warnings.warn(f"trainyard: the run worker's PostgreSQL storages stay at one connection per query ({type(e).__name__}: {e})", stacklevel=2)
+        warnings.warn(f"trainyard: this process's PostgreSQL storages stay at one connection per query ({type(e).__name__}: {e})", stacklevel=2)
         return False
     return True
+
+
+_SHARED: dict[tuple[int, str], Any] = {}  # (pid, serialized instance ref) -> the process's instance for evaluations
+_SHARED_LOCK = threading.Lock()
+
+
+def evaluation_instance(context: Any) -> Any:
+    """The instance a sensor's or schedule's evaluation queries: one per instance ref in this process, its connections pooled.
+
+    The code server evaluates every tick in a context made from the daemon's instance ref, and the context makes a
+    `DagsterInstance` from it on first use: its storages' engines, each PostgreSQL storage checking its tables
+    (6 connections, about 45 ms here), then a connection per query, every tick of every sensor. This keeps one
+    instance per ref (and process: a forked child makes its own, never sharing a parent's connections), pooled as
+    `hold_connections` pools a run worker's, as the webserver keeps one for its life. Its lazily made parts a tick
+    may ask for (the run queue, the launcher) are made here, under a lock, before any thread shares it. A context
+    with no ref (one a test built around an instance) gets its own instance.
+    """
+    ref = getattr(context, "instance_ref", None)
+    if ref is None:
+        return context.instance
+    from dagster import DagsterInstance
+    from dagster._serdes import serialize_value
+
+    key = (os.getpid(), serialize_value(ref))
+    with _SHARED_LOCK:
+        instance = _SHARED.get(key)
+        if instance is None:
+            instance = DagsterInstance.from_ref(ref)
+            hold_connections(instance)
+            if ref.run_coordinator_data is not None:
+                instance.run_coordinator  # noqa: B018 - Dagster makes it lazily, which is not thread-safe
+            _SHARED[key] = instance
+            atexit.register(instance.dispose)
+        return instance
 
 
 @executor(name="in_process", config_schema=in_process_executor.config_schema)

@@ -175,3 +175,86 @@ def test_threads_querying_at_once_never_wait_for_a_pooled_connection(pg_home: tu
         for t in threads:
             t.join(30)
         assert time.monotonic() - began < 1.9
+
+
+def sessions_opened(database: str) -> int:
+    """Sessions PostgreSQL has established to `database` so far (pg_stat_database), read on a connection of its own."""
+    engine = sqlalchemy.create_engine(POSTGRES_URL, poolclass=sqlalchemy.pool.NullPool)
+    with engine.connect() as conn:
+        conn.execute(sqlalchemy.text("SELECT pg_stat_clear_snapshot()"))
+        return int(conn.execute(sqlalchemy.text("SELECT sessions FROM pg_stat_database WHERE datname = :d"), {"d": database}).scalar_one())
+
+
+def _tick(instance: DagsterInstance) -> None:
+    """What a sweep sensor's tick asks of the instance: its runs, the latest materialization, the queue's limits."""
+    from dagster import AssetKey, RunsFilter
+
+    instance.get_runs(RunsFilter(tags={"trainyard/team": "t"}), limit=100)
+    instance.fetch_materializations(AssetKey("sweep"), limit=1)
+    instance.get_runs_count()
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+def test_sensor_ticks_share_one_pooled_instance_per_ref(pg_home: tuple[Path, str], pooled: bool) -> None:
+    """Each tick's context makes a DagsterInstance from the daemon's ref (as the code server's does): its storages
+    check their tables and open a connection per query, every tick. `evaluation_instance` keeps one instance per
+    ref, pooled: ticks after the first establish no session at all. Dagster's own (`context.instance`) is the
+    control: it establishes sessions on every tick, which is what this test would see if the cache did nothing."""
+    from dagster import build_sensor_context
+
+    home, url = pg_home
+    database = url.rsplit("/", 1)[1]
+    with DagsterInstance.from_config(str(home)) as daemon:
+        ref = daemon.get_ref()
+        opened = []
+        for _ in range(3):
+            before = sessions_opened(database)
+            with build_sensor_context(instance_ref=ref) as context:
+                _tick(storage_connections.evaluation_instance(context) if pooled else context.instance)
+            opened.append(sessions_opened(database) - before)
+        if pooled:
+            assert opened[0] >= 1 and opened[1:] == [0, 0], opened
+            with build_sensor_context(instance_ref=ref) as a, build_sensor_context(instance_ref=ref) as b:
+                assert storage_connections.evaluation_instance(a) is storage_connections.evaluation_instance(b)
+        else:
+            assert all(n >= 4 for n in opened), opened
+
+
+def test_an_evaluation_instance_is_one_per_ref_and_process_and_made_once_under_threads(pg_home: tuple[Path, str], monkeypatch: Any) -> None:
+    """Threads ticking at once get one instance, its run queue made before any shares it; another ref (another
+    DAGSTER_HOME's instance) gets its own; a forked child (another pid) never shares its parent's connections;
+    a context built around an instance (no ref) keeps it."""
+    import os
+    import threading
+
+    from dagster import build_sensor_context
+
+    home, url = pg_home
+    other = home / "other"
+    other.mkdir()
+    (other / "dagster.yaml").write_text((home / "dagster.yaml").read_text() + "run_queue:\n  max_concurrent_runs: 3\n")
+    monkeypatch.setattr(storage_connections, "_SHARED", {})
+    with DagsterInstance.from_config(str(home)) as first, DagsterInstance.from_config(str(other)) as second:
+        start, seen = threading.Barrier(4), []
+
+        def tick() -> None:
+            start.wait()
+            with build_sensor_context(instance_ref=second.get_ref()) as context:
+                seen.append(storage_connections.evaluation_instance(context))
+
+        threads = [threading.Thread(target=tick) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len({id(i) for i in seen}) == 1
+        shared = seen[0]
+        assert shared._run_coordinator is not None  # made under the lock, not lazily by whichever thread asks first
+        assert type(shared.run_storage._engine.pool).__name__ == "QueuePool"
+        with build_sensor_context(instance_ref=first.get_ref()) as context:
+            assert storage_connections.evaluation_instance(context) is not shared
+        monkeypatch.setattr(os, "getpid", lambda: -1)
+        with build_sensor_context(instance_ref=second.get_ref()) as context:
+            assert storage_connections.evaluation_instance(context) is not shared
+        with build_sensor_context(instance=first) as context:
+            assert storage_connections.evaluation_instance(context) is first
