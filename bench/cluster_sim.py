@@ -14,9 +14,13 @@ Policies:
 - `best_effort_fifo`: Kueue BestEffortFIFO (what deploy/ ships): the same
   order, but a job that does not fit does not block later jobs that fit; no
   reservation for it. No quotas, no preemption.
-- `platform` (docs/cluster_policy.md): priority classes, within-quota before
-  borrowing, EASY backfill (the first blocked job holds a reservation),
-  checkpoint-aware preemption of sweep-class jobs only.
+- `platform` (docs/cluster_policy.md): what deploy/ ships: priority classes,
+  within-quota before borrowing, Kueue's BestEffortFIFO passing (a later job
+  that fits starts; no reservation is held), checkpoint-aware preemption of
+  sweep-class jobs only.
+- with `--ablations`: `platform_easy_reservation` (the platform plus EASY
+  backfill: the first blocked job holds a reservation; a design option, not
+  shipped) and `platform_no_preemption`.
 
 Figures per run (`SimResult.metrics`): effective utilization (useful GPU-hours
 / capacity after warm-up; the headline "utilization"), busy utilization (GPU-hours
@@ -63,16 +67,20 @@ UTILIZATION_TARGET = 0.9
 
 
 def policies(cfg: TraceConfig, ablations: bool = False) -> dict[str, Policy]:
-    """The compared policies; with `ablations`, also the platform without its reservation (the closest to what deploy/
-    ships: Kueue's BestEffortFIFO holds none) and without preemption."""
-    platform = Policy("platform", order="priority", backfill=True, preemption=True, quotas=dict(cfg.quotas))
+    """The compared policies; with `ablations`, also the platform with an EASY reservation (not shipped: Kueue holds
+    none) and without preemption.
+
+    `platform` is what deploy/ ships (Kueue ClusterQueues with the platform's classes, quotas and preemption, and
+    BestEffortFIFO's passing without a reservation). Until 2026-12-06 the headline was the platform with an EASY
+    reservation, which deploy/ never had (docs/cluster_policy.md says why it changed)."""
+    platform = Policy("platform", order="priority", backfill=True, reserve=False, preemption=True, quotas=dict(cfg.quotas))
     out = {
         "strict_fifo": Policy("strict_fifo", order="strict_fifo"),
         "best_effort_fifo": Policy("best_effort_fifo", order="best_effort_fifo"),
         "platform": platform,
     }
     if ablations:
-        out["platform_no_reservation"] = dataclasses.replace(platform, name="platform_no_reservation", reserve=False)
+        out["platform_easy_reservation"] = dataclasses.replace(platform, name="platform_easy_reservation", reserve=True)
         out["platform_no_preemption"] = dataclasses.replace(platform, name="platform_no_preemption", preemption=False)
     return out
 
@@ -190,7 +198,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     parser.add_argument("--loads", type=float, nargs="+", default=list(LOADS), help=f"offered loads; must include the nominal {NOMINAL}")
     parser.add_argument("--days", type=float, default=DAYS)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--ablations", action="store_true", help="also the platform without reservation / without preemption (slower)")
+    parser.add_argument("--ablations", action="store_true", help="also the platform with an EASY reservation / without preemption (slower)")
     parser.add_argument("--checkpoint-study", action="store_true", help="also compare gang checkpoint intervals (slower)")
     args = parser.parse_args(argv or [])
     if args.seeds < 2:
