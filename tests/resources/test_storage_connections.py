@@ -195,7 +195,7 @@ def _tick(instance: DagsterInstance) -> None:
 
 
 @pytest.mark.parametrize("pooled", [True, False])
-def test_sensor_ticks_share_one_pooled_instance_per_ref(pg_home: tuple[Path, str], pooled: bool) -> None:
+def test_sensor_ticks_share_one_pooled_instance_per_ref(pg_home: tuple[Path, str], pooled: bool, monkeypatch: Any) -> None:
     """Each tick's context makes a DagsterInstance from the daemon's ref (as the code server's does): its storages
     check their tables and open a connection per query, every tick. `evaluation_instance` keeps one instance per
     ref, pooled: ticks after the first establish no session at all. Dagster's own (`context.instance`) is the
@@ -204,6 +204,8 @@ def test_sensor_ticks_share_one_pooled_instance_per_ref(pg_home: tuple[Path, str
 
     home, url = pg_home
     database = url.rsplit("/", 1)[1]
+    shared: dict = {}
+    monkeypatch.setattr(storage_connections, "_SHARED", shared)  # this test's instances only, disposed at its end
     with DagsterInstance.from_config(str(home)) as daemon:
         ref = daemon.get_ref()
         opened = []
@@ -218,6 +220,8 @@ def test_sensor_ticks_share_one_pooled_instance_per_ref(pg_home: tuple[Path, str
                 assert storage_connections.evaluation_instance(a) is storage_connections.evaluation_instance(b)
         else:
             assert all(n >= 4 for n in opened), opened
+    for instance in shared.values():
+        instance.dispose()
 
 
 def test_an_evaluation_instance_is_one_per_ref_and_process_and_made_once_under_threads(pg_home: tuple[Path, str], monkeypatch: Any) -> None:
@@ -258,3 +262,5 @@ def test_an_evaluation_instance_is_one_per_ref_and_process_and_made_once_under_t
             assert storage_connections.evaluation_instance(context) is not shared
         with build_sensor_context(instance=first) as context:
             assert storage_connections.evaluation_instance(context) is first
+    for instance in storage_connections._SHARED.values():
+        instance.dispose()
