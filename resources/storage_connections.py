@@ -18,6 +18,9 @@ overflow for the process's other threads, discarded when returned), recycled aft
 `POOL_RECYCLE_SECONDS`. The statement timeout stays what the database gives
 the role (read once; Dagster's pooled engine sets one on every connection, and
 a run worker's long queries must not start failing because it pooled). A
+held connection is tested before each use (SQLAlchemy's pre-ping, 0.03 ms a
+query here), so one that a PostgreSQL restart or failover ended is replaced
+instead of failing the query, as a connection per query never failed. A
 storage that is not PostgreSQL is left as it is.
 
 Called in every run worker: the warm run launcher's forked worker
@@ -52,12 +55,16 @@ POOL_RECYCLE_SECONDS = 3600  # the webserver's default (`--db-pool-recycle`)
 POOL_MAX_OVERFLOW = -1
 
 
+def postgres_storages(instance: Any) -> list[Any]:
+    """The instance's PostgreSQL storages (of runs, events, schedules), in that order."""
+    storages = (instance.run_storage, instance.event_log_storage, instance.schedule_storage)
+    return [s for s in storages if s is not None and type(s).__module__.startswith("dagster_postgres.")]
+
+
 def postgres_storage(instance: Any) -> Any:
     """The instance's first PostgreSQL storage (runs, events, schedules), or None if none is PostgreSQL."""
-    for storage in (instance.run_storage, instance.event_log_storage, instance.schedule_storage):
-        if storage is not None and type(storage).__module__.startswith("dagster_postgres."):
-            return storage
-    return None
+    storages = postgres_storages(instance)
+    return storages[0] if storages else None
 
 
 def statement_timeout_ms(storage: Any) -> int:
@@ -84,6 +91,11 @@ def hold_connections(instance: Any) -> bool:
     try:
         timeout = statement_timeout_ms(storage)
         instance.optimize_for_webserver(statement_timeout=timeout, pool_recycle=POOL_RECYCLE_SECONDS, max_overflow=POOL_MAX_OVERFLOW)
+        for pooled in postgres_storages(instance):
+            # Test a held connection before each use, as `create_engine(pool_pre_ping=True)` would (Dagster's engine
+            # takes no such option): after a PostgreSQL restart or failover a held connection is dead, and the first
+            # query on it failed (a sensor's tick, a run's event write) where a connection per query reconnects.
+            pooled._engine.pool._pre_ping = True
     except Exception as e:  # a run goes on without the pool
         warnings.warn(f"trainyard: this process's PostgreSQL storages stay at one connection per query ({type(e).__name__}: {e})", stacklevel=2)
         return False

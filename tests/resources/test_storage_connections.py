@@ -264,3 +264,32 @@ def test_an_evaluation_instance_is_one_per_ref_and_process_and_made_once_under_t
             assert storage_connections.evaluation_instance(context) is first
     for instance in storage_connections._SHARED.values():
         instance.dispose()
+
+
+def terminate_sessions(database: str) -> int:
+    """What a PostgreSQL restart or failover does to held connections: every session to `database` ended by the server."""
+    engine = sqlalchemy.create_engine(POSTGRES_URL, poolclass=sqlalchemy.pool.NullPool)
+    with engine.connect() as conn:
+        sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"
+        return int(conn.execute(sqlalchemy.text(sql), {"d": database}).scalar_one())
+
+
+def test_held_connections_ended_by_the_server_are_replaced_before_a_query_uses_them(pg_home: tuple[Path, str]) -> None:
+    """A PostgreSQL restart ends every held connection; a connection per query never noticed, and a pooled one must
+    not either: the next run event, run read and sensor tick go through. Shown to fail (OperationalError: server
+    closed the connection) with the pool's check before use turned off."""
+    home, url = pg_home
+    database = url.rsplit("/", 1)[1]
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert hold_connections(instance)
+        run = instance.create_run_for_job(stock_job)
+        instance.report_engine_event("before the restart", run)
+        assert terminate_sessions(database) >= 1
+        instance.report_engine_event("after the restart", run)
+        assert instance.get_run_by_id(run.run_id) is not None and instance.get_runs_count() == 1
+        assert [e.message for e in instance.all_logs(run.run_id)][-2:] == ["before the restart", "after the restart"]
+        for storage in storage_connections.postgres_storages(instance):
+            storage._engine.pool._pre_ping = False  # the control: without the check, the first query after fails
+        assert terminate_sessions(database) >= 1
+        with pytest.raises(sqlalchemy.exc.OperationalError, match="server closed the connection"):
+            instance.get_runs_count()
