@@ -331,9 +331,10 @@ class Sweep:
         with contextlib.closing(sqlite3.connect(self.db)) as conn:
             return int(conn.execute("SELECT COUNT(*) FROM trials").fetchone()[0])
 
-    def evaluate(self) -> Any:
+    def evaluate(self) -> tuple[Any, list[str]]:
         """The sweep sensor evaluated as the code server evaluates it for the daemon (`get_external_sensor_execution`:
         a context from the daemon's instance ref, the sensor's resources, its result), then the daemon's partition add.
+        Returns the sensor's `SensorExecutionData` and the partition keys added.
 
         Raises:
             RuntimeError: the evaluation failed (its error).
