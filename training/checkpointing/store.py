@@ -26,6 +26,7 @@ from training.checkpointing.errors import (
 )
 from training.checkpointing.files import HashingWriter, StagedFile, digest_matches, save_payload
 from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, parse_manifest, step_dir
+from training.checkpointing.removal import BackgroundRemover
 from training.checkpointing.safe_load import check_plain, load_payload
 from training.checkpointing.sharding import ShardSpec, merge_shards, shard_file, sidecar_file
 from training.retry import RetriesExhausted, retry_call
@@ -121,6 +122,7 @@ class CheckpointStore:
         self._clock = clock
         self.fs, path = fsspec.core.url_to_fs(self.root_uri, **(storage_options or {}))
         self._root = path.rstrip("/")
+        self._remover = BackgroundRemover(self.fs, lambda p: f"{self.root_uri}{p[len(self._root):]}")
 
     # ---- naming -------------------------------------------------------------
 
@@ -144,6 +146,9 @@ class CheckpointStore:
         shard: Optional[ShardSpec] = None,
     ) -> str:
         """Write `state` as the checkpoint of `step`, commit it, then apply retention.
+
+        Retention uncommits the checkpoints it drops before `save` returns and
+        deletes their files on a background thread (`flush` waits for that).
 
         Args:
             step: Global step; names the directory. Saving a step again replaces it
@@ -176,6 +181,7 @@ class CheckpointStore:
         check_plain(state, self.uri(step))
         values = {str(k): float(v) for k, v in (metrics or {}).items()}
         name = step_dir(step)
+        self._remover.drain()  # the previous retention may still be removing this step's directory
         if shard is None or shard.rank == 0:
             self._uncommit(name)
         files = self._write_state(name, state, shard)
@@ -320,18 +326,34 @@ class CheckpointStore:
                 continue
         doomed = superseded + [e for e in committed if e.step not in keep]
         doomed += [e for e in entries if not e.committed and e.step < saved_step]
+        removable = []
         for e in doomed:
             try:
-                self.fs.rm(self._path(e.name), recursive=True)
+                if e.committed:
+                    self.fs.rm(self._path(e.name, MANIFEST))  # uncommitted first: no reader chooses it from here on
+                removable.append(self._path(e.name))
+            except FileNotFoundError:
+                removable.append(self._path(e.name))
             except OSError as err:
                 # The new checkpoint is committed; a failed cleanup only costs space
                 # and is retried after the next save.
                 log.warning("could not delete old checkpoint %s/%s: %s", self.root_uri, e.name, err)
+        self._remover.submit(removable)  # the bytes go in the background (`training.checkpointing.removal`)
+
+    def flush(self) -> None:
+        """Wait until the checkpoints retention dropped are deleted (saves return once they are uncommitted)."""
+        self._remover.drain()
+
+    @property
+    def retention_seconds(self) -> list[float]:
+        """Wall seconds each background deletion of dropped checkpoints took, oldest first."""
+        return list(self._remover.seconds)
 
     # ---- reading ------------------------------------------------------------
 
     def _scan(self) -> list[_Entry]:
-        """Step directories under the root, oldest first, from one listing."""
+        """Step directories under the root, oldest first, from one listing (after any deletion in progress)."""
+        self._remover.drain()
         self.fs.invalidate_cache(self._root)
         try:
             paths = self.fs.find(self._root, withdirs=True)
