@@ -19,10 +19,13 @@ second instead of once.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Optional
 
 from dagster import Field, Float, QueuedRunCoordinator
 from dagster._serdes import ConfigurableClassData
+
+log = logging.getLogger("trainyard.run_queue")
 
 MIN_INTERVAL_SECONDS = 0.5  # IntervalDaemon.core_loop waits in steps of 0.5 s: a shorter interval looks no sooner
 
@@ -38,13 +41,12 @@ def _checked(seconds: Any) -> float:
     return float(seconds)
 
 
-class LocalRunQueue(QueuedRunCoordinator):
-    """`QueuedRunCoordinator` whose `dequeue_interval_seconds` may be fractional (>= `MIN_INTERVAL_SECONDS`)."""
+class RunQueue(QueuedRunCoordinator):
+    """Dagster's `QueuedRunCoordinator`, which makes the instance's run launcher once, before its threads ask.
 
-    def __init__(self, dequeue_interval_seconds: Optional[float] = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if dequeue_interval_seconds is not None:
-            self._dequeue_interval_seconds = _checked(dequeue_interval_seconds)  # type: ignore[assignment]
+    The Kubernetes deployment's queue (`resources.k8s.helm`: the daemon and webserver run the orchestrator image, so
+    this class is there); `LocalRunQueue` adds the fractional interval.
+    """
 
     def register_instance(self, instance: Any) -> None:
         """Also make the instance's run launcher now, when the daemon makes this queue (in its main thread).
@@ -53,9 +55,24 @@ class LocalRunQueue(QueuedRunCoordinator):
         `dequeue_use_threads`, runs dequeued together are launched from a pool of threads (run monitoring asks from
         its own). Threads that found none each made one, and one could launch through a launcher never registered
         to the instance ("Attempted to resolve undefined DagsterInstance weakref", CI at 629daac), or start warm
-        run workers of its own."""
+        run workers of its own (locally; `K8sRunLauncher`s of its own on Kubernetes)."""
         super().register_instance(instance)
-        instance.run_launcher  # noqa: B018 - made here, once, before any thread asks
+        try:
+            instance.run_launcher  # noqa: B018 - made here, once, before any thread asks
+        except Exception as e:  # a process that never launches: Dagster's lazy path reports it if one does
+            # Every process that loads the instance makes its queue (the webserver to submit, a code server to
+            # evaluate a sensor); a Kubernetes code server has no API credentials, so `K8sRunLauncher` cannot be made
+            # there, and it never launches. Making it there was never needed: it is needed in the daemon.
+            log.debug("run queue: the run launcher was not made ahead (%s: %s); it is made when first used", type(e).__name__, e)
+
+
+class LocalRunQueue(RunQueue):
+    """`RunQueue` whose `dequeue_interval_seconds` may be fractional (>= `MIN_INTERVAL_SECONDS`)."""
+
+    def __init__(self, dequeue_interval_seconds: Optional[float] = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if dequeue_interval_seconds is not None:
+            self._dequeue_interval_seconds = _checked(dequeue_interval_seconds)  # type: ignore[assignment]
 
     @property
     def dequeue_interval_seconds(self) -> float:  # type: ignore[override]

@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1.7
 # The orchestrator image: Dagster, the team code locations, assets and resources.
-# It runs each team's gRPC code server (dagster-user-deployments) and the run pods
-# the K8sRunLauncher starts from it. Training never runs here: the Kubernetes
+# It runs each team's gRPC code server (dagster-user-deployments), the run pods
+# the K8sRunLauncher starts from it, and the chart's webserver and daemon (their
+# run queue is resources.run_queue.RunQueue). Training never runs here: the Kubernetes
 # launcher submits trials as Jobs of the trainer image.
 #
 #   docker build -f deploy/docker/orchestrator.Dockerfile --build-arg BASE_DIGEST=sha256:<digest> \

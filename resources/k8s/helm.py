@@ -210,6 +210,10 @@ def user_deployment(loc: CodeLocation, platform: Platform) -> dict[str, Any]:
     }
 
 
+# The daemon's queue (`dagster.yaml`'s `run_coordinator.config`, as the chart writes a custom coordinator's).
+RUN_QUEUE = {"max_concurrent_runs": 50, "dequeue_interval_seconds": 1, "dequeue_use_threads": True, "dequeue_num_workers": 4}
+
+
 def dagster_values(locations: list[CodeLocation], platform: Platform) -> dict[str, Any]:
     """The values of the `dagster/dagster` chart: PostgreSQL storage, K8sRunLauncher, queued runs, one location per team."""
     names = [loc.name for loc in locations]
@@ -239,14 +243,19 @@ def dagster_values(locations: list[CodeLocation], platform: Platform) -> dict[st
             # train at once. This only bounds the number of waiting run pods.
             # Runs dequeued together are launched in parallel threads (Dagster launches them one after the other by
             # default: each waits for the previous launch's Job creation).
-            "runCoordinator": {"enabled": True, "type": "QueuedRunCoordinator",
-                               "config": {"queuedRunCoordinator": {"maxConcurrentRuns": 50, "dequeueIntervalSeconds": 1,
-                                                                   "dequeueUseThreads": True, "dequeueNumWorkers": 4}}},
+            # The queue is Dagster's, made by `resources.run_queue.RunQueue`, which makes the run launcher before the
+            # dequeue threads and run monitoring ask for it (Dagster's lazy `instance.run_launcher` is not
+            # thread-safe): so the daemon, and the webserver that submits to the queue, run the orchestrator image.
+            "image": chart_image(platform.orchestrator_image),
+            "runCoordinator": {"enabled": True, "type": "CustomRunCoordinator",
+                               "config": {"customRunCoordinator": {"module": "resources.run_queue", "class": "RunQueue",
+                                                                   "config": RUN_QUEUE}}},
             # A run pod killed (node lost, evicted, OOM) is resumed: a new run worker for the same
             # run and attempt, whose launcher re-attaches to the trial's running gang (same name,
             # attempt and run id) instead of starting a second one (resources.k8s.gangs).
             "runMonitoring": {"enabled": True, "startTimeoutSeconds": 300, "pollIntervalSeconds": 60, "maxResumeRunAttempts": 3},
         },
+        "dagsterWebserver": {"image": chart_image(platform.orchestrator_image)},
         "dagster-user-deployments": {
             "enabled": True,
             "enableSubchart": True,

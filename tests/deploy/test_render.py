@@ -268,5 +268,18 @@ def test_run_monitoring_resumes_a_killed_run_pod(values: dict[str, Any]) -> None
     assert values["runLauncher"]["type"] == "K8sRunLauncher"
     # Resuming needs a launcher that can check a run worker's health and resume it; the chart's is one.
     assert K8sRunLauncher.supports_resume_run.fget(None) is True  # a property that reads nothing of the instance
-    queue = values["dagsterDaemon"]["runCoordinator"]["config"]["queuedRunCoordinator"]
-    assert queue["dequeueIntervalSeconds"] == 1 and queue["dequeueUseThreads"] is True and queue["dequeueNumWorkers"] >= 2
+    coordinator = values["dagsterDaemon"]["runCoordinator"]
+    assert coordinator["type"] == "CustomRunCoordinator"
+    custom = coordinator["config"]["customRunCoordinator"]
+    assert (custom["module"], custom["class"]) == ("resources.run_queue", "RunQueue")
+    queue = custom["config"]
+    assert queue["dequeue_interval_seconds"] == 1 and queue["dequeue_use_threads"] is True and queue["dequeue_num_workers"] >= 2
+
+
+def test_the_daemon_and_the_webserver_run_the_orchestrator_image_that_has_the_queue(values: dict[str, Any]) -> None:
+    """The queue class is ours, so every process that makes it (the daemon, the webserver that submits) runs our image."""
+    locations = {d["image"]["repository"] + ":" + d["image"]["tag"] for d in values["dagster-user-deployments"]["deployments"]}
+    assert len(locations) == 1
+    for part in ("dagsterDaemon", "dagsterWebserver"):
+        image = values[part]["image"]
+        assert {image["repository"] + ":" + image["tag"]} == locations, part

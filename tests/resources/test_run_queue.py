@@ -107,3 +107,112 @@ def test_the_daemons_dequeue_threads_share_one_launcher_registered_to_the_instan
         assert errors == []
         assert len(made) == 1 and {id(launcher) for launcher, _ in seen} == {id(made[0])}
         assert all(registered is instance for _, registered in seen)
+
+
+# --- the Kubernetes daemon: the chart's instance, `K8sRunLauncher` ------------------------------------------------
+
+
+def _k8s_home(tmp_path: Path, coordinator: dict) -> Path:
+    """DAGSTER_HOME with the instance the chart writes for the daemon, from deploy/helm/values.yaml.
+
+    The run coordinator is written as the chart's template writes a custom one (module, class, config), or given
+    (`coordinator`); the run launcher is the chart's `K8sRunLauncher`, reading a kubeconfig here instead of the
+    in-cluster account (making it reads the file; nothing connects).
+    """
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "dagster"}}],
+    }))
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({
+        "telemetry": {"enabled": False},
+        "run_coordinator": coordinator,
+        "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": {
+            "load_incluster_config": False, "kubeconfig_file": str(tmp_path / "kubeconfig"), "job_namespace": "dagster",
+            "instance_config_map": "dagster-instance", "service_account_name": "dagster", "image_pull_policy": "IfNotPresent"}},
+    }))
+    return tmp_path
+
+
+def _chart_coordinator() -> dict:
+    custom = yaml.safe_load((ROOT / "deploy" / "helm" / "values.yaml").read_text())["dagsterDaemon"]["runCoordinator"]
+    assert custom["type"] == "CustomRunCoordinator"
+    c = custom["config"]["customRunCoordinator"]
+    return {"module": c["module"], "class": c["class"], "config": c["config"]}  # helm/dagster _run-coordinator.tpl
+
+
+def _launchers_made_by_four_dequeue_threads(home: Path, monkeypatch) -> tuple[list, list, list, DagsterInstance]:
+    import threading
+    import time
+
+    from dagster_k8s import K8sRunLauncher
+
+    made: list = []
+    original = K8sRunLauncher.__init__
+
+    def slow_init(self, *args, **kwargs) -> None:
+        time.sleep(0.05)  # widens the window the race needs
+        original(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(K8sRunLauncher, "__init__", slow_init)
+    instance = DagsterInstance.from_config(str(home))
+    create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)  # what dagster-daemon does first
+    start, seen, errors = threading.Barrier(4), [], []
+
+    def dequeue_thread() -> None:
+        start.wait()
+        try:
+            launcher = instance.run_launcher
+            seen.append((launcher, launcher._instance))
+        except Exception as e:  # the race's failures are what this test looks for
+            errors.append(e)
+
+    threads = [threading.Thread(target=dequeue_thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return made, seen, errors, instance
+
+
+def test_the_kubernetes_daemons_queue_makes_one_launcher_before_its_threads_ask(tmp_path: Path, monkeypatch) -> None:
+    from dagster_k8s import K8sRunLauncher
+
+    from resources.run_queue import RunQueue
+
+    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(_k8s_home(tmp_path, _chart_coordinator()), monkeypatch)
+    with instance:
+        assert type(instance.run_coordinator) is RunQueue
+        queue = instance.run_coordinator
+        assert (queue.dequeue_use_threads, queue.dequeue_num_workers, queue.dequeue_interval_seconds) == (True, 4, 1)
+        assert queue.get_run_queue_config().max_concurrent_runs == 50
+        assert errors == []
+        assert len(made) == 1 and isinstance(made[0], K8sRunLauncher)
+        assert {id(launcher) for launcher, _ in seen} == {id(made[0])}
+        assert all(registered is instance for _, registered in seen)
+
+
+def test_dagsters_own_queue_on_the_same_instance_makes_a_launcher_per_thread(tmp_path: Path, monkeypatch) -> None:
+    """The control: the chart's default coordinator, everything else the same, races as the note says."""
+    stock = {"module": "dagster.core.run_coordinator", "class": "QueuedRunCoordinator", "config": _chart_coordinator()["config"]}
+    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(_k8s_home(tmp_path, stock), monkeypatch)
+    with instance:
+        assert len(made) > 1
+        assert len({id(launcher) for launcher, _ in seen}) + len(errors) > 1
+
+
+def test_a_process_that_cannot_make_the_launcher_still_makes_the_queue(tmp_path: Path, monkeypatch) -> None:
+    """A Kubernetes code server has no API credentials: it makes the queue (to evaluate sensors), never a launcher."""
+    home = _k8s_home(tmp_path, _chart_coordinator())
+    config = yaml.safe_load((home / "dagster.yaml").read_text())
+    launcher = config["run_launcher"]["config"]
+    launcher["load_incluster_config"] = True  # the chart's setting; no mounted account token here, as in a code server
+    del launcher["kubeconfig_file"]
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with DagsterInstance.from_config(str(home)) as instance:
+        assert instance.run_coordinator.get_run_queue_config().max_concurrent_runs == 50
+        with pytest.raises(Exception, match="Service host/port is not set"):
+            instance.run_launcher  # noqa: B018 - Dagster's lazy path still reports it where one is used
