@@ -72,41 +72,50 @@ def test_the_daemons_dequeue_threads_share_one_launcher_registered_to_the_instan
     launched through a launcher never registered to the instance ("Attempted to resolve undefined DagsterInstance
     weakref", seen in CI at 629daac). The queue makes the launcher when the daemon makes the queue, in its main
     thread. The launcher's construction is slowed here to widen the window the race needs."""
+    from resources.run_launcher import WarmRunLauncher
+
+    (tmp_path / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
+    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(tmp_path, WarmRunLauncher, monkeypatch)
+    with instance:
+        assert errors == []
+        assert len(made) == 1 and {id(launcher) for launcher, _ in seen} == {id(made[0])}
+        assert all(registered is instance for _, registered in seen)
+
+
+def _launchers_made_by_four_dequeue_threads(home: Path, launcher_class: type, monkeypatch) -> tuple[list, list, list, DagsterInstance]:
+    """The daemon's start on the instance in `home`, then four threads asking for its launcher at once; the launchers
+    made (`launcher_class`, its construction slowed to widen the window the race needs), what each thread got (the
+    launcher and the instance it is registered to), the errors, and the instance."""
     import threading
     import time
 
-    from resources.run_launcher import WarmRunLauncher
-
-    made = []
-    original = WarmRunLauncher.__init__
+    made: list = []
+    original = launcher_class.__init__
 
     def slow_init(self, *args, **kwargs) -> None:
         time.sleep(0.05)
         original(self, *args, **kwargs)
         made.append(self)
 
-    monkeypatch.setattr(WarmRunLauncher, "__init__", slow_init)
-    (tmp_path / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
-    with DagsterInstance.from_config(str(tmp_path)) as instance:
-        create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)  # what dagster-daemon does first
-        start, seen, errors = threading.Barrier(4), [], []
+    monkeypatch.setattr(launcher_class, "__init__", slow_init)
+    instance = DagsterInstance.from_config(str(home))
+    create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)  # what dagster-daemon does first
+    start, seen, errors = threading.Barrier(4), [], []
 
-        def dequeue_thread() -> None:
-            start.wait()
-            try:
-                launcher = instance.run_launcher
-                seen.append((launcher, launcher._instance))
-            except Exception as e:  # the race's failures are what this test looks for
-                errors.append(e)
+    def dequeue_thread() -> None:
+        start.wait()
+        try:
+            launcher = instance.run_launcher
+            seen.append((launcher, launcher._instance))
+        except Exception as e:  # the race's failures are what this test looks for
+            errors.append(e)
 
-        threads = [threading.Thread(target=dequeue_thread) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert errors == []
-        assert len(made) == 1 and {id(launcher) for launcher, _ in seen} == {id(made[0])}
-        assert all(registered is instance for _, registered in seen)
+    threads = [threading.Thread(target=dequeue_thread) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return made, seen, errors, instance
 
 
 # --- the Kubernetes daemon: the chart's instance, `K8sRunLauncher` ------------------------------------------------
@@ -142,47 +151,13 @@ def _chart_coordinator() -> dict:
     return {"module": c["module"], "class": c["class"], "config": c["config"]}  # helm/dagster _run-coordinator.tpl
 
 
-def _launchers_made_by_four_dequeue_threads(home: Path, monkeypatch) -> tuple[list, list, list, DagsterInstance]:
-    import threading
-    import time
-
-    from dagster_k8s import K8sRunLauncher
-
-    made: list = []
-    original = K8sRunLauncher.__init__
-
-    def slow_init(self, *args, **kwargs) -> None:
-        time.sleep(0.05)  # widens the window the race needs
-        original(self, *args, **kwargs)
-        made.append(self)
-
-    monkeypatch.setattr(K8sRunLauncher, "__init__", slow_init)
-    instance = DagsterInstance.from_config(str(home))
-    create_daemon_of_type(QueuedRunCoordinatorDaemon.daemon_type(), instance)  # what dagster-daemon does first
-    start, seen, errors = threading.Barrier(4), [], []
-
-    def dequeue_thread() -> None:
-        start.wait()
-        try:
-            launcher = instance.run_launcher
-            seen.append((launcher, launcher._instance))
-        except Exception as e:  # the race's failures are what this test looks for
-            errors.append(e)
-
-    threads = [threading.Thread(target=dequeue_thread) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return made, seen, errors, instance
-
-
 def test_the_kubernetes_daemons_queue_makes_one_launcher_before_its_threads_ask(tmp_path: Path, monkeypatch) -> None:
     from dagster_k8s import K8sRunLauncher
 
     from resources.run_queue import RunQueue
 
-    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(_k8s_home(tmp_path, _chart_coordinator()), monkeypatch)
+    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(
+        _k8s_home(tmp_path, _chart_coordinator()), K8sRunLauncher, monkeypatch)
     with instance:
         assert type(instance.run_coordinator) is RunQueue
         queue = instance.run_coordinator
@@ -196,8 +171,10 @@ def test_the_kubernetes_daemons_queue_makes_one_launcher_before_its_threads_ask(
 
 def test_dagsters_own_queue_on_the_same_instance_makes_a_launcher_per_thread(tmp_path: Path, monkeypatch) -> None:
     """The control: the chart's default coordinator, everything else the same, races as the note says."""
+    from dagster_k8s import K8sRunLauncher
+
     stock = {"module": "dagster.core.run_coordinator", "class": "QueuedRunCoordinator", "config": _chart_coordinator()["config"]}
-    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(_k8s_home(tmp_path, stock), monkeypatch)
+    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(_k8s_home(tmp_path, stock), K8sRunLauncher, monkeypatch)
     with instance:
         assert len(made) > 1
         assert len({id(launcher) for launcher, _ in seen}) + len(errors) > 1
