@@ -330,11 +330,9 @@ class CheckpointStore:
         for e in doomed:
             try:
                 if e.committed:
-                    self.fs.rm(self._path(e.name, MANIFEST))  # uncommitted first: no reader chooses it from here on
+                    self._uncommit(e.name)  # first: no reader chooses it from here on
                 removable.append(self._path(e.name))
-            except FileNotFoundError:
-                removable.append(self._path(e.name))
-            except OSError as err:
+            except (OSError, CheckpointWriteError) as err:
                 # The new checkpoint is committed; a failed cleanup only costs space
                 # and is retried after the next save.
                 log.warning("could not delete old checkpoint %s/%s: %s", self.root_uri, e.name, err)
