@@ -21,7 +21,7 @@ from dagster import AssetExecutionContext, DagsterRun, MetadataValue, Output
 
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
-from resources.sweeps import SweepStore, build_report, objectives_of, report_metadata, study_directions
+from resources.sweeps import SweepStore, build_report, inert_pruner, objectives_of, report_metadata, study_directions
 from resources.tracking import Tracking
 from resources.trial_runs import IN_PROCESS, PARTITION_TAG, create_trial_run, discard_runs, from_code_location, trials_to_start, why_not_start
 from trainyard import naming
@@ -64,6 +64,9 @@ def sweep_body(
     meta = report_metadata(report, store, naming.sweep_report_dir(store, spec.team, spec.name, name), objectives_of(spec))
     if report.status.stop_reason:
         context.log.warning(f"{spec.key}: sweep {name} stopped: {report.status.stop_reason}")
+    pruning = inert_pruner(spec.search)
+    if pruning:
+        context.log.warning(f"{spec.key}: {pruning}")
     project = naming.tracker_project(spec)
     wandb = {"wandb_project": project, "wandb_group": name, "wandb_mode": tracking.resolved_mode()}
     if tracking.resolved_mode() == "online" and tracking.entity:
@@ -74,7 +77,7 @@ def sweep_body(
         yield Output(
             Sweep(study=name, trials=keys, data_md5=validated.md5),
             metadata={"study": name, "storage": sweeps.shown_url(), "trials": len(keys), "new_partitions": len(new), "removed_partitions": len(stale),
-                      "started_trial_runs": len(runs), **meta, **wandb},
+                      "started_trial_runs": len(runs), **meta, **({"pruner_inert": pruning} if pruning else {}), **wandb},
         )
         stored = True
     finally:

@@ -98,6 +98,27 @@ def study_directions(spec: PipelineSpec) -> list[str]:
     return [o.mode for o in objectives_of(spec)]
 
 
+def inert_pruner(search: SearchSpec) -> Optional[str]:
+    """Why the declared pruner can stop no trial of this sweep, or None when it can.
+
+    Optuna's median pruner compares a trial with the completed trials (pruned
+    ones do not count) and prunes nothing until `n_startup_trials` of them, and
+    at least one, have completed. A sweep's last trial sees at most
+    `n_trials - 1` completed, so with `n_startup_trials >= n_trials` (or a
+    single trial) every trial trains to the end, the pruner's reports and
+    queries included. The other pruners have no startup count.
+    """
+    p = search.pruner
+    if p.kind != "median":
+        return None
+    needed, seen = max(p.n_startup_trials, 1), search.n_trials - 1
+    if seen >= needed:
+        return None
+    fix = f"set n_startup_trials to at most {seen}" if seen >= 1 else "it needs n_trials >= 2"
+    return (f"pruner 'median' prunes only after {needed} completed trial(s) (n_startup_trials={p.n_startup_trials}), and the last of this "
+            f"sweep's {search.n_trials} trial(s) sees at most {seen}: no trial can be pruned; {fix}, raise n_trials, or drop the pruner")
+
+
 MODES = {"MAXIMIZE": "max", "MINIMIZE": "min"}
 """Optuna's `StudyDirection` names -> trainyard's `max`/`min`."""
 

@@ -10,6 +10,7 @@ from resources.sweeps import (
     SweepError,
     build_sampler,
     derive_seed,
+    inert_pruner,
     objective_values,
     pareto_front,
     pick_trial,
@@ -17,6 +18,7 @@ from resources.sweeps import (
 )
 from tests.pipelines.pipeline_fixtures import small_spec
 from tests.resources.sweeps.fakes import LR, MAXMIN, done, running
+from training.pruners import build_pruner
 from training.spec import PrunerSpec
 from trainyard.search import CategoricalParam, IntParam, Objective, PickPolicy, SearchSpec
 
@@ -146,3 +148,44 @@ def test_pareto_front_and_pick_policies() -> None:
         pick_trial(front, MAXMIN, PickPolicy(limits={"val_acc": 0.99}))
     with pytest.raises(SweepError, match="the Pareto front is empty"):
         pick_trial([], MAXMIN, PickPolicy())
+
+
+# -- a pruner that can prune nothing ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n_trials, pruner, message",
+    [
+        (4, PrunerSpec(kind="median"), "pruner 'median' prunes only after 5 completed trial(s) (n_startup_trials=5), and the last of this "
+         "sweep's 4 trial(s) sees at most 3: no trial can be pruned; set n_startup_trials to at most 3, raise n_trials, or drop the pruner"),
+        (5, PrunerSpec(kind="median"), "sees at most 4: no trial can be pruned; set n_startup_trials to at most 4"),
+        (6, PrunerSpec(kind="median"), None),
+        (2, PrunerSpec(kind="median", n_startup_trials=0), None),
+        (1, PrunerSpec(kind="median", n_startup_trials=0), "prunes only after 1 completed trial(s) (n_startup_trials=0), and the last of this "
+         "sweep's 1 trial(s) sees at most 0: no trial can be pruned; it needs n_trials >= 2, raise n_trials, or drop the pruner"),
+        (1, PrunerSpec(kind="threshold", lower=0.5), None),  # no startup count: it can stop the only trial
+        (1, PrunerSpec(), None),
+    ],
+)
+def test_inert_pruner_names_why_no_trial_can_be_pruned(n_trials, pruner, message) -> None:
+    text = inert_pruner(SearchSpec(params=LR, n_trials=n_trials, pruner=pruner))
+    assert text == message if message is None or message.startswith("pruner") else message in text
+
+
+@pytest.mark.parametrize("n_startup_trials, inert", [(4, True), (3, False)])
+def test_inert_pruner_agrees_with_optunas_median_pruner(n_startup_trials: int, inert: bool) -> None:
+    """Optuna's own pruner, as trials use it: 3 trials complete, then the sweep's 4th and last reports far worse values."""
+    import optuna
+
+    spec = PrunerSpec(kind="median", n_startup_trials=n_startup_trials)
+    assert (inert_pruner(SearchSpec(params=LR, n_trials=4, pruner=spec)) is not None) is inert
+    study = optuna.create_study(direction="maximize", pruner=build_pruner(spec, max_epochs=3))
+    for value in (0.8, 0.9, 0.85):
+        trial = study.ask()
+        for epoch in range(3):
+            trial.report(value, epoch)
+            assert not trial.should_prune()  # fewer completed trials than the startup count, or no worse than the median
+        study.tell(trial, value)
+    last = study.ask()
+    last.report(0.1, 0)
+    assert last.should_prune() is not inert
