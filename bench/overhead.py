@@ -35,8 +35,15 @@ launch -> first step (the launching process's clock to rank 0's first batch
 start) and last step -> result (rank 0's last batch end to the launch call
 returning: validation, final checkpoint, evaluation, export, process exit).
 
-Each repetition runs the three sides one after the other, in an order that
-rotates (each side first, second and last in turn), and each side reports the
+A fourth side, `bare_allocator_again`, is the A/A control: bare_allocator run
+a second time in each repetition, so the like-for-like measure is also taken
+between two sides that run the very same code
+(`details.like_for_like.a_a_control`). Whatever it reads is the machine's
+noise at this many repetitions (in 6 repetitions alone on this machine it read
++3.3 ms, sd 8.3, against the platform's +5.5 and +2.2 to the two copies).
+
+Each repetition runs the four sides one after the other, in an order that
+rotates (each side in each position in turn), and each side reports the
 median of its repetitions. Value: platform
 steady-state samples/s; baseline: bare; ratio = platform / bare (higher is
 better, target >= 0.98); `details.added_ms_per_step` = platform - bare mean step
@@ -73,8 +80,10 @@ from bench.harness import Target, write_result
 ROOT = Path(__file__).resolve().parent.parent
 # Fewer steps, more processes (was 200 steps x 4 until this change): a run's step mean is set mostly by its
 # process (within a run the mean's standard error is about 0.5 ms at 180 steady steps, while one side's runs spread
-# over 4-14 ms), so repetitions, not steps, narrow the paired interval. 9: each side first, second and last 3 times.
-PROCS, BATCH, STEPS, WARMUP, REPEATS = 2, 16, 100, 20, 9
+# over 4-14 ms), so repetitions, not steps, narrow the paired interval. 8 (9 until the A/A control came): each of
+# the four sides in each position twice.
+PROCS, BATCH, STEPS, WARMUP, REPEATS = 2, 16, 100, 20, 8
+SIDES = ("bare", "platform", "bare_allocator", "bare_allocator_again")
 FEATURES, CLASSES = 64, 10
 MODEL = {"width": 800, "blocks": 2, "expansion": 4, "lr": 1e-4}
 
@@ -272,7 +281,8 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
     return float(statistics.median(r[key] for r in runs))
 
 
-def _paired_added(plat: list[dict[str, float]], other: list[dict[str, float]], target_ms: float = 1.0) -> dict[str, Any]:
+def _paired_added(plat: list[dict[str, float]], other: list[dict[str, float]], target_ms: float = 1.0,
+                  what: str = "platform - bare_allocator") -> dict[str, Any]:
     """The added ms/step as repetitions' paired differences (platform - other, run one after the other) with a t-interval.
 
     The target reads the difference of the sides' medians; this says whether this many repetitions resolve it: `verdict`
@@ -281,8 +291,8 @@ def _paired_added(plat: list[dict[str, float]], other: list[dict[str, float]], t
     from bench.sim.stats import t_interval
 
     diffs = [p["step_ms_mean"] - o["step_ms_mean"] for p, o in zip(plat, other, strict=True)]
-    out: dict[str, Any] = {"what": "per repetition, platform - bare_allocator mean step period (the two ran one after "
-                           "the other): mean with its 95% Student-t interval", "differences_ms": diffs}
+    out: dict[str, Any] = {"what": f"per repetition, {what} mean step period (the two ran in the same repetition): "
+                           "mean with its 95% Student-t interval", "differences_ms": diffs}
     if len(diffs) < 2:
         return out | {"verdict": "not resolved (fewer than two repetitions)"}
     interval = t_interval(diffs)
@@ -296,17 +306,17 @@ def main() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         features = _data(tmp_path)
-        runs: dict[str, list[dict[str, float]]] = {"bare": [], "platform": [], "bare_allocator": []}
-        sides = ("bare", "platform", "bare_allocator")
+        runs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
         for i in range(REPEATS):
-            for side in sides[i % 3:] + sides[:i % 3]:  # each side first, second and last in turn
+            k = i % len(SIDES)
+            for side in SIDES[k:] + SIDES[:k]:  # each side in each position in turn
                 out = tmp_path / f"{side}-{i}"
                 out.mkdir()
-                runs[side].append(platform(tmp_path, features, out) if side == "platform" else bare(tmp_path, out, side == "bare_allocator"))
+                runs[side].append(platform(tmp_path, features, out) if side == "platform" else bare(tmp_path, out, side != "bare"))
     from bench.steady_model import TimedMLP
 
     params = sum(p.numel() for p in TimedMLP(clock_path="", n_features=FEATURES, n_classes=CLASSES, **MODEL).parameters())
-    plat, ref, tuned = runs["platform"], runs["bare"], runs["bare_allocator"]
+    plat, ref, tuned, again = runs["platform"], runs["bare"], runs["bare_allocator"], runs["bare_allocator_again"]
     added_ms = _median(plat, "step_ms_mean") - _median(ref, "step_ms_mean")
     fixed = {k: {"platform": _median(plat, k), "bare": _median(ref, k)} for k in ("launch_to_first_step_s", "last_step_to_result_s", "wall_s")}
     return write_result(
@@ -332,6 +342,14 @@ def main() -> dict:
                 "added_ms_per_step": _median(plat, "step_ms_mean") - _median(tuned, "step_ms_mean"),
                 "added_ms_per_step_paired": _paired_added(plat, tuned),
                 "bare_allocator_runs": tuned,
+                "a_a_control": {
+                    "what": "the same measure between two sides that run the very same code: bare_allocator and a "
+                    "second bare_allocator side in the same rotation. What it reads is this machine's noise in the "
+                    "like-for-like figure at this many repetitions; a platform difference no larger says nothing",
+                    "added_ms_per_step": _median(again, "step_ms_mean") - _median(tuned, "step_ms_mean"),
+                    "added_ms_per_step_paired": _paired_added(again, tuned, what="bare_allocator_again - bare_allocator"),
+                    "bare_allocator_again_runs": again,
+                },
             },
             "where_the_time_goes": _where(runs),
             "parameters": params,

@@ -127,3 +127,34 @@ def test_the_paired_added_time_says_whether_the_repetitions_resolve_the_target()
     assert noisy["mean"] == pytest.approx(0.125) and noisy["ci_low"] < 0 < 1.0 < noisy["ci_high"]
     assert noisy["verdict"].startswith("not resolved")
     assert _paired_added(runs(100.5), runs(100.0))["verdict"].startswith("not resolved")
+
+
+def test_the_four_sides_rotate_and_the_a_a_control_compares_two_copies_of_the_same_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each side runs in each position equally often; the A/A control reads bare_allocator against its second copy."""
+    import bench.overhead as overhead
+
+    order: list[str] = []
+    step = {"bare": 100.0, "platform": 97.0, "bare_allocator": 95.0, "bare_allocator_again": 96.0}
+
+    def run(side: str, out: Path) -> dict[str, float]:
+        order.append(side)
+        assert out.name == f"{side}-{(len(order) - 1) // len(overhead.SIDES)}"
+        return {"step_ms_mean": step[side], "samples_per_second": 32e3 / step[side], "other_callbacks_and_loggers_ms_per_step": 0.5,
+                "step_ms_mean_incl_writes": step[side], "launch_to_first_step_s": 1.0, "last_step_to_result_s": 1.0, "wall_s": 10.0}
+
+    monkeypatch.setattr(overhead, "_data", lambda directory: ["f0"])
+    monkeypatch.setattr(overhead, "platform", lambda data, features, out: run("platform", out))
+    monkeypatch.setattr(overhead, "bare", lambda data, out, allocator=False: run("bare_allocator" if allocator and "again" not in out.name
+                                                                                  else "bare_allocator_again" if allocator else "bare", out))
+    monkeypatch.setattr(overhead, "write_result", lambda name, value, unit, baseline, details, **kw: details)
+    details = overhead.main()
+    n = len(overhead.SIDES)
+    assert len(order) == overhead.REPEATS * n
+    for position in range(n):
+        placed = [order[i * n + position] for i in range(overhead.REPEATS)]
+        assert sorted(placed) == sorted(list(overhead.SIDES) * (overhead.REPEATS // n))  # each side equally often here
+    like = details["like_for_like"]
+    assert like["added_ms_per_step"] == pytest.approx(2.0)
+    assert like["a_a_control"]["added_ms_per_step"] == pytest.approx(1.0)
+    assert like["a_a_control"]["added_ms_per_step_paired"]["differences_ms"] == pytest.approx([1.0] * overhead.REPEATS)
+    assert like["a_a_control"]["added_ms_per_step_paired"]["what"].startswith("per repetition, bare_allocator_again - bare_allocator")
