@@ -80,7 +80,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 CPU_LOG_ENV = "TRAINYARD_TEST_CPU_LOG"
-"""A file to append each test's CPU seconds to (its own and its reaped child processes'), one JSON line a test."""
+"""A file to append each test's CPU seconds to (its own and its reaped child processes'), its wall time, xdist worker and end time: one JSON line a test."""
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -102,7 +102,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
     after = cpu()
     with open(path, "a") as f:
         f.write(json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - started, 2), "own": round(after[0] - before[0], 2),
-                            "children": round(after[1] - before[1], 2)}) + "\n")
+                            "children": round(after[1] - before[1], 2), "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                            "end": round(time.time(), 1)}) + "\n")
 
 
 @pytest.fixture(scope="session", autouse=True)
