@@ -53,6 +53,7 @@ from assets.factory import asset_key
 from pipelines.sensor_timing import ticks_every
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
+from resources.storage_connections import evaluation_resources
 from trainyard import naming
 from trainyard.data import ingest
 from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG, TRIGGER_TAG
@@ -188,15 +189,16 @@ def build_landing_sensor(
         default_status=DefaultSensorStatus.RUNNING if spec.retrain_policy.automatic else DefaultSensorStatus.STOPPED,
         description=f"New or changed files under {spec.source.prefix} ({spec.source.pattern}) -> {job_name}",
     )
-    def landing(context: SensorEvaluationContext, store: ObjectStore, launcher: Launcher):
-        result, cursor = evaluate_landing(spec, store, context.cursor)
-        if isinstance(result, RunRequest) and asset_selection is not None:
-            result = result.with_replaced_attrs(asset_selection=list(asset_selection))
-        if cursor is not None and cursor != context.cursor:
-            context.update_cursor(cursor)
-        if isinstance(result, RunRequest):
-            context.log.info(f"{spec.key}: new landing data ({result.tags['trainyard/new_file_names']}), requesting {job_name}")
-            prestart_for_sweep(spec, result, launcher, context.log)
+    def landing(context: SensorEvaluationContext):
+        with evaluation_resources(context, "store", "launcher") as resources:
+            result, cursor = evaluate_landing(spec, resources.store, context.cursor)
+            if isinstance(result, RunRequest) and asset_selection is not None:
+                result = result.with_replaced_attrs(asset_selection=list(asset_selection))
+            if cursor is not None and cursor != context.cursor:
+                context.update_cursor(cursor)
+            if isinstance(result, RunRequest):
+                context.log.info(f"{spec.key}: new landing data ({result.tags['trainyard/new_file_names']}), requesting {job_name}")
+                prestart_for_sweep(spec, result, resources.launcher, context.log)
         return result
 
     return landing

@@ -52,9 +52,9 @@ from pipelines.landing_sensor import continuation_selection, prestart_for_sweep
 from pipelines.sensor_timing import ticks_every
 from pipelines.sensors import latest_study
 from resources.launcher import Launcher
-from resources.registry import ModelRegistry, ModelVersionInfo
+from resources.registry import ModelVersionInfo
 from resources.storage import ObjectStore
-from resources.storage_connections import evaluation_instance
+from resources.storage_connections import evaluation_instance, evaluation_resources
 from trainyard import naming
 from trainyard.data import ingest
 from trainyard.data.drift_detection import drift
@@ -222,14 +222,15 @@ def build_drift_sensor(
         default_status=default_status,
         description=f"Sweep {spec.key} when its newest data drifted (max PSI > {spec.retrain_policy.drift_psi}) from the champion's",
     )
-    def drift_sensor(context: SensorEvaluationContext, store: ObjectStore, registry: ModelRegistry, launcher: Launcher):
-        champion = registry.get_alias(spec.model_name, CHAMPION)
-        result, cursor = evaluate_drift(spec, store, evaluation_instance(context), champion, context.cursor)
-        if cursor != context.cursor and cursor is not None:
-            context.update_cursor(cursor)
-        if isinstance(result, RunRequest):
-            context.log.info(f"{spec.key}: requesting a sweep ({result.tags.get('trainyard/drift_reason') or 'data drifted'})")
-            prestart_for_sweep(spec, result, launcher, context.log)
+    def drift_sensor(context: SensorEvaluationContext):
+        with evaluation_resources(context, "store", "registry", "launcher") as resources:
+            champion = resources.registry.get_alias(spec.model_name, CHAMPION)
+            result, cursor = evaluate_drift(spec, resources.store, evaluation_instance(context), champion, context.cursor)
+            if cursor != context.cursor and cursor is not None:
+                context.update_cursor(cursor)
+            if isinstance(result, RunRequest):
+                context.log.info(f"{spec.key}: requesting a sweep ({result.tags.get('trainyard/drift_reason') or 'data drifted'})")
+                prestart_for_sweep(spec, result, resources.launcher, context.log)
         return result
 
     return drift_sensor

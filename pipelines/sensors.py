@@ -74,7 +74,7 @@ from dagster import (
 from assets.factory import trials_partitions
 from pipelines.landing_sensor import evaluate_raw_data
 from pipelines.sensor_timing import ticks_every
-from resources.storage_connections import evaluation_instance
+from resources.storage_connections import evaluation_instance, evaluation_resources
 from resources.sweeps import SweepError, SweepStatus, SweepStore
 from resources.trial_runs import (  # re-exported: tests, drills and benchmarks import them from here
     ACTIVE,
@@ -382,12 +382,13 @@ def sweep_sensor(
         description=f"Keeps {spec.search.window} trial(s) of the {spec.key} sweep in flight until {spec.search.n_trials} finish"
         + (f", then starts {promote_name} (the promotion decision)" if promote_name else ""),
     )
-    def sweep_trials(context: SensorEvaluationContext, sweeps: SweepStore) -> SensorResult:
+    def sweep_trials(context: SensorEvaluationContext) -> SensorResult:
         try:
-            tick = evaluate_sweep(
-                spec, evaluation_instance(context), sweeps, context.cursor, train_job=train_name, prepare_job=prepare_name, promote_job=promote_name,
-                max_asks_per_tick=max_asks_per_tick, tick_budget_seconds=tick_budget_seconds,
-            )
+            with evaluation_resources(context, "sweeps") as resources:
+                tick = evaluate_sweep(
+                    spec, evaluation_instance(context), resources.sweeps, context.cursor, train_job=train_name, prepare_job=prepare_name,
+                    promote_job=promote_name, max_asks_per_tick=max_asks_per_tick, tick_budget_seconds=tick_budget_seconds,
+                )
         except SweepError as e:
             return SensorResult(skip_reason=f"{spec.key}: {e}", cursor=context.cursor)
         context.log.info(tick.message)

@@ -1,0 +1,96 @@
+"""The platform's sensors evaluated as the code server evaluates them for the daemon, on a real PostgreSQL instance.
+
+`get_external_sensor_execution` is what the code server runs for each tick: a context made from the daemon's
+instance ref, the sensor's declared resources built on `context.instance`, which the context makes from the ref.
+What is asserted is read from PostgreSQL itself (sessions established, `pg_stat_database`) and from the instance's
+compute logs (what the UI shows for a tick).
+"""
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from dagster import DagsterInstance, DagsterInvalidDefinitionError, Definitions, SensorEvaluationContext, SkipReason, build_sensor_context, sensor
+from dagster._core.definitions.sensor_definition import SensorExecutionData
+from dagster._grpc.impl import get_external_sensor_execution
+
+from pipelines.environments import local_resources
+from pipelines.factory import build_definitions
+from resources import storage_connections
+from resources.storage_connections import evaluation_resources
+from resources.sweeps import SweepStore
+from tests.pipelines.pipeline_fixtures import small_spec
+from tests.resources.test_storage_connections import sessions_opened
+
+
+@pytest.fixture()
+def pg_home(tmp_path: Path, pg_databases: list[str], monkeypatch: Any) -> Iterator[tuple[Path, str]]:
+    home = tmp_path / "dagster"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {pg_databases[0]}\n")
+    shared: dict = {}
+    monkeypatch.setattr(storage_connections, "_SHARED", shared)  # this test's pooled instances only
+    yield home, pg_databases[0]
+    for instance in shared.values():
+        instance.dispose()
+
+
+@sensor(name="declares_its_resource")
+def declares_its_resource(context: SensorEvaluationContext, sweeps: SweepStore) -> SkipReason:
+    """A sensor written the way Dagster's docs write one: its resource a parameter."""
+    context.log.info(f"study storage {sweeps.storage_url}")
+    return SkipReason("nothing to do")
+
+
+def tick(repository: Any, ref: Any, name: str, log_key: list[str]) -> SensorExecutionData:
+    data = get_external_sensor_execution(repository, None, ref, name, None, None, None, log_key, None)  # type: ignore[arg-type]
+    assert isinstance(data, SensorExecutionData), data
+    return data
+
+
+def test_platform_sensors_make_no_instance_per_tick_and_keep_their_logs(pg_home: tuple[Path, str], tmp_path: Path) -> None:
+    """The sweep sensor (resources, a log line every tick) and the landing sensor (two resources) establish no
+    session after their first tick, and the sweep tick's log is in the daemon instance's compute logs, as the UI
+    reads it. The control, a sensor declaring its resource as a parameter, establishes sessions on every tick:
+    Dagster builds an instance from the ref for it each time, which is what the platform's sensors would show
+    if they declared theirs."""
+    home, url = pg_home
+    database = url.rsplit("/", 1)[1]
+    spec = small_spec()
+    defs = Definitions.merge(build_definitions(spec, resources=local_resources(tmp_path / "pipeline")), Definitions(sensors=[declares_its_resource]))
+    repository = defs.get_repository_def()
+    with DagsterInstance.from_config(str(home)) as daemon:
+        ref = daemon.get_ref()
+        opened: dict[str, list[int]] = {}
+        for name in ("test__digits__sweep", "test__digits__landing", "declares_its_resource"):
+            counts = []
+            for i in range(3):
+                before = sessions_opened(database)
+                data = tick(repository, ref, name, ["sensor-test", name, str(i)])
+                counts.append(sessions_opened(database) - before)
+            opened[name] = counts
+            assert data.skip_message, data
+        assert opened["test__digits__sweep"][1:] == [0, 0], opened
+        assert opened["test__digits__landing"][1:] == [0, 0], opened
+        assert all(n >= 3 for n in opened["declares_its_resource"]), opened
+        logged = daemon.compute_log_manager.get_log_data(["sensor-test", "test__digits__sweep", "2"])
+        assert logged.stderr and b"test/digits" in logged.stderr, logged
+
+
+def test_evaluation_resources_name_what_is_missing(tmp_path: Path) -> None:
+    """A code location without a resource a sensor needs gets the sensor's name, the missing key and what it does
+    define; a context given resources (a test's) uses those."""
+    resources = local_resources(tmp_path)
+    defs = build_definitions(small_spec(), resources=resources)
+    with build_sensor_context(resources={"sweeps": resources["sweeps"]}) as context:
+        with evaluation_resources(context, "sweeps") as built:
+            assert built.sweeps.storage_url == resources["sweeps"].storage_url
+    with build_sensor_context(repository_def=defs.get_repository_def(), sensor_name="test__digits__sweep") as context:
+        with pytest.raises(DagsterInvalidDefinitionError) as missing, evaluation_resources(context, "sweeps", "feature_store"):
+            pass
+    assert "test__digits__sweep needs the resources ['feature_store'], which the code location does not define" in str(missing.value)
+    assert "'sweeps'" in str(missing.value) and "Definitions(resources=...)" in str(missing.value)
+    with build_sensor_context(sensor_name="lonely") as context:
+        with pytest.raises(DagsterInvalidDefinitionError, match=r"lonely needs the resources \['sweeps'\]: evaluate it in its code location"):
+            with evaluation_resources(context, "sweeps"):
+                pass
