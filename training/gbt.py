@@ -61,7 +61,7 @@ import numpy as np
 from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, private_wandb_unless_first, read_attempts
 from training.errors import ConfigError, Preempted
 from training.gbt_inputs import Splits, lightgbm_params, load_splits, resolve_objective
-from training.pruners import build_pruner
+from training.pruners import build_pruner, open_trial_storage
 from training.reporting import Reporter
 from training.spec import CHECKPOINT_DIR, OptunaSpec, TrainResult, TrainSpec, redact_url
 from training.storage import read_text, write_atomic
@@ -166,8 +166,7 @@ class OptunaReporter:
         except ValueError as e:
             raise ConfigError(str(e)) from e
         study_name, number = spec.study_name, spec.trial_number
-        kwargs: dict[str, Any] = {"engine_kwargs": {"connect_args": {"timeout": 60}}} if storage_url.startswith("sqlite") else {}
-        storage = optuna.storages.RDBStorage(storage_url, **kwargs)
+        storage = open_trial_storage(storage_url)
         try:
             self.study = optuna.load_study(study_name=study_name, storage=storage, pruner=build_pruner(spec.pruner, max_rounds))
         except KeyError as e:

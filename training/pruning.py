@@ -24,7 +24,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from training.errors import ConfigError
-from training.pruners import build_pruner
+from training.pruners import build_pruner, open_trial_storage
 from training.spec import OptunaSpec, TrainSpec, redact_url
 
 log = logging.getLogger("trainyard.training")
@@ -72,11 +72,8 @@ class OptunaPruning(Callback):
             url = self.spec.connect_url()  # credentials only by reference: from the environment, never the spec
         except ValueError as e:
             raise ConfigError(str(e)) from e
-        kwargs: dict[str, Any] = {}
-        if url.startswith("sqlite"):
-            kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
         where = redact_url(url.split("?")[0])
-        self._storage = optuna.storages.RDBStorage(url, **kwargs)
+        self._storage = open_trial_storage(url)
         self._pruner = build_pruner(self.spec.pruner, self.max_epochs)
         try:
             self._study = optuna.load_study(study_name=self.spec.study_name, storage=self._storage, pruner=self._pruner)

@@ -146,6 +146,10 @@ def preload() -> list[str]:
                 continue
             loaded.append(name)
     _freeze_package_list()
+    if "optuna" in loaded:
+        from training.pruners import schema_head
+
+        schema_head()  # what each pruned trial's first storage open would read from Optuna's migration scripts
     running = threads()
     if len(running) != 1:
         raise RuntimeError(f"importing {loaded} started threads {running[1:]}; a fork server must stay single-threaded")

@@ -91,6 +91,39 @@ def test_finished_or_missing_trials_fail_before_training(tmp_path: Path) -> None
         missing._connect()
 
 
+def test_trial_storage_checks_the_schema_with_one_query_and_says_what_is_wrong(tmp_path: Path) -> None:
+    """A trial opens its study's storage without Optuna reading its migration scripts each time, yet a database of
+    another schema still fails with Optuna's own message (as `RDBStorage(url)` would), and one without Optuna's
+    tables gets the missing study's error, as before."""
+    import sqlalchemy
+
+    from training.pruners import open_trial_storage, schema_head
+
+    url, number = study_with_trial(tmp_path)
+    reference = optuna.storages.RDBStorage(url)
+    assert schema_head() == reference.get_head_version() == reference.get_current_version()
+    storage = open_trial_storage(url)
+    assert storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name("s"), number) is not None
+
+    older, unknown = reference.get_all_versions()[1], "v0.0.0.unknown"
+    engine = sqlalchemy.create_engine(url)
+    for stamped, advice in ((older, "optuna storage upgrade --storage"), (unknown, "pip install -U optuna")):
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.text("UPDATE alembic_version SET version_num = :v"), {"v": stamped})
+        with pytest.raises(RuntimeError) as optunas:
+            optuna.storages.RDBStorage(url)
+        with pytest.raises(ConfigError) as ours:
+            open_trial_storage(url)
+        assert str(optunas.value) in str(ours.value) and advice in str(ours.value), (str(optunas.value), str(ours.value))
+        assert str(ours.value).startswith(f"sqlite:///{tmp_path / 'optuna.db'}: The runtime optuna version")
+
+    empty = tmp_path / "empty.db"  # no Optuna tables: Optuna's default open makes them, and the study is missing
+    sqlalchemy.create_engine(f"sqlite:///{empty}").connect().close()
+    missing = OptunaPruning(OptunaSpec(storage_url=f"sqlite:///{empty}", study_name="s", trial_number=0, pruner=PrunerSpec(kind="median")), "val_acc")
+    with pytest.raises(ConfigError, match=r"optuna study 's' does not exist in sqlite:///.*empty.db"):
+        missing._connect()
+
+
 def pruned_run_spec(tmp_path: Path, procs: int):
     url, number = study_with_trial(tmp_path)
     # Deterministic: val_acc of this tiny model stays far below 0.99, so the trial is pruned after the warm-up epoch.
