@@ -20,6 +20,7 @@ from resources import storage_connections
 from resources.storage_connections import evaluation_resources
 from resources.sweeps import SweepStore
 from tests.pipelines.pipeline_fixtures import small_spec
+from trainyard.spec import RetrainPolicy
 from tests.resources.test_storage_connections import sessions_opened
 
 
@@ -49,20 +50,20 @@ def tick(repository: Any, ref: Any, name: str, log_key: list[str]) -> SensorExec
 
 
 def test_platform_sensors_make_no_instance_per_tick_and_keep_their_logs(pg_home: tuple[Path, str], tmp_path: Path) -> None:
-    """The sweep sensor (resources, a log line every tick) and the landing sensor (two resources) establish no
-    session after their first tick, and the sweep tick's log is in the daemon instance's compute logs, as the UI
+    """The sweep sensor (resources, a log line every tick), the landing sensor (two resources) and the drift sensor
+    (three, and its own queries) establish no session after their first tick, and the sweep tick's log is in the daemon instance's compute logs, as the UI
     reads it. The control, a sensor declaring its resource as a parameter, establishes sessions on every tick:
     Dagster builds an instance from the ref for it each time, which is what the platform's sensors would show
     if they declared theirs."""
     home, url = pg_home
     database = url.rsplit("/", 1)[1]
-    spec = small_spec()
+    spec = small_spec(retrain=RetrainPolicy(drift_psi=0.25))  # drift-gated: the drift sensor too
     defs = Definitions.merge(build_definitions(spec, resources=local_resources(tmp_path / "pipeline")), Definitions(sensors=[declares_its_resource]))
     repository = defs.get_repository_def()
     with DagsterInstance.from_config(str(home)) as daemon:
         ref = daemon.get_ref()
         opened: dict[str, list[int]] = {}
-        for name in ("test__digits__sweep", "test__digits__landing", "declares_its_resource"):
+        for name in ("test__digits__sweep", "test__digits__landing", "test__digits__drift", "declares_its_resource"):
             counts = []
             for i in range(3):
                 before = sessions_opened(database)
@@ -72,6 +73,7 @@ def test_platform_sensors_make_no_instance_per_tick_and_keep_their_logs(pg_home:
             assert data.skip_message, data
         assert opened["test__digits__sweep"][1:] == [0, 0], opened
         assert opened["test__digits__landing"][1:] == [0, 0], opened
+        assert opened["test__digits__drift"][1:] == [0, 0], opened
         assert all(n >= 3 for n in opened["declares_its_resource"]), opened
         logged = daemon.compute_log_manager.get_log_data(["sensor-test", "test__digits__sweep", "2"])
         assert logged.stderr and b"test/digits" in logged.stderr, logged
