@@ -20,8 +20,8 @@ from resources import storage_connections
 from resources.storage_connections import evaluation_resources
 from resources.sweeps import SweepStore
 from tests.pipelines.pipeline_fixtures import small_spec
-from trainyard.spec import RetrainPolicy
 from tests.resources.test_storage_connections import sessions_opened
+from trainyard.spec import RetrainPolicy
 
 
 @pytest.fixture()
