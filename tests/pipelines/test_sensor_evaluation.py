@@ -96,3 +96,38 @@ def test_evaluation_resources_name_what_is_missing(tmp_path: Path) -> None:
         with pytest.raises(DagsterInvalidDefinitionError, match=r"lonely needs the resources \['sweeps'\]: evaluate it in its code location"):
             with evaluation_resources(context, "sweeps"):
                 pass
+
+
+def test_evaluation_resources_build_what_a_resource_depends_on(tmp_path: Path) -> None:
+    """A resource needing another by key (`required_resource_keys`) and one holding another (`ResourceDependency`)
+    get the ones the code location configured, as Dagster builds them for a sensor that declares them; a resource
+    nobody needs is not built."""
+    from dagster import ConfigurableResource, InitResourceContext, ResourceDependency, resource
+
+    built: list[str] = []
+
+    class Inner(ConfigurableResource):
+        v: int = 3
+
+        def setup_for_execution(self, context: Any) -> None:
+            built.append(f"inner {self.v}")
+
+    class Outer(ConfigurableResource):
+        inner: ResourceDependency[Inner]
+
+    @resource(required_resource_keys={"inner"})
+    def by_key(init_context: InitResourceContext) -> str:
+        return f"by key over {init_context.resources.inner.v}"
+
+    @sensor(name="uses_both")
+    def uses_both(context: SensorEvaluationContext) -> SkipReason:
+        with evaluation_resources(context, "outer", "by_key") as resources:
+            return SkipReason(f"outer over {resources.outer.inner.v}; {resources.by_key}")
+
+    defs = Definitions(sensors=[uses_both], resources={"outer": Outer(inner=Inner(v=7)), "by_key": by_key, "inner": Inner(v=5),
+                                                     "other": Inner(v=9)})
+    (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    with DagsterInstance.from_config(str(tmp_path)) as instance:
+        data = tick(defs.get_repository_def(), instance.get_ref(), "uses_both", ["t", "0"])
+    assert data.skip_message == "outer over 7; by key over 5"
+    assert sorted(built) == ["inner 5", "inner 7"]
