@@ -42,21 +42,34 @@ def _checked(seconds: Any) -> float:
 
 
 class RunQueue(QueuedRunCoordinator):
-    """Dagster's `QueuedRunCoordinator`, which makes the instance's run launcher once, before its threads ask.
+    """Dagster's `QueuedRunCoordinator`, which keeps the daemon's PostgreSQL connections and makes the instance's run
+    launcher once, before its threads ask.
 
     The Kubernetes deployment's queue (`resources.k8s.helm`: the daemon and webserver run the orchestrator image, so
     this class is there); `LocalRunQueue` adds the fractional interval.
     """
 
     def register_instance(self, instance: Any) -> None:
-        """Also make the instance's run launcher now, when the daemon makes this queue (in its main thread).
+        """Also pool the instance's PostgreSQL connections and make its run launcher now, when the daemon makes this
+        queue (in its main thread, at its start).
+
+        Every query of the daemon (a sensor's tick records, cursor and state, a schedule's, each look at the queue,
+        run monitoring's) opened a PostgreSQL connection of its own: under the chart's instance, 20 pipelines' idle
+        sensors made 62-64 sessions a second and cost the database 0.29-0.31 of a core, and the sweep sensors
+        ticked late (docs/benchmarks.md, "The daemon's connections"). `hold_connections` pools them as the webserver
+        pools its own, and leaves an instance pooled already alone (the webserver's; a code server's evaluations and
+        a run worker's, which the platform pools); a short-lived process that submits a run (the CLI) holds one
+        connection until it exits.
 
         The daemon's threads ask Dagster's lazy `instance.run_launcher`, which is not thread-safe: with
         `dequeue_use_threads`, runs dequeued together are launched from a pool of threads (run monitoring asks from
         its own). Threads that found none each made one, and one could launch through a launcher never registered
         to the instance ("Attempted to resolve undefined DagsterInstance weakref", CI at 629daac), or start warm
         run workers of its own (locally; `K8sRunLauncher`s of its own on Kubernetes)."""
+        from resources.storage_connections import hold_connections
+
         super().register_instance(instance)
+        hold_connections(instance)
         try:
             instance.run_launcher  # noqa: B018 - made here, once, before any thread asks
         except Exception as e:  # a process that never launches: Dagster's lazy path reports it if one does

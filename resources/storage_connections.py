@@ -27,9 +27,11 @@ Called in every run worker: the warm run launcher's forked worker
 (`resources.run_launcher`) as soon as it has its instance, and, for runs
 started any other way (Dagster's default launcher, a Kubernetes run pod),
 by the platform's executor (`trainyard_executor`) before the first step.
-`WarmRunLauncher` also pools the instance it is registered with: the local
-daemon's, whose queue looks every 0.5 s. An instance pooled already (the
-webserver's) is left as it is.
+The run queue (`resources.run_queue.RunQueue`, the local and the Kubernetes
+deployments' both) pools the instance it is registered with: the daemon's,
+whose sensors, schedules and queue query it several times a second
+(`WarmRunLauncher` does too, for a daemon on Dagster's own queue). An instance
+pooled already (the webserver's) is left as it is.
 Sensors and schedules whose ticks query the instance take theirs from
 `evaluation_instance(context)`: one pooled instance per instance ref in the
 code server, instead of the one Dagster makes from the ref for every tick.

@@ -193,3 +193,70 @@ def test_a_process_that_cannot_make_the_launcher_still_makes_the_queue(tmp_path:
         assert instance.run_coordinator.get_run_queue_config().max_concurrent_runs == 50
         with pytest.raises(Exception, match="Service host/port is not set"):
             instance.run_launcher  # noqa: B018 - Dagster's lazy path still reports it where one is used
+
+
+SENSORS_LOCATION = '''
+from dagster import DefaultSensorStatus, Definitions, SkipReason, sensor
+
+
+def make(i):
+    @sensor(name=f"idle_{i}", minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
+    def idle(context):
+        return SkipReason("nothing new")
+
+    return idle
+
+
+defs = Definitions(sensors=[make(i) for i in range(8)])
+'''
+
+
+@pytest.mark.slow
+def test_the_kubernetes_daemon_keeps_its_postgresql_connections_while_sensors_tick(tmp_path: Path, pg_databases: list[str]) -> None:
+    """A real `dagster-daemon` on the chart's instance (its queue `RunQueue`, `K8sRunLauncher`) and PostgreSQL, eight
+    sensors ticking: the sessions PostgreSQL establishes in a window, counted by PostgreSQL itself, stay below one per
+    tick. Each tick's records, cursor and state, each look at the queue and every other daemon thread's queries each
+    opened a session before the queue pooled the daemon's connections (20 idle pipelines: 63 a second)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import sqlalchemy
+
+    from tests.resources.test_storage_connections import sessions_opened
+
+    url = pg_databases[0]
+    database = url.rsplit("/", 1)[1]
+    home = _k8s_home(tmp_path, _chart_coordinator())
+    config = yaml.safe_load((home / "dagster.yaml").read_text())
+    config["storage"] = {"postgres": {"postgres_url": url}}
+    (home / "dagster.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "loc.py").write_text(SENSORS_LOCATION)
+    with DagsterInstance.from_config(str(home)):
+        pass  # the schema is made here, before the daemon and its code server open the storages
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+
+    def ticks() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(sqlalchemy.text("SELECT count(*) FROM job_ticks")).scalar_one())
+
+    env = {**os.environ, "DAGSTER_HOME": str(home)}
+    daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-f", "loc.py"], cwd=tmp_path, env=env,
+                              stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while ticks() < 8:  # every sensor has ticked: the daemon and its code server are up
+            assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no ticks after 120 s:\n{(tmp_path / 'daemon.log').read_text()[-3000:]}"
+            time.sleep(0.5)
+        ticks_before, sessions_before = ticks(), sessions_opened(database)
+        time.sleep(12)
+        ticked, opened = ticks() - ticks_before, sessions_opened(database) - sessions_before - 1  # less this read's own
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=60)
+        engine.dispose()
+    assert ticked >= 8, f"{ticked} ticks in 12 s"
+    assert opened < ticked, f"{opened} PostgreSQL sessions for {ticked} ticks in 12 s"
