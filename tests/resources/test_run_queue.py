@@ -243,8 +243,9 @@ def test_the_kubernetes_daemon_keeps_its_postgresql_connections_while_sensors_ti
             return int(conn.execute(sqlalchemy.text("SELECT count(*) FROM job_ticks")).scalar_one())
 
     env = {**os.environ, "DAGSTER_HOME": str(home)}
-    daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-f", "loc.py"], cwd=tmp_path, env=env,
-                              stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp_path / "daemon.log", "w") as log:
+        daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-f", "loc.py"], cwd=tmp_path, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while ticks() < 8:  # every sensor has ticked: the daemon and its code server are up
@@ -253,7 +254,8 @@ def test_the_kubernetes_daemon_keeps_its_postgresql_connections_while_sensors_ti
             time.sleep(0.5)
         ticks_before, sessions_before = ticks(), sessions_opened(database)
         time.sleep(12)
-        ticked, opened = ticks() - ticks_before, sessions_opened(database) - sessions_before - 1  # less this read's own
+        ticked = ticks() - ticks_before
+        opened = sessions_opened(database) - sessions_before - 1  # less the session `ticks()` just opened to count
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         daemon.wait(timeout=60)
