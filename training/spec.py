@@ -88,8 +88,20 @@ class ImportTarget(_Strict):
         return v
 
 
+FeatureDtype = Literal["int", "float", "str", "bool", "category", "date", "datetime"]
+"""A column's declared dtype (`trainyard.spec.ColumnSpec.dtype`), as the pod sees it."""
+
+
 class DataSpec(_Strict):
-    """Where the split data lives and what version it is."""
+    """Where the split data lives, what version it is, and what each column is.
+
+    `features` are the raw columns the model is trained on (ids, timestamps and
+    ignored columns are never among them); `feature_types` their declared dtypes
+    (empty, as in specs written before the field: every feature is numeric);
+    `domains` the closed domains declared for categorical features; `keep` the id
+    and timestamp columns carried next to the features and returned with every
+    prediction, never trained on.
+    """
 
     train_uri: str
     val_uri: str
@@ -97,6 +109,11 @@ class DataSpec(_Strict):
     features: list[str]
     target: str
     version: str = Field(description="DVC md5 of the raw snapshot the split came from")
+    feature_types: dict[str, FeatureDtype] = Field(default_factory=dict)
+    domains: dict[str, list[Any]] = Field(default_factory=dict)
+    keep: list[str] = Field(default_factory=list)
+    positive_label: Optional[Any] = Field(
+        None, description="the positive class of a binary target (None: the second of the sorted labels, e.g. 1, True or 'yes')")
 
     @field_validator("features")
     @classmethod
@@ -389,6 +406,36 @@ class FaultInjection(_Strict):
         return self
 
 
+class Preprocessing(_Strict):
+    """The preprocessing the platform owns (`training.preprocessing`): fitted on the train split only,
+    saved with the trial and inside the registered model, so serving takes the raw columns.
+
+    - numeric (`int`, `float`, `bool`) features: missing values imputed with the train
+      median (`impute`), plus a 0/1 indicator column per feature that had missing
+      values in train or is declared nullable (`missing_indicators`); standardised
+      to zero mean and unit variance for neural models (`scale`; LightGBM is never scaled);
+    - categorical (`str`, `category`) features: a vocabulary of the train split's
+      `max_categories` most frequent values; anything else (an unseen category at
+      serving, a missing value) is its own "other" level. LightGBM gets integer
+      codes as native categorical features; Lightning models get one-hot columns
+      (`categorical="onehot"`) or the codes as floats (`"index"`);
+    - `date` / `datetime` features: the parts in `date_parts` (year, month, day,
+      day of week, day of year; hour too for `datetime`) as numeric features.
+
+    `enabled=False` hands the raw columns to the model as numbers: a string, date
+    or missing value then fails before compute, naming the column.
+    """
+
+    enabled: bool = True
+    impute: Literal["median", "mean", "zero"] = "median"
+    missing_indicators: bool = True
+    scale: bool = True
+    categorical: Literal["onehot", "index"] = "onehot"
+    max_categories: int = Field(50, ge=1, le=10_000)
+    date_parts: tuple[Literal["year", "month", "day", "dayofweek", "dayofyear", "hour"], ...] = (
+        "year", "month", "day", "dayofweek", "dayofyear")
+
+
 class TrainSpec(_Strict):
     """Everything a training process needs; JSON-serialisable."""
 
@@ -419,6 +466,10 @@ class TrainSpec(_Strict):
     checkpoint: CheckpointPolicy = CheckpointPolicy()
     faults: FaultInjection = FaultInjection()
     lineage: dict[str, Any] = Field(default_factory=dict)
+    preprocessing: Preprocessing = Preprocessing()
+    class_weight: Optional[Literal["balanced"]] = Field(
+        None, description="'balanced': each class weighs n_rows / (n_classes * its rows) in the training loss (gbt: sample weights; "
+        "lightning: a `class_weights` tensor for a model whose constructor takes one)")
 
     @field_validator("pipeline")
     @classmethod

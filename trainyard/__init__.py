@@ -9,7 +9,7 @@ imports Dagster, torch or the data stack. The code location that turns a team's
 specs into Dagster definitions is one line on top (`pipelines.team.team_definitions`).
 """
 
-from training.spec import CheckpointPolicy, Distribution, PrunerSpec
+from training.spec import CheckpointPolicy, Distribution, Preprocessing, PrunerSpec
 from trainyard.feast_source import FeastSourceSpec
 from trainyard.podconfig import PodConfig
 from trainyard.search import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, SearchSpec
@@ -28,6 +28,7 @@ __all__ = [
     "Objective",
     "PickPolicy",
     "PodConfig",
+    "Preprocessing",
     "PipelineSpec",
     "PromotionSpec",
     "PrunerSpec",

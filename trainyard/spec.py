@@ -33,7 +33,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
-from training.spec import CheckpointPolicy, Distribution, ImportTarget, PredictionTask
+from training.spec import CheckpointPolicy, Distribution, FeatureDtype, ImportTarget, PredictionTask, Preprocessing
 from trainyard.cron import is_valid_cron
 from trainyard.search import SWEEP_CONTROL_FIELDS, SearchSpec, StrictSpec
 from trainyard.tasks import GBT_METRICS, GBT_MONITORS, check_task, fill_task_defaults, infer_task
@@ -132,13 +132,34 @@ class SourceSpec(StrictSpec):
         """Check the pipeline's declared columns against this source (landing files carry them all: nothing to check)."""
 
 class ColumnSpec(StrictSpec):
-    """Expectations on one column: type, nulls, range, categorical domain, finiteness.
+    """One declared column: its role, type, nulls, range, categorical domain, finiteness.
 
+    `role` says what the platform does with the column (docs/data.md, "Columns"):
+
+    - `feature` (default): the model is trained on it (the pipeline's `target`
+      column is the label, whatever its role says);
+    - `id`: an identifier (a customer id). Kept with the data through validation
+      and the splits and returned with every prediction, never trained on;
+    - `timestamp`: when the row happened (a `date` or `datetime` column); kept and
+      returned like an id, never trained on;
+    - `ignore`: the files may carry it; it is dropped at ingest, unvalidated.
+
+    `dtype`: `int`, `float`, `bool`; `str` (text; as a feature, an open
+    categorical); `category` (a categorical: closed when `domain` lists its
+    values, open otherwise); `date` (`2022-05-04`) and `datetime` (ISO 8601, UTC
+    when the text names no zone), parsed from text at ingest. `min`/`max` apply to
+    numbers; `nullable=True` accepts empty cells (a feature's missing values are
+    then imputed by the platform's preprocessing, `PipelineSpec.preprocessing`).
     `finite` (float columns only): NaN and +-inf are bad values, reported by
     the platform check `trainyard_values_are_finite`.
+
+    Example:
+        >>> ColumnSpec(dtype="category", domain=["basic", "plus", "pro"], nullable=True).role
+        'feature'
     """
 
-    dtype: Literal["int", "float", "str", "bool"]
+    dtype: FeatureDtype
+    role: Literal["feature", "id", "timestamp", "ignore"] = "feature"
     nullable: bool = False
     min: Optional[float] = None
     max: Optional[float] = None
@@ -151,7 +172,20 @@ class ColumnSpec(StrictSpec):
             raise ValueError(f"min {self.min} is greater than max {self.max}")
         if not self.finite and self.dtype != "float":
             raise ValueError(f"finite=False applies to float columns only; this column's dtype is {self.dtype!r}")
+        if (self.min is not None or self.max is not None) and self.dtype not in ("int", "float"):
+            raise ValueError(f"min/max apply to int and float columns only; this column's dtype is {self.dtype!r}")
+        if self.domain is not None and self.dtype in ("float", "date", "datetime"):
+            raise ValueError(f"domain applies to int, str, bool and category columns; this column's dtype is {self.dtype!r}")
+        if self.role == "timestamp" and self.dtype not in ("date", "datetime"):
+            raise ValueError(f"role 'timestamp' needs dtype 'date' or 'datetime', got {self.dtype!r}")
+        if self.role == "id" and self.dtype not in ("int", "str", "category"):
+            raise ValueError(f"role 'id' needs dtype 'int', 'str' or 'category', got {self.dtype!r}")
         return self
+
+    @property
+    def categorical(self) -> bool:
+        """Whether a feature of this dtype is encoded as categories (`str`, `category`)."""
+        return self.dtype in ("str", "category")
 
 class SplitSpec(StrictSpec):
     """Deterministic stratified train/val/test split."""
@@ -184,6 +218,7 @@ class ModelSpec(StrictSpec):
     monitor: str = "val_acc"
     monitor_mode: Literal["max", "min"] = "max"
     seed: int = 0
+    class_weight: Optional[Literal["balanced"]] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -449,6 +484,8 @@ class PipelineSpec(StrictSpec):
     retries: RetrySpec = RetrySpec()
     # None: the team's default (`TeamSpec.retrain`), else the platform's (new landing data retrains).
     retrain: Optional[RetrainPolicy] = None
+    preprocessing: Preprocessing = Preprocessing()
+    positive_label: Optional[Union[int, str, bool]] = None
 
     @field_validator("team", "name")
     @classmethod
@@ -479,6 +516,13 @@ class PipelineSpec(StrictSpec):
     def _consistent(self) -> "PipelineSpec":
         if self.target not in self.columns:
             raise ValueError(f"target {self.target!r} is not one of the declared columns {sorted(self.columns)}")
+        target = self.columns[self.target]
+        if target.role != "feature":
+            raise ValueError(f"target {self.target!r} has role {target.role!r}; the target is the label, so leave its role unset")
+        if target.dtype in ("date", "datetime"):
+            raise ValueError(f"target {self.target!r} has dtype {target.dtype!r}; a target is a label (int, str, bool, category) or a number (float)")
+        if self.positive_label is not None and target.domain is not None and self.positive_label not in target.domain:
+            raise ValueError(f"positive_label {self.positive_label!r} is not in the target's domain {target.domain}")
         self.source.check_columns(self.columns, self.target)
         if not self.features:
             raise ValueError("columns must declare at least one feature besides the target")
@@ -515,7 +559,18 @@ class PipelineSpec(StrictSpec):
 
     @property
     def features(self) -> list[str]:
-        return [c for c in self.columns if c != self.target]
+        """The columns the model is trained on: role `feature`, the target excepted."""
+        return [c for c, col in self.columns.items() if c != self.target and col.role == "feature"]
+
+    @property
+    def keep_columns(self) -> list[str]:
+        """The id and timestamp columns: kept with the data and returned with predictions, never trained on."""
+        return [c for c, col in self.columns.items() if col.role in ("id", "timestamp")]
+
+    @property
+    def stored_columns(self) -> dict[str, ColumnSpec]:
+        """The declared columns the canonical data holds: every one but those with role `ignore`, in declared order."""
+        return {c: col for c, col in self.columns.items() if col.role != "ignore"}
 
     @property
     def model_name(self) -> str:
@@ -525,6 +580,16 @@ class PipelineSpec(StrictSpec):
     def fingerprint(self) -> str:
         """Hash of everything that changes what a trial trains (not the data)."""
         payload = self.model_dump(mode="json", include={"columns", "target", "split", "model", "search", "distribution"})
+        # Fields added after studies existed enter the hash only when set away from their default: old studies resume.
+        if self.preprocessing != Preprocessing():
+            payload["preprocessing"] = self.preprocessing.model_dump(mode="json")
+        if self.positive_label is not None:
+            payload["positive_label"] = self.positive_label
+        for column in payload["columns"].values():
+            if column.get("role") == "feature":
+                column.pop("role")
+        if payload["model"].get("class_weight") is None:
+            payload["model"].pop("class_weight", None)
         # How a sweep is run (budget, pace, stop rules, pick) does not change its trials: the same study resumes.
         payload["search"] = self.search.model_dump(mode="json", exclude=set(SWEEP_CONTROL_FIELDS))
         if self.task != infer_task(self.columns[self.target].dtype):

@@ -94,3 +94,40 @@ def test_bad_team_name() -> None:
 def test_fingerprint_tracks_training_inputs_only() -> None:
     assert make().fingerprint() == make(description="other words").fingerprint()
     assert make().fingerprint() != make(model=ModelSpec(path="pipelines.vision.models:DigitsMLP", max_epochs=3)).fingerprint()
+
+
+def test_column_roles_and_business_dtypes_are_checked_at_import() -> None:
+    import pytest as _pytest
+
+    from trainyard.spec import ColumnSpec
+
+    assert ColumnSpec(dtype="date", role="timestamp").role == "timestamp"
+    assert ColumnSpec(dtype="category", domain=["a", "b"]).categorical and ColumnSpec(dtype="str").categorical
+    for bad, says in [(dict(dtype="str", role="timestamp"), "role 'timestamp' needs dtype"),
+                      (dict(dtype="float", role="id"), "role 'id' needs dtype"),
+                      (dict(dtype="date", min=0), "min/max apply to int and float"),
+                      (dict(dtype="datetime", domain=["x"]), "domain applies to"),
+                      (dict(dtype="text"), "dtype")]:
+        with _pytest.raises(ValueError, match=says):
+            ColumnSpec(**bad)
+
+
+def test_the_target_is_a_label_and_the_fingerprint_keeps_old_studies() -> None:
+    import pytest as _pytest
+
+    from tests.pipelines.pipeline_fixtures import small_spec
+    from training.spec import Preprocessing
+    from trainyard.spec import ColumnSpec
+
+    base = small_spec()
+    columns = dict(base.columns)
+    with _pytest.raises(ValueError, match="has role 'id'"):
+        small_spec(columns={**columns, "label": ColumnSpec(dtype="int", role="id")})
+    with _pytest.raises(ValueError, match="not in the target's domain"):
+        small_spec(positive_label=11)
+    # Fields added for business tables leave existing pipelines' fingerprints (and so their studies) unchanged ...
+    assert "preprocessing" not in base.model_dump(mode="json", include={"columns", "model"})
+    assert small_spec(preprocessing=Preprocessing()).fingerprint() == base.fingerprint()
+    # ... and change it when set.
+    assert small_spec(preprocessing=Preprocessing(categorical="index")).fingerprint() != base.fingerprint()
+    assert small_spec(columns={**columns, "px0_0": ColumnSpec(dtype="float", role="ignore")}).fingerprint() != base.fingerprint()

@@ -29,7 +29,9 @@ def test_every_field_comes_from_its_layer() -> None:
     assert ts.model.path == "pipelines.vision.models:DigitsMLP" and ts.model.kwargs == {"lr": 0.01, "hidden": 32}  # trial over hparams
     assert ts.datamodule.path == spec.model.datamodule
     assert ts.data.model_dump() == {"train_uri": "/d/train.parquet", "val_uri": "/d/val.parquet", "test_uri": "/d/test.parquet",
-                                    "features": spec.features, "target": "label", "version": "a" * 32}
+                                    "features": spec.features, "target": "label", "version": "a" * 32,
+                                    "feature_types": {c: "float" for c in spec.features}, "domains": {}, "keep": [], "positive_label": None}
+    assert ts.preprocessing == spec.preprocessing and ts.class_weight is None
     assert ts.output_uri == "/store/runs/test/digits/s/trial-0001"
     assert (ts.max_epochs, ts.batch_size, ts.monitor, ts.monitor_mode, ts.seed) == (2, 64, spec.model.monitor, spec.model.monitor_mode, spec.model.seed)
     assert ts.distribution == Distribution(procs_per_node=2) and ts.checkpoint == spec.checkpoint
@@ -37,6 +39,23 @@ def test_every_field_comes_from_its_layer() -> None:
     assert ts.optuna is not None and (ts.optuna.storage_url, ts.optuna.study_name, ts.optuna.trial_number) == ("sqlite:///o.db", "s", 1)
     assert ts.optuna.pruner == spec.search.pruner
     assert ts.lineage == {"data_version": "a" * 32}
+
+
+def test_column_roles_and_types_reach_the_pod() -> None:
+    from trainyard.spec import ColumnSpec
+
+    columns = {"customer": ColumnSpec(dtype="str", role="id"), "signup": ColumnSpec(dtype="date", role="timestamp"),
+               "plan": ColumnSpec(dtype="category", domain=["basic", "pro"]), "country": ColumnSpec(dtype="str", nullable=True),
+               "charges": ColumnSpec(dtype="float", nullable=True), "export_batch": ColumnSpec(dtype="int", role="ignore"),
+               "churned": ColumnSpec(dtype="str", domain=["no", "yes"])}
+    spec = small_spec(columns=columns, target="churned", positive_label="yes",
+                      model=ModelSpec(path="pipelines.vision.models:DigitsMLP", class_weight="balanced"))
+    assert spec.features == ["plan", "country", "charges"] and spec.keep_columns == ["customer", "signup"]
+    assert list(spec.stored_columns) == ["customer", "signup", "plan", "country", "charges", "churned"]
+    ts = build(spec, TrialInputs("trial-0000", 0, "s"))
+    assert ts.data.features == ["plan", "country", "charges"] and ts.data.keep == ["customer", "signup"]
+    assert ts.data.feature_types == {"plan": "category", "country": "str", "charges": "float"}
+    assert ts.data.domains == {"plan": ["basic", "pro"]} and ts.data.positive_label == "yes" and ts.class_weight == "balanced"
 
 
 def test_run_config_is_the_last_layer() -> None:
