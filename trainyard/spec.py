@@ -36,7 +36,7 @@ from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, mod
 from training.spec import CheckpointPolicy, Distribution, FeatureDtype, ImportTarget, PredictionTask, Preprocessing
 from trainyard.cron import is_valid_cron
 from trainyard.search import SWEEP_CONTROL_FIELDS, SearchSpec, StrictSpec
-from trainyard.tasks import GBT_METRICS, GBT_MONITORS, check_task, fill_task_defaults, infer_task
+from trainyard.tasks import GBT_METRICS, GBT_MONITORS, check_task, fill_task_defaults, infer_task, metric_direction
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
 
@@ -252,7 +252,7 @@ class ModelSpec(StrictSpec):
         """Metrics a gbt trial of this spec reports (empty for lightning)."""
         if self.task != "gbt":
             return ()
-        return GBT_METRICS["regression" if self.monitor == "val_rmse" else "classification"]
+        return GBT_METRICS["regression" if self.monitor in GBT_METRICS["regression"] else "classification"]
 
 class RetrySpec(StrictSpec):
     """Run-level retries of a trial (Dagster re-launches; the pod resumes from its newest checkpoint).
@@ -316,6 +316,9 @@ class PromotionSpec(StrictSpec):
 
     @model_validator(mode="after")
     def _direction(self) -> "PromotionSpec":
+        known = metric_direction(self.metric)
+        if known is not None and known != self.mode:
+            raise ValueError(f"promotion.mode {self.mode!r} with metric {self.metric!r} would promote worse models; use mode={known!r}")
         lower_is_better = self.metric.endswith(("_loss", "_logloss", "_rmse", "_mae", "_mse", "_error"))
         if lower_is_better and self.mode == "max":
             raise ValueError(

@@ -2,8 +2,19 @@
 
 | task | target | platform-evaluated metrics | default monitor | default promotion | serving (pyfunc `predict`) |
 |---|---|---|---|---|---|
-| `classification` | int, str or bool column | `val_acc`, `test_acc` (gbt also `*_logloss`) | `val_acc`, max | `test_acc`, max | one label of the target's classes per row |
-| `regression` | float (or int) column | `val_rmse`, `test_rmse` | `val_rmse`, min | `test_rmse`, min | one float per row |
+| `classification` | int, str, bool or category column | `{val,test}_{acc,logloss,roc_auc,pr_auc,f1,balanced_acc}` | `val_acc`, max | `test_acc`, max | a DataFrame: kept id/timestamp columns, `<target>` (the label), `proba_<label>` per class |
+| `regression` | float (or int) column | `{val,test}_{rmse,mae}` | `val_rmse`, min | `test_rmse`, min | a DataFrame: kept id/timestamp columns, `<target>` (the value) |
+
+Both trainers report every metric of the table (`CLASSIFICATION_METRICS`,
+`REGRESSION_METRICS`; `logloss`, `rmse` and `mae` are better lower, the others
+higher), per class precision and recall (`test_precision/<label>`), and the
+trivial baseline of each, fitted on the train split (class prior / majority
+class, or the train mean): `baseline_test_<name>`. For a binary target the
+positive class (`roc_auc`, `pr_auc`, `f1`) is `PipelineSpec.positive_label`,
+else the second of the sorted labels; a multiclass target gets macro averages.
+Every `test_*` metric of the table can be a promotion metric: the promotion
+re-evaluates the champion on the candidate's test split from its served
+predictions (`trainyard.promotion.served`), so each can decide a retrain.
 
 Both tasks run on both trainers (`ModelSpec.task`: `lightning` or `gbt`). A
 Lightning model returns logits `[batch, n_classes]` (classification) or one
@@ -59,34 +70,56 @@ class TaskProfile:
     serving: str
 
 
+CLASSIFICATION_METRICS: dict[str, str] = {
+    "acc": "max", "logloss": "min", "roc_auc": "max", "pr_auc": "max", "f1": "max", "balanced_acc": "max",
+}
+"""Classification metrics both trainers report on val and test (`val_<name>`, `test_<name>`), with the better direction."""
+REGRESSION_METRICS: dict[str, str] = {"rmse": "min", "mae": "min"}
+"""Regression metrics both trainers report on val and test, with the better direction."""
+
+
+def _split(split: str, names: dict[str, str]) -> tuple[str, ...]:
+    return tuple(f"{split}_{n}" for n in names)
+
+
 TASKS = {
     "classification": TaskProfile(
         monitor=("val_acc", "max"),
         promotion=("test_acc", "max"),
-        evaluated={"lightning": ("test_acc",), "gbt": ("test_acc", "test_logloss")},
-        logged={"lightning": ("val_acc", "val_loss"), "gbt": ("val_acc", "val_logloss")},
-        serving="one label of the target's classes per row",
+        evaluated={t: _split("test", CLASSIFICATION_METRICS) for t in ("lightning", "gbt")},
+        logged={"lightning": ("val_acc", "val_loss"), "gbt": _split("val", CLASSIFICATION_METRICS)},
+        serving="a DataFrame: the kept id/timestamp columns, the label in the target column, proba_<label> per class",
     ),
     "regression": TaskProfile(
         monitor=("val_rmse", "min"),
         promotion=("test_rmse", "min"),
-        evaluated={"lightning": ("test_rmse",), "gbt": ("test_rmse",)},
-        logged={"lightning": ("val_rmse", "val_loss"), "gbt": ("val_rmse",)},
-        serving="one float per row",
+        evaluated={t: _split("test", REGRESSION_METRICS) for t in ("lightning", "gbt")},
+        logged={"lightning": ("val_rmse", "val_loss"), "gbt": _split("val", REGRESSION_METRICS)},
+        serving="a DataFrame: the kept id/timestamp columns, the value in the target column",
     ),
 }
 
 # Metrics whose task and direction the platform knows: (task or None for both, the better direction).
-KNOWN_METRICS = {
-    "val_acc": ("classification", "max"),
-    "val_logloss": ("classification", "min"),
-    "val_rmse": ("regression", "min"),
+KNOWN_METRICS: dict[str, tuple[Optional[str], str]] = {
+    **{f"{split}_{n}": ("classification", mode) for split in ("val", "test") for n, mode in CLASSIFICATION_METRICS.items()},
+    **{f"{split}_{n}": ("regression", mode) for split in ("val", "test") for n, mode in REGRESSION_METRICS.items()},
     "val_loss": (None, "min"),
 }
 
 # Metrics a gbt trial can monitor and the direction each is better in (training/gbt.py reports them).
-GBT_MONITORS = {m: KNOWN_METRICS[m][1] for m in ("val_acc", "val_logloss", "val_rmse")}
+GBT_MONITORS = {m: KNOWN_METRICS[m][1] for p in TASKS.values() for m in p.logged["gbt"]}
 GBT_METRICS = {task: (*p.logged["gbt"], *p.evaluated["gbt"]) for task, p in TASKS.items()}
+
+
+def metric_direction(name: str) -> Optional[str]:
+    """The better direction (`max` or `min`) of a metric the platform knows, its `baseline_` form included (None: unknown).
+
+    Example:
+        >>> metric_direction("test_pr_auc"), metric_direction("baseline_test_logloss"), metric_direction("test_custom")
+        ('max', 'min', None)
+    """
+    known = KNOWN_METRICS.get(name.removeprefix("baseline_"))
+    return None if known is None else known[1]
 
 
 def infer_task(target_dtype: Optional[str]) -> Optional[str]:
@@ -116,7 +149,8 @@ def fill_task_defaults(data: dict[str, Any], model_cls: type[BaseModel], promoti
     """The raw `PipelineSpec` fields with `task` resolved and its defaults in unset fields (order in the module docstring).
 
     A monitor the pipeline names without its mode gets that metric's direction
-    (`val_rmse` -> `min`). Anything malformed is left for validation to report.
+    (`val_rmse` -> `min`), a promotion metric without its mode likewise
+    (`test_logloss` -> `min`). Anything malformed is left for validation to report.
 
     Args:
         data: The fields `PipelineSpec` was called with.
@@ -141,7 +175,9 @@ def fill_task_defaults(data: dict[str, Any], model_cls: type[BaseModel], promoti
     promotion = data.get("promotion")
     if promotion is None and profile.promotion == _default_promotion(promotion_cls):
         return out
-    out["promotion"] = _fill(promotion, {"metric": profile.promotion[0], "mode": profile.promotion[1]}, promotion_cls)
+    metric = _field(promotion, "metric") if promotion is not None and _set(promotion, "metric") else profile.promotion[0]
+    mode = metric_direction(metric) if isinstance(metric, str) and metric_direction(metric) else profile.promotion[1]
+    out["promotion"] = _fill(promotion, {"metric": metric, "mode": mode}, promotion_cls)
     return out
 
 

@@ -72,7 +72,7 @@ def test_a_declared_task_overrides_the_target_dtype_and_changes_the_fingerprint(
         ({"model": ModelSpec(path="tests.diabetes:TinyRegressor", monitor="val_rmse", monitor_mode="max")},
          "model.monitor_mode 'max' does not fit monitor 'val_rmse', which is better when lower; use 'min'"),
         ({"promotion": PromotionSpec(metric="test_acc")},
-         "promotion.metric 'test_acc' is not measured for task 'regression' (trainer 'lightning'); use one of ['test_rmse']"),
+         "promotion.metric 'test_acc' is not measured for task 'regression' (trainer 'lightning'); use one of ['test_rmse', 'test_mae']"),
         ({"model": ModelSpec(task="gbt", hparams={"objective": "binary"})},
          "model.hparams.objective 'binary' contradicts task 'regression'; use one of ['regression', 'regression_l1'"),
         ({"task": "regression", "columns": {"x": ColumnSpec(dtype="float"), "progression": ColumnSpec(dtype="str")}},
@@ -95,7 +95,30 @@ def test_a_classification_pipeline_rejects_regression_settings() -> None:
 def test_gbt_regression_takes_the_task_defaults() -> None:
     spec = regression_spec(model=ModelSpec(task="gbt"))
     assert (spec.model.monitor, spec.model.monitor_mode, spec.promotion.metric) == ("val_rmse", "min", "test_rmse")
-    assert spec.model.gbt_metrics == ("val_rmse", "test_rmse")
+    assert spec.model.gbt_metrics == ("val_rmse", "val_mae", "test_rmse", "test_mae")
+
+
+@pytest.mark.parametrize("trainer", ["lightning", "gbt"])
+@pytest.mark.parametrize(("metric", "mode"), [("test_roc_auc", "max"), ("test_pr_auc", "max"), ("test_f1", "max"),
+                                              ("test_balanced_acc", "max"), ("test_logloss", "min"), ("test_acc", "max")])
+def test_every_classification_metric_is_a_promotion_metric_of_both_trainers(trainer: str, metric: str, mode: str) -> None:
+    model = ModelSpec(task="gbt") if trainer == "gbt" else ModelSpec(path="pipelines.vision.models:DigitsMLP")
+    spec = small_spec(model=model, promotion={"metric": metric})  # the mode follows the metric's direction
+    assert (spec.promotion.metric, spec.promotion.mode) == (metric, mode)
+    assert metric in TASKS["classification"].evaluated[trainer]
+
+
+def test_a_promotion_mode_against_the_metric_s_direction_is_refused() -> None:
+    with pytest.raises(ValidationError, match="promotion.mode 'min' with metric 'test_roc_auc' would promote worse models; use mode='max'"):
+        PromotionSpec(metric="test_roc_auc", mode="min")
+    with pytest.raises(ValidationError, match="use mode='min'"):
+        PromotionSpec(metric="test_mae")
+
+
+def test_a_gbt_model_monitors_any_validation_metric_of_its_task() -> None:
+    spec = small_spec(model=ModelSpec(task="gbt", monitor="val_pr_auc"))
+    assert (spec.model.monitor, spec.model.monitor_mode) == ("val_pr_auc", "max")
+    assert regression_spec(model=ModelSpec(task="gbt", monitor="val_mae", monitor_mode="min")).model.monitor == "val_mae"
 
 
 def test_the_train_spec_carries_the_task() -> None:
