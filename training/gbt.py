@@ -13,9 +13,16 @@ The splits and parameters are read and checked first, in `training.gbt_inputs`.
 - Parameters: every other key of `spec.model.kwargs` goes to LightGBM, except
   `early_stopping_rounds` (platform, default 20). Boosting rounds are
   `spec.max_epochs`; `seed` and `deterministic` come from the spec.
-- Monitored metric (`spec.monitor`): `val_acc` (max) or `val_logloss` (min) for
-  classification, `val_rmse` (min) for regression. Early stopping, the best
+- Monitored metric (`spec.monitor`): `val_acc`, `val_roc_auc`, `val_pr_auc`,
+  `val_f1`, `val_balanced_acc` (max) or `val_logloss` (min) for classification,
+  `val_rmse` or `val_mae` (min) for regression. Early stopping, the best
   iteration, Optuna reports and `best_metric` all use it.
+- Features: the platform's preprocessing (`training.preprocessing`, fitted on the
+  train split) turns categoricals into LightGBM's native categorical features
+  and dates into their parts; missing numbers stay NaN (LightGBM's own handling).
+  `class_weight="balanced"` weighs each training row by its class.
+- Final metrics (`training.metrics`): on the full validation and test splits,
+  with the train prior's (`baseline_*`) beside them.
 - Checkpoint: the LightGBM model file `<output>/checkpoints/model.txt` with every
   iteration so far, plus `state.json` holding the monitored value per iteration;
   each is written atomically (`training.storage.write_atomic`). A new attempt continues
@@ -27,8 +34,9 @@ The splits and parameters are read and checked first, in `training.gbt_inputs`.
 - Pruning: with `spec.optuna`, the monitored value is reported to the trial every
   `REPORT_EVERY` iterations; when the study's pruner says so, boosting stops, the trial is
   told PRUNED and the run still exports and reports its best iteration.
-- Serving model: `<output>/model/model.txt` (the best iteration only) and
-  `meta.json` with `"format": "lightgbm"`, served by `training/serving_model.py`.
+- Serving model: `<output>/model/model.txt` (the best iteration only),
+  `preprocessing.json` (the fitted state) and `meta.json` with
+  `"format": "lightgbm"`, served by `training/serving_model.py`.
 
 Continuing from a model file reproduces an uninterrupted run exactly when no
 row or feature subsampling is used (`bagging_fraction`, `feature_fraction` at
@@ -58,6 +66,7 @@ import fsspec
 import lightgbm as lgb
 import numpy as np
 
+from training import metrics, preprocessing
 from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, private_wandb_unless_first, read_attempts
 from training.errors import ConfigError, Preempted
 from training.gbt_inputs import Splits, lightgbm_params, load_splits, resolve_objective
@@ -87,8 +96,13 @@ def predict_labels(pred: np.ndarray) -> np.ndarray:
     return pred.argmax(axis=1) if pred.ndim == 2 else (pred > 0.5).astype("int64")
 
 
-def metric_value(name: str, pred: np.ndarray, y: np.ndarray) -> float:
-    """`acc`, `logloss` or `rmse` of predictions `pred` (as `Booster.predict` returns them)."""
+def probabilities(pred: np.ndarray) -> np.ndarray:
+    """Class probabilities `[n, K]` from LightGBM's predictions (binary: the probability of class 1)."""
+    return pred if pred.ndim == 2 else np.column_stack([1.0 - pred, pred])
+
+
+def metric_value(name: str, pred: np.ndarray, y: np.ndarray, positive: int = 1) -> float:
+    """`acc`, `logloss`, `roc_auc`, `pr_auc`, `f1`, `balanced_acc`, `rmse` or `mae` of predictions `pred` (as `Booster.predict` returns them)."""
     if name == "acc":
         return float((predict_labels(pred) == y).mean())
     if name == "logloss":
@@ -96,15 +110,30 @@ def metric_value(name: str, pred: np.ndarray, y: np.ndarray) -> float:
         return float(-np.log(np.clip(p, 1e-15, 1.0)).mean())
     if name == "rmse":
         return float(math.sqrt(np.mean((pred - y) ** 2)))
+    if name == "mae":
+        return float(np.mean(np.abs(pred - y)))
+    if name in metrics.CLASSIFICATION:
+        proba = probabilities(pred)
+        value = metrics.classification_metrics(y, proba, list(range(proba.shape[1])), positive).get(name)
+        return float("nan") if value is None else value  # undefined (one class in the split): never the best
     raise ValueError(f"unknown metric {name!r}")
 
 
 def evaluate(booster: Any, splits: Splits, iteration: int) -> dict[str, float]:
-    names = ("acc", "logloss") if splits.task == "classification" else ("rmse",)
+    """The platform's metrics (`training.metrics`) on the full validation and test splits, and the train prior's beside them."""
     out = {}
     for split in ("val", "test"):
         pred = booster.predict(splits.x[split], num_iteration=iteration)
-        out.update({f"{split}_{n}": metric_value(n, pred, splits.y[split]) for n in names})
+        y = splits.y[split]
+        if splits.task == "classification":
+            values = metrics.classification_metrics(y, probabilities(pred), splits.classes, splits.positive)
+            baseline = metrics.baseline_classification(y, splits.y["train"], splits.classes, splits.positive)
+            values.update({n: metric_value(n, pred, y) for n in ("acc", "logloss")})  # exactly as before the other metrics
+        else:
+            values = metrics.regression_metrics(y, pred)
+            baseline = metrics.baseline_regression(y, splits.y["train"])
+            values["rmse"] = metric_value("rmse", pred, y)
+        out.update(metrics.split_metrics(split, values, baseline))
     return out
 
 
@@ -305,16 +334,23 @@ def export_model(booster: Any, best_iteration: int, spec: TrainSpec, splits: Spl
         "task": splits.task,
         "objective": objective,
         "best_iteration": best_iteration,
+        "preprocessing": preprocessing.STATE_FILE,
+        "inputs": splits.feature_names,
+        "keep": spec.data.keep,
+        "feature_types": spec.data.feature_types,
     }
     if splits.task == "classification":
         meta["classes"] = splits.classes
+        meta["positive_label"] = splits.classes[splits.positive] if len(splits.classes) == 2 else None
     with tempfile.TemporaryDirectory() as tmp:
         booster.save_model(os.path.join(tmp, MODEL_FILE), num_iteration=best_iteration)
         with open(os.path.join(tmp, META_FILE), "w") as f:
             json.dump(meta, f, indent=2, sort_keys=True)
+        with open(os.path.join(tmp, preprocessing.STATE_FILE), "w") as f:
+            json.dump(splits.preprocessing, f, indent=2, sort_keys=True)
         fs, path = fsspec.core.url_to_fs(dest_uri)
         fs.makedirs(path, exist_ok=True)
-        for name in (MODEL_FILE, META_FILE):
+        for name in (MODEL_FILE, META_FILE, preprocessing.STATE_FILE):
             fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
 
 
@@ -357,7 +393,8 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
         done = init_model.current_iteration()
         attempt.record.update(resumed_from=ckpt.model_uri, resumed_from_step=done)
     # Raw data is kept: continuing from a model file scores it with that model first.
-    train_set = lgb.Dataset(splits.x["train"], label=splits.y["train"], feature_name=list(spec.data.features), params=params, free_raw_data=False)
+    train_set = lgb.Dataset(splits.x["train"], label=splits.y["train"], weight=splits.weights, feature_name=splits.feature_names,
+                            categorical_feature=splits.categorical or "auto", params=params, free_raw_data=False)
     val_set = lgb.Dataset(splits.x["val"], label=splits.y["val"], reference=train_set, free_raw_data=False)
     optuna = OptunaReporter(spec.optuna, spec.max_epochs) if spec.optuna and spec.optuna.pruner.enabled else None
     tracker = _tracker(spec)
@@ -382,7 +419,7 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
 def _val_metric(spec: TrainSpec, splits: Splits) -> Callable[[np.ndarray], float]:
     """The monitored metric of validation predictions (as `Booster.predict` returns them)."""
     metric = spec.monitor.removeprefix("val_")
-    return lambda pred: metric_value(metric, pred, splits.y["val"])
+    return lambda pred: metric_value(metric, pred, splits.y["val"], splits.positive)
 
 
 @dataclass

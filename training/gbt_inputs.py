@@ -7,20 +7,24 @@ bad spec fails before compute is spent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import fsspec
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pyarrow.types as pat
 
+from training import preprocessing
 from training.errors import ConfigError
 from training.spec import CLASSIFICATION_OBJECTIVES, REGRESSION_OBJECTIVES, TrainSpec
 
 DEFAULT_EARLY_STOPPING_ROUNDS = 20
 # monitor -> (task it needs, the direction that is better)
-MONITORS = {"val_acc": ("classification", "max"), "val_logloss": ("classification", "min"), "val_rmse": ("regression", "min")}
+MONITORS = {"val_acc": ("classification", "max"), "val_logloss": ("classification", "min"), "val_roc_auc": ("classification", "max"),
+            "val_pr_auc": ("classification", "max"), "val_f1": ("classification", "max"), "val_balanced_acc": ("classification", "max"),
+            "val_rmse": ("regression", "min"), "val_mae": ("regression", "min")}
 # Round counts are `spec.max_epochs`; LightGBM would silently let these override it.
 _ROUND_KEYS = ("num_iterations", "num_iteration", "n_iter", "num_tree", "num_trees", "num_round", "num_rounds",
                "nrounds", "num_boost_round", "n_estimators", "max_iter")
@@ -32,15 +36,28 @@ _PLATFORM_KEYS = ("seed", "deterministic", "num_class", "verbosity", "verbose", 
 
 @dataclass
 class Splits:
-    """Feature matrices (float64) and encoded targets of the three splits."""
+    """Feature matrices (float64, after the platform's preprocessing) and encoded targets of the three splits."""
 
     x: dict[str, np.ndarray]
     y: dict[str, np.ndarray]
     task: str  # classification | regression
     classes: list[Any]  # original labels in index order; empty for regression
+    preprocessing: dict[str, Any] = field(default_factory=dict)  # the fitted state (`training.preprocessing.fit`)
+    positive: int = 1  # index of a binary target's positive class
+    weights: Optional[np.ndarray] = None  # per-row training weights (`class_weight="balanced"`)
+
+    @property
+    def feature_names(self) -> list[str]:
+        """The model's input columns (the raw features when nothing needed preprocessing)."""
+        return preprocessing.output_names(self.preprocessing)
+
+    @property
+    def categorical(self) -> list[int]:
+        """Indices of the inputs LightGBM treats as native categorical features."""
+        return preprocessing.categorical_outputs(self.preprocessing)
 
 
-def _read_split(uri: str, features: list[str], target: str) -> tuple[np.ndarray, np.ndarray, str]:
+def _read_split(uri: str, features: list[str], target: str) -> tuple[pd.DataFrame, np.ndarray, str]:
 
     try:
         with fsspec.open(uri, "rb") as f:
@@ -49,10 +66,9 @@ def _read_split(uri: str, features: list[str], target: str) -> tuple[np.ndarray,
         raise ConfigError(f"data split {uri!r} does not exist") from e
     except (KeyError, ValueError) as e:
         raise ConfigError(f"data split {uri!r} lacks a column of features {features} / target {target!r}: {e}") from e
-    x = np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype("float64") for c in features])
     column = table.column(target)
     kind = "regression" if pat.is_floating(column.type) else "classification"
-    return x, column.to_numpy(zero_copy_only=False), kind
+    return table.select(features).to_pandas(), column.to_numpy(zero_copy_only=False), kind
 
 
 def objective_task(objective: str) -> str:
@@ -60,15 +76,65 @@ def objective_task(objective: str) -> str:
     return "classification" if objective in CLASSIFICATION_OBJECTIVES else "regression"
 
 
+def balanced_weights(y: np.ndarray, n_classes: int) -> np.ndarray:
+    """Per-class weights n_rows / (n_classes * rows of the class) (`class_weight="balanced"`); 0 for an absent class."""
+    counts = np.bincount(y, minlength=n_classes).astype("float64")
+    return np.where(counts > 0, len(y) / (n_classes * np.maximum(counts, 1.0)), 0.0)
+
+
+def encode_targets(spec: TrainSpec, targets: dict[str, np.ndarray]) -> tuple[list[Any], dict[str, np.ndarray], int]:
+    """Class labels (sorted over the splits), each split's class indices, and the positive class's index.
+
+    Raises:
+        ConfigError: a missing label, one class only, or a `positive_label` that is no label.
+    """
+    for split, values in targets.items():
+        missing = int(sum(1 for v in values if preprocessing._text(v) is None))
+        if missing:
+            raise ConfigError(f"target {spec.data.target!r} has {missing} missing label(s) in the {split} split; every row needs a label")
+    classes = preprocessing.class_list(*targets.values())
+    if len(classes) < 2:
+        raise ConfigError(f"target {spec.data.target!r} has a single class {classes}; classification needs at least two")
+    y = {s: preprocessing.encode_labels(v, classes) for s, v in targets.items()}
+    try:
+        positive = preprocessing.positive_index(classes, spec.data.positive_label) if len(classes) == 2 else 1
+    except ValueError as e:
+        raise ConfigError(f"positive_label: {e}") from e
+    return classes, y, positive
+
+
+def fit_features(spec: TrainSpec, frames: dict[str, pd.DataFrame], trainer: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The preprocessing state fitted on the train split, and every split transformed with it.
+
+    Raises:
+        ConfigError: preprocessing is off and a feature holds text, dates or gaps (naming it),
+            or a numeric feature holds text.
+    """
+    features = spec.data.features
+    elsewhere = [c for c in features if any(frames[s][c].isna().any() for s in frames if s != "train")]
+    state = preprocessing.fit(frames["train"], dict(spec.data.feature_types), dict(spec.data.domains),
+                              spec.preprocessing.model_dump(), trainer, features=features, missing_elsewhere=elsewhere)
+    xs = {}
+    for split, frame in frames.items():
+        try:
+            xs[split] = preprocessing.transform(frame, state)[0]
+        except preprocessing.PreprocessingError as e:
+            raise ConfigError(f"the {split} split: {e}") from e
+        except ValueError as e:
+            raise ConfigError(f"the {split} split cannot be preprocessed: {e}") from e
+    return state, xs
+
+
 def load_splits(spec: TrainSpec, objective: Optional[str]) -> Splits:
-    """Read train/val/test and encode class labels as 0..K-1 (sorted over all splits).
+    """Read train/val/test, preprocess the features (fitted on train) and encode class labels as 0..K-1 (sorted over all splits).
 
     The task is the spec's `prediction_task`, else the declared objective's,
     else the target column's type (float: regression).
 
     Raises:
         ConfigError: a split is missing, the objective contradicts the spec's task,
-            a regression target is not numeric, or a classification target has one class.
+            a regression target is not numeric, a classification target has one class,
+            or a feature cannot be preprocessed.
     """
     raw = {s: _read_split(u, spec.data.features, spec.data.target) for s, u in
            (("train", spec.data.train_uri), ("val", spec.data.val_uri), ("test", spec.data.test_uri))}
@@ -76,17 +142,17 @@ def load_splits(spec: TrainSpec, objective: Optional[str]) -> Splits:
     if objective is not None and objective_task(objective) != task:
         raise ConfigError(f"model.kwargs.objective={objective!r} trains {objective_task(objective)}, but the task is {task!r}; "
                           f"use one of {list(CLASSIFICATION_OBJECTIVES if task == 'classification' else REGRESSION_OBJECTIVES)} or leave it unset")
-    x = {s: r[0] for s, r in raw.items()}
+    state, x = fit_features(spec, {s: r[0] for s, r in raw.items()}, "gbt")
     if task == "regression":
+        if spec.class_weight is not None:
+            raise ConfigError(f"class_weight={spec.class_weight!r} weighs classes, but this is a regression task; leave it unset")
         try:
-            return Splits(x, {s: r[1].astype("float64") for s, r in raw.items()}, task, [])
+            return Splits(x, {s: r[1].astype("float64") for s, r in raw.items()}, task, [], state)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"target {spec.data.target!r} is not numeric, so it cannot be a regression target: {e}") from e
-    classes = np.unique(np.concatenate([r[1] for r in raw.values()]))
-    if len(classes) < 2:
-        raise ConfigError(f"target {spec.data.target!r} has a single class {classes.tolist()}; classification needs at least two")
-    y = {s: np.searchsorted(classes, r[1]).astype("int64") for s, r in raw.items()}
-    return Splits(x, y, task, classes.tolist())
+    classes, y, positive = encode_targets(spec, {s: r[1] for s, r in raw.items()})
+    weights = balanced_weights(y["train"], len(classes))[y["train"]] if spec.class_weight == "balanced" else None
+    return Splits(x, y, task, classes, state, positive, weights)
 
 
 # -- parameters -----------------------------------------------------------------------

@@ -29,18 +29,21 @@ from training.spec import (
 
 
 def serve(model_dir: Path, frame: pd.DataFrame) -> pd.Series:
+    """The served target column (the served frame also holds `proba_<label>` per class)."""
     from training.serving_model import ExportedClassifier
 
     model = ExportedClassifier()
     model.load_context(SimpleNamespace(artifacts={"model_dir": str(model_dir)}))
-    return model.predict(None, frame)
+    return model.predict(None, frame)["target"]
 
 
 def test_binary_trains_exports_and_serves_its_test_accuracy(tmp_path: Path) -> None:
     spec = make_spec(tmp_path)
     assert run(tmp_path) == 0
     res = result(tmp_path)
-    assert set(res.metrics) == {"val_acc", "val_logloss", "test_acc", "test_logloss", "best_iteration"}
+    names = ("acc", "logloss", "roc_auc", "pr_auc", "f1", "balanced_acc", "precision/0", "recall/0", "precision/1", "recall/1")
+    assert set(res.metrics) == {"best_iteration"} | {f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in names}
+    assert res.metrics["test_roc_auc"] > 0.9 and res.metrics["baseline_test_roc_auc"] == 0.5
     assert res.world_size == 1 and res.best_metric == res.metrics["val_acc"]
     assert res.metrics["test_acc"] > 0.9
     assert res.checkpoint_uri == str(tmp_path / "run" / "checkpoints" / "model.txt")
@@ -71,7 +74,8 @@ def test_regression_reports_rmse_and_serves_values(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "regression")
     assert run(tmp_path) == 0
     res = result(tmp_path)
-    assert set(res.metrics) == {"val_rmse", "test_rmse", "best_iteration"}
+    assert set(res.metrics) == {"best_iteration"} | {f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in ("rmse", "mae")}
+    assert res.metrics["test_rmse"] < res.metrics["baseline_test_rmse"]
     assert res.best_metric == res.metrics["val_rmse"]
     meta = json.loads((tmp_path / "run" / "model" / "meta.json").read_text())
     assert meta["task"] == "regression" and "classes" not in meta
@@ -87,7 +91,7 @@ def test_regression_reports_rmse_and_serves_values(tmp_path: Path) -> None:
         ({"n_estimators": 500}, ("val_acc", "max"), "['n_estimators']; the number of boosting rounds is max_epochs"),
         ({"seed": 3}, ("val_acc", "max"), "sets ['seed'], which the platform owns"),
         ({"early_stopping_rounds": 0}, ("val_acc", "max"), "early_stopping_rounds=0 must be an integer >= 1"),
-        ({}, ("val_rmse", "min"), "monitor='val_rmse' measures regression, but this is a classification task; use one of ['val_acc', 'val_logloss']"),
+        ({}, ("val_rmse", "min"), "monitor='val_rmse' measures regression, but this is a classification task; use one of ['val_acc', 'val_balanced_acc', 'val_f1', 'val_logloss', 'val_pr_auc', 'val_roc_auc']"),
         ({}, ("val_acc", "min"), "monitor_mode='min' does not fit monitor='val_acc'"),
         ({"num_leaves": -3}, ("val_acc", "max"), "LightGBM rejected"),
     ],
