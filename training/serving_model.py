@@ -7,10 +7,18 @@ self-contained and import only mlflow, numpy, pandas, the model's runtime
 (torch or lightgbm, imported only for the format being served) and the
 standard library, so a serving image needs none of trainyard or Dagster.
 
-Preprocessing travels with the model: the pyfunc selects `meta["features"]`
-by name from whatever table it gets (extra columns are ignored, order does not
-matter), casts them to the dtype the model was exported with, and maps the
-model's class indices back to the original labels.
+Preprocessing travels with the model: serving takes the raw columns. A model
+whose `meta.json` names `"preprocessing": "preprocessing.json"` applies that
+fitted state (`training/preprocessing.py`, shipped beside this file through the
+MLflow model's `code_paths` and imported as `preprocessing`): categoricals
+(unseen values are the "other" level), dates or ISO text, missing values. An
+older model selects `meta["features"]` by name and casts them to its input
+dtype. Extra columns are ignored and column order does not matter.
+
+`predict` returns a DataFrame indexed like the input: the `meta["keep"]` columns
+(ids, timestamps) the input holds, then `<target>` (the label, one of
+`meta["classes"]` as the training data spelled it, or the regression value),
+then for classification `proba_<label>` per class, its probability.
 
 The exported model directory (the `model_dir` artifact) holds `meta.json`:
 `{"format": ..., "features": [...], "target": "label", "task": ..., "classes": [...]}`
@@ -35,7 +43,8 @@ Anything else raises `UnsafeModelError` naming the file, and nothing in it runs.
 Example:
     >>> import mlflow.pyfunc
     >>> model = mlflow.pyfunc.load_model("models:/vision.digits@champion")
-    >>> labels = model.predict(frame)  # frame holds meta["features"] columns
+    >>> served = model.predict(frame)  # frame holds the meta["features"] columns, raw
+    >>> served[["customer_id", "churned", "proba_yes"]]
 """
 
 from __future__ import annotations
@@ -122,6 +131,8 @@ class ExportedModel(PythonModel):
         self._classes: Optional[np.ndarray] = None
         self._dtype: Any = np.float32
         self._predict_raw: Optional[Callable[[np.ndarray], np.ndarray]] = None
+        self._state: Optional[dict[str, Any]] = None
+        self._transform: Optional[Callable[..., Any]] = None
 
     def load_context(self, context: PythonModelContext) -> None:
         """Loads the model and its metadata from the `model_dir` artifact.
@@ -138,28 +149,33 @@ class ExportedModel(PythonModel):
         self._dtype = np.dtype(meta.get("input_dtype", "float32" if fmt == "torch_export" else "float64"))
         path = os.path.join(model_dir, MODEL_FILES[fmt])
         self._predict_raw = _load_torch_export(path) if fmt == "torch_export" else _load_lightgbm(path, meta)
+        if meta.get("preprocessing"):
+            with open(os.path.join(model_dir, meta["preprocessing"]), encoding="utf-8") as f:
+                self._state = json.load(f)
+            self._transform = _preprocessing_module().transform
 
     def predict(
         self,
         context: PythonModelContext,
         model_input: pd.DataFrame,
         params: Optional[dict[str, Any]] = None,
-    ) -> pd.Series:
-        """Predicts one label (classification) or value (regression) per row.
+    ) -> pd.DataFrame:
+        """Predicts one label (classification, with each class's probability) or value (regression) per row.
 
         Args:
             context: MLflow context (unused; state is set by `load_context`).
-            model_input: Rows to predict; must hold every column in
-                `meta["features"]`. Other columns are ignored.
+            model_input: Rows to predict, raw (text, dates, gaps as the data has them);
+                must hold every column in `meta["features"]`. Other columns are ignored.
             params: Unused; accepted for the pyfunc interface.
 
         Returns:
-            One prediction per row, indexed like the input; labels come from
-            `meta["classes"]`.
+            A frame indexed like the input: the `meta["keep"]` columns the input holds,
+            `<target>` (labels from `meta["classes"]`, or values), and for
+            classification `proba_<label>` per class.
 
         Raises:
-            ValueError: Feature columns are missing, or the model's output does not
-                match the number of classes.
+            ValueError: Feature columns are missing or cannot be preprocessed, or the
+                model's output does not match the number of classes.
         """
         if self._meta is None or self._predict_raw is None:
             raise RuntimeError("ExportedModel.predict called before load_context")
@@ -172,22 +188,61 @@ class ExportedModel(PythonModel):
                 f"model input is missing feature columns {missing}; "
                 f"expected all of {features}, got {list(model_input.columns)}"
             )
-        values = model_input[features].to_numpy(dtype=self._dtype, copy=True)
-        raw = self._predict_raw(values)
-        name = self._meta.get("target")
-        if self._classes is None:
-            return pd.Series(np.asarray(raw, dtype="float64").reshape(len(values)), index=model_input.index, name=name)
-        n_classes = len(self._classes)
-        if raw.ndim == 1 and n_classes == 2:
-            index = (raw > 0.5).astype("int64")  # a binary model's probability of classes[1]
-        elif raw.ndim == 2 and raw.shape[1] == n_classes:
-            index = raw.argmax(axis=1)
+        if self._state is not None and self._transform is not None:
+            values = self._transform(model_input, self._state, self._dtype)[0]
         else:
-            raise ValueError(
-                f"model returned output of shape {tuple(raw.shape)}; "
-                f"expected [batch, {n_classes}] for classes {self._classes.tolist()}"
-            )
-        return pd.Series(self._classes[index], index=model_input.index, name=name)
+            values = model_input[features].to_numpy(dtype=self._dtype, copy=True)
+        raw = np.asarray(self._predict_raw(values))
+        name = self._meta.get("target") or "prediction"
+        out = pd.DataFrame(index=model_input.index)
+        for column in self._meta.get("keep") or []:
+            if column in model_input.columns and column != name:
+                out[column] = model_input[column].to_numpy()
+        if self._classes is None:
+            out[name] = np.asarray(raw, dtype="float64").reshape(len(values))
+            return out
+        proba = class_probabilities(raw, len(self._classes), self._meta.get("format", DEFAULT_FORMAT))
+        out[name] = self._classes[proba.argmax(axis=1)] if len(values) else self._classes[:0]
+        for k, label in enumerate(self._classes.tolist()):
+            out[f"proba_{label}"] = proba[:, k]
+        return out
+
+
+def class_probabilities(raw: np.ndarray, n_classes: int, fmt: str) -> np.ndarray:
+    """Probabilities `[n, n_classes]` from a model's output.
+
+    LightGBM returns probabilities (binary: of `classes[1]`, one per row). A torch
+    model returns logits: one per row for a binary target (sigmoid, the logit of
+    `classes[1]`), else one per class (softmax).
+
+    Raises:
+        ValueError: the output's shape fits neither.
+    """
+    raw = np.asarray(raw, dtype="float64")
+    if n_classes == 2 and (raw.ndim == 1 or (raw.ndim == 2 and raw.shape[1] == 1)):
+        p1 = raw.reshape(-1) if fmt == LIGHTGBM_FORMAT else 1.0 / (1.0 + np.exp(-raw.reshape(-1)))
+        return np.column_stack([1.0 - p1, p1])
+    if raw.ndim == 2 and raw.shape[1] == n_classes:
+        if fmt == LIGHTGBM_FORMAT:
+            return raw
+        shifted = np.exp(raw - raw.max(axis=1, keepdims=True))
+        return shifted / shifted.sum(axis=1, keepdims=True)
+    raise ValueError(f"model returned output of shape {tuple(raw.shape)}; expected [batch, {n_classes}] (or one value per row "
+                     f"for two classes) for {n_classes} classes")
+
+
+def _preprocessing_module() -> Any:
+    """`training/preprocessing.py`: shipped beside this file (`code_paths`), else the installed package's."""
+    try:
+        import preprocessing
+
+        if hasattr(preprocessing, "transform") and hasattr(preprocessing, "STATE_VERSION"):
+            return preprocessing
+    except ImportError:
+        pass
+    from training import preprocessing as packaged
+
+    return packaged
 
 
 class UnsafeModelError(ValueError):

@@ -86,6 +86,14 @@ class SourceSpec(StrictSpec):
             `allow` keeps them. Deliveries overlap in practice (a day re-sent,
             a backfill), and a repeated row adds no information but weights
             itself twice, so dropping it with a count is the safe default.
+        missing_values: The cell texts (CSV) that mean "missing", matched
+            exactly after parsing quotes. Default `[""]`: an empty cell
+            (`,,` or `,"",`) is missing, and nothing else is: `n/a`, `NA`,
+            `null` or `-` in a number, bool or date column are values that do
+            not fit its type (the file is rejected naming them), and in a text
+            column they are text. List the tokens your export writes, e.g.
+            `["", "n/a", "NULL"]`, to read them as missing. Cells read as
+            missing are counted per column and reported (docs/data.md).
 
     Example:
         >>> SourceSpec(prefix="s3://lake/churn", pattern=["2024/**/*.parquet", "backfill/*.csv"], format="auto").globs
@@ -97,6 +105,7 @@ class SourceSpec(StrictSpec):
     format: Literal["csv", "parquet", "jsonl", "auto"] = "csv"
     encoding: str = "utf-8"
     duplicates: Literal["keep_first", "reject", "allow"] = "keep_first"
+    missing_values: list[str] = Field(default_factory=lambda: [""])
 
     @field_validator("pattern")
     @classmethod

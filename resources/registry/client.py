@@ -23,6 +23,7 @@ from resources.registry.errors import MISSING, translate_errors
 from resources.registry.lock import LOCK_MODEL_SUFFIX, hold_lock
 from resources.registry.registration import create_version
 from resources.registry.serving import TRAINING_ONLY_MODULES, SmokeResult, run_smoke_test
+from resources.registry.smoke import served_values
 from resources.registry.versions import TRIAL_KEY_TAG, ModelVersionInfo, version_info
 from trainyard.redact import redact_url
 
@@ -481,6 +482,24 @@ class ModelRegistry(dg.ConfigurableResource):
     # -- serving -----------------------------------------------------------------
 
     @retried
+    def predict_output(self, model_uri: str, df: "pd.DataFrame") -> Any:
+        """Loads a model as MLflow serving would and returns what its `predict` returns, as is.
+
+        A current version returns a DataFrame: the kept id/timestamp columns, the
+        target column (label or value) and, for a classification, `proba_<label>`
+        per class; versions registered before return one prediction per row.
+        The promotion re-evaluates a champion from it (`trainyard.promotion.served`).
+
+        Raises:
+            As for `predict`.
+        """
+        mlflow = mlflow_module()
+        with translate_errors(f"predict with {model_uri!r}"):
+            with fluent_uris(self.tracking_uri), no_pickled_models():
+                model = mlflow.pyfunc.load_model(model_uri)
+            return model.predict(df)
+
+    @retried
     def predict(self, model_uri: str, df: "pd.DataFrame") -> "np.ndarray":
         """Loads a model as MLflow serving would and predicts.
 
@@ -506,7 +525,7 @@ class ModelRegistry(dg.ConfigurableResource):
         with translate_errors(f"predict with {model_uri!r}"):
             with fluent_uris(self.tracking_uri), no_pickled_models():
                 model = mlflow.pyfunc.load_model(model_uri)
-            predictions = np.asarray(model.predict(df))
+            predictions = np.asarray(served_values(model.predict(df)))  # the target column of the served frame
         return predictions
 
     @retried

@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 
 SERVING_MODEL_PATH = Path(__file__).resolve().parents[2] / "training" / "serving_model.py"
 """The models-from-code pyfunc logged with every version (a path, never imported here)."""
+PREPROCESSING_PATH = SERVING_MODEL_PATH.parent / "preprocessing.py"
+"""The platform's preprocessing, shipped with every version (`code_paths`): the pyfunc imports it as `preprocessing`."""
 
 MODEL_ARTIFACT_NAME = "model"
 MODEL_DIR_ARTIFACT = "model_dir"
@@ -66,7 +68,7 @@ def create_version(
     with tempfile.TemporaryDirectory(prefix="trainyard-register-") as scratch:
         local_dir = localize(model_dir, scratch)
         meta = read_model_dir(local_dir)
-        example = input_example_of(input_example, meta["features"])
+        example = input_example_of(input_example, meta["features"], meta.get("keep") or ())
         experiment_id = ensure_experiment(registry, model_name)
         ensure_registered_model(registry.tracking_uri, model_name)
         return _register_new(
@@ -112,6 +114,7 @@ def _register_new(
                     input_example=example,
                     signature=None,  # inferred from input_example and the model's output
                     pip_requirements=serving_requirements(meta),
+                    code_paths=[str(PREPROCESSING_PATH)],
                     metadata=metadata,
                 )
                 mv = mlflow_client.create_model_version(
@@ -168,8 +171,9 @@ def localize(model_dir: str, scratch: str) -> str:
     return local
 
 
-def input_example_of(input_example: "pd.DataFrame", features: list[str]) -> "pd.DataFrame":
-    """The first rows of the feature columns, with the dtypes the logged signature should have."""
+def input_example_of(input_example: "pd.DataFrame", features: list[str], keep: Any = ()) -> "pd.DataFrame":
+    """The first rows of the kept (id, timestamp) columns the example holds and of the feature columns,
+    with the dtypes the logged signature should have: raw text and dates stay as they are (the model preprocesses them)."""
     import pandas as pd
 
     if not isinstance(input_example, pd.DataFrame) or input_example.empty:
@@ -185,8 +189,11 @@ def input_example_of(input_example: "pd.DataFrame", features: list[str]) -> "pd.
     # Integer columns stay int64 ("long" in the signature: int inputs pass, MLflow refuses
     # int64 -> double as unsafe), everything else becomes float64 ("double": float32 and
     # float64 pass); the pyfunc casts to the model's float32 itself.
-    example = input_example[features].head(INPUT_EXAMPLE_ROWS).reset_index(drop=True)
-    return example.astype({c: "int64" if pd.api.types.is_integer_dtype(example[c]) else "float64" for c in features})
+    columns = [c for c in keep if c in input_example.columns and c not in features] + list(features)
+    example = input_example[columns].head(INPUT_EXAMPLE_ROWS).reset_index(drop=True)
+    numeric = [c for c in columns if pd.api.types.is_numeric_dtype(example[c]) or pd.api.types.is_bool_dtype(example[c])]
+    return example.astype({c: "int64" if pd.api.types.is_integer_dtype(example[c]) and not pd.api.types.is_bool_dtype(example[c]) else "float64"
+                           for c in numeric})
 
 
 def model_metadata_of(model_metadata: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:

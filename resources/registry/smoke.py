@@ -16,7 +16,8 @@ The request (JSON) holds `model_uri`, `blocked` (top-level package names),
 `samples` (`{name: {"columns": [...], "data": [[...], ...]}}`, each the
 `dataframe_split` body a client would post to `/invocations`) and `output`, the
 path the result JSON is written to: `blocked_imports`, and either
-`load_seconds`, `run_id` and `predictions` (per sample, plus `input_example`),
+`load_seconds`, `run_id`, `predictions` (per sample, plus `input_example`) and
+`probabilities` (per sample, the served `proba_<label>` columns, when there are any),
 or `error`, `error_types` (the exception chain's type names) and `traceback`.
 
 A model whose files hold pickled code is refused while loading (MLflow's
@@ -85,12 +86,39 @@ def predict_all(request: dict[str, Any], out: dict[str, Any]) -> None:
     example = model.input_example
     if example is None:
         raise ValueError("the model was logged without an input example")
-    predictions = {"input_example": np.asarray(model.predict(example)).tolist()}
+    predictions = {"input_example": np.asarray(served_values(model.predict(example))).tolist()}
+    probabilities: dict[str, dict[str, list[float]]] = {}
     schema = model.metadata.get_input_schema()
     for name, sample in request["samples"].items():
         frame = infer_and_parse_data({"dataframe_split": sample}, schema)
-        predictions[name] = np.asarray(model.predict(frame)).tolist()
+        output = model.predict(frame)
+        predictions[name] = np.asarray(served_values(output)).tolist()
+        probabilities[name] = served_probabilities(output)
     out["predictions"] = predictions
+    out["probabilities"] = {k: v for k, v in probabilities.items() if v}
+
+
+def served_values(output: Any) -> Any:
+    """One prediction per row from a served model's output.
+
+    `training/serving_model.py` returns a frame: the kept id/timestamp columns, the
+    target (labels or values), then `proba_<label>` per class; the target is its
+    last column not named `proba_*`. Anything else (a model logged before the
+    frame, a plain array) is returned as it is.
+    """
+    columns = getattr(output, "columns", None)
+    if columns is None:
+        return output
+    names = [c for c in columns if not str(c).startswith("proba_")]
+    return output[names[-1]] if names else output
+
+
+def served_probabilities(output: Any) -> dict[str, list[float]]:
+    """The `proba_<label>` columns of a served frame, in its order (empty: none, or not a frame)."""
+    columns = getattr(output, "columns", None)
+    if columns is None:
+        return {}
+    return {str(c): [float(v) for v in output[c].tolist()] for c in columns if str(c).startswith("proba_")}
 
 
 def exception_chain(error: BaseException) -> list[BaseException]:

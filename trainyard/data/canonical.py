@@ -1,9 +1,17 @@
-"""Canonical form: the declared columns, in declared order and types, written as byte-stable Parquet.
+"""Canonical form: the stored columns, in declared order and types, written as byte-stable Parquet.
 
-`to_canonical` keeps the declared columns in declared order and declared
+`to_canonical` keeps the stored columns (`PipelineSpec.stored_columns`: every
+declared column but those with role `ignore`) in declared order and declared
 types; `CanonicalParquetWriter` writes record batches so equal data gives
 equal bytes (hence an equal DVC md5, hence an equal Dagster data version),
 holding at most one row group in memory.
+
+Dates and times (`cast_values`): a `date` column is Arrow `date32`, read from
+text `YYYY-MM-DD` or from a date or timestamp column (its UTC day); a
+`datetime` column is `timestamp("us", tz="UTC")`, read from ISO 8601 text
+(`2022-05-04T10:30:00`, a space for the `T` too; with `Z` or an offset it is
+converted to UTC, without one it is taken as UTC), or from a date or
+timestamp column (a naive timestamp is taken as UTC).
 """
 
 from __future__ import annotations
@@ -23,8 +31,21 @@ from trainyard.data.errors import SchemaMismatch
 from trainyard.spec import PipelineSpec
 from trainyard.store import FileStore
 
-ARROW_TYPES: dict[str, pa.DataType] = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
+ARROW_TYPES: dict[str, pa.DataType] = {
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "str": pa.string(),
+    "bool": pa.bool_(),
+    "category": pa.string(),
+    "date": pa.date32(),
+    "datetime": pa.timestamp("us", tz="UTC"),
+}
 """Canonical Arrow type of each `ColumnSpec.dtype`."""
+
+_CAST_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+
+# A zone at the end of ISO 8601 text: `Z`, `+02:00`, `+0200`, `-05`.
+_ZONE = r"(?:[Zz]|[+-]\d\d(?::?\d\d)?)$"
 
 # Parquet layout is pinned so that the bytes depend on the data alone. Dictionary
 # encoding is used for every column but floats (see `dictionary_columns`): float
@@ -54,14 +75,54 @@ SAMPLE_VALUES = 5
 
 
 def canonical_schema(spec: PipelineSpec) -> pa.Schema:
-    """The declared columns, in declared order, with their canonical Arrow types."""
-    return pa.schema([pa.field(name, ARROW_TYPES[column.dtype]) for name, column in spec.columns.items()])
+    """The stored columns (all declared but role `ignore`), in declared order, with their canonical Arrow types."""
+    return pa.schema([pa.field(name, ARROW_TYPES[column.dtype]) for name, column in spec.stored_columns.items()])
+
+
+def reading_type(dtype: str) -> pa.DataType:
+    """The Arrow type a text reader (CSV, JSON) parses a column of `dtype` as: dates and times as text, parsed by `cast_values`."""
+    return pa.string() if dtype in ("date", "datetime") else ARROW_TYPES[dtype]
+
+
+def cast_values(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """`values` cast safely to the canonical type `target`, parsing dates and times from text (see the module docstring).
+
+    Raises:
+        pyarrow.ArrowInvalid, ArrowTypeError, ArrowNotImplementedError: A value does not cast.
+    """
+    if values.type == target:
+        return values
+    text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+    if pa.types.is_timestamp(target) and target.tz is not None and text:
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        values = pc.utf8_trim_whitespace(values)
+        zoned = pc.fill_null(pc.match_substring_regex(values, _ZONE), False)
+        if not pc.any(zoned).as_py():
+            return values.cast(pa.timestamp(target.unit), safe=True).cast(target)
+        if pc.all(zoned).as_py():
+            return values.cast(target, safe=True)
+        naive_text = pc.if_else(zoned, pa.scalar(None, values.type), values)
+        zoned_text = pc.if_else(zoned, values, pa.scalar(None, values.type))
+        naive = naive_text.cast(pa.timestamp(target.unit), safe=True).cast(target)
+        return pc.if_else(zoned, zoned_text.cast(target, safe=True), naive)
+    if pa.types.is_timestamp(target) and target.tz is not None and pa.types.is_timestamp(values.type) and values.type.tz is None:
+        return values.cast(pa.timestamp(target.unit), safe=True).cast(target)  # naive: taken as UTC
+    if pa.types.is_date32(target) and text:
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        return pc.utf8_trim_whitespace(values).cast(target, safe=True)
+    if pa.types.is_date32(target) and pa.types.is_timestamp(values.type):
+        if values.type.tz is not None:
+            values = values.cast(pa.timestamp(values.type.unit, tz="UTC")).cast(pa.timestamp(values.type.unit))
+        return values.cast(target)  # the day (UTC) of each time
+    return values.cast(target, safe=True)
 
 
 def to_canonical(table: pa.Table | pa.RecordBatch, spec: PipelineSpec) -> pa.Table:
-    """The declared columns, in declared order, cast to their declared types.
+    """The stored columns, in declared order, cast to their declared types (`cast_values`).
 
-    Undeclared columns are dropped, and so is schema metadata (e.g. pandas'),
+    Undeclared and ignored columns are dropped, and so is schema metadata (e.g. pandas'),
     so the canonical table depends on the data alone. Casts are safe: a
     float with a fractional part does not become an int, text that is not a
     number does not become one.
@@ -72,7 +133,7 @@ def to_canonical(table: pa.Table | pa.RecordBatch, spec: PipelineSpec) -> pa.Tab
             dtype and up to five offending values.
     """
     found = table.column_names if isinstance(table, pa.Table) else table.schema.names
-    missing = [c for c in spec.columns if c not in found]
+    missing = [c for c in spec.stored_columns if c not in found]
     if missing:
         raise SchemaMismatch(f"declared column(s) {missing} not found; the data has columns {found}")
     arrays = []
@@ -83,8 +144,8 @@ def to_canonical(table: pa.Table | pa.RecordBatch, spec: PipelineSpec) -> pa.Tab
             arrays.append(values)
             continue
         try:
-            arrays.append(values.cast(field.type, safe=True))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            arrays.append(cast_values(values, field.type))
+        except _CAST_ERRORS as e:
             samples = _uncastable(values, field.type)
             why = f"offending values: {samples}" if samples else f"Arrow has no cast from {values.type}"
             raise SchemaMismatch(
@@ -102,21 +163,21 @@ def _uncastable(values: pa.Array | pa.ChunkedArray, target: pa.DataType, limit: 
         values = values.combine_chunks()
     try:
         unique = pc.unique(values).drop_null()
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+    except _CAST_ERRORS:
         return []  # e.g. nested types: no per-value cast to try either
     bad: list[Any] = []
     step = 1024
     for start in range(0, len(unique), step):
         batch = unique.slice(start, step)
         try:
-            batch.cast(target, safe=True)
+            cast_values(batch, target)
             continue
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        except _CAST_ERRORS:
             pass
         for i in range(len(batch)):
             try:
-                batch.slice(i, 1).cast(target, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                cast_values(batch.slice(i, 1), target)
+            except _CAST_ERRORS:
                 bad.append(batch[i].as_py())
                 if len(bad) >= limit:
                     return bad

@@ -1,4 +1,10 @@
-"""Platform checks run beside the suite: finite floats and duplicate rows (by 64-bit row hashes)."""
+"""Platform checks run beside the suite: finite floats, duplicate rows and repeated ids (by 64-bit row hashes).
+
+The checks go by Arrow type, never by guessing: only float columns are
+checked for NaN and infinities; text, categories, dates and times are hashed
+as what they are (text by its UTF-8 value, dates and times by their integer
+value).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +25,24 @@ DEDUP_MEMORY_BYTES = 64 * 1024 * 1024
 
 FINITE_EXPECTATION = "trainyard_values_are_finite"
 UNIQUE_ROWS_EXPECTATION = "trainyard_rows_are_unique"
+UNIQUE_IDS_EXPECTATION = "trainyard_ids_are_unique"
+WARNING = "warning"
+"""`severity` of a platform result that never fails the version, only warns (repeated ids)."""
+
+
+def id_key_columns(spec: PipelineSpec) -> list[str]:
+    """The columns that identify a row: the `id` columns and, with them, the `timestamp` columns (none without ids)."""
+    ids = [c for c, col in spec.stored_columns.items() if col.role == "id"]
+    return [*ids, *(c for c, col in spec.stored_columns.items() if col.role == "timestamp")] if ids else []
+
+
+def warnings_of(results: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per warning-only platform result that found something (repeated ids)."""
+    return [
+        f"{r['unexpected_count']} row(s) repeat the {r['observed_value']['key']} of an earlier row (a warning; e.g. {', '.join(map(str, r['unexpected_values']))})"
+        for r in results
+        if r.get("severity") == WARNING and r["unexpected_count"]
+    ]
 
 
 def duplicate_policy(spec: PipelineSpec) -> str:
@@ -133,7 +157,9 @@ def _column_hash(col: pa.Array) -> np.ndarray:
     elif pa.types.is_boolean(col.type):
         values = col.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64)
     elif pa.types.is_integer(col.type) or pa.types.is_temporal(col.type):
-        values = col.fill_null(0).cast(pa.int64()).to_numpy(zero_copy_only=False).view(np.uint64)
+        # Dates and times by their integer value (days, or units since the epoch); date32 casts to int32 only.
+        ints = col.cast(pa.int32()) if pa.types.is_date32(col.type) else col
+        values = ints.cast(pa.int64()).fill_null(0).to_numpy(zero_copy_only=False).view(np.uint64)
     else:  # nested and other types never appear in canonical data; hash their text form
         values = pd.util.hash_array(np.asarray([repr(v) for v in col.to_pylist()], dtype=object), categorize=False)
     if col.null_count:
@@ -251,3 +277,50 @@ class DuplicateRows:
             samples=[f"row {d} repeats row {f}" for d, f in self.samples],
             positions=[d for d, _ in self.samples],
         )
+
+
+class RepeatedIds:
+    """Rows whose id (the `id` columns, with the `timestamp` columns when there are any) repeats an earlier row's.
+
+    A warning, never a failure: a customer exported twice, or once per month
+    without a timestamp column, is common and not wrong by itself; rows that
+    repeat a whole earlier row are the duplicate check's and are not counted
+    here. Bounded memory, like `DuplicateRows` (it is one, over the key columns).
+    """
+
+    def __init__(self, columns: Sequence[str], total_rows: int, workdir: str) -> None:
+        self.columns = list(columns)
+        os.makedirs(os.path.join(workdir, "ids"), exist_ok=True)
+        self._rows = DuplicateRows(total_rows, os.path.join(workdir, "ids"))
+        self.count = 0
+        self.samples: list[tuple[int, int]] = []
+
+    def update(self, batch: pa.RecordBatch, offset: int) -> None:
+        """Add the batch's key hashes; `offset` is the global position of its first row."""
+        self._rows.update(batch.select(self.columns), offset)
+
+    def finish(self, whole_row_repeats: np.ndarray) -> None:
+        """Count the repeats, leaving out rows that repeat a whole earlier row (positions sorted)."""
+        self._rows.finish()
+        repeats = np.setdiff1d(self._rows.positions, whole_row_repeats, assume_unique=True)
+        self.count = int(len(repeats))
+        whole = set(whole_row_repeats.tolist())
+        self.samples = [(d, f) for d, f in self._rows.samples if d not in whole]
+
+    def result(self) -> dict[str, Any]:
+        """The platform result (after `finish`): always a success, with `severity` "warning"."""
+        key = " + ".join(self.columns)
+        samples = [f"row {d} repeats row {f}" for d, f in self.samples]
+        out = platform_result(
+            UNIQUE_IDS_EXPECTATION,
+            None,
+            success=True,
+            observed={"key": key, "repeated_rows": self.count},
+            unexpected=self.count,
+            samples=samples,
+            positions=[d for d, _ in self.samples],
+        )
+        out["kwargs"] = {"columns": self.columns}
+        out["row_level"] = False
+        out["severity"] = WARNING
+        return out

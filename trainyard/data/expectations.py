@@ -76,11 +76,24 @@ def pandas_frame_for(schema: pa.Schema) -> pd.DataFrame:
     """A zero-row frame with the dtypes GE's pandas engine sees for `schema`; text columns are `object`.
 
     GE 1.x cannot name pandas' string dtypes in a type list, so text is
-    handed over as object columns, whose values GE checks one by one.
+    handed over as object columns, whose values GE checks one by one. Nor
+    can it name a Python date or a zoned pandas dtype: a date column is
+    shown as `datetime64[s]` and a zoned timestamp column as the naive
+    `datetime64[<unit>]` of its UTC times (`trainyard.data.suite.GX_TYPE_NAMES`).
     """
     import pandas as pd
 
-    frame = schema.empty_table().to_pandas()
+    shown = pa.schema(
+        [
+            pa.field(f.name, pa.timestamp("s"))
+            if pa.types.is_date(f.type)
+            else pa.field(f.name, pa.timestamp(f.type.unit))
+            if pa.types.is_timestamp(f.type) and f.type.tz is not None
+            else f
+            for f in schema
+        ]
+    )
+    frame = shown.empty_table().to_pandas()
     text = {c: object for c in frame.columns if isinstance(frame[c].dtype, pd.StringDtype)}
     return frame.astype(text) if text else frame
 

@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from trainyard.data.canonical import cast_values
 from trainyard.spec import ColumnSpec, PipelineSpec
 
 LINES_SHOWN = 10
@@ -102,17 +103,23 @@ class ProblemCollector:
         for name in batch.schema.names:
             text = batch.column(name)
             target = types[name]
-            if text.type == target:
-                arrays.append(text)
+            try:
+                arrays.append(cast_values(text, target))  # the usual case: every value fits
                 continue
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                pass
             bad = _uncastable_mask(text, target)
             masks[name] = bad
             if bad.any():
                 what = f"value(s) that are not {self.spec.columns[name].dtype!r}"
                 self.add("type", name, what, bad, text, offset)
                 text = pc.if_else(pa.array(bad), pa.nulls(len(text), text.type), text)
-            arrays.append(text.cast(target))
+            arrays.append(cast_values(text, target))
         return pa.RecordBatch.from_arrays(arrays, names=batch.schema.names), masks
+
+    def has_type_problems(self) -> bool:
+        """Whether a value that does not fit its type was found."""
+        return any(kind == "type" for kind, _ in self._problems)
 
     def check_values(self, batch: pa.RecordBatch, offset: int, ignore: Optional[dict[str, np.ndarray]] = None) -> None:
         """Record missing values, values out of range or domain, and non-finite floats (the `columns` suite's rules)."""
@@ -149,7 +156,7 @@ def _value_rules(column: ColumnSpec) -> list[tuple[str, str, Callable[[pa.Array]
         high = column.max
         rules.append(("range", f"value(s) above max {high}", lambda a: pc.fill_null(pc.greater(a, high), False)))
     if column.domain is not None:
-        domain = pa.array(column.domain).cast(pa.string()) if column.dtype == "str" else None
+        domain = pa.array(column.domain).cast(pa.string()) if column.categorical else None
         allowed = column.domain
 
         def outside(a: pa.Array) -> pa.Array:
@@ -165,7 +172,7 @@ def _value_rules(column: ColumnSpec) -> list[tuple[str, str, Callable[[pa.Array]
 def _uncastable_mask(text: pa.Array, target: pa.DataType) -> np.ndarray:
     """Which non-null cells of a text column do not cast to `target`."""
     try:
-        text.cast(target, safe=True)
+        cast_values(text, target)
         return np.zeros(len(text), dtype=bool)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         pass
@@ -173,7 +180,7 @@ def _uncastable_mask(text: pa.Array, target: pa.DataType) -> np.ndarray:
     bad = []
     for i in range(len(unique)):
         try:
-            unique.slice(i, 1).cast(target, safe=True)
+            cast_values(unique.slice(i, 1), target)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
             bad.append(unique[i].as_py())
     mask = pc.is_in(text, value_set=pa.array(bad, type=text.type))

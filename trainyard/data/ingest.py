@@ -99,6 +99,7 @@ class FileRecord(BaseModel):
     ingested_at: str
     content_hash: Optional[str] = None
     duplicate_of: Optional[str] = None
+    missing: dict[str, int] = Field(default_factory=dict)
 
     def same_state(self, info: FileInfo, schema_key: str) -> bool:
         """Whether `info` is this file unchanged, read for the same declared columns."""
@@ -115,6 +116,7 @@ class SnapshotRecord(BaseModel):
     key: str
     dvc_file: str
     created_at: str
+    missing: dict[str, int] = Field(default_factory=dict)
 
 
 class Manifest(BaseModel):
@@ -217,8 +219,26 @@ def landing_digest(files: list[FileInfo]) -> str:
 
 
 def schema_key(spec: PipelineSpec) -> str:
-    """Hash of the landing files' declared columns and types (a Feast source's: its entity columns); parts made for other declarations are re-read."""
-    return hashlib.sha256(str(canonical_schema(landing_spec(spec))).encode()).hexdigest()[:16]
+    """Hash of how landing files are read: the stored columns and types (a Feast source's: its entity columns), and
+    the missing-value tokens when not the default; parts made for other declarations are re-read."""
+    key = str(canonical_schema(landing_spec(spec)))
+    if spec.source.missing_values != [""]:
+        key += f"\0missing={spec.source.missing_values!r}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def missing_counts(records: list[FileRecord], columns: list[str]) -> dict[str, int]:
+    """Cells read as missing per stored column, summed over the files' records (every column named, 0 included)."""
+    return {c: sum(r.missing.get(c, 0) for r in records) for c in columns}
+
+
+def missing_markdown(missing: dict[str, int], rows: int) -> str:
+    """A Markdown table of the cells read as missing per column, with their share of `rows`."""
+    lines = ["| column | missing | share |", "|---|---|---|"]
+    for column, n in missing.items():
+        share = f"{100.0 * n / rows:.2f} %" if rows else ""
+        lines.append(f"| {md_cell(column)} | {n} | {share} |")
+    return "\n".join(lines) + "\n"
 
 
 def manifest_uri(store: FileStore, spec: PipelineSpec) -> str:
@@ -338,6 +358,7 @@ def ingest_file(
         issues=issues,
         ingested_at=utc_now(),
         content_hash=digest,
+        missing={} if rejected else dict(reader.missing),
     )
     if rejected or any(i.blocking for i in issues):
         record.quarantine = quarantine_file(store, spec, info, [i.model_dump() for i in issues], record.status, digest)
@@ -581,7 +602,8 @@ def _new_snapshot(
     if dvc_file:
         store.write_bytes(f"{base}/data.parquet.dvc", dvc_file.encode())
     snapshot = SnapshotRecord(
-        md5=md5, uri=f"{base}/data.parquet", rows=rows, files=[r.uri for r in accepted], key=snapshot_key, dvc_file=dvc_file, created_at=utc_now()
+        md5=md5, uri=f"{base}/data.parquet", rows=rows, files=[r.uri for r in accepted], key=snapshot_key, dvc_file=dvc_file, created_at=utc_now(),
+        missing=missing_counts(accepted, list(spec.stored_columns)),
     )
     store.write_json(
         f"{base}/manifest.json",

@@ -7,7 +7,13 @@ Every problem of a file is collected in the same pass, with column names and
 line numbers (see `trainyard.data.file_problems`): a CSV file with a value
 that does not fit its type is read once more as text to find all of them,
 so one report lists the bad types, ragged rows, missing values, values out of
-range or domain and non-finite floats together.
+range or domain and non-finite floats together. A declared column missing
+from the file (or renamed) does not hide the rest: the columns that are there
+are read and checked all the same, and the report lists both.
+
+Cells read as missing are counted per column (`FileReader.missing`): in CSV
+the cells whose text is one of `SourceSpec.missing_values` (default: the
+empty cell only), in Parquet and JSON lines the nulls.
 """
 
 from __future__ import annotations
@@ -18,8 +24,7 @@ from typing import Any, Iterator, Literal, Optional
 import pyarrow as pa
 from pydantic import BaseModel
 
-from trainyard.data.canonical import canonical_schema, to_canonical
-from trainyard.data.errors import SchemaMismatch
+from trainyard.data.canonical import ARROW_TYPES, reading_type
 from trainyard.data.file_problems import VALUE_KINDS, ProblemCollector, describe, line_numbers
 from trainyard.spec import PipelineSpec, SourceSpec
 from trainyard.store import FileInfo, FileStore
@@ -29,6 +34,9 @@ READ_BLOCK_BYTES = 1024 * 1024
 
 PARQUET_BATCH_ROWS = 64 * 1024
 """Rows read at a time from a landing Parquet file."""
+
+MISSING_LOOKALIKES = frozenset({"n/a", "na", "nan", "null", "none", "nil", "-", "--", "?", "missing", "#n/a", "n.a."})
+"""Texts that often mean "missing" in exports; a value among them that does not fit its column's type gets a hint."""
 
 EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
@@ -105,9 +113,23 @@ class FileReader:
         self._ragged_count = 0
         self._ragged_lines: list[int] = []
         self.problems = ProblemCollector(spec)
+        self.missing: dict[str, int] = {}
+        # The stored columns the file has (set once its header is read), and why the file lacks the others.
+        self.columns: list[str] = list(spec.stored_columns)
+        self._columns_issue: Optional[FileIssue] = None
+
+    def _types(self) -> dict[str, pa.DataType]:
+        """The canonical type of each stored column the file has."""
+        return {c: ARROW_TYPES[self.spec.columns[c].dtype] for c in self.columns}
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """Canonical batches; raises `BadFile` when the file cannot be used."""
+        """Canonical batches; raises `BadFile` when the file cannot be used.
+
+        Nothing is yielded once a column is found missing or a value that
+        does not fit its type; the file is read to its end all the same, so
+        the `BadFile` raised at the end comes with every other problem in
+        `issues`.
+        """
         uri = self.info.uri
         if self.fmt is None:
             raise BadFile(
@@ -118,32 +140,54 @@ class FileReader:
         readers = {"csv": self._csv, "parquet": self._parquet, "jsonl": self._jsonl}
         try:
             for batch in readers[self.fmt]():
-                canonical = to_canonical(batch, self.spec).to_batches()
-                for b in canonical:
-                    if self.fmt != "csv":
-                        self._check_utf8(b)
-                    self.problems.check_values(b, self.rows)
-                    self.rows += b.num_rows
-                    yield b
-        except SchemaMismatch as e:
-            raise BadFile(FileIssue(kind="type", message=f"{uri}: {e}", fatal=True)) from e
+                typed = self._typed(batch)
+                if self.fmt != "csv":
+                    self._check_utf8(typed)
+                if self._columns_issue is None and not self.problems.has_type_problems():
+                    yield typed
         except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
             issue = _classify(e, uri, self.fmt)
             if issue.kind == "type" and self.fmt == "csv":
-                issue = self._diagnose_csv() or issue
-            self._report_problems()
-            raise BadFile(issue) from e
-        self._report_problems()
+                self._diagnose_csv()
+            raise BadFile(self._fatal() or issue) from e
+        fatal = self._fatal()
+        if fatal is not None:
+            raise BadFile(fatal)
         if self.rows == 0:
             self.issues.append(FileIssue(kind="empty", message=f"{uri} has a header but no rows", fatal=False))
+
+    def _fatal(self) -> Optional[FileIssue]:
+        """Report what was collected; the issue that makes the file unusable (a missing column, else a bad value), if any."""
+        first = self._report_problems()
+        if self._columns_issue is None:
+            return first
+        if first is not None:
+            self.issues.insert(0, first)
+        return self._columns_issue
+
+    def _typed(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """One batch of the file's stored columns in their canonical types; counts missing cells and records every problem."""
+        batch = batch.select(self.columns)
+        for name in self.columns:
+            self.missing[name] = self.missing.get(name, 0) + batch.column(name).null_count
+        typed, bad = self.problems.check_types(batch, self._types(), self.rows)
+        self.problems.check_values(typed, self.rows, ignore=bad)
+        self.rows += batch.num_rows
+        return typed
 
     def _where(self) -> tuple[str, int]:
         """The unit rows are counted in and the line of the first row: CSV has a header line, Parquet no lines."""
         return {"csv": ("line", 2), "jsonl": ("line", 1)}.get(self.fmt or "", ("row", 1))
 
-    def _report_problems(self) -> None:
-        """Turn what was collected into issues: ragged rows, then every type and value problem."""
+    def _report_problems(self) -> Optional[FileIssue]:
+        """Turn what was collected into issues: ragged rows, then every type and value problem.
+
+        Returns the first value that does not fit its type as a fatal issue
+        (the file's reason to be rejected), left out of `issues`; None when
+        every value fits.
+        """
         uri = self.info.uri
+        first: Optional[FileIssue] = None
         if self._ragged_count:
             shown = "; ".join(self._ragged)
             lines = sorted(self._ragged_lines)[:10]
@@ -157,49 +201,55 @@ class FileReader:
                     count=self._ragged_count,
                 )
             )
-        unit, first = self._where()
+        unit, start = self._where()
         for p in self.problems.problems():
+            lines = line_numbers(p.rows, self._ragged_lines, start)
+            message = describe(p, uri, lines, unit)
             if p.kind == "type":
-                continue  # reported by `_diagnose_csv` as the fatal issue and the others
-            lines = line_numbers(p.rows, self._ragged_lines, first)
-            self.issues.append(
-                FileIssue(kind=p.kind, message=describe(p, uri, lines, unit), fatal=False, column=p.column, lines=lines, count=p.count)
-            )
+                message += self._missing_hint(p.values)
+            issue = FileIssue(kind=p.kind, message=message, fatal=p.kind == "type", column=p.column, lines=lines, count=p.count)
+            if p.kind == "type" and first is None:
+                first = issue
+            else:
+                self.issues.append(issue)
+        return first
 
-    def _diagnose_csv(self) -> Optional[FileIssue]:
+    def _missing_hint(self, values: list[Any]) -> str:
+        """A hint when values that do not fit look like a missing-value token the source does not list."""
+        tokens = [v for v in values if isinstance(v, str) and v.strip().lower() in MISSING_LOOKALIKES]
+        if not tokens:
+            return ""
+        return (
+            f" ({', '.join(repr(t) for t in tokens)} read as text: only {self.spec.source.missing_values!r} mean missing; "
+            "if these mean missing too, add them to source.missing_values)"
+        )
+
+    def _convert_options(self, types: dict[str, pa.DataType]) -> Any:
+        """CSV conversion: the given column types, and exactly the source's missing-value tokens as nulls (text columns too)."""
+        import pyarrow.csv as pacsv
+
+        return pacsv.ConvertOptions(
+            column_types=types, include_columns=self.columns, null_values=list(self.spec.source.missing_values), strings_can_be_null=True
+        )
+
+    def _diagnose_csv(self) -> None:
         """Read the CSV again as text to find every value that does not fit its type, and every other problem.
 
-        Returns the first type problem as the fatal issue; the other type
-        problems go to `issues`, the rest is collected for `_report_problems`.
+        The problems are collected afresh for `_report_problems`.
         """
         import pyarrow.csv as pacsv
 
         self.problems = ProblemCollector(self.spec)
-        self._ragged, self._ragged_count, self._ragged_lines, self.rows = [], 0, [], 0
-        columns = list(self.spec.columns)
-        types = {c: canonical_schema(self.spec).field(c).type for c in columns}
+        self._ragged, self._ragged_count, self._ragged_lines, self.rows, self.missing = [], 0, [], 0, {}
         with self.store.open(self.info.uri, "rb") as f:
             reader = pacsv.open_csv(
                 f,
                 read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=self.spec.source.encoding, use_threads=False),
                 parse_options=pacsv.ParseOptions(invalid_row_handler=self._invalid_row),
-                convert_options=pacsv.ConvertOptions(
-                    column_types={c: pa.string() for c in columns}, include_columns=columns, strings_can_be_null=True
-                ),
+                convert_options=self._convert_options({c: pa.string() for c in self.columns}),
             )
             for batch in reader:
-                typed, bad = self.problems.check_types(batch, types, self.rows)
-                self.problems.check_values(typed, self.rows, ignore=bad)
-                self.rows += batch.num_rows
-        unit, first = self._where()
-        found = [p for p in self.problems.problems() if p.kind == "type"]
-        issues = [
-            FileIssue(kind="type", message=describe(p, self.info.uri, line_numbers(p.rows, self._ragged_lines, first), unit), fatal=True,
-                      column=p.column, lines=line_numbers(p.rows, self._ragged_lines, first), count=p.count)
-            for p in found
-        ]
-        self.issues += issues[1:]
-        return issues[0] if issues else None
+                self._typed(batch)
 
     def _check_utf8(self, batch: pa.RecordBatch) -> None:
         for name, column in zip(batch.schema.names, batch.columns):
@@ -210,31 +260,39 @@ class FileReader:
                     raise BadFile(FileIssue(kind="encoding", message=f"{self.info.uri}: column {name!r} holds text that is not valid UTF-8 ({e})", fatal=True)) from e
 
     def _columns(self, found: list[str]) -> list[str]:
-        """Check the file's columns against the declared ones; returns the declared columns to read."""
-        declared = list(self.spec.columns)
-        missing = [c for c in declared if c not in found]
-        extra = [c for c in found if c not in declared]
+        """Check the file's columns against the declared ones; returns the stored columns to read.
+
+        Columns with role `ignore` may be in the file or not and are not
+        read. A stored column the file lacks makes the file unusable, but the
+        columns it has are still read and checked, so the rejection lists
+        their problems too (`batches`).
+        """
+        stored = list(self.spec.stored_columns)
+        missing = [c for c in stored if c not in found]
+        extra = [c for c in found if c not in self.spec.columns]
         uri = self.info.uri
+        self.columns = [c for c in stored if c in found]
+        checked = " (the file's other columns are checked all the same; see the other issues)" if self.columns else ""
         if missing and extra:
             lowered = {c.lower().strip(): c for c in extra}
             hints = [f"{lowered[m.lower()]!r} -> {m!r}" for m in missing if m.lower() in lowered]
             hint = f"; renamed? {', '.join(hints)}" if hints else ""
-            raise BadFile(
-                FileIssue(
-                    kind="columns_renamed",
-                    message=f"{uri}: declared column(s) {missing} not found and undeclared column(s) {extra} found{hint}; the file has {found}",
-                    fatal=True,
-                )
+            self._columns_issue = FileIssue(
+                kind="columns_renamed",
+                message=f"{uri}: declared column(s) {missing} not found and undeclared column(s) {extra} found{hint}; the file has {found}{checked}",
+                fatal=True,
             )
-        if missing:
-            raise BadFile(
-                FileIssue(kind="columns_missing", message=f"{uri}: declared column(s) {missing} not found; the file has {found}", fatal=True)
+        elif missing:
+            self._columns_issue = FileIssue(
+                kind="columns_missing", message=f"{uri}: declared column(s) {missing} not found; the file has {found}{checked}", fatal=True
             )
-        if extra:
+        if self._columns_issue is not None and not self.columns:
+            raise BadFile(self._columns_issue)
+        if extra and self._columns_issue is None:
             self.issues.append(
                 FileIssue(kind="columns_added", message=f"{uri}: undeclared column(s) {extra} are not ingested (declare them in columns to keep them)", fatal=False)
             )
-        return declared
+        return self.columns
 
     def _invalid_row(self, row: Any) -> str:
         self._ragged_count += 1
@@ -257,14 +315,14 @@ class FileReader:
             )
             found = head.schema.names
         columns = self._columns(found)
-        types = {c: canonical_schema(self.spec).field(c).type for c in columns}
+        types = {c: reading_type(self.spec.columns[c].dtype) for c in columns}
         with self.store.open(self.info.uri, "rb") as f:
             reader = pacsv.open_csv(
                 f,
                 # One thread: the reader then knows the line number of each ragged row.
                 read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=encoding, use_threads=False),
                 parse_options=parse,
-                convert_options=pacsv.ConvertOptions(column_types=types, include_columns=columns),
+                convert_options=self._convert_options(types),
             )
             yield from reader
 
@@ -282,7 +340,7 @@ class FileReader:
         with self.store.open(self.info.uri, "rb") as f:
             found = pajson.open_json(f, read_options=pajson.ReadOptions(block_size=min(self.block_bytes, 1 << 20))).schema.names
         columns = self._columns(found)
-        schema = canonical_schema(self.spec)
+        schema = pa.schema([pa.field(c, reading_type(self.spec.columns[c].dtype)) for c in columns])
         with self.store.open(self.info.uri, "rb") as f:
             reader = pajson.open_json(
                 f,

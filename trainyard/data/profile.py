@@ -27,9 +27,9 @@ class Profiler:
     """Per-column statistics of a snapshot, gathered while it streams by.
 
     For each column: rows, nulls (null or NaN), NaN and +-inf counts, finite
-    min and max, the distinct values when there are at most
-    `PROFILE_DOMAIN_LIMIT`, and category counts (up to `CATEGORY_LIMIT`) for
-    text, bool and int columns. A seeded uniform sample of about
+    min and max (dates and times as ISO text), the distinct values when there
+    are at most `PROFILE_DOMAIN_LIMIT`, and category counts (up to
+    `CATEGORY_LIMIT`) for text, bool, int, date and time columns. A seeded uniform sample of about
     `PROFILE_SAMPLE_ROWS` rows (all rows of smaller data) is kept for numeric
     drift; the same rows in the same order always give the same sample.
     """
@@ -132,7 +132,10 @@ def profile_to_suite(profile: dict[str, Any], name: str, *, row_margin: float = 
         },
         {"type": "expect_table_columns_to_match_ordered_list", "kwargs": {"column_list": list(profile["columns"])}},
     ]
-    kinds = {"int64": "int", "double": "float", "string": "str", "large_string": "str", "bool": "bool"}
+    kinds = {
+        "int64": "int", "double": "float", "string": "str", "large_string": "str", "bool": "bool",
+        "date32[day]": "date", "timestamp[us, tz=UTC]": "datetime",
+    }
     for column, st in profile["columns"].items():
         kind = kinds.get(st["type"])
         if kind is not None:

@@ -30,6 +30,10 @@ class ValidationReport(BaseModel):
             be told apart and set aside) and `sample_rows` (the failing rows
             themselves, when known).
         suite: The suite as Great Expectations JSON (without generated ids).
+        missing: Per stored column, how many of its values are missing
+            (null; a float NaN is not counted here, see the finite check).
+            The cells ingest read as missing (`SourceSpec.missing_values`)
+            are these nulls.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -40,6 +44,7 @@ class ValidationReport(BaseModel):
     results: list[dict[str, Any]]
     suite: dict[str, Any]
     rows: int = 0
+    missing: dict[str, int] = {}
 
     def failures(self) -> list[dict[str, Any]]:
         """The results that did not pass."""
@@ -65,6 +70,9 @@ class ValidationReport(BaseModel):
                 ", ".join(repr(v) for v in r["unexpected_values"]),
             ]
             lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
+        gaps = {c: n for c, n in self.missing.items() if n}
+        if self.missing:
+            lines += ["", "**missing values** per column (null cells): " + (", ".join(f"`{c}` {n} ({100.0 * n / max(1, self.rows):.1f} %)" for c, n in gaps.items()) or "none")]
         return "\n".join(lines) + "\n"
 
     def failing_rows_markdown(self, max_columns: int = 12) -> str:

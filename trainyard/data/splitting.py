@@ -1,4 +1,8 @@
-"""The deterministic, stratified train/val/test split, in memory or streamed from a snapshot."""
+"""The deterministic, stratified train/val/test split, in memory or streamed from a snapshot.
+
+Every stored column goes into every part: features, the target, and the `id`
+and `timestamp` columns (kept for tracing predictions back, never trained on).
+"""
 
 from __future__ import annotations
 
@@ -21,7 +25,12 @@ def split_positions(labels: Optional[np.ndarray], n: int, spec: PipelineSpec) ->
     """Which part each of `n` rows goes to: 0 train, 1 val, 2 test (int8).
 
     The test share is taken first, then the validation share of the rest,
-    both with `spec.split.seed`, stratified on `labels` when given.
+    both with `spec.split.seed`, stratified on `labels` when given. A rare
+    class (5 % positives, say) gets rows in every part whenever it has at
+    least three: where proportional rounding would leave a part without
+    it, one of its rows moves there from the largest part holding it, in
+    exchange for a row of the most common class (`_every_class_everywhere`),
+    so the part sizes stay as asked.
 
     Raises:
         SplitError: The rows cannot be split as asked.
@@ -54,18 +63,53 @@ def split_positions(labels: Optional[np.ndarray], n: int, spec: PipelineSpec) ->
     parts = np.zeros(n, dtype=np.int8)
     parts[val] = 1
     parts[test] = 2
+    if labels is not None:
+        _every_class_everywhere(parts, labels, fractions.seed)
     return parts
+
+
+def _every_class_everywhere(parts: np.ndarray, labels: np.ndarray, seed: int) -> None:
+    """Give every class with at least three rows a row in each part, in place, keeping the part sizes.
+
+    A part missing a class takes one of its rows from the part holding most
+    of them and gives back a row of the most common class it holds (chosen
+    with `seed`). Splits where every class already reaches every part are
+    left exactly as they were.
+    """
+    values, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    if len(values) < 2:
+        return
+    rng = np.random.default_rng(seed)
+    for cls in np.argsort(counts, kind="stable"):
+        if counts[cls] < 3:
+            continue
+        for part in range(3):
+            mine = (codes == cls)
+            if (parts[mine] == part).any():
+                continue
+            holders = np.bincount(parts[mine], minlength=3)
+            donor = int(np.argmax(holders))
+            if holders[donor] < 2:
+                continue
+            give = rng.choice(np.flatnonzero(mine & (parts == donor)))
+            others = (parts == part) & ~mine
+            if not others.any():
+                continue
+            common = np.bincount(codes[others], minlength=len(values))
+            common[cls] = -1
+            back = rng.choice(np.flatnonzero(others & (codes == int(np.argmax(common)))))
+            parts[give], parts[back] = part, donor
 
 
 def _stratify(spec: PipelineSpec) -> bool:
     declared = spec.columns[spec.target]
-    return declared.dtype in ("int", "str", "bool") or declared.domain is not None
+    return declared.dtype in ("int", "str", "bool", "category") or declared.domain is not None
 
 
 def split(df: pd.DataFrame, spec: PipelineSpec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Deterministic train/val/test split, stratified on the target when it is a class label.
 
-    The target is stratified on when its dtype is int, str or bool or it
+    The target is stratified on when its dtype is int, str, bool or category or it
     declares a domain; a float target without a domain is split at random
     (see `split_positions`). Each part keeps the input's row order and gets a
     fresh index, so the same input always gives the same rows in the same order.

@@ -21,8 +21,18 @@ import pyarrow as pa
 
 from trainyard import naming
 from trainyard.data.canonical import BATCH_ROWS, CanonicalParquetWriter, jsonable, read_rows
-from trainyard.data.checks import FINITE_EXPECTATION, UNIQUE_ROWS_EXPECTATION, DuplicateRows, FiniteCheck, dropped_duplicates, duplicate_policy
 from trainyard.data.drift_detection import drift, drift_summary, drift_verdict
+from trainyard.data.checks import (
+    FINITE_EXPECTATION,
+    UNIQUE_ROWS_EXPECTATION,
+    DuplicateRows,
+    FiniteCheck,
+    RepeatedIds,
+    dropped_duplicates,
+    duplicate_policy,
+    id_key_columns,
+    warnings_of,
+)
 from trainyard.data.expectations import ArrowSuite, render_data_docs
 from trainyard.data.profile import Profiler, profile_snapshot
 from trainyard.data.quarantine import quarantine_rows, quarantine_snapshot, release_of
@@ -63,19 +73,26 @@ def _validate_batches(
     """One pass of suite, platform checks and profiler; Data Docs only when `run_name` is given."""
     suite = ArrowSuite(suite_expectations(spec), schema, name=spec.key)
     floats = [
-        n for n, c in spec.columns.items() if c.dtype == "float" and c.finite and n in schema.names and pa.types.is_floating(schema.field(n).type)
+        n for n, c in spec.stored_columns.items() if c.dtype == "float" and c.finite and n in schema.names and pa.types.is_floating(schema.field(n).type)
     ]
     finite = FiniteCheck(floats)
     policy = duplicate_policy(spec)
     dedup = None if policy == "allow" else DuplicateRows(total_rows, workdir)
+    keys = [c for c in id_key_columns(spec) if c in schema.names]
+    ids = RepeatedIds(keys, total_rows, workdir) if keys else None
     profiler = Profiler(schema, total_rows, seed=seed)
+    missing = {f.name: 0 for f in schema}
     offset = 0
     for batch in batches:
         suite.update(batch)
         finite.update(batch, offset)
         if dedup is not None:
             dedup.update(batch, offset)
+        if ids is not None:
+            ids.update(batch, offset)
         profiler.update(batch)
+        for name, column in zip(batch.schema.names, batch.columns):
+            missing[name] += column.null_count
         offset += batch.num_rows
     ge_results = suite.results()
     results = [result_from_ge(r, suite.map_condition(i) is not None) for i, r in enumerate(ge_results)]
@@ -85,9 +102,12 @@ def _validate_batches(
         dedup.finish()
         results.append(dedup.result(keep_first=policy == "keep_first"))
         duplicates = dedup.positions
+    if ids is not None:
+        ids.finish(duplicates)
+        results.append(ids.result())
     failed = sum(1 for r in results if not r["success"])
     report = ValidationReport(
-        success=failed == 0, evaluated=len(results), failed=failed, results=results, suite=suite.suite_json(), rows=offset
+        success=failed == 0, evaluated=len(results), failed=failed, results=results, suite=suite.suite_json(), rows=offset, missing=missing
     )
     docs = render_data_docs(ge_results, spec.key, run_name=run_name, meta={"rows": offset}) if run_name else ""
     return report, profiler.profile(), profiler.sample(), docs, suite, duplicates
@@ -219,6 +239,7 @@ def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec:
     details = [_summary(r) for r in failures] + [drift_summary(d) for d in drifted]
     dropped = dropped_duplicates(report.results)
     dedup = [f"{dropped} repeated row(s) dropped, the first of each kept (source.duplicates='keep_first')"] if dropped else []
+    dedup += warnings_of(report.results)
     if not failures and not drifted:
         return Verdict(accepted=True, set_aside=bool(dropped), reasons=[], warnings=[*dedup, *shift])
     if release is not None:
