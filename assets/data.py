@@ -61,6 +61,7 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
         "reused_snapshot": result.reused_snapshot,
         "warnings": len(result.warnings),
         "ingest": MetadataValue.md(result.files_markdown()),
+        "missing_values": MetadataValue.md(ingest.missing_markdown(result.snapshot.missing, result.snapshot.rows)),
         "manifest": MetadataValue.path(ingest.manifest_uri(store, spec)),
     })
 
@@ -119,6 +120,7 @@ def check_metadata(outcome: VersionOutcome, spec: PipelineSpec) -> dict[str, Any
         "policy": spec.on_bad_data,
         "results": MetadataValue.md(report.to_markdown()),
         "failing_rows": MetadataValue.md(report.failing_rows_markdown()),
+        "missing_values": MetadataValue.md(ingest.missing_markdown(report.missing, report.rows)),
         "drift_verdict": verdict["level"],
         "drift_summary": verdict["message"],
         "drift": MetadataValue.md(drift_markdown(outcome.drift, spec)),
