@@ -123,6 +123,8 @@ def check_metadata(outcome: VersionOutcome, spec: PipelineSpec) -> dict[str, Any
         "missing_values": MetadataValue.md(ingest.missing_markdown(report.missing, report.rows)),
         "drift_verdict": verdict["level"],
         "drift_summary": verdict["message"],
+        "drift_scope": verdict["scope"] or "none",
+        **({"schema_change": verdict["schema"]} if verdict["schema"] else {}),
         "drift": MetadataValue.md(drift_markdown(outcome.drift, spec)),
         "max_psi": max((d["psi"] for d in outcome.drift if d["psi"] is not None), default=0.0),
         "max_ks": max((d["ks"] for d in outcome.drift if d["ks"] is not None), default=0.0),

@@ -12,11 +12,12 @@ on" means the latest `sweep` materialization is that version's study.
   unless drift gates retraining, sweep). Nothing new and the newest validated
   version already swept -> skip, saying which version and study. Nothing new but
   the newest version never swept (a failed run, a changed pipeline) -> a run.
-- Sensor `<team>__<name>__drift` (`RetrainPolicy.drift_psi`): compares the newest
-  validated version with the version the `champion` model was trained on (its
-  registry tags `trainyard.data_version` and `trainyard.test_split`), with the
-  same per-feature drift as `validated_data` (`trainyard.data.drift`, PSI
-  over the kept profiles and samples), and requests the sweep only when the
+- Sensor `<team>__<name>__drift` (`RetrainPolicy.drift_psi`): compares the rows
+  the newest validated version added since the version the `champion` model was
+  trained on (its registry tags `trainyard.data_version` and
+  `trainyard.test_split`) with that version's data, with the same per-delivery
+  drift as `validated_data` (`trainyard.data.delivery_drift`, PSI over the kept
+  profile and sample of the champion's data), and requests the sweep only when the
   largest PSI exceeds `drift_psi`. The measured drift goes into the run's tags
   (`trainyard/drift_psi`, `trainyard/drift_column`, ...) or the skip reason.
   Without a champion the newest version is swept (the first model).
@@ -57,7 +58,7 @@ from resources.storage import ObjectStore
 from resources.storage_connections import evaluation_instance, evaluation_resources
 from trainyard import naming
 from trainyard.data import ingest
-from trainyard.data.drift_detection import drift
+from trainyard.data.drift_detection import delivery_drift
 from trainyard.lineage import DATA_VERSION_TAG, TEST_SPLIT_TAG
 from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG, TRIGGER_TAG
 from trainyard.promotion import CHAMPION
@@ -141,8 +142,11 @@ def _profile(store: ObjectStore, profile_uri: Optional[str], sample_uri: Optiona
 
 
 def max_psi(rows: list[dict[str, Any]]) -> tuple[float, str]:
-    """The largest per-feature PSI of a drift report and its column ((0.0, '') when nothing was measured)."""
-    measured = [(float(r["psi"]), r["column"]) for r in rows if r.get("psi") is not None]
+    """The largest per-feature PSI of a drift report and its column ((0.0, '') when nothing was measured).
+
+    PSI of a delivery too small to judge (`judged: False`, see `delivery_drift`) does not count.
+    """
+    measured = [(float(r["psi"]), r["column"]) for r in rows if r.get("psi") is not None and r.get("judged", True)]
     return max(measured) if measured else (0.0, "")
 
 
@@ -186,7 +190,9 @@ def evaluate_drift(
     if before is None or now is None:
         which = f"the champion's (v{champion.version}, split {split_id})" if before is None else f"the newest version's ({md5})"
         return SkipReason(f"{spec.key}: {which} data profile is missing, so drift cannot be measured; run the sweep by hand"), cursor
-    rows = drift(before[0], before[1], now[0], now[1], spec)
+    # The rows added since the champion's data (its snapshot's files against the newest's), not the diluted whole.
+    champion_raw = f"{naming.raw_dir(store, spec.team, spec.name, trained_on)}/data.parquet" if trained_on else None
+    rows = delivery_drift(store, spec, before, champion_raw, latest.get("raw_uri"), now, reference_name=f"champion v{champion.version}'s data")
     psi, column = max_psi(rows)
     measured = f"max PSI {psi:.4f} ({column or 'no column'}) of data version {md5} against champion v{champion.version}'s data {trained_on}"
     state = {"pair": pair, "psi": psi, "column": column}

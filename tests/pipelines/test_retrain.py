@@ -174,10 +174,14 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: Path) -> None:
-    """Real runs, a real MLflow champion and the sensor as the daemon evaluates it."""
+    """Real runs, a real MLflow champion and the sensor as the daemon evaluates it.
+
+    The sensor measures each delivery's own 300 rows against the champion's 300: for
+    64 pixel features chance alone reaches PSI 0.35 at that size, so the threshold is 0.5.
+    """
     import mlflow
 
-    spec = small_spec(retrain=RetrainPolicy(drift_psi=0.25))
+    spec = small_spec(retrain=RetrainPolicy(drift_psi=0.5))
     harness = Harness(tmp_path, spec)
     store, registry = harness.resources["store"], harness.resources["registry"]
     sensor = harness.defs.get_sensor_def(drift_sensor_name(spec))
@@ -209,7 +213,7 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     write_landing(tmp_path, frame.iloc[300:600].reset_index(drop=True), "part-1.csv")  # more digits, same distribution
     second = ingest_and_validate()
     calm = tick()
-    assert calm.run_requests == [] and "is within drift_psi 0.25; not retraining" in calm.skip_message
+    assert calm.run_requests == [] and "is within drift_psi 0.5; not retraining" in calm.skip_message
     assert f"of data version {second['md5']} against champion v{version.version}'s data {first['md5']}" in calm.skip_message
 
     write_landing(tmp_path, inverted(frame.iloc[600:900]).reset_index(drop=True), "part-2.csv")  # white on black
@@ -219,7 +223,7 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     assert (tmp_path / "prestarts").read_text() == "prestart\n"  # only the tick that requests the sweep
     request = fire.run_requests[0]
     assert request.asset_selection == [key("sweep")] and request.run_key == f"drift-{third['md5']}-{version.version}"
-    assert float(request.tags["trainyard/drift_psi"]) > 0.25 and request.tags["trainyard/champion_data_version"] == first["md5"]
+    assert float(request.tags["trainyard/drift_psi"]) > 0.5 and request.tags["trainyard/champion_data_version"] == first["md5"]
     run = job.execute_in_process(instance=harness.instance, asset_selection=request.asset_selection, tags=request.tags)
     assert run.success
     assert run.output_for_node(harness.node("sweep")).data_md5 == third["md5"]

@@ -51,15 +51,18 @@ from trainyard.data.canonical import (
 )
 from trainyard.data.checks import DEDUP_MEMORY_BYTES, FINITE_EXPECTATION, UNIQUE_ROWS_EXPECTATION, row_hashes
 from trainyard.data.drift_detection import (
+    DRIFT_MIN_ROWS,
     PSI_ALERT,
     PSI_EPSILON,
     PSI_WARN,
+    delivery_drift,
     drift,
     drift_markdown,
     drift_report,
     drift_verdict,
     numeric_edges,
     psi,
+    schema_changes,
 )
 from trainyard.data.errors import DataQualityError, MalformedLandingFile, MissingLandingData, QuarantineError, SchemaMismatch, SplitError
 from trainyard.data.expectations import UnsupportedExpectation
@@ -93,6 +96,7 @@ __all__ = [
     "BATCH_ROWS",
     "CATEGORY_LIMIT",
     "DEDUP_MEMORY_BYTES",
+    "DRIFT_MIN_ROWS",
     "FINITE_EXPECTATION",
     "GX_TYPE_NAMES",
     "PARQUET_OPTIONS",
@@ -119,6 +123,7 @@ __all__ = [
     "VersionOutcome",
     "canonical_schema",
     "decide",
+    "delivery_drift",
     "dictionary_columns",
     "drift",
     "drift_markdown",
@@ -130,6 +135,7 @@ __all__ = [
     "profile_snapshot",
     "profile_to_suite",
     "psi",
+    "schema_changes",
     "quarantine_root",
     "quarantine_rows",
     "quarantine_snapshot",

@@ -21,7 +21,6 @@ import pyarrow as pa
 
 from trainyard import naming
 from trainyard.data.canonical import BATCH_ROWS, CanonicalParquetWriter, jsonable, read_rows
-from trainyard.data.drift_detection import drift, drift_summary, drift_verdict
 from trainyard.data.checks import (
     FINITE_EXPECTATION,
     UNIQUE_ROWS_EXPECTATION,
@@ -33,6 +32,7 @@ from trainyard.data.checks import (
     id_key_columns,
     warnings_of,
 )
+from trainyard.data.drift_detection import delivery_drift, drift_summary, drift_verdict
 from trainyard.data.expectations import ArrowSuite, render_data_docs
 from trainyard.data.profile import Profiler, profile_snapshot
 from trainyard.data.quarantine import quarantine_rows, quarantine_snapshot, release_of
@@ -340,7 +340,8 @@ def validate_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) 
     """Validate one raw snapshot, measure drift, apply the policy, and quarantine or split it.
 
     Steps: `validate_snapshot`; Data Docs to `data_docs/<team>/<name>/<md5>/index.html`;
-    `drift` against the version `validated/latest.json` points to; `decide`
+    `delivery_drift` (the rows of the files new since the version
+    `validated/latest.json` points to, against that version); `decide`
     (honouring a release); then either `quarantine_snapshot`, or (after
     `set_aside_rows` when the verdict says so) `split_snapshot` into
     `validated/<split_id>/` with the profile, sample and drift kept beside
@@ -361,8 +362,10 @@ def validate_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) 
     latest = store.read_json(latest_uri) if store.exists(latest_uri) else None
     drift_rows: list[dict[str, Any]] = []
     if latest is not None and latest["md5"] != md5:
-        prev_profile, prev_sample = _load_profile(store, latest)
-        drift_rows = drift(prev_profile, prev_sample, validation.profile, validation.sample, spec)
+        # The new delivery's rows against the previous accepted version (trainyard.data.drift_detection.delivery_drift).
+        drift_rows = delivery_drift(
+            store, spec, _load_profile(store, latest), latest.get("raw_uri"), raw["uri"], (validation.profile, validation.sample)
+        )
     elif latest is not None and latest.get("drift_uri") and store.exists(latest["drift_uri"]):
         drift_rows = store.read_json(latest["drift_uri"])  # this version again: the drift measured when it was new
     verdict = decide(validation.report, drift_rows, spec, release_of(store, spec.team, spec.name, md5))
