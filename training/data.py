@@ -7,15 +7,22 @@ from typing import Any, Optional
 import fsspec
 import lightning as L
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from training import preprocessing
+from training.errors import ConfigError
 from training.resumable import ResumableDataLoader, ResumableSampler
 
 
 def read_parquet_tensors(uri: str, features: list[str], target: str, task: str = "classification") -> tuple[torch.Tensor, torch.Tensor]:
-    """Read a Parquet split into float32 features and targets: int64 class indices, or float32 values for `regression`."""
+    """Read a Parquet split into float32 features and targets: int64 class indices, or float32 values for `regression`.
+
+    The raw feature columns as numbers, and integer (or bool) labels as they are; `read_split`
+    preprocesses the features and encodes any labels.
+    """
     with fsspec.open(uri, "rb") as f:
         table = pq.read_table(f, columns=[*features, target])
     # Row-major: pandas hands a multi-column frame over column-major, and torch.export
@@ -23,6 +30,85 @@ def read_parquet_tensors(uri: str, features: list[str], target: str, task: str =
     x = torch.tensor(np.ascontiguousarray(table.select(features).to_pandas().to_numpy(dtype="float32")))
     y = torch.tensor(table.column(target).to_numpy().astype("float32" if task == "regression" else "int64"))
     return x, y
+
+
+def read_frame(uri: str, columns: list[str]) -> pd.DataFrame:
+    """Columns of a Parquet split as pandas (text stays text, dates dates)."""
+    try:
+        with fsspec.open(uri, "rb") as f:
+            return pq.read_table(f, columns=columns).to_pandas()
+    except FileNotFoundError as e:
+        raise ConfigError(f"data split {uri!r} does not exist") from e
+    except (KeyError, ValueError) as e:
+        raise ConfigError(f"data split {uri!r} lacks a column of {columns}: {e}") from e
+
+
+def fit_preprocessing(uris: dict[str, str], features: list[str], feature_types: dict[str, str], domains: dict[str, list[Any]],
+                      config: dict[str, Any]) -> dict[str, Any]:
+    """The platform's preprocessing state for a Lightning model, fitted on the train split (`training.preprocessing`).
+
+    Numeric features with gaps in the validation or test split only get a missing-value indicator too.
+
+    Raises:
+        ConfigError: preprocessing is off and a feature holds text, dates or gaps (naming it).
+    """
+    frames = {s: read_frame(u, features) for s, u in uris.items()}
+    elsewhere = [c for c in features if any(frames[s][c].isna().any() for s in frames if s != "train")]
+    try:
+        return preprocessing.fit(frames["train"], feature_types, domains, config, "lightning", features=features, missing_elsewhere=elsewhere)
+    except preprocessing.PreprocessingError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"the train split {uris['train']!r} cannot be preprocessed: {e}") from e
+
+
+def read_split(uri: str, features: list[str], target: str, task: str = "classification", state: Optional[dict[str, Any]] = None,
+               classes: Optional[list[Any]] = None) -> tuple[torch.Tensor, Any]:
+    """A split's float32 model input (preprocessed with `state` when given) and its targets.
+
+    Targets: float32 values (regression), int64 indices into `classes`, or (`classes` None)
+    the raw labels as a numpy array, for the caller to encode.
+
+    Raises:
+        ConfigError: a feature cannot be preprocessed, or a label is not one of `classes`.
+    """
+    frame = read_frame(uri, [*features, target])
+    if state is not None:
+        try:
+            values = preprocessing.transform(frame, state, np.float32)[0]
+        except ValueError as e:
+            raise ConfigError(f"data split {uri!r}: {e}") from e
+    else:
+        values = frame[features].to_numpy(dtype="float32")
+    x = torch.tensor(np.ascontiguousarray(values, dtype="float32"))
+    labels = frame[target].to_numpy()
+    if task == "regression":
+        try:
+            return x, torch.tensor(labels.astype("float32"))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"target {target!r} is not numeric, so it cannot be a regression target: {e}") from e
+    if classes is None:
+        return x, labels
+    try:
+        return x, torch.tensor(preprocessing.encode_labels(labels, classes))
+    except ValueError as e:
+        raise ConfigError(f"data split {uri!r}, target {target!r}: {e}") from e
+
+
+def class_labels(target: str, labels: list[np.ndarray]) -> list[Any]:
+    """The sorted distinct labels of a classification target over the splits.
+
+    Raises:
+        ConfigError: a label is missing, or there is only one class.
+    """
+    for values in labels:
+        missing = int(pd.isna(pd.Series(values, dtype="object")).sum())
+        if missing:
+            raise ConfigError(f"target {target!r} has {missing} missing label(s); every row needs a label")
+    classes = preprocessing.class_list(*labels)
+    if len(classes) < 2:
+        raise ConfigError(f"target {target!r} has a single class {classes}; classification needs at least two")
+    return classes
 
 
 class BatchedTensorDataset(TensorDataset):
@@ -56,11 +142,15 @@ class ParquetDataModule(L.LightningDataModule):
     Args:
         train_uri, val_uri, test_uri: split files written by `validated_data`.
         features: feature columns, in the model's input order.
-        target: integer class label column (classification) or numeric value column (regression).
+        target: class label column (classification: any labels, encoded as indices into the
+            sorted labels of all splits, `classes()`) or numeric value column (regression).
         batch_size: per-process batch size.
         num_workers: DataLoader workers (0 keeps runs deterministic and cheap).
         seed: seed of the loaders' generators and the training sampler.
         task: `classification` (int64 targets) or `regression` (float32 targets).
+        preprocessing: the platform's fitted preprocessing state (`fit_preprocessing`): the
+            model then gets its output columns (`n_features` of them); None: the raw
+            feature columns as numbers.
         pin_memory: put batches in page-locked memory before they go to a CUDA device. Off by
             default: on one H200 (`bench/gpu_step_breakdown.py`, 1.1B-parameter MLP, 256 rows of
             1,024 floats a step) neither a bare loop (29.09 vs 29.11 ms a step) nor Lightning
@@ -79,6 +169,7 @@ class ParquetDataModule(L.LightningDataModule):
         seed: int = 0,
         task: str = "classification",
         pin_memory: bool = False,
+        preprocessing: Optional[dict[str, Any]] = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -91,12 +182,19 @@ class ParquetDataModule(L.LightningDataModule):
         self.seed = seed
         self.task = task
         self.pin_memory = pin_memory
+        self.preprocessing_state = preprocessing
         self._sets: dict[str, TensorDataset] = {}
+        self._classes: list[Any] = []
 
     def setup(self, stage: Optional[str] = None) -> None:
-        for split, uri in self.uris.items():
-            if split not in self._sets:
-                self._sets[split] = BatchedTensorDataset(*read_parquet_tensors(uri, self.features, self.target, self.task))
+        if len(self._sets) == len(self.uris):
+            return
+        read = {s: read_split(u, self.features, self.target, self.task, self.preprocessing_state) for s, u in self.uris.items()}
+        if self.task != "regression":
+            self._classes = class_labels(self.target, [y for _, y in read.values()])
+            read = {s: (x, torch.tensor(preprocessing.encode_labels(y, self._classes))) for s, (x, y) in read.items()}
+        for split, (x, y) in read.items():
+            self._sets[split] = BatchedTensorDataset(x, y)
 
     # The entrypoint turns off Lightning's sampler replacement for data modules that shard themselves.
     handles_distributed_sampling = True
@@ -132,15 +230,23 @@ class ParquetDataModule(L.LightningDataModule):
 
     @property
     def n_features(self) -> int:
+        """The width of the model's input: the preprocessed columns, else the raw features."""
+        if self.preprocessing_state is not None:
+            return len(preprocessing.output_names(self.preprocessing_state))
         return len(self.features)
 
     def example_input(self) -> torch.Tensor:
         self.setup()
         return self._sets["train"].tensors[0][:2]
 
-    def classes(self) -> list[int]:
-        """The class indices present in any split (empty for regression)."""
+    def classes(self) -> list[Any]:
+        """The labels over all splits, sorted; a label's index is its class index (empty for regression)."""
         if self.task == "regression":
             return []
         self.setup()
-        return sorted({int(v) for s in self._sets.values() for v in s.tensors[1].tolist()})
+        return list(self._classes)
+
+    def class_counts(self) -> list[int]:
+        """Rows of each class in the train split (by class index)."""
+        self.setup()
+        return np.bincount(self._sets["train"].tensors[1].numpy(), minlength=len(self._classes)).tolist()

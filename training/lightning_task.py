@@ -33,11 +33,12 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.loggers import WandbLogger
 
-from training import determinism
+from training import determinism, preprocessing
+from training import metrics as platform_metrics
 from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, private_wandb_unless_first, read_attempts
 from training.callbacks import FaultInjectionCallback, ProgressCallback
 from training.checkpointing import CheckpointError, CheckpointStore, CheckpointUnusable, SkippedCheckpointWarning, UnsafeCheckpointError
-from training.data import read_parquet_tensors
+from training.data import class_labels, fit_preprocessing, read_split
 from training.distributed import init_process_group
 from training.errors import ConfigError, StrategyConfigError
 from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
@@ -80,7 +81,15 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
 
     A model whose constructor accepts `n_features` / `n_classes` gets them from
     the data unless the pipeline set them explicitly (`n_classes` only for
-    classification); a data module that accepts `task` gets the trial's.
+    classification; `n_features` is the width after the platform's
+    preprocessing); a data module that accepts `task` gets the trial's, one
+    that accepts `preprocessing` the state fitted on the train split
+    (`training.data.fit_preprocessing`). With `class_weight="balanced"` the model
+    gets `class_weights`, one float per class.
+
+    Raises:
+        ConfigError: a class cannot be imported or rejects its arguments, a feature
+            cannot be preprocessed, or class weights are asked for a model that takes none.
     """
     task = prediction_task(spec)
     dm_cls = import_target(spec.datamodule, "datamodule")
@@ -99,6 +108,10 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
         dm_kwargs.setdefault("seed", spec.seed)
     if "task" in dm_params:
         dm_kwargs.setdefault("task", task)
+    if "preprocessing" in dm_params and "preprocessing" not in dm_kwargs:
+        dm_kwargs["preprocessing"] = fit_preprocessing(
+            {"train": spec.data.train_uri, "val": spec.data.val_uri, "test": spec.data.test_uri}, list(spec.data.features),
+            dict(spec.data.feature_types), dict(spec.data.domains), spec.preprocessing.model_dump())
     try:
         dm = dm_cls(**dm_kwargs)
     except TypeError as e:
@@ -106,14 +119,34 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
     kwargs = dict(spec.model.kwargs)
     params = inspect.signature(model_cls.__init__).parameters
     if "n_features" in params and "n_features" not in kwargs:
-        kwargs["n_features"] = len(spec.data.features)
+        kwargs["n_features"] = int(getattr(dm, "n_features", len(spec.data.features)))
     if task == "classification" and "n_classes" in params and "n_classes" not in kwargs:
         kwargs["n_classes"] = len(dm.classes())
+    if spec.class_weight == "balanced":
+        kwargs["class_weights"] = _class_weights(spec, dm, params, kwargs)
     try:
         model = model_cls(**kwargs)
     except TypeError as e:
         raise ConfigError(f"model {spec.model.path!r} rejected hyperparameters {kwargs}: {e}") from e
     return model, dm
+
+
+def _class_weights(spec: TrainSpec, dm: Any, params: Any, kwargs: dict[str, Any]) -> torch.Tensor:
+    """`class_weight="balanced"`: n_rows / (n_classes * rows of the class) per class of the train split, as a float tensor."""
+    if prediction_task(spec) != "classification":
+        raise ConfigError(f"class_weight={spec.class_weight!r} weighs classes, but this is a regression task; leave it unset")
+    if "class_weights" not in params and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        raise ConfigError(f"class_weight='balanced' needs a model that weighs its loss by class, but model {spec.model.path!r} takes no "
+                          "`class_weights` argument; add `class_weights: Optional[torch.Tensor] = None` to its constructor "
+                          "(e.g. `nn.CrossEntropyLoss(weight=class_weights)`, or `pos_weight` from it for one logit) or unset class_weight")
+    if "class_weights" in kwargs:
+        raise ConfigError("model.kwargs sets class_weights, and class_weight='balanced' computes them; use one or the other")
+    if not hasattr(dm, "class_counts"):
+        raise ConfigError(f"class_weight='balanced' needs the train split's class counts, which datamodule {spec.datamodule.path!r} "
+                          "does not give (a `class_counts()` method); use training.data:ParquetDataModule or unset class_weight")
+    counts = torch.tensor(dm.class_counts(), dtype=torch.float64)
+    weights = torch.where(counts > 0, counts.sum() / (len(counts) * counts.clamp(min=1)), torch.zeros_like(counts))
+    return weights.float()
 
 
 def _trainer_kwargs(spec: TrainSpec) -> dict[str, Any]:
@@ -189,9 +222,9 @@ def _finish_failed_run(logger: WandbLogger) -> None:
 def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
     """One forward pass on two rows, before training: does the model's output fit the task?
 
-    Classification needs logits `[batch, n_classes]` with `n_classes` >= 2 and
-    above every class index; regression needs one value per row, `[batch]` or
-    `[batch, 1]`. Finding out after the last epoch would waste the whole trial.
+    Classification needs logits `[batch, n_classes]` (at least one per class), or
+    for a binary target one logit per row, `[batch]` or `[batch, 1]` (the logit of
+    the second class); regression needs one value per row, `[batch]` or `[batch, 1]`. Finding out after the last epoch would waste the whole trial.
 
     Raises:
         ConfigError: the output shape does not fit; the message says which task wants what.
@@ -213,21 +246,23 @@ def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
                               "(a classifier's logits? set the pipeline's task='classification', or give the model one output)")
         return
     classes = dm.classes()
-    needed = max(2, int(max(classes)) + 1 if classes else 2)
+    needed = max(2, len(classes))
+    if len(classes) == 2 and shape in ((batch,), (batch, 1)):
+        return  # one logit of the second class (sigmoid), e.g. trained with BCEWithLogitsLoss
     if len(shape) != 2 or shape[0] != batch or shape[1] < needed:
-        raise ConfigError(f"{where}; task 'classification' needs logits [{batch}, n_classes] with n_classes >= {needed} "
-                          f"(class indices {classes}); for one value per row set the pipeline's task='regression'")
+        raise ConfigError(f"{where}; task 'classification' with {len(classes)} classes {classes} needs n_classes logits "
+                          f"[{batch}, {needed}]" + (f", or one logit for a binary target ([{batch}] or [{batch}, 1], the logit of "
+                                                    f"{classes[1]!r}, e.g. trained with BCEWithLogitsLoss)" if needed == 2 else ""))
 
 
 EVAL_BATCH_ROWS = 8192  # rows per forward pass of the final evaluation (bounds its activation memory)
 
 
-def evaluate(model: Any, x: Any, y: Any, task: str = "classification", device: Any = None) -> float:
-    """`model`'s accuracy (classification, arg-max of the logits) or RMSE (regression) on features `x` against targets `y`.
+def model_outputs(model: Any, x: Any, device: Any = None) -> torch.Tensor:
+    """`model`'s outputs on features `x`, on the CPU.
 
     Runs on `device` (default: where `x` is) in batches of `EVAL_BATCH_ROWS`,
     in full float32 (no TF32 on CUDA), and leaves `model` where it found it.
-    RMSE is computed in float64, as the serving smoke test recomputes it from served predictions.
     """
     device = torch.device(device) if device is not None else x.device
     home = next(model.parameters(), x).device
@@ -243,11 +278,27 @@ def evaluate(model: Any, x: Any, y: Any, task: str = "classification", device: A
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         model.to(home)
-    out = torch.cat(outs) if outs else torch.empty(0)
+    return torch.cat(outs) if outs else torch.empty(0)
+
+
+def _task_value(out: torch.Tensor, y: Any, task: str) -> float:
+    """Accuracy (arg-max of the logits; one logit per row: above 0) or RMSE (float64) of outputs `out`."""
     if task == "regression":
         err = out.reshape(len(y)).double() - y.double()
         return float(torch.sqrt(torch.mean(err * err)))
+    if out.ndim == 1 or out.shape[1] == 1:
+        return float(((out.reshape(len(y)) > 0).long() == y).float().mean())
     return float((out.argmax(dim=1) == y).float().mean())
+
+
+def evaluate(model: Any, x: Any, y: Any, task: str = "classification", device: Any = None) -> float:
+    """`model`'s accuracy (classification, arg-max of the logits; a binary model's one logit: above 0) or RMSE (regression) on features `x` against targets `y`.
+
+    Runs on `device` (default: where `x` is) in batches of `EVAL_BATCH_ROWS`,
+    in full float32 (no TF32 on CUDA), and leaves `model` where it found it.
+    RMSE is computed in float64, as the serving smoke test recomputes it from served predictions.
+    """
+    return _task_value(model_outputs(model, x, device), y, task)
 
 
 def eval_device(spec: TrainSpec) -> torch.device:
@@ -258,21 +309,33 @@ def eval_device(spec: TrainSpec) -> torch.device:
 
 
 def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
-    """Write `model.pt2` (torch.export, dynamic batch) and `meta.json` for serving."""
+    """Write `model.pt2` (torch.export, dynamic batch), `meta.json` and the data module's preprocessing state
+    (`preprocessing.json`, when it has one) for serving."""
     model.eval()
     example = dm.example_input()
     program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
     task = prediction_task(spec)
-    meta: dict[str, Any] = {"features": spec.data.features, "target": spec.data.target, "task": task, "input_dtype": "float32"}
+    meta: dict[str, Any] = {"features": spec.data.features, "target": spec.data.target, "task": task, "input_dtype": "float32",
+                            "keep": spec.data.keep, "feature_types": spec.data.feature_types}
     if task == "classification":
-        meta["classes"] = dm.classes()
+        classes = [preprocessing.label_key(c) for c in dm.classes()]
+        meta["classes"] = classes
+        meta["positive_label"] = classes[preprocessing.positive_index(classes, spec.data.positive_label)] if len(classes) == 2 else None
+    state = getattr(dm, "preprocessing_state", None)
+    files = ["model.pt2", "meta.json"]
     with tempfile.TemporaryDirectory() as tmp:
         torch.export.save(program, os.path.join(tmp, "model.pt2"))
+        if state is not None:
+            meta["preprocessing"] = preprocessing.STATE_FILE
+            meta["inputs"] = preprocessing.output_names(state)
+            with open(os.path.join(tmp, preprocessing.STATE_FILE), "w") as f:
+                json.dump(state, f, indent=2, sort_keys=True)
+            files.append(preprocessing.STATE_FILE)
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2, sort_keys=True)
         fs, path = fsspec.core.url_to_fs(dest_uri)
         fs.makedirs(path, exist_ok=True)
-        for name in ("model.pt2", "meta.json"):
+        for name in files:
             fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
 
 
@@ -392,7 +455,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         mark = time.perf_counter()
         model, best_uri = _load_best(spec, model, ckpt.store, trainer.global_step)
         finish["load_best"], mark = time.perf_counter() - mark, time.perf_counter()
-        metrics = _final_metrics(spec, model)
+        metrics = _final_metrics(spec, model, dm)
         finish["evaluate"], mark = time.perf_counter() - mark, time.perf_counter()
         model_uri = join(spec.output_uri, "model")
         export_model(model, dm, spec, model_uri)
@@ -541,12 +604,37 @@ def _load_best(spec: TrainSpec, model: Any, store: CheckpointStore, step: int) -
     return model, best.uri
 
 
-def _final_metrics(spec: TrainSpec, model: Any) -> dict[str, float]:
-    """The task's metric (`EVALUATION_METRIC`) of `model` on the full validation and test splits: `val_acc`, `test_acc` or `val_rmse`, `test_rmse`."""
+def _final_metrics(spec: TrainSpec, model: Any, dm: Any = None) -> dict[str, float]:
+    """The platform's metrics (`training.metrics`) of `model` on the full validation and test splits, with the train
+    prior's (`baseline_*`) beside them: `val_acc`, `val_logloss`, `val_roc_auc`, ... or `val_rmse`, `val_mae`, ...
+
+    The splits are read as the data module reads them: with its preprocessing state (`preprocessing_state`) and
+    its classes (`classes()`), else the raw features and the sorted labels.
+    """
     task = prediction_task(spec)
     device = eval_device(spec)
-    metrics = {}
+    state = getattr(dm, "preprocessing_state", None)
+    classes: Optional[list[Any]] = None
+    if task == "classification":
+        classes = list(dm.classes()) if dm is not None and hasattr(dm, "classes") else None
+        if not classes:
+            labels = [read_split(u, spec.data.features, spec.data.target, task, state)[1]
+                      for u in (spec.data.train_uri, spec.data.val_uri, spec.data.test_uri)]
+            classes = class_labels(spec.data.target, labels)
+    y_train = read_split(spec.data.train_uri, spec.data.features, spec.data.target, task, state, classes)[1].numpy()
+    metrics: dict[str, float] = {}
     for split, uri in (("val", spec.data.val_uri), ("test", spec.data.test_uri)):
-        x, y = read_parquet_tensors(uri, spec.data.features, spec.data.target, task)
-        metrics[f"{split}_{EVALUATION_METRIC[task]}"] = evaluate(model, x, y, task, device)
+        x, y = read_split(uri, spec.data.features, spec.data.target, task, state, classes)
+        out = model_outputs(model, x, device)
+        if task == "regression":
+            values = platform_metrics.regression_metrics(y.numpy(), out.double().numpy().reshape(len(y)))
+            baseline = platform_metrics.baseline_regression(y.numpy(), y_train)
+        else:
+            assert classes is not None
+            positive = preprocessing.positive_index(classes, spec.data.positive_label) if len(classes) == 2 else 1
+            values = platform_metrics.classification_metrics(y.numpy(), platform_metrics.probabilities(out.double().numpy(), len(classes)),
+                                                             classes, positive)
+            baseline = platform_metrics.baseline_classification(y.numpy(), y_train, classes, positive)
+        values[EVALUATION_METRIC[task]] = _task_value(out, y, task)  # exactly as measured before the other metrics
+        metrics.update(platform_metrics.split_metrics(split, values, baseline))
     return metrics

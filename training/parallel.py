@@ -33,7 +33,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import lightning as L
 import torch
@@ -117,7 +117,7 @@ class ClassifierSteps(_StageSteps):
     def _step(self, batch: Any, stage: str) -> torch.Tensor:
         x, y = batch
         logits = self(x)
-        loss = F.cross_entropy(logits, y)
+        loss = F.cross_entropy(logits, y, weight=getattr(self, "class_weights", None))
         acc = (logits.argmax(dim=1) == y).float().mean()
         self.log(f"{stage}_loss", loss, sync_dist=stage != "train")
         self.log(f"{stage}_acc", acc, prog_bar=True, sync_dist=stage != "train")
@@ -184,6 +184,7 @@ class MLPClassifier(ClassifierSteps, _ResidualMLP):
         expansion: hidden width of a block as a multiple of `width`.
         lr: Adam learning rate.
         input_scale: inputs are divided by this (16 for 4-bit digit pixels).
+        class_weights: one loss weight per class (the platform passes them for `class_weight="balanced"`).
     """
 
     def __init__(
@@ -195,10 +196,14 @@ class MLPClassifier(ClassifierSteps, _ResidualMLP):
         expansion: int = 4,
         lr: float = 1e-3,
         input_scale: float = 1.0,
+        class_weights: Optional[torch.Tensor] = None,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["class_weights"])
         self._layers(n_features, n_classes, width, blocks, expansion)
+        self.class_weights: Optional[torch.Tensor] = None
+        if class_weights is not None:
+            self.register_buffer("class_weights", torch.as_tensor(class_weights, dtype=torch.float32), persistent=False)
 
 
 class MLPRegressor(RegressorSteps, _ResidualMLP):

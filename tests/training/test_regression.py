@@ -44,14 +44,15 @@ def test_a_lightning_regression_model_trains_evaluates_exports_and_serves(tmp_pa
     regression_spec(tmp_path)
     assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == 0
     result = TrainResult.model_validate_json((tmp_path / "run" / "result.json").read_text())
-    assert set(result.metrics) == {"val_rmse", "test_rmse"} and result.epochs == 3
+    assert set(result.metrics) == {f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in ("rmse", "mae")}
+    assert result.epochs == 3
     assert 0 < result.metrics["test_rmse"] < 150  # better than predicting a constant 0; the target's std is ~77
     meta = read_meta(str(tmp_path / "run" / "model"))
     assert meta["task"] == "regression" and "classes" not in meta
     model = ExportedModel()
     model.load_context(SimpleNamespace(artifacts={"model_dir": str(tmp_path / "run" / "model")}))
     test = pd.read_parquet(tmp_path / "data" / "test.parquet")
-    predicted = model.predict(None, test)
+    predicted = model.predict(None, test)[diabetes.TARGET]
     assert predicted.dtype == np.float64 and len(predicted) == len(test) and predicted.name == diabetes.TARGET
     rmse = math.sqrt(float(np.mean((predicted.to_numpy() - test[diabetes.TARGET].to_numpy()) ** 2)))
     assert rmse == pytest.approx(result.metrics["test_rmse"], rel=1e-6)  # serving reproduces the training-side evaluation
@@ -75,7 +76,8 @@ def test_a_regressor_on_a_classification_task_fails_before_the_first_epoch(tmp_p
     (tmp_path / "spec.json").write_text(spec.to_json())
     assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == EXIT_BAD_CONFIG
     error = failure(tmp_path)["error"]
-    assert "returns shape [2] for a batch of 2 rows; task 'classification' needs logits [2, n_classes] with n_classes >= 10" in error
+    assert "returns shape [2] for a batch of 2 rows; task 'classification' with 10 classes [0, 1, 2, 3, 4, 5, 6, 7, 8, 9] needs n_classes logits [2, 10]" in error
+    assert "regression" not in error.split("task 'classification'")[1]  # never the advice to make a classifier a regression
     assert not (tmp_path / "run" / "attempts").exists()
 
 
