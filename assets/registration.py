@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from dagster import AssetExecutionContext, AssetKey, Failure, Output
@@ -48,6 +49,7 @@ def registered_model_body(
 
     with store.open(validated.test, "rb") as f:
         test_df = pd.read_parquet(f)
+    kept = [c for c in spec.keep_columns if c in test_df.columns]  # ids and timestamps: sent to serving, returned beside predictions
     validation = promotion.validation_evidence(
         context.instance, check[0], check[1], validated.md5, policy.is_quarantined(store, spec.key, validated.md5),
     )
@@ -61,6 +63,8 @@ def registered_model_body(
         target=spec.target, promotion_policy=spec.promotion.model_dump_json(), metrics=metrics,
         **validation.lineage_fields(), **feast,
     ).to_tags()
+    if spec.positive_label is not None:
+        tags[policy.POSITIVE_LABEL_TAG] = json.dumps(spec.positive_label)
     card = policy.model_card(spec, best.model_dump(mode="json"), validated.model_dump(mode="json"), validation)
     model_metadata = None
     if features is not None:
@@ -73,12 +77,13 @@ def registered_model_body(
         tags=tags,
         metrics=metrics,
         description=card,
-        input_example=test_df[spec.features].head(5),
+        input_example=test_df[[*kept, *spec.features]].head(5),
         model_metadata=model_metadata,
     )
     candidate = policy.Candidate(
         version=version, policy=spec.promotion, metrics=metrics, split_id=validated.split_id,
-        test_df=test_df[[*spec.features, spec.target]], target=spec.target, validation=validation,
+        test_df=test_df[[*kept, *spec.features, spec.target]], target=spec.target, validation=validation,
+        positive_label=spec.positive_label,
     )
     decision = promotion.decide(registry, handoff, candidate, action="register", decided_by=f"dagster run {context.run_id}")
     context.log.info(f"{spec.model_name} v{version.version}: {decision.outcome}: {decision.reason}")

@@ -50,6 +50,8 @@ from trainyard.promotion import (
     CHAMPION,
     CLEAN_LINEAGE_DEFAULTS,
     MAX_SMOKE_TIMEOUT_S,
+    POSITIVE_LABEL_TAG,
+    SERVED_METRICS,
     Action,
     Candidate,
     ChampionScore,
@@ -155,20 +157,32 @@ def score_champion(
     split_id: Optional[str],
     test_df: Optional["pd.DataFrame"],
     target: Optional[str],
+    positive_label: Any = None,
 ) -> ChampionScore:
-    """The champion's metric on `split_id`: recorded when measured there, else re-evaluated now."""
+    """The champion's metric on `split_id`: recorded when measured there, else re-evaluated now.
+
+    The re-evaluation predicts with the champion as it is served and computes
+    `policy.metric` from its served labels and probabilities (`served_metric`,
+    the pod's own metric code), for every metric a `PromotionSpec` accepts.
+    A champion that cannot be scored (a probability metric of a version that
+    serves labels only) is reported with the reason; it blocks beats_champion.
+    """
     recorded = recorded_metrics(champion.tags).get(policy.metric)
     if recorded is not None and split_id is not None and champion.tags.get(TEST_SPLIT_TAG) == split_id:
         return ChampionScore(champion.version, recorded, "recorded on this split")
+    measured = champion.tags.get(TEST_SPLIT_TAG)
     if test_df is None or target is None:
-        return ChampionScore(champion.version, None, f"it was measured on split {champion.tags.get(TEST_SPLIT_TAG)} and no test data is available")
-    if not policy.metric.endswith(("_acc", "_rmse")):
+        return ChampionScore(champion.version, None, f"it was measured on split {measured} and no test data is available")
+    if policy.metric not in SERVED_METRICS:
         return ChampionScore(
             champion.version, None,
-            f"it was measured on another split and {policy.metric!r} cannot be re-evaluated (only *_acc and *_rmse can)",
+            f"it was measured on another split and {policy.metric!r} cannot be re-evaluated (one of {list(SERVED_METRICS)} can)",
         )
-    predictions = registry.predict(champion.model_uri, test_df.drop(columns=[target])).tolist()
-    value = served_metric(policy.metric, predictions, test_df[target].tolist())
+    output = registry.predict_output(champion.model_uri, test_df.drop(columns=[target]))
+    try:
+        value = served_metric(policy.metric, output, test_df[target].tolist(), target=target, positive_label=positive_label)
+    except ValueError as e:
+        return ChampionScore(champion.version, None, f"it was measured on split {measured} and cannot be re-evaluated on this one: {e}")
     return ChampionScore(champion.version, value, "re-evaluated on this split", served=True)
 
 
@@ -262,18 +276,21 @@ def _decide_locked(
         labels = candidate.test_df[candidate.target].tolist()
     smoke = registry.smoke_test(smoke_uri, samples, timeout_s=policy.smoke_test_timeout_s)
     smoke_chk, smoke_evidence = check_smoke(
-        policy, smoke, run_id=version.run_id, test_labels=labels, training_metrics=candidate.metrics
+        policy, smoke, run_id=version.run_id, test_labels=labels, training_metrics=candidate.metrics,
+        target=candidate.target, positive_label=candidate.positive_label,
     )
 
     champion = None
     if current is not None and action != "rollback":
-        champion = score_champion(registry, policy, current, candidate.split_id, candidate.test_df, candidate.target)
+        champion = score_champion(registry, policy, current, candidate.split_id, candidate.test_df, candidate.target,
+                                  candidate.positive_label)
     compared, _ = comparable_value(policy, value, champion, smoke_evidence)
     lineage = check_lineage(policy, version.tags, environment=deciding_environment(environment), deployed_lock=lock_hash(),
                             model=model, version=version.version, command="rollback" if action == "rollback" else "promote")
     checks = evaluate_policy(
         policy, value=value, compared=compared, champion=champion, split_id=candidate.split_id,
         validation=candidate.validation, smoke=smoke_chk, relative=action != "rollback", lineage=lineage,
+        baseline=candidate.metrics.get(f"baseline_{policy.metric}"),
     )
     passed = all(c.passed for c in checks)
     override = force and not passed
@@ -398,6 +415,7 @@ def candidate_from_tags(registry: ModelRegistry, store: Optional[FileStore], ver
         test_df=test_df,
         target=tags.get(TARGET_TAG) if test_df is not None else None,
         validation=validation_now(store, tags),
+        positive_label=json.loads(tags[POSITIVE_LABEL_TAG]) if tags.get(POSITIVE_LABEL_TAG) else None,
     )
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 from resources.registry.errors import RegistryUnavailable
@@ -47,6 +47,8 @@ class SmokeResult:
         seconds: Wall time of the whole process, start to exit.
         blocked_imports: Training-only modules something tried to import (each failed).
         error: Why the process failed to load or predict; None when it succeeded.
+        probabilities: Per sample name, the served `proba_<label>` columns (`{column: [p, ...]}`,
+            the model's class order); empty for a regression or a version that serves labels only.
     """
 
     model_uri: str
@@ -56,6 +58,7 @@ class SmokeResult:
     seconds: float
     blocked_imports: tuple[str, ...] = ()
     error: Optional[str] = None
+    probabilities: dict[str, dict[str, list[float]]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -144,4 +147,5 @@ def run_smoke_test(
         seconds=seconds,
         blocked_imports=tuple(out.get("blocked_imports", ())),
         error=error,
+        probabilities=out.get("probabilities", {}),
     )

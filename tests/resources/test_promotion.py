@@ -170,7 +170,7 @@ def test_decisions_pass_fail_override_and_rollback(world: dict[str, Any], webhoo
     # 4. a version whose recorded accuracy the served model does not reproduce fails the smoke test
     d = promotion.decide(registry, handoff, candidate(world, 0, test_acc=0.5), action="register", decided_by="test")
     assert "serving_smoke_test" in [c.name for c in d.checks if not c.passed]
-    assert "serving does not reproduce the evaluated model" in d.checks[3].detail
+    assert "serving does not reproduce the evaluated model" in next(c for c in d.checks if c.name == "serving_smoke_test").detail
 
     # 5. with good evidence it passes and replaces the champion
     d = promotion.decide(registry, handoff, candidate(world, 0), action="register", decided_by="test")
@@ -286,3 +286,59 @@ def test_concurrent_promotions_leave_consistent_aliases(tmp_path: Path) -> None:
     events = [handoff.read(u) for u in handoff.list_events("c")]
     assert events[-1].version == versions[0]
     assert registry.list_models() == ["c"]
+
+
+@pytest.mark.slow
+def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) -> None:
+    """The champion was measured on the old data's split: for each promotion metric a classification accepts,
+    it is re-evaluated on the candidate's split from its served labels and probabilities, and the decision is made."""
+    import torch
+
+    from resources.handoff import HandoffPublisher
+    from resources.registry import ModelRegistry
+    from resources.storage import ObjectStore
+    from tests.support.models import export_model
+    from trainyard.promotion import SERVED_METRICS, served_metric
+
+    registry = ModelRegistry(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "a"), retry_backoff_s=0.05)
+    handoff = HandoffPublisher(store=ObjectStore(root=str(tmp_path / "store")))
+    rng = np.random.default_rng(2)
+    test_df = pd.DataFrame(rng.normal(size=(80, len(FEATURES))), columns=FEATURES)
+    models = {}
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        models[seed] = torch.nn.Linear(len(FEATURES), len(CLASSES)).eval()
+    with torch.no_grad():
+        test_df["label"] = np.asarray(CLASSES)[models[0](torch.tensor(test_df[FEATURES].to_numpy(), dtype=torch.float32)).argmax(1).numpy()]
+    info = {s: registry.register("r", str(export_model(m, tmp_path / f"t{s}", FEATURES, CLASSES)), trial_key=f"s/trial-{s}",
+                                 tags={"trainyard.test_split": "md5-old-fp1"}, metrics={}, description="", input_example=test_df)
+            for s, m in models.items()}
+    served = {s: registry.predict_output(i.model_uri, test_df[FEATURES]) for s, i in info.items()}
+    assert list(served[0].columns) == ["label", *(f"proba_{c}" for c in CLASSES)]
+    labels = test_df["label"].tolist()
+    classification = [m for m in SERVED_METRICS if m not in ("test_rmse", "test_mae")]
+    assert classification == ["test_acc", "test_logloss", "test_roc_auc", "test_pr_auc", "test_f1", "test_balanced_acc"]
+
+    def decide(seed: int, metric: str, extra: dict[str, float] | None = None) -> Decision:
+        value = served_metric(metric, served[seed], labels, target="label")
+        metrics = {metric: value, "test_acc": served_metric("test_acc", served[seed], labels), **(extra or {})}
+        cand = Candidate(registry.get_version("r", info[seed].version), PromotionSpec(metric=metric, mode="min" if metric == "test_logloss" else "max"),
+                         metrics, "md5-new-fp1", test_df, "label", PASSED)
+        return promotion.decide(registry, handoff, cand, action="register", decided_by="test")
+
+    for metric in classification:
+        registry.set_alias("r", CHAMPION, info[1].version)  # the weaker model holds champion, measured on the old split
+        d = decide(0, metric)
+        beats = next(c for c in d.checks if c.name == "beats_champion")
+        assert (d.outcome, beats.passed) == ("champion", True), (metric, d.reason)
+        assert "re-evaluated on this split" in beats.detail and "cannot be re-evaluated" not in d.reason
+        assert d.champion_value == pytest.approx(served_metric(metric, served[1], labels, target="label"))
+        if metric in ("test_logloss", "test_pr_auc"):  # and back: the weaker candidate loses against the re-evaluated champion
+            d = decide(1, metric)
+            assert d.outcome == "rejected" and [c.name for c in d.checks if not c.passed] == ["beats_champion"], (metric, d.reason)
+
+    # The trivial baseline blocks with its evidence: a candidate no better than the class prior is not promoted.
+    registry.set_alias("r", CHAMPION, info[1].version)
+    d = decide(0, "test_acc", {"baseline_test_acc": 1.0})
+    assert d.outcome == "rejected" and [c.name for c in d.checks if not c.passed] == ["beats_baseline"]
+    assert "does not beat the trivial baseline's 1.0000 (baseline_test_acc" in d.reason

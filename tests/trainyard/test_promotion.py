@@ -16,6 +16,7 @@ from trainyard.promotion import (
     Decision,
     PromotionError,
     ValidationEvidence,
+    check_beats_baseline,
     check_beats_champion,
     check_smoke,
     check_threshold,
@@ -29,6 +30,8 @@ from trainyard.promotion import (
     recorded_metrics,
     recorded_policy,
     rollback_target,
+    served_metric,
+    served_output,
     summarize,
     validation_now,
 )
@@ -193,7 +196,7 @@ def test_policy_passes_only_when_every_check_passes() -> None:
     good_smoke = Check("serving_smoke_test", True, "ok")
     champion = ChampionScore("1", 0.85, "recorded on this split")
     checks = evaluate_policy(MAX, value=0.9, champion=champion, split_id=SPLIT, validation=PASSED, smoke=good_smoke)
-    assert [c.name for c in checks] == ["threshold", "beats_champion", "data_validation", "serving_smoke_test"]
+    assert [c.name for c in checks] == ["threshold", "beats_champion", "beats_baseline", "data_validation", "serving_smoke_test"]
     assert all(c.passed for c in checks)
 
     failed_validation = ValidationEvidence(False, "data version md5a is quarantined", "md5a")
@@ -229,6 +232,93 @@ def test_policy_spec_names_field_value_and_rule() -> None:
         PromotionSpec(min_improvement=-0.1)
     with pytest.raises(pydantic.ValidationError, match="promotion.mode 'max' with metric 'test_rmse' would promote worse models"):
         PromotionSpec(metric="test_rmse")
+
+
+# -- the trivial baseline ------------------------------------------------------------------
+
+
+def test_a_candidate_must_beat_the_trivial_baseline_on_the_promotion_metric() -> None:
+    auc = PromotionSpec(metric="test_pr_auc")
+    assert check_beats_baseline(auc, 0.31, 0.055) == Check(
+        "beats_baseline", True, "test_pr_auc=0.3100 beats the trivial baseline's 0.0550 (baseline_test_pr_auc: the train "
+        "split's class prior for every row; max)")
+    # The majority class scores 0.945 accuracy at 5.5 % positives: a model that always answers "no" only ties it.
+    tie = check_beats_baseline(MAX, 0.945, 0.945)
+    assert not tie.passed and tie.detail.startswith("test_acc=0.9450 does not beat the trivial baseline's 0.9450")
+    assert check_beats_baseline(MIN, 1.5, 2.5).passed and not check_beats_baseline(MIN, 2.5, 2.5).passed
+    skipped = check_beats_baseline(MAX, 0.9, None)
+    assert skipped.passed and skipped.detail == "skipped: the trial reported no baseline_test_acc (trained before baselines were reported)"
+
+
+def test_the_baseline_check_blocks_the_policy_with_its_evidence() -> None:
+    checks = evaluate_policy(MAX, value=0.945, champion=None, split_id=SPLIT, validation=PASSED,
+                             smoke=Check("serving_smoke_test", True, "ok"), baseline=0.945)
+    assert [c.name for c in checks if not c.passed] == ["beats_baseline"]
+    assert summarize(checks, force=False, reason=None).startswith("policy failed: beats_baseline: test_acc=0.9450 does not beat")
+
+
+# -- metrics from served predictions ---------------------------------------------------------
+
+
+def served_frame() -> Any:
+    import pandas as pd
+
+    return pd.DataFrame({"customer_id": ["c1", "c2", "c3", "c4"], "churn": ["no", "yes", "no", "no"],
+                         "proba_no": [0.9, 0.2, 0.6, 0.7], "proba_yes": [0.1, 0.8, 0.4, 0.3]})
+
+
+def test_every_promotion_metric_is_computed_from_the_served_frame() -> None:
+    from training.metrics import classification_metrics
+
+    truth = ["no", "yes", "yes", "no"]
+    pod = classification_metrics([0, 1, 1, 0], served_frame()[["proba_no", "proba_yes"]].to_numpy(), ["no", "yes"], 1)
+    for metric in ("acc", "logloss", "roc_auc", "pr_auc", "f1", "balanced_acc"):
+        assert served_metric(f"test_{metric}", served_frame(), truth, target="churn") == pytest.approx(pod[metric], abs=1e-12), metric
+    assert served_metric("test_pr_auc", served_frame(), truth, target="churn") == pytest.approx(1.0)  # the positive ranks first
+    assert served_metric("test_pr_auc", served_frame(), truth, target="churn", positive_label="no") == pytest.approx(1.0)  # "no" ranks first too
+
+
+def test_the_served_frame_as_rows_labels_with_probabilities_or_labels_only() -> None:
+    frame = served_frame()
+    as_rows = served_output(frame.to_dict(orient="records"), "churn")
+    assert as_rows.values == ["no", "yes", "no", "no"] and as_rows.classes == ("no", "yes")
+    split = served_output(frame["churn"].tolist(), "churn", {"proba_no": frame["proba_no"].tolist(), "proba_yes": frame["proba_yes"].tolist()})
+    assert split.classes == as_rows.classes and (split.proba == as_rows.proba).all()
+    truth = ["no", "yes", "yes", "no"]
+    assert served_metric("test_roc_auc", frame.to_dict(orient="records"), truth, target="churn") == served_metric("test_roc_auc", frame, truth)
+    # A version registered before the frame serves labels (a Series): accuracy still, probabilities cannot be invented.
+    assert served_metric("test_acc", frame["churn"], truth) == 0.75
+    with pytest.raises(ValueError, match="test_roc_auc needs class probabilities, and this version serves labels only"):
+        served_metric("test_roc_auc", frame["churn"], truth)
+    with pytest.raises(ValueError, match=r"has no class for the true label\(s\) \['maybe'\]"):
+        served_metric("test_acc", frame, ["no", "yes", "maybe", "no"], target="churn")
+
+
+def test_regression_metrics_from_the_served_frame() -> None:
+    import pandas as pd
+
+    frame = pd.DataFrame({"id": [1, 2], "progression": [1.0, 4.0]})
+    assert served_metric("test_rmse", frame, [1.0, 2.0], target="progression") == pytest.approx(2 ** 0.5)
+    assert served_metric("test_mae", frame, [1.0, 2.0], target="progression") == 1.0
+    assert served_metric("test_rmse", [1.0, 4.0], [1.0, 2.0]) == pytest.approx(2 ** 0.5)  # a version that served an array
+
+
+def test_the_smoke_test_compares_the_policy_metric_from_served_probabilities() -> None:
+    frame = served_frame()
+    probabilities = {"test": {"proba_no": frame["proba_no"].tolist(), "proba_yes": frame["proba_yes"].tolist()}}
+    result = SimpleNamespace(**vars(smoke({"input_example": ["no"], "test": frame["churn"].tolist()})), probabilities=probabilities)
+    truth = ["no", "yes", "yes", "no"]
+    auc = served_metric("test_roc_auc", frame, truth, target="churn")
+    check, evidence = check_smoke(PromotionSpec(metric="test_roc_auc"), result, run_id="r1", test_labels=truth, target="churn",
+                                  training_metrics={"test_acc": 0.75, "test_roc_auc": auc})
+    assert check.passed and (evidence["served_metric"], evidence["served_value"]) == ("test_roc_auc", auc)
+    check, _ = check_smoke(PromotionSpec(metric="test_roc_auc"), result, run_id="r1", test_labels=truth, target="churn",
+                           training_metrics={"test_roc_auc": auc + 0.01})
+    assert not check.passed and "served test_roc_auc" in check.detail
+    labels_only = smoke({"input_example": ["no"], "test": frame["churn"].tolist()})
+    check, _ = check_smoke(PromotionSpec(metric="test_roc_auc"), labels_only, run_id="r1", test_labels=truth, target="churn",
+                           training_metrics={"test_roc_auc": auc})
+    assert not check.passed and "test_roc_auc cannot be recomputed from the served predictions" in check.detail
 
 
 # -- champion history ----------------------------------------------------------------------

@@ -7,11 +7,13 @@ model M and candidate version V, inside the registry's lock on M,
 1. V gets alias `challenger` (a rollback target is checked by its pinned URI instead).
 2. Serving smoke test: a fresh process with only the serving dependencies loads
    `models:/M@challenger` and predicts on the input example and the pinned test
-   split; its test accuracy must equal the training-side one (`check_smoke`).
+   split; the policy metric (or test accuracy / RMSE) computed from its served
+   labels and probabilities must equal the training-side one (`check_smoke`).
 3. The champion is scored on the same test split: its recorded metric when it was
-   evaluated on that split, otherwise re-evaluated on it now.
-4. The checks of `PromotionSpec` (threshold, beats_champion, data_validation,
-   serving_smoke_test, clean_lineage) are evaluated (`evaluate_policy`);
+   evaluated on that split, otherwise re-evaluated on it now from its served
+   predictions, for every metric a policy accepts (`served_metric`).
+4. The checks of `PromotionSpec` (threshold, beats_champion, beats_baseline,
+   data_validation, serving_smoke_test, clean_lineage) are evaluated (`evaluate_policy`);
    clean_lineage (`check_lineage`) reads the code and dependency lock recorded
    on V and blocks, or only warns, as `require_clean_lineage` and the
    environment say (blocking by default in `cluster`, a warning in `local`).
@@ -25,20 +27,20 @@ The same policy serves the `registered_model` asset (action `register`) and
 
 Modules: `records` (the decision and what it is about), `evidence` (data
 validation and recorded metrics), `checks` (the policy's checks),
-`lineage_gate` (the clean-lineage check), `history` (the champion stack),
+`lineage_gate` (the clean-lineage check), `served` (metrics from a served
+model's predictions), `history` (the champion stack),
 `card` (the model card). Every public name is importable from here.
 """
 
 from trainyard.promotion.card import model_card
 from trainyard.promotion.checks import (
-    SERVED_METRICS,
+    check_beats_baseline,
     check_beats_champion,
     check_smoke,
     check_threshold,
     check_validation,
     comparable_value,
     evaluate_policy,
-    served_metric,
     summarize,
 )
 from trainyard.promotion.evidence import (
@@ -56,6 +58,7 @@ from trainyard.promotion.records import (
     CHECK_NAMES,
     LOG_LIMIT,
     MAX_SMOKE_TIMEOUT_S,
+    POSITIVE_LABEL_TAG,
     WARNINGS_TAG,
     Action,
     Candidate,
@@ -68,6 +71,7 @@ from trainyard.promotion.records import (
     lock_seconds,
     recorded_policy,
 )
+from trainyard.promotion.served import SERVED_METRICS, ServedOutput, served_metric, served_output
 
 __all__ = [
     "CHALLENGER",
@@ -76,6 +80,7 @@ __all__ = [
     "CLEAN_LINEAGE_DEFAULTS",
     "LOG_LIMIT",
     "MAX_SMOKE_TIMEOUT_S",
+    "POSITIVE_LABEL_TAG",
     "SERVED_METRICS",
     "WARNINGS_TAG",
     "Action",
@@ -85,8 +90,10 @@ __all__ = [
     "Decision",
     "PromotionError",
     "RegisteredVersion",
+    "ServedOutput",
     "ServingSmoke",
     "ValidationEvidence",
+    "check_beats_baseline",
     "check_beats_champion",
     "check_lineage",
     "check_smoke",
@@ -106,6 +113,7 @@ __all__ = [
     "recorded_policy",
     "rollback_target",
     "served_metric",
+    "served_output",
     "summarize",
     "validation_now",
 ]

@@ -34,8 +34,9 @@ def model_card(
     return (
         f"# {spec.model_name}\n\n{spec.description or 'Trained by trainyard.'}\n\n"
         f"## Intended use\n"
-        f"Predicts `{spec.target}` from {len(features)} numeric features ({shown}) of pipeline `{spec.key}`. "
-        f"Input: a table with those columns (any other columns are ignored); output: one `{spec.target}` label per row. "
+        f"Predicts `{spec.target}` from {len(features)} features ({shown}) of pipeline `{spec.key}`. "
+        f"Input: a table with those columns, raw (any other columns are ignored); output: a table with "
+        f"{_kept(spec)}`{spec.target}` per row{_probabilities(spec)}. "
         f"Load the promoted version with `mlflow.pyfunc.load_model(\"models:/{spec.model_name}@{CHAMPION}\")`; "
         f"it needs mlflow, torch, numpy and pandas only. Inputs outside the validated ranges of the training data "
         f"are out of scope.\n\n"
@@ -49,10 +50,20 @@ def model_card(
         f"- {_lineage_line(rec, deployed)}\n\n"
         f"## Promotion policy\n- metric: {policy.metric} ({policy.mode}), threshold: {threshold}, "
         f"must beat the champion by more than {policy.min_improvement} on the same test split\n"
-        f"- data validation must pass; a serving-only process must load it and reproduce test accuracy "
+        f"- it must beat the trivial baseline (baseline_{policy.metric}: the train split's prior or mean for every row)\n"
+        f"- data validation must pass; a serving-only process must load it and reproduce {policy.metric} "
         f"within {policy.served_metric_tolerance}\n"
         f"- clean lineage (committed code, the deployed dependency lock): {_requirement(policy.require_clean_lineage)}\n"
     )
+
+
+def _kept(spec: Any) -> str:
+    kept = list(getattr(spec, "keep_columns", []) or [])
+    return f"the kept columns {', '.join(f'`{c}`' for c in kept)}, then " if kept else ""
+
+
+def _probabilities(spec: Any) -> str:
+    return ", and `proba_<label>`, the probability of each class" if getattr(spec, "task", None) == "classification" else ""
 
 
 def _lineage_line(rec: dict[str, Any], deployed_lock: str) -> str:

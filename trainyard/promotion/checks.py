@@ -7,6 +7,7 @@ from typing import Any, Mapping, Optional
 
 from trainyard.promotion.evidence import ValidationEvidence
 from trainyard.promotion.records import ChampionScore, Check, ServingSmoke
+from trainyard.promotion.served import SERVED_METRICS, served_metric
 from trainyard.spec import PromotionSpec
 
 
@@ -70,28 +71,30 @@ def check_beats_champion(
     )
 
 
+def check_beats_baseline(policy: PromotionSpec, value: Optional[float], baseline: Optional[float]) -> Check:
+    """The trivial-baseline bound: `metric` strictly better than `baseline_<metric>`, the same metric of always
+    answering the train split's class prior (majority class) or mean, on the same test split.
+
+    A model whose test accuracy equals answering "no" for every customer passes a
+    threshold and beats a champion as weak as itself; it is no model. Versions
+    registered before trials reported baselines have none: the check is skipped,
+    with a note in its evidence.
+    """
+    name = f"baseline_{policy.metric}"
+    if baseline is None or math.isnan(baseline):
+        return Check("beats_baseline", True, f"skipped: the trial reported no {name} (trained before baselines were reported)")
+    if value is None or math.isnan(value):
+        return Check("beats_baseline", False, f"{policy.metric} was not measured for this version")
+    ok = _better(policy, value, baseline, 0.0)
+    verdict = "beats" if ok else "does not beat"
+    return Check("beats_baseline", ok, f"{policy.metric}={value:.4f} {verdict} the trivial baseline's {baseline:.4f} ({name}: the "
+                                       f"train split's {'class prior' if policy.metric not in ('test_rmse', 'test_mae') else 'mean'} "
+                                       f"for every row; {policy.mode})")
+
+
 def check_validation(evidence: ValidationEvidence) -> Check:
     """The data validation check: passes when the evidence does."""
     return Check("data_validation", evidence.passed, evidence.detail)
-
-
-SERVED_METRICS = ("test_acc", "test_rmse")
-"""Test metrics the smoke test recomputes from served predictions (the policy's first, see `check_smoke`)."""
-
-
-def served_metric(name: str, predictions: list[Any], labels: list[Any]) -> float:
-    """`*_acc` (share of exact matches) or `*_rmse` of predictions against labels.
-
-    Raises:
-        ValueError: Another metric, or no rows.
-    """
-    if not labels or len(predictions) != len(labels):
-        raise ValueError(f"{len(predictions)} predictions for {len(labels)} labels")
-    if name.endswith("_acc"):
-        return sum(1 for p, y in zip(predictions, labels) if p == y) / len(labels)
-    if name.endswith("_rmse"):
-        return math.sqrt(sum((float(p) - float(y)) ** 2 for p, y in zip(predictions, labels)) / len(labels))
-    raise ValueError(f"metric {name!r} cannot be recomputed from predictions; only *_acc and *_rmse can")
 
 
 def check_smoke(
@@ -101,6 +104,8 @@ def check_smoke(
     run_id: Optional[str],
     test_labels: Optional[list[Any]],
     training_metrics: Mapping[str, float],
+    target: Optional[str] = None,
+    positive_label: Any = None,
 ) -> tuple[Check, dict[str, Any]]:
     """Judges a smoke test: it loaded this version, predicted everything, and agrees with training.
 
@@ -112,6 +117,8 @@ def check_smoke(
         training_metrics: Metrics the training process measured; `policy.metric`
             when it is in `SERVED_METRICS`, else the first of those among them, is
             recomputed from the served predictions and must match.
+        target: The target column of the served DataFrame (`served_output`).
+        positive_label: A binary target's positive class (None: the second of the sorted labels).
 
     Returns:
         The check and its evidence (JSON-serialisable, recorded on the version).
@@ -145,7 +152,12 @@ def check_smoke(
         detail += f" and {len(test_labels)} test rows"
         name = next((m for m in (policy.metric, *SERVED_METRICS) if m in SERVED_METRICS and m in training_metrics), None)
         if name is not None and test_labels:
-            value, trained = served_metric(name, served, test_labels), float(training_metrics[name])
+            try:
+                value = served_metric(name, served, test_labels, target=target, positive_label=positive_label,
+                                      probabilities=(getattr(smoke, "probabilities", None) or {}).get("test"))
+            except ValueError as e:
+                return fail(f"{name} cannot be recomputed from the served predictions: {e}")
+            trained = float(training_metrics[name])
             evidence.update(served_metric=name, served_value=value, training_value=trained)
             tolerance = policy.served_metric_tolerance * max(1.0, abs(trained))
             if abs(value - trained) > tolerance:
@@ -169,6 +181,7 @@ def evaluate_policy(
     relative: bool = True,
     compared: Optional[float] = None,
     lineage: Optional[Check] = None,
+    baseline: Optional[float] = None,
 ) -> tuple[Check, ...]:
     """All checks of the policy, in `CHECK_NAMES` order.
 
@@ -183,13 +196,14 @@ def evaluate_policy(
         compared: The candidate's served value (`comparable_value`), used instead
             of `value` when the champion was re-evaluated from served predictions.
         lineage: The judged `clean_lineage` check (`check_lineage`), last; None leaves it out.
+        baseline: The trial's `baseline_<metric>` on the same split (None: not reported, the check is skipped).
     """
     if relative:
         against = compared if champion is not None and champion.served else value
         beats = check_beats_champion(policy, against, champion, split_id)
     else:
         beats = Check("beats_champion", True, "not applied: a rollback restores an earlier version on purpose")
-    checks = (check_threshold(policy, value), beats, check_validation(validation), smoke)
+    checks = (check_threshold(policy, value), beats, check_beats_baseline(policy, value, baseline), check_validation(validation), smoke)
     return checks if lineage is None else (*checks, lineage)
 
 
