@@ -22,10 +22,11 @@ from dagster import (
 )
 
 from assets.metadata import to_dagster
-from resources.launcher import Launcher, LaunchError, TrainingPreempted, pod_environment
+from resources.launcher import Launcher, LaunchError, TrainingConfigError, TrainingPreempted, pod_environment
 from resources.model_facts import describe_model
 from resources.storage import ObjectStore
 from resources.sweeps import (
+    CONFIG_ERROR,
     SweepError,
     SweepStore,
     failure_reason,
@@ -33,6 +34,7 @@ from resources.sweeps import (
     objectives_of,
     pareto_front,
     pick_trial,
+    redefined,
     trials_markdown,
 )
 from resources.tracking import Tracking
@@ -113,9 +115,14 @@ def handle_launch_error(
     )
     log_tail = MetadataValue.md(f"```\n{redact_text(error.log_tail)}\n```")
     if not error.retryable:
+        config = isinstance(error, TrainingConfigError)
         if tell:
-            sweeps.tell(study, number, None, {"error": message[:2000]}, failed=True)
-        raise Failure(description=message, metadata={"log_tail": log_tail, "retried": False}) from error
+            sweeps.tell(study, number, None, {"error": message[:2000], **({CONFIG_ERROR: True} if config else {})}, failed=True)
+        if config:
+            # Deterministic: the sweep stops asking while no trial of the study has succeeded (resources.sweeps.rules.sweep_status).
+            message += (f"\n(a configuration error: no retry, and the sweep sensor asks no new trial of study {study} "
+                        "while none of its trials has succeeded; fix the pipeline definition)")
+        raise Failure(description=message, metadata={"log_tail": log_tail, "retried": False, "config_error": config}) from error
     infra, preemptions = count_failures(launches, TrainingPreempted.__name__)
     budget = spec.retries
     if infra > budget.max_infra_retries or preemptions > budget.max_preemptions:
@@ -373,6 +380,10 @@ def trial_model_body(
             "run config `retrain: true` trains it again for debugging, without changing the study)"
         )
     else:
+        changed = redefined(spec, sweep.study)
+        if changed is not None:  # asked before the definition changed: training it now would mix two definitions in one study
+            sweeps.tell(sweep.study, number, None, {"error": f"not trained: {changed}"[:2000]}, failed=True)
+            raise Failure(description=f"{context.partition_key}: not trained: {changed}")
         result = train_trial(context, config, spec, inputs, validated, plan, record, output_uri, **resources)
     value = TrialModel.model_validate(
         {"trial": context.partition_key, "number": number, "params": trial.params, "result_uri": result_uri, **result}

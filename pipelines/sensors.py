@@ -7,6 +7,12 @@ timeout (60 s unless `DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS` says otherwise):
    `raw_data` materialized on its own (`pipelines.landing_sensor.evaluate_raw_data`),
    so materializing the first asset in the UI is enough to train the sweep;
 1. find the study of the latest `sweep` materialization (its `study` metadata);
+   when it is of an earlier definition of the pipeline (its name ends in
+   another `PipelineSpec.fingerprint`: the model, columns or search space
+   changed and the location was reloaded), ask and request nothing of it: a
+   study never mixes definitions. An automatic pipeline gets one `prepare` run
+   (`validated_data`, `sweep`) that makes the new study, unless one is already
+   requested or running;
 2. fail trials whose heartbeat went stale (their run crashed or was killed) and
    trials whose run ended (failed, canceled) without telling the study;
 3. request runs, oldest first, for trials that were asked but never requested
@@ -75,7 +81,7 @@ from assets.factory import trials_partitions
 from pipelines.landing_sensor import evaluate_raw_data
 from pipelines.sensor_timing import ticks_every
 from resources.storage_connections import evaluation_instance, evaluation_resources
-from resources.sweeps import SweepError, SweepStatus, SweepStore
+from resources.sweeps import SweepError, SweepStatus, SweepStore, redefined
 from resources.trial_runs import (  # re-exported: tests, drills and benchmarks import them from here
     ACTIVE,
     PARTITION_TAG,
@@ -276,6 +282,9 @@ def evaluate_sweep(
     if event is None or study_name is None:
         message = f"{spec.key}: the sweep asset has not been materialized yet (run the prepare job){carry_note}"
         return SweepTick(run_requests=carried, cursor=state, message=message)
+    changed = redefined(spec, study_name)
+    if changed is not None:
+        return _redefined_tick(spec, instance, state, study_name, changed, carried, carry_note, prepare_job)
     if state.study != study_name:
         # The `sweep` asset may have started trial runs of the new study before this first look (assets.sweep): runs
         # that ended since its run was created are looked at, so one that ended untold still fails its trial.
@@ -340,6 +349,33 @@ def evaluate_sweep(
         return SweepTick(
             run_requests=requests, partitions=keys, cursor=state, message=message, asked=asked, failed=failed, seconds=time.monotonic() - started
         )
+
+
+def _redefined_tick(
+    spec: PipelineSpec, instance: DagsterInstance, state: SweepCursor, study_name: str, changed: str, carried: list[RunRequest],
+    carry_note: str, prepare_job: str,
+) -> SweepTick:
+    """A tick whose latest study is of an earlier definition: no trial of it is asked or requested; `prepare` makes the new one.
+
+    An automatic pipeline gets one run of `validated_data` and `sweep` (run key
+    `<old study>/redefined/<fingerprint>`: Dagster drops a repeat) unless a
+    prepare run is already requested or in progress; otherwise the message says to run it.
+    """
+    head = f"{spec.key}: {changed}"
+    if carried:
+        return SweepTick(run_requests=carried, cursor=state, message=f"{head}; waiting for the prepare run requested{carry_note}")
+    active = instance.get_runs_count(RunsFilter(job_name=prepare_job, statuses=ACTIVE))
+    if active:
+        return SweepTick(cursor=state, message=f"{head}; waiting for the {prepare_job} run in progress")
+    if not spec.retrain_policy.automatic:
+        return SweepTick(cursor=state, message=f"{head}; run the {prepare_job} job to start it (the pipeline is not automatic)")
+    request = RunRequest(
+        run_key=f"{study_name}/redefined/{spec.fingerprint()}",
+        job_name=prepare_job,
+        asset_selection=[AssetKey(naming.asset_path(spec, n)) for n in (naming.VALIDATED_DATA, naming.SWEEP)],
+        tags={PIPELINE_TAG: spec.key, TRIGGER_TAG: "definition changed"},
+    )
+    return SweepTick(run_requests=[request], cursor=state, message=f"{head}; requested {prepare_job} (validated_data, sweep) for the new study")
 
 
 def sweep_sensor(

@@ -30,6 +30,8 @@ from resources.sweeps.report import (
 from resources.sweeps.resource import SweepStore
 from resources.sweeps.rules import (
     CLAIMED_BY,
+    CONFIG_ERROR,
+    CONFIG_ERROR_STOP,
     CREATED_AT,
     ERROR,
     STOPPED,
@@ -45,12 +47,15 @@ from resources.sweeps.rules import (
     objectives_of,
     pareto_front,
     pick_trial,
+    redefined,
     study_directions,
     sweep_status,
 )
 
 __all__ = [
     "CLAIMED_BY",
+    "CONFIG_ERROR",
+    "CONFIG_ERROR_STOP",
     "CREATED_AT",
     "ERROR",
     "FANOVA_MAX_TRIALS",
@@ -75,6 +80,7 @@ __all__ = [
     "pareto_front",
     "pareto_png",
     "pick_trial",
+    "redefined",
     "report_metadata",
     "study_directions",
     "sweep_status",

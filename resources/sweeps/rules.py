@@ -26,6 +26,9 @@ ERROR = "error"
 # the moment it exists: the sweep sensor counts it in flight and requests no run of its own for it.
 CLAIMED_BY = "trainyard.claimed_by"
 FAILURE_BUDGET_SPENT = "failure budget spent"
+# A trial that failed with a configuration error (the pod exited 78: `training.errors.ConfigError`) carries True here.
+CONFIG_ERROR = "trainyard.config_error"
+CONFIG_ERROR_STOP = "configuration error"
 
 
 class SweepError(Exception):
@@ -130,6 +133,26 @@ def optuna_direction(mode: str) -> str:
     return "maximize" if mode == "max" else "minimize"
 
 
+# -- a study's definition --------------------------------------------------------------------
+
+
+def redefined(spec: PipelineSpec, study_name: str) -> Optional[str]:
+    """Why `study_name` is no longer a study of `spec`'s definition, or None when it is.
+
+    A study is named `<team>.<name>.<data version>.<fingerprint>` (`trainyard.naming.study_name`):
+    once the pipeline's definition changes (`PipelineSpec.fingerprint`: columns,
+    split, model, search space...) its trials would train something else, so a
+    study never gets a trial of another definition; the next `sweep` makes the new one.
+    """
+    fingerprint = spec.fingerprint()
+    recorded = study_name.rsplit(".", 1)[-1]
+    if recorded == fingerprint:
+        return None
+    return (f"the pipeline's definition changed since study {study_name} was made (its fingerprint {recorded}, the pipeline's "
+            f"now {fingerprint}): a study never mixes definitions, so it gets no more trials; the sweep asset "
+            f"(the prepare job) makes the new definition's study")
+
+
 # -- status and stop rules -------------------------------------------------------------------
 
 
@@ -193,7 +216,10 @@ def sweep_status(
 ) -> SweepStatus:
     """Counts by state and the reason the sweep stops asking, if any.
 
-    Stop rules, first match wins: an earlier recorded stop (`stopped`), the
+    Stop rules, first match wins: an earlier recorded stop (`stopped`), a
+    configuration error (a trial failed with one, `CONFIG_ERROR`, and none has
+    completed or been pruned: the definition itself cannot train, so asking
+    more trials would only spend the failure budget on the same error), the
     failure budget, the target on the first objective, the time budget. The
     trial budget is not a stop: it just leaves nothing to ask. A recorded
     failure-budget stop is restated with the failures counted now (trials in
@@ -216,6 +242,12 @@ def sweep_status(
     best = None if best is None else sign * best
     budget = min(search.n_trials, search.grid_size) if search.sampler == "grid" else search.n_trials
     reason = stopped
+    if reason is None and counts["FAIL"] and not counts["COMPLETE"] and not counts["PRUNED"]:
+        broken = next((t for t, name in zip(trials, names) if name == "FAIL" and t.user_attrs.get(CONFIG_ERROR)), None)
+        if broken is not None:
+            reason = (f"{CONFIG_ERROR_STOP}: trial-{broken.number:04d} failed with a configuration error and no trial of this "
+                      f"definition has succeeded, so every trial would fail the same way: {failure_reason(broken)}; fix the "
+                      "pipeline (a changed definition starts a new study)")
     if (reason is None or reason.startswith(FAILURE_BUDGET_SPENT)) and counts["FAIL"] >= search.failure_budget:
         errors = [failure_reason(t) for t in trials if t.state.name == "FAIL"]
         reason = f"{FAILURE_BUDGET_SPENT}: {counts['FAIL']} trials failed (max_failures {search.failure_budget}); last error: {errors[-1]}"

@@ -29,7 +29,7 @@ from pydantic import Field
 from pipelines.environments import local_resources
 from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import run_tick
-from resources.launcher import Launcher, LaunchOutcome, TrainingCodeError
+from resources.launcher import Launcher, LaunchOutcome, TrainingCodeError, TrainingConfigError
 from resources.sweeps import SweepStore
 from tests.digits import write_splits
 from tests.pipelines.pipeline_fixtures import small_spec
@@ -52,6 +52,7 @@ class TrivialLauncher(Launcher):
 
     Args:
         fail: raise a terminal `TrainingCodeError` (the asset fails the trial).
+        config_error: raise `TrainingConfigError`, as a pod that exited 78 (the spec cannot work).
         crash: raise RuntimeError, which is no launch error: the run fails
             without telling the study.
         kill_once_file: when this file exists, SIGKILL this process mid-trial
@@ -65,6 +66,7 @@ class TrivialLauncher(Launcher):
     """
 
     fail: bool = False
+    config_error: bool = False
     crash: bool = False
     kill_once_file: Optional[str] = None
     gate_dir: Optional[str] = None
@@ -81,6 +83,9 @@ class TrivialLauncher(Launcher):
         if self.kill_once_file and os.path.exists(self.kill_once_file):
             os.remove(self.kill_once_file)
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.config_error:
+            raise TrainingConfigError(f"trial {spec.trial_id}: bad config (rank 0): ConfigError: the model returns 1 logit; "
+                                      "a classification of 10 classes needs 10")
         if self.fail:
             raise TrainingCodeError(f"trial {spec.trial_id}: rank 0 raised RuntimeError: injected failure")
         if self.crash:

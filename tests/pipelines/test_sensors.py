@@ -25,6 +25,7 @@ from tests.pipelines.sweep_drill import (
     open_instance,
     prepared_data,
     prepared_home,
+    run_sweep_asset,
     score,
     submit,
 )
@@ -590,3 +591,76 @@ def test_a_run_of_another_study_that_ended_untold_fails_no_trial_of_this_one(tmp
     assert sorted(_fail_untold(instance, sweeps, "train", "mine", since)) == [1, 2, 7]  # type: ignore[arg-type]
     assert sorted(sweeps.told) == [("mine", 1), ("mine", 2), ("mine", 7)]
     assert _fail_untold(instance, Sweeps(), "train", "mine", time.time() + 60) == []  # type: ignore[arg-type]
+
+
+def test_a_configuration_error_stops_the_sweep_at_the_first_trial(tmp_path: Path) -> None:
+    """A pod that exits 78 (ConfigError) would fail every trial of the definition: no new trial is asked in its place."""
+    spec = drill_spec(n_trials=2, parallelism=1, max_failures=3)
+    resources = drill_resources(tmp_path, TrivialLauncher(config_error=True))
+    instance = open_instance(tmp_path)
+    sweep = prepared_home(tmp_path, spec, resources, instance)
+    defs = build_definitions(spec, resources=resources)
+    sensor = defs.get_sensor_def(sweep_sensor_name(spec))
+    cursor, requests, runs = None, [], []
+    for _ in range(4):
+        result = sensor(build_sensor_context(instance=instance, resources={"sweeps": resources["sweeps"]}, cursor=cursor))
+        cursor = result.cursor
+        requests += result.run_requests
+        runs += [submit(defs, instance, r) for r in result.run_requests]
+    assert [r.partition_key for r in requests] == ["trial-0000", None]  # one trial, then the report: not 4 trials for n_trials=2
+    assert states(resources, sweep) == [(0, "FAIL")]
+    trial = resources["sweeps"].trial(sweep["study"], 0)
+    assert trial.user_attrs["trainyard.config_error"] is True
+    reason = study_of(resources, sweep).user_attrs[STOPPED]
+    assert reason.startswith("configuration error: trial-0000 failed with a configuration error and no trial of this definition has "
+                             "succeeded, so every trial would fail the same way: trial trial-0000: bad config (rank 0): ConfigError: "
+                             "the model returns 1 logit")
+    # The trial's run says why, and so do the sweep's report and the sensor's tick.
+    failure = next(e for e in runs[0].all_events if e.event_type_value == "STEP_FAILURE")
+    assert "a configuration error: no retry, and the sweep sensor asks no new trial of study" in failure.event_specific_data.error.message
+    meta = instance.get_latest_materialization_event(AssetKey(["test", "digits", "sweep"])).asset_materialization.metadata
+    assert (meta["status"].value, meta["stop_reason"].value) == ("stopped", reason)
+    rest = tick(spec, instance, resources, SweepCursor.parse(cursor).dump())
+    assert rest.run_requests == [] and "stopped: configuration error: trial-0000" in rest.message
+
+
+def test_a_changed_definition_gets_a_new_study_and_the_old_one_no_trial(tmp_path: Path) -> None:
+    """max_epochs and n_trials change and the location reloads: the old study is left as it was; prepare makes the new one."""
+    spec = drill_spec(n_trials=2, parallelism=1)
+    resources = drill_resources(tmp_path, TrivialLauncher(started_dir=str(tmp_path / "started")))
+    instance = open_instance(tmp_path)
+    old = prepared_home(tmp_path, spec, resources, instance)
+    first = tick(spec, instance, resources)
+    assert [r.partition_key for r in first.run_requests] == ["trial-0000"]  # requested, not yet run
+
+    dump = spec.model_dump()
+    dump["model"]["max_epochs"] += 3
+    dump["search"]["n_trials"] = 4
+    changed = type(spec).model_validate(dump)
+    assert changed.fingerprint() != spec.fingerprint()
+    defs = build_definitions(changed, resources=resources)
+    sensor = defs.get_sensor_def(sweep_sensor_name(changed))
+    context = build_sensor_context(instance=instance, resources={"sweeps": resources["sweeps"]}, cursor=first.cursor.dump())
+    result = sensor(context)
+    assert not result.dynamic_partitions_requests
+    [prepare] = result.run_requests
+    assert (prepare.job_name, prepare.run_key) == (job_names(changed)["prepare"], f"{old['study']}/redefined/{changed.fingerprint()}")
+    assert prepare.asset_selection == [AssetKey(["test", "digits", "validated_data"]), AssetKey(["test", "digits", "sweep"])]
+    assert prepare.tags["trainyard/trigger"] == "definition changed"
+    assert states(resources, old) == [(0, "RUNNING")]  # nothing asked of the old study
+
+    # The run the old definition's tick requested trains nothing under the new one: the old study stays one definition.
+    run = submit(defs, instance, first.run_requests[0])
+    assert not run.success and not (tmp_path / "started").exists()
+    trial = resources["sweeps"].trial(old["study"], 0)
+    assert trial.state.name == "FAIL" and trial.user_attrs["error"].startswith(
+        f"not trained: the pipeline's definition changed since study {old['study']} was made")
+    again = tick(changed, instance, resources, result.cursor)
+    assert [r.run_key for r in again.run_requests] == [prepare.run_key] and again.asked == []  # the daemon drops the repeated key
+    assert states(resources, old) == [(0, "FAIL")]
+
+    new = run_sweep_asset(changed, resources, instance)  # what the requested prepare run ends with
+    assert new["study"] != old["study"] and new["study"].endswith(changed.fingerprint())
+    ticked = tick(changed, instance, resources, again.cursor.dump())
+    assert [r.run_key for r in ticked.run_requests] == [f"{new['study']}/trial-0000"]
+    assert states(resources, old) == [(0, "FAIL")] and len(study_of(resources, new).get_trials()) == 1
