@@ -19,6 +19,7 @@ empty cell only), in Parquet and JSON lines the nulls.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Iterator, Literal, Optional
 
 import pyarrow as pa
@@ -41,8 +42,8 @@ MISSING_LOOKALIKES = frozenset({"n/a", "na", "nan", "null", "none", "nil", "-", 
 EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
 
 IssueKind = Literal[
-    "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "type", "format",
-    "nulls", "range", "domain", "non_finite",
+    "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "columns_duplicated",
+    "type", "format", "nulls", "range", "domain", "non_finite",
 ]
 
 
@@ -87,9 +88,25 @@ class BadFile(Exception):
         self.issue = issue
 
 
-def _classify(e: BaseException, uri: str, fmt: str) -> FileIssue:
+_CSV_CELL = re.compile(r"In CSV column #(\d+): Row #(\d+): ")
+
+
+def _classify(e: BaseException, uri: str, fmt: str, header: Optional[list[str]] = None, encoding: str = "utf8") -> FileIssue:
     text = str(e)
     if isinstance(e, UnicodeDecodeError) or "UTF8" in text or "UTF-8" in text:
+        where = _CSV_CELL.search(text)
+        if where is not None and header is not None:
+            # pyarrow counts CSV columns from 0 and rows as lines from 1 (the header is line 1).
+            index, line = int(where.group(1)), int(where.group(2))
+            name = header[index] if index < len(header) else "?"
+            return FileIssue(
+                kind="encoding",
+                message=f"{uri}: line {line}, column {index + 1} ({name!r}) holds text that is not valid {encoding} "
+                f"(source.encoding={encoding!r}; re-export the file as {encoding}, or declare its encoding)",
+                fatal=True,
+                column=name,
+                lines=[line],
+            )
         return FileIssue(kind="encoding", message=f"{uri} is not valid in the declared encoding: {text}", fatal=True)
     if "conversion error" in text or "Failed to convert" in text or "changed from" in text:
         return FileIssue(kind="type", message=f"{uri}: a value does not fit its declared type: {text}", fatal=True)
@@ -117,6 +134,7 @@ class FileReader:
         # The stored columns the file has (set once its header is read), and why the file lacks the others.
         self.columns: list[str] = list(spec.stored_columns)
         self._columns_issue: Optional[FileIssue] = None
+        self._header: Optional[list[str]] = None  # the file's column names, in its order
 
     def _types(self) -> dict[str, pa.DataType]:
         """The canonical type of each stored column the file has."""
@@ -146,7 +164,7 @@ class FileReader:
                 if self._columns_issue is None and not self.problems.has_type_problems():
                     yield typed
         except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
-            issue = _classify(e, uri, self.fmt)
+            issue = _classify(e, uri, self.fmt, self._header, self.spec.source.encoding)
             if issue.kind == "type" and self.fmt == "csv":
                 self._diagnose_csv()
             raise BadFile(self._fatal() or issue) from e
@@ -207,6 +225,8 @@ class FileReader:
             message = describe(p, uri, lines, unit)
             if p.kind == "type":
                 message += self._missing_hint(p.values)
+            if p.kind == "non_finite" and self.fmt == "csv":
+                message += " (CSV text 'NaN'/'inf' is the float; if 'NaN' means missing, add it to source.missing_values)"
             issue = FileIssue(kind=p.kind, message=message, fatal=p.kind == "type", column=p.column, lines=lines, count=p.count)
             if p.kind == "type" and first is None:
                 first = issue
@@ -267,12 +287,24 @@ class FileReader:
         columns it has are still read and checked, so the rejection lists
         their problems too (`batches`).
         """
+        self._header = list(found)
         stored = list(self.spec.stored_columns)
         missing = [c for c in stored if c not in found]
-        extra = [c for c in found if c not in self.spec.columns]
+        extra = [c for c in dict.fromkeys(found) if c not in self.spec.columns]
         uri = self.info.uri
-        self.columns = [c for c in stored if c in found]
+        repeated = {c: [i + 1 for i, f in enumerate(found) if f == c] for c in dict.fromkeys(found) if found.count(c) > 1}
+        self.columns = [c for c in stored if c in found and c not in repeated]
         checked = " (the file's other columns are checked all the same; see the other issues)" if self.columns else ""
+        duplicated = None
+        if repeated:
+            names = "; ".join(f"{c!r} at positions {', '.join(map(str, at[:-1]))} and {at[-1]}" for c, at in repeated.items())
+            duplicated = FileIssue(
+                kind="columns_duplicated",
+                message=f"{uri}: the file names a column more than once (positions counted from 1): {names}; which one is meant "
+                f"cannot be told, so neither is read and the file is not used: rename or drop the copies{checked}",
+                fatal=True,
+                column=next(iter(repeated)),
+            )
         if missing and extra:
             lowered = {c.lower().strip(): c for c in extra}
             hints = [f"{lowered[m.lower()]!r} -> {m!r}" for m in missing if m.lower() in lowered]
@@ -286,6 +318,11 @@ class FileReader:
             self._columns_issue = FileIssue(
                 kind="columns_missing", message=f"{uri}: declared column(s) {missing} not found; the file has {found}{checked}", fatal=True
             )
+        if duplicated is not None:
+            if self._columns_issue is None:
+                self._columns_issue = duplicated
+            else:
+                self.issues.append(duplicated)
         if self._columns_issue is not None and not self.columns:
             raise BadFile(self._columns_issue)
         if extra and self._columns_issue is None:

@@ -341,3 +341,30 @@ def test_a_split_that_already_has_every_class_everywhere_is_unchanged(churn_posi
 @pytest.fixture
 def churn_positions_spec() -> PipelineSpec:
     return churn_spec()
+
+
+def test_nan_text_in_a_float_column_is_the_float_reported_with_a_hint_unless_listed(store):
+    land(store, "a.csv", HEADER + rows(3).replace(",50.5,", ",NaN,", 1))
+    result = ingest.ingest(store, churn_spec())
+    [issue] = [i for i in result.ingested[0].issues if i.kind == "non_finite"]
+    assert issue.column == "charges" and issue.lines == [2] and "add it to source.missing_values" in issue.message
+    listed = churn_spec(source=SourceSpec(prefix="landing", pattern="*.csv", missing_values=["", "NaN"]))
+    again = ingest.ingest(store, listed)  # the tokens are part of the parts' key: the file is read again
+    assert again.ingested and again.snapshot.missing["charges"] == 1 and not again.ingested[0].issues
+
+
+def test_jsonl_dates_and_times_are_parsed_and_bad_ones_named_by_line(store):
+    spec = churn_spec(source=SourceSpec(prefix="landing", pattern="*.jsonl", format="jsonl"))
+    good = (
+        '{"customer_id": "C1", "plan": "pro", "country": null, "signup_date": "2022-05-04", "last_seen": "2024-01-02T10:00:00+01:00",'
+        ' "tenure": 1, "charges": 2.5, "churned": "no", "note": "x"}\n'
+    )
+    land(store, "a.jsonl", good)
+    table = pq.read_table(ingest.ingest(store, spec).snapshot.uri)
+    assert table.column("signup_date").to_pylist() == [dt.date(2022, 5, 4)]
+    assert table.column("last_seen").to_pylist() == [dt.datetime(2024, 1, 2, 9, 0, tzinfo=dt.UTC)]
+    land(store, "b.jsonl", good + good.replace("2022-05-04", "2022-02-30"))
+    with pytest.raises(ingest.IngestRejected) as e:
+        ingest.ingest(store, spec)
+    [issue] = [i for i in e.value.records[0].issues if i.kind == "type"]
+    assert issue.column == "signup_date" and issue.lines == [2] and "'2022-02-30'" in issue.message
