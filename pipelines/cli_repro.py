@@ -21,7 +21,7 @@ def _resources() -> dict[str, Any]:
 def cmd_compare(args: argparse.Namespace) -> int:
     """`trainyard compare`: registered versions of a model, or the trials of a pipeline, side by side."""
     from trainyard import naming  # lazy: pydantic
-    from trainyard.compare import render, trial_rows, version_rows  # lazy: pydantic
+    from trainyard.compare import render, study_of_result, trial_rows, version_rows  # lazy: pydantic
 
     res = _resources()
     if args.trials:
@@ -30,11 +30,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if not name:
             print(f"--trials takes a pipeline key like 'vision/digits', got {args.target!r}")
             return 2
-        results = [store.read_json(u) for u in store.glob(naming.trial_results_glob(store, team, name))]
-        rows = trial_rows(results)
+        uris = store.glob(naming.trial_results_glob(store, team, name))
+        rows = trial_rows([store.read_json(u) for u in uris], [study_of_result(u) for u in uris])
     else:
         rows = version_rows(res["registry"], args.target, args.versions.split(",") if args.versions else None)
-    print(render(rows, args.format, only_differences=args.differences))
+    print(render(rows, args.format, only_differences=args.differences, wide=args.wide))
     return 0
 
 
@@ -62,6 +62,7 @@ def register(sub: Any) -> None:
     compare.add_argument("--versions", help="comma-separated versions to compare (default: all)")
     compare.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
     compare.add_argument("--differences", action="store_true", help="show only the fields that differ")
+    compare.add_argument("--wide", action="store_true", help="whole values in the terminal table (cut at 40 characters otherwise)")
     compare.set_defaults(func=cmd_compare)
     repro = sub.add_parser("reproduce", help="rebuild a registered model from its lineage and compare weights")
     repro.add_argument("ref", help="<model>@<version|alias>, e.g. vision.digits@champion")
