@@ -368,3 +368,17 @@ def test_jsonl_dates_and_times_are_parsed_and_bad_ones_named_by_line(store):
         ingest.ingest(store, spec)
     [issue] = [i for i in e.value.records[0].issues if i.kind == "type"]
     assert issue.column == "signup_date" and issue.lines == [2] and "'2022-02-30'" in issue.message
+
+
+def test_platform_checks_hash_dates_and_times_as_themselves_and_check_only_floats_for_finiteness(store, failed):
+    from trainyard.data.checks import row_hashes
+
+    days = pa.array([dt.date(2022, 5, 4), dt.date(2022, 5, 4), dt.date(2022, 5, 5), None])
+    times = pa.array([dt.datetime(2024, 1, 2, tzinfo=dt.UTC)] * 2 + [None, None], pa.timestamp("us", tz="UTC"))
+    hashes = row_hashes(pa.record_batch([days, times, pa.array(["a", "a", "a", None])], names=["d", "t", "s"]))
+    assert hashes[0] == hashes[1] and len(set(hashes.tolist())) == 3
+    spec = churn_spec(source=SourceSpec(prefix="landing", pattern="*.csv", duplicates="reject"))
+    land(store, "a.csv", HEADER + rows(4) + rows(1))  # the first row once more
+    report = validate_snapshot(store, ingest.ingest(store, spec).snapshot.uri, spec).report
+    assert failed(report) == {("trainyard_rows_are_unique", None)}
+    assert {r["column"] for r in report.results if r["expectation"] == "trainyard_values_are_finite"} == {"charges"}
