@@ -7,7 +7,8 @@ equal bytes (hence an equal DVC md5, hence an equal Dagster data version),
 holding at most one row group in memory.
 
 Dates and times (`cast_values`): a `date` column is Arrow `date32`, read from
-text `YYYY-MM-DD` or from a date or timestamp column (its UTC day); a
+text `YYYY-MM-DD` or from a date or timestamp column (the day on the calendar
+of the timestamp's own zone, UTC for a naive one); a
 `datetime` column is `timestamp("us", tz="UTC")`, read from ISO 8601 text
 (`2022-05-04T10:30:00`, a space for the `T` too; with `Z` or an offset it is
 converted to UTC, without one it is taken as UTC), or from a date or
@@ -114,8 +115,8 @@ def cast_values(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
         return pc.utf8_trim_whitespace(values).cast(target, safe=True)
     if pa.types.is_date32(target) and pa.types.is_timestamp(values.type):
         if values.type.tz is not None:
-            values = values.cast(pa.timestamp(values.type.unit, tz="UTC")).cast(pa.timestamp(values.type.unit))
-        return values.cast(target)  # the day (UTC) of each time
+            values = pc.local_timestamp(values)  # the day on the calendar of the time's own zone, as exported
+        return values.cast(target)
     return values.cast(target, safe=True)
 
 

@@ -382,3 +382,12 @@ def test_platform_checks_hash_dates_and_times_as_themselves_and_check_only_float
     report = validate_snapshot(store, ingest.ingest(store, spec).snapshot.uri, spec).report
     assert failed(report) == {("trainyard_rows_are_unique", None)}
     assert {r["column"] for r in report.results if r["expectation"] == "trainyard_values_are_finite"} == {"charges"}
+
+
+def test_a_zoned_parquet_timestamp_in_a_date_column_keeps_its_own_calendar_day():
+    from trainyard.data.canonical import cast_values
+
+    berlin = pa.array([dt.datetime(2022, 5, 3, 22, 0), dt.datetime(2022, 1, 1, 22, 30)], pa.timestamp("us", tz="UTC")).cast(
+        pa.timestamp("us", tz="Europe/Berlin")
+    )  # midnight and 23:30 on the Berlin calendar
+    assert cast_values(berlin, pa.date32()).to_pylist() == [dt.date(2022, 5, 4), dt.date(2022, 1, 1)]
