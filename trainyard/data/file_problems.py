@@ -36,8 +36,12 @@ LINES_SHOWN = 10
 VALUES_SHOWN = 3
 """Offending values shown per problem."""
 
-VALUE_KINDS = ("nulls", "range", "domain", "non_finite")
-"""Problems of values that parse: validation judges them too, so alone they do not reject a file at ingest."""
+VALUE_KINDS = ("nulls", "range", "domain", "non_finite", "missing_lookalike")
+"""Problems of values that parse: validation judges them too, so alone they do not reject a file at ingest.
+
+`missing_lookalike` (text such as `n/a` kept as text in a CSV text column
+without a domain, because `SourceSpec.missing_values` does not list it) is a
+warning only."""
 
 
 @dataclasses.dataclass

@@ -494,6 +494,8 @@ def _outcome(record: FileRecord, issue: FileIssue) -> str:
     """What an issue led to, for the warning line: nothing for a rejected file, whose rows are all left out."""
     if record.status == "rejected":
         return ""
+    if issue.kind == "missing_lookalike":
+        return " (accepted as text)"
     if not issue.blocking:
         return " (the file is accepted; validation decides on these rows)"
     return " (accepted without those rows)" if issue.kind == "ragged_rows" else " (accepted)"

@@ -43,7 +43,7 @@ EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": 
 
 IssueKind = Literal[
     "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "columns_duplicated",
-    "type", "format", "nulls", "range", "domain", "non_finite",
+    "type", "format", "nulls", "range", "domain", "non_finite", "missing_lookalike",
 ]
 
 
@@ -190,8 +190,28 @@ class FileReader:
             self.missing[name] = self.missing.get(name, 0) + batch.column(name).null_count
         typed, bad = self.problems.check_types(batch, self._types(), self.rows)
         self.problems.check_values(typed, self.rows, ignore=bad)
+        if self.fmt == "csv":
+            self._lookalikes(typed)
         self.rows += batch.num_rows
         return typed
+
+    def _lookalikes(self, batch: pa.RecordBatch) -> None:
+        """Note text cells that look like a missing-value token (`n/a`) but are kept as text: open text columns, CSV only."""
+        import numpy as np
+        import pyarrow.compute as pc
+
+        tokens = pa.array(sorted(MISSING_LOOKALIKES - {t.strip().lower() for t in self.spec.source.missing_values}))
+        for name in self.columns:
+            column = self.spec.columns[name]
+            if not column.categorical or column.domain is not None:
+                continue  # a closed domain judges such values itself
+            values = batch.column(name)
+            mask = pc.fill_null(pc.is_in(pc.utf8_lower(pc.utf8_trim_whitespace(values)), value_set=tokens), False)
+            what = (
+                f"text value(s) that often mean missing, kept as text (only {self.spec.source.missing_values!r} are missing; "
+                "list them in source.missing_values if they mean missing)"
+            )
+            self.problems.add("missing_lookalike", name, what, np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool), values, self.rows)
 
     def _where(self) -> tuple[str, int]:
         """The unit rows are counted in and the line of the first row: CSV has a header line, Parquet no lines."""

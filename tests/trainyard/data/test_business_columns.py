@@ -391,3 +391,12 @@ def test_a_zoned_parquet_timestamp_in_a_date_column_keeps_its_own_calendar_day()
         pa.timestamp("us", tz="Europe/Berlin")
     )  # midnight and 23:30 on the Berlin calendar
     assert cast_values(berlin, pa.date32()).to_pylist() == [dt.date(2022, 5, 4), dt.date(2022, 1, 1)]
+
+
+def test_missing_lookalikes_in_an_open_text_column_are_kept_as_text_with_a_warning(store):
+    land(store, "a.csv", HEADER + rows(3).replace(",DE,", ",N/A,", 1).replace(",DE,", ",none,", 1))
+    result = ingest.ingest(store, churn_spec())
+    [issue] = [i for i in result.ingested[0].issues if i.kind == "missing_lookalike"]
+    assert issue.column == "country" and issue.lines == [2, 3] and issue.count == 2 and not issue.blocking
+    assert any(w.startswith("missing_lookalike:") and w.endswith("(accepted as text)") for w in result.warnings)
+    assert pq.read_table(result.snapshot.uri).column("country").to_pylist()[:2] == ["N/A", "none"]
