@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from dagster import AssetExecutionContext, DagsterRun, MetadataValue, Output
+from dagster import AssetExecutionContext, DagsterRun, Failure, MetadataValue, Output
 
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
@@ -35,6 +35,9 @@ def sweep_body(
 ) -> Iterator[Output[Sweep]]:
     """Ask the study's first trials, add them as `trial_model` partitions, start their runs and report best parameters, history and importance.
 
+    First `preflight`: what would fail every trial with a configuration error fails
+    the asset instead, naming the columns, before a study or a trial exists.
+
     Trial runs: see the module docstring; metadata `started_trial_runs` counts
     those created, enqueued right after the output (a run the queue refuses is
     named in a warning and discarded). With trials left to run and a launcher that trains on this machine,
@@ -42,6 +45,9 @@ def sweep_body(
     brings the first trial run (`LocalLauncher.prestart_warm`).
     """
     name = naming.study_name(spec, validated.md5)
+    problems = preflight(spec, validated, store)
+    if problems:  # every trial would exit 78 on these: no study, no trial
+        raise Failure(description=f"{spec.key}: the sweep cannot train: " + "; ".join(problems))
     study = sweeps.load_or_create(name, study_directions(spec), spec.search)
     keys = [naming.trial_key(n) for n in sweeps.ensure_trials(study, spec.search)]
     partitions = naming.trials_partitions_name(spec)
@@ -84,6 +90,43 @@ def sweep_body(
         if runs and not stored:  # the output failed: no run made here may wait NOT_STARTED, holding its trial and a team slot
             discard_runs(context.instance, runs, context.log)
     _enqueue(context, spec, runs)
+
+
+NON_NUMERIC = ("str", "category", "date", "datetime")
+
+
+def preflight(spec: PipelineSpec, validated: ValidatedData, store: ObjectStore) -> list[str]:
+    """What fails every trial of this definition on this data, found before the study asks one (empty: nothing found).
+
+    With the platform's preprocessing off (`PipelineSpec.preprocessing.enabled=False`)
+    the model gets the raw columns as numbers: a text, category or date feature,
+    or a missing value in the train split (Parquet statistics, no data read),
+    would stop each trial with a configuration error.
+    """
+    if spec.preprocessing.enabled:
+        return []
+    problems = [f"feature {c!r} is declared {spec.columns[c].dtype!r}, and preprocessing is off (PipelineSpec.preprocessing.enabled=False): "
+                "the model takes numbers only; turn preprocessing on or drop the column" for c in spec.features
+                if spec.columns[c].dtype in NON_NUMERIC]
+    numeric = [c for c in spec.features if spec.columns[c].dtype not in NON_NUMERIC]
+    try:
+        import pyarrow.parquet as pq
+
+        with store.open(validated.train, "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+        nulls = dict.fromkeys(numeric, 0)
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            for i in range(group.num_columns):
+                chunk = group.column(i)
+                name = chunk.path_in_schema
+                if name in nulls and chunk.statistics is not None and chunk.statistics.has_null_count:
+                    nulls[name] += chunk.statistics.null_count
+    except Exception:  # statistics are a shortcut, not a requirement: the pod names the column if it comes to that
+        return problems
+    problems += [f"feature {c!r} has {n} missing value(s) in the train split, and preprocessing is off: the model cannot take NaN; "
+                 "turn preprocessing on (it imputes) or fill the column" for c, n in nulls.items() if n]
+    return problems
 
 
 def _create_trial_runs(context: AssetExecutionContext, spec: PipelineSpec, study: str, trials: list[Any]) -> list[DagsterRun]:
