@@ -19,8 +19,8 @@ from dagster import (
     Output,
 )
 
-from resources.storage import ObjectStore
-from resources.versioning import DataVersioning
+from resources.storage import ObjectStore, PermanentStorageError
+from resources.versioning import DataVersioning, DataVersioningError
 from trainyard.data import feast, ingest
 from trainyard.data.drift_detection import drift_markdown, drift_verdict
 from trainyard.data.errors import DataQualityError
@@ -52,6 +52,9 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
         raise Failure(description=f"{spec.key}: landing data is still changing, try again once uploads finish: {e}") from e
     except DataQualityError as e:
         raise Failure(description=f"{spec.key}: raw data rejected: {e}") from e
+    except (PermanentStorageError, DataVersioningError) as e:
+        # Not the data's fault (a full disk, a broken remote): said plainly, never retried blindly, nothing quarantined.
+        raise Failure(description=f"{spec.key}: ingest could not store the data: {e}", allow_retries=False) from e
     return raw_output(spec, result.snapshot, result.warnings, {
         "files": len(result.snapshot.files),
         "new_files": len(result.ingested),

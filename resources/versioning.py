@@ -38,6 +38,7 @@ from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 
 from training.atomic import exclusive_lock
+from trainyard.store import no_space
 
 _REMOTE = "trainyard"
 _SNAPSHOTS = "snapshots"
@@ -160,7 +161,8 @@ class DataVersioning(ConfigurableResource):
                 tmp = f"{target}.tmp-{os.getpid()}"
                 shutil.copyfile(source, tmp)
                 os.replace(tmp, target)
-            self._dvc(repo, *setup, ("add", "--quiet", rel), ("push", "--quiet", "--remote", _REMOTE, f"{rel}.dvc"))
+            # Not --quiet: DVC then hides its own error ("ERROR: ... No space left on device"), leaving only the exit code.
+            self._dvc(repo, *setup, ("add", rel), ("push", "--remote", _REMOTE, f"{rel}.dvc"))
             self._configured.add(repo)
             dvc_path = os.path.join(repo, f"{rel}.dvc")
             with open(dvc_path, encoding="utf-8") as f:
@@ -202,7 +204,7 @@ class DataVersioning(ConfigurableResource):
         setup = self._repo_setup(dest)
         with open(f"{target}.dvc", "w", encoding="utf-8") as f:
             f.write(dvc_file_text)
-        self._dvc(dest, *setup, ("pull", "--quiet", "--force", "--remote", _REMOTE, f"{rel_path}.dvc"))
+        self._dvc(dest, *setup, ("pull", "--force", "--remote", _REMOTE, f"{rel_path}.dvc"))
         self._configured.add(dest)
         if not os.path.isfile(target):
             raise DataVersioningError(f"dvc pull of {md5} reported success but {target} does not exist")
@@ -250,8 +252,11 @@ class DataVersioning(ConfigurableResource):
             ) from e
         if done.returncode != 0:
             failed, err = _last_command(done.stderr, commands)
+            output = f"{done.stdout}{err}"
+            # A full disk is not a DVC problem to debug: say it first (trainyard.store.no_space).
+            cause = "no space left on device; free space and run again. " if no_space(Exception(output)) else ""
             raise DataVersioningError(
-                f"`dvc {' '.join(failed)}` in {cwd} failed with exit code {done.returncode}:\n{done.stdout}{err}".rstrip()
+                f"{cause}`dvc {' '.join(failed)}` in {cwd} failed with exit code {done.returncode}:\n{output}".rstrip()
             )
         return done.stdout
 

@@ -71,6 +71,45 @@ _TRANSIENT_ERRNOS = frozenset(
     }
 )
 _PERMANENT_OS_ERRORS = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+# A full disk (or quota) is permanent for a retry: the same write fails again until someone frees space.
+_NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)})
+_NO_SPACE_TEXTS = ("no space left on device", "disk quota exceeded", "database or disk is full", "errno 28]")
+
+
+def no_space(e: BaseException) -> bool:
+    """Whether a failure anywhere in `e`'s chain is a full disk or quota (ENOSPC, EDQUOT, SQLite's "disk is full")."""
+    for exc in _chain(e):
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE_ERRNOS:
+            return True
+        if any(t in str(exc).lower() for t in _NO_SPACE_TEXTS):
+            return True
+    return False
+
+
+def no_space_message(action: str, where: str, e: BaseException) -> str:
+    """`cannot <action> <where>: no space left on device (...)`, with the free bytes of the local filesystem when known."""
+    free = ""
+    probe = where
+    while probe and not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if probe and not probe.startswith(_S3):
+        with contextlib.suppress(OSError):
+            free = f"; {shutil.disk_usage(probe).free} bytes free on the filesystem of {probe}"
+    return f"cannot {action} {where}: no space left on device{free}; free space and run again ({type(e).__name__}: {e})"
+
+
+@contextlib.contextmanager
+def local_writes(action: str, where: str) -> Iterator[None]:
+    """Turn a full disk while writing local (temporary) files into a `PermanentStorageError` that says so.
+
+    Other errors pass unchanged.
+    """
+    try:
+        yield
+    except OSError as e:
+        if no_space(e):
+            raise PermanentStorageError(no_space_message(action, where, e), uri=where) from e
+        raise
 
 
 class StorageError(Exception):
@@ -139,8 +178,9 @@ def classify_error(e: BaseException) -> type[StorageError]:
     chain decides first (5xx, 429 and throttling codes are transient; other
     responses are permanent); otherwise network errors, timeouts and the errno
     values s3fs maps 5xx responses to are transient. Anything else, including
-    not found and access denied, is permanent: an error that is not understood
-    is not retried.
+    not found, access denied and a full disk (`no_space`: retrying at once
+    fails the same way until space is freed), is permanent: an error that is
+    not understood is not retried.
 
     Args:
         e: The exception raised by fsspec, s3fs, botocore or the OS.
@@ -149,6 +189,8 @@ def classify_error(e: BaseException) -> type[StorageError]:
         `TransientStorageError` or `PermanentStorageError`.
     """
     client_types, network_types = _optional_error_types()
+    if no_space(e):
+        return PermanentStorageError
     chain = list(_chain(e))
     for exc in chain:
         if client_types and isinstance(exc, client_types):
@@ -203,6 +245,23 @@ def _file_info(uri: str, info: dict[str, Any]) -> FileInfo:
     if etag is None and info.get("ino") is not None and mtime is not None:
         etag = f"{info['ino']}:{int(float(mtime) * 1e9)}"
     return FileInfo(uri=uri, size=int(info.get("size") or 0), mtime=None if mtime is None else float(mtime), etag=None if etag is None else str(etag).strip('"'))
+
+
+def _local_entry(path: str, listed: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The info of a local entry fsspec lists as "other", following a link; or why it is no regular file."""
+    import stat as st
+
+    try:
+        target = os.stat(path)  # follows links
+    except OSError as e:
+        link = os.readlink(path) if os.path.islink(path) else None
+        return listed, (f"a symbolic link to {link!r}, which does not exist" if link is not None else f"cannot be read: {e}")
+    if st.S_ISREG(target.st_mode):
+        return {**listed, "type": "file", "size": target.st_size, "mtime": target.st_mtime, "ino": target.st_ino}, ""
+    what = "a directory" if st.S_ISDIR(target.st_mode) else "a FIFO" if st.S_ISFIFO(target.st_mode) else "a socket or device"
+    if os.path.islink(path):
+        return listed, f"a symbolic link to {os.readlink(path)!r}, {what}, not a regular file"
+    return listed, f"{what}, not a regular file"
 
 
 class FileStore:
@@ -276,6 +335,8 @@ class FileStore:
         except StorageError:
             raise
         except _handled_types() as e:
+            if no_space(e):
+                raise PermanentStorageError(no_space_message(action, uri, e), uri=uri) from e
             kind = classify_error(e)
             raise kind(f"cannot {action} {uri}: {type(e).__name__}: {e}", uri=uri) from e
 
@@ -294,17 +355,32 @@ class FileStore:
             found = [_S3 + p for p in found]
         return sorted(found)
 
-    def list_files(self, uri_pattern: str) -> list[FileInfo]:
+    def list_files(self, uri_pattern: str, skipped: Optional[list[tuple[str, str]]] = None) -> list[FileInfo]:
         """Files/objects matching a glob pattern with their size, mtime and etag, sorted by URI.
 
-        Directories (and S3 "directory" placeholders) are left out.
+        Directories (and S3 "directory" placeholders) are left out. A local
+        symbolic link to a regular file is listed as that file, under the
+        link's name, with the target's size, mtime and identity (what `stat`
+        and `open` see); re-pointing the link changes its identity. Anything
+        else that is not a regular file (a dangling link, a link to a
+        directory, a FIFO, socket or device, which could block a reader) is
+        left out and, when `skipped` is given, appended to it as (URI, why).
         """
         pattern = self._check(uri_pattern)
         with self._errors("list", pattern):
             found = self.fs.glob(pattern, detail=True)
         files = []
         for path, info in found.items():
-            if info.get("type") != "file":
+            kind = info.get("type")
+            if kind == "other" and not self.is_s3:
+                # fsspec's listing does not follow links (they show as "other"); `info` does.
+                info, why = _local_entry(path, info)
+                if why:
+                    if skipped is not None:
+                        skipped.append((path, why))
+                    continue
+                kind = info.get("type")
+            if kind != "file":
                 continue
             files.append(_file_info(_S3 + path if self.is_s3 else path, info))
         return sorted(files, key=lambda f: f.uri)

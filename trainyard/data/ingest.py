@@ -66,7 +66,7 @@ from trainyard.data.quarantine import quarantine_file, resolve_file_entry, utc_n
 from trainyard.data.report import md_cell
 from trainyard.data.sources import landing_spec
 from trainyard.spec import PipelineSpec, SourceSpec
-from trainyard.store import FileInfo, FileStore
+from trainyard.store import FileInfo, FileStore, StorageError, local_writes
 
 MANIFEST_VERSION = 1
 
@@ -196,14 +196,18 @@ def landing_patterns(store: FileStore, source: SourceSpec) -> list[str]:
     return [store.uri(prefix, g) for g in source.globs]
 
 
-def list_landing(store: FileStore, source: SourceSpec) -> list[FileInfo]:
+def list_landing(store: FileStore, source: SourceSpec, skipped: Optional[list[tuple[str, str]]] = None) -> list[FileInfo]:
     """Landing files matching any of the source's globs, sorted by URI, with size/mtime/etag.
 
     Names starting with `.` or `_` (`.crc` files, `_SUCCESS` markers) are left out.
+    A symbolic link to a regular file is a landing file (read through the
+    link); other entries that are no regular file (dangling links, FIFOs...)
+    are not read and, when `skipped` is given, appended to it with the reason
+    (see `FileStore.list_files`).
     """
     found: dict[str, FileInfo] = {}
     for pattern in landing_patterns(store, source):
-        for info in store.list_files(pattern):
+        for info in store.list_files(pattern, skipped):
             name = info.uri.rsplit("/", 1)[-1]
             if not name.startswith((".", "_")):
                 found[info.uri] = info
@@ -329,10 +333,13 @@ def ingest_file(
         for block in (block_bytes, block_bytes * 16, block_bytes * 256):
             reader = FileReader(store, info, spec, block)
             try:
-                _write_part(reader, canonical_schema(spec), local)
+                with local_writes("write the part of", local):
+                    _write_part(reader, canonical_schema(spec), local)
                 bad = None
             except BadFile as e:
                 bad = e.issue
+            except StorageError as e:
+                raise _vanished(store, info, e) from e
             if bad is None or "straddl" not in bad.message:
                 break
         after = store.stat(info.uri) if store.exists(info.uri) else None
@@ -375,6 +382,21 @@ def _snapshot_key(records: list[FileRecord]) -> str:
     for r in records:
         h.update(f"{r.uri}\0{r.part}\n".encode())
     return h.hexdigest()[:32]
+
+
+def _vanished(store: FileStore, info: FileInfo, error: StorageError) -> Exception:
+    """`LandingFileChanged` (retryable) when the file was removed or replaced since it was listed; else `error` itself."""
+    try:
+        after = store.stat(info.uri) if store.exists(info.uri) else None
+    except StorageError:
+        after = None
+    if after is None:
+        return LandingFileChanged(
+            f"{info.uri} changed while being read: it was removed after the landing area was listed; the next run sees the landing area without it"
+        )
+    if after.identity != info.identity:
+        return LandingFileChanged(f"{info.uri} changed while being read ({error}); it is ingested once it stops changing")
+    return error
 
 
 def file_md5(path: str) -> str:
@@ -453,14 +475,17 @@ def ingest(
         DataVersioningError: DVC failed.
         StorageError: The object store failed.
     """
-    files = list_landing(store, spec.source)
+    skipped: list[tuple[str, str]] = []
+    files = list_landing(store, spec.source, skipped)
+    not_files = [f"{uri} is not read: it is {why} (only regular files, or symbolic links to them, are landing files)" for uri, why in sorted(set(skipped))]
     manifest = load_manifest(store, spec)
     if not files:
         raise MissingLandingData(
             f"no landing files match prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r} "
-            f"(looked for {', '.join(landing_patterns(store, spec.source))})"
+            f"(looked for {', '.join(landing_patterns(store, spec.source))})" + "".join(f"; {line}" for line in not_files)
         )
     scan = _scan_landing(store, spec, files, manifest, block_bytes)
+    scan.warnings += not_files
     landing = {f.uri for f in files}
     removed = _forget_removed(store, spec, manifest, landing)
     scan.warnings += [f"{u} left the landing area: its rows leave the snapshot" for u in removed]
@@ -554,7 +579,15 @@ def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], m
                 scan.rejected.append(known)
                 scan.warnings.append(f"{info.uri} was rejected before and has not changed; see {known.quarantine}")
             continue
-        digest = content_hash(store, info.uri)
+        try:
+            digest = content_hash(store, info.uri)
+        except StorageError as e:
+            gone = _vanished(store, info, e)
+            if not isinstance(gone, LandingFileChanged):
+                raise
+            scan.changing.append(info.uri)
+            scan.warnings.append(str(gone))
+            continue
         original = by_hash.get(digest)
         if original is not None and original.uri != info.uri:
             record = FileRecord(
@@ -593,7 +626,8 @@ def _new_snapshot(
     schema = canonical_schema(spec)
     with tempfile.TemporaryDirectory(prefix="trainyard-snapshot-") as tmp:
         local = os.path.join(tmp, "data.parquet")
-        rows = write_snapshot(store, accepted, schema, local)
+        with local_writes("write the snapshot", local):
+            rows = write_snapshot(store, accepted, schema, local)
         if versioning is not None:
             pin = versioning.pin(local)
             md5, dvc_file = pin.md5, pin.dvc_file

@@ -31,7 +31,8 @@ def churn_spec(**over: Any):
         "churn": ColumnSpec(dtype="str", domain=["no", "yes"]),
     }
     columns.update(over.pop("columns", {}))
-    return small_spec(name="churn", source=SourceSpec(prefix=PREFIX, pattern="*.csv"), columns=columns, target="churn", min_rows=50, **over)
+    source = over.pop("source", SourceSpec(prefix=PREFIX, pattern="*.csv"))
+    return small_spec(name="churn", source=source, columns=columns, target="churn", min_rows=50, **over)
 
 
 def batch(i: int, rows: int = 300, shift: float = 0.0) -> pd.DataFrame:
