@@ -122,6 +122,11 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
         kwargs["n_features"] = int(getattr(dm, "n_features", len(spec.data.features)))
     if task == "classification" and "n_classes" in params and "n_classes" not in kwargs:
         kwargs["n_classes"] = len(dm.classes())
+    if task == "classification" and spec.data.positive_label is not None and hasattr(dm, "classes") and len(dm.classes()) == 2:
+        try:
+            preprocessing.positive_index(list(dm.classes()), spec.data.positive_label)
+        except ValueError as e:
+            raise ConfigError(f"positive_label: {e}") from e
     if spec.class_weight == "balanced":
         kwargs["class_weights"] = _class_weights(spec, dm, params, kwargs)
     try:
