@@ -176,8 +176,8 @@ def fill_task_defaults(data: dict[str, Any], model_cls: type[BaseModel], promoti
     if promotion is None and profile.promotion == _default_promotion(promotion_cls):
         return out
     metric = _field(promotion, "metric") if promotion is not None and _set(promotion, "metric") else profile.promotion[0]
-    mode = metric_direction(metric) if isinstance(metric, str) and metric_direction(metric) else profile.promotion[1]
-    out["promotion"] = _fill(promotion, {"metric": metric, "mode": mode}, promotion_cls)
+    direction = metric_direction(metric) if isinstance(metric, str) else None
+    out["promotion"] = _fill(promotion, {"metric": metric, "mode": direction or profile.promotion[1]}, promotion_cls)
     return out
 
 
