@@ -99,7 +99,7 @@ def encode_targets(spec: TrainSpec, targets: dict[str, np.ndarray]) -> tuple[lis
     try:
         positive = preprocessing.positive_index(classes, spec.data.positive_label) if len(classes) == 2 else 1
     except ValueError as e:
-        raise ConfigError(f"positive_label: {e}") from e
+        raise ConfigError(f"{e} of target {spec.data.target!r}; set the pipeline's positive_label to one of them or leave it unset") from e
     return classes, y, positive
 
 
@@ -198,6 +198,12 @@ def lightgbm_params(spec: TrainSpec, splits: Splits, objective: Optional[str]) -
     if objective == "binary" and len(splits.classes) != 2:
         raise ConfigError(f"objective 'binary' needs two classes; target {spec.data.target!r} has {len(splits.classes)}: {splits.classes}")
     check_monitor(spec.monitor, spec.monitor_mode, splits.task)
+    if spec.monitor in ("val_roc_auc", "val_pr_auc") and splits.task == "classification":
+        present = sorted(set(np.unique(splits.y["val"]).tolist()))
+        if len(present) < len(splits.classes):
+            missing = [c for i, c in enumerate(splits.classes) if i not in present]
+            raise ConfigError(f"monitor={spec.monitor!r} is undefined on the validation split, which holds no rows of class(es) {missing}; "
+                              f"monitor 'val_logloss' or 'val_acc', or give the validation split rows of every class")
     params: dict[str, Any] = {"verbosity": -1}
     if spec.deterministic and not ({"force_row_wise", "force_col_wise"} & set(kwargs)):
         params["force_col_wise"] = True

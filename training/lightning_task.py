@@ -126,7 +126,7 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
         try:
             preprocessing.positive_index(list(dm.classes()), spec.data.positive_label)
         except ValueError as e:
-            raise ConfigError(f"positive_label: {e}") from e
+            raise ConfigError(f"{e} of target {spec.data.target!r}; set the pipeline's positive_label to one of them or leave it unset") from e
     if spec.class_weight == "balanced":
         kwargs["class_weights"] = _class_weights(spec, dm, params, kwargs)
     try:
