@@ -116,3 +116,21 @@ def test_labels_sorted_encoded_and_the_positive_class() -> None:
     assert pp.class_list(np.array([True, False])) == [False, True]
     with pytest.raises(ValueError, match="'maybe' is not one of the classes"):
         pp.encode_labels(["maybe"], classes)
+
+
+def test_index_categoricals_and_no_scaling_for_lightning() -> None:
+    state = pp.fit(train_frame(), TYPES, config={"categorical": "index", "scale": False, "missing_indicators": False, "impute": "zero"},
+                   trainer="lightning")
+    out = columns(state, train_frame())
+    assert out["plan"].tolist() == [0, 2, 0, 3, 1, 0]  # basic, pro, basic, other, plus, basic as float codes
+    assert out["charges"].tolist() == [10.0, 0.0, 30.0, 40.0, 50.0, 60.0]  # imputed with zero, not scaled, no indicator
+    assert not any(n.endswith("__missing") for n in out)
+
+
+def test_timestamps_give_their_hour_and_a_missing_column_is_named() -> None:
+    frame = pd.DataFrame({"seen": pd.to_datetime(["2024-01-01T10:00Z", "2024-01-02T23:30Z"], utc=True)})
+    state = pp.fit(frame, {"seen": "datetime"}, config={"date_parts": ["hour", "dayofweek"], "scale": False}, trainer="lightning")
+    out = columns(state, pd.DataFrame({"seen": ["2024-03-04T05:06:07+00:00", "2024-03-04T05:06:07+02:00"]}))
+    assert out["seen__hour"].tolist() == [5, 3] and out["seen__dayofweek"].tolist() == [0, 0]  # in UTC
+    with pytest.raises(ValueError, match=r"model input is missing feature columns \['seen'\]"):
+        pp.transform(pd.DataFrame({"other": [1]}), state)
