@@ -117,6 +117,9 @@ def _register_new(
                     code_paths=[str(PREPROCESSING_PATH)],
                     metadata=metadata,
                 )
+                loose = loose_input_columns(meta)
+                if loose:
+                    relax_signature(logged.model_uri, loose)
                 mv = mlflow_client.create_model_version(
                     model_name, source=logged.model_uri, run_id=run_id, tags=tags,
                     description=description, model_id=logged.model_id,
@@ -136,6 +139,33 @@ def _register_new(
         abort(registry.tracking_uri, model_name, run_id, RunStatus.to_string(RunStatus.KILLED))
         return winner
     return version_info(mv, created=True)
+
+
+LOOSE_INPUT_DTYPES = ("int", "bool", "date", "datetime")
+"""Declared feature dtypes whose served inputs legitimately arrive in more than one pandas dtype: dates as text
+(a CSV) or as dates (Parquet, a database driver); integers and booleans with gaps as floats or objects, without
+gaps as int64 or bool. MLflow's schema enforcement would refuse all but the example's own dtype; the model's
+preprocessing parses and checks them itself (`training/preprocessing.py`), naming the column when a value is wrong."""
+
+
+def loose_input_columns(meta: Optional[Mapping[str, Any]]) -> list[str]:
+    """The input columns of a preprocessing model whose signature type becomes MLflow's `Any` (`LOOSE_INPUT_DTYPES`)."""
+    if not meta or not meta.get("preprocessing"):
+        return []
+    return [c for c, dtype in (meta.get("feature_types") or {}).items() if dtype in LOOSE_INPUT_DTYPES]
+
+
+def relax_signature(model_uri: str, columns: list[str]) -> None:
+    """Retype `columns` of a logged model's inferred input signature as `Any` (kept required, same order)."""
+    import mlflow.models
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import AnyType, ColSpec, Schema
+
+    signature = mlflow.models.get_model_info(model_uri).signature
+    if signature is None or signature.inputs is None:
+        return
+    inputs = [ColSpec(AnyType(), c.name, required=c.required) if c.name in columns else c for c in signature.inputs.inputs]
+    mlflow.models.set_signature(model_uri, ModelSignature(inputs=Schema(inputs), outputs=signature.outputs, params=signature.params))
 
 
 def abort(tracking_uri: str, model_name: str, run_id: str, status: str) -> None:

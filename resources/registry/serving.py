@@ -74,9 +74,13 @@ def client_payload(frame: "pd.DataFrame") -> dict[str, Any]:
     per field writes them. `frame.to_numpy()` would not: a frame mixing int
     and float columns becomes one float array, and a model whose signature
     declares an integer column would be sent `3.0` where a client sends `3`.
+    Dates and times are sent as ISO 8601 text, as JSON has no date type.
     """
+    import datetime as dt
+
     split = frame.to_dict(orient="split", index=False)
-    return {"columns": [str(c) for c in split["columns"]], "data": split["data"]}
+    rows = [[v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v for v in row] for row in split["data"]]
+    return {"columns": [str(c) for c in split["columns"]], "data": rows}
 
 
 def smoke_request(model_uri: str, samples: Mapping[str, "pd.DataFrame"], blocked_modules: Sequence[str], output: str) -> dict[str, Any]:
