@@ -3,12 +3,13 @@
 The chain, as the assets use it:
 
 1. `trainyard.data.ingest` reads the landing files into a canonical snapshot;
-2. `to_canonical` keeps the declared columns in declared order and declared
-   types, and `CanonicalParquetWriter` writes them so that equal data gives
+2. `to_canonical` keeps the stored columns (every declared one but role
+   `ignore`) in declared order and declared types (`cast_values` parses dates
+   and times), and `CanonicalParquetWriter` writes them so that equal data gives
    equal bytes (hence an equal DVC md5, hence an equal Dagster data version);
 3. `validate_snapshot` streams a snapshot once through the pipeline's Great
    Expectations suite (`trainyard.data.expectations.ArrowSuite`), the platform
-   checks (finite floats, duplicate rows) and the profiler, then renders GE's
+   checks (finite floats, duplicate rows, repeated ids as a warning) and the profiler, then renders GE's
    Data Docs;
 4. `drift` compares the profile with the previous validated version's: PSI
    for every feature (categories; per-value bins of discrete numerics,
@@ -44,12 +45,13 @@ from trainyard.data.canonical import (
     PARQUET_OPTIONS,
     CanonicalParquetWriter,
     canonical_schema,
+    cast_values,
     dictionary_columns,
     read_rows,
     to_canonical,
     write_parquet_deterministic,
 )
-from trainyard.data.checks import DEDUP_MEMORY_BYTES, FINITE_EXPECTATION, UNIQUE_ROWS_EXPECTATION, row_hashes
+from trainyard.data.checks import DEDUP_MEMORY_BYTES, FINITE_EXPECTATION, UNIQUE_IDS_EXPECTATION, UNIQUE_ROWS_EXPECTATION, row_hashes
 from trainyard.data.drift_detection import (
     DRIFT_MIN_ROWS,
     PSI_ALERT,
@@ -98,6 +100,7 @@ __all__ = [
     "DEDUP_MEMORY_BYTES",
     "DRIFT_MIN_ROWS",
     "FINITE_EXPECTATION",
+    "UNIQUE_IDS_EXPECTATION",
     "GX_TYPE_NAMES",
     "PARQUET_OPTIONS",
     "PLATFORM_CHECK",
@@ -122,6 +125,7 @@ __all__ = [
     "Verdict",
     "VersionOutcome",
     "canonical_schema",
+    "cast_values",
     "decide",
     "delivery_drift",
     "dictionary_columns",
