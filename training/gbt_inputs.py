@@ -89,7 +89,7 @@ def encode_targets(spec: TrainSpec, targets: dict[str, np.ndarray]) -> tuple[lis
         ConfigError: a missing label, one class only, or a `positive_label` that is no label.
     """
     for split, values in targets.items():
-        missing = int(sum(1 for v in values if preprocessing._text(v) is None))
+        missing = int(pd.isna(pd.Series(values, dtype=object)).sum())
         if missing:
             raise ConfigError(f"target {spec.data.target!r} has {missing} missing label(s) in the {split} split; every row needs a label")
     classes = preprocessing.class_list(*targets.values())

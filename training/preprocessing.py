@@ -384,7 +384,11 @@ def label_key(value: Any) -> Any:
 
 def class_list(*targets: Iterable[Any]) -> list[Any]:
     """The sorted distinct labels over `targets` (missing labels skipped)."""
-    seen = {label_key(v) for t in targets for v in t if _text(v) is not None}
+    seen: set[Any] = set()
+    for t in targets:
+        array = np.asarray(t) if not isinstance(t, pd.Series) else t.to_numpy()
+        distinct = np.unique(array) if array.dtype.kind in "biu" else pd.unique(pd.Series(array, dtype=object))
+        seen.update(label_key(v) for v in distinct if _text(v) is not None)
     try:
         return sorted(seen)
     except TypeError:
@@ -397,14 +401,15 @@ def encode_labels(values: Iterable[Any], classes: list[Any]) -> np.ndarray:
     Raises:
         ValueError: a value is missing or not one of `classes`.
     """
-    index = {label_key(c): i for i, c in enumerate(classes)}
-    out = []
-    for v in values:
-        key = label_key(v)
-        if key not in index:
-            raise ValueError(f"label {v!r} is not one of the classes {classes}")
-        out.append(index[key])
-    return np.asarray(out, dtype="int64")
+    array = values if isinstance(values, np.ndarray) else np.asarray(list(values), dtype=object)
+    if array.dtype.kind in "biu":  # integer or bool labels: no per-row Python
+        codes = pd.Index(np.asarray(classes)).get_indexer(array) if all(isinstance(c, (int, bool)) for c in classes) else np.full(len(array), -1)
+    else:
+        codes = pd.Index([label_key(c) for c in classes], dtype=object).get_indexer(pd.Series(array, dtype=object).map(label_key))
+    if (codes < 0).any():
+        bad = array[int(np.flatnonzero(codes < 0)[0])]
+        raise ValueError(f"label {label_key(bad)!r} is not one of the classes {classes}")
+    return codes.astype("int64")
 
 
 def positive_index(classes: list[Any], positive_label: Any = None) -> int:
