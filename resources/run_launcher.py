@@ -37,6 +37,14 @@ sends it SIGINT, what the code server's cancellation sends to a spawned worker,
 from whichever process on this host asks (the webserver or the daemon). The
 zygote exits when the process that started it does; forked run workers go on.
 
+A forked worker's temporary files go to a folder of its own
+(`run_temp_dir`, its `TMPDIR`), removed when the run ends. Run monitoring
+(`run_monitoring:` in the same file) asks `check_run_worker_health` about every
+STARTED run: a worker process that is gone (SIGKILL, the out-of-memory killer)
+has its run marked failed, saying so, and its temporary folder removed. A run
+spawned the default way is also failed by its code server when it notices the
+exit.
+
 Configured in `deploy/local/dagster.yaml` (`run_launcher:`). Kubernetes
 deployments use dagster-k8s's launcher and are unaffected.
 """
@@ -85,6 +93,55 @@ RUN_PRELOAD = (
 
 def _host() -> str:
     return socket.gethostname()
+
+
+def run_temp_dir(run_id: str) -> str:
+    """The temporary folder of a forked run worker: its `TMPDIR`, removed when the run ends or its worker is found dead."""
+    return os.path.join(tempfile.gettempdir(), f"trainyard-run-{run_id}")
+
+
+def _process_state(pid: int, not_before: Optional[float]) -> str:
+    """`alive`, or why process `pid` is not the run's worker any more (`gone`, `zombie`, `reused`).
+
+    A process that started after `not_before` (the run's start, seconds since the epoch) holds a reused pid.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        pass  # another user's process: it exists
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "alive"  # no /proc (macOS): the signal said it exists
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return "zombie"
+    if not_before is not None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+            started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+            if started > not_before + 5.0:
+                return "reused"
+    return "alive"
+
+
+def _worker_pid(instance: Any, run: Any) -> tuple[Optional[int], Optional[str]]:
+    """The pid and host of a run's worker: the launcher's tag on a forked run, else the worker's "Started process" event."""
+    if WORKER_TAG in run.tags:
+        worker = json.loads(run.tags[WORKER_TAG])
+        return int(worker["pid"]), worker.get("host")
+    from dagster import DagsterEventType
+
+    for record in reversed(instance.all_logs(run.run_id, of_type=DagsterEventType.ENGINE_EVENT)):
+        event = record.dagster_event
+        if record.message.startswith("Started process for run") and event is not None:
+            pid = getattr(event.engine_event_data, "metadata", {}).get("pid")
+            value = getattr(pid, "value", pid)
+            if value is not None and str(value).isdigit():
+                return int(str(value)), None  # spawned by a code server of this local instance
+    return None, None
 
 
 class _Zygote:
@@ -216,6 +273,37 @@ class WarmRunLauncher(DefaultRunLauncher):
                 return f"{answer['stale']} changed since the warm run worker process loaded it (a fresh one is starting)"
             return f"the warm run worker process failed: {answer.get('error')} (a fresh one is starting)"
 
+    @property
+    def supports_check_run_worker_health(self) -> bool:
+        """Run monitoring (`run_monitoring` in deploy/local/dagster.yaml) asks `check_run_worker_health`."""
+        return True
+
+    def check_run_worker_health(self, run: Any) -> Any:
+        """Whether a STARTED run's worker process still lives (a forked or a spawned one, on this host).
+
+        A worker killed outright (SIGKILL, the out-of-memory killer) never records
+        the run's end: the run would stay STARTED for ever. FAILED here has run
+        monitoring mark it failed with this message, and removes the worker's
+        temporary folder (`run_temp_dir`). A worker on another host, or one not
+        known yet, counts as running.
+        """
+        from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
+
+        pid, host = _worker_pid(self._instance, run)
+        if pid is None or (host is not None and host != _host()):
+            return CheckRunHealthResult(WorkerStatus.RUNNING, "the run worker's process is not known on this host")
+        record = self._instance.get_run_record_by_id(run.run_id)
+        start = getattr(record, "start_time", None) if record is not None else None
+        state = _process_state(pid, start)
+        if state == "alive":
+            return CheckRunHealthResult(WorkerStatus.RUNNING)
+        shutil.rmtree(run_temp_dir(run.run_id), ignore_errors=True)
+        why = {"gone": "is gone", "zombie": "has exited", "reused": "is gone (its pid now belongs to another process)"}[state]
+        return CheckRunHealthResult(
+            WorkerStatus.FAILED,
+            f"the run worker (pid {pid}) {why} without recording the run's end: killed (SIGKILL, out of memory) or crashed",
+        )
+
     def terminate(self, run_id: str) -> bool:
         run = self._instance.get_run_by_id(run_id) if self.has_instance else None
         worker = json.loads(run.tags[WORKER_TAG]) if run is not None and WORKER_TAG in run.tags else None
@@ -293,10 +381,17 @@ def _child(run_id: str, instance_ref: Any, premade: Any = None) -> int:
 
     from resources.storage_connections import hold_connections
 
-    with capture_interrupts():
-        with get_instance_for_cli(instance_ref=instance_ref) if premade is None else _premade(premade, logging.getLogger("dagster")) as instance:
-            hold_connections(instance)  # before the run's first query
-            return _execute_run_command_body(run_id, instance, lambda event: None, set_exit_code_on_failure=False)
+    # The run's temporary files in a folder of its own, removed at its end, or by run monitoring if it is killed.
+    scratch = run_temp_dir(run_id)
+    os.makedirs(scratch, exist_ok=True)
+    os.environ["TMPDIR"] = tempfile.tempdir = scratch
+    try:
+        with capture_interrupts():
+            with get_instance_for_cli(instance_ref=instance_ref) if premade is None else _premade(premade, logging.getLogger("dagster")) as instance:
+                hold_connections(instance)  # before the run's first query
+                return _execute_run_command_body(run_id, instance, lambda event: None, set_exit_code_on_failure=False)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 @contextlib.contextmanager
