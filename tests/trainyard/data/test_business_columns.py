@@ -400,3 +400,24 @@ def test_missing_lookalikes_in_an_open_text_column_are_kept_as_text_with_a_warni
     assert issue.column == "country" and issue.lines == [2, 3] and issue.count == 2 and not issue.blocking
     assert any(w.startswith("missing_lookalike:") and w.endswith("(accepted as text)") for w in result.warnings)
     assert pq.read_table(result.snapshot.uri).column("country").to_pylist()[:2] == ["N/A", "none"]
+
+
+def test_pandas_categoricals_and_zoned_times_in_parquet_land_as_text_and_utc(store):
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "customer_id": ["C1", "C2"],
+            "plan": pd.Categorical(["pro", "basic"]),  # Parquet dictionary columns
+            "country": pd.Categorical(["DE", None]),
+            "signup_date": pd.to_datetime(["2022-05-04", "2022-05-05"]).date,
+            "last_seen": pd.to_datetime(["2024-01-02 10:00", "2024-01-02 11:00"]).tz_localize("Europe/Berlin"),
+            "tenure": [1, 2],
+            "charges": [1.0, None],
+            "churned": pd.Categorical(["no", "yes"]),
+        }
+    )
+    land(store, "a.parquet", parquet_bytes(pa.Table.from_pandas(frame, preserve_index=False)))
+    table = pq.read_table(ingest.ingest(store, churn_spec()).snapshot.uri)
+    assert table.schema.field("plan").type == pa.string() and table.column("country").to_pylist() == ["DE", None]
+    assert table.column("last_seen").to_pylist()[0] == dt.datetime(2024, 1, 2, 9, 0, tzinfo=dt.UTC)
