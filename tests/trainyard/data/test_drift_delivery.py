@@ -59,7 +59,7 @@ def validate(harness: Harness) -> tuple[dict[str, Any], Any]:
     job = harness.defs.resolve_job_def(harness.names["prepare"])
     run = job.execute_in_process(instance=harness.instance, asset_selection=keys, raise_on_error=False)
     assert run.success, failure_text(run)
-    [check] = run.get_asset_check_evaluations()
+    [check] = [c for c in run.get_asset_check_evaluations() if c.check_name == "expectations"]
     meta = {k: getattr(v, "value", v) for k, v in check.metadata.items()}
     return meta, run
 
