@@ -131,7 +131,7 @@ def test_schema_rows_name_each_change_and_dates_are_not_measured() -> None:
 
     from trainyard.data.profile import Profiler
 
-    def profiled(table: pa.Table):
+    def profiled(table: pa.Table) -> tuple[dict[str, Any], pa.Table]:
         p = Profiler(table.schema, table.num_rows)
         for b in table.to_batches():
             p.update(b)

@@ -258,3 +258,14 @@ def test_raw_data_fails_naming_the_file_for_repeated_parquet_columns_and_plainly
     assert not run.success
     text = failure_text(run)
     assert "test/churn: ingest could not store the data: cannot write the part of" in text and "no space left on device" in text
+
+
+def test_a_rejected_symlinked_file_is_quarantined_with_its_content(store: ObjectStore) -> None:
+    target = land(store, "bad.csv", "x,s,label\n1,a,zero\n", prefix="elsewhere")
+    os.makedirs(store.uri("landing"), exist_ok=True)
+    os.symlink(target, store.uri("landing", "bad.csv"))
+    with pytest.raises(ingest.IngestRejected, match="bad.csv"):
+        ingest.ingest(store, make_spec())
+    [entry] = dq.list_quarantine(store, "t/p")
+    copies = [p for p in Path(entry.uri).iterdir() if p.name != "report.json"]
+    assert [p.read_text() for p in copies] == ["x,s,label\n1,a,zero\n"] and not any(p.is_symlink() for p in copies)
