@@ -9,8 +9,14 @@
 3. compares code version (git commit, dirty flag) and dependency lock hash with
    this checkout: a mismatch is a warning, or a failure with `strict=True`;
 4. retrains with the same spec (seed, config, world size) on the restored data;
-5. compares the best checkpoint's weights bitwise (CPU) and the metrics, and
-   writes a report next to the other reproductions in the object store.
+5. compares the best checkpoint's weights bitwise (CPU) -- for a LightGBM trial
+   its served model files (`model.txt`, `preprocessing.json`) byte for byte --
+   and the metrics, and writes a report next to the other reproductions in the
+   object store.
+
+The re-split is `validated_data`'s own (`trainyard.data.split_snapshot`), so a
+table with string, date or category columns (a "yes"/"no" target) re-splits to
+the same bytes.
 
 Checkpoints are read as data, never unpickled as code (`training.verify`): a
 recorded checkpoint holding pickled code is refused with `ReproductionError`
@@ -29,9 +35,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import pandas as pd
-import pyarrow as pa
-
 from pipelines.catalog import find_pipeline
 from resources.launcher import LocalLauncher
 from resources.registry import ModelRegistry
@@ -42,6 +45,7 @@ from trainyard import data as dq
 from trainyard import lineage, naming
 from trainyard.lineage import CHECKPOINT_URI_TAG, LineageError, LineageRecord
 from trainyard.spec import PipelineSpec
+from trainyard.store import Store
 
 
 class ReproductionError(Exception):
@@ -116,6 +120,30 @@ def _verify(ref: str, *args: str) -> dict[str, Any]:
     return verdict
 
 
+GBT_MODEL_FILES = ("model.txt", "preprocessing.json")
+"""What a LightGBM trial's served model is made of (`training/gbt.py`): the booster (best iteration) and the fitted preprocessing."""
+
+
+def _same_model_files(store: ObjectStore, original: str, rebuilt: str) -> tuple[bool, str]:
+    """Whether a rebuilt LightGBM model equals the registered one file for file: (identical, detail)."""
+    compared, differing, missing = [], [], []
+    for name in GBT_MODEL_FILES:
+        a, b = f"{original}/{name}", f"{rebuilt}/{name}"
+        if not store.exists(a):
+            continue  # preprocessing.json only exists where the platform preprocessed
+        if not store.exists(b):
+            missing.append(name)
+            continue
+        compared.append(name)
+        if hashlib.sha256(store.read_bytes(a)).hexdigest() != hashlib.sha256(store.read_bytes(b)).hexdigest():
+            differing.append(name)
+    if not compared and not missing:
+        return False, f"no LightGBM model file under {original}"
+    if missing or differing:
+        return False, f"the rebuilt model differs: {', '.join([*(f'{n} differs' for n in differing), *(f'{n} missing' for n in missing)])}"
+    return True, f"byte-identical LightGBM model ({', '.join(compared)}), so identical predictions"
+
+
 def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipeline: Optional[PipelineSpec] = None) -> Report:
     """Rebuild `ref` and compare; `pipeline` defaults to the team definition named by its lineage."""
     registry: ModelRegistry = resources["registry"]
@@ -150,7 +178,10 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
     report.add("dependency lock", lock_ok, f"recorded {recorded_lineage.lock_hash}, here {lock}", warning=not strict)
 
     # The recorded checkpoint is read as data (never unpickled as code); a tampered one stops here, before the retrain.
-    _verify(ref, f"{trial_dir}/checkpoints", "--check")
+    # A LightGBM trial's checkpoint is its text model file: nothing in it runs.
+    gbt = spec.task == "gbt"
+    if not gbt:
+        _verify(ref, f"{trial_dir}/checkpoints", "--check")
 
     with tempfile.TemporaryDirectory(prefix="trainyard-reproduce-") as tmp:
         # Data: the pinned snapshot, restored by DVC, then split as the pipeline splits.
@@ -162,14 +193,15 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
             restored_md5 = hashlib.md5(f.read()).hexdigest()
         report.add("data version", restored_md5 == md5 == pinned_md5, f"recorded {md5}, restored with DVC {restored_md5}")
 
-        train, val, test = dq.split(pd.read_parquet(restored), pipeline)
+        # Split exactly as `validated_data` does (`split_snapshot`: Arrow batches, canonical writer), so string, date
+        # and category columns come back byte for byte; a pandas round trip would retype them.
         split_dir = os.path.join(tmp, "splits")
         os.makedirs(split_dir)
+        dq.split_snapshot(Store(root=tmp), os.path.abspath(restored), pipeline, split_dir)
         uris = {}
         same = []
-        for part, frame in (("train", train), ("val", val), ("test", test)):
+        for part in ("train", "val", "test"):
             uris[part] = os.path.join(split_dir, f"{part}.parquet")
-            dq.write_parquet_deterministic(pa.Table.from_pandas(frame, preserve_index=False), uris[part])
             used = getattr(spec.data, f"{part}_uri")
             if store.exists(used):
                 with tempfile.NamedTemporaryFile(dir=tmp, delete=False) as f:
@@ -193,8 +225,11 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
         )
         result = LocalLauncher().launch(again).result
 
-    verdict = _verify(ref, f"{trial_dir}/checkpoints", f"{again.output_uri}/checkpoints")
-    report.add("weights", verdict["identical"], verdict["detail"])
+    if gbt:
+        report.add("model file", *_same_model_files(store, f"{trial_dir}/model", f"{again.output_uri}/model"))
+    else:
+        verdict = _verify(ref, f"{trial_dir}/checkpoints", f"{again.output_uri}/checkpoints")
+        report.add("weights", verdict["identical"], verdict["detail"])
     for key, value in result.metrics.items():
         recorded_metric = recorded_lineage.metrics.get(key)
         if recorded_metric is not None:
