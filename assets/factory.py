@@ -24,7 +24,8 @@ from dagster import (
 )
 
 from assets.data import CHECK_NAME, raw_data_body, validated_data_body
-from assets.registration import registered_model_body
+from assets.graph_checks import DRIFT_CHECK, with_drift_check
+from assets.registration import PROMOTION_CHECK, registered_model_results
 from assets.sweep import sweep_body
 from assets.trial_handover import continue_sweep
 from assets.trials import TrialConfig, best_model_body, trial_model_body
@@ -38,7 +39,7 @@ from resources.tracking import Tracking
 from resources.versioning import DataVersioning
 from trainyard import naming
 from trainyard.spec import PipelineSpec
-from trainyard.values import BestModel, RawData, RegisteredModel, Sweep, ValidatedData
+from trainyard.values import BestModel, RawData, Sweep, ValidatedData
 
 # trial_model's pool limit must hold when several runs claim a slot at once: Dagster's own claim can give one slot
 # to two steps on PostgreSQL (resources/pool_slots.py). Every process that runs a trial step imports this module first.
@@ -75,12 +76,13 @@ def _data_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefin
 
     @asset(
         key=validated_key,
-        check_specs=[AssetCheckSpec(CHECK_NAME, asset=validated_key, blocking=True, description="Great Expectations suite, platform checks and drift")],
+        check_specs=[AssetCheckSpec(CHECK_NAME, asset=validated_key, blocking=True, description="Great Expectations suite, platform checks and drift"),
+                     AssetCheckSpec(DRIFT_CHECK, asset=validated_key, description="The delivery's drift verdict: a drift or a schema change is a WARN")],
         description="Great Expectations suite, platform checks and drift, then a deterministic train/val/test split.",
         **common,
     )
     def validated_data(context: AssetExecutionContext, raw_data: RawData, store: ObjectStore) -> Iterator[Any]:
-        yield from validated_data_body(context, spec, raw_data, store)
+        yield from with_drift_check(validated_data_body(context, spec, raw_data, store), CHECK_NAME)
 
     return [raw_data, validated_data]
 
@@ -138,8 +140,12 @@ def _sweep_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefi
 def _registration_asset(spec: PipelineSpec, common: dict[str, Any]) -> AssetsDefinition:
     check = (asset_key(spec, naming.VALIDATED_DATA), CHECK_NAME)
 
+    registered_key = asset_key(spec, naming.REGISTERED_MODEL)
+
     @asset(
-        key=asset_key(spec, naming.REGISTERED_MODEL),
+        key=registered_key,
+        check_specs=[AssetCheckSpec(PROMOTION_CHECK, asset=registered_key,
+                                    description="The promotion decision: a rejected version (champion not moved) is a WARN with the failed checks")],
         description="An MLflow model version with lineage tags and a model card; it becomes 'challenger', and "
         "'champion' only when the pipeline's promotion policy passes (metric vs threshold and champion on the same "
         "test split, data validation, serving smoke test). Champion changes are published as handoff events.",
@@ -152,8 +158,8 @@ def _registration_asset(spec: PipelineSpec, common: dict[str, Any]) -> AssetsDef
         registry: ModelRegistry,
         store: ObjectStore,
         handoff: HandoffPublisher,
-    ) -> Output[RegisteredModel]:
-        return registered_model_body(context, spec, best_model, validated_data, registry, store, handoff, check)
+    ) -> Iterator[Any]:
+        yield from registered_model_results(context, spec, best_model, validated_data, registry, store, handoff, check)
 
     return registered_model
 

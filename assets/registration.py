@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Iterator
 
-from dagster import AssetExecutionContext, AssetKey, Failure, Output
+from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey, Failure, MetadataValue, Output
 
 from resources import promotion
 from resources.handoff import HandoffPublisher
@@ -17,6 +17,48 @@ from trainyard.feast_source import FeastSourceSpec
 from trainyard.lineage import FEAST_MODEL_METADATA_KEY, LineageError, LineageRecord, feast_card, feast_fields, feast_serving
 from trainyard.spec import PipelineSpec
 from trainyard.values import BestModel, RegisteredModel, ValidatedData
+
+PROMOTION_CHECK = "promotion"
+"""The asset check on `registered_model` that tells the decision on the lineage graph (`promotion_check`)."""
+
+
+def registered_model_results(
+    context: AssetExecutionContext,
+    spec: PipelineSpec,
+    best: BestModel,
+    validated: ValidatedData,
+    registry: ModelRegistry,
+    store: ObjectStore,
+    handoff: HandoffPublisher,
+    check: tuple[AssetKey, str],
+) -> Iterator[Any]:
+    """`registered_model_body`'s output, then the `promotion` asset check of its decision."""
+    output, decision = _register_and_decide(context, spec, best, validated, registry, store, handoff, check)
+    yield output
+    yield promotion_check(decision)
+
+
+def promotion_check(decision: policy.Decision) -> AssetCheckResult:
+    """The decision as an asset check: passes when the version holds `champion`; a rejected one is a WARN with the failed checks.
+
+    A rejected retrain leaves the champion where it was, which is the policy
+    working, not a failed run: the run stays green and the graph shows the
+    warning, with the failed checks as the reason.
+    """
+    failed = [c for c in decision.checks if not c.passed]
+    meta: dict[str, Any] = {
+        "decision": decision.outcome,
+        "version": decision.version,
+        "champion_before": decision.champion_before or "",
+        "reason": decision.reason,
+        "failed_checks": ", ".join(c.name for c in failed),
+    }
+    if decision.override:
+        meta["override_reason"] = decision.override_reason or ""
+    if failed:
+        meta["failed"] = MetadataValue.md("\n".join(f"- **{c.name}**: {c.detail}" for c in failed))
+    return AssetCheckResult(check_name=PROMOTION_CHECK, passed=decision.champion, severity=AssetCheckSeverity.WARN, metadata=meta,
+                            description=decision.reason[:1000])
 
 
 def registered_model_body(
@@ -39,6 +81,19 @@ def registered_model_body(
     Args:
         check: The `validated_data` asset key and its check's name: the evidence that the data was validated.
     """
+    return _register_and_decide(context, spec, best, validated, registry, store, handoff, check)[0]
+
+
+def _register_and_decide(
+    context: AssetExecutionContext,
+    spec: PipelineSpec,
+    best: BestModel,
+    validated: ValidatedData,
+    registry: ModelRegistry,
+    store: ObjectStore,
+    handoff: HandoffPublisher,
+    check: tuple[AssetKey, str],
+) -> tuple[Output[RegisteredModel], policy.Decision]:
     metrics = {k: float(v) for k, v in best.metrics.items()}
     if spec.promotion.metric not in metrics:
         raise Failure(
@@ -104,7 +159,7 @@ def registered_model_body(
             "code_version": record.get("code_version", ""),
             "validation": validation.detail,
         },
-    )
+    ), decision
 
 
 def serving_features(spec: PipelineSpec, lineage: dict[str, Any]) -> dict[str, Any]:
