@@ -233,7 +233,12 @@ class ModelSpec(StrictSpec):
     @classmethod
     def _gbt_path(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("task") == "gbt" and data.get("path") is None:
-            return {**data, "path": GBT_MODEL_PATH}
+            data = {**data, "path": GBT_MODEL_PATH}
+        # A monitor named without its mode gets its direction (ModelSpec(monitor="val_logloss") minimises it).
+        if isinstance(data, dict) and "monitor_mode" not in data and isinstance(data.get("monitor"), str):
+            known = metric_direction(data["monitor"])
+            if known is not None:
+                data = {**data, "monitor_mode": known}
         return data
 
     @field_validator("path", "datamodule")
@@ -322,6 +327,16 @@ class PromotionSpec(StrictSpec):
                 "'test_<name>' (e.g. 'test_acc'), so versions are compared on the same pinned test data"
             )
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_of_metric(cls, data: Any) -> Any:
+        # A metric named without its mode gets its direction: PromotionSpec(metric="test_logloss") promotes lower losses.
+        if isinstance(data, dict) and "mode" not in data and isinstance(data.get("metric"), str):
+            known = metric_direction(data["metric"])
+            if known is not None:
+                return {**data, "mode": known}
+        return data
 
     @model_validator(mode="after")
     def _direction(self) -> "PromotionSpec":

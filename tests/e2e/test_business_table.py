@@ -108,3 +108,50 @@ def test_a_business_export_reaches_a_champion_that_serves_probabilities_and_ids(
     harness = Harness(tmp_path, spec)
     out = harness.run_all()
     _check_champion(harness, spec, out, spec.promotion.metric)
+
+
+def _validate_only(harness: Harness) -> dict[str, Any]:
+    """raw_data + validated_data of the prepare job; the expectations check's metadata as plain values."""
+    spec = harness.spec
+    keys = [k for k in harness.defs.resolve_all_asset_keys() if k.path[-1] in ("raw_data", "validated_data") and k.path[:2] == [spec.team, spec.name]]
+    run = harness.defs.resolve_job_def(harness.names["prepare"]).execute_in_process(
+        instance=harness.instance, asset_selection=keys, raise_on_error=False)
+    assert run.success
+    checks = {e.check_name: e for e in run.get_asset_check_evaluations()}
+    return {k: getattr(v, "value", v) for k, v in checks["expectations"].metadata.items()}
+
+
+@pytest.mark.slow
+def test_a_second_delivery_retrains_under_every_metric_and_a_drifted_one_is_flagged_by_its_rows(tmp_path: Path) -> None:
+    import pandas as pd
+
+    from resources.promotion import score_champion
+    from trainyard.promotion import SERVED_METRICS
+
+    spec = gbt_pipeline()
+    harness = Harness(tmp_path, spec)
+    _land(tmp_path, spec, churn_export(4000, seed=1), "export-2026-11")
+    first = harness.run_all()
+    assert first["registered"]["champion"]
+    registry = harness.resources["registry"]
+    v1 = registry.get_alias(spec.model_name, "champion")
+
+    # A second month: new customers, same behaviour. It retrains, and the champion can be scored on its split under
+    # every metric a PromotionSpec accepts (none leaves the champion frozen on the first data).
+    _land(tmp_path, spec, churn_export(2500, seed=2, start_id=100_000), "export-2026-12")
+    second = harness.run_all()
+    assert second["registered"]["created"] and second["registered"]["version"] != v1.version
+    split = second["best"]["lineage"]["data_version"] + "-" + spec.fingerprint()
+    test_df = pd.read_parquet(harness.resources["store"].uri("data", spec.team, spec.name, "validated", split, "test.parquet"))
+    accepted = [m for m in SERVED_METRICS if m.startswith("test_") and not m.endswith(("rmse", "mae"))]
+    assert {"test_acc", "test_logloss", "test_roc_auc", "test_pr_auc", "test_f1", "test_balanced_acc"} <= set(accepted)
+    for metric in accepted:
+        score = score_champion(registry, PromotionSpec(metric=metric), v1, split, test_df, TARGET)
+        assert score.value is not None and math.isfinite(score.value), (metric, score)
+        assert score.served and second["best"]["metrics"][metric] is not None
+
+    # A third delivery whose charges moved by +60 is flagged on its own rows, not diluted by the first two months.
+    _land(tmp_path, spec, churn_export(1200, seed=3, start_id=200_000, charges_shift=60.0), "export-2027-01")
+    meta = _validate_only(harness)
+    assert meta["drift_verdict"] == "drifted", meta["drift_summary"]
+    assert "monthly_charges" in meta["drift_summary"] and "export-2027-01" in meta["drift_scope"]

@@ -131,3 +131,14 @@ def test_the_target_is_a_label_and_the_fingerprint_keeps_old_studies() -> None:
     # ... and change it when set.
     assert small_spec(preprocessing=Preprocessing(categorical="index")).fingerprint() != base.fingerprint()
     assert small_spec(columns={**columns, "px0_0": ColumnSpec(dtype="float", role="ignore")}).fingerprint() != base.fingerprint()
+
+
+def test_a_metric_named_without_its_mode_takes_its_direction() -> None:
+    from trainyard.spec import ModelSpec, PromotionSpec
+
+    assert PromotionSpec(metric="test_logloss").mode == "min" and PromotionSpec(metric="test_pr_auc").mode == "max"
+    assert ModelSpec(task="gbt", monitor="val_logloss").monitor_mode == "min"
+    import pytest as _pytest
+
+    with _pytest.raises(ValueError, match="would promote worse models"):
+        PromotionSpec(metric="test_logloss", mode="max")
