@@ -115,6 +115,14 @@ def _classify(e: BaseException, uri: str, fmt: str, header: Optional[list[str]] 
     return FileIssue(kind="corrupt", message=f"cannot parse {uri} as {fmt}: {type(e).__name__}: {text}", fatal=True)
 
 
+def _valid_utf8(value: pa.Array) -> bool:
+    try:
+        value.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
 class FileReader:
     """Streams one landing file as canonical record batches, collecting its issues."""
 
@@ -159,8 +167,6 @@ class FileReader:
         try:
             for batch in readers[self.fmt]():
                 typed = self._typed(batch)
-                if self.fmt != "csv":
-                    self._check_utf8(typed)
                 if self._columns_issue is None and not self.problems.has_type_problems():
                     yield typed
         except (pa.ArrowException, OSError, UnicodeDecodeError) as e:
@@ -186,6 +192,8 @@ class FileReader:
     def _typed(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """One batch of the file's stored columns in their canonical types; counts missing cells and records every problem."""
         batch = batch.select(self.columns)
+        if self.fmt != "csv":  # CSV text is checked by its reader, which names the line
+            self._check_utf8(batch)
         for name in self.columns:
             self.missing[name] = self.missing.get(name, 0) + batch.column(name).null_count
         typed, bad = self.problems.check_types(batch, self._types(), self.rows)
@@ -292,12 +300,25 @@ class FileReader:
                 self._typed(batch)
 
     def _check_utf8(self, batch: pa.RecordBatch) -> None:
-        for name, column in zip(batch.schema.names, batch.columns):
-            if pa.types.is_string(column.type):
+        """Raise `BadFile` naming the line (row) and the column, by name and from 1, of the first text that is not UTF-8."""
+        for index, (name, column) in enumerate(zip(batch.schema.names, batch.columns)):
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                 try:
                     column.validate(full=True)
                 except pa.ArrowInvalid as e:
-                    raise BadFile(FileIssue(kind="encoding", message=f"{self.info.uri}: column {name!r} holds text that is not valid UTF-8 ({e})", fatal=True)) from e
+                    bad = next((i for i in range(len(column)) if not _valid_utf8(column.slice(i, 1))), None)
+                    unit, start = self._where()
+                    at = f"{unit} {self.rows + bad + start}, " if bad is not None else ""
+                    position = (self._header or []).index(name) + 1 if name in (self._header or []) else index + 1
+                    raise BadFile(
+                        FileIssue(
+                            kind="encoding",
+                            message=f"{self.info.uri}: {at}column {position} ({name!r}) holds text that is not valid UTF-8",
+                            fatal=True,
+                            column=name,
+                            lines=[] if bad is None else [self.rows + bad + start],
+                        )
+                    ) from e
 
     def _columns(self, found: list[str]) -> list[str]:
         """Check the file's columns against the declared ones; returns the stored columns to read.

@@ -269,3 +269,17 @@ def test_a_rejected_symlinked_file_is_quarantined_with_its_content(store: Object
     [entry] = dq.list_quarantine(store, "t/p")
     copies = [p for p in Path(entry.uri).iterdir() if p.name != "report.json"]
     assert [p.read_text() for p in copies] == ["x,s,label\n1,a,zero\n"] and not any(p.is_symlink() for p in copies)
+
+
+def test_text_not_utf8_in_json_lines_and_parquet_names_the_line_or_row_and_column(store: ObjectStore) -> None:
+    land(store, "a.jsonl", b'{"x": 1.5, "s": "a", "label": 0}\n{"x": 2.5, "s": "\xff\xfe", "label": 1}\n')
+    raw = pa.array([b"a", b"b", b"\xff\xfe"], pa.binary())
+    text = pa.Array.from_buffers(pa.string(), 3, raw.buffers())  # bytes declared as text, as a careless writer leaves them
+    land(store, "b.parquet", parquet_bytes(pa.table({"x": [1.5, 2.5, 3.5], "s": text, "label": [0, 1, 0]})))
+    with pytest.raises(ingest.IngestRejected) as caught:
+        ingest.ingest(store, make_spec())
+    messages = {r.uri.rsplit("/", 1)[-1]: r.issues[0].message for r in caught.value.records}
+    assert messages == {
+        "a.jsonl": f"{store.uri('landing', 'a.jsonl')}: line 2, column 2 ('s') holds text that is not valid UTF-8",
+        "b.parquet": f"{store.uri('landing', 'b.parquet')}: row 3, column 2 ('s') holds text that is not valid UTF-8",
+    }
