@@ -83,8 +83,9 @@ def test_bad_data_stops_the_graph_and_is_quarantined(tmp_path: Path) -> None:
     assert not result.success
     text = failure_text(result)
     assert "expectations failed" in text and "quarantine" in text
-    checks = [e for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
-    assert len(checks) == 1 and not checks[0].event_specific_data.passed
+    checks = {e.event_specific_data.check_name: e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    assert sorted(checks) == ["drift", "expectations"] and not checks["expectations"].passed
+    assert checks["drift"].passed and checks["drift"].metadata["drift_verdict"].value == "none"  # a first version: nothing to drift from
     quarantined = list((tmp_path / "store" / "quarantine" / "test" / "digits").glob("*/report.json"))
     assert len(quarantined) == 1 and (quarantined[0].parent / "data.parquet").exists()
     import json
