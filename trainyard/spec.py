@@ -548,6 +548,8 @@ class PipelineSpec(StrictSpec):
             raise ValueError(f"target {self.target!r} has role {target.role!r}; the target is the label, so leave its role unset")
         if target.dtype in ("date", "datetime"):
             raise ValueError(f"target {self.target!r} has dtype {target.dtype!r}; a target is a label (int, str, bool, category) or a number (float)")
+        if self.model.class_weight is not None and self.task == "regression":
+            raise ValueError(f"model.class_weight={self.model.class_weight!r} weighs classes, but the task is 'regression'; leave it unset")
         if self.positive_label is not None and target.domain is not None and self.positive_label not in target.domain:
             raise ValueError(f"positive_label {self.positive_label!r} is not in the target's domain {target.domain}")
         self.source.check_columns(self.columns, self.target)

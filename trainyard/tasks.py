@@ -201,7 +201,7 @@ def check_task(task: str, target: str, target_dtype: str, trainer: str, monitor:
         ValueError: naming the field, the value and what the task accepts.
     """
     profile = TASKS[task]
-    if task == "regression" and target_dtype in ("str", "bool"):
+    if task == "regression" and target_dtype in ("str", "bool", "category"):
         raise ValueError(f"task 'regression' needs a numeric target; column {target!r} is declared {target_dtype!r} (use task='classification')")
     known = KNOWN_METRICS.get(monitor)
     accepted = list(profile.logged[trainer])

@@ -142,3 +142,17 @@ def test_a_metric_named_without_its_mode_takes_its_direction() -> None:
 
     with _pytest.raises(ValueError, match="would promote worse models"):
         PromotionSpec(metric="test_logloss", mode="max")
+
+
+def test_class_weights_and_a_text_target_are_for_classification_only() -> None:
+    import pytest as _pytest
+
+    from tests.pipelines.pipeline_fixtures import small_spec
+    from trainyard.spec import ColumnSpec, ModelSpec
+
+    columns = dict(small_spec().columns)
+    with _pytest.raises(ValueError, match="weighs classes, but the task is 'regression'"):
+        small_spec(columns={**columns, "label": ColumnSpec(dtype="float")},
+                   model=ModelSpec(path="pipelines.vision.models:DigitsMLP", class_weight="balanced", monitor="val_rmse"))
+    with _pytest.raises(ValueError, match="regression"):
+        small_spec(columns={**columns, "label": ColumnSpec(dtype="category")}, task="regression")
