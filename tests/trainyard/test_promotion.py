@@ -231,7 +231,8 @@ def test_policy_spec_names_field_value_and_rule() -> None:
     with pytest.raises(pydantic.ValidationError, match="min_improvement"):
         PromotionSpec(min_improvement=-0.1)
     with pytest.raises(pydantic.ValidationError, match="promotion.mode 'max' with metric 'test_rmse' would promote worse models"):
-        PromotionSpec(metric="test_rmse")
+        PromotionSpec(metric="test_rmse", mode="max")
+    assert PromotionSpec(metric="test_rmse").mode == "min"  # named without its mode, the metric's direction
 
 
 # -- the trivial baseline ------------------------------------------------------------------
