@@ -91,7 +91,8 @@ def build_train_spec(
             target=spec.target,
             version=data.md5,
             feature_types={c: spec.columns[c].dtype for c in spec.features},
-            domains={c: list(spec.columns[c].domain) for c in spec.features if spec.columns[c].domain is not None and spec.columns[c].categorical},
+            domains={c: list(domain) for c in spec.features
+                     if (domain := spec.columns[c].domain) is not None and spec.columns[c].categorical},
             keep=spec.keep_columns,
             positive_label=spec.positive_label,
         ),
