@@ -9,6 +9,15 @@ Every run checkpoints through the committed store with exact resume
 written by rank 0, fsdp/tp runs as one shard per rank committed by rank 0
 (`training.strategies.CheckedModelParallelStrategy`).
 
+The platform's preprocessing (`training.preprocessing`) is fitted on the train
+split before the data module is built and handed to a data module that takes
+`preprocessing` (`training.data.ParquetDataModule` does): the model's
+`n_features` is then the width after it, and the export ships its state. Class
+labels may be any values (sorted; a label's index is its class). A binary model
+may return one logit per row (the second class's; sigmoid) or one per class
+(softmax). The final metrics (`training.metrics`) come with the train prior's
+beside them (`baseline_*`).
+
 This module loads torch and Lightning; `training.entrypoint` imports it only
 for Lightning trials, so a GBT trial never does.
 """
