@@ -410,10 +410,11 @@ class Preprocessing(_Strict):
     """The preprocessing the platform owns (`training.preprocessing`): fitted on the train split only,
     saved with the trial and inside the registered model, so serving takes the raw columns.
 
-    - numeric (`int`, `float`, `bool`) features: missing values imputed with the train
-      median (`impute`), plus a 0/1 indicator column per feature that had missing
-      values in train or is declared nullable (`missing_indicators`); standardised
-      to zero mean and unit variance for neural models (`scale`; LightGBM is never scaled);
+    - numeric (`int`, `float`, `bool`) features: for Lightning, missing values imputed
+      with the train median (`impute`), plus a 0/1 indicator column per feature that
+      had missing values (`missing_indicators`), and standardised to zero mean and
+      unit variance (`scale`); LightGBM keeps NaN (its own missing-value handling)
+      and is never scaled;
     - categorical (`str`, `category`) features: a vocabulary of the train split's
       `max_categories` most frequent values; anything else (an unseen category at
       serving, a missing value) is its own "other" level. LightGBM gets integer
@@ -423,7 +424,9 @@ class Preprocessing(_Strict):
       day of week, day of year; hour too for `datetime`) as numeric features.
 
     `enabled=False` hands the raw columns to the model as numbers: a string, date
-    or missing value then fails before compute, naming the column.
+    or missing value then fails before compute, naming the column. A table whose
+    features are all numeric and complete in every split reaches the model unchanged
+    (no scaling), so pipelines written before preprocessing existed train as before.
     """
 
     enabled: bool = True
