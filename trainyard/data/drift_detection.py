@@ -453,13 +453,18 @@ def delivery_drift(
     """
     files = delivery_files(store, prev_raw_uri, cur_raw_uri)
     schema = current[1].schema
-    if files is None or not any(int(r.get("rows") or 0) for r in files):
-        why = "its files are not known" if files is None else "no new landing file: files were only removed or read again"
+    groups = None
+    why = "its files are not known" if files is None else "no new landing file: files were only removed or read again"
+    if files is not None and any(int(r.get("rows") or 0) for r in files):
+        try:
+            groups = _profile_parts(store, schema, files)
+        except (KeyError, pa.ArrowException) as e:  # parts not in the snapshot's columns (not made by this ingest)
+            why = f"the new files' parts cannot be read as the snapshot's columns: {e}"
+    if groups is None:
         rows = drift(*reference, *current, spec)
         for r in rows:
             r["scope"] = f"whole version, {current[0]['rows']} rows ({why}) against {reference_name}"
         return rows
-    groups = _profile_parts(store, schema, files)
     schema_rows = schema_changes(reference[0], current[0])
     best: dict[str, dict[str, Any]] = {}
     for i, (name, n, profile, sample) in enumerate(groups):
