@@ -323,6 +323,32 @@ The orchestrator imports no pod code, so it never builds the model itself: `reso
 runs `training.describe` on a warm worker (or in a fresh interpreter)."""
 
 
+def input_width_bound(spec: PipelineSpec) -> int:
+    """The most model inputs the platform's preprocessing can make of the declared features (`training.preprocessing`).
+
+    The exact width is fitted on the train split (a vocabulary, which columns had
+    gaps); planning happens before, so it sizes the model for the widest case: a
+    one-hot column per kept category plus "other" (`max_categories` for an open
+    categorical, its domain for a closed one), the declared date parts (hour for
+    datetimes only), and a missing-value indicator per nullable column.
+    """
+    pre = spec.preprocessing
+    if not pre.enabled:
+        return len(spec.features)
+    width = 0
+    for name in spec.features:
+        column = spec.columns[name]
+        if column.categorical:
+            width += 1 if pre.categorical == "index" else min(pre.max_categories, len(column.domain or ()) or pre.max_categories) + 1
+        elif column.dtype in ("date", "datetime"):
+            width += len([p for p in pre.date_parts if p != "hour" or column.dtype == "datetime"])
+        else:
+            width += 1
+        if column.nullable and pre.missing_indicators:
+            width += 1
+    return width
+
+
 def plan_trial(
     spec: "PipelineSpec",
     hparams: dict[str, Any],
@@ -366,7 +392,7 @@ def plan_trial(
     memory_gb, source = device_memory(dist, launcher, environ)
     chosen_by: Literal["planner", "user"] = "planner" if dist.strategy == "auto" else "user"
     try:
-        model = describe(ModelQuery(spec.model.path, dict(hparams), len(spec.features), spec.task != "regression", n_classes))
+        model = describe(ModelQuery(spec.model.path, dict(hparams), input_width_bound(spec), spec.task != "regression", n_classes))
         result = plan_distribution(dist, model.params, PRECISION_BYTES[precision], memory_gb, optimizer,
                                    fsdp_units=model.fsdp_units, device_memory_source=source)
         if result.chosen_by == "planner":

@@ -312,3 +312,19 @@ def test_a_code_location_loads_without_pandas(team: str) -> None:
     """Every Dagster run worker and code server loads its location: pandas (0.4 s) is imported by the work that needs it."""
     code = f"import sys, pipelines.{team}.definitions; assert 'pandas' not in sys.modules, 'pandas was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_planner_sizes_a_model_for_the_preprocessed_width() -> None:
+    from tests.pipelines.pipeline_fixtures import small_spec
+    from training.spec import Preprocessing
+    from trainyard.planner import input_width_bound
+    from trainyard.spec import ColumnSpec
+
+    assert input_width_bound(small_spec()) == len(small_spec().features)  # numeric, complete: unchanged
+    columns = {"plan": ColumnSpec(dtype="category", domain=["a", "b", "c"]), "country": ColumnSpec(dtype="str", nullable=True),
+               "signup": ColumnSpec(dtype="date"), "seen": ColumnSpec(dtype="datetime"), "charges": ColumnSpec(dtype="float", nullable=True),
+               "label": ColumnSpec(dtype="int", domain=[0, 1])}
+    spec = small_spec(columns=columns, preprocessing=Preprocessing(max_categories=20))
+    # plan 3+1, country 20+1 and its indicator, signup 5 parts, seen 5 parts (no hour declared), charges and its indicator
+    assert input_width_bound(spec) == 4 + 22 + 5 + 5 + 2
+    assert input_width_bound(small_spec(columns=columns, preprocessing=Preprocessing(categorical="index"))) == 1 + 2 + 5 + 5 + 2
