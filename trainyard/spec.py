@@ -560,7 +560,8 @@ class PipelineSpec(StrictSpec):
         if self.model.task == "gbt" and self.distribution.world_size != 1:
             raise ValueError(f"distribution: task 'gbt' trains in one process; got world size {self.distribution.world_size} (leave distribution unset)")
         if self.model.gbt_metrics and self.promotion.metric not in self.model.gbt_metrics:
-            raise ValueError(f"promotion.metric {self.promotion.metric!r} is not reported by this gbt model; use one of {list(self.model.gbt_metrics)}")
+            raise ValueError(f"promotion.metric {self.promotion.metric!r} is not reported by this gbt model; use one of "
+                             f"{[m for m in self.model.gbt_metrics if m.startswith('test_')]}")
         if self.task is not None:
             check_task(self.task, self.target, self.columns[self.target].dtype, self.model.task, self.model.monitor,
                        self.model.monitor_mode, self.promotion.metric, self.model.hparams)

@@ -46,14 +46,14 @@ def _spec(**over) -> PipelineSpec:
 
 def test_a_regression_pipeline_declares_rmse_throughout() -> None:
     spec = _spec()
-    assert spec.model.gbt_metrics == ("val_rmse", "test_rmse")
+    assert spec.model.gbt_metrics == ("val_rmse", "val_mae", "test_rmse", "test_mae")
 
 
 @pytest.mark.parametrize(
     ("over", "message"),
     [
         ({"distribution": Distribution(procs_per_node=2)}, "task 'gbt' trains in one process; got world size 2"),
-        ({"promotion": PromotionSpec(metric="test_acc")}, "promotion.metric 'test_acc' is not reported by this gbt model; use one of ['val_rmse', 'test_rmse']"),
+        ({"promotion": PromotionSpec(metric="test_acc")}, "promotion.metric 'test_acc' is not reported by this gbt model; use one of ['test_rmse', 'test_mae']"),
     ],
 )
 def test_gbt_pipeline_mistakes_name_the_field(over: dict, message: str) -> None:
@@ -65,8 +65,9 @@ def test_gbt_pipeline_mistakes_name_the_field(over: dict, message: str) -> None:
     ("kwargs", "message"),
     [
         ({"path": "pipelines.vision.models:DigitsMLP"}, "task 'gbt' trains LightGBM and takes no model path"),
-        ({"monitor": "val_loss"}, "monitor 'val_loss' is not a gbt metric; use one of ['val_acc', 'val_logloss', 'val_rmse']"),
-        ({"monitor": "val_rmse"}, "monitor_mode 'max' does not fit monitor 'val_rmse'; use 'min'"),
+        ({"monitor": "val_loss"}, "monitor 'val_loss' is not a gbt metric; use one of ['val_acc', 'val_balanced_acc', 'val_f1', "
+                                  "'val_logloss', 'val_mae', 'val_pr_auc', 'val_rmse', 'val_roc_auc']"),
+        ({"monitor": "val_rmse", "monitor_mode": "max"}, "monitor_mode 'max' does not fit monitor 'val_rmse'; use 'min'"),
     ],
 )
 def test_gbt_model_mistakes_name_the_field(kwargs: dict, message: str) -> None:
