@@ -434,3 +434,14 @@ def test_policy_module_imports_without_dagster_or_resources() -> None:
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_metric_a_promotion_accepts_can_be_re_evaluated_from_served_predictions() -> None:
+    from trainyard.promotion import SERVED_METRICS
+    from trainyard.tasks import TASKS
+
+    accepted = {m for profile in TASKS.values() for metrics in profile.evaluated.values() for m in metrics}
+    assert set(SERVED_METRICS) == accepted  # check_task refuses any other promotion metric at import
+    frame, truth = served_frame(), ["no", "yes", "yes", "no"]
+    for metric in accepted - {"test_rmse", "test_mae"}:
+        assert 0.0 <= served_metric(metric, frame, truth, target="churn") < 10.0, metric
