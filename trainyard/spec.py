@@ -290,14 +290,18 @@ class PromotionSpec(StrictSpec):
       "max") or at most `threshold` (mode "min"); skipped when `threshold` is None;
     - beats_champion: `metric` beats the current champion's, on the same test
       split, by more than `min_improvement` (the champion is re-evaluated on this
-      split when its recorded metric is from another one);
+      split from its served labels and probabilities when its recorded metric is
+      from another one: any metric `trainyard.tasks` lists for the task can be);
+    - beats_baseline: `metric` beats the trivial baseline's (`baseline_<metric>`,
+      the train split's class prior or mean, reported by every trial); skipped with
+      a note for versions trained before baselines were reported;
     - data_validation: the blocking expectations check passed for the data
       version the model was trained on, and that data is not quarantined;
     - serving_smoke_test: a fresh process with only the serving dependencies
       loads `models:/<name>@challenger`, predicts on the input example and the
-      test split, and its test accuracy equals the training-side one within
-      `served_metric_tolerance`; it must finish within `smoke_test_timeout_s`.
-
+      test split, and `metric` computed from what it served equals the
+      training-side one within `served_metric_tolerance`; it must finish within
+      `smoke_test_timeout_s`;
     - clean_lineage: the version was trained from committed code (its recorded
       `code_dirty` is False) with the deployed dependency lock (its recorded
       `lock_hash` equals the deciding orchestrator's). `require_clean_lineage`
@@ -310,6 +314,7 @@ class PromotionSpec(StrictSpec):
     failing check, and is recorded as an override.
     """
 
+    # `mode` unset takes the metric's direction (`trainyard.tasks.metric_direction`): PromotionSpec(metric="test_logloss") minimises.
     metric: str = "test_acc"
     mode: Literal["max", "min"] = "max"
     min_improvement: float = Field(0.0, ge=0.0)

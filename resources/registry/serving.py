@@ -74,13 +74,25 @@ def client_payload(frame: "pd.DataFrame") -> dict[str, Any]:
     per field writes them. `frame.to_numpy()` would not: a frame mixing int
     and float columns becomes one float array, and a model whose signature
     declares an integer column would be sent `3.0` where a client sends `3`.
-    Dates and times are sent as ISO 8601 text, as JSON has no date type.
+    Dates and times are sent as ISO 8601 text, as JSON has no date type, and a
+    missing date or time as null.
     """
+    split = frame.to_dict(orient="split", index=False)
+    rows = [[_json_value(v) for v in row] for row in split["data"]]
+    return {"columns": [str(c) for c in split["columns"]], "data": rows}
+
+
+def _json_value(value: Any) -> Any:
+    """A cell as a JSON client writes it: dates and times as ISO 8601 text, pandas' missing date (NaT) as null."""
     import datetime as dt
 
-    split = frame.to_dict(orient="split", index=False)
-    rows = [[v.isoformat() if isinstance(v, (dt.date, dt.datetime)) else v for v in row] for row in split["data"]]
-    return {"columns": [str(c) for c in split["columns"]], "data": rows}
+    import pandas as pd
+
+    if value is pd.NaT:
+        return None
+    if isinstance(value, (dt.date, dt.datetime)):
+        return value.isoformat()
+    return value
 
 
 def smoke_request(model_uri: str, samples: Mapping[str, "pd.DataFrame"], blocked_modules: Sequence[str], output: str) -> dict[str, Any]:

@@ -61,3 +61,15 @@ def test_int_feature_columns_are_declared_long_and_the_smoke_test_serves_them(tm
     assert smoke.passed, smoke.error
     assert smoke.predictions["test"] == smoke.predictions["floats"] == expected
     assert len(smoke.predictions["input_example"]) == 5
+
+
+def test_a_json_client_sends_dates_as_iso_text_and_a_missing_one_as_null() -> None:
+    import datetime as dt
+
+    import pandas as pd
+
+    from resources.registry.serving import client_payload
+
+    frame = pd.DataFrame({"n": [1, 2], "seen": pd.to_datetime(["2024-01-01T10:00Z", None]), "day": [dt.date(2022, 5, 4), None]})
+    assert client_payload(frame) == {"columns": ["n", "seen", "day"],
+                                     "data": [[1, "2024-01-01T10:00:00+00:00", "2022-05-04"], [2, None, None]]}
