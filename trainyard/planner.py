@@ -430,10 +430,11 @@ def count_classes(spec: "PipelineSpec", validated_data: dict[str, Any], store: A
     """
     import pyarrow.parquet as pq
 
-    seen: set[int] = set()
+    seen: set[Any] = set()
     for split in ("train", "val", "test"):
         with store.open(validated_data[split], "rb") as f:
             # ParquetFile.read, not read_table, which imports pandas to look for pandas metadata
             values = pq.ParquetFile(f).read(columns=[spec.target]).column(spec.target).unique().to_pylist()
-        seen.update(int(v) for v in values if v is not None)
+        # Labels as they are: "yes"/"no", True/False or 0/1 (the pod sorts and indexes them the same way).
+        seen.update(v for v in values if v is not None)
     return len(seen)

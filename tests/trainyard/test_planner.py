@@ -307,6 +307,21 @@ assert "pandas" not in sys.modules, "pandas was imported"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_count_classes_counts_text_labels(tmp_path) -> None:
+    """A "yes"/"no" or three-word target is counted as it is (it was cast to int, which failed every trial of a model taking n_classes)."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from resources.storage import ObjectStore
+    from trainyard.planner import count_classes
+
+    for split, labels in {"train": ["approved", "denied", "denied"], "val": ["fraud", None], "test": ["approved"]}.items():
+        pd.DataFrame({"outcome": labels}).to_parquet(tmp_path / f"{split}.parquet")
+    uris = {s: str(tmp_path / f"{s}.parquet") for s in ("train", "val", "test")}
+    assert count_classes(SimpleNamespace(target="outcome"), uris, ObjectStore(root=str(tmp_path))) == 3
+
+
 @pytest.mark.parametrize("team", ["vision", "tabular", "language", "platform", "commerce"])
 def test_a_code_location_loads_without_pandas(team: str) -> None:
     """Every Dagster run worker and code server loads its location: pandas (0.4 s) is imported by the work that needs it."""
