@@ -145,14 +145,17 @@ LOOSE_INPUT_DTYPES = ("int", "bool", "date", "datetime")
 """Declared feature dtypes whose served inputs legitimately arrive in more than one pandas dtype: dates as text
 (a CSV) or as dates (Parquet, a database driver); integers and booleans with gaps as floats or objects, without
 gaps as int64 or bool. MLflow's schema enforcement would refuse all but the example's own dtype; the model's
-preprocessing parses and checks them itself (`training/preprocessing.py`), naming the column when a value is wrong."""
+preprocessing parses and checks them itself (`training/preprocessing.py`), naming the column when a value is wrong.
+Kept id and timestamp columns are `Any` too: they are returned as given."""
 
 
 def loose_input_columns(meta: Optional[Mapping[str, Any]]) -> list[str]:
     """The input columns of a preprocessing model whose signature type becomes MLflow's `Any` (`LOOSE_INPUT_DTYPES`)."""
     if not meta or not meta.get("preprocessing"):
         return []
-    return [c for c, dtype in (meta.get("feature_types") or {}).items() if dtype in LOOSE_INPUT_DTYPES]
+    loose = [c for c, dtype in (meta.get("feature_types") or {}).items() if dtype in LOOSE_INPUT_DTYPES]
+    # Id and timestamp columns are echoed back, never read by the model: whatever type the caller has passes.
+    return loose + [c for c in meta.get("keep") or () if c not in loose]
 
 
 def relax_signature(model_uri: str, columns: list[str]) -> None:
@@ -221,6 +224,10 @@ def input_example_of(input_example: "pd.DataFrame", features: list[str], keep: A
     # float64 pass); the pyfunc casts to the model's float32 itself.
     columns = [c for c in keep if c in input_example.columns and c not in features] + list(features)
     example = input_example[columns].head(INPUT_EXAMPLE_ROWS).reset_index(drop=True)
+    # MLflow infers no signature at all from a zone-aware datetime column (only a warning): the example carries UTC as naive.
+    for c in columns:
+        if isinstance(example[c].dtype, pd.DatetimeTZDtype):
+            example[c] = example[c].dt.tz_convert("UTC").dt.tz_localize(None)
     numeric = [c for c in columns if pd.api.types.is_numeric_dtype(example[c]) or pd.api.types.is_bool_dtype(example[c])]
     return example.astype({c: "int64" if pd.api.types.is_integer_dtype(example[c]) and not pd.api.types.is_bool_dtype(example[c]) else "float64"
                            for c in numeric})
