@@ -173,6 +173,8 @@ class FileReader:
             issue = _classify(e, uri, self.fmt, self._header, self.spec.source.encoding)
             if issue.kind == "type" and self.fmt == "csv":
                 self._diagnose_csv()
+            elif self.fmt == "jsonl" and isinstance(e, pa.ArrowInvalid):
+                self._diagnose_jsonl()
             raise BadFile(self._fatal() or issue) from e
         fatal = self._fatal()
         if fatal is not None:
@@ -251,8 +253,10 @@ class FileReader:
         for p in self.problems.problems():
             lines = line_numbers(p.rows, self._ragged_lines, start)
             message = describe(p, uri, lines, unit)
-            if p.kind == "type":
+            if p.kind == "type" and self.fmt == "csv":
                 message += self._missing_hint(p.values)
+            elif p.kind == "type" and self.fmt == "jsonl":
+                message += " (in JSON lines a missing value is null; source.missing_values applies to CSV text only)"
             if p.kind == "non_finite" and self.fmt == "csv":
                 message += " (CSV text 'NaN'/'inf' is the float; if 'NaN' means missing, add it to source.missing_values)"
             issue = FileIssue(kind=p.kind, message=message, fatal=p.kind == "type", column=p.column, lines=lines, count=p.count)
@@ -298,6 +302,52 @@ class FileReader:
             )
             for batch in reader:
                 self._typed(batch)
+
+    def _diagnose_jsonl(self) -> None:
+        """Read the JSON lines again, as text, to name each value that does not fit its declared type by line and column.
+
+        pyarrow's JSON reader stops at the first value whose JSON type differs from the
+        column's (a string in a number column), naming a 0-based row of its block;
+        here every line is parsed by Python, each value turned into the text a CSV
+        cell would hold, and checked like CSV text (`_typed`), so the report names
+        1-based lines, the column and the values. A line that is not JSON is itself
+        the problem. Called on the error path only.
+        """
+        import json
+
+        self.problems = ProblemCollector(self.spec)
+        self.rows, self.missing = 0, {}
+        chunk: dict[str, list[Optional[str]]] = {c: [] for c in self.columns}
+
+        def text(value: Any) -> Optional[str]:
+            if value is None:
+                return None
+            if isinstance(value, bool):
+                return "true" if value else "false"
+            return value if isinstance(value, str) else json.dumps(value)
+
+        def flush() -> None:
+            if chunk[self.columns[0]] if self.columns else False:
+                self._typed(pa.record_batch([pa.array(chunk[c], pa.string()) for c in self.columns], names=self.columns))
+                for c in self.columns:
+                    chunk[c].clear()
+
+        with self.store.open(self.info.uri, "rb") as f:
+            for number, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    record = json.loads(raw)
+                except ValueError as e:
+                    raise BadFile(FileIssue(kind="corrupt", message=f"{self.info.uri}: line {number} is not valid JSON ({e})",
+                                            fatal=True, lines=[number])) from e
+                if not isinstance(record, dict):
+                    record = {}
+                for c in self.columns:
+                    chunk[c].append(text(record.get(c)))
+                if len(chunk[self.columns[0]]) >= 8192:
+                    flush()
+        flush()
 
     def _check_utf8(self, batch: pa.RecordBatch) -> None:
         """Raise `BadFile` naming the line (row) and the column, by name and from 1, of the first text that is not UTF-8."""
