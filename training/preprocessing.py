@@ -61,7 +61,7 @@ OTHER = "__other__"
 DATE_PARTS = ("year", "month", "day", "dayofweek", "dayofyear", "hour")
 DEFAULT_CONFIG: dict[str, Any] = {
     "enabled": True, "impute": "median", "missing_indicators": True, "scale": True, "categorical": "onehot",
-    "max_categories": 50, "date_parts": ["year", "month", "day", "dayofweek", "dayofyear"],
+    "max_categories": 50, "date_parts": ["year", "month", "day", "dayofweek", "dayofyear", "hour"],
 }
 HINT = ("turn the platform's preprocessing on (PipelineSpec.preprocessing, enabled=True, the default) or convert the "
         "column to numbers without gaps before the data lands")
@@ -88,6 +88,8 @@ def _numbers(values: pd.Series, column: str) -> np.ndarray:
     for i, v in enumerate(values.tolist()):
         if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT:
             continue
+        if isinstance(v, str) and not v.strip():
+            continue  # an empty cell is missing, as ingest reads it (a frame read with keep_default_na=False holds "")
         if isinstance(v, (bool, np.bool_)):
             out[i] = float(v)
             continue

@@ -421,7 +421,7 @@ class Preprocessing(_Strict):
       codes as native categorical features; Lightning models get one-hot columns
       (`categorical="onehot"`) or the codes as floats (`"index"`);
     - `date` / `datetime` features: the parts in `date_parts` (year, month, day,
-      day of week, day of year; hour too for `datetime`) as numeric features.
+      day of week, day of year; and hour, in UTC, for `datetime` only) as numeric features.
 
     `enabled=False` hands the raw columns to the model as numbers: a string, date
     or missing value then fails before compute, naming the column. A table whose
@@ -436,7 +436,7 @@ class Preprocessing(_Strict):
     categorical: Literal["onehot", "index"] = "onehot"
     max_categories: int = Field(50, ge=1, le=10_000)
     date_parts: tuple[Literal["year", "month", "day", "dayofweek", "dayofyear", "hour"], ...] = (
-        "year", "month", "day", "dayofweek", "dayofyear")
+        "year", "month", "day", "dayofweek", "dayofyear", "hour")
 
 
 class TrainSpec(_Strict):

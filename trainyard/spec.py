@@ -557,6 +557,9 @@ class PipelineSpec(StrictSpec):
             raise ValueError(f"model.class_weight={self.model.class_weight!r} weighs classes, but the task is 'regression'; leave it unset")
         if self.positive_label is not None and target.domain is not None and self.positive_label not in target.domain:
             raise ValueError(f"positive_label {self.positive_label!r} is not in the target's domain {target.domain}")
+        if self.positive_label is not None and target.domain is not None and len(target.domain) > 2:
+            raise ValueError(f"positive_label applies to a binary target; {self.target!r} has {len(target.domain)} classes "
+                             f"{target.domain} (its roc_auc, pr_auc and f1 are macro averages over them)")
         self.source.check_columns(self.columns, self.target)
         if not self.features:
             raise ValueError("columns must declare at least one feature besides the target")

@@ -134,3 +134,15 @@ def test_timestamps_give_their_hour_and_a_missing_column_is_named() -> None:
     assert out["seen__hour"].tolist() == [5, 3] and out["seen__dayofweek"].tolist() == [0, 0]  # in UTC
     with pytest.raises(ValueError, match=r"model input is missing feature columns \['seen'\]"):
         pp.transform(pd.DataFrame({"other": [1]}), state)
+
+
+def test_serving_reads_an_empty_text_cell_as_missing_and_a_datetime_keeps_its_hour() -> None:
+    state = pp.fit(train_frame(), TYPES, trainer="lightning")
+    # A batch read with keep_default_na=False holds "" where the CSV cell was empty: missing, as at ingest.
+    raw = train_frame().astype({"charges": object})
+    raw.loc[1, "charges"] = ""
+    assert np.array_equal(columns(state, raw)["charges__missing"], columns(state, train_frame())["charges__missing"])
+    stamps = pd.DataFrame({"seen": ["2024-01-01T02:00:00Z", "2024-01-01T14:00:00+02:00", "2024-01-01T13:00:00Z"]})
+    timed = pp.fit(stamps, {"seen": "datetime"}, trainer="gbt")
+    x, names = pp.transform(stamps, timed)
+    assert "seen__hour" in names and x[:, names.index("seen__hour")].tolist() == [2.0, 12.0, 13.0]  # in UTC

@@ -340,6 +340,6 @@ def test_the_planner_sizes_a_model_for_the_preprocessed_width() -> None:
                "signup": ColumnSpec(dtype="date"), "seen": ColumnSpec(dtype="datetime"), "charges": ColumnSpec(dtype="float", nullable=True),
                "label": ColumnSpec(dtype="int", domain=[0, 1])}
     spec = small_spec(columns=columns, preprocessing=Preprocessing(max_categories=20))
-    # plan 3+1, country 20+1 and its indicator, signup 5 parts, seen 5 parts (no hour declared), charges and its indicator
-    assert input_width_bound(spec) == 4 + 22 + 5 + 5 + 2
-    assert input_width_bound(small_spec(columns=columns, preprocessing=Preprocessing(categorical="index"))) == 1 + 2 + 5 + 5 + 2
+    # plan 3+1, country 20+1 and its indicator, signup 5 parts, seen 6 (the hour too), charges and its indicator
+    assert input_width_bound(spec) == 4 + 22 + 5 + 6 + 2
+    assert input_width_bound(small_spec(columns=columns, preprocessing=Preprocessing(categorical="index"))) == 1 + 2 + 5 + 6 + 2

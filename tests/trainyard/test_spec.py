@@ -125,6 +125,8 @@ def test_the_target_is_a_label_and_the_fingerprint_keeps_old_studies() -> None:
         small_spec(columns={**columns, "label": ColumnSpec(dtype="int", role="id")})
     with _pytest.raises(ValueError, match="not in the target's domain"):
         small_spec(positive_label=11)
+    with _pytest.raises(ValueError, match="applies to a binary target"):
+        small_spec(positive_label=3)
     # Fields added for business tables leave existing pipelines' fingerprints (and so their studies) unchanged ...
     assert "preprocessing" not in base.model_dump(mode="json", include={"columns", "model"})
     assert small_spec(preprocessing=Preprocessing()).fingerprint() == base.fingerprint()
