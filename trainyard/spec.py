@@ -197,7 +197,7 @@ class ColumnSpec(StrictSpec):
         return self.dtype in ("str", "category")
 
 class SplitSpec(StrictSpec):
-    """Deterministic stratified train/val/test split."""
+    """Deterministic train/val/test split by a salted hash of each row's id (or whole row), stable across versions (docs/data.md, "The split")."""
 
     val_fraction: float = Field(0.15, gt=0, lt=0.5)
     test_fraction: float = Field(0.15, gt=0, lt=0.5)

@@ -17,7 +17,8 @@ The chain, as the assets use it:
    stable, moderate or drifted;
 5. `decide` applies the pipeline's `on_bad_data` policy; `set_aside_rows`
    moves bad rows out when the policy is "warn";
-6. `split_snapshot` writes the deterministic stratified train/val/test split;
+6. `split_snapshot` writes the deterministic train/val/test split, by a salted
+   hash of each row's id (or whole row), stable across versions;
 7. the quarantine functions keep rejected data with its report, list it,
    and record releases (who, when, why).
 
@@ -80,7 +81,7 @@ from trainyard.data.quarantine import (
     release_quarantine,
 )
 from trainyard.data.report import PLATFORM_CHECK, SUITE_CHECK, ValidationReport
-from trainyard.data.splitting import split, split_positions, split_snapshot
+from trainyard.data.splitting import split, split_snapshot, split_table
 from trainyard.data.suite import GX_TYPE_NAMES, expectation_configs, suite_expectations, suite_hash
 from trainyard.data.validation import (
     SnapshotValidation,
@@ -150,8 +151,8 @@ __all__ = [
     "row_hashes",
     "set_aside_rows",
     "split",
-    "split_positions",
     "split_snapshot",
+    "split_table",
     "suite_expectations",
     "suite_hash",
     "to_canonical",

@@ -24,7 +24,7 @@ class SchemaMismatch(DataQualityError):
 
 
 class SplitError(DataQualityError):
-    """The rows cannot be split as the `SplitSpec` asks (e.g. too few rows of a class to stratify)."""
+    """The rows cannot be split as the `SplitSpec` asks (fewer than three rows, or a class too rare to reach every part)."""
 
 
 class QuarantineError(DataQualityError):

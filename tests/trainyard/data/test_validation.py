@@ -210,7 +210,8 @@ def _raw(store, frame: pd.DataFrame, md5: str) -> dict:
 def test_validate_version_rejects_then_a_release_lets_it_through(store, digits, spec):
     good = dq.validate_version(store, spec, _raw(store, digits, "a" * 32))
     assert good.verdict.accepted and good.quarantine is None and good.drift == []
-    assert good.value["rows"] == {"train": 180, "val": 60, "test": 60} and good.value["set_aside"] == 0
+    sizes = {name: len(part) for name, part in zip(("train", "val", "test"), dq.split(digits, spec))}
+    assert good.value["rows"] == sizes and sum(sizes.values()) == 300 and good.value["set_aside"] == 0
     latest = store.read_json(store.uri("data", "vision", "digits", "validated", "latest.json"))
     assert latest["md5"] == "a" * 32 and store.exists(latest["profile_uri"]) and store.exists(latest["sample_uri"])
     assert "<html" in open(good.docs_uri).read()
@@ -245,7 +246,7 @@ def test_validate_version_rejects_then_a_release_lets_it_through(store, digits, 
 
     released = dq.validate_version(store, spec, _raw(store, bad, "b" * 32))
     assert released.verdict.accepted and released.verdict.release == record
-    assert released.value["rows"]["train"] == 180
+    assert released.value["rows"]["train"] == len(dq.split(bad, spec)[0])  # rows 3 and 9 changed: hashed anew
     assert store.exists(f"{where}/data.parquet")  # released data stays inspectable where it was
 
 
