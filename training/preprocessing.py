@@ -78,12 +78,12 @@ def _is_missing(values: pd.Series) -> np.ndarray:
     return np.asarray(values.isna(), dtype=bool)
 
 
-def _numbers(values: pd.Series, column: str) -> np.ndarray:
-    """A numeric column as float64 (missing: NaN); text that is no number is an error naming the column."""
+def _numbers(values: pd.Series, column: str, dtype: str = "float") -> np.ndarray:
+    """A numeric column as float64 (missing: NaN); a value that is no number is an error naming the column, its dtype and row."""
     if pd.api.types.is_bool_dtype(values.dtype) or pd.api.types.is_numeric_dtype(values.dtype):
         return values.to_numpy(dtype="float64", na_value=np.nan)
     if pd.api.types.is_datetime64_any_dtype(values.dtype):
-        raise PreprocessingError(f"feature {column!r} holds dates, but it is declared numeric; declare it dtype='date' or 'datetime'")
+        raise PreprocessingError(f"feature {column!r} holds dates, but it is declared {dtype!r}; declare it dtype='date' or 'datetime'")
     out = np.full(len(values), np.nan)
     for i, v in enumerate(values.tolist()):
         if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT:
@@ -99,25 +99,34 @@ def _numbers(values: pd.Series, column: str) -> np.ndarray:
         try:
             out[i] = float(v)
         except (TypeError, ValueError):
-            raise PreprocessingError(
-                f"feature {column!r} is declared numeric but holds {v!r} (row {i}); declare its dtype "
-                f"(e.g. 'category' for text) in the pipeline's columns") from None
+            fix = ("give true/false (or 1/0)" if dtype == "bool" else
+                   "give a number, or declare the column's dtype 'category' in the pipeline's columns if it is text")
+            raise PreprocessingError(f"feature {column!r} is declared {dtype!r} but holds {v!r} (row {i + 1} of the input); {fix}") from None
     return out
 
 
-def _datetimes(values: pd.Series, column: str) -> pd.Series:
-    """A date or datetime column (dates, timestamps or ISO text) as UTC timestamps; missing: NaT."""
+def _datetimes(values: pd.Series, column: str, dtype: str = "date") -> pd.Series:
+    """A date or datetime column (dates, timestamps or ISO text) as UTC timestamps; missing (or empty text): NaT."""
     if pd.api.types.is_datetime64_any_dtype(values.dtype):
         out = values
     else:
-        cleaned = values.map(lambda v: v.isoformat() if isinstance(v, (_dt.date, _dt.datetime)) else v)
+        cleaned = values.map(lambda v: v.isoformat() if isinstance(v, (_dt.date, _dt.datetime))
+                             else None if isinstance(v, str) and not v.strip() else v)
         try:
             out = pd.to_datetime(cleaned, errors="raise", format="ISO8601", utc=True)
-        except (TypeError, ValueError) as e:
-            raise PreprocessingError(f"feature {column!r} is declared a date but holds a value that is not one ({e}); give ISO dates such as '2022-05-04'") from None
+        except (TypeError, ValueError):
+            bad = pd.to_datetime(cleaned, errors="coerce", format="ISO8601", utc=True).isna() & cleaned.notna()
+            row = int(np.flatnonzero(bad.to_numpy())[0]) if bad.any() else None
+            found = f" {cleaned.iloc[row]!r} (row {row + 1} of the input)" if row is not None else " a value that is not one"
+            example = "'2022-05-04'" if dtype == "date" else "'2024-01-02T10:00:00+01:00'"
+            raise PreprocessingError(f"feature {column!r} is declared {dtype!r} but holds{found}; give ISO 8601 text such as {example}") from None
     if getattr(out.dt, "tz", None) is None:
         out = out.dt.tz_localize("UTC")
     return out.dt.tz_convert("UTC")
+
+
+def _declared(state: dict[str, Any], column: str) -> str:
+    return str((state.get("feature_types") or {}).get(column, "float"))
 
 
 def _date_part(stamps: pd.Series, part: str) -> np.ndarray:
@@ -219,7 +228,7 @@ def fit(frame: pd.DataFrame, feature_types: dict[str, str], domains: Optional[di
     if all_numeric and not elsewhere and not any(_is_missing(frame[c]).any() for c in features):
         # Complete numeric tables (every pipeline before preprocessing existed) reach the model unchanged.
         for c in features:
-            _numbers(frame[c], c)  # text in a numeric column is named here, not as a float conversion error later
+            _numbers(frame[c], c, types[c])  # text in a numeric column is named here, not as a float conversion error later
         state.update(enabled=True, passthrough=True)
         _set_outputs(state, [{"name": c, "kind": "raw"} for c in features])
         return state
@@ -231,14 +240,14 @@ def fit(frame: pd.DataFrame, feature_types: dict[str, str], domains: Optional[di
             columns.append(_fit_categorical(frame[c], c, int(cfg["max_categories"])))
         elif kind == "date":
             parts = [p for p in cfg["date_parts"] if p != "hour" or types[c] == "datetime"]
-            stamps = _datetimes(frame[c], c)
+            stamps = _datetimes(frame[c], c, types[c])
             for i, p in enumerate(parts):  # one missing-value indicator per date: on its first part
                 col = _fit_numeric(_date_part(stamps, p), f"{c}__{p}", cfg, trainer, c in elsewhere, source=c, part=p)
                 if i and "indicator" in col:
                     col["indicator"] = False
                 columns.append(col)
         else:
-            columns.append(_fit_numeric(_numbers(frame[c], c), c, cfg, trainer, c in elsewhere, source=c))
+            columns.append(_fit_numeric(_numbers(frame[c], c, types[c]), c, cfg, trainer, c in elsewhere, source=c))
     outputs: list[dict[str, Any]] = []
     for col in columns:
         outputs.extend(_column_outputs(col, trainer, cfg))
@@ -329,10 +338,7 @@ def transform(frame: pd.DataFrame, state: dict[str, Any], dtype: Any = None) -> 
     if state.get("passthrough"):
         if not state.get("enabled", True):
             check_raw(frame, features)
-        if state["trainer"] == "gbt":
-            x = np.column_stack([_numbers(frame[c], c) for c in features]) if len(frame) else np.empty((0, len(features)))
-        else:
-            x = np.column_stack([_numbers(frame[c], c) for c in features]) if len(frame) else np.empty((0, len(features)))
+        x = np.column_stack([_numbers(frame[c], c, _declared(state, c)) for c in features]) if len(frame) else np.empty((0, len(features)))
         return np.ascontiguousarray(x, dtype=dtype), output_names(state)
     cfg = state["config"]
     n = len(frame)
@@ -345,10 +351,10 @@ def transform(frame: pd.DataFrame, state: dict[str, Any], dtype: Any = None) -> 
             continue
         if "part" in col:
             if col["source"] not in stamps_cache:
-                stamps_cache[col["source"]] = _datetimes(source, col["source"])
+                stamps_cache[col["source"]] = _datetimes(source, col["source"], _declared(state, col["source"]))
             values = _date_part(stamps_cache[col["source"]], col["part"])
         else:
-            values = _numbers(source, col["source"])
+            values = _numbers(source, col["source"], _declared(state, col["source"]))
         if state["trainer"] == "gbt":
             blocks.append(values.reshape(n, 1))
             continue

@@ -105,7 +105,7 @@ def test_preprocessing_off_names_every_column_that_is_not_a_number() -> None:
 
 
 def test_text_in_a_numeric_column_names_the_column() -> None:
-    with pytest.raises(ConfigError, match="feature 'charges' is declared numeric but holds 'n/a'"):
+    with pytest.raises(ConfigError, match="feature 'charges' is declared 'float' but holds 'n/a' \\(row 2 of the input\\)"):
         pp.fit(pd.DataFrame({"charges": ["1.0", "n/a"]}), {"charges": "float"}, trainer="gbt")
 
 
@@ -146,3 +146,14 @@ def test_serving_reads_an_empty_text_cell_as_missing_and_a_datetime_keeps_its_ho
     timed = pp.fit(stamps, {"seen": "datetime"}, trainer="gbt")
     x, names = pp.transform(stamps, timed)
     assert "seen__hour" in names and x[:, names.index("seen__hour")].tolist() == [2.0, 12.0, 13.0]  # in UTC
+
+
+def test_a_bad_served_value_is_named_with_its_declared_dtype_and_1_based_row() -> None:
+    state = pp.fit(pd.DataFrame({"commercial": [True, False, True], "seen": ["2024-01-01T00:00Z"] * 3}),
+                   {"commercial": "bool", "seen": "datetime"}, trainer="gbt")
+    batch = pd.DataFrame({"commercial": ["true", "maybe"], "seen": ["2024-01-01T00:00Z", "2024-01-01T00:00Z"]})
+    with pytest.raises(ValueError, match=r"feature 'commercial' is declared 'bool' but holds 'maybe' \(row 2 of the input\); give true/false"):
+        pp.transform(batch, state)
+    batch = pd.DataFrame({"commercial": [True, True], "seen": ["2024-01-01T00:00Z", "06/01/2024 10:00"]})
+    with pytest.raises(ValueError, match=r"feature 'seen' is declared 'datetime' but holds '06/01/2024 10:00' \(row 2 of the input\); give ISO 8601"):
+        pp.transform(batch, state)
