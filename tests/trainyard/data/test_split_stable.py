@@ -166,7 +166,7 @@ def typed_table(n: int) -> pa.Table:
     i = np.arange(n)
     label = np.where(i % 2 == 0, "a", "b")
     label[[2, 500, n - 1]] = "c"  # three rows, in different batches: the fix-up moves one (asserted below)
-    start = dt.datetime(2024, 1, 1, tzinfo=dt.timezone.utc)
+    start = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
     return dq.to_canonical(
         pa.table(
             {
