@@ -144,6 +144,15 @@ def _same_model_files(store: ObjectStore, original: str, rebuilt: str) -> tuple[
     return True, f"byte-identical LightGBM model ({', '.join(compared)}), so identical predictions"
 
 
+def split_as_recorded(pipeline: PipelineSpec, fingerprint: Optional[str]) -> PipelineSpec:
+    """`pipeline` with the split method the version was trained on: a version validated before the hash split
+    records the fingerprint its definition has with `SplitSpec(method="shuffle")`, and is re-split that way."""
+    if fingerprint is None or pipeline.split.method == "shuffle" or pipeline.fingerprint() == fingerprint:
+        return pipeline
+    shuffled = pipeline.model_copy(update={"split": pipeline.split.model_copy(update={"method": "shuffle"})})
+    return shuffled if shuffled.fingerprint() == fingerprint else pipeline
+
+
 def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipeline: Optional[PipelineSpec] = None) -> Report:
     """Rebuild `ref` and compare; `pipeline` defaults to the team definition named by its lineage."""
     registry: ModelRegistry = resources["registry"]
@@ -162,7 +171,7 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
     report = Report(name, version.version)
     trial_dir = recorded_lineage.checkpoint_uri.rstrip("/").rsplit("/", 2)[0]
     spec = TrainSpec.from_json(store.read_bytes(f"{trial_dir}/{SPEC_FILE}").decode())
-    pipeline = pipeline or find_pipeline(recorded_lineage.pipeline)
+    pipeline = split_as_recorded(pipeline or find_pipeline(recorded_lineage.pipeline), recorded_lineage.pipeline_fingerprint)
 
     # Code and environment.
     commit, dirty = lineage.code_version()

@@ -197,11 +197,21 @@ class ColumnSpec(StrictSpec):
         return self.dtype in ("str", "category")
 
 class SplitSpec(StrictSpec):
-    """Deterministic train/val/test split by a salted hash of each row's id (or whole row), stable across versions (docs/data.md, "The split")."""
+    """Deterministic train/val/test split (docs/data.md, "The split").
+
+    `method="hash"` (default): each row's part comes from a salted hash of its id
+    (or of the whole row), so a row keeps its part as deliveries add rows, and a
+    test row of a later version never was a training row of an earlier one.
+    `method="shuffle"`: the split of versions validated before the hash split
+    existed (a seeded, stratified shuffle of the version's rows, which moves rows
+    between parts when the data grows); `trainyard reproduce` uses it for those
+    versions, and a pipeline may keep it to continue a study it began with.
+    """
 
     val_fraction: float = Field(0.15, gt=0, lt=0.5)
     test_fraction: float = Field(0.15, gt=0, lt=0.5)
     seed: int = 0
+    method: Literal["hash", "shuffle"] = "hash"
 
 GBT_MODEL_PATH = "lightgbm:train"
 
@@ -618,6 +628,9 @@ class PipelineSpec(StrictSpec):
     def fingerprint(self) -> str:
         """Hash of everything that changes what a trial trains (not the data)."""
         payload = self.model_dump(mode="json", include={"columns", "target", "split", "model", "search", "distribution"})
+        # The shuffled split hashes as it did before `method` existed, so versions split that way keep their split ids and studies.
+        if payload["split"]["method"] == "shuffle":
+            payload["split"].pop("method")
         # Fields added after studies existed enter the hash only when set away from their default: old studies resume.
         if self.preprocessing != Preprocessing():
             payload["preprocessing"] = self.preprocessing.model_dump(mode="json")

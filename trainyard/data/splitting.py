@@ -199,12 +199,63 @@ def _stratify(spec: PipelineSpec) -> bool:
     return declared.dtype in ("int", "str", "bool", "category") or declared.domain is not None
 
 
+def shuffle_positions(labels: Optional[np.ndarray], n: int, spec: PipelineSpec) -> np.ndarray:
+    """The parts of `SplitSpec(method="shuffle")`: the split of versions validated before the hash split (0 train, 1 val, 2 test).
+
+    The test share is taken first, then the validation share of the rest, both
+    shuffled with `spec.split.seed` and stratified on `labels` when given:
+    exactly the split those versions were trained on, kept so that they can be
+    reproduced. A row's part depends on every other row of the version.
+
+    Raises:
+        SplitError: The rows cannot be split as asked.
+    """
+    from sklearn.model_selection import train_test_split
+
+    fractions = spec.split
+    positions = np.arange(n)
+    try:
+        rest, test = train_test_split(
+            positions, test_size=fractions.test_fraction, random_state=fractions.seed, shuffle=True, stratify=labels
+        )
+        train, val = train_test_split(
+            rest,
+            test_size=fractions.val_fraction / (1.0 - fractions.test_fraction),
+            random_state=fractions.seed,
+            shuffle=True,
+            stratify=labels[rest] if labels is not None else None,
+        )
+    except ValueError as e:
+        how = f"stratified on {spec.target!r}" if labels is not None else "at random"
+        counts = ""
+        if labels is not None:
+            values, freq = np.unique(labels, return_counts=True)
+            counts = f"; rows per class: {dict(zip(jsonable(values.tolist()), freq.tolist()))}"
+        raise SplitError(
+            f"cannot split {n} rows {how} with val_fraction={fractions.val_fraction}, "
+            f"test_fraction={fractions.test_fraction}: {e}{counts}"
+        ) from e
+    parts = np.zeros(n, dtype=np.int8)
+    parts[val] = 1
+    parts[test] = 2
+    return parts
+
+
+def _stratify_shuffled(spec: PipelineSpec) -> bool:
+    """The shuffled split stratified on int, str and bool targets and declared domains (not `category`, which came later)."""
+    declared = spec.columns[spec.target]
+    return declared.dtype in ("int", "str", "bool") or declared.domain is not None
+
+
 def split_table(table: pa.Table | pa.RecordBatch, spec: PipelineSpec) -> np.ndarray:
     """Which part each row of `table` goes to: 0 train, 1 val, 2 test (int8); see the module docstring.
 
     Raises:
         SplitError: The rows cannot be split as asked.
     """
+    if spec.split.method == "shuffle":
+        labels = table.column(spec.target).to_numpy(zero_copy_only=False) if _stratify_shuffled(spec) else None
+        return shuffle_positions(labels, table.num_rows, spec)
     names = table.column_names if isinstance(table, pa.Table) else table.schema.names
     u = split_hashes(table, key_columns(spec, names), spec)
     classes = _Classes() if _stratify(spec) else None
@@ -258,6 +309,11 @@ def split_snapshot(store: FileStore, uri: str, spec: PipelineSpec, out_dir: str,
         schema = pf.schema_arrow.remove_metadata()
         if spec.target not in schema.names:
             raise SchemaMismatch(f"target column {spec.target!r} not found; the data has columns {schema.names}")
+        if spec.split.method == "shuffle":
+            labels = pf.read(columns=[spec.target]).column(0).to_numpy() if _stratify_shuffled(spec) else None
+            parts = shuffle_positions(labels, pf.metadata.num_rows, spec)
+            del labels
+            return _write_parts(pf, schema, parts, out_dir, batch_rows)
         columns = key_columns(spec, schema.names)
         classes = _Classes() if _stratify(spec) else None
         hashes, codes = [], []
@@ -271,19 +327,24 @@ def split_snapshot(store: FileStore, uri: str, spec: PipelineSpec, out_dir: str,
         del codes
         parts = _assign(u, code, classes, spec)
         del u, code
-        writers = [CanonicalParquetWriter(os.path.join(out_dir, f"{name}.parquet"), schema) for name in PART_NAMES]
-        try:
-            offset = 0
-            for batch in pf.iter_batches(batch_size=batch_rows, use_threads=True):
-                batch = batch.replace_schema_metadata(None)
-                which = parts[offset : offset + batch.num_rows]
-                for k, writer in enumerate(writers):
-                    writer.write(batch.filter(pa.array(which == k)))
-                offset += batch.num_rows
-        except BaseException:
-            for writer in writers:
-                writer.abort()
-            raise
+        return _write_parts(pf, schema, parts, out_dir, batch_rows)
+
+
+def _write_parts(pf: Any, schema: pa.Schema, parts: np.ndarray, out_dir: str, batch_rows: int) -> dict[str, int]:
+    """Stream the rows of Parquet file `pf` to `out_dir/{train,val,test}.parquet` by `parts`, keeping their order."""
+    writers = [CanonicalParquetWriter(os.path.join(out_dir, f"{name}.parquet"), schema) for name in PART_NAMES]
+    try:
+        offset = 0
+        for batch in pf.iter_batches(batch_size=batch_rows, use_threads=True):
+            batch = batch.replace_schema_metadata(None)
+            which = parts[offset : offset + batch.num_rows]
+            for k, writer in enumerate(writers):
+                writer.write(batch.filter(pa.array(which == k)))
+            offset += batch.num_rows
+    except BaseException:
         for writer in writers:
-            writer.close()
+            writer.abort()
+        raise
+    for writer in writers:
+        writer.close()
     return {name: w.rows for name, w in zip(PART_NAMES, writers)}

@@ -203,3 +203,21 @@ def test_the_streamed_split_is_the_in_memory_one_whatever_the_batch_size(store, 
         assert (out / "test.parquet").read_bytes() == (tmp_path / "out7" / "test.parquet").read_bytes()
     for part in in_memory:
         assert set(part["label"]) == {"a", "b", "c"}
+
+
+def test_the_shuffled_split_of_earlier_versions_is_kept_with_their_fingerprint() -> None:
+    """Versions validated before the hash split were split by a seeded stratified shuffle; `method="shuffle"` is that split,
+    under the fingerprint those versions recorded (7c3c92a70c69: `small_spec()` before `SplitSpec.method` existed)."""
+    from pipelines.reproduce import split_as_recorded
+    from tests.pipelines.pipeline_fixtures import small_spec
+    from trainyard.data.splitting import shuffle_positions
+    from trainyard.spec import SplitSpec
+
+    shuffled = small_spec(split=SplitSpec(method="shuffle"))
+    assert shuffled.fingerprint() == "7c3c92a70c69" != small_spec().fingerprint()
+    assert split_as_recorded(small_spec(), "7c3c92a70c69").split.method == "shuffle"
+    assert split_as_recorded(small_spec(), small_spec().fingerprint()).split.method == "hash"
+    # The parts the code before `method` (8f600ba's `split_positions`) gave these labels, printed by that code.
+    parts = shuffle_positions(np.array([0, 1] * 50), 100, shuffled)
+    assert np.flatnonzero(parts == 2).tolist() == [0, 1, 6, 11, 18, 35, 38, 42, 73, 77, 78, 81, 94, 98, 99]
+    assert np.flatnonzero(parts == 1).tolist() == [9, 17, 24, 26, 27, 28, 36, 45, 48, 56, 57, 70, 83, 90, 93, 97]
