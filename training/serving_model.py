@@ -233,11 +233,14 @@ def class_probabilities(raw: np.ndarray, n_classes: int, fmt: str) -> np.ndarray
 
 def _preprocessing_module() -> Any:
     """`training/preprocessing.py`: shipped beside this file (`code_paths`), else the installed package's."""
-    try:
-        import preprocessing
+    import importlib
 
-        if hasattr(preprocessing, "transform") and hasattr(preprocessing, "STATE_VERSION"):
-            return preprocessing
+    try:
+        # By name: the top-level module exists only where MLflow put the model's code_paths on sys.path (a served
+        # model); in a trainer image or a checkout it is `training.preprocessing`, below.
+        shipped = importlib.import_module("preprocessing")
+        if hasattr(shipped, "transform") and hasattr(shipped, "STATE_VERSION"):
+            return shipped
     except ImportError:
         pass
     from training import preprocessing as packaged

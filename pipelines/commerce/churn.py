@@ -12,7 +12,7 @@ would leak the label (see docs/data.md, "Feature store sources (Feast)").
 
 from __future__ import annotations
 
-from trainyard import ColumnSpec, FeastSourceSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, SearchSpec
+from trainyard import ColumnSpec, FeastSourceSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, PromotionSpec, SearchSpec
 
 REPO = "feast/commerce"
 """The Feast repository, relative to the object store root (`<TRAINYARD_HOME>/store/feast/commerce` locally)."""
@@ -51,4 +51,6 @@ churn = PipelineSpec(
         params={"num_leaves": IntParam(low=4, high=16), "learning_rate": FloatParam(low=0.03, high=0.3, log=True)},
         n_trials=2,
     ),
+    # Ranked by churn risk: accuracy is matched by always answering "stays" (the trivial baseline the policy checks).
+    promotion=PromotionSpec(metric="test_roc_auc"),
 )

@@ -117,7 +117,7 @@ def _register_new(
                     code_paths=[str(PREPROCESSING_PATH)],
                     metadata=metadata,
                 )
-                loose = loose_input_columns(meta)
+                loose = loose_input_columns(meta, preprocessing_state(local_dir, meta))
                 if loose:
                     relax_signature(logged.model_uri, loose)
                 mv = mlflow_client.create_model_version(
@@ -149,11 +149,28 @@ preprocessing parses and checks them itself (`training/preprocessing.py`), namin
 Kept id and timestamp columns are `Any` too: they are returned as given."""
 
 
-def loose_input_columns(meta: Optional[Mapping[str, Any]]) -> list[str]:
-    """The input columns of a preprocessing model whose signature type becomes MLflow's `Any` (`LOOSE_INPUT_DTYPES`)."""
+def preprocessing_state(model_dir: str, meta: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
+    """The exported model's preprocessing state (`preprocessing.json`), or None when it has none or it cannot be read."""
+    name = (meta or {}).get("preprocessing")
+    if not isinstance(name, str):
+        return None
+    try:
+        state = json.loads((Path(model_dir) / name).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def loose_input_columns(meta: Optional[Mapping[str, Any]], state: Optional[Mapping[str, Any]] = None) -> list[str]:
+    """The input columns of a preprocessing model whose signature type becomes MLflow's `Any` (`LOOSE_INPUT_DTYPES`).
+
+    A model whose table was numeric and complete (`passthrough` state: no parsing, the
+    columns reach the model as they are) keeps MLflow's own types for its features.
+    """
     if not meta or not meta.get("preprocessing"):
         return []
-    loose = [c for c, dtype in (meta.get("feature_types") or {}).items() if dtype in LOOSE_INPUT_DTYPES]
+    passthrough = bool(state and state.get("passthrough"))
+    loose = [] if passthrough else [c for c, dtype in (meta.get("feature_types") or {}).items() if dtype in LOOSE_INPUT_DTYPES]
     # Id and timestamp columns are echoed back, never read by the model: whatever type the caller has passes.
     return loose + [c for c in meta.get("keep") or () if c not in loose]
 

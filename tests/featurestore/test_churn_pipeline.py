@@ -35,6 +35,8 @@ def test_churn_chain_trains_on_point_in_time_features_and_registers_a_champion(t
     assert raw.md5 == out["best"]["lineage"]["data_version"]
     # Leakage would make the held-out accuracy near 1; the point-in-time features leave a real, imperfect signal.
     assert 0.6 < out["best"]["metrics"]["test_acc"] < 0.97
+    metrics = out["best"]["metrics"]
+    assert metrics["test_roc_auc"] > metrics["baseline_test_roc_auc"] == 0.5  # promoted on ranking, the baseline beaten
     champion = harness.resources["registry"].get_alias("commerce.churn", "champion")
     assert champion is not None and champion.version == out["registered"]["version"]
     refs = "customer_stats:balance,customer_stats:txn_count_7d,customer_stats:tickets_30d"
