@@ -139,7 +139,7 @@ def test_the_trained_model_is_kept_without_reading_the_checkpoint_when_the_last_
 
 
 def test_the_final_evaluation_in_batches_equals_one_pass_and_leaves_the_model_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
-    from training import lightning_task
+    from training import lightning_eval as lightning_task
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
