@@ -326,16 +326,22 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
                          metrics, "md5-new-fp1", test_df, "label", PASSED)
         return promotion.decide(registry, handoff, cand, action="register", decided_by="test")
 
-    for metric in classification:
+    from resources.promotion import score_champion
+
+    champion_before = registry.get_version("r", info[1].version)
+    for metric in classification:  # every metric: the champion measured on the old split is re-evaluated on this one
+        score = score_champion(registry, PromotionSpec(metric=metric), champion_before, "md5-new-fp1", test_df, "label")
+        assert score.served and score.value == pytest.approx(served_metric(metric, served[1], labels, target="label")), (metric, score)
+    # Whole decisions (each with its serving smoke test, ~10 s) for a lower-is-better and a ranking metric, both ways.
+    for metric in ("test_logloss", "test_pr_auc"):
         registry.set_alias("r", CHAMPION, info[1].version)  # the weaker model holds champion, measured on the old split
         d = decide(0, metric)
         beats = next(c for c in d.checks if c.name == "beats_champion")
         assert (d.outcome, beats.passed) == ("champion", True), (metric, d.reason)
         assert "re-evaluated on this split" in beats.detail and "cannot be re-evaluated" not in d.reason
         assert d.champion_value == pytest.approx(served_metric(metric, served[1], labels, target="label"))
-        if metric in ("test_logloss", "test_pr_auc"):  # and back: the weaker candidate loses against the re-evaluated champion
-            d = decide(1, metric)
-            assert d.outcome == "rejected" and [c.name for c in d.checks if not c.passed] == ["beats_champion"], (metric, d.reason)
+        d = decide(1, metric)  # and back: the weaker candidate loses against the re-evaluated champion
+        assert d.outcome == "rejected" and [c.name for c in d.checks if not c.passed] == ["beats_champion"], (metric, d.reason)
 
     # The trivial baseline blocks with its evidence: a candidate no better than the class prior is not promoted.
     registry.set_alias("r", CHAMPION, info[1].version)
