@@ -28,6 +28,22 @@ COUNTRIES = ["DE", "FR", "NL", "PL", "ES", "IT", "SE"]
 TARGET = "churned"
 
 
+def churn_columns() -> dict[str, Any]:
+    """The export's columns as a team declares them (README, "A business table")."""
+    from trainyard.spec import ColumnSpec
+
+    return {
+        "customer_id": ColumnSpec(dtype="str", role="id"),
+        "plan": ColumnSpec(dtype="category", domain=PLANS),
+        "country": ColumnSpec(dtype="str", nullable=True),
+        "signup_date": ColumnSpec(dtype="date"),
+        "tenure_months": ColumnSpec(dtype="int", min=0),
+        "monthly_charges": ColumnSpec(dtype="float", min=0, nullable=True),
+        "support_calls": ColumnSpec(dtype="int", min=0, nullable=True),
+        TARGET: ColumnSpec(dtype="str", domain=["no", "yes"]),
+    }
+
+
 def churn_export(rows: int, seed: int = 0, start_id: int = 0, charges_shift: float = 0.0) -> Any:
     """A pandas frame of `rows` customers; churn depends on plan, tenure, charges and support calls (~5.5% "yes")."""
     import pandas as pd
@@ -80,13 +96,20 @@ def land_export(landing: Path, frame: Any, stem: str = "export", csv_parts: int 
 
 
 class OneLogitChurnNet(L.LightningModule):
-    """One logit per row and `BCEWithLogitsLoss`: the binary classifier most people write."""
+    """One logit per row and `BCEWithLogitsLoss`: the binary classifier most people write.
 
-    def __init__(self, n_features: int, hidden: int = 32, lr: float = 0.01, pos_weight: Optional[float] = None) -> None:
+    `pos_weight` weighs the positives; `class_weights` (what `class_weight="balanced"` hands a model) sets it
+    to `class_weights[1] / class_weights[0]`.
+    """
+
+    def __init__(self, n_features: int, hidden: int = 32, lr: float = 0.01, pos_weight: Optional[float] = None,
+                 class_weights: Optional[torch.Tensor] = None) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["class_weights"])
         self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        self.loss = nn.BCEWithLogitsLoss(pos_weight=None if pos_weight is None else torch.tensor([pos_weight]))
+        weight = (class_weights[1] / class_weights[0]).reshape(1) if class_weights is not None else (
+            None if pos_weight is None else torch.tensor([pos_weight]))
+        self.loss = nn.BCEWithLogitsLoss(pos_weight=weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x).squeeze(-1)

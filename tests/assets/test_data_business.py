@@ -7,9 +7,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from dagster import AssetKey
 
-from tests.business import PLANS, TARGET, churn_export, land_export
+from tests.business import TARGET, churn_columns, churn_export, land_export
 from tests.pipelines.pipeline_fixtures import Harness, failure_text
-from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, SourceSpec
+from trainyard.spec import ModelSpec, PipelineSpec, SourceSpec
 
 PREFIX = "landing/crm/churn"
 
@@ -19,16 +19,7 @@ def test_raw_and_validated_data_take_the_export_as_it_is_and_show_missing_values
         team="crm",
         name="churn",
         source=SourceSpec(prefix=PREFIX, pattern=["*.csv", "*.parquet"], format="auto"),
-        columns={
-            "customer_id": ColumnSpec(dtype="str", role="id"),
-            "plan": ColumnSpec(dtype="category", domain=PLANS),
-            "country": ColumnSpec(dtype="str", nullable=True),
-            "signup_date": ColumnSpec(dtype="date"),
-            "tenure_months": ColumnSpec(dtype="int", min=0),
-            "monthly_charges": ColumnSpec(dtype="float", min=0, nullable=True),
-            "support_calls": ColumnSpec(dtype="int", min=0, nullable=True),
-            TARGET: ColumnSpec(dtype="str", domain=["no", "yes"]),
-        },
+        columns=churn_columns(),
         target=TARGET,
         model=ModelSpec(task="gbt"),
     )

@@ -17,22 +17,13 @@ from typing import Any
 
 import pytest
 
-from tests.business import PLANS, TARGET, churn_export, land_export
+from tests.business import TARGET, churn_columns, churn_export, land_export
 from tests.pipelines.pipeline_fixtures import Harness
 from training.spec import Distribution
 from trainyard.search import FloatParam, IntParam, SearchSpec
-from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
+from trainyard.spec import ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
 
-COLUMNS = {
-    "customer_id": ColumnSpec(dtype="str", role="id"),
-    "plan": ColumnSpec(dtype="category", domain=PLANS),
-    "country": ColumnSpec(dtype="str", nullable=True),
-    "signup_date": ColumnSpec(dtype="date"),
-    "tenure_months": ColumnSpec(dtype="int", min=0),
-    "monthly_charges": ColumnSpec(dtype="float", min=0, nullable=True),
-    "support_calls": ColumnSpec(dtype="int", min=0, nullable=True),
-    TARGET: ColumnSpec(dtype="str", domain=["no", "yes"]),
-}
+COLUMNS = churn_columns()
 
 
 def gbt_pipeline(**over: Any) -> PipelineSpec:

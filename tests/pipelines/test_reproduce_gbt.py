@@ -7,26 +7,17 @@ from pathlib import Path
 import pytest
 
 from pipelines.reproduce import reproduce
-from tests.business import PLANS, TARGET, churn_export, land_export
+from tests.business import TARGET, churn_columns, churn_export, land_export
 from tests.pipelines.pipeline_fixtures import Harness
 from trainyard.search import IntParam, SearchSpec
-from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
+from trainyard.spec import ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
 
 
 def churn_gbt() -> PipelineSpec:
     return PipelineSpec(
         team="crm", name="churn_repro",
         source=SourceSpec(prefix="landing/crm/churn_repro", pattern=["*.csv", "*.parquet"], format="auto"),
-        columns={
-            "customer_id": ColumnSpec(dtype="str", role="id"),
-            "plan": ColumnSpec(dtype="category", domain=PLANS),
-            "country": ColumnSpec(dtype="str", nullable=True),
-            "signup_date": ColumnSpec(dtype="date"),
-            "tenure_months": ColumnSpec(dtype="int", min=0),
-            "monthly_charges": ColumnSpec(dtype="float", min=0, nullable=True),
-            "support_calls": ColumnSpec(dtype="int", min=0, nullable=True),
-            TARGET: ColumnSpec(dtype="str", domain=["no", "yes"]),
-        },
+        columns=churn_columns(),
         target=TARGET, min_rows=500,
         model=ModelSpec(task="gbt", max_epochs=40, monitor="val_logloss", monitor_mode="min", hparams={"min_data_in_leaf": 10}),
         search=SearchSpec(params={"num_leaves": IntParam(low=4, high=8)}, n_trials=1),

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import torch
-from torch import nn
+
+from tests.business import OneLogitChurnNet
 
 FEATURES = ["plan", "country", "signup_date", "tenure", "charges", "calls"]
 FEATURE_TYPES = {"plan": "category", "country": "str", "signup_date": "date", "tenure": "int", "charges": "float", "calls": "float"}
@@ -58,31 +58,11 @@ def write_business_splits(directory: Path, rows: int = 1500, seed: int = 0) -> d
     return paths
 
 
-class OneLogitNet(L.LightningModule):
-    """One logit per row, `BCEWithLogitsLoss` against the 0/1 label: the binary classifier most people write."""
+class OneLogitNet(OneLogitChurnNet):
+    """The one-logit `BCEWithLogitsLoss` model of `tests.business`, smaller (16 hidden units)."""
 
     def __init__(self, n_features: int, hidden: int = 16, lr: float = 0.01, class_weights: Optional[torch.Tensor] = None) -> None:
-        super().__init__()
-        self.save_hyperparameters(ignore=["class_weights"])
-        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        pos_weight = None if class_weights is None else (class_weights[1] / class_weights[0]).reshape(1)
-        self.loss = nn.BCEWithLogitsLoss(pos_weight=pos_weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).squeeze(-1)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        loss = self.loss(self(x), y.float())
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        self.log("val_loss", self.loss(self(x), y.float()))
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        super().__init__(n_features, hidden, lr, class_weights=class_weights)
 
 
 class NoWeightsNet(OneLogitNet):
