@@ -69,8 +69,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
+# Dagster's launcher interface: the launch context and run monitoring's health answer are private in 1.13;
+# tests/resources/test_run_monitoring.py names each of them, so an upgrade that moves one fails there by name.
 from dagster import DefaultRunLauncher
-from dagster._core.launcher.base import LaunchRunContext
+from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, WorkerStatus
 from dagster._serdes import ConfigurableClassData
 
 PREMADE = "_trainyard_premade"  # set on the instance a zygote made for its forked workers
@@ -287,8 +289,6 @@ class WarmRunLauncher(DefaultRunLauncher):
         temporary folder (`run_temp_dir`). A worker on another host, or one not
         known yet, counts as running.
         """
-        from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
-
         pid, host = _worker_pid(self._instance, run)
         if pid is None or (host is not None and host != _host()):
             return CheckRunHealthResult(WorkerStatus.RUNNING, "the run worker's process is not known on this host")

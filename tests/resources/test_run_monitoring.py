@@ -108,3 +108,19 @@ def test_a_sigkilled_run_is_marked_failed_and_leaves_no_temp_folder(tmp_path: Pa
         (tmp_path / "hold").unlink(missing_ok=True)
         location.stop()
         location.instance.dispose()
+
+
+def test_the_private_dagster_names_run_monitoring_relies_on_still_exist() -> None:
+    """`WarmRunLauncher` answers Dagster's run monitoring through private launcher names (Dagster 1.13);
+    an upgrade that moves or renames one fails here, by name, before any run stays STARTED for ever."""
+    import inspect
+
+    from dagster import DefaultRunLauncher
+    from dagster._core.launcher import base
+
+    assert {s.name for s in base.WorkerStatus} >= {"RUNNING", "FAILED"}
+    assert list(inspect.signature(base.CheckRunHealthResult).parameters)[:2] == ["status", "msg"]
+    assert hasattr(base, "LaunchRunContext")
+    # The hooks the daemon calls, and that the launcher overrides.
+    assert "supports_check_run_worker_health" in dir(DefaultRunLauncher) and "check_run_worker_health" in dir(DefaultRunLauncher)
+    assert WarmRunLauncher.check_run_worker_health is not DefaultRunLauncher.check_run_worker_health
