@@ -32,46 +32,7 @@ def registered_model_results(
     handoff: HandoffPublisher,
     check: tuple[AssetKey, str],
 ) -> Iterator[Any]:
-    """`registered_model_body`'s output, then the `promotion` asset check of its decision."""
-    output, decision = _register_and_decide(context, spec, best, validated, registry, store, handoff, check)
-    yield output
-    yield promotion_check(decision)
-
-
-def promotion_check(decision: policy.Decision) -> AssetCheckResult:
-    """The decision as an asset check: passes when the version holds `champion`; a rejected one is a WARN with the failed checks.
-
-    A rejected retrain leaves the champion where it was, which is the policy
-    working, not a failed run: the run stays green and the graph shows the
-    warning, with the failed checks as the reason.
-    """
-    failed = [c for c in decision.checks if not c.passed]
-    meta: dict[str, Any] = {
-        "decision": decision.outcome,
-        "version": decision.version,
-        "champion_before": decision.champion_before or "",
-        "reason": decision.reason,
-        "failed_checks": ", ".join(c.name for c in failed),
-    }
-    if decision.override:
-        meta["override_reason"] = decision.override_reason or ""
-    if failed:
-        meta["failed"] = MetadataValue.md("\n".join(f"- **{c.name}**: {c.detail}" for c in failed))
-    return AssetCheckResult(check_name=PROMOTION_CHECK, passed=decision.champion, severity=AssetCheckSeverity.WARN, metadata=meta,
-                            description=decision.reason[:1000])
-
-
-def registered_model_body(
-    context: AssetExecutionContext,
-    spec: PipelineSpec,
-    best: BestModel,
-    validated: ValidatedData,
-    registry: ModelRegistry,
-    store: ObjectStore,
-    handoff: HandoffPublisher,
-    check: tuple[AssetKey, str],
-) -> Output[RegisteredModel]:
-    """Register `best` (idempotent per trial) and decide on `champion`.
+    """Register `best` (idempotent per trial), decide on `champion`, then yield the `promotion` asset check of the decision.
 
     A model trained on a Feast source carries the retrieval's lineage in its
     tags and card, and in its MLflow model's metadata (`feast`: each input
@@ -81,19 +42,6 @@ def registered_model_body(
     Args:
         check: The `validated_data` asset key and its check's name: the evidence that the data was validated.
     """
-    return _register_and_decide(context, spec, best, validated, registry, store, handoff, check)[0]
-
-
-def _register_and_decide(
-    context: AssetExecutionContext,
-    spec: PipelineSpec,
-    best: BestModel,
-    validated: ValidatedData,
-    registry: ModelRegistry,
-    store: ObjectStore,
-    handoff: HandoffPublisher,
-    check: tuple[AssetKey, str],
-) -> tuple[Output[RegisteredModel], policy.Decision]:
     metrics = {k: float(v) for k, v in best.metrics.items()}
     if spec.promotion.metric not in metrics:
         raise Failure(
@@ -146,7 +94,7 @@ def _register_and_decide(
         name=spec.model_name, version=version.version, model_uri=version.model_uri, champion=decision.champion,
         created=version.created, decision=decision.outcome, **metrics,
     )
-    return Output(
+    yield Output(
         value,
         metadata={
             "model": spec.model_name,
@@ -159,7 +107,8 @@ def _register_and_decide(
             "code_version": record.get("code_version", ""),
             "validation": validation.detail,
         },
-    ), decision
+    )
+    yield promotion_check(decision)
 
 
 def serving_features(spec: PipelineSpec, lineage: dict[str, Any]) -> dict[str, Any]:
@@ -174,3 +123,26 @@ def serving_features(spec: PipelineSpec, lineage: dict[str, Any]) -> dict[str, A
         return feast_serving(lineage, spec.features, list(spec.source.keys))
     except LineageError as e:
         raise Failure(description=f"{spec.key}: {e}") from e
+
+
+def promotion_check(decision: policy.Decision) -> AssetCheckResult:
+    """The decision as an asset check: passes when the version holds `champion`; a rejected one is a WARN with the failed checks.
+
+    A rejected retrain leaves the champion where it was, which is the policy
+    working, not a failed run: the run stays green and the graph shows the
+    warning, with the failed checks as the reason.
+    """
+    failed = [c for c in decision.checks if not c.passed]
+    meta: dict[str, Any] = {
+        "decision": decision.outcome,
+        "version": decision.version,
+        "champion_before": decision.champion_before or "",
+        "reason": decision.reason,
+        "failed_checks": ", ".join(c.name for c in failed),
+    }
+    if decision.override:
+        meta["override_reason"] = decision.override_reason or ""
+    if failed:
+        meta["failed"] = MetadataValue.md("\n".join(f"- **{c.name}**: {c.detail}" for c in failed))
+    return AssetCheckResult(check_name=PROMOTION_CHECK, passed=decision.champion, severity=AssetCheckSeverity.WARN, metadata=meta,
+                            description=decision.reason[:1000])
