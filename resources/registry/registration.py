@@ -68,13 +68,14 @@ def create_version(
     with tempfile.TemporaryDirectory(prefix="trainyard-register-") as scratch:
         local_dir = localize(model_dir, scratch)
         meta = read_model_dir(local_dir)
+        loose = loose_input_columns(meta, preprocessing_state(local_dir, meta))  # before anything is written
         example = input_example_of(input_example, meta["features"], meta.get("keep") or ())
         experiment_id = ensure_experiment(registry, model_name)
         ensure_registered_model(registry.tracking_uri, model_name)
         return _register_new(
             registry, model_name, local_dir,
             experiment_id=experiment_id, trial_key=trial_key, tags=tags,
-            metrics=metrics, description=description, example=example, meta=meta, metadata=metadata,
+            metrics=metrics, description=description, example=example, meta=meta, metadata=metadata, loose=loose,
         )
 
 
@@ -91,6 +92,7 @@ def _register_new(
     example: "pd.DataFrame",
     meta: dict[str, Any],
     metadata: Optional[dict[str, Any]],
+    loose: list[str],
 ) -> ModelVersionInfo:
     mlflow = mlflow_module()
     from mlflow.entities import Metric, RunStatus
@@ -117,7 +119,6 @@ def _register_new(
                     code_paths=[str(PREPROCESSING_PATH)],
                     metadata=metadata,
                 )
-                loose = loose_input_columns(meta, preprocessing_state(local_dir, meta))
                 if loose:
                     relax_signature(logged.model_uri, loose)
                 mv = mlflow_client.create_model_version(
@@ -150,15 +151,23 @@ Kept id and timestamp columns are `Any` too: they are returned as given."""
 
 
 def preprocessing_state(model_dir: str, meta: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:
-    """The exported model's preprocessing state (`preprocessing.json`), or None when it has none or it cannot be read."""
+    """The exported model's preprocessing state (`preprocessing.json`), or None when it has none.
+
+    Raises:
+        ValueError: meta.json names a state file that is missing or not a JSON object (the export is broken;
+            the served model could not load it either).
+    """
     name = (meta or {}).get("preprocessing")
     if not isinstance(name, str):
         return None
+    path = Path(model_dir) / name
     try:
-        state = json.loads((Path(model_dir) / name).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return state if isinstance(state, dict) else None
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"model_dir={model_dir!r}: meta.json names preprocessing state {name!r}, which cannot be read: {e}") from e
+    if not isinstance(state, dict):
+        raise ValueError(f"model_dir={model_dir!r}: {name} is not a JSON object")
+    return state
 
 
 def loose_input_columns(meta: Optional[Mapping[str, Any]], state: Optional[Mapping[str, Any]] = None) -> list[str]:

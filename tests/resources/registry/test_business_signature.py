@@ -50,3 +50,15 @@ def test_a_datetime_feature_keeps_the_signature_and_every_loose_column_is_any(tm
     batch.to_csv(csv, index=False)
     served = registry.predict_output(info.model_uri, pd.read_csv(csv))
     assert list(served["customer_id"]) == list(batch["customer_id"]) and {"proba_no", "proba_yes"} <= set(served.columns)
+
+    # A model directory whose meta.json names a state file that is not JSON is refused, and nothing stays registered.
+    import shutil
+
+    import pytest
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tmp_path / "run" / "model", broken)
+    (broken / "preprocessing.json").write_text("{ not json")
+    with pytest.raises(ValueError, match="names preprocessing state 'preprocessing.json', which cannot be read"):
+        registry.register("crm.broken", str(broken), trial_key="s/trial-0001", tags={}, metrics={}, description="", input_example=test)
+    assert "crm.broken" not in registry.list_models()  # refused before anything was written
