@@ -170,8 +170,12 @@ def test_user_error_is_not_restarted(tmp_path: Path) -> None:
     with pytest.raises(TrainingCodeError, match="injected fault at step 5"):
         LocalLauncher().launch(spec)
     log = Path(spec.output_uri, "logs", "launcher.log").read_text()
-    raised = [line for line in log.splitlines() if line.startswith("[default0]:RuntimeError: injected fault at step 5")]
-    assert len(raised) == 1  # trained once, not again on every restart
+    # Each rank raises at step 5; whichever raises first, the group is stopped, so the other may never print
+    # (CI once saw only rank 1's). Trained once: no rank raises again on any of the 3 restarts allowed.
+    raised = {rank: [line for line in log.splitlines() if line.startswith(f"[default{rank}]:RuntimeError: injected fault at step 5")]
+              for rank in (0, 1)}
+    assert raised[0] or raised[1], log[-2000:]
+    assert len(raised[0]) <= 1 and len(raised[1]) <= 1, raised  # trained once, not again on every restart
     assert "not training again" in log
 
 
