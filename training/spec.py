@@ -58,8 +58,8 @@ PIPES_STORE_KEY = "trainyard_store_uri"
 ATTEMPTS_DIR = "attempts"
 CHECKPOINT_DIR = "checkpoints"
 
-PredictionTask = Literal["classification", "regression"]
-"""What a model predicts: a class label per row, or a number per row (see docs/tasks.md)."""
+PredictionTask = Literal["classification", "regression", "causal_lm"]
+"""What a model predicts: a class label per row, a number per row, or the next token of a text (see docs/tasks.md)."""
 # LightGBM objectives by the task they train; the orchestrator checks a declared objective against the pipeline's task.
 CLASSIFICATION_OBJECTIVES = ("binary", "multiclass", "multiclassova")
 REGRESSION_OBJECTIVES = ("regression", "regression_l1", "huber", "fair", "poisson", "quantile", "mape", "gamma", "tweedie")

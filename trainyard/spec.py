@@ -36,7 +36,11 @@ from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, mod
 from training.spec import CheckpointPolicy, Distribution, FeatureDtype, ImportTarget, PredictionTask, Preprocessing
 from trainyard.policies import PromotionSpec, RetrainPolicy
 from trainyard.search import SWEEP_CONTROL_FIELDS, SearchSpec, StrictSpec
+from trainyard.shardspec import IMAGE_FEATURE, IMAGE_TARGET, TEXT_FEATURE, TEXT_TARGET, ImageShards, ShardSpec, TextShards
 from trainyard.tasks import GBT_METRICS, GBT_MONITORS, check_task, fill_task_defaults, infer_task, metric_direction
+
+STREAMING_DATAMODULE = "training.streaming:StreamingShardDataModule"
+"""The data module a sharded pipeline's trials get unless its `ModelSpec.datamodule` names another."""
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,30}$")
 
@@ -366,8 +370,9 @@ class PipelineSpec(StrictSpec):
     description: str = ""
     # A subclass (`trainyard.feast_source.FeastSourceSpec`) is kept and dumped whole.
     source: SerializeAsAny[SourceSpec]
-    columns: dict[str, ColumnSpec]
-    target: str
+    # A sharded pipeline (`shards` set) declares neither: its kind fixes the model's input and target.
+    columns: dict[str, ColumnSpec] = Field(default_factory=dict)
+    target: str = ""
     # None is resolved at validation (`_task_defaults`), so a built spec always holds its task.
     task: Optional[PredictionTask] = None
     min_rows: int = Field(10, ge=1)
@@ -389,6 +394,8 @@ class PipelineSpec(StrictSpec):
     retrain: Optional[RetrainPolicy] = None
     preprocessing: Preprocessing = Preprocessing()
     positive_label: Optional[Union[int, str, bool]] = None
+    # Documents or images streamed from shards instead of a table (`trainyard.shardspec`, docs/data.md "Shards").
+    shards: Optional[ShardSpec] = None
 
     @field_validator("team", "name")
     @classmethod
@@ -413,10 +420,27 @@ class PipelineSpec(StrictSpec):
     @model_validator(mode="before")
     @classmethod
     def _task_defaults(cls, data: Any) -> Any:
-        return fill_task_defaults(data, ModelSpec, PromotionSpec) if isinstance(data, dict) else data
+        if not isinstance(data, dict):
+            return data
+        shards = data.get("shards")
+        kind = shards.get("kind") if isinstance(shards, dict) else getattr(shards, "kind", None)
+        if kind is not None and not data.get("task"):
+            data = {**data, "task": "causal_lm" if kind == "text" else "classification"}
+        model = data.get("model")
+        if kind is not None and isinstance(model, dict) and "datamodule" not in model:
+            data = {**data, "model": {**model, "datamodule": STREAMING_DATAMODULE}}
+        elif kind is not None and isinstance(model, ModelSpec) and "datamodule" not in model.model_fields_set:
+            data = {**data, "model": model.model_copy(update={"datamodule": STREAMING_DATAMODULE})}
+        return fill_task_defaults(data, ModelSpec, PromotionSpec)
 
     @model_validator(mode="after")
     def _consistent(self) -> "PipelineSpec":
+        if self.shards is not None:
+            return self._consistent_shards()
+        if self.task == "causal_lm":
+            raise ValueError("task 'causal_lm' trains on a text corpus: set shards=TextShards(...) (docs/data.md, \"Shards\")")
+        if not self.columns or not self.target:
+            raise ValueError("a tabular pipeline declares its columns and its target (a sharded one sets shards=...)")
         if self.target not in self.columns:
             raise ValueError(f"target {self.target!r} is not one of the declared columns {sorted(self.columns)}")
         target = self.columns[self.target]
@@ -452,9 +476,40 @@ class PipelineSpec(StrictSpec):
             )
         return self
 
+    def _consistent_shards(self) -> "PipelineSpec":
+        assert self.shards is not None
+        if self.columns or self.target:
+            raise ValueError(f"a sharded pipeline ({self.shards.kind}) declares no columns or target: its kind fixes them "
+                             f"(model input {self.features[0]!r}, target {self.target_name!r})")
+        if self.model.task != "lightning":
+            raise ValueError(f"model.task {self.model.task!r} trains on tables; a sharded pipeline trains a Lightning model")
+        expected = "causal_lm" if isinstance(self.shards, TextShards) else "classification"
+        if self.task != expected:
+            raise ValueError(f"task {self.task!r} does not fit shards of kind {self.shards.kind!r}; use {expected!r}")
+        if self.positive_label is not None or self.suite is not None or self.preprocessing != Preprocessing():
+            raise ValueError("positive_label, suite and preprocessing apply to tables; a sharded pipeline leaves them unset")
+        check_task(self.task, self.target_name, "int", self.model.task, self.model.monitor, self.model.monitor_mode,
+                   self.promotion.metric, self.model.hparams)
+        self.search.check_objectives(self.model.monitor)
+        overlap = set(self.search.params) & set(self.model.hparams)
+        if overlap:
+            raise ValueError(
+                f"search.params and model.hparams both set {sorted(overlap)}; a parameter is either searched or fixed"
+            )
+        return self
+
     @property
     def key(self) -> str:
         return f"{self.team}/{self.name}"
+
+    @property
+    def target_name(self) -> str:
+        """The target: the declared column, or the one a shard kind fixes (`tokens`, `label`)."""
+        if isinstance(self.shards, TextShards):
+            return TEXT_TARGET
+        if isinstance(self.shards, ImageShards):
+            return IMAGE_TARGET
+        return self.target
 
     @property
     def gpu_pool(self) -> str:
@@ -468,7 +523,9 @@ class PipelineSpec(StrictSpec):
 
     @property
     def features(self) -> list[str]:
-        """The columns the model is trained on: role `feature`, the target excepted."""
+        """The columns the model is trained on: role `feature`, the target excepted (a shard kind's one input)."""
+        if self.shards is not None:
+            return [TEXT_FEATURE if isinstance(self.shards, TextShards) else IMAGE_FEATURE]
         return [c for c, col in self.columns.items() if c != self.target and col.role == "feature"]
 
     @property
@@ -504,6 +561,9 @@ class PipelineSpec(StrictSpec):
             payload["model"].pop("class_weight", None)
         # How a sweep is run (budget, pace, stop rules, pick) does not change its trials: the same study resumes.
         payload["search"] = self.search.model_dump(mode="json", exclude=set(SWEEP_CONTROL_FIELDS))
-        if self.task != infer_task(self.columns[self.target].dtype):
+        if self.shards is not None:
+            payload["shards"] = self.shards.model_dump(mode="json")
+            payload["task"] = self.task
+        elif self.task != infer_task(self.columns[self.target].dtype):
             payload["task"] = self.task  # only a declared task that overrides the target's dtype changes the trials
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -76,6 +76,8 @@ CLASSIFICATION_METRICS: dict[str, str] = {
 """Classification metrics both trainers report on val and test (`val_<name>`, `test_<name>`), with the better direction."""
 REGRESSION_METRICS: dict[str, str] = {"rmse": "min", "mae": "min"}
 """Regression metrics both trainers report on val and test, with the better direction."""
+CAUSAL_LM_METRICS: dict[str, str] = {"loss": "min", "perplexity": "min"}
+"""Causal language-model metrics a Lightning trial reports on val and test: mean next-token cross-entropy (nats) and its exp."""
 
 
 def _split(split: str, names: dict[str, str]) -> tuple[str, ...]:
@@ -97,13 +99,23 @@ TASKS = {
         logged={"lightning": ("val_rmse", "val_loss"), "gbt": _split("val", REGRESSION_METRICS)},
         serving="a DataFrame: the kept id/timestamp columns, the value in the target column",
     ),
+    "causal_lm": TaskProfile(
+        monitor=("val_loss", "min"),
+        promotion=("test_perplexity", "min"),
+        evaluated={"lightning": _split("test", CAUSAL_LM_METRICS), "gbt": ()},
+        logged={"lightning": _split("val", CAUSAL_LM_METRICS), "gbt": ()},
+        serving="token ids [batch, length] in, the next token's logits [batch, vocabulary] out (or each row's mean "
+        "next-token loss with params={'output': 'token_nll'})",
+    ),
 }
 
 # Metrics whose task and direction the platform knows: (task or None for both, the better direction).
 KNOWN_METRICS: dict[str, tuple[Optional[str], str]] = {
     **{f"{split}_{n}": ("classification", mode) for split in ("val", "test") for n, mode in CLASSIFICATION_METRICS.items()},
     **{f"{split}_{n}": ("regression", mode) for split in ("val", "test") for n, mode in REGRESSION_METRICS.items()},
+    **{f"{split}_{n}": ("causal_lm", mode) for split in ("val", "test") for n, mode in CAUSAL_LM_METRICS.items() if n != "loss"},
     "val_loss": (None, "min"),
+    "test_loss": (None, "min"),
 }
 
 # Metrics a gbt trial can monitor and the direction each is better in (training/gbt.py reports them).
