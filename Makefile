@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade "pip>=24"
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	# litdata (shards) without its torchvision requirement: see the note in pyproject.toml's dependencies.
+	$(BIN)/pip install --quiet --no-deps -c constraints.txt litdata
 	touch $@
 
 $(FEAST_STAMP): deploy/feast/requirements.in deploy/feast/constraints.txt

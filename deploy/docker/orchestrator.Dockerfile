@@ -30,6 +30,7 @@ COPY pyproject.toml constraints.txt README.md ./
 RUN mkdir -p assets resources pipelines trainyard training \
  && touch assets/__init__.py resources/__init__.py pipelines/__init__.py trainyard/__init__.py training/__init__.py \
  && pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt . \
+ && pip install --no-deps -c constraints.txt litdata \
  && pip uninstall -y trainyard
 
 COPY assets/ assets/

@@ -40,7 +40,8 @@ COPY constraints.txt deploy/docker/trainer-requirements.txt ./
 RUN TORCH_VERSION="$(sed -n 's/^torch==\([^+]*\).*$/\1/p' constraints.txt)" \
  && if [ -z "$TORCH_VERSION" ]; then echo "constraints.txt pins no torch version" >&2; exit 1; fi \
  && sed 's/^torch==\([^+]*\)+.*$/torch==\1/' constraints.txt > /tmp/constraints.trainer.txt \
- && pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" \
+ && TORCHVISION_VERSION="$(sed -n 's/^torchvision==\(.*\)$/\1/p' constraints.txt)" \
+ && pip install --index-url "$TORCH_INDEX_URL" "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}" \
  && pip install -r trainer-requirements.txt -c /tmp/constraints.trainer.txt \
  && pip check
 

@@ -311,9 +311,11 @@ def test_trainer_dockerfile_installs_exactly_the_declared_set() -> None:
     installs = pip_installs(TRAINER_DOCKERFILE)
     from_file = [opts for opts, _ in installs if opts.get("-r") == [REQUIREMENTS.name]]
     assert len(from_file) == 1 and from_file[0].get("-c"), "one `pip install -r trainer-requirements.txt -c <lock>`"
-    # Nothing is named inline but torch's CUDA build (same version as the lock's, from TORCH_INDEX_URL).
+    # Nothing is named inline but torch's CUDA build and the torchvision built with it (litdata requires it),
+    # each at the lock's version, from TORCH_INDEX_URL.
     inline = [req for _, positional in installs for req in positional]
-    assert inline and all(re.fullmatch(r"torch==\$\{?TORCH_VERSION\}?", req) for req in inline), inline
+    assert inline and all(re.fullmatch(r"torch(vision)?==\$\{?TORCH(VISION)?_VERSION\}?", req) for req in inline), inline
+    assert len(inline) == 2, inline
 
 
 def test_every_base_image_is_pinned_by_digest() -> None:
