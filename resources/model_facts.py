@@ -92,7 +92,8 @@ def describe_model(query: ModelQuery, *, warm: bool = True) -> ModelFacts:
     # the sweep describes one model per trial): one description instead of two, 0.1 s a trial on a warm worker.
     known = query.model in _NEEDS_CLASSES and query.classification and "n_classes" not in query.hparams
     request: dict[str, Any] = {"model": query.model, "hparams": query.hparams, "n_features": query.n_features,
-                               "n_classes": int(query.n_classes()) if known else None, "classification": query.classification}
+                               "n_classes": int(query.n_classes()) if known else None, "classification": query.classification,
+                               "data_kwargs": dict(query.data_kwargs)}
     with tempfile.TemporaryDirectory(prefix="trainyard-describe-") as tmp:
         answer, detail = _ask(request, Path(tmp), warm)
         if answer is not None and answer.get("needs") == "n_classes":

@@ -13,7 +13,8 @@ or a cold `python -m training.describe` when no warm server can take it.
 The request is a JSON file:
 
     {"model": "pkg.module:Class", "hparams": {...}, "n_features": 4,
-     "n_classes": 10 | null, "classification": true, "answer": "/path/answer.json"}
+     "n_classes": 10 | null, "classification": true,
+     "data_kwargs": {"vocab_size": 2048, "block_size": 128}, "answer": "/path/answer.json"}
 
 and the answer, written atomically to `answer`, is one of:
 
@@ -24,9 +25,9 @@ and the answer, written atomically to `answer`, is one of:
 - `{"error": "..."}`: the class cannot be imported, or rejects the
   hyperparameters; the planner fails the trial with this text.
 
-The model is built as `training.lightning_task.build` builds it (`n_features`
-and, for classification, `n_classes` filled in when the constructor takes
-them), on torch's meta device so no weights are allocated; a constructor that
+The model is built as `training.lightning_task.build` builds it (`n_features`,
+for classification `n_classes`, and each of `data_kwargs` filled in when the
+constructor takes them and the hyperparameters do not set them), on torch's meta device so no weights are allocated; a constructor that
 reads a tensor's value back cannot run on meta tensors and is built for real.
 """
 
@@ -46,7 +47,8 @@ class DescribeError(ValueError):
     """The model class cannot be imported, or rejects the hyperparameters."""
 
 
-def build_meta(model_path: str, hparams: dict[str, Any], n_features: int, n_classes: Optional[int], classification: bool) -> Any:
+def build_meta(model_path: str, hparams: dict[str, Any], n_features: int, n_classes: Optional[int], classification: bool,
+               data_kwargs: Optional[dict[str, Any]] = None) -> Any:
     """The trial's model on the meta device, or `None` when `n_classes` is needed and not given.
 
     Raises:
@@ -63,6 +65,9 @@ def build_meta(model_path: str, hparams: dict[str, Any], n_features: int, n_clas
     accepted = inspect.signature(cls.__init__).parameters
     if "n_features" in accepted and "n_features" not in kwargs:
         kwargs["n_features"] = n_features
+    for name, value in (data_kwargs or {}).items():
+        if name in accepted and name not in kwargs:
+            kwargs[name] = value
     if classification and "n_classes" in accepted and "n_classes" not in kwargs:
         if n_classes is None:
             return None
@@ -104,7 +109,7 @@ def describe(request: dict[str, Any]) -> dict[str, Any]:
     """The answer to one request (see the module's docstring); never raises for a model's own mistakes."""
     try:
         model = build_meta(str(request["model"]), dict(request.get("hparams") or {}), int(request["n_features"]),
-                           request.get("n_classes"), bool(request.get("classification", True)))
+                           request.get("n_classes"), bool(request.get("classification", True)), request.get("data_kwargs"))
         if model is None:
             return {"needs": "n_classes"}
         return {"facts": facts(model)}

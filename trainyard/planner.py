@@ -11,7 +11,7 @@ reasoning).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, TypedDict
 
 from training.spec import Distribution
@@ -28,6 +28,7 @@ from trainyard.capacity import (
     plan,
 )
 from trainyard.metadata import Markdown
+from trainyard.shardspec import ImageShards
 
 if TYPE_CHECKING:
     from trainyard.spec import PipelineSpec
@@ -288,6 +289,8 @@ class ModelQuery:
         n_features: filled in when the constructor takes `n_features` and `hparams` does not set it.
         classification: whether `n_classes` is filled in (as `training.lightning_task.build` does).
         n_classes: called only when the constructor takes `n_classes` and `hparams` does not set it.
+        data_kwargs: what the data fixes for a constructor that takes it and `hparams` does not set it
+            (a text corpus's `vocab_size` and `block_size`: `trainyard.shardspec`).
     """
 
     model: str
@@ -295,6 +298,7 @@ class ModelQuery:
     n_features: int
     classification: bool
     n_classes: Callable[[], int]
+    data_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -332,6 +336,10 @@ def input_width_bound(spec: PipelineSpec) -> int:
     categorical, its domain for a closed one), the declared date parts (hour for
     datetimes only), and a missing-value indicator per nullable column.
     """
+    if isinstance(spec.shards, ImageShards):
+        return spec.shards.pixels
+    if spec.shards is not None:
+        return 1  # a token stream: the model's input is token ids, its width `vocab_size` (ModelQuery.data_kwargs)
     pre = spec.preprocessing
     if not pre.enabled:
         return len(spec.features)
@@ -392,7 +400,9 @@ def plan_trial(
     memory_gb, source = device_memory(dist, launcher, environ)
     chosen_by: Literal["planner", "user"] = "planner" if dist.strategy == "auto" else "user"
     try:
-        model = describe(ModelQuery(spec.model.path, dict(hparams), input_width_bound(spec), spec.task != "regression", n_classes))
+        data_kwargs = spec.shards.model_inputs() if spec.shards is not None else {}
+        model = describe(ModelQuery(spec.model.path, dict(hparams), input_width_bound(spec), spec.task == "classification", n_classes,
+                                    data_kwargs))
         result = plan_distribution(dist, model.params, PRECISION_BYTES[precision], memory_gb, optimizer,
                                    fsdp_units=model.fsdp_units, device_memory_source=source)
         if result.chosen_by == "planner":
@@ -430,6 +440,9 @@ def count_classes(spec: "PipelineSpec", validated_data: dict[str, Any], store: A
     """
     import pyarrow.parquet as pq
 
+    shards = getattr(spec, "shards", None)
+    if isinstance(shards, ImageShards):
+        return len(shards.labels)  # every image's label is one of them (ingest rejects any other directory)
     seen: set[Any] = set()
     for split in ("train", "val", "test"):
         with store.open(validated_data[split], "rb") as f:

@@ -78,6 +78,10 @@ class TextShards(StrictSpec):
         """The number of token ids: `vocab_size` for a BPE, 257 for bytes."""
         return 257 if self.tokenizer == "bytes" else self.vocab_size
 
+    def model_inputs(self) -> dict[str, int]:
+        """What the platform gives a model whose constructor takes them: `vocab_size` and `block_size`."""
+        return {"vocab_size": self.vocabulary, "block_size": self.block_size}
+
 
 class ImageShards(StrictSpec):
     """A set of images, one per landing file (`.png` or `.npy`), classified by the name of their parent directory.
@@ -113,6 +117,15 @@ class ImageShards(StrictSpec):
     @property
     def channels(self) -> int:
         return self.shape[2] if len(self.shape) == 3 else 1
+
+    @property
+    def pixels(self) -> int:
+        """Values an image holds (height x width x channels): a model's `n_features` when it takes them flat."""
+        return self.shape[0] * self.shape[1] * self.channels
+
+    def model_inputs(self) -> dict[str, int]:
+        """What the platform gives a model whose constructor takes them (beside `n_features` and `n_classes`)."""
+        return {"in_channels": self.channels, "height": self.shape[0], "width": self.shape[1]}
 
 
 ShardSpec = Annotated[Union[TextShards, ImageShards], Field(discriminator="kind")]

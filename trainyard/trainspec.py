@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from training.spec import DataSpec, Distribution, FaultInjection, ImportTarget, OptunaSpec, PrunerSpec, TrackerSpec, TrainSpec
+from trainyard.shardspec import TextShards
 from trainyard.spec import PipelineSpec
 from trainyard.values import ValidatedData
 
@@ -44,6 +45,33 @@ class TrialInputs:
 def model_kwargs(spec: PipelineSpec, params: dict[str, Any]) -> dict[str, Any]:
     """The model's constructor arguments: the spec's `hparams`, overridden by the trial's parameters."""
     return {**spec.model.hparams, **params}
+
+
+def datamodule_kwargs(spec: PipelineSpec) -> dict[str, Any]:
+    """What the pipeline tells its data module beyond the splits: a text corpus's `block_size` (tokens a sample)."""
+    if isinstance(spec.shards, TextShards):
+        return {"block_size": spec.shards.block_size}
+    return {}
+
+
+def data_spec(spec: PipelineSpec, data: ValidatedData) -> DataSpec:
+    """Where the trial's splits are and what their columns are (a sharded pipeline's: its kind's input and target)."""
+    if spec.shards is not None:
+        return DataSpec(train_uri=data.train, val_uri=data.val, test_uri=data.test, features=spec.features,
+                        target=spec.target_name, version=data.md5)
+    return DataSpec(
+        train_uri=data.train,
+        val_uri=data.val,
+        test_uri=data.test,
+        features=spec.features,
+        target=spec.target,
+        version=data.md5,
+        feature_types={c: spec.columns[c].dtype for c in spec.features},
+        domains={c: list(domain) for c in spec.features
+                 if (domain := spec.columns[c].domain) is not None and spec.columns[c].categorical},
+        keep=spec.keep_columns,
+        positive_label=spec.positive_label,
+    )
 
 
 def build_train_spec(
@@ -82,20 +110,8 @@ def build_train_spec(
         task=spec.model.task,
         prediction_task=spec.task,
         model=ImportTarget(path=spec.model.path, kwargs=model_kwargs(spec, trial.params)),
-        datamodule=ImportTarget(path=spec.model.datamodule),
-        data=DataSpec(
-            train_uri=data.train,
-            val_uri=data.val,
-            test_uri=data.test,
-            features=spec.features,
-            target=spec.target,
-            version=data.md5,
-            feature_types={c: spec.columns[c].dtype for c in spec.features},
-            domains={c: list(domain) for c in spec.features
-                     if (domain := spec.columns[c].domain) is not None and spec.columns[c].categorical},
-            keep=spec.keep_columns,
-            positive_label=spec.positive_label,
-        ),
+        datamodule=ImportTarget(path=spec.model.datamodule, kwargs=datamodule_kwargs(spec)),
+        data=data_spec(spec, data),
         preprocessing=spec.preprocessing,
         class_weight=spec.model.class_weight,
         output_uri=output_uri,
