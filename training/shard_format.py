@@ -47,6 +47,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Iterator, Optional, Sequence
 
 import numpy as np
@@ -204,6 +205,44 @@ def text_chunk_documents(data: bytes, name: str = "chunk") -> Iterator[np.ndarra
         yield np.frombuffer(item, dtype=np.int32)
 
 
+def image_chunk_items(data: bytes, name: str, config: dict[str, Any]) -> list[tuple[np.ndarray, int]]:
+    """(image, label) of each item of one image chunk, decoded with litdata's numpy serializer.
+
+    `config` is the `config` of the split's index.json: its `data_format`
+    (`numpy`, `int`, `int`) and the key order of its `data_spec`.
+
+    Raises:
+        ShardFormatError: The chunk or an item does not parse.
+    """
+    import struct
+
+    from litdata.streaming.serializers import NumpySerializer
+
+    try:
+        keys = json.loads(json.loads(config["data_spec"])[1]["context"])
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise ShardFormatError(f"{name}: the index's data_spec does not name the item's keys ({e})") from e
+    if sorted(keys) != ["id", "image", "label"] or config.get("data_format") is None or len(config["data_format"]) != 3:
+        raise ShardFormatError(f"{name}: items are {keys} of {config.get('data_format')}, not image/label/id")
+    numpy = NumpySerializer()
+    out = []
+    for item in chunk_items(data, name):
+        try:
+            sizes = struct.unpack_from("<3I", item, 0)
+            leaves: dict[str, Any] = {}
+            at = 12
+            for key, fmt, size in zip(keys, config["data_format"], sizes):
+                blob = bytes(item[at:at + size])
+                leaves[key] = numpy.deserialize(blob) if fmt == "numpy" else int(np.frombuffer(blob, "<i8")[0])
+                at += size
+            if at != len(item):
+                raise ValueError(f"{len(item)} bytes, the sizes add up to {at}")
+        except (struct.error, ValueError, TypeError, IndexError) as e:
+            raise ShardFormatError(f"{name}: an item does not decode as image/label/id ({e})") from e
+        out.append((leaves["image"], leaves["label"]))
+    return out
+
+
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -249,7 +288,7 @@ class _DocumentsTable:
 
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.path, self.schema, compression="zstd")
-        columns = list(zip(*self.rows)) if self.rows else [[] for _ in self.schema]
+        columns: list[Any] = list(zip(*self.rows)) if self.rows else [[] for _ in self.schema]
         self.writer.write_table(pa.table([pa.array(c, f.type) for c, f in zip(columns, self.schema)], schema=self.schema))
         self.rows = []
 
@@ -275,13 +314,18 @@ class _SplitWriter:
         self._documents = _DocumentsTable(os.path.join(local_dir, DOCUMENTS_FILE), size_column, with_label)
 
     def _add(self, item: Any, row: tuple[Any, ...]) -> None:
-        self._writer.add_item(self.items, item)
+        with warnings.catch_warnings():
+            # A document longer than a shard is a shard of its own: litdata warns, nothing is wrong.
+            warnings.filterwarnings("ignore", message="An item was larger than the target chunk size")
+            self._writer.add_item(self.items, item)
         self._documents.add((self.items, *row))
         self.items += 1
 
     def _finish(self, meta: dict[str, Any]) -> dict[str, Any]:
         if self.items:
-            self._writer.done()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="An item was larger than the target chunk size")
+                self._writer.done()
             self._writer.merge()
             _canonical_index(os.path.join(self.dir, INDEX_FILE))
         self._documents.close()

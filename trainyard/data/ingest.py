@@ -124,9 +124,13 @@ def landing_digest(files: list[FileInfo]) -> str:
 
 
 def schema_key(spec: PipelineSpec) -> str:
-    """Hash of how landing files are read: the stored columns and types (a Feast source's: its entity columns), and
-    the missing-value tokens when not the default; parts made for other declarations are re-read."""
+    """Hash of how landing files are read: the stored columns and types (a Feast source's: its entity columns), a
+    sharded pipeline's reading settings, and the missing-value tokens when not the default; parts made for other
+    declarations are re-read."""
     key = str(canonical_schema(landing_spec(spec)))
+    if spec.shards is not None:
+        # How a sharded pipeline's files are read: its kind, the JSON lines' fields, the labels (trainyard.data.shard_landing).
+        key += "\0shards=" + repr(spec.shards.model_dump(include={"kind", "text_field", "tokens_field", "labels"}))
     if spec.source.missing_values != [""]:
         key += f"\0missing={spec.source.missing_values!r}"
     return hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -1,0 +1,572 @@
+"""Validation of one shard version: every shard's checksum and decoding, per-document bounds, a table per shard, drift.
+
+`validate_shard_version` reads each split of a version (`trainyard.data.shards`)
+once, one shard (litdata chunk) at a time, and finds every problem of the
+delivery, each named by landing file and line:
+
+- a shard whose sha256 differs from the one recorded when it was written
+  (`meta.json`), or that is missing, or whose layout does not parse: the
+  shard was altered in the store; the version is marked damaged so the next
+  ingest writes it again from the landing files;
+- a split litdata cannot read (`training.shard_format.open_split`, every sample);
+- text: a token id outside the vocabulary (`TextShards.vocabulary`), a
+  document not ending with the end-of-document id; documents shorter than
+  `min_tokens` (empty), longer than `max_tokens`, or repeating an earlier
+  document (by content), beyond `max_empty_rate`, `max_long_rate`,
+  `max_duplicate_rate`;
+- images: a shape, dtype or value range other than declared, a label outside
+  the declared ones, repeated images beyond `max_duplicate_rate`;
+- fewer items than `spec.min_rows`, or a split without any.
+
+Per-shard statistics (items, tokens, mean and max document length, empty,
+long, duplicates, out-of-vocabulary ids; per-image mean/std/min/max for
+images) form a table that a Great Expectations suite judges
+(`trainyard.data.expectations.ArrowSuite`: checksums, decoding, no
+out-of-vocabulary id, image shape/dtype/range); the rates are platform checks
+over the whole delivery. Drift: the unigram distribution of the new
+delivery's documents (the files the previous accepted version did not have;
+the whole version when none is new) against the previous accepted version, as
+a PSI over frequency buckets of that version's tokens; for images the PSI of
+per-image mean brightness and of the labels. The verdict is
+`trainyard.data.validation.decide`'s: `max_drift_psi`, `on_drift`, and
+`trainyard data release` as for tables. `on_bad_data="warn"` acts on landing
+files at ingest; a shard version with problems is rejected whatever the policy
+(its shards are immutable), and kept in quarantine with its report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from typing import Any, Iterator, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from training import shard_format
+from trainyard import naming
+from trainyard.data.drift_detection import PSI_EPSILON
+from trainyard.data.expectations import ArrowSuite
+from trainyard.data.quarantine import release_of, utc_now
+from trainyard.data.report import PLATFORM_CHECK, ValidationReport, md_cell, result_from_ge
+from trainyard.data.shards import DAMAGED
+from trainyard.data.validation import Verdict, decide
+from trainyard.shardspec import ImageShards, TextShards
+from trainyard.spec import PipelineSpec
+from trainyard.store import FileStore
+
+MAX_PROBLEMS_KEPT = 2000
+"""Problem lines kept in a report (the count covers them all)."""
+DRIFT_BUCKETS = 20
+"""Frequency buckets of the reference's tokens the unigram PSI is measured over (equal shares of its tokens)."""
+DRIFT_MIN_TOKENS = 2000
+"""Fewest tokens a delivery needs for its unigram PSI to be judged (measured and shown below it, never called drifted)."""
+DRIFT_MIN_IMAGES = 200
+"""Fewest images a delivery needs for its pixel drift to be judged."""
+PIXEL_BINS = 10
+_SAMPLE = 10000
+
+
+@dataclasses.dataclass
+class ShardVersionOutcome:
+    """What `validate_shard_version` found and did.
+
+    Attributes:
+        verdict: The decision (`trainyard.data.validation.Verdict`).
+        report: The suite's and platform checks' results.
+        problems: Every problem, one line each naming file and line (first `MAX_PROBLEMS_KEPT`).
+        problem_count: How many problems in all.
+        shards: The per-shard statistics table, one dict per shard.
+        drift: Drift rows (as `trainyard.data.drift_detection` makes them; empty for the first version).
+        quarantine: Where the rejected version's report is kept (None when accepted).
+        value: When accepted: `ValidatedData`'s fields.
+    """
+
+    verdict: Verdict
+    report: ValidationReport
+    problems: list[str]
+    problem_count: int
+    shards: list[dict[str, Any]]
+    drift: list[dict[str, Any]]
+    quarantine: Optional[str]
+    value: Optional[dict[str, Any]]
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.count = 0
+
+    def add(self, line: str) -> None:
+        self.count += 1
+        if len(self.lines) < MAX_PROBLEMS_KEPT:
+            self.lines.append(line)
+
+
+def where(file: str, record: int) -> str:
+    """`<file> line <n>`, or the file alone for a whole-file document (record 0)."""
+    return f"{file} line {record}" if record else file
+
+
+# --------------------------------------------------------------------------- reading a split
+
+
+def _provenance(local: str) -> Iterator[tuple[int, str, int, str]]:
+    """(index, file, record, sha1) of each item of a split, in order, a batch at a time."""
+    import pyarrow.parquet as pq
+
+    for batch in pq.ParquetFile(os.path.join(local, shard_format.DOCUMENTS_FILE)).iter_batches(columns=["index", "file", "record", "sha1"]):
+        yield from zip(*(batch.column(i).to_pylist() for i in range(4)))
+
+
+@dataclasses.dataclass
+class _Tally:
+    """Accumulated over the splits: per-shard rows, content hashes for duplicates, counts for drift."""
+
+    shards: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    hashes: list[np.ndarray] = dataclasses.field(default_factory=list)
+    places: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)  # (split, file, record) per item, only of kept items
+    shard_of: list[int] = dataclasses.field(default_factory=list)
+    items: int = 0
+    empty: list[str] = dataclasses.field(default_factory=list)
+    long: list[str] = dataclasses.field(default_factory=list)
+    counts: Optional[np.ndarray] = None
+    new_counts: Optional[np.ndarray] = None
+    new_items: int = 0
+    means: list[float] = dataclasses.field(default_factory=list)
+    new_means: list[float] = dataclasses.field(default_factory=list)
+    labels: Optional[np.ndarray] = None
+    new_labels: Optional[np.ndarray] = None
+
+
+def _hash64(sha1: str) -> int:
+    return int(sha1[:16], 16)
+
+
+def _checked_chunks(local: str, split: str, meta: dict[str, Any], problems: _Problems) -> Iterator[tuple[str, int, Optional[bytes]]]:
+    """(name, items, bytes or None when damaged) of each shard of the split, in index order, checksums verified."""
+    index_path = os.path.join(local, shard_format.INDEX_FILE)
+    if not meta["items"]:
+        return
+    try:
+        with open(index_path) as f:
+            chunks = json.load(f)["chunks"]
+    except (OSError, ValueError, KeyError) as e:
+        problems.add(f"{split}/{shard_format.INDEX_FILE}: unreadable ({e}); no shard of the split can be located")
+        return
+    recorded = meta.get("chunks", {})
+    for extra in sorted(set(recorded) - {c["filename"] for c in chunks}):
+        problems.add(f"{split}/{extra}: written at ingest but missing from {shard_format.INDEX_FILE}")
+    for chunk in chunks:
+        name, size = chunk["filename"], int(chunk["chunk_size"])
+        path = os.path.join(local, name)
+        expected = recorded.get(name, {}).get("sha256")
+        if not os.path.exists(path):
+            problems.add(f"{split}/{name}: missing from the store")
+            yield name, size, None
+            continue
+        with open(path, "rb") as f:
+            data = f.read()
+        actual = hashlib.sha256(data).hexdigest()
+        if expected != actual:
+            problems.add(f"{split}/{name}: sha256 {actual[:16]} is not the {str(expected)[:16]} written at ingest: the shard was altered in the store")
+            yield name, size, None
+            continue
+        yield name, size, data
+
+
+def _damaged_items(split: str, name: str, prov: Iterator[tuple[int, str, int, str]], size: int, problems: _Problems) -> None:
+    files = sorted({next(prov)[1] for _ in range(size)})
+    problems.add(f"{split}/{name}: holds {size} item(s) from {', '.join(files[:5])}{' and more' if len(files) > 5 else ''}")
+
+
+def _text_split(local: str, split: str, shards: TextShards, tally: _Tally, new_files: Optional[set[str]], problems: _Problems) -> None:
+    meta = shard_format.read_meta(local)
+    vocab, eos = shards.vocabulary, int(meta["eos_id"])
+    prov = _provenance(local)
+    for name, size, data in _checked_chunks(local, split, meta, problems):
+        row: dict[str, Any] = {"split": split, "shard": name, "items": size, "tokens": 0, "mean_tokens": 0.0, "max_tokens": 0, "empty": 0, "long": 0,
+               "duplicates": 0, "out_of_vocab": 0, "checksum_ok": data is not None, "decodes": data is not None}
+        tally.shards.append(row)
+        if data is None:
+            _damaged_items(split, name, prov, size, problems)
+            continue
+        lengths = []
+        try:
+            documents = list(shard_format.text_chunk_documents(data, f"{split}/{name}"))
+        except shard_format.ShardFormatError as e:
+            row["decodes"] = False
+            problems.add(str(e))
+            _damaged_items(split, name, prov, size, problems)
+            continue
+        for ids in documents:
+            _, file, record, sha1 = next(prov)
+            tally.hashes.append(np.array([_hash64(sha1)], dtype=np.uint64))
+            tally.places.append((split, file, record))
+            tally.shard_of.append(len(tally.shards) - 1)
+            n = len(ids) - 1
+            lengths.append(n)
+            if not len(ids) or ids[-1] != eos:
+                problems.add(f"{where(file, record)}: the document does not end with the end-of-document id {eos}")
+            bad = ids[(ids < 0) | (ids >= vocab)]
+            if len(bad):
+                row["out_of_vocab"] += len(bad)
+                more = f" ({len(bad)} ids outside it)" if len(bad) > 1 else ""
+                problems.add(f"{where(file, record)}: token id {int(bad[0])} outside the vocabulary ({vocab}){more}")
+            if n < shards.min_tokens:
+                row["empty"] += 1
+                tally.empty.append(f"{where(file, record)}: empty document ({n} tokens, fewer than min_tokens {shards.min_tokens})")
+            if shards.max_tokens is not None and n > shards.max_tokens:
+                row["long"] += 1
+                tally.long.append(f"{where(file, record)}: {n} tokens, more than max_tokens {shards.max_tokens}")
+            inside = ids[(ids >= 0) & (ids < vocab)]
+            counts = np.bincount(inside, minlength=vocab)
+            tally.counts = counts if tally.counts is None else tally.counts + counts
+            if new_files is None or file in new_files:
+                tally.new_counts = counts if tally.new_counts is None else tally.new_counts + counts
+                tally.new_items += 1
+        row.update(tokens=int(sum(lengths)), mean_tokens=float(np.mean(lengths)) if lengths else 0.0, max_tokens=int(max(lengths, default=0)))
+    tally.items += int(meta["items"])
+
+
+def _index_config(local: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(local, shard_format.INDEX_FILE)) as f:
+            return dict(json.load(f).get("config") or {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _image_split(local: str, split: str, shards: ImageShards, tally: _Tally, new_files: Optional[set[str]], problems: _Problems) -> None:
+    meta = shard_format.read_meta(local)
+    config = _index_config(local)
+    prov = _provenance(local)
+    labels = len(shards.labels)
+    for name, size, data in _checked_chunks(local, split, meta, problems):
+        row: dict[str, Any] = {"split": split, "shard": name, "items": size, "bad_shape": 0, "bad_dtype": 0, "out_of_range": 0, "bad_label": 0,
+               "duplicates": 0, "mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "checksum_ok": data is not None, "decodes": data is not None}
+        tally.shards.append(row)
+        if data is None:
+            _damaged_items(split, name, prov, size, problems)
+            continue
+        try:
+            items = shard_format.image_chunk_items(data, f"{split}/{name}", config)
+        except shard_format.ShardFormatError as e:
+            row["decodes"] = False
+            problems.add(str(e))
+            _damaged_items(split, name, prov, size, problems)
+            continue
+        stats = []
+        for image, label in items:
+            _, file, record, sha1 = next(prov)
+            tally.hashes.append(np.array([_hash64(sha1)], dtype=np.uint64))
+            tally.places.append((split, file, record))
+            tally.shard_of.append(len(tally.shards) - 1)
+            if list(image.shape) != list(shards.shape) and not (len(shards.shape) == 2 and list(image.shape) == [*shards.shape, 1]):
+                row["bad_shape"] += 1
+                problems.add(f"{where(file, record)}: shape {list(image.shape)}, not the declared {shards.shape}")
+            if str(image.dtype) != shards.dtype:
+                row["bad_dtype"] += 1
+                problems.add(f"{where(file, record)}: dtype {image.dtype}, not the declared {shards.dtype}")
+            lo, hi = (float(image.min()), float(image.max())) if image.size else (0.0, 0.0)
+            if lo < shards.min or hi > shards.max:
+                row["out_of_range"] += 1
+                problems.add(f"{where(file, record)}: values {lo:g}..{hi:g} outside the declared range {shards.min:g}..{shards.max:g}")
+            if not 0 <= label < labels:
+                row["bad_label"] += 1
+                problems.add(f"{where(file, record)}: label index {label} outside the {labels} declared labels")
+            mean = float(image.mean()) if image.size else 0.0
+            stats.append((mean, float(image.std()) if image.size else 0.0, lo, hi))
+            one = np.bincount([min(max(label, 0), labels - 1)], minlength=labels)
+            tally.labels = one if tally.labels is None else tally.labels + one
+            if len(tally.means) < _SAMPLE:
+                tally.means.append(mean)
+            if new_files is None or file in new_files:
+                tally.new_labels = one if tally.new_labels is None else tally.new_labels + one
+                tally.new_items += 1
+                if len(tally.new_means) < _SAMPLE:
+                    tally.new_means.append(mean)
+        if stats:
+            s = np.array(stats)
+            row.update(mean=float(s[:, 0].mean()), std=float(s[:, 1].mean()), min=float(s[:, 2].min()), max=float(s[:, 3].max()))
+    tally.items += int(meta["items"])
+
+
+def _litdata_reads(local: str, split: str, spec: PipelineSpec, problems: _Problems) -> bool:
+    """Whether litdata's own reader gives every sample of the split (the pod's path); a failure is a problem."""
+    meta = shard_format.read_meta(local)
+    if not meta["items"]:
+        return True
+    sample = spec.shards.block_size + 1 if isinstance(spec.shards, TextShards) else None
+    try:
+        dataset = shard_format.open_split(local, sample_tokens=sample)
+        for i in range(len(dataset)):
+            dataset[i]
+    # litdata raises what its decoders raise on bad bytes (no error type of its own): each is this split's problem.
+    except (ValueError, RuntimeError, OSError, IndexError, KeyError, TypeError, EOFError) as e:
+        problems.add(f"{split}: litdata cannot read the split ({type(e).__name__}: {e})")
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _duplicates(tally: _Tally, limit: float, problems: _Problems) -> list[dict[str, Any]]:
+    """Mark repeated items (all but the first of each content) in the shard rows; their lines are problems beyond `limit`."""
+    if not tally.hashes:
+        return []
+    hashes = np.concatenate(tally.hashes)
+    _, first = np.unique(hashes, return_index=True)
+    repeated = np.setdiff1d(np.arange(len(hashes)), first)
+    for i in repeated:
+        tally.shards[tally.shard_of[i]]["duplicates"] += 1
+    rate = len(repeated) / max(len(hashes), 1)
+    if rate > limit:
+        for i in repeated:
+            split, file, record = tally.places[i]
+            problems.add(f"{where(file, record)}: repeats an earlier item ({split} split)")
+    return [_platform("trainyard_duplicate_rate", rate, limit, len(repeated), [where(tally.places[i][1], tally.places[i][2]) for i in repeated[:5]])]
+
+
+def _platform(name: str, observed: float, limit: float, count: int, samples: Sequence[str], success: Optional[bool] = None) -> dict[str, Any]:
+    return {
+        "expectation": name, "column": None, "kwargs": {"max_value": limit}, "success": observed <= limit if success is None else success,
+        "observed_value": round(observed, 6), "unexpected_count": count, "unexpected_values": list(samples)[:5],
+        "unexpected_index_list": [], "exception": None, "source": PLATFORM_CHECK, "row_level": False, "sample_rows": [],
+    }
+
+
+def _rate_check(name: str, lines: list[str], items: int, limit: float, problems: _Problems) -> dict[str, Any]:
+    rate = len(lines) / max(items, 1)
+    if rate > limit:
+        for line in lines:
+            problems.add(line)
+    return _platform(name, rate, limit, len(lines), [line.split(": ", 1)[0] for line in lines])
+
+
+def suite_for(spec: PipelineSpec) -> list[dict[str, Any]]:
+    """The Great Expectations suite of the per-shard table."""
+    out: list[dict[str, Any]] = [
+        {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 1}},
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "checksum_ok", "value_set": [True]}},
+        {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "decodes", "value_set": [True]}},
+    ]
+    zero = ["out_of_vocab"] if isinstance(spec.shards, TextShards) else ["bad_shape", "bad_dtype", "out_of_range", "bad_label"]
+    out += [{"type": "expect_column_values_to_be_between", "kwargs": {"column": c, "min_value": 0, "max_value": 0}} for c in zero]
+    if isinstance(spec.shards, ImageShards):
+        out += [{"type": "expect_column_min_to_be_between", "kwargs": {"column": "min", "min_value": spec.shards.min}},
+                {"type": "expect_column_max_to_be_between", "kwargs": {"column": "max", "max_value": spec.shards.max}}]
+    return out
+
+
+def _report(spec: PipelineSpec, tally: _Tally, platform: list[dict[str, Any]]) -> ValidationReport:
+    table = pa.Table.from_pylist(tally.shards) if tally.shards else None
+    expectations = suite_for(spec)
+    results = list(platform)
+    suite_json: dict[str, Any] = {"name": f"{spec.key}/shards", "expectations": expectations}
+    if table is not None:
+        suite = ArrowSuite(expectations, table.schema, name=f"{spec.key}/shards")
+        for batch in table.to_batches():
+            suite.update(batch)
+        results = [result_from_ge(r, False) for r in suite.results()] + results
+        suite_json = suite.suite_json()
+    else:
+        results.insert(0, _platform("expect_table_row_count_to_be_between", 0, 1, 0, [], success=False))
+    failed = sum(1 for r in results if not r["success"])
+    return ValidationReport(success=failed == 0, evaluated=len(results), failed=failed, results=results, suite=suite_json, rows=tally.items)
+
+
+# --------------------------------------------------------------------------- drift
+
+
+def _psi(reference: np.ndarray, current: np.ndarray) -> float:
+    p = np.maximum(reference / max(reference.sum(), 1), PSI_EPSILON)
+    c = np.maximum(current / max(current.sum(), 1), PSI_EPSILON)
+    return float(np.sum((c - p) * np.log(c / p)))
+
+
+def unigram_psi(reference: np.ndarray, current: np.ndarray, buckets: int = DRIFT_BUCKETS) -> float:
+    """PSI of two unigram count vectors over buckets of token ids holding equal shares of the reference's tokens.
+
+    Ids are ranked by their reference count (most frequent first); bucket k
+    holds the ids whose cumulative reference share falls in [k/b, (k+1)/b);
+    ids the reference never saw fall in the last (rarest) bucket.
+    """
+    n = max(len(reference), len(current))
+    ref = np.zeros(n, dtype=np.float64)
+    cur = np.zeros(n, dtype=np.float64)
+    ref[: len(reference)] = reference
+    cur[: len(current)] = current
+    order = np.argsort(-ref, kind="stable")
+    share = np.cumsum(ref[order]) / max(ref.sum(), 1)
+    bucket_of = np.minimum((np.concatenate([[0.0], share[:-1]]) * buckets).astype(int), buckets - 1)
+    bucket_of[ref[order] == 0] = buckets - 1
+    return _psi(np.bincount(bucket_of, weights=ref[order], minlength=buckets), np.bincount(bucket_of, weights=cur[order], minlength=buckets))
+
+
+def _drift_row(column: str, method: str, psi: float, judged: bool, spec: PipelineSpec, scope: str, note: str) -> dict[str, Any]:
+    limit = spec.max_drift_psi
+    return {"column": column, "method": method, "psi": psi, "ks": None, "ks_pvalue": None, "judged": judged,
+            "drifted": bool(judged and limit is not None and psi > limit), "note": note, "scope": scope}
+
+
+def _drift(spec: PipelineSpec, tally: _Tally, reference: Optional[dict[str, Any]], new_files: Optional[set[str]]) -> list[dict[str, Any]]:
+    if reference is None:
+        return []
+    scope = (f"the new delivery ({len(new_files)} file(s), {tally.new_items} item(s))" if new_files else "the whole version") + \
+        f" against version {reference['md5'][:12]}"
+    if isinstance(spec.shards, TextShards):
+        current = tally.new_counts if tally.new_counts is not None else np.zeros(spec.shards.vocabulary)
+        ref = np.asarray(reference["counts"], dtype=np.float64)
+        tokens = int(current.sum())
+        return [_drift_row("tokens", "unigram-psi", unigram_psi(ref, current), tokens >= DRIFT_MIN_TOKENS, spec, scope,
+                           f"{DRIFT_BUCKETS} frequency buckets; {tokens} tokens measured" + ("" if tokens >= DRIFT_MIN_TOKENS else f", fewer than {DRIFT_MIN_TOKENS}: not judged"))]
+    judged = tally.new_items >= DRIFT_MIN_IMAGES
+    edges = np.asarray(reference["mean_edges"], dtype=np.float64)
+    cur_means = np.asarray(tally.new_means, dtype=np.float64)
+    ref_hist = np.asarray(reference["mean_counts"], dtype=np.float64)
+    cur_hist = np.bincount(np.clip(np.searchsorted(edges, cur_means, side="right") - 1, 0, len(ref_hist) - 1), minlength=len(ref_hist))
+    labels_now = tally.new_labels if tally.new_labels is not None else np.zeros(len(reference["labels"]))
+    note = f"{tally.new_items} image(s) measured" + ("" if judged else f", fewer than {DRIFT_MIN_IMAGES}: not judged")
+    return [_drift_row("pixel_mean", "psi-quantiles", _psi(ref_hist, cur_hist), judged, spec, scope, note),
+            _drift_row("label", "psi-categories", _psi(np.asarray(reference["labels"], dtype=np.float64), labels_now), judged, spec, scope, note)]
+
+
+def _profile(spec: PipelineSpec, tally: _Tally) -> dict[str, Any]:
+    """What the next version's drift is measured against: unigram counts, or pixel-mean quantile bins and label counts."""
+    if isinstance(spec.shards, TextShards):
+        counts = tally.counts if tally.counts is not None else np.zeros(spec.shards.vocabulary, dtype=np.int64)
+        return {"kind": "text", "counts": counts.astype(int).tolist()}
+    means = np.asarray(tally.means, dtype=np.float64)
+    edges = np.unique(np.quantile(means, np.linspace(0, 1, PIXEL_BINS + 1))) if len(means) else np.array([0.0, 1.0])
+    edges[0], edges[-1] = -np.inf, np.inf
+    hist = np.bincount(np.clip(np.searchsorted(edges, means, side="right") - 1, 0, len(edges) - 2), minlength=len(edges) - 1)
+    labels = tally.labels if tally.labels is not None else np.zeros(len(spec.shards.labels) if spec.shards else 0)
+    return {"kind": "image", "mean_edges": [float(e) if np.isfinite(e) else (-1e300 if e < 0 else 1e300) for e in edges],
+            "mean_counts": hist.astype(int).tolist(), "labels": np.asarray(labels).astype(int).tolist()}
+
+
+# --------------------------------------------------------------------------- the version
+
+
+def _new_files(store: FileStore, raw_uri: str, reference: Optional[dict[str, Any]]) -> Optional[set[str]]:
+    """Landing files of this version that the reference version did not have in the same content (None: no reference)."""
+    if reference is None or not store.exists(f"{reference['raw_uri']}/manifest.json"):
+        return None
+    before = {(f["uri"], f.get("content_hash")) for f in store.read_json(f"{reference['raw_uri']}/manifest.json")["files"]}
+    now = store.read_json(f"{raw_uri}/manifest.json")["files"]
+    return {f["uri"] for f in now if (f["uri"], f.get("content_hash")) not in before} or None
+
+
+def _read_version(store: FileStore, spec: PipelineSpec, raw_uri: str, new_files: Optional[set[str]], problems: _Problems) -> _Tally:
+    tally = _Tally()
+    with tempfile.TemporaryDirectory(prefix="trainyard-shard-check-") as tmp:
+        for split in shard_format.SPLITS:
+            local = os.path.join(tmp, split)
+            store.get_dir(f"{raw_uri}/{split}", local)
+            before = problems.count
+            if isinstance(spec.shards, TextShards):
+                _text_split(local, split, spec.shards, tally, new_files, problems)
+            else:
+                assert isinstance(spec.shards, ImageShards)
+                _image_split(local, split, spec.shards, tally, new_files, problems)
+            if not shard_format.read_meta(local)["items"]:
+                problems.add(f"{split}: the split holds no item (deliver more documents, or change spec.split)")
+            if problems.count == before and not _litdata_reads(local, split, spec, problems):
+                for row in tally.shards:
+                    if row["split"] == split:
+                        row["decodes"] = False
+    return tally
+
+
+def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) -> ShardVersionOutcome:
+    """Validate one shard version, measure drift, apply the policy, and quarantine it or make it the latest accepted one.
+
+    Args:
+        store: The object store.
+        spec: The sharded pipeline.
+        raw: `raw_data`'s value (`uri`: the version directory, `md5`, ...).
+    """
+    assert spec.shards is not None
+    md5, raw_uri = raw["md5"], raw["uri"]
+    latest_uri = naming.validated_latest(store, spec.team, spec.name)
+    latest = store.read_json(latest_uri) if store.exists(latest_uri) else None
+    reference = None
+    if latest is not None and latest["md5"] != md5 and latest.get("profile_uri") and store.exists(latest["profile_uri"]):
+        reference = {**store.read_json(latest["profile_uri"]), "md5": latest["md5"], "raw_uri": latest["raw_uri"]}
+    new_files = _new_files(store, raw_uri, reference)
+    problems = _Problems()
+    tally = _read_version(store, spec, raw_uri, new_files, problems)
+    enough = _platform("trainyard_min_items", tally.items, spec.min_rows, 0, [], success=tally.items >= spec.min_rows)
+    platform = [{**enough, "kwargs": {"min_value": spec.min_rows}}]
+    if isinstance(spec.shards, TextShards):
+        platform.append(_rate_check("trainyard_empty_document_rate", tally.empty, tally.items, spec.shards.max_empty_rate, problems))
+        platform.append(_rate_check("trainyard_long_document_rate", tally.long, tally.items, spec.shards.max_long_rate, problems))
+    platform += _duplicates(tally, spec.shards.max_duplicate_rate, problems)
+    if tally.items < spec.min_rows:
+        problems.add(f"{tally.items} item(s), fewer than min_rows {spec.min_rows}")
+    report = _report(spec, tally, platform)
+    if problems.count and report.success:
+        # A problem no expectation covers (a split without items, a document without its end id) still fails the version.
+        extra = _platform("trainyard_no_problems", problems.count, 0, problems.count, problems.lines[:5])
+        report = ValidationReport(success=False, evaluated=report.evaluated + 1, failed=report.failed + 1,
+                                  results=[*report.results, extra], suite=report.suite, rows=report.rows)
+    drift_rows = _drift(spec, tally, reference, new_files)
+    if latest is not None and latest["md5"] == md5 and latest.get("drift_uri") and store.exists(latest["drift_uri"]):
+        drift_rows = store.read_json(latest["drift_uri"])  # this version again: the drift measured when it was new
+    verdict = decide(report, drift_rows, spec, release_of(store, spec.team, spec.name, md5))
+    if not verdict.accepted:
+        kept = _quarantine(store, spec, raw, verdict, report, problems, tally, drift_rows)
+        return ShardVersionOutcome(verdict, report, problems.lines, problems.count, tally.shards, drift_rows, kept, None)
+    split_id = f"{md5}-{spec.fingerprint()}"
+    base = naming.validated_dir(store, spec.team, spec.name, split_id)
+    store.write_json(f"{base}/profile.json", _profile(spec, tally))
+    store.write_json(f"{base}/drift.json", drift_rows)
+    store.write_json(f"{base}/shards.json", tally.shards)
+    store.write_json(latest_uri, {"md5": md5, "raw_uri": raw_uri, "split_id": split_id, "kind": "shards",
+                                  "profile_uri": f"{base}/profile.json", "drift_uri": f"{base}/drift.json"})
+    items = {s: 0 for s in shard_format.SPLITS}
+    for row in tally.shards:
+        items[row["split"]] += row["items"]
+    value = {"md5": md5, "split_id": split_id, **{s: f"{raw_uri}/{s}" for s in shard_format.SPLITS}, "rows": items, "set_aside": 0,
+             "profile": f"{base}/profile.json"}
+    return ShardVersionOutcome(verdict, report, problems.lines, problems.count, tally.shards, drift_rows, None, value)
+
+
+def _quarantine(store: FileStore, spec: PipelineSpec, raw: dict[str, Any], verdict: Verdict, report: ValidationReport, problems: _Problems,
+                tally: _Tally, drift_rows: list[dict[str, Any]]) -> str:
+    """Keep the rejected version's report under `quarantine/<team>/<name>/<md5>/` (its shards stay where they are, immutable);
+    a version whose shards were altered is marked damaged so the next ingest writes it again."""
+    where_ = naming.quarantine_dir(store, spec.team, spec.name, raw["md5"])
+    if any(not row["checksum_ok"] for row in tally.shards):
+        store.write_json(f"{raw['uri']}/{DAMAGED}", {"at": utc_now(), "shards": [f"{r['split']}/{r['shard']}" for r in tally.shards if not r["checksum_ok"]]})
+    store.write_json(f"{where_}/report.json", {
+        "kind": "snapshot", "pipeline": spec.key, "md5": raw["md5"], "quarantined_at": utc_now(), "data": raw["uri"], "raw": raw,
+        "policy": spec.on_bad_data, "reasons": verdict.reasons, "problems": problems.lines, "problem_count": problems.count,
+        "shards": tally.shards, "validation": report.model_dump(mode="json"), "drift": drift_rows,
+    })
+    return where_
+
+
+def shards_markdown(rows: list[dict[str, Any]], limit: int = 60) -> str:
+    """The per-shard statistics as a Markdown table (the first `limit` shards)."""
+    if not rows:
+        return "no shards\n"
+    columns = list(rows[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows[:limit]:
+        lines.append("| " + " | ".join(md_cell(f"{v:.2f}" if isinstance(v, float) else v) for v in row.values()) + " |")
+    more = f"\n{len(rows) - limit} more shard(s) not shown\n" if len(rows) > limit else ""
+    return "\n".join(lines) + "\n" + more
+
+
+def problems_markdown(lines: list[str], count: int) -> str:
+    """Every problem found (as kept), one bullet each."""
+    if not count:
+        return "no problems\n"
+    more = f"\n\n… and {count - len(lines)} more (see the quarantine report)" if count > len(lines) else ""
+    return "\n".join(f"- {md_cell(line, width=400)}" for line in lines[:200]) + more + "\n"
