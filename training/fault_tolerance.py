@@ -133,10 +133,14 @@ class StoreCheckpointIO(CheckpointIO):
             self.writer.close()
 
 
-def _train_sampler(trainer: L.Trainer) -> Optional[ResumableSampler]:
+def _train_sampler(trainer: L.Trainer) -> Optional[Any]:
+    """What records the train loader's trained position (`mark_consumed`): its `ResumableSampler`, or a loader that
+    keeps the position itself (`training.streaming.ShardLoader`); None for a loader that does not resume."""
     loader = trainer.train_dataloader
     sampler = getattr(loader, "sampler", None)
-    return sampler if isinstance(sampler, ResumableSampler) else None
+    if isinstance(sampler, ResumableSampler):
+        return sampler
+    return loader if callable(getattr(loader, "mark_consumed", None)) else None
 
 
 def control_group(world_size: int) -> Any:

@@ -62,7 +62,6 @@ This module is pod-side: it imports neither Dagster nor trainyard.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -73,7 +72,6 @@ from dataclasses import dataclass
 from time import time
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-import fsspec
 import lightning as L
 import numpy as np
 import torch
@@ -82,11 +80,9 @@ from litdata.streaming.item_loader import TokensLoader
 from litdata.streaming.sampler import ChunkedIndex
 from litdata.utilities.env import _WorkerEnv
 
+from training import shard_format
 from training.errors import ConfigError
 
-META_FILE = "meta.json"
-TOKEN_COUNTS_FILE = "token_counts.npy"
-FORMAT_VERSION = 1
 DEFAULT_MAX_CACHE_BYTES = 1 << 30
 """1 GiB of chunks per process: with litdata's `max_pre_download` of 2 and chunks of a few MiB it never binds
 the read-ahead, and it keeps a pod's local disk use fixed whatever the corpus."""
@@ -103,29 +99,39 @@ class _DeliberateCacheBound(logging.Filter):
 logging.getLogger("litdata.streaming.dataset").addFilter(_DeliberateCacheBound())
 
 
+def allow_plain_http_endpoint() -> None:
+    """Let litdata's obstore path fetch chunks from an `http://` `AWS_ENDPOINT_URL` (a loopback or in-cluster endpoint).
+
+    litdata fetches chunks with obstore when it is installed, with client options
+    fixed in its downloader module, and obstore refuses plain HTTP unless
+    `allow_http` is among them (boto3, which litdata uses for `index.json`, has no
+    such rule). This adds it, in the process that downloads (the loader worker),
+    only for an http endpoint. `tests/training/test_streaming.py` checks the options
+    are still there to add to.
+    """
+    if not os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
+        return
+    from litdata.streaming import downloader
+
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if isinstance(options, dict):
+        options["allow_http"] = "true"
+
+
 def _join(uri: str, name: str) -> str:
     return uri.rstrip("/") + "/" + name
 
 
 def read_meta(uri: str) -> dict[str, Any]:
-    """A split's `meta.json`.
+    """A split's `meta.json` (`training.shard_format.read_meta`).
 
     Raises:
         ConfigError: it is missing, not JSON, of an unknown kind or format version.
     """
     try:
-        with fsspec.open(_join(uri, META_FILE), "r") as f:
-            meta = json.load(f)
-    except FileNotFoundError as e:
-        raise ConfigError(f"shard split {uri!r} has no {META_FILE}; is it a split written by the shard writer?") from e
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{_join(uri, META_FILE)} is not JSON: {e}") from e
-    kind = meta.get("kind")
-    if kind not in ("text", "image"):
-        raise ConfigError(f"{_join(uri, META_FILE)}: kind {kind!r} is not one of 'text', 'image'")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(f"{_join(uri, META_FILE)}: format_version {meta.get('format_version')!r}; this reader reads {FORMAT_VERSION}")
-    return dict(meta)
+        return shard_format.read_meta(uri)
+    except shard_format.ShardFormatError as e:
+        raise ConfigError(f"shard split {uri!r} cannot be read: {e}") from e
 
 
 # -- the sample order -----------------------------------------------------------------------------
@@ -287,6 +293,7 @@ class _PlannedDataset(StreamingDataset):
         plan = self.plan
         if plan is None:
             raise RuntimeError("the shard loader sets the plan before iterating")
+        allow_plain_http_endpoint()
         self.worker_env = _WorkerEnv.detect()
         self.cache = self._create_cache(worker_env=self.worker_env)
         self.shuffler = self._create_shuffler(self.cache)
@@ -298,7 +305,7 @@ class _PlannedDataset(StreamingDataset):
         visits = worker_plan(stream, self.batch_size, plan.world, plan.rank, workers, worker, plan.skip, plan.drop_last)
         self.worker_chunks = [int(stream.order[v.position]) for v in visits]
         self.worker_intervals = [[0, 0, v.size, v.size] for v in visits]
-        self._elastic_item_lists = _VisitItems(stream, visits)  # type: ignore[assignment]
+        self._elastic_item_lists = _VisitItems(stream, visits)
         self.stop_length = sum(v.size for v in visits)
         self.num_chunks = len(visits)
         if self.input_dir.url:  # chunks are copied into the cache: count the co-readers of each
@@ -308,7 +315,7 @@ class _PlannedDataset(StreamingDataset):
             self.cache._reader.enable_mmap_for_chunks(set(self.worker_chunks) - shared)
         else:  # read in place, never deleted
             self.cache._reader.enable_mmap_for_chunks(set(self.worker_chunks))
-        self.upcoming_indexes = deque()
+        self.upcoming_indexes: deque[int] = deque()
         self.worker_next_chunk_index = 0
         self.global_index = 0
         self.consumed_sample_count_in_curr_chunk = 0
@@ -519,7 +526,7 @@ class StreamingShardDataModule(L.LightningDataModule):
                 raise ConfigError(f"text shards train task 'causal_lm', got task {task!r}")
             size = block_size if block_size is not None else self.meta.get("block_size")
             if size is None:
-                raise ConfigError(f"block_size is not given and {_join(train_uri, META_FILE)} has none")
+                raise ConfigError(f"block_size is not given and {_join(train_uri, shard_format.META_FILE)} has none")
             if int(size) < 1:
                 raise ValueError(f"block_size must be >= 1, got {size}")
             self.block_size: Optional[int] = int(size)
@@ -552,8 +559,12 @@ class StreamingShardDataModule(L.LightningDataModule):
         if self._tokenizer_path is None or not os.path.exists(self._tokenizer_path):
             dest = os.path.join(self.cache_dir, "tokenizer", os.path.basename(name))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with fsspec.open(_join(self.uris["train"], name), "rb") as src, open(dest, "wb") as out:
-                shutil.copyfileobj(src, out)
+            try:
+                data = shard_format.read_file_bytes(self.uris["train"], name)
+            except shard_format.ShardFormatError as e:
+                raise ConfigError(f"the tokenizer of shard split {self.uris['train']!r}: {e}") from e
+            with open(dest, "wb") as out:
+                out.write(data)
             self._tokenizer_path = dest
         return self._tokenizer_path
 
@@ -562,9 +573,8 @@ class StreamingShardDataModule(L.LightningDataModule):
         if self.kind != "text":
             return None
         try:
-            with fsspec.open(_join(self.uris["train"], TOKEN_COUNTS_FILE), "rb") as f:
-                return np.load(f, allow_pickle=False)
-        except FileNotFoundError:
+            return shard_format.read_token_counts(self.uris["train"])
+        except shard_format.ShardFormatError:
             return None
 
     @property
@@ -602,12 +612,12 @@ class StreamingShardDataModule(L.LightningDataModule):
 
     def example_input(self) -> torch.Tensor:
         """Two samples of the validation split, as the model gets them."""
-        return next(iter(self._loader("val", train=False, batch_size=2)))[0]
+        return next(iter(self._loader("val", train=False, batch_size=2, return_ids=False)))[0]
 
     # -- loaders ----------------------------------------------------------------------------------
 
     def _dataset(self, split: str) -> _PlannedDataset:
-        item_loader = TokensLoader(block_size=int(self.block_size) + 1) if self.kind == "text" else None
+        item_loader = TokensLoader(block_size=self.block_size + 1) if self.block_size is not None else None
         return _PlannedDataset(
             self.uris[split],
             cache_dir=self.cache_dir,
@@ -618,15 +628,16 @@ class StreamingShardDataModule(L.LightningDataModule):
             max_cache_size=self.max_cache_bytes,
             max_pre_download=MAX_PRE_DOWNLOAD,
             num_canonical_nodes=1,
+            storage_options=shard_format.storage_options_for(self.uris[split]) or None,
         )
 
-    def _collate(self) -> Callable[..., Any]:
+    def _collate(self, return_ids: bool) -> Callable[..., Any]:
         if self.kind == "text":
-            return _TextCollate(self.return_ids)
-        return ImageCollate(self.meta.get("min", 0), self.meta.get("max", 255), self.return_ids)
+            return _TextCollate(return_ids)
+        return ImageCollate(self.meta.get("min", 0), self.meta.get("max", 255), return_ids)
 
     def _loader(self, split: str, train: bool, batch_size: Optional[int] = None, rank: int = 0, world: int = 1,
-                epoch: int = 0) -> ShardLoader:
+                epoch: int = 0, return_ids: Optional[bool] = None) -> ShardLoader:
         return ShardLoader(
             self._dataset(split),
             batch_size=batch_size or self.batch_size,
@@ -638,7 +649,7 @@ class StreamingShardDataModule(L.LightningDataModule):
             # a cache directory of our own is this process's alone; one given may be shared by a node's ranks
             shared_ranks=(rank,) if self._cache_root is None else tuple(range(world)),
             num_workers=self.num_workers,
-            collate_fn=self._collate(),
+            collate_fn=self._collate(self.return_ids if return_ids is None else return_ids),
         )
 
     def train_dataloader(self) -> ShardLoader:
@@ -652,6 +663,13 @@ class StreamingShardDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> ShardLoader:
         return self._loader("test", train=False)
+
+    def eval_dataloader(self, split: str) -> ShardLoader:
+        """The whole `split` (`val` or `test`) as `(x, y)` batches in stored order, for the final evaluation on one
+        process (`training.lightning_eval`); never with ids."""
+        if split not in ("val", "test"):
+            raise ValueError(f"split must be 'val' or 'test', got {split!r}")
+        return self._loader(split, train=False, return_ids=False)
 
     def teardown(self, stage: str) -> None:
         if self._own_cache is not None:
