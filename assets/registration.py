@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey, Failure, MetadataValue, Output
 
@@ -15,6 +16,9 @@ from trainyard import promotion as policy
 from trainyard.data.feast import read_lineage
 from trainyard.feast_source import FeastSourceSpec
 from trainyard.lineage import FEAST_MODEL_METADATA_KEY, LineageError, LineageRecord, feast_card, feast_fields, feast_serving
+from trainyard import shard_samples
+from trainyard.promotion.served import LM_PARAMS
+from trainyard.shardspec import ImageShards, TextShards
 from trainyard.spec import PipelineSpec
 from trainyard.values import BestModel, RegisteredModel, ValidatedData
 
@@ -48,11 +52,8 @@ def registered_model_results(
             description=f"{spec.key}: promotion.metric {spec.promotion.metric!r} is not among the trial's metrics "
             f"{sorted(metrics)}; declare one of them in PromotionSpec(metric=...)"
         )
-    import pandas as pd
-
-    with store.open(validated.test, "rb") as f:
-        test_df = pd.read_parquet(f)
-    kept = [c for c in spec.keep_columns if c in test_df.columns]  # ids and timestamps: sent to serving, returned beside predictions
+    served = served_test(spec, validated, store)
+    test_df, kept = served.frame, served.kept
     validation = promotion.validation_evidence(
         context.instance, check[0], check[1], validated.md5, policy.is_quarantined(store, spec.key, validated.md5),
     )
@@ -63,7 +64,7 @@ def registered_model_results(
     tags = LineageRecord.from_config(
         record, trial=best.trial, study=best.study, checkpoint_uri=str(best.checkpoint_uri),
         tracker_run=str(best.tracker_run or ""), test_split=validated.split_id, test_uri=validated.test,
-        target=spec.target, promotion_policy=spec.promotion.model_dump_json(), metrics=metrics,
+        target=spec.target_name, promotion_policy=spec.promotion.model_dump_json(), metrics=metrics,
         **validation.lineage_fields(), **feast,
     ).to_tags()
     if spec.positive_label is not None:
@@ -80,13 +81,14 @@ def registered_model_results(
         tags=tags,
         metrics=metrics,
         description=card,
-        input_example=test_df[[*kept, *spec.features]].head(5),
+        input_example=served.example,
+        params_example=served.example_params,
         model_metadata=model_metadata,
     )
     candidate = policy.Candidate(
         version=version, policy=spec.promotion, metrics=metrics, split_id=validated.split_id,
-        test_df=test_df[[*kept, *spec.features, spec.target]], target=spec.target, validation=validation,
-        positive_label=spec.positive_label,
+        test_df=test_df[[*kept, *spec.features, served.target]], target=served.target, validation=validation,
+        positive_label=spec.positive_label, params=served.params, sample_note=served.note,
     )
     decision = promotion.decide(registry, handoff, candidate, action="register", decided_by=f"dagster run {context.run_id}")
     context.log.info(f"{spec.model_name} v{version.version}: {decision.outcome}: {decision.reason}")
@@ -109,6 +111,55 @@ def registered_model_results(
         },
     )
     yield promotion_check(decision)
+
+
+@dataclass(frozen=True)
+class ServedTest:
+    """The test split as the promotion serves it (see `served_test`).
+
+    Attributes:
+        frame: The rows: the model's input columns and `target`.
+        target: The column served predictions are scored against.
+        kept: Id and timestamp columns sent along and returned beside predictions.
+        example: The input example logged with the model (a few rows of its input columns).
+        example_params: The predict params logged with the example, so the signature declares them (None: none).
+        params: The predict params the test rows are served with (None: none).
+        note: Set when `frame` is a part of the test split.
+    """
+
+    frame: Any
+    target: str
+    kept: list[str]
+    example: Any
+    example_params: Optional[dict[str, Any]] = None
+    params: Optional[dict[str, Any]] = None
+    note: Optional[str] = None
+
+
+def served_test(spec: PipelineSpec, validated: ValidatedData, store: ObjectStore) -> ServedTest:
+    """What registration logs as the input example and what the promotion serves: the test split's rows.
+
+    A table: its rows as they are. A text corpus: its test token blocks, served with `{"output": "token_nll"}`
+    (the example: a few blocks' first `block_size` tokens, asking for next-token logits). An image set: its images.
+    """
+    import pandas as pd
+
+    if isinstance(spec.shards, TextShards):
+        sample = shard_samples.text_sample(store, validated.test, spec.shards.block_size)
+        if sample.frame.empty:
+            raise Failure(description=f"{spec.key}: the test split {validated.test} holds no block of "
+                          f"{spec.shards.block_size + 1} tokens to serve; land more text or lower TextShards.block_size")
+        example = pd.DataFrame({"tokens": [row[: spec.shards.block_size] for row in sample.frame["tokens"].head(3)]})
+        return ServedTest(sample.frame, sample.target, [], example, {"output": "next_token_logits"}, dict(LM_PARAMS), sample.note)
+    if isinstance(spec.shards, ImageShards):
+        sample = shard_samples.image_sample(store, validated.test)
+        if sample.frame.empty:
+            raise Failure(description=f"{spec.key}: the test split {validated.test} holds no image to serve")
+        return ServedTest(sample.frame, sample.target, [], sample.frame[["image"]].head(5), note=sample.note)
+    with store.open(validated.test, "rb") as f:
+        test_df = pd.read_parquet(f)
+    kept = [c for c in spec.keep_columns if c in test_df.columns]  # ids and timestamps: sent to serving, returned beside predictions
+    return ServedTest(test_df, spec.target, kept, test_df[[*kept, *spec.features]].head(5))
 
 
 def serving_features(spec: PipelineSpec, lineage: dict[str, Any]) -> dict[str, Any]:

@@ -158,6 +158,7 @@ def score_champion(
     test_df: Optional["pd.DataFrame"],
     target: Optional[str],
     positive_label: Any = None,
+    params: Optional[dict[str, Any]] = None,
 ) -> ChampionScore:
     """The champion's metric on `split_id`: recorded when measured there, else re-evaluated now.
 
@@ -178,7 +179,7 @@ def score_champion(
             champion.version, None,
             f"it was measured on another split and {policy.metric!r} cannot be re-evaluated (one of {list(SERVED_METRICS)} can)",
         )
-    output = registry.predict_output(champion.model_uri, test_df.drop(columns=[target]))
+    output = registry.predict_output(champion.model_uri, test_df.drop(columns=[target]), params=params)
     try:
         value = served_metric(policy.metric, output, test_df[target].tolist(), target=target, positive_label=positive_label)
     except ValueError as e:
@@ -274,16 +275,17 @@ def _decide_locked(
     if candidate.test_df is not None and candidate.target is not None:
         samples["test"] = candidate.test_df.drop(columns=[candidate.target])
         labels = candidate.test_df[candidate.target].tolist()
-    smoke = registry.smoke_test(smoke_uri, samples, timeout_s=policy.smoke_test_timeout_s)
+    smoke = registry.smoke_test(smoke_uri, samples, timeout_s=policy.smoke_test_timeout_s,
+                                **({"params": {"test": candidate.params}} if candidate.params else {}))
     smoke_chk, smoke_evidence = check_smoke(
         policy, smoke, run_id=version.run_id, test_labels=labels, training_metrics=candidate.metrics,
-        target=candidate.target, positive_label=candidate.positive_label,
+        target=candidate.target, positive_label=candidate.positive_label, sample_note=candidate.sample_note,
     )
 
     champion = None
     if current is not None and action != "rollback":
         champion = score_champion(registry, policy, current, candidate.split_id, candidate.test_df, candidate.target,
-                                  candidate.positive_label)
+                                  candidate.positive_label, candidate.params)
     compared, _ = comparable_value(policy, value, champion, smoke_evidence)
     lineage = check_lineage(policy, version.tags, environment=deciding_environment(environment), deployed_lock=lock_hash(),
                             model=model, version=version.version, command="rollback" if action == "rollback" else "promote")

@@ -381,6 +381,7 @@ class ModelRegistry(dg.ConfigurableResource):
         *,
         timeout_s: float = 300.0,
         blocked_modules: Sequence[str] = TRAINING_ONLY_MODULES,
+        params: Optional[Mapping[str, Mapping[str, Any]]] = None,
     ) -> SmokeResult:
         """Loads `model_uri` in a fresh Python process with only serving dependencies and predicts.
 
@@ -399,6 +400,7 @@ class ModelRegistry(dg.ConfigurableResource):
                 MLflow's scoring server reads it, cast to the model's signature.
             timeout_s: Deadline for the whole process.
             blocked_modules: Top-level packages the process must do without.
+            params: Per sample, the predict params it is sent with (a language model's `{"output": "token_nll"}`).
 
         Returns:
             What happened; `passed` is False (with `error`) when the model could not
@@ -408,7 +410,8 @@ class ModelRegistry(dg.ConfigurableResource):
             RegistryUnavailable: The process could not reach the registry or the
                 artifact store (retryable; says nothing about the model).
         """
-        return run_smoke_test(self.tracking_uri, model_uri, samples, timeout_s=timeout_s, blocked_modules=blocked_modules)
+        return run_smoke_test(self.tracking_uri, model_uri, samples, timeout_s=timeout_s, blocked_modules=blocked_modules,
+                              params=params)
 
     # -- registration ------------------------------------------------------------
 
@@ -424,6 +427,7 @@ class ModelRegistry(dg.ConfigurableResource):
         description: str,
         input_example: "pd.DataFrame",
         model_metadata: Optional[Mapping[str, Any]] = None,
+        params_example: Optional[Mapping[str, Any]] = None,
     ) -> ModelVersionInfo:
         """Registers an exported model as a new version, once per trial.
 
@@ -448,6 +452,8 @@ class ModelRegistry(dg.ConfigurableResource):
             model_metadata: Written as the MLflow model's `metadata` (the MLmodel
                 file; `mlflow.models.get_model_info(uri).metadata`), e.g. the Feast
                 feature reference of each input column. JSON values only.
+            params_example: Predict params logged with the input example, so the signature
+                declares them with these defaults (a language model's `{"output": "next_token_logits"}`).
 
         Returns:
             The version, with `created` telling whether this call created it.
@@ -477,18 +483,20 @@ class ModelRegistry(dg.ConfigurableResource):
         return create_version(
             self, model_name, model_dir, trial_key=trial_key, tags=tags, metrics=metric_values,
             description=description, input_example=input_example, model_metadata=model_metadata,
+            params_example=params_example,
         )
 
     # -- serving -----------------------------------------------------------------
 
     @retried
-    def predict_output(self, model_uri: str, df: "pd.DataFrame") -> Any:
+    def predict_output(self, model_uri: str, df: "pd.DataFrame", params: Optional[Mapping[str, Any]] = None) -> Any:
         """Loads a model as MLflow serving would and returns what its `predict` returns, as is.
 
         A current version returns a DataFrame: the kept id/timestamp columns, the
         target column (label or value) and, for a classification, `proba_<label>`
         per class; versions registered before return one prediction per row.
-        The promotion re-evaluates a champion from it (`trainyard.promotion.served`).
+        The promotion re-evaluates a champion from it (`trainyard.promotion.served`);
+        `params` go with the call (a language model's `{"output": "token_nll"}`).
 
         Raises:
             As for `predict`.
@@ -497,7 +505,7 @@ class ModelRegistry(dg.ConfigurableResource):
         with translate_errors(f"predict with {model_uri!r}"):
             with fluent_uris(self.tracking_uri), no_pickled_models():
                 model = mlflow.pyfunc.load_model(model_uri)
-            return model.predict(df)
+            return model.predict(df, params=dict(params)) if params else model.predict(df)
 
     @retried
     def predict(self, model_uri: str, df: "pd.DataFrame") -> "np.ndarray":

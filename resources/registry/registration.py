@@ -58,6 +58,7 @@ def create_version(
     description: str,
     input_example: "pd.DataFrame",
     model_metadata: Optional[Mapping[str, Any]] = None,
+    params_example: Optional[Mapping[str, Any]] = None,
 ) -> ModelVersionInfo:
     """Validates the model directory, example and metadata, then registers a new version (see `ModelRegistry.register`).
 
@@ -76,6 +77,7 @@ def create_version(
             registry, model_name, local_dir,
             experiment_id=experiment_id, trial_key=trial_key, tags=tags,
             metrics=metrics, description=description, example=example, meta=meta, metadata=metadata, loose=loose,
+            params=dict(params_example) if params_example else None,
         )
 
 
@@ -93,6 +95,7 @@ def _register_new(
     meta: dict[str, Any],
     metadata: Optional[dict[str, Any]],
     loose: list[str],
+    params: Optional[dict[str, Any]] = None,
 ) -> ModelVersionInfo:
     mlflow = mlflow_module()
     from mlflow.entities import Metric, RunStatus
@@ -113,7 +116,8 @@ def _register_new(
                     name=MODEL_ARTIFACT_NAME,
                     python_model=str(SERVING_MODEL_PATH),
                     artifacts={MODEL_DIR_ARTIFACT: local_dir},
-                    input_example=example,
+                    # With params, MLflow infers their schema too (a language model's `output`), with these defaults.
+                    input_example=(example, params) if params else example,
                     signature=None,  # inferred from input_example and the model's output
                     pip_requirements=serving_requirements(meta),
                     code_paths=[str(PREPROCESSING_PATH)],

@@ -95,14 +95,20 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def smoke_request(model_uri: str, samples: Mapping[str, "pd.DataFrame"], blocked_modules: Sequence[str], output: str) -> dict[str, Any]:
-    """The JSON request `smoke.main` reads: each sample frame as the `dataframe_split` body a client would send."""
-    return {
+def smoke_request(model_uri: str, samples: Mapping[str, "pd.DataFrame"], blocked_modules: Sequence[str], output: str,
+                  params: Optional[Mapping[str, Mapping[str, Any]]] = None) -> dict[str, Any]:
+    """The JSON request `smoke.main` reads: each sample frame as the `dataframe_split` body a client would send,
+    and the predict params of the samples that have them (a language model's `{"output": "token_nll"}`)."""
+    request = {
         "model_uri": model_uri,
         "blocked": sorted(set(blocked_modules)),
         "output": output,
         "samples": {name: client_payload(frame) for name, frame in samples.items()},
     }
+    sent = {name: dict(p) for name, p in (params or {}).items() if name in samples and p}
+    if sent:
+        request["params"] = sent
+    return request
 
 
 def run_smoke_test(
@@ -112,8 +118,9 @@ def run_smoke_test(
     *,
     timeout_s: float,
     blocked_modules: Sequence[str],
+    params: Optional[Mapping[str, Mapping[str, Any]]] = None,
 ) -> SmokeResult:
-    """Runs `smoke.py` as `python -I` against `tracking_uri` and reads back what it did.
+    """Runs `smoke.py` as `python -I` against `tracking_uri` and reads back what it did (`params`: per sample, see `smoke_request`).
 
     Returns:
         What happened; `passed` is False (with `error`) when the model could not
@@ -125,7 +132,7 @@ def run_smoke_test(
     """
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trainyard-smoke-") as scratch:
-        request = smoke_request(model_uri, samples, blocked_modules, os.path.join(scratch, "result.json"))
+        request = smoke_request(model_uri, samples, blocked_modules, os.path.join(scratch, "result.json"), params)
         request_path = os.path.join(scratch, "request.json")
         with open(request_path, "w", encoding="utf-8") as f:
             json.dump(request, f)

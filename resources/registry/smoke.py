@@ -14,7 +14,9 @@ from here rather than the other way round.
 
 The request (JSON) holds `model_uri`, `blocked` (top-level package names),
 `samples` (`{name: {"columns": [...], "data": [[...], ...]}}`, each the
-`dataframe_split` body a client would post to `/invocations`) and `output`, the
+`dataframe_split` body a client would post to `/invocations`), `params` (per
+sample, the predict params to send with it, e.g. a language model's
+`{"output": "token_nll"}`; absent: none) and `output`, the
 path the result JSON is written to: `blocked_imports`, and either
 `load_seconds`, `run_id`, `predictions` (per sample, plus `input_example`) and
 `probabilities` (per sample, the served `proba_<label>` columns, when there are any),
@@ -91,7 +93,8 @@ def predict_all(request: dict[str, Any], out: dict[str, Any]) -> None:
     schema = model.metadata.get_input_schema()
     for name, sample in request["samples"].items():
         frame = infer_and_parse_data({"dataframe_split": sample}, schema)
-        output = model.predict(frame)
+        params = request.get("params", {}).get(name)
+        output = model.predict(frame, params=params) if params else model.predict(frame)
         predictions[name] = np.asarray(served_values(output)).tolist()
         probabilities[name] = served_probabilities(output)
     out["predictions"] = predictions

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -443,5 +444,11 @@ def test_every_metric_a_promotion_accepts_can_be_re_evaluated_from_served_predic
     accepted = {m for profile in TASKS.values() for metrics in profile.evaluated.values() for m in metrics}
     assert set(SERVED_METRICS) == accepted  # check_task refuses any other promotion metric at import
     frame, truth = served_frame(), ["no", "yes", "yes", "no"]
-    for metric in accepted - {"test_rmse", "test_mae"}:
+    for metric in accepted - {"test_rmse", "test_mae", "test_loss", "test_perplexity"}:
         assert 0.0 <= served_metric(metric, frame, truth, target="churn") < 10.0, metric
+    # A language model serves each row's mean next-token loss; the "labels" are the tokens each row predicts.
+    losses, tokens = [2.0, 1.0, 4.0], [4, 4, 2]
+    assert served_metric("test_loss", losses, tokens) == pytest.approx((8 + 4 + 8) / 10)
+    assert served_metric("test_perplexity", losses, tokens) == pytest.approx(math.exp(2.0))
+    with pytest.raises(ValueError, match="not all finite"):
+        served_metric("test_perplexity", [float("nan"), 1.0, 1.0], tokens)

@@ -34,9 +34,7 @@ def model_card(
     return (
         f"# {spec.model_name}\n\n{spec.description or 'Trained by trainyard.'}\n\n"
         f"## Intended use\n"
-        f"Predicts `{spec.target}` from {len(features)} features ({shown}) of pipeline `{spec.key}`. "
-        f"Input: a table with those columns, raw (any other columns are ignored); output: a table with "
-        f"{_kept(spec)}`{spec.target}` per row{_probabilities(spec)}. "
+        f"{_intended_use(spec, features, shown)} "
         f"Load the promoted version with `mlflow.pyfunc.load_model(\"models:/{spec.model_name}@{CHAMPION}\")`; "
         f"it needs mlflow, torch, numpy and pandas only. Inputs outside the validated ranges of the training data "
         f"are out of scope.\n\n"
@@ -55,6 +53,24 @@ def model_card(
         f"within {policy.served_metric_tolerance}\n"
         f"- clean lineage (committed code, the deployed dependency lock): {_requirement(policy.require_clean_lineage)}\n"
     )
+
+
+def _intended_use(spec: Any, features: list[str], shown: str) -> str:
+    """What the model predicts from what, and what serving takes and returns."""
+    shards = getattr(spec, "shards", None)
+    if getattr(shards, "kind", None) == "text":
+        return (f"A causal language model of the corpus of pipeline `{spec.key}` (vocabulary {shards.vocabulary}, context "
+                f"{shards.block_size} tokens). Input: a table with one column `tokens`, a list of token ids per row (the "
+                f"tokenizer ships with the model as `tokenizer.json`); output: the next token's logits of each row, or with "
+                f"params {{\"output\": \"token_nll\"}} each row's mean next-token loss.")
+    if getattr(shards, "kind", None) == "image":
+        shape = "x".join(str(d) for d in shards.shape)
+        return (f"Classifies {shape} images of pipeline `{spec.key}` into {len(shards.labels)} classes. Input: a table with "
+                f"one column `image`, each row's pixel values flattened in row-major order, raw ({shards.dtype}, "
+                f"{shards.min:g}..{shards.max:g}); output: a table with `label` per row{_probabilities(spec)}.")
+    return (f"Predicts `{spec.target}` from {len(features)} features ({shown}) of pipeline `{spec.key}`. "
+            f"Input: a table with those columns, raw (any other columns are ignored); output: a table with "
+            f"{_kept(spec)}`{spec.target}` per row{_probabilities(spec)}.")
 
 
 def _kept(spec: Any) -> str:

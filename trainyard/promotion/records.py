@@ -177,6 +177,10 @@ class Candidate:
         target: Name of the target column.
         validation: Data validation evidence of its training data.
         positive_label: A binary target's positive class (None: the second of the sorted labels).
+        params: What the served model is asked with on the test split (`trainyard.promotion.served.LM_PARAMS`
+            for a language model, whose `target` column then holds the tokens each row predicts); None: nothing.
+        sample_note: Set when `test_df` is a part of the test split (a cap on a large one): the served value
+            is then compared with the champion's on the same rows, not with the training-side value.
     """
 
     version: RegisteredVersion
@@ -187,6 +191,8 @@ class Candidate:
     target: Optional[str]
     validation: ValidationEvidence
     positive_label: Any = None
+    params: Optional[dict[str, Any]] = None
+    sample_note: Optional[str] = None
 
 
 def recorded_policy(version: RegisteredVersion) -> PromotionSpec:

@@ -7,6 +7,12 @@ model's class order. Versions registered before return one label or value per
 row (a Series or an array); the smoke test's process sends a DataFrame back as
 one `{column: value}` dict per row (`resources/registry/smoke.py`).
 
+A language model (task `causal_lm`) is asked with `params={"output": "token_nll"}`
+(`LM_PARAMS`): it serves each row's mean next-token negative log-likelihood, and
+the "labels" of its rows are the number of tokens each row predicts, so
+`test_loss` is their token-weighted mean and `test_perplexity` its exp, as the
+pod computes them.
+
 `served_output` reads any of these forms; `served_metric` computes a test
 metric from it with the pod's own code (`training.metrics`, numpy only), so a
 served value equals the training-side one and the champion's re-evaluation is
@@ -30,6 +36,11 @@ PROBA_PREFIX = "proba_"
 
 SERVED_METRICS: tuple[str, ...] = tuple(dict.fromkeys(m for p in TASKS.values() for ms in p.evaluated.values() for m in ms))
 """Test metrics computed from served predictions: every promotion metric a task accepts (`test_acc` first)."""
+
+LM_PARAMS: dict[str, str] = {"output": "token_nll"}
+"""The predict params under which a served language model answers each row's mean next-token loss."""
+LM_METRICS = ("loss", "perplexity")
+"""Language-model metrics computed from served per-row losses weighted by each row's predicted tokens."""
 
 LABEL_METRICS = ("acc", "rmse", "mae")
 """Metrics that need only the served labels or values (computable for versions that serve no probabilities)."""
@@ -90,6 +101,24 @@ def _from_columns(names: list[str], by_column: dict[str, list[Any]], target: Opt
     return ServedOutput(values=list(by_column[label]), classes=tuple(c[len(PROBA_PREFIX):] for c in probas), proba=proba)
 
 
+def lm_metric(metric: str, losses: Any, tokens: Sequence[Any]) -> float:
+    """`loss` (token-weighted mean of served per-row losses, nats) or `perplexity` (its exp).
+
+    Raises:
+        ValueError: no rows, a count mismatch, a row that predicts no token, or a loss that is not finite.
+    """
+    nll = np.asarray(losses, dtype="float64").reshape(-1)
+    weights = np.asarray(tokens, dtype="float64").reshape(-1)
+    if not len(weights) or len(nll) != len(weights):
+        raise ValueError(f"{len(nll)} served losses for {len(weights)} rows")
+    if (weights <= 0).any():
+        raise ValueError("a row predicts no token (each needs at least 2 tokens)")
+    if not np.isfinite(nll).all():
+        raise ValueError("the served losses are not all finite")
+    loss = float((nll * weights).sum() / weights.sum())
+    return loss if metric == "loss" else float(np.exp(loss))
+
+
 def served_metric(name: str, predictions: Any, labels: Sequence[Any], *, target: Optional[str] = None,
                   positive_label: Any = None, probabilities: Optional[Mapping[str, Sequence[float]]] = None) -> float:
     """A `test_*` (or `val_*`) metric of served predictions against the true labels.
@@ -109,11 +138,13 @@ def served_metric(name: str, predictions: Any, labels: Sequence[Any], *, target:
             model has no class for, or a metric undefined on these rows (an AUC
             with one class present).
     """
+    metric = name.split("_", 1)[1] if name.startswith(("test_", "val_")) else name
+    if metric in LM_METRICS:
+        return lm_metric(metric, predictions, labels)
     served = served_output(predictions, target, probabilities)
     values = served.values
     if not labels or len(values) != len(labels):
         raise ValueError(f"{len(values)} predictions for {len(labels)} labels")
-    metric = name.split("_", 1)[1] if name.startswith(("test_", "val_")) else name
     if metric in pod_metrics.REGRESSION:
         return float(pod_metrics.regression_metrics(np.asarray(labels, dtype="float64"), np.asarray(values, dtype="float64"))[metric])
     if metric not in pod_metrics.CLASSIFICATION:
