@@ -19,6 +19,7 @@ from dagster import (
     Output,
 )
 
+from assets.shard_data import shard_raw_data_body, shard_validated_data_body
 from resources.storage import ObjectStore, PermanentStorageError
 from resources.versioning import DataVersioning, DataVersioningError
 from trainyard.data import feast, ingest
@@ -38,6 +39,8 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
     """Ingest new landing files into a canonical snapshot pinned with DVC; its md5 is the data version."""
     if isinstance(spec.source, FeastSourceSpec):
         return feast_raw_data_body(context, spec, store, versioning)
+    if spec.shards is not None:
+        return shard_raw_data_body(context, spec, store, versioning, raw_output)
     try:
         result = ingest.ingest(store, spec, versioning, log=context.log.warning)
     except ingest.IngestRejected as e:
@@ -137,6 +140,9 @@ def check_metadata(outcome: VersionOutcome, spec: PipelineSpec) -> dict[str, Any
 
 def validated_data_body(context: AssetExecutionContext, spec: PipelineSpec, raw: RawData, store: ObjectStore) -> Iterator[Any]:
     """Validate a raw version: the check's result, then the split (or a failure that keeps the data in quarantine)."""
+    if spec.shards is not None:
+        yield from shard_validated_data_body(context, spec, raw, store, CHECK_NAME)
+        return
     try:
         outcome = validate_version(store, spec, raw.model_dump(mode="json"))
     except (DataQualityError, UnsupportedExpectation) as e:

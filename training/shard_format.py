@@ -15,7 +15,7 @@ written with litdata's `BinaryWriter`, plus four files of ours:
   BPE, or `{"type": "bytes", "vocab_size": 257, "eos_id": 256}`.
 - `token_counts.npy` (text): the split's unigram counts, `int64[vocab_size]`.
 - `documents.parquet`: one row per item, in item order: `index`, `file` (the
-  landing file), `record` (its 1-based line for JSON lines, else 0),
+  landing file, relative to the object store's root when under it), `record` (its 1-based line for JSON lines, else 0),
   `tokens` (text, end-of-document included) or `bytes` (images), `sha1` of the
   content, and `label` (images).
 
@@ -31,7 +31,10 @@ S3: litdata talks to S3 with boto3 and passes `storage_options` to
 `boto3.client("s3", **storage_options)`. `storage_options_for(uri)` returns
 `{"endpoint_url": $AWS_ENDPOINT_URL}` for an `s3://` URI when that variable
 is set (MinIO, a loopback endpoint), else `{}` (AWS). Credentials come from
-the usual AWS environment.
+the usual AWS environment. litdata fetches chunks with obstore when that is
+installed, which refuses a plain `http://` endpoint unless told otherwise:
+`open_split` does so (`allow_plain_http`); a reader that builds its own
+`StreamingDataset` calls `allow_plain_http(storage_options)` first.
 
 torch and litdata are imported inside the functions that need them: the
 orchestrator imports this module.
@@ -79,6 +82,34 @@ def storage_options_for(uri: str) -> dict[str, Any]:
     """The `storage_options` litdata (boto3) needs for `uri`: the endpoint of `$AWS_ENDPOINT_URL` for s3://, else `{}`."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     return {"endpoint_url": endpoint} if uri.startswith("s3://") and endpoint else {}
+
+
+def allow_plain_http(storage_options: dict[str, Any]) -> None:
+    """Let litdata's obstore downloads reach an `http://` endpoint (MinIO, a loopback S3) named in `storage_options`.
+
+    When the `obstore` package is installed (litdata's own requirement; the
+    trainer image has it), litdata fetches chunks with obstore, building its
+    S3 store from the boto3 client's endpoint but with fixed client options
+    (`litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS`) that refuse plain
+    HTTP ("HTTP error: builder error"). This is the one place that reaches
+    into litdata for it: `allow_http` is added to those options, in this
+    process, only for an `http://` endpoint. A litdata without that constant
+    fails here by name (tests/trainyard/data/test_shards.py pins it).
+
+    Raises:
+        ShardFormatError: litdata no longer has the options this adapts.
+    """
+    endpoint = str(storage_options.get("endpoint_url") or "")
+    if not endpoint.startswith("http://"):
+        return
+    from litdata.streaming import downloader
+
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if not isinstance(options, dict):
+        raise ShardFormatError("litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS is gone: litdata changed how it builds obstore "
+                               f"stores; reading from the plain-HTTP endpoint {endpoint} needs a new adapter in training/shard_format.py")
+    if options.get("allow_http") != "true":
+        downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": "true"}
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -172,6 +203,7 @@ def open_split(
         kwargs["max_cache_size"] = max_cache_size
     if options:
         kwargs["storage_options"] = options
+        allow_plain_http(options)
     return StreamingDataset(uri, **kwargs)
 
 

@@ -52,7 +52,7 @@ from trainyard.data.drift_detection import PSI_EPSILON
 from trainyard.data.expectations import ArrowSuite
 from trainyard.data.quarantine import release_of, utc_now
 from trainyard.data.report import PLATFORM_CHECK, ValidationReport, md_cell, result_from_ge
-from trainyard.data.shards import DAMAGED
+from trainyard.data.shards import DAMAGED, store_relative
 from trainyard.data.validation import Verdict, decide
 from trainyard.shardspec import ImageShards, TextShards
 from trainyard.spec import PipelineSpec
@@ -454,12 +454,13 @@ def _profile(spec: PipelineSpec, tally: _Tally) -> dict[str, Any]:
 
 
 def _new_files(store: FileStore, raw_uri: str, reference: Optional[dict[str, Any]]) -> Optional[set[str]]:
-    """Landing files of this version that the reference version did not have in the same content (None: no reference)."""
+    """Landing files of this version (relative to the store, as shards name them) that the reference version did not have
+    in the same content (None: no reference, or no file is new)."""
     if reference is None or not store.exists(f"{reference['raw_uri']}/manifest.json"):
         return None
     before = {(f["uri"], f.get("content_hash")) for f in store.read_json(f"{reference['raw_uri']}/manifest.json")["files"]}
     now = store.read_json(f"{raw_uri}/manifest.json")["files"]
-    return {f["uri"] for f in now if (f["uri"], f.get("content_hash")) not in before} or None
+    return {store_relative(store, f["uri"]) for f in now if (f["uri"], f.get("content_hash")) not in before} or None
 
 
 def _read_version(store: FileStore, spec: PipelineSpec, raw_uri: str, new_files: Optional[set[str]], problems: _Problems) -> _Tally:

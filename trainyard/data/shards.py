@@ -103,6 +103,17 @@ def _part_uri(store: FileStore, spec: PipelineSpec, digest: str, tokenizer: Toke
     return store.uri(naming.DATA, spec.team, spec.name, "ingest", "shard_parts", hashlib.sha256(key.encode()).hexdigest()[:24] + ".arrow")
 
 
+def store_relative(store: FileStore, uri: str) -> str:
+    """`uri` relative to the store's root when it lies under it (`landing/<team>/<name>/a.jsonl`), else as it is.
+
+    Shards name their landing files this way, so equal landing files give an
+    equal version in any store, and reports read like the example in
+    docs/data.md ("landing/language/corpus/b.jsonl line 3: ...").
+    """
+    root = store.uri().rstrip("/") + "/"
+    return uri[len(root):] if uri.startswith(root) else uri
+
+
 def landing_root(store: FileStore, spec: PipelineSpec) -> str:
     """The landing prefix as a full URI (an image's id is its path below it)."""
     return landing_patterns(store, spec.source.model_copy(update={"pattern": "x"}))[0][: -len("/x")]
@@ -313,7 +324,7 @@ def _write_text_splits(store: FileStore, spec: PipelineSpec, accepted: list[File
     for record in accepted:
         assert record.part is not None
         for number, sha1, ids in _part_documents(store, record.part):
-            writers[split_of(sha1, spec)].add(ids, shard_format.Provenance(record.uri, number, sha1))
+            writers[split_of(sha1, spec)].add(ids, shard_format.Provenance(store_relative(store, record.uri), number, sha1))
     return {name: w.close() for name, w in writers.items()}
 
 
@@ -334,7 +345,7 @@ def _write_image_splits(store: FileStore, spec: PipelineSpec, accepted: list[Fil
                                      "it is ingested once it stops changing")
         relative = record.uri[len(root):].lstrip("/")
         writers[split_of(image.sha1, spec)].add(image.array, image.label, shard_format.image_id(relative),
-                                                shard_format.Provenance(record.uri, 0, image.sha1))
+                                                shard_format.Provenance(store_relative(store, record.uri), 0, image.sha1))
     return {name: w.close() for name, w in writers.items()}
 
 
