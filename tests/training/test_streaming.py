@@ -258,3 +258,90 @@ def test_s3_reads_through_a_bounded_cache(text: dict[str, str], s3_endpoint: Any
     assert got == ids_of(text_module(text).train_dataloader())  # the same stream as from a local copy
     assert 0 < peak <= bound + max(chunk_sizes), (peak, bound)
     assert len(list(dm.eval_dataloader("val"))) > 0
+
+
+# -- the drill: a rank killed mid-epoch under torchrun ------------------------------------------------
+
+DRILL_BATCH, DRILL_EVERY, DRILL_KILL = 16, 4, 10  # 400 train images: 12 batches a rank an epoch on 2 ranks
+
+
+def drill_spec(tmp: Path, **over: Any) -> Any:
+    """Two processes training `IdRecordingMLP` on streamed digit images; the Parquet digits serve the final evaluation."""
+    from tests.support.train_specs import make_spec
+    from training.spec import CheckpointPolicy, Distribution, ImportTarget
+
+    shards = write_splits(str(tmp / "shards"), "image", n=400)
+    base = dict(
+        model=ImportTarget(path="tests.support.stream_models:IdRecordingMLP", kwargs={"log_dir": str(tmp / "ids")}),
+        datamodule=ImportTarget(path="training.streaming:StreamingShardDataModule",
+                                kwargs={"train_uri": shards["train"], "val_uri": shards["val"], "test_uri": shards["test"],
+                                        "return_ids": True}),
+        distribution=Distribution(procs_per_node=2, max_restarts=1),
+        checkpoint=CheckpointPolicy(every_n_steps=DRILL_EVERY, keep_last=2),
+        max_epochs=2,
+        batch_size=DRILL_BATCH,
+    )
+    base.update(over)
+    return make_spec(tmp, **base)
+
+
+def trained(tmp: Path) -> list[dict[str, Any]]:
+    import json
+
+    return [json.loads(line) for rank in (0, 1) for line in (tmp / "ids" / f"ids-rank{rank}.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def drill_reference(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from resources.launcher import LocalLauncher
+    from tests.training.test_fault_tolerance import final_weights
+
+    tmp = tmp_path_factory.mktemp("stream-reference")
+    spec = drill_spec(tmp)
+    result = LocalLauncher().launch(spec).result
+    return result, final_weights(spec), trained(tmp)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_mid_epoch_resumes_the_exact_sample_stream(drill_reference: Any, tmp_path: Path) -> None:
+    from resources.launcher import LocalLauncher
+    from tests.training.test_fault_tolerance import assert_same, final_weights
+    from training.attempts import FaultMarkers
+    from training.spec import FaultInjection
+
+    ref_result, ref_weights, ref_records = drill_reference
+    spec = drill_spec(tmp_path, faults=FaultInjection(kill_rank=1, kill_at_step=DRILL_KILL))
+    result = LocalLauncher().launch(spec).result
+    records = trained(tmp_path)
+
+    # The fault fired: rank 1 died at step 10 of attempt 0, the job restarted and resumed from the step-8 checkpoint.
+    assert FaultMarkers(spec.output_uri).fired("kill")
+    resumed_at = (DRILL_KILL // DRILL_EVERY) * DRILL_EVERY
+    assert result.resumed_from and result.resumed_from.endswith(f"step-{resumed_at:09d}")
+    first = [r for r in records if r["attempt"] == 0]
+    second = [r for r in records if r["attempt"] == 1]
+    assert max(r["step"] for r in first if r["rank"] == 1) == DRILL_KILL - 1  # killed in step 10's hooks, before recording it
+    assert max(r["step"] for r in first) >= DRILL_KILL - 1 > resumed_at and second
+
+    # Each rank's resumed attempt starts with the batch after the checkpoint.
+    for rank in (0, 1):
+        head = min((r for r in second if r["rank"] == rank), key=lambda r: r["step"])
+        assert (head["epoch"], head["step"], head["batch_idx"]) == (0, resumed_at + 1, resumed_at)
+
+    # The committed stream (attempt 0 up to the checkpoint, then attempt 1) is the uninterrupted run's, batch for batch.
+    committed = [r for r in first if r["step"] <= resumed_at] + second
+    key = lambda r: (r["epoch"], r["step"], r["rank"])
+    assert [(key(r), r["ids"]) for r in sorted(committed, key=key)] == [(key(r), r["ids"]) for r in sorted(ref_records, key=key)]
+    for epoch in (0, 1):
+        ids = [i for r in committed if r["epoch"] == epoch for i in r["ids"]]
+        per_epoch = 2 * DRILL_BATCH * (400 // (2 * DRILL_BATCH))
+        assert len(ids) == len(set(ids)) == per_epoch  # every sample of the epoch once, none twice
+    # ...and the stream the data module promises (rank r trains global batches r, r + 2, ...).
+    dm = StreamingShardDataModule(*(spec.datamodule.kwargs[k] for k in ("train_uri", "val_uri", "test_uri")), batch_size=DRILL_BATCH,
+                                  task="classification", seed=spec.seed, return_ids=True)
+    for rank in (0, 1):
+        expected = ids_of(dm._loader("train", train=True, rank=rank, world=2))
+        assert [r["ids"] for r in sorted(committed, key=key) if r["rank"] == rank and r["epoch"] == 0] == expected
+
+    assert result.global_step == ref_result.global_step
+    assert_same(final_weights(spec), ref_weights)
