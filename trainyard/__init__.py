@@ -13,6 +13,7 @@ from training.spec import CheckpointPolicy, Distribution, Preprocessing, PrunerS
 from trainyard.feast_source import FeastSourceSpec
 from trainyard.podconfig import PodConfig
 from trainyard.search import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, SearchSpec
+from trainyard.shardspec import ImageShards, TextShards
 from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, RetrainPolicy, RetrySpec, SourceSpec, SplitSpec
 from trainyard.team import TeamSpec
 
@@ -23,6 +24,7 @@ __all__ = [
     "Distribution",
     "FeastSourceSpec",
     "FloatParam",
+    "ImageShards",
     "IntParam",
     "ModelSpec",
     "Objective",
@@ -38,4 +40,5 @@ __all__ = [
     "SourceSpec",
     "SplitSpec",
     "TeamSpec",
+    "TextShards",
 ]

@@ -64,3 +64,39 @@ class DigitsParallelMLP(ParallelizableModule, DigitsMLP):
     @override
     def tensor_parallel_plan(self) -> dict[str, ParallelStyle]:
         return {"net.0": ColwiseParallel(), "net.2": RowwiseParallel()}
+
+
+class DigitsCNN(DigitsMLP):
+    """A small convolutional classifier of images `[batch, channels, height, width]` with values in [0, 1].
+
+    The platform's streaming data module (`training.streaming`) yields image shards
+    that way, scaled from the declared pixel range; `in_channels`, `height` and
+    `width` come from the pipeline's `ImageShards` and `n_classes` from its labels.
+    Two 3x3 convolutions, a 2x2 max-pool, then the same head and steps as `DigitsMLP`.
+
+    Args:
+        n_classes: number of classes.
+        in_channels, height, width: the image's shape.
+        channels: feature maps of the first convolution (the second has twice as many).
+        hidden: width of the hidden layer of the head.
+        lr: Adam learning rate.
+
+    Example:
+        >>> DigitsCNN(n_classes=10, height=8, width=8)(torch.zeros(2, 1, 8, 8)).shape
+        torch.Size([2, 10])
+    """
+
+    def __init__(self, n_classes: int = 10, in_channels: int = 1, height: int = 8, width: int = 8, channels: int = 16,
+                 hidden: int = 64, lr: float = 3e-3) -> None:
+        L.LightningModule.__init__(self)
+        self.save_hyperparameters()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, channels, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        flat = 2 * channels * (height // 2) * (width // 2)
+        self.net = nn.Sequential(nn.Linear(flat, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(self.features(x).flatten(1))
