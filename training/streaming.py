@@ -17,7 +17,7 @@ Parquet). `StreamingShardDataModule` reads two kinds:
 With `return_ids=True` a batch has a third element, the int64 `[B]` sample ids,
 so a test can check the exact sample stream.
 
-The training order (`EpochStream`, `worker_plan`): epoch `e` of a split is one
+The training order (`training.stream_order`): epoch `e` of a split is one
 canonical stream of its samples, the same for any world size and any number
 of loader workers: the chunks in a permutation drawn from `(seed, e)`, each
 chunk's items in a permutation drawn from `(seed, e, chunk)`. This is litdata's
@@ -63,7 +63,6 @@ This module is pod-side: it imports neither Dagster nor trainyard.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import tempfile
@@ -82,6 +81,7 @@ from litdata.utilities.env import _WorkerEnv
 
 from training import shard_format
 from training.errors import ConfigError
+from training.stream_order import EpochStream, VisitItems, batches_per_rank, chunks_read_by_others, worker_plan
 
 DEFAULT_MAX_CACHE_BYTES = 1 << 30
 """1 GiB of chunks per process: with litdata's `max_pre_download` of 2 and chunks of a few MiB it never binds
@@ -134,135 +134,6 @@ def read_meta(uri: str) -> dict[str, Any]:
         raise ConfigError(f"shard split {uri!r} cannot be read: {e}") from e
 
 
-# -- the sample order -----------------------------------------------------------------------------
-
-
-class EpochStream:
-    """The canonical sample stream of one epoch: chunk order and each chunk's item order, drawn lazily.
-
-    Args:
-        intervals: per chunk, in litdata's chunk order, the `[begin, end)` global item ids it holds.
-        seed, epoch: what the permutations are drawn from.
-        shuffle: permute (training) or keep the stored order.
-
-    Example:
-        >>> s = EpochStream([(0, 3), (3, 5)], seed=0, epoch=0, shuffle=False)
-        >>> s.total, s.items(1, 0, 2).tolist()
-        (5, [3, 4])
-    """
-
-    def __init__(self, intervals: Sequence[tuple[int, int]], seed: int, epoch: int, shuffle: bool) -> None:
-        if seed < 0 or epoch < 0:
-            raise ValueError(f"seed and epoch must be >= 0, got seed={seed}, epoch={epoch}")
-        self.intervals = [(int(b), int(e)) for b, e in intervals]
-        self.seed, self.epoch, self.shuffle = seed, epoch, shuffle
-        n = len(self.intervals)
-        self.order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-        sizes = np.array([self.intervals[c][1] - self.intervals[c][0] for c in self.order], dtype=np.int64)
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self.total = int(self.offsets[-1])
-        self._cached: tuple[int, np.ndarray] = (-1, np.empty(0, dtype=np.int64))
-
-    def chunk_items(self, chunk: int) -> np.ndarray:
-        """The item ids of litdata chunk `chunk`, in this epoch's order."""
-        if self._cached[0] != chunk:
-            begin, end = self.intervals[chunk]
-            items = np.arange(begin, end, dtype=np.int64)
-            if self.shuffle:
-                items = np.random.default_rng([self.seed, self.epoch, chunk]).permutation(items)
-            self._cached = (chunk, items)
-        return self._cached[1]
-
-    def items(self, position: int, lo: int, hi: int) -> np.ndarray:
-        """Item ids at offsets `[lo, hi)` of the chunk at stream position `position` (its place in `order`)."""
-        return self.chunk_items(int(self.order[position]))[lo:hi]
-
-    def segments(self, start: int, stop: int) -> list[tuple[int, int, int]]:
-        """Stream positions `[start, stop)` as `(chunk position, lo, hi)` pieces, one per chunk they cross."""
-        out = []
-        p = int(np.searchsorted(self.offsets, start, side="right")) - 1
-        while start < stop:
-            end = min(stop, int(self.offsets[p + 1]))
-            if end > start:
-                out.append((p, start - int(self.offsets[p]), end - int(self.offsets[p])))
-            start = end
-            p += 1
-        return out
-
-
-def batches_per_rank(total: int, batch_size: int, world: int, drop_last: bool = True) -> int:
-    """Batches each rank trains in an epoch of `total` samples (`drop_last`), or the one rank's batches (last one partial)."""
-    if drop_last:
-        return total // (world * batch_size)
-    if world != 1:
-        raise ValueError("without drop_last the stream is read by one rank")
-    return math.ceil(total / batch_size)
-
-
-@dataclass
-class Visit:
-    """A worker's consecutive reads from one chunk: the chunk's position in the stream and `(lo, hi)` offsets in it."""
-
-    position: int
-    pieces: list[tuple[int, int]]
-
-    @property
-    def size(self) -> int:
-        return sum(hi - lo for lo, hi in self.pieces)
-
-
-def local_batches(total: int, batch_size: int, world: int, rank: int, skip: int = 0, drop_last: bool = True) -> range:
-    """The indices `j` of rank `rank`'s batches this epoch from `skip` on (global batch `rank + world * j`)."""
-    return range(skip, batches_per_rank(total, batch_size, world, drop_last))
-
-
-def worker_plan(stream: EpochStream, batch_size: int, world: int, rank: int, num_workers: int, worker: int,
-                skip: int = 0, drop_last: bool = True) -> list[Visit]:
-    """What loader worker `worker` of rank `rank` reads, in order: its batches as chunk visits.
-
-    The rank's batches from `skip` on go to its workers in turn (the `k`-th to worker `k % num_workers`),
-    the order `DataLoader` collects them in.
-    """
-    visits: list[Visit] = []
-    for k, j in enumerate(local_batches(stream.total, batch_size, world, rank, skip, drop_last)):
-        if k % num_workers != worker:
-            continue
-        g = rank + world * j
-        for position, lo, hi in stream.segments(g * batch_size, min((g + 1) * batch_size, stream.total)):
-            if visits and visits[-1].position == position:
-                visits[-1].pieces.append((lo, hi))
-            else:
-                visits.append(Visit(position, [(lo, hi)]))
-    return visits
-
-
-def chunks_read_by_others(stream: EpochStream, batch_size: int, world: int, rank: int, num_workers: int, worker: int,
-                          skip: int, drop_last: bool, ranks: Sequence[int]) -> set[int]:
-    """Chunks this worker reads that another reader among `ranks`' workers also reads this epoch (litdata
-    reference-counts them in a shared cache so none is deleted under a reader)."""
-    readers: dict[int, set[tuple[int, int]]] = {}
-    for r in ranks:
-        for k, j in enumerate(local_batches(stream.total, batch_size, world, r, skip, drop_last)):
-            g = r + world * j
-            for position, _, _ in stream.segments(g * batch_size, min((g + 1) * batch_size, stream.total)):
-                readers.setdefault(int(stream.order[position]), set()).add((r, k % num_workers))
-    return {c for c, who in readers.items() if (rank, worker) in who and len(who) > 1}
-
-
-class _VisitItems(Sequence[list[int]]):
-    """The item ids of each visit, drawn when litdata reaches it (one chunk's permutation in memory at a time)."""
-
-    def __init__(self, stream: EpochStream, visits: list[Visit]) -> None:
-        self.stream, self.visits = stream, visits
-
-    def __len__(self) -> int:
-        return len(self.visits)
-
-    def __getitem__(self, i: Any) -> Any:
-        v = self.visits[i]
-        return np.concatenate([self.stream.items(v.position, lo, hi) for lo, hi in v.pieces]).tolist()
-
-
 @dataclass
 class _Plan:
     """What the next iteration reads: set by the loader in the main process, carried to the workers with the dataset."""
@@ -305,7 +176,7 @@ class _PlannedDataset(StreamingDataset):
         visits = worker_plan(stream, self.batch_size, plan.world, plan.rank, workers, worker, plan.skip, plan.drop_last)
         self.worker_chunks = [int(stream.order[v.position]) for v in visits]
         self.worker_intervals = [[0, 0, v.size, v.size] for v in visits]
-        self._elastic_item_lists = _VisitItems(stream, visits)
+        self._elastic_item_lists = VisitItems(stream, visits)
         self.stop_length = sum(v.size for v in visits)
         self.num_chunks = len(visits)
         if self.input_dir.url:  # chunks are copied into the cache: count the co-readers of each

@@ -14,7 +14,8 @@ from litdata.streaming.item_loader import TokensLoader
 
 from tests.support.shards import write_splits
 from training.errors import ConfigError
-from training.streaming import EpochStream, ShardLoader, StreamingShardDataModule, _PlannedDataset, worker_plan
+from training.stream_order import EpochStream, worker_plan
+from training.streaming import ShardLoader, StreamingShardDataModule, _PlannedDataset
 
 B = 4
 
