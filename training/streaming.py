@@ -195,10 +195,8 @@ class _PlannedDataset(StreamingDataset):
         return self
 
     def __getitem__(self, index: Any) -> Any:
-        item = super().__getitem__(index)
-        if isinstance(index, ChunkedIndex) and self.plan is not None:
-            return int(index.index), item
-        return item
+        item = StreamingDataset.__getitem__(self, index)  # one lookup less than super() on the hot path
+        return (index.index, item) if type(index) is ChunkedIndex and self.plan is not None else item
 
 
 # -- batches --------------------------------------------------------------------------------------
@@ -206,7 +204,8 @@ class _PlannedDataset(StreamingDataset):
 
 def collate_text(items: list[tuple[int, Any]], return_ids: bool) -> tuple[torch.Tensor, ...]:
     """`(x, y[, ids])` from `(block id, block_size + 1 tokens)` items."""
-    tokens = torch.stack([torch.as_tensor(t) for _, t in items]).to(torch.int64)
+    blocks = [t for _, t in items]
+    tokens = (torch.stack(blocks) if isinstance(blocks[0], torch.Tensor) else torch.from_numpy(np.stack(blocks))).to(torch.int64)
     out = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
     return (*out, torch.tensor([i for i, _ in items], dtype=torch.int64)) if return_ids else out
 
