@@ -1,18 +1,25 @@
 """The evaluation and export of a Lightning trial's model: the output-shape check before training, the platform's
 metrics on the full validation and test splits (with the train prior's baselines), and the serving export.
 
+A language model (task `causal_lm`) is evaluated on its data module's token batches (`evaluate_lm`), against a
+unigram model of the train split, and exported with a dynamic sequence length and its tokenizer.
+
 Split from `training.lightning_task`, which runs the trial; this part needs the model and the splits only.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import tempfile
 from typing import Any, Optional
 
 import fsspec
+import numpy as np
 import torch
+from torch.nn import functional as F
 
 from training import metrics as platform_metrics
 from training import preprocessing
@@ -20,7 +27,11 @@ from training.data import class_labels, read_split
 from training.errors import ConfigError
 from training.spec import TrainSpec
 
-EVALUATION_METRIC = {"classification": "acc", "regression": "rmse"}
+log = logging.getLogger("trainyard.training")
+TOKENIZER_FILE = "tokenizer.json"
+"""A language model's tokenizer in its exported directory (the data module's `tokenizer_path`, copied)."""
+
+EVALUATION_METRIC = {"classification": "acc", "regression": "rmse", "causal_lm": "loss"}
 """The metric the platform measures on the full validation and test splits (`val_<m>`, `test_<m>`), per task."""
 
 
@@ -41,6 +52,8 @@ def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
     """
     task = prediction_task(spec)
     x = dm.example_input()
+    if task == "causal_lm":
+        return _check_lm_output(model, dm, spec, x)
     was_training = model.training
     model.eval()
     try:
@@ -63,6 +76,21 @@ def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
         raise ConfigError(f"{where}; task 'classification' with {len(classes)} classes {classes} needs n_classes logits "
                           f"[{batch}, {needed}]" + (f", or one logit for a binary target ([{batch}] or [{batch}, 1], the logit of "
                                                     f"{classes[1]!r}, e.g. trained with BCEWithLogitsLoss)" if needed == 2 else ""))
+
+
+def _check_lm_output(model: Any, dm: Any, spec: TrainSpec, x: torch.Tensor) -> None:
+    """A language model maps token ids `[batch, length]` to next-token logits `[batch, length, vocab_size]`."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            shape = tuple(model(x).shape)
+    finally:
+        model.train(was_training)
+    wanted = (*x.shape, int(dm.vocab_size))
+    if shape != wanted:
+        raise ConfigError(f"model {spec.model.path!r} returns shape {list(shape)} for token ids of shape {list(x.shape)}; task "
+                          f"'causal_lm' needs next-token logits {list(wanted)} (batch, length, vocab_size={dm.vocab_size} of the data)")
 
 
 EVAL_BATCH_ROWS = 8192  # rows per forward pass of the final evaluation (bounds its activation memory)
@@ -123,8 +151,10 @@ def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
     (`preprocessing.json`, when it has one) for serving."""
     model.eval()
     example = dm.example_input()
-    program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
     task = prediction_task(spec)
+    if task == "causal_lm":
+        return _export_lm(model, dm, spec, dest_uri, example)
+    program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
     meta: dict[str, Any] = {"features": spec.data.features, "target": spec.data.target, "task": task, "input_dtype": "float32",
                             "keep": spec.data.keep, "feature_types": spec.data.feature_types}
     if task == "classification":
@@ -143,10 +173,37 @@ def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
             files.append(preprocessing.STATE_FILE)
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2, sort_keys=True)
-        fs, path = fsspec.core.url_to_fs(dest_uri)
-        fs.makedirs(path, exist_ok=True)
-        for name in files:
-            fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
+        _put(tmp, files, dest_uri)
+
+
+def _put(tmp: str, files: list[str], dest_uri: str) -> None:
+    fs, path = fsspec.core.url_to_fs(dest_uri)
+    fs.makedirs(path, exist_ok=True)
+    for name in files:
+        fs.put_file(os.path.join(tmp, name), f"{path}/{name}")
+
+
+def _export_lm(model: Any, dm: Any, spec: TrainSpec, dest_uri: str, example: torch.Tensor) -> None:
+    """A language model's export: `model.pt2` (dynamic batch and length up to `block_size`), `meta.json` and the
+    data module's tokenizer as `tokenizer.json` (`training/serving_model.py` serves them)."""
+    block_size = int(dm.block_size)
+    length = torch.export.Dim("length", max=block_size)
+    program = torch.export.export(model, (example.long().contiguous(),), dynamic_shapes=({0: torch.export.Dim("batch"), 1: length},))
+    tokenizer_path = getattr(dm, "tokenizer_path", None)
+    eos = getattr(dm, "eos_id", None)
+    meta: dict[str, Any] = {"features": spec.data.features, "target": spec.data.target, "task": "causal_lm", "input_dtype": "int64",
+                            "keep": [], "vocab_size": int(dm.vocab_size), "block_size": block_size,
+                            "eos_id": None if eos is None else int(eos), "tokenizer": TOKENIZER_FILE if tokenizer_path else None}
+    files = ["model.pt2", "meta.json"]
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.export.save(program, os.path.join(tmp, "model.pt2"))
+        if tokenizer_path:
+            with fsspec.open(str(tokenizer_path), "rb") as src, open(os.path.join(tmp, TOKENIZER_FILE), "wb") as dst:
+                dst.write(src.read())
+            files.append(TOKENIZER_FILE)
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=2, sort_keys=True)
+        _put(tmp, files, dest_uri)
 
 
 def final_metrics(spec: TrainSpec, model: Any, dm: Any = None) -> dict[str, float]:
@@ -158,6 +215,8 @@ def final_metrics(spec: TrainSpec, model: Any, dm: Any = None) -> dict[str, floa
     """
     task = prediction_task(spec)
     device = eval_device(spec)
+    if task == "causal_lm":
+        return lm_metrics(model, dm, device)
     state = getattr(dm, "preprocessing_state", None)
     classes: Optional[list[Any]] = None
     if task == "classification":
@@ -181,5 +240,76 @@ def final_metrics(spec: TrainSpec, model: Any, dm: Any = None) -> dict[str, floa
                                                              classes, positive)
             baseline = platform_metrics.baseline_classification(y.numpy(), y_train, classes, positive)
         values[EVALUATION_METRIC[task]] = _task_value(out, y, task)  # exactly as measured before the other metrics
+        metrics.update(platform_metrics.split_metrics(split, values, baseline))
+    return metrics
+
+
+def split_batches(dm: Any, split: str) -> Any:
+    """The whole `split` (`val` or `test`) of a language model's data module, as `(x, y)` batches, on rank 0 alone.
+
+    A data module that shards by rank says how to read a split whole with `eval_dataloader(split)`;
+    otherwise its `<split>_dataloader()` is read as it is (unsharded outside `trainer.validate`/`test`).
+    """
+    if hasattr(dm, "eval_dataloader"):
+        return dm.eval_dataloader(split)
+    return getattr(dm, f"{split}_dataloader")()
+
+
+def evaluate_lm(model: Any, batches: Any, device: Any = None, counts: Optional[np.ndarray] = None) -> dict[str, float]:
+    """A language model's summed next-token loss over `batches` and its number of tokens, in float64.
+
+    Returns `{"nll": summed loss (nats), "tokens": n}` and, with unigram `counts` of the train split,
+    `"baseline_nll"`: the summed loss of the add-one smoothed unigram model on the same target tokens.
+    The model is left where and how it was found.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    home = next(model.parameters()).device
+    was_training = model.training
+    unigram = None
+    if counts is not None:
+        smoothed = torch.as_tensor(np.asarray(counts, dtype=np.float64) + 1.0)
+        unigram = -torch.log(smoothed / smoothed.sum())
+    nll, tokens, baseline = 0.0, 0, 0.0
+    model.eval()
+    try:
+        model.to(device)
+        with torch.no_grad():
+            for x, y in batches:
+                logits = model(x.to(device))
+                losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.to(device).reshape(-1).long(), reduction="none")
+                nll += float(losses.double().sum())
+                tokens += y.numel()
+                if unigram is not None:
+                    baseline += float(unigram[y.reshape(-1).long().cpu()].sum())
+    finally:
+        model.to(home)
+        model.train(was_training)
+    out = {"nll": nll, "tokens": float(tokens)}
+    if unigram is not None:
+        out["baseline_nll"] = baseline
+    return out
+
+
+def lm_metrics(model: Any, dm: Any, device: Any = None) -> dict[str, float]:
+    """`val_loss`, `val_perplexity`, `test_loss`, `test_perplexity` of a language model on the whole splits (token-weighted
+    mean next-token cross-entropy in nats, and its exp), with `baseline_<split>_loss` / `_perplexity` of the add-one
+    smoothed unigram model of the train split's token counts (`dm.train_token_counts()`; left out, with a warning,
+    when the data module has none)."""
+    counts = dm.train_token_counts() if hasattr(dm, "train_token_counts") else None
+    if counts is None:
+        log.warning("no baseline_*_perplexity: data module %s gives no train_token_counts()", type(dm).__name__)
+    elif len(counts) != int(dm.vocab_size):
+        raise ConfigError(f"train_token_counts() has {len(counts)} entries for a vocabulary of {dm.vocab_size}")
+    metrics: dict[str, float] = {}
+    for split in ("val", "test"):
+        sums = evaluate_lm(model, split_batches(dm, split), device, counts)
+        if not sums["tokens"]:
+            raise ConfigError(f"the {split} split of data module {type(dm).__name__} holds no tokens to evaluate the model on")
+        loss = sums["nll"] / sums["tokens"]
+        values = {"loss": loss, "perplexity": math.exp(loss)}
+        baseline = None
+        if "baseline_nll" in sums:
+            base = sums["baseline_nll"] / sums["tokens"]
+            baseline = {"loss": base, "perplexity": math.exp(base)}
         metrics.update(platform_metrics.split_metrics(split, values, baseline))
     return metrics

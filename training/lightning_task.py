@@ -18,6 +18,12 @@ may return one logit per row (the second class's; sigmoid) or one per class
 (softmax). The final metrics (`training.metrics`) come with the train prior's
 beside them (`baseline_*`).
 
+A language model (`prediction_task == "causal_lm"`) trains on its data module's
+token batches: no preprocessing, no classes; it is evaluated on the whole
+validation and test splits (`val_loss`, `val_perplexity`, `test_*`, the train
+split's unigram model beside them) and reports `tokens_per_second`
+(`training.lightning_eval.lm_metrics`).
+
 This module loads torch and Lightning; `training.entrypoint` imports it only
 for Lightning trials, so a GBT trial never does.
 """
@@ -79,7 +85,8 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
     A model whose constructor accepts `n_features` / `n_classes` gets them from
     the data unless the pipeline set them explicitly (`n_classes` only for
     classification; `n_features` is the width after the platform's
-    preprocessing); a data module that accepts `task` gets the trial's, one
+    preprocessing), and likewise `vocab_size` / `block_size` (the data module's
+    attributes; a language model's); a data module that accepts `task` gets the trial's, one
     that accepts `preprocessing` the state fitted on the train split
     (`training.data.fit_preprocessing`). With `class_weight="balanced"` the model
     gets `class_weights`, one float per class.
@@ -105,7 +112,7 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
         dm_kwargs.setdefault("seed", spec.seed)
     if "task" in dm_params:
         dm_kwargs.setdefault("task", task)
-    if "preprocessing" in dm_params and "preprocessing" not in dm_kwargs:
+    if "preprocessing" in dm_params and "preprocessing" not in dm_kwargs and task != "causal_lm":
         dm_kwargs["preprocessing"] = fit_preprocessing(
             {"train": spec.data.train_uri, "val": spec.data.val_uri, "test": spec.data.test_uri}, list(spec.data.features),
             dict(spec.data.feature_types), dict(spec.data.domains), spec.preprocessing.model_dump())
@@ -115,8 +122,11 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
         raise ConfigError(f"datamodule {spec.datamodule.path!r} rejected its arguments {sorted(dm_kwargs)}: {e}") from e
     kwargs = dict(spec.model.kwargs)
     params = inspect.signature(model_cls.__init__).parameters
-    if "n_features" in params and "n_features" not in kwargs:
+    if "n_features" in params and "n_features" not in kwargs and task != "causal_lm":
         kwargs["n_features"] = int(getattr(dm, "n_features", len(spec.data.features)))
+    for name in ("vocab_size", "block_size"):
+        if name in params and name not in kwargs and getattr(dm, name, None) is not None:
+            kwargs[name] = int(getattr(dm, name))
     if task == "classification" and "n_classes" in params and "n_classes" not in kwargs:
         kwargs["n_classes"] = len(dm.classes())
     if task == "classification" and spec.data.positive_label is not None and hasattr(dm, "classes") and len(dm.classes()) == 2:
@@ -136,7 +146,7 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
 def _class_weights(spec: TrainSpec, dm: Any, params: Any, kwargs: dict[str, Any]) -> torch.Tensor:
     """`class_weight="balanced"`: n_rows / (n_classes * rows of the class) per class of the train split, as a float tensor."""
     if prediction_task(spec) != "classification":
-        raise ConfigError(f"class_weight={spec.class_weight!r} weighs classes, but this is a regression task; leave it unset")
+        raise ConfigError(f"class_weight={spec.class_weight!r} weighs classes, but this is a {prediction_task(spec)} task; leave it unset")
     if "class_weights" not in params and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
         raise ConfigError(f"class_weight='balanced' needs a model that weighs its loss by class, but model {spec.model.path!r} takes no "
                           "`class_weights` argument; add `class_weights: Optional[torch.Tensor] = None` to its constructor "
@@ -338,6 +348,9 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         model, best_uri = _load_best(spec, model, ckpt.store, trainer.global_step)
         finish["load_best"], mark = time.perf_counter() - mark, time.perf_counter()
         metrics = final_metrics(spec, model, dm)
+        if prediction_task(spec) == "causal_lm":  # every rank's tokens, trained per second of fit time
+            tokens = progress.train_samples * int(getattr(dm, "block_size", 0) or model.hparams.get("block_size", 0))
+            metrics["tokens_per_second"] = tokens / fit_seconds if fit_seconds > 0 else 0.0
         finish["evaluate"], mark = time.perf_counter() - mark, time.perf_counter()
         model_uri = join(spec.output_uri, "model")
         export_model(model, dm, spec, model_uri)

@@ -57,8 +57,8 @@ def test_the_code_model_reaches_a_champion_that_continues_a_prompt_and_a_second_
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
-    text = json.loads(done.stdout.strip().splitlines()[-1])
-    assert text.startswith("def ") and len(text) > len("def "), text
+    text = json.loads(done.stdout.strip().splitlines()[-1])  # the continuation alone
+    assert isinstance(text, str) and text, text
 
     # A second delivery: more modules, the same frozen tokenizer; the champion is re-evaluated on the new test split.
     land_stdlib(landing, 12, start=40)

@@ -73,7 +73,7 @@ def check_beats_champion(
 
 def check_beats_baseline(policy: PromotionSpec, value: Optional[float], baseline: Optional[float]) -> Check:
     """The trivial-baseline bound: `metric` strictly better than `baseline_<metric>`, the same metric of always
-    answering the train split's class prior (majority class) or mean, on the same test split.
+    answering the train split's class prior (majority class), mean, or unigram token frequencies, on the same test split.
 
     A model whose test accuracy equals answering "no" for every customer passes a
     threshold and beats a champion as weak as itself; it is no model. Versions
@@ -87,9 +87,17 @@ def check_beats_baseline(policy: PromotionSpec, value: Optional[float], baseline
         return Check("beats_baseline", False, f"{policy.metric} was not measured for this version")
     ok = _better(policy, value, baseline, 0.0)
     verdict = "beats" if ok else "does not beat"
-    return Check("beats_baseline", ok, f"{policy.metric}={value:.4f} {verdict} the trivial baseline's {baseline:.4f} ({name}: the "
-                                       f"train split's {'class prior' if policy.metric not in ('test_rmse', 'test_mae') else 'mean'} "
-                                       f"for every row; {policy.mode})")
+    return Check("beats_baseline", ok, f"{policy.metric}={value:.4f} {verdict} the trivial baseline's {baseline:.4f} ({name}: "
+                                       f"{_baseline_kind(policy.metric)}; {policy.mode})")
+
+
+def _baseline_kind(metric: str) -> str:
+    """What the trivial baseline of `metric` answers."""
+    if metric in ("test_loss", "test_perplexity"):
+        return "the train split's unigram token frequencies (add-one smoothed) for every token"
+    if metric in ("test_rmse", "test_mae"):
+        return "the train split's mean for every row"
+    return "the train split's class prior for every row"
 
 
 def check_validation(evidence: ValidationEvidence) -> Check:
