@@ -13,10 +13,10 @@ from resources.handoff import HandoffPublisher
 from resources.registry import ModelRegistry
 from resources.storage import ObjectStore
 from trainyard import promotion as policy
+from trainyard import shard_samples
 from trainyard.data.feast import read_lineage
 from trainyard.feast_source import FeastSourceSpec
 from trainyard.lineage import FEAST_MODEL_METADATA_KEY, LineageError, LineageRecord, feast_card, feast_fields, feast_serving
-from trainyard import shard_samples
 from trainyard.promotion.served import LM_PARAMS
 from trainyard.shardspec import ImageShards, TextShards
 from trainyard.spec import PipelineSpec

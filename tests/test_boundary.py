@@ -30,7 +30,7 @@ ORCHESTRATION = {"dagster", "assets", "resources", "pipelines"}
 # dagster_pipes is the protocol package for external processes; it does not depend on dagster.
 ALLOWED_DAGSTER_PACKAGES = {"dagster_pipes"}
 # What the orchestrator may use of `training/`: the contract and the shared utilities.
-TRAINING_FOR_ORCHESTRATION = {"training.spec", "training.retry", "training.atomic"}
+TRAINING_FOR_ORCHESTRATION = {"training.spec", "training.retry", "training.atomic", "training.shard_format"}  # + the shards' on-disk format
 
 # Run in a fresh interpreter: a meta-path finder that refuses Dagster (every
 # `dagster` and `dagster_*` package but the protocol package), then each target.

@@ -279,3 +279,22 @@ def test_a_team_module_declares_exactly_one_team(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "pipelines.noteam.team", module)
     with pytest.raises(ValueError, match="pipelines.noteam.team: a team module declares exactly one TeamSpec, found none"):
         team_location("pipelines.noteam.team")
+
+
+def test_the_readme_text_corpus_pipeline_is_a_language_model_on_streaming_shards() -> None:
+    import importlib
+    import re
+    import types
+
+    code = re.search(r"```python\n(# pipelines/docs_team/corpus.py.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    assert len(code.splitlines()) <= 30
+    module = types.ModuleType("pipelines.docs_team.corpus")
+    exec(compile(code, "README.md", "exec"), module.__dict__)
+    corpus = module.corpus
+    assert (corpus.task, corpus.target_name, corpus.features) == ("causal_lm", "tokens", ["tokens"])
+    assert (corpus.model.monitor, corpus.model.monitor_mode) == ("val_loss", "min")
+    assert (corpus.promotion.metric, corpus.promotion.mode) == ("test_perplexity", "min")
+    path, _, name = corpus.model.datamodule.partition(":")
+    assert getattr(importlib.import_module(path), name).__name__ == "StreamingShardDataModule"
+    path, _, name = corpus.model.path.partition(":")
+    assert "vocab_size" in getattr(importlib.import_module(path), name).__init__.__code__.co_varnames

@@ -9,6 +9,7 @@ from trainyard.lineage import CODE_VERSION_TAG, LOCK_HASH_TAG
 from trainyard.promotion.evidence import ValidationEvidence
 from trainyard.promotion.lineage_gate import CLEAN_LINEAGE_DEFAULTS, CODE_DIRTY_TAG, lineage_findings
 from trainyard.promotion.records import CHAMPION
+from trainyard.shardspec import ImageShards, TextShards
 
 
 def model_card(
@@ -58,12 +59,12 @@ def model_card(
 def _intended_use(spec: Any, features: list[str], shown: str) -> str:
     """What the model predicts from what, and what serving takes and returns."""
     shards = getattr(spec, "shards", None)
-    if getattr(shards, "kind", None) == "text":
+    if isinstance(shards, TextShards):
         return (f"A causal language model of the corpus of pipeline `{spec.key}` (vocabulary {shards.vocabulary}, context "
                 f"{shards.block_size} tokens). Input: a table with one column `tokens`, a list of token ids per row (the "
                 f"tokenizer ships with the model as `tokenizer.json`); output: the next token's logits of each row, or with "
                 f"params {{\"output\": \"token_nll\"}} each row's mean next-token loss.")
-    if getattr(shards, "kind", None) == "image":
+    if isinstance(shards, ImageShards):
         shape = "x".join(str(d) for d in shards.shape)
         return (f"Classifies {shape} images of pipeline `{spec.key}` into {len(shards.labels)} classes. Input: a table with "
                 f"one column `image`, each row's pixel values flattened in row-major order, raw ({shards.dtype}, "
