@@ -317,7 +317,10 @@ def serving_requirements(meta: Optional[dict[str, Any]] = None) -> list[str]:
 
     lightgbm = (meta or {}).get("format") == "lightgbm"
     requirements = []
-    for package in LIGHTGBM_SERVING_REQUIREMENTS if lightgbm else SERVING_REQUIREMENTS:
+    packages = LIGHTGBM_SERVING_REQUIREMENTS if lightgbm else SERVING_REQUIREMENTS
+    if (meta or {}).get("tokenizer"):  # a language model's `generate` reads its BPE tokenizer with `tokenizers`
+        packages = (*packages, "tokenizers")
+    for package in packages:
         try:
             # Local version labels ("+cpu") name a wheel index, not a PyPI release.
             requirements.append(f"{package}=={Version(version(package)).public}")

@@ -358,7 +358,8 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
 def venv_key() -> str:
     """What the trainer venv is built from: the requirement set, the lock, the interpreter and the machine."""
     digest = hashlib.sha256()
-    for part in (REQUIREMENTS.read_bytes(), CONSTRAINTS.read_bytes(), sys.version.encode(), platform.machine().encode()):
+    recipe = b"litdata --no-deps"  # how `trainer_venv` installs them: change it when that changes
+    for part in (REQUIREMENTS.read_bytes(), CONSTRAINTS.read_bytes(), sys.version.encode(), platform.machine().encode(), recipe):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()[:16]
 
@@ -373,7 +374,7 @@ def trainer_venv() -> tuple[Path, Optional[float]]:
 
     A fresh venv, then `pip install -r trainer-requirements.txt -c constraints.txt` from
     the package index, as the Dockerfile installs them (the lock's torch is the CPU build,
-    from local disk here). Built once per `venv_key` under a file lock; one left half-built
+    from local disk here; litdata without its requirements, see below). Built once per `venv_key` under a file lock; one left half-built
     is built again, and other keys' venvs unused for a day are removed.
     """
     from filelock import FileLock
@@ -395,8 +396,17 @@ def trainer_venv() -> tuple[Path, Optional[float]]:
         with log.open("w") as out:
             # --no-compile: pip byte-compiles every installed module (torch's thousands) otherwise, most of the
             # build's time; the trials below compile what they import. What installs, and from where, is the same.
-            pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "--no-compile", "-r", str(REQUIREMENTS), "-c", str(CONSTRAINTS)]
-            code = subprocess.run(pip, env=_outside_environ(), stdout=out, stderr=subprocess.STDOUT, timeout=3000).returncode
+            # The image installs torchvision (litdata's requirement) from TORCH_INDEX_URL beside torch's CUDA build; the
+            # package index's torchvision is a CUDA build that breaks `import lightning` on the CPU torch here, and no CPU
+            # build of it is on disk, so litdata comes in as `make install` brings it: without its requirements.
+            requirements = venv / "trainer-requirements.txt"
+            requirements.write_text("".join(line for line in REQUIREMENTS.read_text().splitlines(keepends=True) if line.strip() != "litdata"))
+            python = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "--no-compile"]
+            code = subprocess.run([*python, "-r", str(requirements), "-c", str(CONSTRAINTS)], env=_outside_environ(), stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=3000).returncode
+            if code == 0:
+                code = subprocess.run([*python, "--no-deps", "litdata", "-c", str(CONSTRAINTS)], env=_outside_environ(), stdout=out,
+                                      stderr=subprocess.STDOUT, timeout=600).returncode
         assert code == 0, f"pip could not install the trainer requirements (log: {log}):\n{log.read_text()[-4000:]}"
         seconds = time.monotonic() - start
         built.write_text(json.dumps({"seconds": round(seconds, 1), "requirements": declared_requirements()}))
@@ -481,6 +491,8 @@ def write_split(spec: PipelineSpec, directory: Path, rows: int = 240) -> Validat
 
     from trainyard.values import ValidatedData
 
+    if spec.shards is not None:
+        return write_shard_split(spec, directory)
     rng = np.random.default_rng(0)
     frame = pd.DataFrame({name: column_values(column, rows, rng) for name, column in spec.columns.items()})
     directory.mkdir(parents=True)
@@ -490,6 +502,26 @@ def write_split(spec: PipelineSpec, directory: Path, rows: int = 240) -> Validat
     md5 = hashlib.md5((directory / "train.parquet").read_bytes()).hexdigest()
     return ValidatedData(md5=md5, split_id="synthetic", rows={p: b - a for p, (a, b) in cuts.items()},
                          **{part: str(directory / f"{part}.parquet") for part in cuts})
+
+
+def write_shard_split(spec: PipelineSpec, directory: Path) -> ValidatedData:
+    """A sharded pipeline's train/val/test splits (litdata chunks and meta.json, as `validated_data` points to them):
+    random documents over the pipeline's vocabulary, or random images of its shape and labels."""
+    from tests.support.shards import write_splits
+    from trainyard.shardspec import TextShards
+    from trainyard.values import ValidatedData
+
+    shards = spec.shards
+    assert shards is not None
+    if isinstance(shards, TextShards):
+        paths = write_splits(str(directory), "text", n_docs=40, vocab_size=shards.vocabulary, block_size=shards.block_size,
+                             doc_tokens=(shards.block_size, 4 * shards.block_size), chunk_bytes=1 << 16)
+    else:
+        assert shards.labels == list(range(10)) and (shards.min, shards.max) == (0, 255), "write_image_split writes labels 0..9, 0..255"
+        paths = write_splits(str(directory), "image", n=120, digits=False, shape=tuple(shards.shape))
+    rows = {split: json.loads((Path(path) / "meta.json").read_text())["items"] for split, path in paths.items()}
+    md5 = hashlib.md5(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+    return ValidatedData(md5=md5, split_id="synthetic", rows=rows, **paths)
 
 
 @dataclass
@@ -529,7 +561,10 @@ def run_trial(spec: PipelineSpec, venv: Path, app: Path, work: Path) -> TrialRun
     study = sweeps.load_or_create(study_name, study_directions(spec), spec.search)
     number = sweeps.ask(study, spec.search, 1)[0]
     trial = TrialInputs("trial-0000", number, study_name, sweeps.trial(study_name, number).params)
-    classes = int(pd.read_parquet(data.train, columns=[spec.target])[spec.target].nunique())
+    if spec.shards is not None:
+        classes = len(getattr(spec.shards, "labels", []))  # a language model has none
+    else:
+        classes = int(pd.read_parquet(data.train, columns=[spec.target])[spec.target].nunique())
     plan = plan_trial(spec, model_kwargs(spec, trial.params), lambda: classes, describe=describe_model)
     assert plan.error is None, f"{spec.key}: {plan.error}"
     tracker = TrackerSpec(kind="wandb", mode="offline", project=f"{spec.team}-{spec.name}", group=study_name, name=trial.trial_id, dir=str(work / "wandb"))

@@ -86,3 +86,13 @@ def test_name_rules_and_uris() -> None:
     check_trial_key("vision/digits/ab12/trial-0003")
     assert to_uri("s3://bucket/prefix/") == "s3://bucket/prefix"
     assert to_uri("/var/trainyard/art") == "file:///var/trainyard/art"
+
+
+def test_a_language_model_with_a_tokenizer_is_served_with_tokenizers_pinned() -> None:
+    from importlib.metadata import version
+
+    from resources.registry.registration import serving_requirements
+
+    lm = serving_requirements({"task": "causal_lm", "tokenizer": "tokenizer.json"})
+    assert f"tokenizers=={version('tokenizers')}" in lm and any(r.startswith("torch==") for r in lm)
+    assert not any(r.startswith("tokenizers") for r in serving_requirements({"task": "classification"}))
