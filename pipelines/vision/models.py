@@ -12,23 +12,12 @@ from typing_extensions import override
 from training.parallel import ParallelizableModule
 
 
-class DigitsMLP(L.LightningModule):
-    """A two-layer classifier for 8x8 digit images flattened to 64 features.
+class _DigitsClassifier(L.LightningModule):
+    """The steps (cross-entropy, `<stage>_loss` and `<stage>_acc`) and the Adam optimizer (`hparams.lr`) of the digit models.
 
-    Args:
-        n_features: input width (the platform passes the number of feature columns).
-        n_classes: number of classes.
-        hidden: width of the hidden layer.
-        lr: Adam learning rate.
+    A subclass calls `super().__init__()` then `self.save_hyperparameters()` in its own
+    `__init__`: Lightning collects the arguments of the `__init__` frames that use `super()`.
     """
-
-    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x / 16.0)
 
     def _step(self, batch, stage: str) -> torch.Tensor:
         x, y = batch
@@ -49,7 +38,26 @@ class DigitsMLP(L.LightningModule):
         self._step(batch, "test")
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
+        return torch.optim.Adam(self.parameters(), lr=self.hparams["lr"])
+
+
+class DigitsMLP(_DigitsClassifier):
+    """A two-layer classifier for 8x8 digit images flattened to 64 features.
+
+    Args:
+        n_features: input width (the platform passes the number of feature columns).
+        n_classes: number of classes.
+        hidden: width of the hidden layer.
+        lr: Adam learning rate.
+    """
+
+    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x / 16.0)
 
 
 class DigitsParallelMLP(ParallelizableModule, DigitsMLP):
@@ -66,13 +74,13 @@ class DigitsParallelMLP(ParallelizableModule, DigitsMLP):
         return {"net.0": ColwiseParallel(), "net.2": RowwiseParallel()}
 
 
-class DigitsCNN(DigitsMLP):
+class DigitsCNN(_DigitsClassifier):
     """A small convolutional classifier of images `[batch, channels, height, width]` with values in [0, 1].
 
     The platform's streaming data module (`training.streaming`) yields image shards
     that way, scaled from the declared pixel range; `in_channels`, `height` and
     `width` come from the pipeline's `ImageShards` and `n_classes` from its labels.
-    Two 3x3 convolutions, a 2x2 max-pool, then the same head and steps as `DigitsMLP`.
+    Two 3x3 convolutions, a 2x2 max-pool, then a head like `DigitsMLP`'s, with the same steps.
 
     Args:
         n_classes: number of classes.
@@ -88,7 +96,7 @@ class DigitsCNN(DigitsMLP):
 
     def __init__(self, n_classes: int = 10, in_channels: int = 1, height: int = 8, width: int = 8, channels: int = 16,
                  hidden: int = 64, lr: float = 3e-3) -> None:
-        L.LightningModule.__init__(self)
+        super().__init__()
         self.save_hyperparameters()
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, channels, 3, padding=1), nn.ReLU(),
