@@ -2,7 +2,9 @@
 metrics on the full validation and test splits (with the train prior's baselines), and the serving export.
 
 A language model (task `causal_lm`) is evaluated on its data module's token batches (`evaluate_lm`), against a
-unigram model of the train split, and exported with a dynamic sequence length and its tokenizer.
+unigram model of the train split, and exported with a dynamic sequence length and its tokenizer. An image
+classifier streamed from shards is evaluated on its data module's batches of the whole splits, against the
+prior of the train split's class counts, and exported with the image's shape and value range (`image_meta`).
 
 Split from `training.lightning_task`, which runs the trial; this part needs the model and the splits only.
 """
@@ -103,20 +105,32 @@ def model_outputs(model: Any, x: Any, device: Any = None) -> torch.Tensor:
     in full float32 (no TF32 on CUDA), and leaves `model` where it found it.
     """
     device = torch.device(device) if device is not None else x.device
-    home = next(model.parameters(), x).device
+    return batch_outputs(model, ((x[s:s + EVAL_BATCH_ROWS], None) for s in range(0, len(x), EVAL_BATCH_ROWS)), device)[0]
+
+
+def batch_outputs(model: Any, batches: Any, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """`model`'s outputs on the `(x, y)` `batches` and their targets, concatenated on the CPU (targets empty when
+    the batches carry None).
+
+    Runs on `device` in full float32 (no TF32 on CUDA) with `model` in eval mode, and leaves it where it found it.
+    """
+    device = torch.device(device)
+    home = next(model.parameters(), torch.empty(0)).device
     model.eval()
-    outs = []
+    outs, targets = [], []
     tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
         model.to(device)
         with torch.no_grad():
-            for start in range(0, len(x), EVAL_BATCH_ROWS):
-                outs.append(model(x[start:start + EVAL_BATCH_ROWS].to(device)).cpu())
+            for x, y in batches:
+                outs.append(model(x.to(device)).cpu())
+                if y is not None:
+                    targets.append(y.cpu())
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         model.to(home)
-    return torch.cat(outs) if outs else torch.empty(0)
+    return (torch.cat(outs) if outs else torch.empty(0)), (torch.cat(targets) if targets else torch.empty(0, dtype=torch.int64))
 
 
 def _task_value(out: torch.Tensor, y: Any, task: str) -> float:
@@ -148,15 +162,18 @@ def eval_device(spec: TrainSpec) -> torch.device:
 
 def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
     """Write `model.pt2` (torch.export, dynamic batch), `meta.json` and the data module's preprocessing state
-    (`preprocessing.json`, when it has one) for serving."""
+    (`preprocessing.json`, when it has one) for serving; an image model's meta also says how a served image
+    is read (`image_meta`)."""
     model.eval()
     example = dm.example_input()
     task = prediction_task(spec)
     if task == "causal_lm":
         return _export_lm(model, dm, spec, dest_uri, example)
-    program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    program = torch.export.export(model, (example.float().contiguous(),), dynamic_shapes=({0: torch.export.Dim("batch")},))
     meta: dict[str, Any] = {"features": spec.data.features, "target": spec.data.target, "task": task, "input_dtype": "float32",
                             "keep": spec.data.keep, "feature_types": spec.data.feature_types}
+    if getattr(dm, "kind", None) == "image":
+        meta.update(image_meta(dm))
     if task == "classification":
         classes = [preprocessing.label_key(c) for c in dm.classes()]
         meta["classes"] = classes
@@ -174,6 +191,20 @@ def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f, indent=2, sort_keys=True)
         _put(tmp, files, dest_uri)
+
+
+def image_meta(dm: Any) -> dict[str, Any]:
+    """What serving needs to read an image as the model was trained on it (`training/serving_model.py`, `ImageInput`).
+
+    `input_kind: "image"`; `shape` as the data has it, `[H, W]` or `[H, W, C]` (a served row of the one
+    feature column, `image` for image shards, is an image's values flattened row-major in that shape);
+    `input_shape` as the model gets it, `[C, H, W]`; `scale`, the `[min, max]` that
+    `training.streaming.ImageCollate` maps to [0, 1] (the split meta's `min` and `max`, with the data
+    module's defaults).
+    """
+    meta = dm.meta
+    return {"input_kind": "image", "shape": [int(s) for s in meta["shape"]], "input_shape": [int(s) for s in dm.input_shape],
+            "scale": [meta.get("min", 0), meta.get("max", 255)]}
 
 
 def _put(tmp: str, files: list[str], dest_uri: str) -> None:
@@ -211,12 +242,17 @@ def final_metrics(spec: TrainSpec, model: Any, dm: Any = None) -> dict[str, floa
     prior's (`baseline_*`) beside them: `val_acc`, `val_logloss`, `val_roc_auc`, ... or `val_rmse`, `val_mae`, ...
 
     The splits are read as the data module reads them: with its preprocessing state (`preprocessing_state`) and
-    its classes (`classes()`), else the raw features and the sorted labels.
+    its classes (`classes()`), else the raw features and the sorted labels. A classifier whose data module
+    streams its splits (it has `eval_dataloader`, as `training.streaming.StreamingShardDataModule` does) is
+    evaluated on the data module's own batches of each whole split (`split_batches`), against the prior of its
+    `class_counts()`.
     """
     task = prediction_task(spec)
     device = eval_device(spec)
     if task == "causal_lm":
         return lm_metrics(model, dm, device)
+    if task == "classification" and hasattr(dm, "eval_dataloader"):
+        return streamed_classification_metrics(spec, model, dm, device)
     state = getattr(dm, "preprocessing_state", None)
     classes: Optional[list[Any]] = None
     if task == "classification":
@@ -233,19 +269,50 @@ def final_metrics(spec: TrainSpec, model: Any, dm: Any = None) -> dict[str, floa
         if task == "regression":
             values = platform_metrics.regression_metrics(y.numpy(), out.double().numpy().reshape(len(y)))
             baseline = platform_metrics.baseline_regression(y.numpy(), y_train)
+            values[EVALUATION_METRIC[task]] = _task_value(out, y, task)  # exactly as measured before the other metrics
+            metrics.update(platform_metrics.split_metrics(split, values, baseline))
         else:
             assert classes is not None
-            positive = preprocessing.positive_index(classes, spec.data.positive_label) if len(classes) == 2 else 1
-            values = platform_metrics.classification_metrics(y.numpy(), platform_metrics.probabilities(out.double().numpy(), len(classes)),
-                                                             classes, positive)
-            baseline = platform_metrics.baseline_classification(y.numpy(), y_train, classes, positive)
-        values[EVALUATION_METRIC[task]] = _task_value(out, y, task)  # exactly as measured before the other metrics
-        metrics.update(platform_metrics.split_metrics(split, values, baseline))
+            metrics.update(_classification_split(split, out, y, classes, y_train, spec))
+    return metrics
+
+
+def _classification_split(split: str, out: torch.Tensor, y: torch.Tensor, classes: list[Any], y_train: np.ndarray,
+                          spec: TrainSpec) -> dict[str, float]:
+    """`<split>_*` classification metrics of outputs `out` against class indices `y`, and the train prior's `baseline_<split>_*`."""
+    positive = preprocessing.positive_index(classes, spec.data.positive_label) if len(classes) == 2 else 1
+    values = platform_metrics.classification_metrics(y.numpy(), platform_metrics.probabilities(out.double().numpy(), len(classes)),
+                                                     classes, positive)
+    baseline = platform_metrics.baseline_classification(y.numpy(), y_train, classes, positive)
+    values[EVALUATION_METRIC["classification"]] = _task_value(out, y, "classification")  # exactly as measured before the other metrics
+    return platform_metrics.split_metrics(split, values, baseline)
+
+
+def streamed_classification_metrics(spec: TrainSpec, model: Any, dm: Any, device: Any = None) -> dict[str, float]:
+    """`final_metrics` of a classifier on a data module that streams its splits: each whole split read by
+    `split_batches` on this process (rank 0), the baseline the prior of the train split's `dm.class_counts()`.
+
+    Raises:
+        ConfigError: the data module has no classes, or a split holds no sample.
+    """
+    classes = [preprocessing.label_key(c) for c in dm.classes()]
+    if not classes:
+        raise ConfigError(f"data module {type(dm).__name__} streams its splits but names no classes (classes() is empty)")
+    counts = np.asarray(dm.class_counts(), dtype=np.int64)
+    if len(counts) != len(classes):
+        raise ConfigError(f"class_counts() has {len(counts)} entries for {len(classes)} classes {classes}")
+    y_train = np.repeat(np.arange(len(classes)), counts)  # the prior's labels: only their frequencies matter
+    metrics: dict[str, float] = {}
+    for split in ("val", "test"):
+        out, y = batch_outputs(model, split_batches(dm, split), device or torch.device("cpu"))
+        if not len(y):
+            raise ConfigError(f"the {split} split of data module {type(dm).__name__} holds no sample to evaluate the model on")
+        metrics.update(_classification_split(split, out, y.long(), classes, y_train, spec))
     return metrics
 
 
 def split_batches(dm: Any, split: str) -> Any:
-    """The whole `split` (`val` or `test`) of a language model's data module, as `(x, y)` batches, on rank 0 alone.
+    """The whole `split` (`val` or `test`) of a streaming data module (text or images), as `(x, y)` batches, on rank 0 alone.
 
     A data module that shards by rank says how to read a split whole with `eval_dataloader(split)`;
     otherwise its `<split>_dataloader()` is read as it is (unsharded outside `trainer.validate`/`test`).

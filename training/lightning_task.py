@@ -85,8 +85,10 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
     A model whose constructor accepts `n_features` / `n_classes` gets them from
     the data unless the pipeline set them explicitly (`n_classes` only for
     classification; `n_features` is the width after the platform's
-    preprocessing), and likewise `vocab_size` / `block_size` (the data module's
-    attributes; a language model's); a data module that accepts `task` gets the trial's, one
+    preprocessing), likewise `vocab_size` / `block_size` (the data module's
+    attributes; a language model's) and `in_channels` / `height` / `width` (an
+    image data module's `input_shape`, `[C, H, W]`); a data module that accepts
+    `task` gets the trial's, one
     that accepts `preprocessing` the state fitted on the train split
     (`training.data.fit_preprocessing`). With `class_weight="balanced"` the model
     gets `class_weights`, one float per class.
@@ -127,6 +129,10 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
     for name in ("vocab_size", "block_size"):
         if name in params and name not in kwargs and getattr(dm, name, None) is not None:
             kwargs[name] = int(getattr(dm, name))
+    shape = getattr(dm, "input_shape", None) if getattr(dm, "kind", None) == "image" else None
+    for name, size in zip(("in_channels", "height", "width"), shape or ()):
+        if name in params and name not in kwargs:
+            kwargs[name] = int(size)
     if task == "classification" and "n_classes" in params and "n_classes" not in kwargs:
         kwargs["n_classes"] = len(dm.classes())
     if task == "classification" and spec.data.positive_label is not None and hasattr(dm, "classes") and len(dm.classes()) == 2:
