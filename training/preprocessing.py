@@ -36,6 +36,11 @@ the raw values, unscaled (`"passthrough": true` in the state).
 
 `enabled=False` hands the raw columns to the model as numbers: a feature holding
 text, dates or missing values fails before any compute, naming the column.
+
+Images (a model trained on image shards) need no fitted state: `image_batch`
+reads served images, each row's values flattened row-major, into the model's
+float32 `[N, C, H, W]` with the declared range, as the streaming loader did in
+training; `check_image_meta` checks the fields of `meta.json` it reads them by.
 """
 
 from __future__ import annotations
@@ -428,3 +433,50 @@ def positive_index(classes: list[Any], positive_label: Any = None) -> int:
         if c == positive_label or _text(c) == _text(positive_label):
             return i
     raise ValueError(f"positive_label {positive_label!r} is not one of the classes {classes}")
+
+
+# -- images -----------------------------------------------------------------------------------
+
+
+def check_image_meta(meta: dict[str, Any], where: str) -> None:
+    """An image model's `meta.json` fields: `shape` `[H, W]` or `[H, W, C]` (positive ints), `scale` `[min, max]` with min < max.
+
+    Raises:
+        ValueError: naming `where`, the field and what it holds.
+    """
+    shape, scale = meta.get("shape"), meta.get("scale")
+    if not isinstance(shape, list) or len(shape) not in (2, 3) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
+        raise ValueError(f"{where}: field 'shape' of an image model must be [height, width] or [height, width, channels], got {shape!r}")
+    if (not isinstance(scale, list) or len(scale) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scale)
+            or not scale[0] < scale[1]):
+        raise ValueError(f"{where}: field 'scale' of an image model must be [min, max] with min < max, got {scale!r}")
+
+
+def image_batch(cells: Iterable[Any], shape: list[int], low: float, high: float) -> np.ndarray:
+    """Images sent flattened (one list of values per row, row-major from `shape`, `[H, W]` or `[H, W, C]`) as the
+    model's float32 `[N, C, H, W]` input, `(value - low) * (1 / (high - low))` in float32: exactly what
+    `training.streaming.ImageCollate` computes from the stored images in training.
+
+    Raises:
+        PreprocessingError: naming the 1-based row: values that are not numbers, another number of them, or one
+            outside [low, high] (NaN included).
+    """
+    rows = list(cells)
+    size = int(np.prod(shape))
+    images = np.zeros((len(rows), size), dtype=np.float32)
+    for i, cell in enumerate(rows, start=1):
+        try:
+            row = np.asarray(cell, dtype=np.float64).reshape(-1)
+        except (TypeError, ValueError):
+            raise PreprocessingError(f"row {i}: expected a list of pixel values, got {str(cell)[:100]}") from None
+        if row.size != size:
+            raise PreprocessingError(f"row {i} holds {row.size} values; the model reads {size}: an image of shape {list(shape)} "
+                                     "flattened row-major")
+        outside = ~((row >= low) & (row <= high))
+        if outside.any():
+            at = int(np.argmax(outside))
+            raise PreprocessingError(f"row {i}: value {row[at]:g} at position {at} is outside the image range {low:g}..{high:g}")
+        images[i - 1] = row
+    x = images.reshape(len(rows), *shape)
+    x = x[:, None] if len(shape) == 2 else x.transpose(0, 3, 1, 2)
+    return np.ascontiguousarray((x - np.float32(low)) * np.float32(1.0 / (float(high) - float(low))))

@@ -20,6 +20,12 @@ dtype. Extra columns are ignored and column order does not matter.
 `meta["classes"]` as the training data spelled it, or the regression value),
 then for classification `proba_<label>` per class, its probability.
 
+An image classifier (`meta["input_kind"] == "image"`) takes one column, `image`:
+each row one image's values as they landed, flattened row-major from `meta["shape"]`
+(`[H, W]` or `[H, W, C]`), within `meta["scale"]` (`[min, max]`), read as training
+read them (`preprocessing.image_batch`); a row of another size or with a value out
+of range is refused, naming the row. It returns `label` and `proba_<label>`.
+
 A language model (task `causal_lm`, `CausalLM`) takes token ids: a DataFrame
 with a `tokens` column of int lists (signature `tokens: Array(long)`), or on the
 python model itself an int array `[N, T]`; it returns the last position's
@@ -38,7 +44,8 @@ and one model file per format:
   `[batch]` or `[batch, 1]` (task `regression`); for task `causal_lm` it takes
   int64 token ids `[batch, length]` (length dynamic up to `meta["block_size"]`)
   and returns logits `[batch, length, meta["vocab_size"]]`; meta also holds
-  `eos_id` and `tokenizer` (a file name beside it, or null).
+  `eos_id` and `tokenizer` (a file name beside it, or null). An image model takes
+  float32 `[batch, *meta["input_shape"]]` (`[C, H, W]`).
 - `lightgbm`: `model.txt`, a LightGBM model holding the best iteration; task
   `classification` (binary: probability of `classes[1]`; multiclass: one
   probability per class) or `regression`.
@@ -110,14 +117,8 @@ def read_meta(model_dir: str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     features = meta.get("features")
-    if (
-        not isinstance(features, list)
-        or not features
-        or not all(isinstance(c, str) for c in features)
-    ):
-        raise ValueError(
-            f"{path}: field 'features' must be a non-empty list of column names, got {features!r}"
-        )
+    if not isinstance(features, list) or not features or not all(isinstance(c, str) for c in features):
+        raise ValueError(f"{path}: field 'features' must be a non-empty list of column names, got {features!r}")
     if len(set(features)) != len(features):
         raise ValueError(f"{path}: field 'features' has duplicate names: {features!r}")
     fmt = meta.get("format", DEFAULT_FORMAT)
@@ -136,6 +137,8 @@ def read_meta(model_dir: str) -> dict[str, Any]:
         for field in ("vocab_size", "block_size"):
             if not isinstance(meta.get(field), int) or isinstance(meta.get(field), bool) or meta[field] < 1:
                 raise ValueError(f"{path}: field {field!r} must be a positive integer for task 'causal_lm', got {meta.get(field)!r}")
+    if meta.get("input_kind") == "image":
+        _preprocessing_module().check_image_meta(meta, path)
     if not os.path.isfile(os.path.join(model_dir, MODEL_FILES[fmt])):
         raise ValueError(f"{model_dir}: format {fmt!r} needs {MODEL_FILES[fmt]!r}, which is missing")
     return meta
@@ -152,6 +155,7 @@ class ExportedModel(PythonModel):
         self._state: Optional[dict[str, Any]] = None
         self._transform: Optional[Callable[..., Any]] = None
         self._lm: Optional[CausalLM] = None
+        self._image_batch: Optional[Callable[..., np.ndarray]] = None
 
     def load_context(self, context: PythonModelContext) -> None:
         """Loads the model and its metadata from the `model_dir` artifact.
@@ -173,6 +177,7 @@ class ExportedModel(PythonModel):
         self._predict_raw = _load_torch_export(path) if fmt == "torch_export" else _load_lightgbm(path, meta)
         if meta["task"] == "causal_lm":
             self._lm = CausalLM(self._predict_raw, meta, model_dir)
+        self._image_batch = _preprocessing_module().image_batch if meta.get("input_kind") == "image" else None
         if meta.get("preprocessing"):
             with open(os.path.join(model_dir, meta["preprocessing"]), encoding="utf-8") as f:
                 self._state = json.load(f)
@@ -214,11 +219,10 @@ class ExportedModel(PythonModel):
             model_input = pd.DataFrame(model_input)
         missing = [c for c in features if c not in model_input.columns]
         if missing:
-            raise ValueError(
-                f"model input is missing feature columns {missing}; "
-                f"expected all of {features}, got {list(model_input.columns)}"
-            )
-        if self._state is not None and self._transform is not None:
+            raise ValueError(f"model input is missing feature columns {missing}; expected all of {features}, got {list(model_input.columns)}")
+        if self._image_batch is not None:
+            values = self._image_batch(model_input[features[0]], self._meta["shape"], *self._meta["scale"])
+        elif self._state is not None and self._transform is not None:
             values = self._transform(model_input, self._state, self._dtype)[0]
         else:
             values = model_input[features].to_numpy(dtype=self._dtype, copy=True)
@@ -236,7 +240,6 @@ class ExportedModel(PythonModel):
         for k, label in enumerate(self._classes.tolist()):
             out[f"proba_{label}"] = proba[:, k]
         return out
-
 
     def generate(self, prompt: str, max_new_tokens: int = 32) -> str:
         """The greedy continuation of `prompt` (language models only; see `CausalLM.generate`)."""
@@ -449,10 +452,8 @@ class UnsafeModelError(ValueError):
     """
 
     def __init__(self, path: str, detail: str) -> None:
-        super().__init__(
-            f"model file {path} was refused: {detail}. An exported model holds only a graph of torch operators, "
-            "raw weights and plain sample inputs; this one was not written by trainyard or has been tampered with"
-        )
+        super().__init__(f"model file {path} was refused: {detail}. An exported model holds only a graph of torch operators, "
+                         "raw weights and plain sample inputs; this one was not written by trainyard or has been tampered with")
         self.path = path
         self.detail = detail
 
