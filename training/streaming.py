@@ -148,7 +148,7 @@ class _Plan:
 
 
 class _PlannedDataset(StreamingDataset):
-    """litdata's `StreamingDataset` reading the platform's plan (`worker_plan`) and returning `(item id, item)`.
+    """litdata's `StreamingDataset` reading the platform's plan (`worker_plan`) and returning its items as litdata does.
 
     The one adapter to litdata's internals: `__iter__` sets up the reader as
     litdata's own `__iter__` does and hands `__next__` the worker's visits through
@@ -194,6 +194,14 @@ class _PlannedDataset(StreamingDataset):
         self.last_time = time()
         return self
 
+
+class _IdPlannedDataset(_PlannedDataset):
+    """`_PlannedDataset` returning `(item id, item)`: text batches with ids need the block's index, which the item lacks.
+
+    A class apart so that the loader without ids keeps litdata's own `__getitem__`: one Python frame and a tuple less
+    per sample, ~4% of the loader's time on 129-token blocks (`bench.stream_throughput`).
+    """
+
     def __getitem__(self, index: Any) -> Any:
         item = StreamingDataset.__getitem__(self, index)  # one lookup less than super() on the hot path
         return (index.index, item) if type(index) is ChunkedIndex and self.plan is not None else item
@@ -202,11 +210,12 @@ class _PlannedDataset(StreamingDataset):
 # -- batches --------------------------------------------------------------------------------------
 
 
-def collate_text(items: list[tuple[int, Any]], return_ids: bool) -> tuple[torch.Tensor, ...]:
-    """`(x, y[, ids])` from `(block id, block_size + 1 tokens)` items."""
-    blocks = [t for _, t in items]
-    tokens = (torch.stack(blocks) if isinstance(blocks[0], torch.Tensor) else torch.from_numpy(np.stack(blocks))).to(torch.int64)
-    out = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
+def collate_text(items: list[Any], return_ids: bool) -> tuple[torch.Tensor, ...]:
+    """`(x, y[, ids])` from `block_size + 1` token items, or from `(block id, tokens)` items with `return_ids`."""
+    blocks = [t for _, t in items] if return_ids else items
+    tokens = torch.stack(blocks) if isinstance(blocks[0], torch.Tensor) else torch.from_numpy(np.stack(blocks))
+    # each side converted straight from the stacked blocks: one copy apiece, not a widened copy and then two more
+    out = (tokens[:, :-1].to(torch.int64).contiguous(), tokens[:, 1:].to(torch.int64).contiguous())
     return (*out, torch.tensor([i for i, _ in items], dtype=torch.int64)) if return_ids else out
 
 
@@ -218,18 +227,18 @@ class ImageCollate:
             raise ValueError(f"image max {high} must be above min {low}")
         self.low, self.scale, self.return_ids = float(low), 1.0 / (float(high) - float(low)), return_ids
 
-    def __call__(self, items: list[tuple[int, dict[str, Any]]]) -> tuple[torch.Tensor, ...]:
-        images = np.stack([np.asarray(it["image"]) for _, it in items])
+    def __call__(self, items: list[dict[str, Any]]) -> tuple[torch.Tensor, ...]:
+        images = np.stack([np.asarray(it["image"]) for it in items])
         x = torch.from_numpy(images).to(torch.float32)
         if x.ndim == 3:  # [B, H, W]: one channel
             x = x.unsqueeze(1)
         else:  # [B, H, W, C]
             x = x.permute(0, 3, 1, 2).contiguous()
         x = (x - self.low) * self.scale
-        y = torch.tensor([int(it["label"]) for _, it in items], dtype=torch.int64)
+        y = torch.tensor([int(it["label"]) for it in items], dtype=torch.int64)
         if not self.return_ids:
             return x, y
-        return x, y, torch.tensor([int(it["id"]) for _, it in items], dtype=torch.int64)
+        return x, y, torch.tensor([int(it["id"]) for it in items], dtype=torch.int64)
 
 
 class ShardLoader(StreamingDataLoader):
@@ -486,9 +495,11 @@ class StreamingShardDataModule(L.LightningDataModule):
 
     # -- loaders ----------------------------------------------------------------------------------
 
-    def _dataset(self, split: str) -> _PlannedDataset:
+    def _dataset(self, split: str, return_ids: bool = False) -> _PlannedDataset:
         item_loader = TokensLoader(block_size=self.block_size + 1) if self.block_size is not None else None
-        return _PlannedDataset(
+        # a text block's id is its index in the stream, which only the index carries; an image carries its own `id`
+        cls = _IdPlannedDataset if return_ids and self.kind == "text" else _PlannedDataset
+        return cls(
             self.uris[split],
             cache_dir=self.cache_dir,
             item_loader=item_loader,
@@ -508,8 +519,9 @@ class StreamingShardDataModule(L.LightningDataModule):
 
     def _loader(self, split: str, train: bool, batch_size: Optional[int] = None, rank: int = 0, world: int = 1,
                 epoch: int = 0, return_ids: Optional[bool] = None) -> ShardLoader:
+        ids = self.return_ids if return_ids is None else return_ids
         return ShardLoader(
-            self._dataset(split),
+            self._dataset(split, ids),
             batch_size=batch_size or self.batch_size,
             rank=rank,
             world=world,
@@ -519,7 +531,7 @@ class StreamingShardDataModule(L.LightningDataModule):
             # a cache directory of our own is this process's alone; one given may be shared by a node's ranks
             shared_ranks=(rank,) if self._cache_root is None else tuple(range(world)),
             num_workers=self.num_workers,
-            collate_fn=self._collate(self.return_ids if return_ids is None else return_ids),
+            collate_fn=self._collate(ids),
         )
 
     def train_dataloader(self) -> ShardLoader:
@@ -554,5 +566,5 @@ class _TextCollate:
     def __init__(self, return_ids: bool) -> None:
         self.return_ids = return_ids
 
-    def __call__(self, items: list[tuple[int, Any]]) -> tuple[torch.Tensor, ...]:
+    def __call__(self, items: list[Any]) -> tuple[torch.Tensor, ...]:
         return collate_text(items, self.return_ids)
