@@ -241,7 +241,7 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
             "steps": args.steps,
             "warmup_steps": args.warmup,
         },
-        targets=[Target("ratio", ">=", TARGET)],
+        targets=[Target("ratio", ">=", TARGET), Target("details.paired.ci_low", ">=", TARGET, unit="x, interval low")],
         better="higher",
         runs=ours,
         baseline_runs=theirs,
