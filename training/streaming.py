@@ -100,22 +100,9 @@ logging.getLogger("litdata.streaming.dataset").addFilter(_DeliberateCacheBound()
 
 
 def allow_plain_http_endpoint() -> None:
-    """Let litdata's obstore path fetch chunks from an `http://` `AWS_ENDPOINT_URL` (a loopback or in-cluster endpoint).
-
-    litdata fetches chunks with obstore when it is installed, with client options
-    fixed in its downloader module, and obstore refuses plain HTTP unless
-    `allow_http` is among them (boto3, which litdata uses for `index.json`, has no
-    such rule). This adds it, in the process that downloads (the loader worker),
-    only for an http endpoint. `tests/training/test_streaming.py` checks the options
-    are still there to add to.
-    """
-    if not os.environ.get("AWS_ENDPOINT_URL", "").startswith("http://"):
-        return
-    from litdata.streaming import downloader
-
-    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
-    if isinstance(options, dict):
-        options["allow_http"] = "true"
+    """Let litdata's obstore path fetch chunks from an `http://` `AWS_ENDPOINT_URL` (a loopback or in-cluster endpoint),
+    in the process that downloads (the loader worker): `training.shard_format.allow_plain_http`, the one adapter."""
+    shard_format.allow_plain_http({"endpoint_url": os.environ.get("AWS_ENDPOINT_URL", "")})
 
 
 def _join(uri: str, name: str) -> str:
