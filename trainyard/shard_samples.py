@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
-import pandas as pd
 
 from training import shard_format
 from trainyard.store import FileStore
+
+if TYPE_CHECKING:
+    import pandas as pd  # imported where a frame is made: a code location loads without pandas
 
 TEXT_CAP = 2048
 """At most this many token blocks of a test split are served (the first ones, in chunk order)."""
@@ -83,6 +85,8 @@ def text_sample(store: FileStore, uri: str, block_size: int, cap: int = TEXT_CAP
         tokens = np.concatenate(docs) if docs else np.zeros(0, dtype=np.int32)
         take = min(blocks, cap - len(rows))
         rows.extend(tokens[: take * size].reshape(take, size).astype(np.int64).tolist())
+    import pandas as pd
+
     frame = pd.DataFrame({"tokens": rows, PREDICTED_TOKENS: [block_size] * len(rows)})
     note = None if len(rows) == total else f"the first {len(rows)} of the test split's {total} blocks"
     return SplitSample(frame, PREDICTED_TOKENS, total, note)
@@ -109,6 +113,8 @@ def image_sample(store: FileStore, uri: str, cap: int = IMAGE_CAP) -> SplitSampl
             if len(images) < cap:
                 images.append(np.asarray(image).reshape(-1).tolist())
                 classes.append(labels[int(label)])
+    import pandas as pd
+
     frame = pd.DataFrame({"image": images, "label": classes})
     note = None if len(images) == total else f"the first {len(images)} of the test split's {total} images"
     return SplitSample(frame, "label", total, note)

@@ -299,6 +299,7 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
     from resources.storage import ObjectStore
     from tests.support.models import export_model
     from trainyard.promotion import SERVED_METRICS, served_metric
+    from trainyard.tasks import KNOWN_METRICS
 
     registry = ModelRegistry(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "a"), retry_backoff_s=0.05)
     handoff = HandoffPublisher(store=ObjectStore(root=str(tmp_path / "store")))
@@ -316,7 +317,7 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
     served = {s: registry.predict_output(i.model_uri, test_df[FEATURES]) for s, i in info.items()}
     assert list(served[0].columns) == ["label", *(f"proba_{c}" for c in CLASSES)]
     labels = test_df["label"].tolist()
-    classification = [m for m in SERVED_METRICS if m not in ("test_rmse", "test_mae")]
+    classification = [m for m in SERVED_METRICS if KNOWN_METRICS[m][0] == "classification"]
     assert classification == ["test_acc", "test_logloss", "test_roc_auc", "test_pr_auc", "test_f1", "test_balanced_acc"]
 
     def decide(seed: int, metric: str, extra: dict[str, float] | None = None) -> Decision:
