@@ -19,6 +19,7 @@ from dagster import (
     Output,
 )
 
+from assets.graph_checks import accepted_check
 from assets.shard_data import shard_raw_data_body, shard_validated_data_body
 from resources.storage import ObjectStore, PermanentStorageError
 from resources.versioning import DataVersioning, DataVersioningError
@@ -158,17 +159,9 @@ def validated_data_body(context: AssetExecutionContext, spec: PipelineSpec, raw:
             f"kept in quarantine at {outcome.quarantine}",
             metadata=check_meta,
         )
-    if verdict.warnings:
-        # The rows that go on passed every row-level check; what did not is set aside or released.
-        for line in verdict.warnings:
-            context.log.warning(f"{spec.key}: {line}")
-        check_meta["warnings"] = MetadataValue.md("\n".join(f"- {w}" for w in verdict.warnings))
-    if outcome.quarantine:
+    if outcome.quarantine:  # the rows that go on passed every row-level check; what did not is set aside or released
         check_meta["set_aside"] = MetadataValue.path(outcome.quarantine)
-    if verdict.release:
-        check_meta["released_by"] = verdict.release["released_by"]
-        check_meta["release_reason"] = verdict.release["reason"]
-    yield AssetCheckResult(check_name=CHECK_NAME, passed=True, metadata=check_meta)
+    yield accepted_check(context, spec.key, CHECK_NAME, check_meta, verdict)
     assert outcome.value is not None, "an accepted version has a split"
     value = ValidatedData.model_validate(outcome.value)
     yield Output(

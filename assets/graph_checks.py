@@ -13,10 +13,23 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from dagster import AssetCheckResult, AssetCheckSeverity
+from dagster import AssetCheckResult, AssetCheckSeverity, MetadataValue
 
 DRIFT_CHECK = "drift"
 """The asset check on `validated_data` that tells the drift verdict (`with_drift_check`)."""
+
+
+def accepted_check(context: Any, key: str, check_name: str, meta: dict[str, Any], verdict: Any) -> AssetCheckResult:
+    """The passed expectations check of an accepted version (a table's or a shard set's): the verdict's warnings
+    logged and listed, a release by `trainyard data release` recorded with who and why."""
+    for line in verdict.warnings:
+        context.log.warning(f"{key}: {line}")
+    if verdict.warnings:
+        meta["warnings"] = MetadataValue.md("\n".join(f"- {w}" for w in verdict.warnings))
+    if verdict.release:
+        meta["released_by"] = verdict.release["released_by"]
+        meta["release_reason"] = verdict.release["reason"]
+    return AssetCheckResult(check_name=check_name, passed=True, metadata=meta)
 
 
 def drift_check(expectations: AssetCheckResult) -> AssetCheckResult:

@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, DataVersion, Failure, MetadataValue, Output
 
+from assets.graph_checks import accepted_check
 from resources.storage import ObjectStore, PermanentStorageError
 from resources.versioning import DataVersioning, DataVersioningError
 from trainyard.data import ingest
@@ -100,14 +101,7 @@ def shard_validated_data_body(context: AssetExecutionContext, spec: PipelineSpec
             f"report kept in quarantine at {outcome.quarantine}",
             metadata=meta,
         )
-    for line in verdict.warnings:
-        context.log.warning(f"{spec.key}: {line}")
-    if verdict.warnings:
-        meta["warnings"] = MetadataValue.md("\n".join(f"- {w}" for w in verdict.warnings))
-    if verdict.release:
-        meta["released_by"] = verdict.release["released_by"]
-        meta["release_reason"] = verdict.release["reason"]
-    yield AssetCheckResult(check_name=check_name, passed=True, metadata=meta)
+    yield accepted_check(context, spec.key, check_name, meta, verdict)
     assert outcome.value is not None, "an accepted version has its splits"
     value = ValidatedData.model_validate(outcome.value)
     yield Output(

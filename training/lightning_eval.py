@@ -54,15 +54,13 @@ def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
     """
     task = prediction_task(spec)
     x = dm.example_input()
+    shape = _output_shape(model, x)
     if task == "causal_lm":
-        return _check_lm_output(model, dm, spec, x)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            shape = tuple(model(x).shape)
-    finally:
-        model.train(was_training)
+        wanted = (*x.shape, int(dm.vocab_size))
+        if shape != wanted:
+            raise ConfigError(f"model {spec.model.path!r} returns shape {list(shape)} for token ids of shape {list(x.shape)}; task "
+                              f"'causal_lm' needs next-token logits {list(wanted)} (batch, length, vocab_size={dm.vocab_size} of the data)")
+        return
     batch = x.shape[0]
     where = f"model {spec.model.path!r} returns shape {list(shape)} for a batch of {batch} rows"
     if task == "regression":
@@ -80,19 +78,15 @@ def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
                                                     f"{classes[1]!r}, e.g. trained with BCEWithLogitsLoss)" if needed == 2 else ""))
 
 
-def _check_lm_output(model: Any, dm: Any, spec: TrainSpec, x: torch.Tensor) -> None:
-    """A language model maps token ids `[batch, length]` to next-token logits `[batch, length, vocab_size]`."""
+def _output_shape(model: Any, x: torch.Tensor) -> tuple[int, ...]:
+    """The shape of the model's output for `x`, in eval mode without gradients; the model is left as it was found."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            shape = tuple(model(x).shape)
+            return tuple(model(x).shape)
     finally:
         model.train(was_training)
-    wanted = (*x.shape, int(dm.vocab_size))
-    if shape != wanted:
-        raise ConfigError(f"model {spec.model.path!r} returns shape {list(shape)} for token ids of shape {list(x.shape)}; task "
-                          f"'causal_lm' needs next-token logits {list(wanted)} (batch, length, vocab_size={dm.vocab_size} of the data)")
 
 
 EVAL_BATCH_ROWS = 8192  # rows per forward pass of the final evaluation (bounds its activation memory)

@@ -325,8 +325,8 @@ class DataPinner(Protocol):
 
 
 @dataclasses.dataclass
-class _Scan:
-    """What one pass over the landing files found (see `IngestResult` for the fields)."""
+class LandingScan:
+    """What one pass over the landing files found (see `IngestResult` for the fields); tables' and shards' ingest."""
 
     ingested: list[FileRecord] = dataclasses.field(default_factory=list)
     rejected: list[FileRecord] = dataclasses.field(default_factory=list)
@@ -334,6 +334,16 @@ class _Scan:
     changing: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     unchanged: int = 0
+
+    def duplicate(self, manifest: Manifest, info: FileInfo, key: str, digest: str, original: FileRecord) -> None:
+        """Record `info`, which has the bytes of the already ingested `original`: a duplicate delivery that adds nothing."""
+        record = FileRecord(
+            uri=info.uri, size=info.size, mtime=info.mtime, etag=info.etag, status="duplicate", schema_key=key,
+            ingested_at=utc_now(), content_hash=digest, duplicate_of=original.uri,
+        )
+        manifest.files[info.uri] = record
+        self.duplicates.append(record)
+        self.warnings.append(f"{info.uri} has the same bytes as {original.uri}, already ingested: a duplicate delivery, it adds nothing")
 
 
 def ingest(
@@ -447,14 +457,14 @@ def _unchanged(store: FileStore, known: Optional[FileRecord], info: FileInfo, ke
     return known.status == "rejected" or _part_exists(store, known)
 
 
-def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest: Manifest, block_bytes: int) -> _Scan:
+def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest: Manifest, block_bytes: int) -> LandingScan:
     """Ingest every landing file the manifest does not know in its current state; updates `manifest.files`.
 
     Files are taken in URI order; a file with the bytes of an accepted file
     already in the landing area (or earlier in this order) is a duplicate.
     """
     key = schema_key(spec)
-    scan = _Scan()
+    scan = LandingScan()
     landing = {f.uri: f for f in files}
     by_hash: dict[str, FileRecord] = {}
     for r in sorted(manifest.files.values(), key=lambda r: r.uri):
@@ -481,13 +491,7 @@ def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], m
             continue
         original = by_hash.get(digest)
         if original is not None and original.uri != info.uri:
-            record = FileRecord(
-                uri=info.uri, size=info.size, mtime=info.mtime, etag=info.etag, status="duplicate", schema_key=key,
-                ingested_at=utc_now(), content_hash=digest, duplicate_of=original.uri,
-            )
-            manifest.files[info.uri] = record
-            scan.duplicates.append(record)
-            scan.warnings.append(f"{info.uri} has the same bytes as {original.uri}, already ingested: a duplicate delivery, it adds nothing")
+            scan.duplicate(manifest, info, key, digest, original)
             continue
         try:
             record = ingest_file(store, spec, info, block_bytes, digest)

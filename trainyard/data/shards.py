@@ -56,6 +56,7 @@ from trainyard.data.ingest import (
     DataPinner,
     IngestRejected,
     LandingFileChanged,
+    LandingScan,
     _forget_removed,
     _save_manifest,
     _vanished,
@@ -122,16 +123,6 @@ def landing_root(store: FileStore, spec: PipelineSpec) -> str:
 # --------------------------------------------------------------------------- scan
 
 
-@dataclasses.dataclass
-class _Scan:
-    ingested: list[FileRecord] = dataclasses.field(default_factory=list)
-    rejected: list[FileRecord] = dataclasses.field(default_factory=list)
-    duplicates: list[FileRecord] = dataclasses.field(default_factory=list)
-    changing: list[str] = dataclasses.field(default_factory=list)
-    warnings: list[str] = dataclasses.field(default_factory=list)
-    unchanged: int = 0
-
-
 def _check_file(store: FileStore, spec: PipelineSpec, info: FileInfo, digest: str) -> FileRecord:
     """Read one new landing file for its problems; the record says accepted (with its documents) or rejected.
 
@@ -162,10 +153,10 @@ def _check_file(store: FileStore, spec: PipelineSpec, info: FileInfo, digest: st
     return record
 
 
-def _scan(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest: Manifest) -> _Scan:
+def _scan(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest: Manifest) -> LandingScan:
     """Check every landing file the manifest does not know in its current state; updates `manifest.files`."""
     key = schema_key(spec)
-    scan = _Scan()
+    scan = LandingScan()
     landing = {f.uri: f for f in files}
     by_hash: dict[str, FileRecord] = {}
     for r in sorted(manifest.files.values(), key=lambda r: r.uri):
@@ -183,13 +174,7 @@ def _scan(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest:
             digest = content_hash(store, info.uri)
             original = by_hash.get(digest)
             if original is not None and original.uri != info.uri:
-                record = FileRecord(
-                    uri=info.uri, size=info.size, mtime=info.mtime, etag=info.etag, status="duplicate", schema_key=key,
-                    ingested_at=utc_now(), content_hash=digest, duplicate_of=original.uri,
-                )
-                manifest.files[info.uri] = record
-                scan.duplicates.append(record)
-                scan.warnings.append(f"{info.uri} has the same bytes as {original.uri}, already ingested: a duplicate delivery, it adds nothing")
+                scan.duplicate(manifest, info, key, digest, original)
                 continue
             record = _check_file(store, spec, info, digest)
         except (LandingFileChanged, StorageError) as e:
