@@ -74,6 +74,7 @@ from trainyard.promotion import (
     summarize,
     validation_now,
 )
+from trainyard.promotion.served import LM_PARAMS
 from trainyard.spec import PromotionSpec
 from trainyard.store import FileStore
 
@@ -201,6 +202,18 @@ def cli_actor() -> str:
     return f"cli {user}@{socket.gethostname()}"
 
 
+PROMPT_TOKENS = 8
+"""A language model's smoke test continues the first test row's first tokens."""
+GENERATED_TOKENS = 16
+
+
+def _prompt(test_df: Optional["pd.DataFrame"]) -> Optional[dict[str, Any]]:
+    """The prompt a language model's smoke test continues: the first `PROMPT_TOKENS` ids of the test sample's first row."""
+    if test_df is None or "tokens" not in test_df.columns or test_df.empty:
+        return None
+    return {"prompt_tokens": [int(t) for t in list(test_df["tokens"].iloc[0])[:PROMPT_TOKENS]], "max_new_tokens": GENERATED_TOKENS}
+
+
 # -- the decision ------------------------------------------------------------------
 
 
@@ -276,7 +289,8 @@ def _decide_locked(
         samples["test"] = candidate.test_df.drop(columns=[candidate.target])
         labels = candidate.test_df[candidate.target].tolist()
     smoke = registry.smoke_test(smoke_uri, samples, timeout_s=policy.smoke_test_timeout_s,
-                                **({"params": {"test": candidate.params}} if candidate.params else {}))
+                                **({"params": {"test": candidate.params}} if candidate.params else {}),
+                                **({"generate": _prompt(candidate.test_df)} if candidate.params == LM_PARAMS else {}))
     smoke_chk, smoke_evidence = check_smoke(
         policy, smoke, run_id=version.run_id, test_labels=labels, training_metrics=candidate.metrics,
         target=candidate.target, positive_label=candidate.positive_label, sample_note=candidate.sample_note,

@@ -72,7 +72,7 @@ import json
 import os
 import re
 import zipfile
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import mlflow
 import mlflow.models
@@ -241,8 +241,8 @@ class ExportedModel(PythonModel):
             out[f"proba_{label}"] = proba[:, k]
         return out
 
-    def generate(self, prompt: str, max_new_tokens: int = 32) -> str:
-        """The greedy continuation of `prompt` (language models only; see `CausalLM.generate`)."""
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 32) -> str:
+        """The greedy continuation of `prompt`, text or token ids (language models only; see `CausalLM.generate`)."""
         if self._lm is None:
             raise ValueError(f"generate needs a language model (task 'causal_lm'); this one is {(self._meta or {}).get('task')!r}")
         return self._lm.generate(prompt, max_new_tokens)
@@ -341,9 +341,9 @@ class CausalLM:
                 self._tokenizer = Tokenizer(f.read())
         return self._tokenizer
 
-    def generate(self, prompt: str, max_new_tokens: int = 32) -> str:
-        """The greedy continuation of `prompt`: the most likely next token, `max_new_tokens` times or until
-        end-of-document, each step reading the last `block_size` tokens. Returns the new text only.
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 32) -> str:
+        """The greedy continuation of `prompt` (text, or token ids as they are): the most likely next token, `max_new_tokens`
+        times or until end-of-document, each step reading the last `block_size` tokens. Returns the new text only.
 
         Raises:
             ValueError: `max_new_tokens` is negative, or the prompt encodes to no tokens.
@@ -351,7 +351,7 @@ class CausalLM:
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens={max_new_tokens} must be 0 or more")
         tokenizer = self.tokenizer()
-        ids = tokenizer.encode(prompt)
+        ids = tokenizer.encode(prompt) if isinstance(prompt, str) else self.rows([list(prompt)], 1, None)[0].tolist()
         if not ids:
             raise ValueError(f"prompt {prompt!r} encodes to no tokens; give at least one character")
         new: list[int] = []

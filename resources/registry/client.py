@@ -382,6 +382,7 @@ class ModelRegistry(dg.ConfigurableResource):
         timeout_s: float = 300.0,
         blocked_modules: Sequence[str] = TRAINING_ONLY_MODULES,
         params: Optional[Mapping[str, Mapping[str, Any]]] = None,
+        generate: Optional[Mapping[str, Any]] = None,
     ) -> SmokeResult:
         """Loads `model_uri` in a fresh Python process with only serving dependencies and predicts.
 
@@ -401,6 +402,8 @@ class ModelRegistry(dg.ConfigurableResource):
             timeout_s: Deadline for the whole process.
             blocked_modules: Top-level packages the process must do without.
             params: Per sample, the predict params it is sent with (a language model's `{"output": "token_nll"}`).
+            generate: A language model's prompt, `{"prompt_tokens": [...], "max_new_tokens": n}`: the process
+                continues it greedily (`SmokeResult.generated`), as a user's process would.
 
         Returns:
             What happened; `passed` is False (with `error`) when the model could not
@@ -411,7 +414,7 @@ class ModelRegistry(dg.ConfigurableResource):
                 artifact store (retryable; says nothing about the model).
         """
         return run_smoke_test(self.tracking_uri, model_uri, samples, timeout_s=timeout_s, blocked_modules=blocked_modules,
-                              params=params)
+                              params=params, generate=generate)
 
     # -- registration ------------------------------------------------------------
 

@@ -317,7 +317,7 @@ def serving_requirements(meta: Optional[dict[str, Any]] = None) -> list[str]:
 
     lightgbm = (meta or {}).get("format") == "lightgbm"
     requirements = []
-    packages = LIGHTGBM_SERVING_REQUIREMENTS if lightgbm else SERVING_REQUIREMENTS
+    packages: tuple[str, ...] = LIGHTGBM_SERVING_REQUIREMENTS if lightgbm else SERVING_REQUIREMENTS
     if (meta or {}).get("tokenizer"):  # a language model's `generate` reads its BPE tokenizer with `tokenizers`
         packages = (*packages, "tokenizers")
     for package in packages:

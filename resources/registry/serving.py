@@ -49,6 +49,7 @@ class SmokeResult:
         error: Why the process failed to load or predict; None when it succeeded.
         probabilities: Per sample name, the served `proba_<label>` columns (`{column: [p, ...]}`,
             the model's class order); empty for a regression or a version that serves labels only.
+        generated: A language model asked to continue a prompt: `{"prompt_tokens": [...], "text": continuation}`.
     """
 
     model_uri: str
@@ -59,6 +60,7 @@ class SmokeResult:
     blocked_imports: tuple[str, ...] = ()
     error: Optional[str] = None
     probabilities: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    generated: Optional[dict[str, Any]] = None
 
     @property
     def passed(self) -> bool:
@@ -96,7 +98,8 @@ def _json_value(value: Any) -> Any:
 
 
 def smoke_request(model_uri: str, samples: Mapping[str, "pd.DataFrame"], blocked_modules: Sequence[str], output: str,
-                  params: Optional[Mapping[str, Mapping[str, Any]]] = None) -> dict[str, Any]:
+                  params: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                  generate: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
     """The JSON request `smoke.main` reads: each sample frame as the `dataframe_split` body a client would send,
     and the predict params of the samples that have them (a language model's `{"output": "token_nll"}`)."""
     request = {
@@ -108,6 +111,8 @@ def smoke_request(model_uri: str, samples: Mapping[str, "pd.DataFrame"], blocked
     sent = {name: dict(p) for name, p in (params or {}).items() if name in samples and p}
     if sent:
         request["params"] = sent
+    if generate:
+        request["generate"] = dict(generate)
     return request
 
 
@@ -119,8 +124,10 @@ def run_smoke_test(
     timeout_s: float,
     blocked_modules: Sequence[str],
     params: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    generate: Optional[Mapping[str, Any]] = None,
 ) -> SmokeResult:
-    """Runs `smoke.py` as `python -I` against `tracking_uri` and reads back what it did (`params`: per sample, see `smoke_request`).
+    """Runs `smoke.py` as `python -I` against `tracking_uri` and reads back what it did (`params`: per sample, `generate`:
+    a language model's prompt, see `smoke_request`).
 
     Returns:
         What happened; `passed` is False (with `error`) when the model could not
@@ -132,7 +139,7 @@ def run_smoke_test(
     """
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trainyard-smoke-") as scratch:
-        request = smoke_request(model_uri, samples, blocked_modules, os.path.join(scratch, "result.json"), params)
+        request = smoke_request(model_uri, samples, blocked_modules, os.path.join(scratch, "result.json"), params, generate)
         request_path = os.path.join(scratch, "request.json")
         with open(request_path, "w", encoding="utf-8") as f:
             json.dump(request, f)
@@ -171,4 +178,5 @@ def run_smoke_test(
         blocked_imports=tuple(out.get("blocked_imports", ())),
         error=error,
         probabilities=out.get("probabilities", {}),
+        generated=out.get("generated"),
     )

@@ -16,7 +16,9 @@ The request (JSON) holds `model_uri`, `blocked` (top-level package names),
 `samples` (`{name: {"columns": [...], "data": [[...], ...]}}`, each the
 `dataframe_split` body a client would post to `/invocations`), `params` (per
 sample, the predict params to send with it, e.g. a language model's
-`{"output": "token_nll"}`; absent: none) and `output`, the
+`{"output": "token_nll"}`; absent: none), `generate` (a language model's
+`{"prompt_tokens": [...], "max_new_tokens": n}`: its greedy continuation is
+reported as `generated`; absent: none) and `output`, the
 path the result JSON is written to: `blocked_imports`, and either
 `load_seconds`, `run_id`, `predictions` (per sample, plus `input_example`) and
 `probabilities` (per sample, the served `proba_<label>` columns, when there are any),
@@ -99,6 +101,10 @@ def predict_all(request: dict[str, Any], out: dict[str, Any]) -> None:
         probabilities[name] = served_probabilities(output)
     out["predictions"] = predictions
     out["probabilities"] = {k: v for k, v in probabilities.items() if v}
+    wanted = request.get("generate")
+    if wanted:  # a language model continues a prompt, as a user's process would (`training.serving_model.generate`)
+        text = model.unwrap_python_model().generate(list(wanted["prompt_tokens"]), int(wanted["max_new_tokens"]))
+        out["generated"] = {"prompt_tokens": list(wanted["prompt_tokens"]), "text": text}
 
 
 def served_values(output: Any) -> Any:

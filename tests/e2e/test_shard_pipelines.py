@@ -47,8 +47,12 @@ def test_the_code_model_reaches_a_champion_that_continues_a_prompt_and_a_second_
     assert metrics["test_perplexity"] < metrics["baseline_test_perplexity"], metrics  # better than the unigram model
     assert metrics["tokens_per_second"] > 0
 
-    # The served champion continues a prompt in a process of its own, with only what serving needs.
+    # The served champion continues a prompt in a process of its own, with only what serving needs: in the
+    # registration's smoke test (the first test tokens), and from a text prompt here.
     champion = _champion(harness, spec.model_name)
+    tags = harness.resources["registry"].get_version(spec.model_name, champion.version).tags
+    smoke = {c["name"]: c for c in json.loads(tags["trainyard.promotion.checks"])}["serving_smoke_test"]
+    assert smoke["passed"] and "continued a 8-token prompt with " in smoke["detail"], smoke
     script = (
         "import json, sys, mlflow\n"
         "from training.serving_model import generate\n"

@@ -248,6 +248,13 @@ def test_a_bpe_tokenizer_travels_with_the_model(tmp_path: Path) -> None:
     assert meta["vocab_size"] == TinyTextData(block_size=8, tokenizer_path=str(tokenizer)).vocab_size <= 300 and meta["eos_id"] is not None
     text = generate(str(model_dir), SENTENCES[0], 5)
     assert isinstance(text, str)  # an untrained model's words, decoded by the BPE
+    from tokenizers import Tokenizer
+
+    served = ExportedModel()
+    served.load_dir(str(model_dir))
+    assert served.generate(Tokenizer.from_file(str(tokenizer)).encode(SENTENCES[0]).ids, 5) == text  # ids as they are: the same
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        served.generate([10**6], 1)
 
 
 # -- FSDP2 over two processes (slow) ------------------------------------------------------------------

@@ -156,6 +156,10 @@ def check_smoke(
     if not smoke.predictions.get("input_example"):
         return fail("no predictions on the logged input example")
     detail = f"loaded {smoke.model_uri} in a serving-only process ({smoke.seconds:.1f}s), predicted the input example"
+    generated = getattr(smoke, "generated", None)
+    if generated:  # a language model continued a prompt there
+        evidence["generated"] = generated
+        detail += f", continued a {len(generated['prompt_tokens'])}-token prompt with {str(generated['text'])[:80]!r}"
     if test_labels is not None:
         served = smoke.predictions.get("test", [])
         if len(served) != len(test_labels):
