@@ -36,6 +36,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # files together (journey, drills, demo) slowed each other by 30-140%. Not kept.
 LONGEST_FIRST = (
     "tests/e2e/test_first_contact.py",
+    "tests/e2e/test_shard_lm.py",
     "tests/training/test_fault_tolerance.py",
     "tests/pipelines/test_sensors.py",
     "tests/deploy/test_trainer_image.py",
@@ -47,6 +48,8 @@ LONGEST_FIRST = (
     "tests/test_serving.py",
     "tests/resources/registry/test_client.py",
     "tests/pipelines/test_language.py",
+    "tests/e2e/test_shard_images.py",
+    "tests/training/test_causal_lm.py",
     "tests/resources/test_promotion.py",
     "tests/assets/test_trials.py",
     "tests/training/test_safe_loading.py",

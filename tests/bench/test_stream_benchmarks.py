@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,7 @@ def test_stream_throughput_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(bool(os.environ.get("CI")), reason="four fresh training processes (~1 min): run with --slow or `make bench`, not in CI")
 def test_data_memory_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.data_memory import main
 
