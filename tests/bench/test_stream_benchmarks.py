@@ -63,6 +63,7 @@ def test_data_memory_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(bool(os.environ.get("CI")), reason="two pairs of training processes (~1 min): run with --slow or `make bench`, not in CI")
 def test_lm_throughput_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.lm_throughput import main
 
