@@ -6,12 +6,12 @@ chunks, as the shard writer writes them), read in place from local disk. A sampl
 measured process, so the machine's other load shows on both alike).
 
 - platform: `training.streaming.StreamingShardDataModule(...).train_dataloader()`, one epoch:
-  the canonical shuffled order (`training.stream_order`), batches `(x, y)` int64 `[B, 128]`.
+  the canonical shuffled order (`training.stream_order`), batches `(x, y)` `[B, 128]`, views of the stacked int32 blocks.
 - litdata: `StreamingDataLoader(StreamingDataset(split, TokensLoader(129), shuffle=True, drop_last=True))`,
-  one epoch: litdata's own shuffle, batches int32 `[B, 129]` (no split into inputs and targets,
-  no widening: the platform does that work on top, and it counts against it).
+  one epoch: litdata's own shuffle, batches int32 `[B, 129]` (no split into inputs and targets:
+  the platform does that on top, and it counts against it).
 - litdata_same_batches (`details.like_for_like`): the same litdata loader with a `collate_fn` that
-  makes the platform's batches, int64 `(x, y)`; platform / it is what the platform's order, plan
+  makes the platform's batches, `(x, y)` views; platform / it is what the platform's order, plan
   and adapter cost beyond the work both then do.
 
 A repetition is one epoch of every side read batch by batch in turn (`interleaved_epoch`, the
@@ -55,11 +55,11 @@ def _litdata_loader(split: str, batch: int, collate_fn: Any = None) -> Any:
 
 
 def _inputs_and_targets(items: list[Any]) -> tuple[Any, Any]:
-    """litdata's blocks as the platform hands them to a model: int64 inputs and next-token targets, each contiguous."""
+    """litdata's blocks as the platform hands them to a model: inputs and next-token targets, views of the stacked int32 blocks."""
     import torch
 
     tokens = torch.stack(items)
-    return tokens[:, :-1].to(torch.int64).contiguous(), tokens[:, 1:].to(torch.int64).contiguous()
+    return tokens[:, :-1], tokens[:, 1:]
 
 
 def _litdata_same_batches(split: str, batch: int) -> Any:
@@ -140,8 +140,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
                     f"loader vs litdata's StreamingDataLoader over a shuffled StreamingDataset, same local text split "
                     f"({meta['tokens']} tokens, {chunks} chunks), {BLOCK + 1}-token samples, batch {BATCH}, num_workers=0, in this process",
             "paired": paired,
-            "like_for_like": {"what": "platform / litdata's loader with a collate_fn making the platform's batches (int64 inputs and "
-                                      "next-token targets): what the platform's order, plan and adapter cost beyond that work", **same},
+            "like_for_like": {"what": "platform / litdata's loader with a collate_fn making the platform's batches (inputs and "
+                                      "next-token targets, views of the stacked blocks): what the platform's order, plan and adapter cost beyond that work", **same},
             "samples_per_s": runs,
             "samples_per_epoch": samples,
             "order": "batches in turn within a repetition (the sides' order rotating each turn); repetition k starts at side k mod 3",

@@ -9,7 +9,10 @@ Parquet). `StreamingShardDataModule` reads two kinds:
   with `TokensLoader()`; a sample is `block_size + 1` consecutive tokens of the
   split's token stream (litdata's `TokensLoader(block_size + 1)`; blocks do not
   overlap), its id the block's index in that stream. A batch is `(x, y)`: x the
-  int64 `[B, block_size]` tokens, y the next token of each, `[B, block_size]`.
+  `[B, block_size]` tokens, y the next token of each, `[B, block_size]`, both
+  views of the stacked int32 `[B, block_size + 1]` blocks as stored (litGPT's
+  pattern: the model widens on its device, where it is cheap, and the copy to
+  the device carries half the bytes of int64).
 - `image`: items `{"image": uint8 array, "label": class index, "id": int}`; a
   batch is `(x, y)`: x float32 `[B, C, H, W]` scaled to [0, 1] from the declared
   min and max, y the int64 labels. A sample's id is the item's `id`.
@@ -201,8 +204,8 @@ def collate_text(items: list[Any], return_ids: bool) -> tuple[torch.Tensor, ...]
     """`(x, y[, ids])` from `block_size + 1` token items, or from `(block id, tokens)` items with `return_ids`."""
     blocks = [t for _, t in items] if return_ids else items
     tokens = torch.stack(blocks) if isinstance(blocks[0], torch.Tensor) else torch.from_numpy(np.stack(blocks))
-    # each side converted straight from the stacked blocks: one copy apiece, not a widened copy and then two more
-    out = (tokens[:, :-1].to(torch.int64).contiguous(), tokens[:, 1:].to(torch.int64).contiguous())
+    # views of the one stacked block, in the stored int32: the model widens on its device (half the bytes to copy there)
+    out = (tokens[:, :-1], tokens[:, 1:])
     return (*out, torch.tensor([i for i, _ in items], dtype=torch.int64)) if return_ids else out
 
 

@@ -55,7 +55,8 @@ def test_text_batches_are_blocks_and_their_next_tokens(text: dict[str, str]) -> 
     assert (dm.kind, dm.vocab_size, dm.eos_id, dm.block_size) == ("text", 64, 63, 8)
     plain = StreamingDataset(text["train"], item_loader=TokensLoader(block_size=9))
     x, y, ids = next(iter(dm.train_dataloader()))
-    assert x.shape == y.shape == (B, 8) and x.dtype == y.dtype == ids.dtype == torch.int64 and ids.shape == (B,)
+    assert x.shape == y.shape == (B, 8) and x.dtype == y.dtype == torch.int32 and ids.dtype == torch.int64 and ids.shape == (B,)
+    assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # views of one stacked block: no copies
     for row, i in enumerate(ids.tolist()):  # the id is the block's index in the split's stream
         block = torch.as_tensor(plain[i]).long()
         assert torch.equal(x[row], block[:-1]) and torch.equal(y[row], block[1:])
