@@ -14,6 +14,10 @@ step periods inside the span in which both were past their warm-up and still ste
 This machine's other load varies by tens of per cent from one half-minute to the next (run one
 after the other, 4 pairs read 0.83-2.4), and running the sides together puts both under the
 same moments of it; the absolute tokens/s are then those of two processes sharing the machine.
+On two or more cores each side's training thread is pinned to one of cores 0 and 1, the other
+side's on the other, and the two swap every `SWAP_EVERY` steps (`TRAINYARD_BENCH_CORE_PHASE`): a
+core busier with the machine's other work then slows both sides alike. Left to the scheduler,
+one pair's ratio read 0.90 and the next 1.15 (12 pairs, sd 0.065); swapping, 0.97-1.03 (sd 0.017).
 
 - platform: `training.entrypoint.main(["--spec", spec.json])` in the child, a `causal_lm`
   `TrainSpec` (as tests/training/test_causal_lm.py runs one): the platform's Trainer
@@ -53,12 +57,14 @@ from bench.stream_support import paired_ratios, write_corpus
 from pipelines.language.models import DecoderLM
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK, BATCH, STEPS, WARMUP, PAIRS, VOCAB = 128, 16, 100, 20, 4, 512
+BLOCK, BATCH, STEPS, WARMUP, PAIRS, VOCAB = 128, 16, 200, 20, 16, 512
 TARGET = 0.98
 MODEL: dict[str, Any] = {"width": 96, "heads": 4, "blocks": 2, "lr": 3e-3}
 
 
 BARRIER_ENV = "TRAINYARD_BENCH_BARRIER"  # "<directory>:<side>": meet the other side there before the first step
+CORE_ENV = "TRAINYARD_BENCH_CORE_PHASE"  # "0" or "1": the core this side starts on; the sides swap cores every SWAP_EVERY steps
+SWAP_EVERY = 5
 
 
 class LMStepClock(L.Callback):
@@ -87,6 +93,9 @@ class LMStepClock(L.Callback):
             time.sleep(0.005)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        phase = os.environ.get(CORE_ENV)
+        if phase is not None and len(self.ends) % SWAP_EVERY == 0:  # the training thread onto the other core of the pair's two
+            os.sched_setaffinity(0, {(int(phase) + len(self.ends) // SWAP_EVERY) % 2})
         self.ends.append(time.perf_counter())
         self.walls.append(time.time())
         self.writing.append(any(bool(getattr(getattr(getattr(c, "io", None), "writer", None), "in_flight", False)) for c in getattr(trainer, "callbacks", [])))
@@ -197,6 +206,7 @@ def _pair(root: str, k: int, steps: int, warmup: int) -> dict[str, dict[str, Any
         os.makedirs(out)
         clocks[side] = os.path.join(out, "clock.json")
         env = {**os.environ, "OMP_NUM_THREADS": "1", BARRIER_ENV: f"{barrier}:{side}",
+               **({CORE_ENV: str(int(side == "bare"))} if (os.cpu_count() or 1) >= 2 else {}),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
         procs[side] = subprocess.Popen([sys.executable, "-m", "bench.lm_throughput", "--child", side, root, out, clocks[side], str(steps)],
                                        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
