@@ -9,8 +9,9 @@ every policy replays (common random numbers):
 - `wait_and_timeout` (baseline): waits for a replacement node holding its
   quota; hangs end at the 600 s process-group timeout, silent ones when a
   person notices;
-- `mechanisms_on`: continue-smaller (after 5 min, at the largest size in
-  [16, 32] nodes; grow back after the next checkpoint) and hang detection;
+- `mechanisms_on`: continue-smaller (after 120 s, at the largest size in
+  [16, 32] nodes; grow back, through a checkpoint, once capacity returns) and
+  hang detection (a 300 s watchdog);
 - `continue_smaller_only`, `hang_detection_only`: each mechanism alone.
 
 Figures per policy: the effective training time ratio (full-gang-equivalent

@@ -60,11 +60,15 @@ process-group timeout, 600 s; the hang watchdog's timeout where it runs).
 
 Policies (`Policy`): the baseline waits for a replacement while holding the
 gang's quota, and catches hangs only by the process-group timeout (silent hangs
-by a person); `continue_smaller` resumes after a bound (5 min) at the largest
-size in [min_nodes, nodes] available and grows back after the next checkpoint
-once capacity returned (a relaunch, load and reshard); `hang_detection` is the
-pod-side watchdog: no progress for max(floor, k x step time) = max(300 s, 10 x
-8 s) declares a hang, dumps stacks and restarts in the job.
+by a person); `continue_smaller` is what `resources.k8s.elastic` does: after a
+bound (`resize_after_seconds`, 120 s) without the lost node it relaunches at the
+largest size in [min_nodes, nodes] available, and once capacity returns (all of
+it, or part of it unchanged for the bound) SIGTERM writes a checkpoint and the
+gang relaunches larger (each a relaunch, load and reshard; `grow="next_save"`
+instead waits for the next scheduled checkpoint); `hang_detection` is the
+pod-side watchdog (`training.spec.WatchdogPolicy`): no progress for
+max(300 s, 20 x the step time of 8 s) declares a hang, dumps stacks and
+restarts in the job.
 
 Left out: stragglers and slow nodes (no published per-GPU rate of slow nodes
 with a slowdown distribution could be found to parameterise them; the
@@ -149,7 +153,7 @@ class RunConfig:
     pg_timeout_seconds: float = 600.0
     step_seconds: float = 8.0
     hang_floor_seconds: float = 300.0
-    hang_step_factor: float = 10.0
+    hang_step_factor: float = 20.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1 or self.gpus_per_node < 1:
@@ -197,7 +201,9 @@ class Policy:
         name: label in reports.
         continue_smaller: after `bound_seconds` without a replacement, resume at the largest
             size in [min_nodes, nodes] (a multiple of `size_multiple`) available; grow back
-            after the next committed checkpoint once capacity returned.
+            once capacity returned: `grow="at_once"` (all missing nodes back, or some unchanged
+            for `bound_seconds`: a checkpoint now, then the relaunch) or `grow="next_save"`
+            (after the next scheduled checkpoint).
         hang_detection: the pod-side watchdog (`RunConfig.hang_timeout_seconds`) catches every
             hang, silent ones included, and restarts in the job.
     """
@@ -207,7 +213,8 @@ class Policy:
     hang_detection: bool = False
     min_nodes: int = 16
     size_multiple: int = 1
-    bound_seconds: float = 300.0
+    bound_seconds: float = 120.0
+    grow: Literal["at_once", "next_save"] = "at_once"
 
     def sizes(self, nodes: int) -> list[int]:
         """The sizes the gang may run at, largest first."""
@@ -443,6 +450,13 @@ class _Gang:
             self.note("replacement admitted")
             if self.phase == "waiting":
                 self._decide()
+            elif self.policy.continue_smaller and self.policy.grow == "at_once" and self.size < self.cfg.nodes:
+                self.push(self.t if self.up >= self.cfg.nodes else self.t + self.policy.bound_seconds / 3600.0, "grow", self.up)
+        elif what == "grow":
+            bigger = self._largest_size() if self.policy.continue_smaller else None
+            if self.phase == "running" and bigger is not None and bigger > self.size and (token == self.up or self.up >= self.cfg.nodes):
+                self._enter("saving")  # the checkpoint the larger gang resumes from
+                self.push(self.t + self.cfg.save_seconds / 3600.0, "saved", self.token)
         elif what == "bound":
             if token == self.notice:
                 self.bound_passed = True
@@ -468,6 +482,8 @@ class _Gang:
         elif what == "restarted":
             self._enter("running")
             self.note("training")
+            if self.policy.grow == "at_once" and self.size < self.cfg.nodes:
+                self.push(self.t, "grow", self.up)  # capacity that returned during the restart
         elif what == "noticed":
             self.notice += 1
             self.bound_passed = False

@@ -46,14 +46,17 @@ def test_a_lost_node_worked_out_exactly_waiting_and_continuing_smaller() -> None
     assert wait.hours["progress"] == pytest.approx(18.0)
     assert (wait.hours["lost"], wait.hours["waiting"], wait.hours["restarting"]) == pytest.approx((0.95, 2.9, 0.3))
     smaller = simulate(SMALL, SMALLER, events=loss)
-    # bound ends 5.55; resumes at 3 nodes (0.35 h with the reshard) at 5.90; 3 h of training at 3/4 to the save
-    # after the replacement (9.1-9.2); grows back (0.35 h) at 9.55; 13 cycles and 0.15 h to 24
-    assert smaller.hours["progress"] == pytest.approx(4 + 2.25 + 13.15)
-    assert (smaller.hours["smaller"], smaller.hours["waiting"], smaller.hours["restarting"]) == pytest.approx((0.75, 0.1, 0.7))
+    # bound ends 5.55; resumes at 3 nodes (0.35 h with the reshard) at 5.90; at 3/4 (two saves) until the replacement
+    # at 8.35, when a checkpoint is written (to 8.45) and the gang grows back (0.35 h) at 8.80; 13 cycles and 0.9 h to 24
+    assert smaller.hours["progress"] == pytest.approx(4 + 0.75 * 2.25 + 13.9)
+    assert (smaller.hours["smaller"], smaller.hours["waiting"], smaller.hours["restarting"]) == pytest.approx((0.25 * 2.25, 0.1, 0.7))
     assert (smaller.counts["shrinks"], smaller.counts["grows"]) == (1, 1)
-    sizes = [size for _, what, size, _ in smaller.log if what == "training"]
-    assert sizes == [3, 4]
-    for r in (wait, smaller):
+    assert [size for _, what, size, _ in smaller.log if what == "training"] == [3, 4]
+    at_save = simulate(SMALL, dataclasses.replace(SMALLER, grow="next_save"), events=loss)
+    # the same, but it grows back only after the scheduled save at 9.1-9.2, training at 3/4 until then; back at 9.55
+    assert at_save.hours["progress"] == pytest.approx(4 + 0.75 * 3 + 13.15)
+    assert [size for _, what, size, _ in at_save.log if what == "training"] == [3, 4]
+    for r in (wait, smaller, at_save):
         assert accounted(r) == pytest.approx(24.0)
 
 
