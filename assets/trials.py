@@ -22,6 +22,7 @@ from dagster import (
 )
 
 from assets.metadata import to_dagster
+from resources.launch_errors import nodes_to_avoid, read_watchdog_events
 from resources.launcher import Launcher, LaunchError, TrainingConfigError, TrainingPreempted, pod_environment
 from resources.model_facts import describe_model
 from resources.storage import ObjectStore
@@ -55,7 +56,11 @@ class TrialConfig(Config):
 
     A drill rehearses recovery before a long job: e.g. `drill_kill_rank=1,
     drill_kill_at_step=50` kills a rank mid-epoch; the trial must finish with the
-    same weights. Each drill fires once per training directory.
+    same weights. `drill_hang_rank=1, drill_hang_at_step=50` blocks a rank forever
+    before a step's gradient all-reduce (the watchdog must name it and restart the
+    gang); `drill_slow_rank=1, drill_slow_seconds=0.5` makes a rank sleep in every
+    step (the watchdog must report the straggler with its node). Each drill fires
+    once per training directory.
 
     A finished trial (complete, pruned or failed) is not trained again unless
     `retrain` is set; a drill on a finished trial implies `retrain`, since a
@@ -79,6 +84,10 @@ class TrialConfig(Config):
     drill_sigterm_at_step: Optional[int] = None
     drill_corrupt_latest_checkpoint: bool = False
     drill_fail_storage_writes: int = 0
+    drill_hang_rank: Optional[int] = None
+    drill_hang_at_step: Optional[int] = None
+    drill_slow_rank: Optional[int] = None
+    drill_slow_seconds: float = 0.0
 
     def faults(self) -> FaultInjection:
         return FaultInjection(
@@ -87,6 +96,10 @@ class TrialConfig(Config):
             sigterm_at_step=self.drill_sigterm_at_step,
             corrupt_latest_checkpoint=self.drill_corrupt_latest_checkpoint,
             fail_storage_writes=self.drill_fail_storage_writes,
+            hang_rank=self.drill_hang_rank,
+            hang_at_step=self.drill_hang_at_step,
+            slow_rank=self.drill_slow_rank,
+            slow_seconds=self.drill_slow_seconds,
         )
 
     def drill(self) -> dict[str, Any]:
@@ -94,8 +107,8 @@ class TrialConfig(Config):
         return self.faults().model_dump(exclude_defaults=True)
 
     def restarts_expected(self) -> bool:
-        """Whether the drill should restart the trial at least once (a killed rank or a preemption)."""
-        return self.drill_kill_at_step is not None or self.drill_sigterm_at_step is not None
+        """Whether the drill should restart the trial at least once (a killed rank, a preemption or a hung rank)."""
+        return self.drill_kill_at_step is not None or self.drill_sigterm_at_step is not None or self.drill_hang_at_step is not None
 
 
 def handle_launch_error(
@@ -180,6 +193,7 @@ def trial_metadata(spec: PipelineSpec, value: TrialModel, record: dict[str, Any]
         "checkpoint_interval_seconds": value.checkpoint_interval_seconds or 0.0,
         "checkpoint_interval_source": value.checkpoint_interval_source or "",
         "goodput": MetadataValue.json(value.goodput or {}),
+        **({"watchdog": MetadataValue.json(value.watchdog)} if value.watchdog else {}),
         **to_dagster(plan.metadata()),
     }
 
@@ -217,19 +231,42 @@ def train_trial(
         ),
         lineage=record, max_epochs=config.max_epochs, faults=config.faults(),
     )
+    launched = time.time()
     try:
         # The spec names the storage's credentials by reference; a local launch hands them to its processes.
         with sweeps.heartbeat(trial.study, trial.number) if tell else contextlib.nullcontext(), pod_environment(sweeps.pod_environment()):
             outcome = launcher.launch(train_spec, context=context)
     except LaunchError as e:
+        log_watchdog_events(context, output_uri, launched)
         handle_launch_error(context, e, spec, store, sweeps, trial.study, trial.number, output_uri, tell=tell)
     result = outcome.result.model_dump(mode="json")
+    result["watchdog"] = log_watchdog_events(context, output_uri, launched)
     rows = epoch_rows(outcome.progress)
     if rows:
         store.write_json(f"{output_uri}/{CURVES_FILE}", rows)
     if tell:
         tell_result(context, spec, store, sweeps, trial, result, output_uri)
     return result
+
+
+CLOCK_SKEW_SECONDS = 2.0  # how far a pod's clock may lag the orchestrator's
+
+
+def log_watchdog_events(context: AssetExecutionContext, output_uri: str, since: float) -> dict[str, Any]:
+    """Tell the run log what the pod-side agents found since `since`: hung ranks (rank, pod, node, where it was
+    stuck) and stragglers (rank, node); the summary the trial's metadata keeps (`avoid_nodes`: where a later launch
+    should not run; docs/operations.md, "Hung and slow ranks")."""
+    events = read_watchdog_events(output_uri, since - CLOCK_SKEW_SECONDS)
+    for e in events:
+        message = f"{context.partition_key}: {redact_text(str(e.get('message', '')))}"
+        if e.get("kind") == "straggler_cleared":
+            context.log.info(message)
+        else:
+            context.log.warning(message)
+    if not events:
+        return {}
+    return {"hangs": sum(e.get("kind") == "hang" for e in events), "stragglers": sum(e.get("kind") == "straggler" for e in events),
+            "avoid_nodes": nodes_to_avoid(events), "events": [{k: e.get(k) for k in ("kind", "rank", "pod", "node", "step", "stack")} for e in events]}
 
 
 def curves_metadata(store: ObjectStore, result_uri: str, title: str) -> dict[str, Any]:
@@ -259,10 +296,14 @@ def check_drill(partition_key: str, config: TrialConfig, world_size: int, record
     `max_epochs` overrides the length of training.
     """
     problems = []
-    if config.drill_kill_rank is not None and config.drill_kill_rank >= world_size:
-        problems.append(f"drill_kill_rank={config.drill_kill_rank} names no rank of a {world_size}-process trial (ranks 0..{world_size - 1})")
+    for name in ("drill_kill_rank", "drill_hang_rank", "drill_slow_rank"):
+        rank = getattr(config, name)
+        if rank is not None and rank >= world_size:
+            problems.append(f"{name}={rank} names no rank of a {world_size}-process trial (ranks 0..{world_size - 1})")
+    if config.drill_slow_rank is not None and world_size < 2:
+        problems.append("drill_slow_rank needs a trial of 2 or more processes: a straggler is slower than the others")
     steps = recorded.get("global_step") if recorded is not None and config.max_epochs is None else None
-    for name in ("drill_kill_at_step", "drill_sigterm_at_step"):
+    for name in ("drill_kill_at_step", "drill_sigterm_at_step", "drill_hang_at_step"):
         at = getattr(config, name)
         if at is not None and steps is not None and at > steps:
             problems.append(f"{name}={at} is past the trial's last step (it trained {steps} steps); use a step in 1..{steps}")

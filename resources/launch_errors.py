@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import fsspec
 
-from training.spec import EXIT_BAD_CONFIG, EXIT_PREEMPTED, FAILURE_DIR
+from training.spec import EXIT_BAD_CONFIG, EXIT_PREEMPTED, FAILURE_DIR, WATCHDOG_DIR
 
 
 class LaunchError(Exception):
@@ -67,6 +67,36 @@ def read_failures(output_uri: str) -> list[dict[str, Any]]:
         if isinstance(record, dict):
             records.append(record)
     return records
+
+
+def read_watchdog_events(output_uri: str, since: float = 0.0) -> list[dict[str, Any]]:
+    """The pod-side agents' reports under `output_uri` (hung ranks, stragglers and their clearing) written at or after
+    `since` (epoch seconds), oldest first (docs/operations.md, "Hung and slow ranks")."""
+    fs, path = fsspec.core.url_to_fs("/".join([output_uri.rstrip("/"), WATCHDOG_DIR]))
+    if not fs.exists(path):
+        return []
+    events = []
+    for p in fs.glob(f"{path}/*.json"):
+        try:
+            with fs.open(p, "r") as f:
+                event = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(event, dict) and float(event.get("time", 0.0)) >= since:
+            events.append(event)
+    return sorted(events, key=lambda e: float(e.get("time", 0.0)))
+
+
+def nodes_to_avoid(events: list[dict[str, Any]]) -> list[str]:
+    """Nodes a later launch should avoid: where a rank hung, or a straggler was reported and never cleared."""
+    avoid: dict[str, bool] = {}
+    for e in sorted(events, key=lambda e: float(e.get("time", 0.0))):
+        node = str(e.get("node"))
+        if e.get("kind") in ("hang", "straggler"):
+            avoid[node] = True
+        elif e.get("kind") == "straggler_cleared" and not any(x.get("kind") == "hang" and x.get("node") == node for x in events):
+            avoid.pop(node, None)
+    return sorted(avoid)
 
 
 @dataclass(frozen=True)
@@ -148,7 +178,8 @@ def outcome_error(
 ) -> LaunchError:
     """Map a failed launch to the error a retry policy understands.
 
-    The root cause comes first: a config or user failure record; a preemption;
+    The root cause comes first: a config or user failure record; a rank the
+    pod-side agent found hung (its record names the rank, pod, node and stack); a preemption;
     then a worker that died without writing a record (named in torchrun's
     failure summary, e.g. SIGKILL by the kernel's OOM killer), whose peers'
     records ("lost a dependency") are consequences; then any other record.
@@ -185,6 +216,12 @@ def outcome_error(
         return TrainingCodeError(
             f"trial {trial_id}: rank {f['rank']} raised {f['error']}\n{f['traceback']}", log_tail=log_tail, rank=f["rank"]
         )
+    hangs = [f for f in failures if f.get("kind") == "hang"]
+    if hangs:
+        # The agent killed every worker of a hung gang (SIGKILL): their exits say nothing, the record names the rank.
+        f = min(hangs, key=lambda r: (bool(r.get("consequence")), r.get("time", 0.0)))  # a pod whose ranks all waited comes last
+        tail, shown = tail_of(f["rank"])
+        return InfrastructureError(f"trial {trial_id}: {f['error']}\n{f.get('traceback', '')}\n{shown}", log_tail=tail, rank=f["rank"])
     exits = parse_worker_exits(log_tail if torchrun_output is None else torchrun_output)
     # A worker that ended otherwise than on SIGTERM means torchrun stopped the others after it died:
     # their SIGTERM exits (and what they recorded while stopping, even a preemption checkpoint) are consequences.

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import os
+import threading
 import time
 from typing import Any, Optional
 
@@ -11,7 +14,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from training.attempts import FaultMarkers
 from training.reporting import Reporter
+from training.spec import PROGRESS_DIR_ENV
+from training.watchdog import BACKWARD, DONE, FORWARD, OPTIMIZER, STARTING, STEP_END, VALIDATION, ProgressRecord
+
+log = logging.getLogger("trainyard.training")
 
 DEFAULT_CHECK_EVERY = 50  # batches between non-finite-loss checks when the Trainer logs nothing
 
@@ -117,20 +125,150 @@ class ProgressCallback(Callback):
         )
 
 
+class ProgressRecorder(Callback):
+    """Where this rank is in its step, for the agent's watchdog (`training.watchdog`; installed when the agent names
+    a directory in `PROGRESS_DIR_ENV`).
+
+    Every hook stores its phase and the time into the rank's memory-mapped
+    record (no system call). Local time runs from the end of the previous step
+    (or the start of the first step after a validation) to the start of
+    backward: data loading and forward. Step time runs from step end to step
+    end, validation excluded. From the end of training on (the final save,
+    evaluation, export) the rank is no longer watched.
+
+    Args:
+        directory: the agent's progress directory.
+        rank: this process's global rank.
+    """
+
+    def __init__(self, directory: str, rank: int) -> None:
+        if not os.path.isdir(directory):
+            raise ValueError(f"{PROGRESS_DIR_ENV}={directory!r} is not a directory; the agent (training.gang) names an existing one")
+        self.directory = directory
+        self.rank = rank
+        self.record: Optional[ProgressRecord] = None
+        self._local_from: Optional[float] = None
+        self._step_from: Optional[float] = None
+
+    @classmethod
+    def from_env(cls, rank: int) -> Optional["ProgressRecorder"]:
+        """The recorder for this worker, or None when no agent named a progress directory."""
+        directory = os.environ.get(PROGRESS_DIR_ENV)
+        return cls(directory, rank) if directory else None
+
+    def _set(self, phase: int, now: float) -> ProgressRecord:
+        if self.record is None:
+            self.record = ProgressRecord(self.directory, self.rank)
+        self.record.set(phase, now)
+        return self.record
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._set(STARTING, time.time())
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        now = time.time()
+        if self._local_from is None:
+            self._local_from = now
+        record = self._set(FORWARD, now)
+        record.values[ProgressRecord.GLOBAL_STEP] = trainer.global_step
+        record.write()
+
+    @override
+    def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        now = time.time()
+        if self._local_from is not None and self.record is not None:
+            self.record.values[ProgressRecord.SUM_LOCAL] += now - self._local_from
+            self._local_from = None
+        self._set(BACKWARD, now)
+
+    @override
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        self._set(OPTIMIZER, time.time())
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.time()
+        record = self._set(STEP_END, now)
+        v = record.values
+        v[ProgressRecord.GLOBAL_STEP], v[ProgressRecord.STEPS] = trainer.global_step, v[ProgressRecord.STEPS] + 1
+        if self._step_from is not None:
+            v[ProgressRecord.TIMED_STEPS] += 1
+            v[ProgressRecord.SUM_STEP] += now - self._step_from
+        record.write()
+        self._step_from = self._local_from = now
+
+    @override
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        if not trainer.sanity_checking:
+            self._set(VALIDATION, time.time())
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._step_from = self._local_from = None  # the next step's times start at the next step
+        self._set(VALIDATION, time.time())
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._set(DONE, time.time())
+
+    @override
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self._set(DONE, time.time())
+
+
+def _drill_hang_blocks_forever() -> None:
+    """The `hang` drill: this rank never reaches its step's gradient all-reduce; the others wait in it."""
+    threading.Event().wait()
+
+
 class FaultInjectionCallback(Callback):
     """Faults in model code at a given step (tests and drills only).
+
+    The hang and slow drills fire once per training directory (`FaultMarkers`):
+    the attempt that resumes after them runs clean.
 
     Args:
         raise_at_step: raise an exception on every rank, as a bug in training_step would.
         nan_at_step: poison the weights with NaN, as a diverging run would.
+        hang_rank, hang_at_step: that rank blocks forever at the start of the step after `hang_at_step` steps,
+            before its forward, so it never joins the step's gradient all-reduce (as a rank stuck in its data
+            loader or I/O would); the marker records the moment.
+        slow_rank, slow_seconds: that rank sleeps `slow_seconds` before every step's forward (a slow node).
+        markers: the trial's fault markers (needed by the hang and slow drills).
     """
 
-    def __init__(self, raise_at_step: Optional[int] = None, nan_at_step: Optional[int] = None) -> None:
+    def __init__(self, raise_at_step: Optional[int] = None, nan_at_step: Optional[int] = None, *, hang_rank: Optional[int] = None,
+                 hang_at_step: Optional[int] = None, slow_rank: Optional[int] = None, slow_seconds: float = 0.0,
+                 markers: Optional[FaultMarkers] = None) -> None:
+        if (hang_rank is not None or slow_rank is not None) and markers is None:
+            raise ValueError("the hang and slow drills fire once per training directory: pass the trial's FaultMarkers as markers")
         self.raise_at_step = raise_at_step
         self.nan_at_step = nan_at_step
+        self.hang_rank = hang_rank
+        self.hang_at_step = hang_at_step
+        self.slow_rank = slow_rank
+        self.slow_seconds = slow_seconds
+        self.markers = markers
+        self._slow: Optional[bool] = None  # decided at this process's first step
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        rank = trainer.global_rank
+        if self.slow_rank == rank and self.markers is not None:
+            if self._slow is None:
+                self._slow = not self.markers.fired("slow")
+                if self._slow:
+                    self.markers.mark("slow")
+                    log.warning("fault injection: rank %d sleeps %.3f s in every step of this attempt", rank, self.slow_seconds)
+            if self._slow:
+                time.sleep(self.slow_seconds)
+        if self.hang_rank == rank and trainer.global_step == self.hang_at_step and self.markers is not None and not self.markers.fired("hang"):
+            self.markers.mark("hang")
+            log.warning("fault injection: rank %d blocks forever at step %d, before its gradient all-reduce", rank, trainer.global_step)
+            _drill_hang_blocks_forever()
         if trainer.global_step == self.raise_at_step:
             raise RuntimeError(f"injected fault at step {trainer.global_step} on rank {trainer.global_rank}")
         if trainer.global_step == self.nan_at_step:

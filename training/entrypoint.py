@@ -11,6 +11,8 @@ traceback and the process exits with a status from `training.spec`:
 `EXIT_BAD_CONFIG` when the spec cannot work, `EXIT_USER_ERROR` when model or
 data code raised. torchrun does not pass these on (it exits 1); `training.gang`,
 which runs torchrun, reads the records and exits with the first failing rank's.
+Under `training.gang` a signal (`training.watchdog.STACK_SIGNAL`) dumps every
+thread's stack for the agent's hang watchdog.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from training.spec import (
     TrainSpec,
 )
 from training.storage import join, write_atomic
+from training.watchdog import arm_stack_dump
 
 log = logging.getLogger("trainyard.training")
 
@@ -155,6 +158,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     handler.setFormatter(logging.Formatter(f"[rank {_rank()}] %(asctime)s %(levelname)s: %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO)
+    # Under training.gang: SIGUSR1 dumps this process's stacks where the agent reads them when it finds a rank hung.
+    arm_stack_dump()
     spec: Optional[TrainSpec] = None
     try:
         spec = load_spec(args.spec)

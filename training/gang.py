@@ -23,6 +23,17 @@ when the agent ends exits with the classified status of the launch:
 - `EXIT_PREEMPTED` when this process was told to stop (SIGTERM, SIGINT) and no
   worker recorded another cause: stopped before a worker could say so.
 
+The agent also watches its ranks for hangs and stragglers
+(`training.watchdog.GangWatchdog`, with the spec's `checkpoint.watchdog`
+policy): it names a local directory to its workers (`PROGRESS_DIR_ENV`),
+where each rank keeps its progress record and dumps its stack on request,
+and polls it while torchrun runs. A hung rank's stack is dumped, a failure
+record names it (category `infra`, so a launch that runs out of restarts on a
+hang exits `EXIT_INFRA`), and the workers are killed for torchrun to restart.
+NCCL's asynchronous error handling is on (`TORCH_NCCL_ASYNC_ERROR_HANDLING=1`,
+unless set): a collective past the process group's timeout, which is longer
+than any hang timeout, aborts its process instead of blocking forever.
+
 "This launch" is the records carrying this launch's id (`LAUNCH_ID_ENV`, set
 here when the launcher did not) written since this process started (less
 `CLOCK_SKEW_SECONDS` for the clocks of other nodes): a pod replaced under the
@@ -39,12 +50,15 @@ import ctypes
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import fsspec
 
@@ -56,7 +70,10 @@ from training.spec import (
     EXIT_USER_ERROR,
     FAILURE_DIR,
     LAUNCH_ID_ENV,
+    PROGRESS_DIR_ENV,
+    WatchdogPolicy,
 )
+from training.watchdog import POLL_SECONDS, GangWatchdog
 
 EXIT_CODES = {"config": EXIT_BAD_CONFIG, "user": EXIT_USER_ERROR, "preempted": EXIT_PREEMPTED, "infra": EXIT_INFRA}
 TERMINAL = ("config", "user")  # the entrypoint never trains again in a launch that recorded one of these
@@ -136,6 +153,27 @@ def output_uri_of(spec_uri: str) -> str:
         return spec_uri.rsplit("/", 1)[0]
 
 
+def watchdog_policy(spec_uri: str) -> WatchdogPolicy:
+    """The spec's `checkpoint.watchdog` policy; the defaults when the spec cannot be read (the entrypoint then fails on it)."""
+    try:
+        with fsspec.open(spec_uri, "r") as f:
+            return WatchdogPolicy.model_validate((json.load(f).get("checkpoint") or {}).get("watchdog") or {})
+    except (OSError, ValueError, AttributeError) as e:
+        say(f"cannot read the watchdog policy from {spec_uri} ({e}); using the defaults")
+        return WatchdogPolicy()
+
+
+def watch(watchdog: GangWatchdog, agent: "Agent", stop: threading.Event) -> None:
+    """Poll `watchdog` every `POLL_SECONDS` until `stop`; not while the agent is being stopped (a preemption saves)."""
+    while not stop.wait(POLL_SECONDS):
+        if agent.signalled is not None:
+            continue
+        try:
+            watchdog.poll()
+        except Exception as e:  # the watch must never take the launch down with it
+            say(f"watchdog poll failed ({type(e).__name__}: {e}); still watching")
+
+
 def launch_records(output_uri: str, launch: str, since: float) -> list[dict[str, Any]]:
     """The failure records under `output_uri` of launch `launch` written at or after `since` (epoch seconds).
 
@@ -169,9 +207,10 @@ def _die_with_parent(parent: int) -> None:
 class Agent:
     """torchrun's agent as a child process, with SIGTERM and SIGINT forwarded to it."""
 
-    def __init__(self, args: Sequence[str], env: dict[str, str]) -> None:
+    def __init__(self, args: Sequence[str], env: dict[str, str], on_start: Optional[Callable[[], None]] = None) -> None:
         self.args = [sys.executable, "-m", "torch.distributed.run", *args]
         self.env = env
+        self.on_start = on_start  # called once the agent runs (a thread started before the fork could hold a lock in it)
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.signalled: Optional[int] = None
 
@@ -187,6 +226,8 @@ class Agent:
             self.proc = subprocess.Popen(self.args, env=self.env, preexec_fn=functools.partial(_die_with_parent, os.getpid()))
             if self.signalled is not None:  # arrived while the agent was starting
                 self.proc.send_signal(self.signalled)
+            if self.on_start is not None:
+                self.on_start()
             return self.proc.wait()
         finally:
             for s, handler in previous.items():
@@ -209,12 +250,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_BAD_CONFIG
     env = dict(os.environ)
     launch = env.setdefault(LAUNCH_ID_ENV, f"{time.time_ns():x}-{os.getpid()}")
-    agent = Agent(args, env)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(prefix="trainyard-progress-")
+    watchdog = GangWatchdog(progress_dir, watchdog_policy(spec_uri), output_uri_of(spec_uri), launch, say)
+    stop = threading.Event()
+    agent = Agent(args, env, on_start=lambda: watcher.start())
+    watcher = threading.Thread(target=watch, args=(watchdog, agent, stop), name="trainyard-watchdog", daemon=True)
     try:
         returncode = agent.run()
     except (OSError, ValueError, subprocess.SubprocessError) as e:
         say(f"cannot start torchrun ({e}); exiting {EXIT_INFRA}")
         return EXIT_INFRA
+    finally:
+        stop.set()
+        if watcher.is_alive():
+            watcher.join(timeout=10)
+        shutil.rmtree(progress_dir, ignore_errors=True)
     records: list[dict[str, Any]] = []
     if returncode != 0:
         try:

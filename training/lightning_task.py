@@ -47,7 +47,7 @@ from lightning.pytorch.loggers import WandbLogger
 
 from training import determinism, preprocessing
 from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, private_wandb_unless_first, read_attempts
-from training.callbacks import FaultInjectionCallback, ProgressCallback
+from training.callbacks import FaultInjectionCallback, ProgressCallback, ProgressRecorder
 from training.checkpointing import CheckpointError, CheckpointStore, CheckpointUnusable, SkippedCheckpointWarning, UnsafeCheckpointError
 from training.data import fit_preprocessing
 from training.distributed import init_process_group
@@ -318,7 +318,8 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
     check_output_fits_task(model, dm, spec)
     built = time.perf_counter() - started
     strategy_kwargs = _trainer_kwargs(spec)
-    init_process_group("gloo" if spec.distribution.accelerator == "cpu" else "nccl")
+    # Longer than any hang timeout, so the agent's watchdog names a hung rank before a collective fails (WatchdogPolicy).
+    init_process_group("gloo" if spec.distribution.accelerator == "cpu" else "nccl", spec.checkpoint.watchdog.collective_timeout_seconds)
     caveats = determinism.apply(
         spec.deterministic, spec.distribution.accelerator, getattr(dm, "num_workers", 0), spec.distribution.world_size
     )
@@ -328,7 +329,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
     with Reporter(rank) as reporter:
         progress = ProgressCallback(reporter)
         pruning = pruning_callback(spec)  # None unless spec.optuna enables a pruner
-        callbacks = _callbacks(spec, progress, pruning)
+        callbacks = _callbacks(spec, progress, pruning, markers, rank)
         ckpt = _checkpointing(spec, strategy_kwargs, markers, rank, started_wall, reporter)
         callbacks.append(ckpt.ft)
         logger = _logger(spec)
@@ -399,14 +400,17 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         return result
 
 
-def _callbacks(spec: TrainSpec, progress: ProgressCallback, pruning: Optional[OptunaPruning]) -> list[Any]:
-    """Progress first, then pruning and the step-fault drills the spec asks for (checkpointing is added last)."""
-    callbacks: list[Any] = [progress]
+def _callbacks(spec: TrainSpec, progress: ProgressCallback, pruning: Optional[OptunaPruning], markers: FaultMarkers, rank: int) -> list[Any]:
+    """Progress first (the agent's progress record, when it watches), then pruning and the step-fault drills the spec asks
+    for (checkpointing is added last)."""
+    recorder = ProgressRecorder.from_env(rank)
+    callbacks: list[Any] = [progress, *([recorder] if recorder is not None else [])]
     if pruning is not None:
         callbacks.append(pruning)
     faults = spec.faults
-    if faults.raise_at_step is not None or faults.nan_at_step is not None:
-        callbacks.append(FaultInjectionCallback(faults.raise_at_step, faults.nan_at_step))
+    if faults.raise_at_step is not None or faults.nan_at_step is not None or faults.hang_rank is not None or faults.slow_rank is not None:
+        callbacks.append(FaultInjectionCallback(faults.raise_at_step, faults.nan_at_step, hang_rank=faults.hang_rank, hang_at_step=faults.hang_at_step,
+                                                slow_rank=faults.slow_rank, slow_seconds=faults.slow_seconds, markers=markers))
     return callbacks
 
 

@@ -56,6 +56,11 @@ FAILURE_DIR = "failures"
 # Pipes message params key naming the store folder rank 0 writes message chunks to (training.pipes_store)
 PIPES_STORE_KEY = "trainyard_store_uri"
 ATTEMPTS_DIR = "attempts"
+# The pod-side agent's reports of hung ranks and stragglers under a trial directory, one JSON file an event
+# (`training.watchdog`); the orchestrator shows them in the Dagster run (docs/operations.md, "Hung and slow ranks").
+WATCHDOG_DIR = "watchdog"
+# A local directory `training.gang` names to its workers: each rank's progress record and its stack dumps.
+PROGRESS_DIR_ENV = "TRAINYARD_PROGRESS_DIR"
 CHECKPOINT_DIR = "checkpoints"
 
 PredictionTask = Literal["classification", "regression", "causal_lm"]
@@ -367,6 +372,60 @@ class OptunaSpec(_Strict):
         return value
 
 
+# Seconds the agent may take from declaring a hang to the workers' kill (stack dumps, records): the
+# collective timeout must leave them on top of the longest hang timeout (`WatchdogPolicy`).
+HANG_ACTION_SECONDS = 60.0
+
+
+class WatchdogPolicy(_Strict):
+    """When the pod-side agent (`training.gang`) declares a rank hung or a straggler (docs/operations.md, "Hung and slow ranks").
+
+    A rank that made no progress (a training or validation batch) for
+    max(`hang_floor_seconds`, `hang_step_multiple` x its recent mean step time)
+    is hung; the timeout never exceeds `collective_timeout_seconds` -
+    `HANG_ACTION_SECONDS`. Before a rank's first step (start-up, loading a
+    checkpoint, a first compile) only `hang_startup_seconds` bounds it; None
+    (the default): nothing does but the collective timeout, since start-up time
+    has no step time to scale with. A rank whose data and forward time over the
+    last `straggler_window_steps` steps exceeds `straggler_factor` x the median
+    of the other ranks' (and the difference is at least 5% of a step) is a straggler.
+
+    The rule: `collective_timeout_seconds` (the process group's timeout, gloo
+    and NCCL) must exceed the hang timeout plus `HANG_ACTION_SECONDS`.
+    Otherwise a collective that waits on the hung rank fails first, every rank
+    records only that it lost a peer, and nothing names the hung one.
+    """
+
+    enabled: bool = True
+    hang_floor_seconds: float = Field(300.0, gt=0, description="the shortest hang timeout, whatever the step time")
+    hang_step_multiple: float = Field(20.0, ge=1, description="the hang timeout in mean step times, when above the floor")
+    hang_startup_seconds: Optional[float] = Field(None, gt=0, description="bound before the first step (None: none)")
+    collective_timeout_seconds: float = Field(1800.0, gt=0, description="the process group's collective timeout")
+    straggler_factor: float = Field(1.5, gt=1, description="how much slower than the others' median a straggler is")
+    straggler_window_steps: int = Field(20, ge=2, description="steps a straggler's mean is taken over")
+
+    @model_validator(mode="after")
+    def _collectives_outlast_hangs(self) -> "WatchdogPolicy":
+        if self.collective_timeout_seconds < self.hang_floor_seconds + HANG_ACTION_SECONDS:
+            raise ValueError(
+                f"collective_timeout_seconds={self.collective_timeout_seconds:g} must be at least hang_floor_seconds "
+                f"({self.hang_floor_seconds:g}) + {HANG_ACTION_SECONDS:g} s: a collective that times out before the hang "
+                "timeout leaves every rank recording a lost peer and nothing naming the hung rank")
+        return self
+
+    def hang_timeout(self, mean_step_seconds: Optional[float]) -> Optional[float]:
+        """Seconds without progress after which a rank is hung; `mean_step_seconds` None: before its first step.
+
+        Example:
+            >>> WatchdogPolicy().hang_timeout(0.5), WatchdogPolicy().hang_timeout(30.0), WatchdogPolicy().hang_timeout(None)
+            (300.0, 600.0, None)
+        """
+        if mean_step_seconds is None:
+            return self.hang_startup_seconds
+        cap = self.collective_timeout_seconds - HANG_ACTION_SECONDS
+        return min(cap, max(self.hang_floor_seconds, self.hang_step_multiple * mean_step_seconds))
+
+
 class CheckpointPolicy(_Strict):
     """When and how the pod checkpoints.
 
@@ -382,6 +441,7 @@ class CheckpointPolicy(_Strict):
     async_save: bool = True
     preemption_deadline_seconds: float = Field(60.0, gt=0)
     write_attempts: int = Field(3, ge=1)
+    watchdog: WatchdogPolicy = Field(default_factory=WatchdogPolicy, description="when a rank is hung or a straggler")
 
 
 class FaultInjection(_Strict):
@@ -398,11 +458,19 @@ class FaultInjection(_Strict):
     corrupt_latest_checkpoint: bool = Field(False, description="corrupt the newest checkpoint before resuming")
     fail_storage_writes: int = Field(0, ge=0, description="the next n checkpoint writes fail transiently")
     nan_at_step: Optional[int] = Field(None, ge=1, description="make the loss NaN at this step")
+    hang_rank: Optional[int] = Field(None, ge=0, description="this rank blocks forever before hang_at_step's gradient all-reduce")
+    hang_at_step: Optional[int] = Field(None, ge=1)
+    slow_rank: Optional[int] = Field(None, ge=0, description="this rank sleeps slow_seconds in every step (a straggler)")
+    slow_seconds: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
     def _kill_pair(self) -> "FaultInjection":
         if (self.kill_rank is None) != (self.kill_at_step is None):
             raise ValueError("kill_rank and kill_at_step are set together")
+        if (self.hang_rank is None) != (self.hang_at_step is None):
+            raise ValueError("hang_rank and hang_at_step are set together")
+        if (self.slow_rank is None) != (self.slow_seconds == 0):
+            raise ValueError(f"slow_rank and slow_seconds (> 0) are set together, got slow_rank={self.slow_rank}, slow_seconds={self.slow_seconds}")
         return self
 
 
@@ -528,3 +596,5 @@ class TrainResult(_Strict):
     finish_seconds: dict[str, float] = Field(
         default_factory=dict, description="rank 0's time after the last step: load_best, evaluate, export (seconds)"
     )
+    watchdog: dict[str, Any] = Field(
+        default_factory=dict, description="what the pod-side agents found (hung ranks, stragglers, `avoid_nodes`); set by the orchestrator")
