@@ -48,7 +48,7 @@ from training.checkpointing import (
 )
 from training.distributed import lost_peer
 from training.errors import Preempted
-from training.resumable import ResumableSampler
+from training.resumable import ResumableSampler, align_loop_to_loader
 from training.spec import CheckpointPolicy, FaultInjection
 
 log = logging.getLogger("trainyard.training")
@@ -112,11 +112,15 @@ class StoreCheckpointIO(CheckpointIO):
         self.blocking_seconds += time.perf_counter() - started
         self.saves += 1
 
-    @override
-    def load_checkpoint(self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def loaded(self, path: Any) -> LoadedCheckpoint:
+        """The checkpoint `remember` made available under `path`."""
         if str(path) not in self._loaded:
             raise FileNotFoundError(f"checkpoint {path} was not selected by the store; resume through CheckpointStore.latest()")
-        return self._loaded[str(path)].state
+        return self._loaded[str(path)]
+
+    @override
+    def load_checkpoint(self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        return self.loaded(path).state
 
     @override
     def remove_checkpoint(self, path: Any) -> None:
@@ -141,6 +145,50 @@ def _train_sampler(trainer: L.Trainer) -> Optional[Any]:
     if isinstance(sampler, ResumableSampler):
         return sampler
     return loader if callable(getattr(loader, "mark_consumed", None)) else None
+
+
+def _stepped_batches(trainer: L.Trainer, batch_idx: int) -> int:
+    """Batches of the epoch trained into an optimizer step after batch `batch_idx`: a save between the micro-batches
+    of an accumulation resumes at its first (their gradients are not in the checkpoint)."""
+    done = batch_idx + 1
+    accumulate = int(getattr(trainer, "accumulate_grad_batches", 1) or 1)
+    if accumulate == 1 or done >= trainer.num_training_batches:
+        return done
+    return done - done % accumulate
+
+
+def _global_batch(trainer: L.Trainer) -> Optional[dict[str, int]]:
+    """The data-parallel ranks, per-rank batch and accumulation this run trains with, when its loader says (a resume keeps their product)."""
+    loader = _train_sampler(trainer)
+    world, batch = getattr(loader, "world", None), getattr(loader, "batch_size", None)
+    if world is None or batch is None:
+        return None
+    return {"data_parallel": int(world), "batch_size": int(batch), "accumulate": int(trainer.accumulate_grad_batches)}
+
+
+def keep_global_batch(saved: Optional[dict[str, int]], data_parallel: int, batch_size: int) -> tuple[int, Optional[str]]:
+    """(accumulate_grad_batches, what changed) for a run of `data_parallel` ranks x `batch_size` resuming a checkpoint
+    trained at `saved` (`{"data_parallel", "batch_size", "accumulate"}`, None: not recorded).
+
+    The global batch (ranks x per-rank batch x accumulation) is kept when the
+    saved one is a whole multiple of this run's ranks x batch; otherwise the run
+    trains with accumulation 1 and the message names the old and new global batch.
+
+    Example:
+        >>> keep_global_batch({"data_parallel": 4, "batch_size": 8, "accumulate": 1}, 2, 8)
+        (2, None)
+        >>> keep_global_batch({"data_parallel": 2, "batch_size": 8, "accumulate": 1}, 4, 8)
+        (1, 'global batch 16 -> 32 (data-parallel ranks 2 -> 4, per-rank batch 8 -> 8): 16 is not a multiple of 4 x 8, so gradient accumulation cannot keep it')
+    """
+    if not saved:
+        return 1, None
+    before = int(saved["data_parallel"]) * int(saved["batch_size"]) * int(saved.get("accumulate", 1))
+    step = data_parallel * batch_size
+    if before % step == 0:
+        return before // step, None
+    return 1, (f"global batch {before} -> {step} (data-parallel ranks {saved['data_parallel']} -> {data_parallel}, per-rank "
+               f"batch {saved['batch_size']} -> {batch_size}): {before} is not a multiple of {data_parallel} x {batch_size}, "
+               "so gradient accumulation cannot keep it")
 
 
 def control_group(world_size: int) -> Any:
@@ -227,6 +275,7 @@ class FaultTolerance(Callback):
         self.attempt = attempt
         self.interval_seconds: Optional[float] = policy.every_seconds
         self.interval_source = "steps" if policy.every_n_steps else ("seconds" if policy.every_seconds else "young_daly")
+        self.save_seconds: Optional[float] = None  # the measured save time the Young/Daly interval was chosen from
         self.best_score: Optional[float] = None
         self.last_save_step = 0
         self.last_save_time = time.monotonic()
@@ -245,6 +294,7 @@ class FaultTolerance(Callback):
         self._first_save_submitted = False
         self._measuring = False
         self._pending: Optional[_Agreement] = None  # the agreement started at the last agreement step
+        self._resumed = False  # set when a checkpoint is loaded: the epoch loop is aligned to the loader's position
 
     # -- signals -----------------------------------------------------------------
 
@@ -266,6 +316,7 @@ class FaultTolerance(Callback):
         self.last_save_step = trainer.global_step
         self._rank = trainer.global_rank
         self._group = control_group(trainer.world_size)
+        self._align_resumed_epoch(trainer)
         if trainer.is_global_zero:
             # The attempt exists from its start: one killed before its first step's
             # record (a drill at step 1, an early OOM) still counts as a restart.
@@ -293,7 +344,7 @@ class FaultTolerance(Callback):
         step = trainer.global_step
         sampler = _train_sampler(trainer)
         if sampler is not None:
-            sampler.mark_consumed(trainer.current_epoch, batch_idx + 1)
+            sampler.mark_consumed(trainer.current_epoch, _stepped_batches(trainer, batch_idx))
         self._inject(trainer, step)
         if rec["steps"] == CALIBRATION_STEPS and trainer.world_size > 1:
             (mean_step,) = _all_reduce_max([rec["productive_seconds"] / rec["steps"]], trainer, self._group)
@@ -379,13 +430,19 @@ class FaultTolerance(Callback):
             return math.inf
         return self.io.last_save_seconds() or self.io.blocking_seconds or 1e-3
 
-    def _choose_interval(self, measured: float) -> None:
+    def _choose_interval(self, measured: float, why: str = "") -> None:
         self._measuring = False
+        self.save_seconds = measured
         self.interval_seconds = young_daly_interval(measured, self.policy.node_mtbf_hours, self.nodes)
         log.info(
-            "checkpoint interval %.1f s (Young/Daly: save %.3f s, node MTBF %.0f h, %d node(s))",
-            self.interval_seconds, measured, self.policy.node_mtbf_hours, self.nodes,
+            "checkpoint interval %.1f s (Young/Daly: save %.3f s, node MTBF %.0f h, %d node(s))%s",
+            self.interval_seconds, measured, self.policy.node_mtbf_hours, self.nodes, why,
         )
+        if self._rank == 0:
+            self.attempt.update(force=True, checkpoint_interval={
+                "seconds": self.interval_seconds, "save_seconds": measured, "node_mtbf_hours": self.policy.node_mtbf_hours,
+                "nodes": self.nodes,
+            })
 
     def save(self, trainer: L.Trainer, sync: bool = False, best: bool = False) -> None:
         if trainer.global_step == self.last_save_step and trainer.world_size > 1:
@@ -486,21 +543,57 @@ class FaultTolerance(Callback):
             gathered: list[Any] = [None] * trainer.world_size
             torch.distributed.all_gather_object(gathered, states[0])
             states = gathered
-        checkpoint["trainyard"] = {"rng": states, "best_score": self.best_score, "interval_seconds": self.interval_seconds}
+        checkpoint["trainyard"] = {
+            "rng": states, "best_score": self.best_score, "interval_seconds": self.interval_seconds,
+            "save_seconds": self.save_seconds, "nodes": self.nodes, "global_batch": _global_batch(trainer),
+        }
 
     @override
     def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("trainyard")
         if not saved:
             return
+        self._resumed = True
         states = saved["rng"]
-        if len(states) != trainer.world_size:
-            log.warning("checkpoint has RNG states of %d ranks, this run has %d; RNG not restored", len(states), trainer.world_size)
-        else:
-            set_rng_state(states[trainer.global_rank])
+        rank, world = trainer.global_rank, trainer.world_size
+        if rank < len(states):
+            set_rng_state(states[rank])
+        if len(states) != world and rank == 0:
+            # Another world size: no rank's generators of the saving run continue this run's, whichever it takes.
+            kept = f"ranks {len(states)}-{world - 1} keep their seeded generators" if world > len(states) else \
+                f"the states of ranks {world}-{len(states) - 1} are not used"
+            log.info("checkpoint holds the RNG states of %d ranks, this run has %d: ranks 0-%d restored theirs, %s (random "
+                     "draws such as dropout masks differ from a run at %d ranks; the sample order does not depend on them)",
+                     len(states), world, min(world, len(states)) - 1, kept, len(states))
         self.best_score = saved.get("best_score")
         if saved.get("interval_seconds") and self.interval_source == "young_daly":
-            self.interval_seconds = saved["interval_seconds"]
+            saved_nodes, save_seconds = saved.get("nodes"), saved.get("save_seconds")
+            if save_seconds and saved_nodes is not None and saved_nodes != self.nodes:
+                # The job fails when any of its nodes does: another gang size has another job MTBF.
+                self._rank = rank
+                self._choose_interval(float(save_seconds), f", recomputed for {self.nodes} node(s) (was {saved['interval_seconds']:.1f} s "
+                                                           f"at {saved_nodes})")
+            else:
+                self.interval_seconds = saved["interval_seconds"]
+                self.save_seconds = save_seconds
+
+    def _align_resumed_epoch(self, trainer: L.Trainer) -> None:
+        """A resumed run: the epoch loop continues at the batch the train loader resumed at, in this run's units.
+
+        At another world size, batch size or accumulation the loader's resumed
+        position (`consumed`, in batches of this run) differs from the loop
+        counters Lightning restored (batches of the saving run).
+        """
+        sampler = _train_sampler(trainer)
+        if not self._resumed or sampler is None:
+            return
+        epoch, done = sampler.consumed
+        if epoch != trainer.current_epoch:
+            return
+        shift = align_loop_to_loader(trainer, done)
+        if shift and trainer.is_global_zero:
+            log.info("resumed epoch %d at batch %d of %d per rank (the checkpoint's run counted %d)", epoch, done,
+                     trainer.num_training_batches, done - shift)
 
     # -- faults ------------------------------------------------------------------
 

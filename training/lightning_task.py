@@ -52,7 +52,7 @@ from training.checkpointing import CheckpointError, CheckpointStore, CheckpointU
 from training.data import fit_preprocessing
 from training.distributed import init_process_group
 from training.errors import ConfigError, StrategyConfigError
-from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
+from training.fault_tolerance import FaultTolerance, StoreCheckpointIO, keep_global_batch
 from training.lightning_eval import EVALUATION_METRIC, check_output_fits_task, export_model, final_metrics, prediction_task
 from training.pruning import OptunaPruning, pruning_callback
 from training.reporting import Reporter
@@ -269,8 +269,11 @@ def select_sharded_resume(store: Any, rank: int, world: int) -> tuple[Any, str]:
     with a warning naming the rank and why). Rank 0 then discards checkpoints
     above the chosen one (an abandoned timeline) before anyone writes.
 
+    At another world size each rank verifies its share of the saved shards
+    (`CheckpointStore.load`), so the ranks together verify every shard before
+    they agree; the strategy reshards when it loads (`training.strategies.restore_sharded`).
+
     Raises:
-        CheckpointLayoutError: the checkpoint was sharded over another world size.
         UnsafeCheckpointError: a rank's shard holds pickled code; raised on every rank.
     """
     shared: list[Any] = [(store.committed(), uuid.uuid4().hex[:12])] if rank == 0 else [None]
@@ -335,7 +338,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         logger = _logger(spec)
         if logger and rank == 0:
             _open_run(logger, spec.trial_id)
-        trainer = _trainer(spec, dm, strategy_kwargs, callbacks, ckpt.plugins, logger)
+        trainer = _trainer(spec, dm, strategy_kwargs, callbacks, ckpt.plugins, logger, ckpt.accumulate_grad_batches)
         reporter.info(f"trial {spec.trial_id}: training {spec.model.path} on data {spec.data.version[:12]} (start-up: model "
                       f"{built:.2f}s, process group, checkpoints and trainer {time.perf_counter() - started - built:.2f}s)")
         fit_started = time.perf_counter()
@@ -422,6 +425,7 @@ class _Checkpointing:
     plugins: list[Any]  # the store's IO plugin, unless the sharded strategy holds it
     resume_path: Optional[str]
     ft: FaultTolerance
+    accumulate_grad_batches: int = 1  # keeps the global batch of a checkpoint written at another world size
 
 
 def _checkpointing(spec: TrainSpec, strategy_kwargs: dict[str, Any], markers: FaultMarkers, rank: int, started_wall: float,
@@ -459,12 +463,49 @@ def _checkpointing(spec: TrainSpec, strategy_kwargs: dict[str, Any], markers: Fa
         attempt.record.update(resumed_from=loaded.uri, resumed_from_step=loaded.step)
         reporter.info(f"trial {spec.trial_id}: resuming from committed checkpoint {loaded.uri} (step {loaded.step})")
     ft = FaultTolerance(spec.checkpoint, io, spec.distribution.nodes, spec.monitor, spec.monitor_mode, spec.faults, markers, attempt)
-    return _Checkpointing(store, plugins, resume_path, ft)
+    accumulate = _resumed_global_batch(spec, loaded, attempt, reporter)
+    return _Checkpointing(store, plugins, resume_path, ft, accumulate)
 
 
-def _trainer(spec: TrainSpec, dm: Any, strategy_kwargs: dict[str, Any], callbacks: list[Any], plugins: list[Any], logger: Any) -> L.Trainer:
-    """The Trainer: Lightning's own checkpointing is off, the committed store (a plugin or the strategy) does it."""
+def _resumed_global_batch(spec: TrainSpec, loaded: Any, attempt: AttemptLog, reporter: Reporter) -> int:
+    """Gradient accumulation that keeps the global batch of the checkpoint resumed (1 for a fresh start).
+
+    A checkpoint written at another data-parallel size with the same per-rank
+    batch keeps its global batch (ranks x batch x accumulation) when it divides
+    (`keep_global_batch`); otherwise the run trains with its own, and the log
+    and the attempt record name the old and new global batch.
+    """
+    if loaded is None:
+        return 1
+    saved = (loaded.state.get("trainyard") or {}).get("global_batch")
+    dp = spec.distribution.data_parallel_size
+    batch = int(spec.datamodule.kwargs.get("batch_size", spec.batch_size))
+    accumulate, change = keep_global_batch(saved, dp, batch)
+    if saved:
+        before = saved["data_parallel"] * saved["batch_size"] * saved.get("accumulate", 1)
+        attempt.record["global_batch"] = {
+            "checkpoint": {**saved, "global": before},
+            "run": {"data_parallel": dp, "batch_size": batch, "accumulate": accumulate, "global": dp * batch * accumulate},
+            "kept": change is None,
+        }
+    if change is not None:
+        reporter.info(f"trial {spec.trial_id}: the checkpoint was trained at another size; {change}")
+    elif saved and (saved["data_parallel"], saved.get("accumulate", 1)) != (dp, accumulate):
+        reporter.info(f"trial {spec.trial_id}: the checkpoint was trained on {saved['data_parallel']} data-parallel rank(s) "
+                      f"x batch {saved['batch_size']} x accumulation {saved.get('accumulate', 1)}; this run on {dp} keeps the "
+                      f"global batch {dp * batch * accumulate} with gradient accumulation {accumulate}")
+    return accumulate
+
+
+def _trainer(spec: TrainSpec, dm: Any, strategy_kwargs: dict[str, Any], callbacks: list[Any], plugins: list[Any], logger: Any,
+             accumulate_grad_batches: int = 1) -> L.Trainer:
+    """The Trainer: Lightning's own checkpointing is off, the committed store (a plugin or the strategy) does it.
+
+    `accumulate_grad_batches` is 1 except in a run resuming a checkpoint
+    trained at another world size, where it keeps that run's global batch.
+    """
     return L.Trainer(
+        accumulate_grad_batches=accumulate_grad_batches,
         **strategy_kwargs,
         max_epochs=spec.max_epochs,
         limit_train_batches=spec.limit_train_batches,

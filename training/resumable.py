@@ -3,15 +3,23 @@
 The order of epoch `e` is a permutation drawn from a generator seeded with
 `seed + e`, so it depends on nothing but the seed, the epoch and the dataset
 length. Each rank takes every `world`-th index (padded like
-`DistributedSampler`). After a restart the sampler skips the batches the run
-had already consumed, so the resumed run sees exactly the sample stream an
-uninterrupted run would have seen.
+`DistributedSampler`), so position `p` of the epoch's order is trained by rank
+`p % world`, and the ranks' `j`-th batches together are positions
+`[j*world*B, (j+1)*world*B)`. After a restart the sampler starts at the sample
+the run had trained (`resume(epoch, samples_done)`): the ranks take the rest of
+the order in turn from there, so at the same world size the resumed run sees
+exactly the sample stream an uninterrupted run would have seen, and at another
+world size or batch size it sees every remaining sample of the epoch once.
+
+`align_loop_to_loader` is the one adapter to Lightning's loop counters: a
+resume at another world size counts the trained batches in the new world's
+units.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch.utils.data import DataLoader, Sampler
@@ -57,8 +65,8 @@ class ResumableSampler(Sampler[int]):
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
-        self._skip_batches = 0
-        self._skip_epoch: Optional[int] = None
+        self._start_epoch: Optional[int] = None
+        self._start = 0  # the sample (position in the epoch's order) the resumed epoch starts at
         self.consumed = (0, 0)
 
     @property
@@ -75,28 +83,58 @@ class ResumableSampler(Sampler[int]):
         """Record the trained position (the loader may have prefetched past it)."""
         self.consumed = (epoch, batches_done)
 
-    def resume(self, epoch: int, batches_done: int) -> None:
-        """Skip `batches_done` batches the next time epoch `epoch` is iterated."""
-        self._skip_epoch = epoch
-        self._skip_batches = batches_done
+    def resume(self, epoch: int, samples_done: int) -> None:
+        """Start at position `samples_done` of epoch `epoch`'s order the next time that epoch is iterated."""
+        self._start_epoch = epoch
+        self._start = samples_done
 
-    def indices(self, epoch: int) -> list[int]:
+    def remaining(self, samples_done: int) -> int:
+        """Samples this rank trains in an epoch resumed at position `samples_done` (the last ones padded like the epoch)."""
+        return math.ceil(max(0, self.length - samples_done) / self.world)
+
+    def order(self, epoch: int) -> list[int]:
+        """Epoch `epoch`'s order of the dataset's indices (every rank's samples, unpadded)."""
         if self.shuffle:
             g = torch.Generator()
             g.manual_seed(self.seed + epoch)
-            order = torch.randperm(self.length, generator=g).tolist()
-        else:
-            order = list(range(self.length))
-        total = self.per_rank * self.world
-        order += order[: total - len(order)]
-        return order[self.rank : total : self.world]
+            return torch.randperm(self.length, generator=g).tolist()
+        return list(range(self.length))
+
+    def indices(self, epoch: int, start: int = 0) -> list[int]:
+        """This rank's indices of epoch `epoch` from position `start` of its order: every `world`-th, padded with
+        the order's first samples so that every rank gets the same number."""
+        order = self.order(epoch)
+        rest = order[start:]
+        total = self.remaining(start) * self.world
+        rest += (order * (1 + total // max(1, len(order))))[: total - len(rest)]
+        return rest[self.rank : total : self.world]
 
     def __iter__(self) -> Iterator[int]:
-        mine = self.indices(self.epoch)
-        if self._skip_epoch == self.epoch and self._skip_batches:
-            mine = mine[self._skip_batches * self.batch_size :]
-            self._skip_epoch, self._skip_batches = None, 0
-        return iter(mine)
+        start = self._start if self._start_epoch == self.epoch else 0
+        self._start_epoch, self._start = None, 0
+        return iter(self.indices(self.epoch, start))
+
+
+def align_loop_to_loader(trainer: Any, batches_done: int) -> int:
+    """Make the resumed epoch's batch counters of `trainer`'s fit loop say `batches_done`; returns the shift.
+
+    Lightning restores the counters in the checkpoint's units (the batches each
+    rank of the saving run had trained); at another world size, batch size or
+    accumulation the train loader counts its resumed position in its own
+    (`ResumableDataLoader.load_state_dict`, `training.streaming.ShardLoader`).
+    Called from `on_train_start`, after the loader's state is loaded and before
+    the epoch loop resets: every counter of the epoch's batch progress moves by
+    the same amount, so the epoch loop resumes (and ends, and accumulates) at the
+    loader's batch. The totals over epochs are left as counted.
+    """
+    current = trainer.fit_loop.epoch_loop.batch_progress.current
+    shift = batches_done - current.ready
+    if shift:
+        current.ready += shift
+        current.started += shift
+        current.processed += shift
+        current.completed += shift
+    return shift
 
 
 class ResumableDataLoader(DataLoader):
@@ -115,14 +153,30 @@ class ResumableDataLoader(DataLoader):
         return sampler
 
     def state_dict(self) -> dict[str, int]:
-        epoch, done = self.resumable_sampler.consumed
-        return {"epoch": epoch, "batches_done": done}
+        sampler = self.resumable_sampler
+        epoch, done = sampler.consumed
+        base_epoch, base_done, base_start = getattr(self, "_base", (epoch, 0, 0))
+        if epoch != base_epoch:
+            base_done, base_start = 0, 0
+        return {"epoch": epoch, "batches_done": done, "world": sampler.world, "batch_size": sampler.batch_size,
+                "samples_done": base_start + (done - base_done) * sampler.world * sampler.batch_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        epoch, done = int(state["epoch"]), int(state["batches_done"])
-        if done >= len(self):  # saved at the end of an epoch: the next one starts fresh
-            epoch, done = epoch + 1, 0
+        """Continue at the trained sample, at this world size and batch size or another.
+
+        The position counts as the batches this loader's epoch has left fewer
+        than its `len`, which the trainer's loop is aligned to (`align_loop_to_loader`).
+        """
         sampler = self.resumable_sampler
+        epoch, done = int(state["epoch"]), int(state["batches_done"])
+        world, batch = int(state.get("world", sampler.world)), int(state.get("batch_size", sampler.batch_size))
+        start = int(state.get("samples_done", done * world * batch))
+        rest = sampler.remaining(start)
+        left = rest // sampler.batch_size if self.drop_last else math.ceil(rest / sampler.batch_size)
+        done = len(self) - left
+        if left == 0:  # saved at the end of an epoch: the next one starts fresh
+            epoch, done, start = epoch + 1, 0, 0
+        self._base = (epoch, done, start)
         sampler.set_epoch(epoch)
-        sampler.resume(epoch, done)
+        sampler.resume(epoch, start)
         sampler.mark_consumed(epoch, done)

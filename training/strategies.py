@@ -17,7 +17,10 @@ Checkpoints under `fsdp`/`tp` go through the same committed store as DDP
 (`training.checkpointing`): with `committed_io` set, every rank writes its own
 shard (DTensors as local shards, no gathering) and rank 0 commits; resuming
 loads each rank's shard back into the sharded model and optimizer through
-`torch.distributed.checkpoint.state_dict` (`restore_sharded`). Without it
+`torch.distributed.checkpoint.state_dict` (`restore_sharded`). At another world
+size or mesh each rank reshards: it reads the saved shards one at a time and
+assembles only its new region of every tensor from their recorded global
+shapes and offsets. Without it
 the strategy writes Lightning's distributed checkpoint directories, which
 `full_state_dict` reads back in one process; `evaluation_model` turns the
 trained module into an unsharded one for rank-0 evaluation and export.
@@ -27,10 +30,12 @@ A one-process `fsdp` run has nothing to shard and trains like one-process DDP.
 
 from __future__ import annotations
 
+import logging
 import pathlib
+import time
 import warnings
 from fnmatch import fnmatch
-from typing import IO, Any, Callable, Optional, cast
+from typing import IO, Any, Callable, Iterable, Optional, cast
 
 import fsspec
 import lightning as L
@@ -53,6 +58,7 @@ from torch.distributed.tensor.parallel import ParallelStyle
 from typing_extensions import override
 
 from training.checkpointing import (
+    DTENSOR,
     CheckpointLayoutError,
     ShardSpec,
     UnsafeCheckpointError,
@@ -61,9 +67,12 @@ from training.checkpointing import (
     localize_dtensors,
     unpickle_plain,
 )
+from training.checkpointing.sharding import Region, assemble_regions, fits_region, region_of
 from training.errors import StrategyConfigError
 from training.parallel import ParallelizableModule
 from training.spec import Distribution
+
+log = logging.getLogger("trainyard.training")
 
 
 def _backend(dist: Distribution) -> str:
@@ -137,55 +146,104 @@ class CheckedModelParallelStrategy(ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
         if self.committed_io is None:
             return super().load_checkpoint(checkpoint_path, weights_only=True)  # data only, whatever the caller asked
-        state = dict(self.committed_io.load_checkpoint(checkpoint_path))
+        loaded = self.committed_io.loaded(checkpoint_path)
+        state = dict(loaded.state)
         assert self.model is not None
-        restore_sharded(self.model, [getattr(o, "_optimizer", o) for o in self.optimizers], state)
+        name = loaded.uri.rstrip("/").rsplit("/", 1)[-1]
+        started = time.perf_counter()
+        resharded = restore_sharded(self.model, [getattr(o, "_optimizer", o) for o in self.optimizers], state,
+                                    lambda: self.committed_io.store.iter_shards(name))
+        if resharded and self.global_rank == 0:
+            log.info("resharded %d tensors of checkpoint %s from %s ranks to %d in %.2f s (each rank read the %s saved shards one "
+                     "at a time and kept its own region)", resharded, loaded.uri, loaded.world_size, self.world_size,
+                     time.perf_counter() - started, loaded.world_size)
         return state
 
 
-def _sharded_like(saved: Any, like: Any, where: str) -> Any:
-    """A DTensor shaped and placed like `like` holding a marker's local shard (anything else as saved)."""
+def _place(saved: Any, like: Any, where: str, path: tuple[Any, ...], regions: dict[tuple[Any, ...], Region]) -> Any:
+    """A saved value for the live `like`: a marker that holds exactly this rank's region as is; any other
+    marker becomes a `Region` to assemble from every shard (another world size or mesh); plain values as saved."""
     if not is_dtensor_marker(saved):
         return saved
     if not isinstance(like, DTensor):
-        raise CheckpointLayoutError(f"checkpoint holds a shard of {where} but the model's {where} is not sharded; resume with the same distribution")
+        raise CheckpointLayoutError(
+            f"checkpoint holds a shard of {where} but the model's {where} is not sharded; resume with a sharded strategy (fsdp, tp)"
+        )
     if list(like.shape) != list(saved["global_shape"]):
         raise CheckpointLayoutError(f"checkpoint's {where} has shape {saved['global_shape']}, the model's {list(like.shape)}")
-    local = saved["local"].to(like.to_local().device)
-    if tuple(local.shape) != tuple(like.to_local().shape):
-        raise CheckpointLayoutError(
-            f"checkpoint's shard of {where} has shape {tuple(local.shape)}, this rank holds {tuple(like.to_local().shape)}; "
-            "resume with the same distribution (world size and mesh)"
-        )
-    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
+    shape, offset = region_of(like)
+    if not fits_region(saved, shape, offset):
+        regions[path] = Region(list(like.shape), shape, offset, saved["local"].dtype, where)
+    return saved
 
 
-def restore_sharded(model: nn.Module, optimizers: list[Any], state: dict[str, Any]) -> None:
-    """Load this rank's shard of a committed checkpoint into a sharded model and its optimizers.
+def _as_dtensor(local: Tensor, like: DTensor) -> DTensor:
+    return DTensor.from_local(local.to(like.to_local().device), like.device_mesh, like.placements, run_check=False,
+                              shape=like.shape, stride=like.stride())
 
-    `state` is what `CheckpointStore.load(name, rank=r)` returned for this rank
-    (DTensors as `localize_dtensors` markers). Model weights and optimizer
-    states are rebuilt as DTensors placed like the live parameters and set
-    through `torch.distributed.checkpoint.state_dict`; `state` keeps the
-    rest (loops, schedulers, callbacks) and loses `state_dict` and
-    `optimizer_states`.
+
+def restore_sharded(model: nn.Module, optimizers: list[Any], state: dict[str, Any],
+                    shards: Optional[Callable[[], Iterable[Any]]] = None) -> int:
+    """Load a committed sharded checkpoint into a sharded model and its optimizers, resharding where the layout changed.
+
+    `state` is what `CheckpointStore.load(name, rank=r, world_size=w)` returned
+    for this rank (DTensors as `localize_dtensors` markers). A marker that
+    holds exactly the region this rank holds now (same world size and mesh) is
+    used as it is. Any other (another world size or mesh: the markers of saved
+    rank 0's state, elided) is resharded: this rank's new region of that
+    tensor, from the live DTensor's mesh and placements (`region_of`), is
+    assembled from the pieces of every saved shard at their recorded global
+    offsets, reading `shards()` one shard at a time (`assemble_regions`), so a
+    rank holds its own new shard plus one saved shard, never the whole model.
+    Model weights and optimizer states are then rebuilt as DTensors placed like
+    the live parameters and set through `torch.distributed.checkpoint.state_dict`;
+    `state` keeps the rest (loops, schedulers, callbacks) and loses `state_dict`
+    and `optimizer_states`.
+
+    Returns:
+        How many tensors were resharded (0 at the same layout).
 
     Raises:
-        CheckpointLayoutError: the checkpoint's shards do not fit this model's placement.
+        CheckpointLayoutError: the checkpoint does not fit this model (other global
+            shapes, missing or unsharded tensors), or needs resharding and `shards` is None.
     """
     live = get_model_state_dict(model)
     saved = state.pop("state_dict")
     missing = sorted(set(live) - set(saved))
     if missing:
         raise CheckpointLayoutError(f"checkpoint lacks model weights {missing[:5]}")
-    weights = {k: _sharded_like(v, live.get(k), f"weight {k!r}") for k, v in saved.items()}
-    set_model_state_dict(model, weights, options=StateDictOptions(strict=True))
-    for i, (optimizer, osd) in enumerate(zip(optimizers, state.pop("optimizer_states", []))):
-        per_param: DictValueType = {
-            fqn: {k: _sharded_like(v, live.get(fqn), f"optimizer {i} state {k!r} of {fqn!r}") for k, v in values.items()}
+    regions: dict[tuple[Any, ...], Region] = {}
+    weights = {k: _place(v, live.get(k), f"weight {k!r}", ("state_dict", k), regions) for k, v in saved.items()}
+    osds = state.pop("optimizer_states", [])
+    per_optimizer = [
+        {
+            fqn: {k: _place(v, live.get(fqn), f"optimizer {i} state {k!r} of {fqn!r}", ("optimizer_states", i, "state", fqn, k), regions)
+                  for k, v in values.items()}
             for fqn, values in osd["state"].items()
         }
-        set_optimizer_state_dict(model, optimizer, {"state": per_param, "param_groups": osd["param_groups"]})
+        for i, osd in enumerate(osds)
+    ]
+    if regions:
+        if shards is None:
+            raise CheckpointLayoutError(
+                f"checkpoint's shards do not match this rank's placement of {next(iter(regions.values())).where} and no "
+                "saved shards were given to reshard from"
+            )
+        for path, local in assemble_regions(regions, shards()).items():
+            assembled = {DTENSOR: 1, "local": local}
+            if path[0] == "state_dict":
+                weights[path[1]] = assembled
+            else:
+                per_optimizer[path[1]][path[3]][path[4]] = assembled
+
+    def placed(value: Any, like: Any) -> Any:
+        return _as_dtensor(value["local"], like) if is_dtensor_marker(value) else value
+
+    set_model_state_dict(model, {k: placed(v, live.get(k)) for k, v in weights.items()}, options=StateDictOptions(strict=True))
+    for optimizer, osd, per_param in zip(optimizers, osds, per_optimizer):
+        values: DictValueType = {fqn: {k: placed(v, live.get(fqn)) for k, v in vs.items()} for fqn, vs in per_param.items()}
+        set_optimizer_state_dict(model, optimizer, {"state": values, "param_groups": osd["param_groups"]})
+    return len(regions)
 
 
 def _matching_modules(root: nn.Module, fqn: str) -> list[nn.Module]:

@@ -4,9 +4,12 @@ Epoch `e` of a split is its chunks in a permutation drawn from `(seed, e)`,
 each chunk's items in a permutation drawn from `(seed, e, chunk)`
 (`EpochStream`). Global batch `g` is stream positions `[g*B, (g+1)*B)`;
 data-parallel rank `r` of `world` trains global batches `r, r + world, ...`
-(`local_batches`), its loader workers take them in turn (`worker_plan`). Pure
-functions of the chunk layout, the seed and the place: `training.streaming`
-hands litdata the plan they make.
+(`local_batches`), its loader workers take them in turn (`worker_plan`). A
+resumed epoch starts at a sample offset `start` of the stream: its global batch
+`g` is positions `[start + g*B, start + (g+1)*B)`, so a resume at another world
+size continues at the exact sample the run had trained, whole global batches of
+the new world or not. Pure functions of the chunk layout, the seed and the
+place: `training.streaming` hands litdata the plan they make.
 """
 
 from __future__ import annotations
@@ -92,24 +95,30 @@ class Visit:
         return sum(hi - lo for lo, hi in self.pieces)
 
 
-def local_batches(total: int, batch_size: int, world: int, rank: int, skip: int = 0, drop_last: bool = True) -> range:
-    """The indices `j` of rank `rank`'s batches this epoch from `skip` on (global batch `rank + world * j`)."""
-    return range(skip, batches_per_rank(total, batch_size, world, drop_last))
+def local_batches(total: int, batch_size: int, world: int, rank: int, start: int = 0, drop_last: bool = True) -> range:
+    """The indices `j` of rank `rank`'s batches in the stream from sample `start` on (global batch `rank + world * j`
+    of that remainder, positions `[start + g*B, start + (g+1)*B)`)."""
+    return range(batches_per_rank(max(0, total - start), batch_size, world, drop_last))
+
+
+def _span(stream: EpochStream, batch_size: int, start: int, g: int) -> tuple[int, int]:
+    """Stream positions of global batch `g` of the remainder from sample `start`."""
+    begin = start + g * batch_size
+    return begin, min(begin + batch_size, stream.total)
 
 
 def worker_plan(stream: EpochStream, batch_size: int, world: int, rank: int, num_workers: int, worker: int,
-                skip: int = 0, drop_last: bool = True) -> list[Visit]:
-    """What loader worker `worker` of rank `rank` reads, in order: its batches as chunk visits.
+                start: int = 0, drop_last: bool = True) -> list[Visit]:
+    """What loader worker `worker` of rank `rank` reads, in order: its batches from sample `start` on, as chunk visits.
 
-    The rank's batches from `skip` on go to its workers in turn (the `k`-th to worker `k % num_workers`),
+    The rank's batches go to its workers in turn (the `k`-th to worker `k % num_workers`),
     the order `DataLoader` collects them in.
     """
     visits: list[Visit] = []
-    for k, j in enumerate(local_batches(stream.total, batch_size, world, rank, skip, drop_last)):
+    for k, j in enumerate(local_batches(stream.total, batch_size, world, rank, start, drop_last)):
         if k % num_workers != worker:
             continue
-        g = rank + world * j
-        for position, lo, hi in stream.segments(g * batch_size, min((g + 1) * batch_size, stream.total)):
+        for position, lo, hi in stream.segments(*_span(stream, batch_size, start, rank + world * j)):
             if visits and visits[-1].position == position:
                 visits[-1].pieces.append((lo, hi))
             else:
@@ -118,14 +127,13 @@ def worker_plan(stream: EpochStream, batch_size: int, world: int, rank: int, num
 
 
 def chunks_read_by_others(stream: EpochStream, batch_size: int, world: int, rank: int, num_workers: int, worker: int,
-                          skip: int, drop_last: bool, ranks: Sequence[int]) -> set[int]:
+                          start: int, drop_last: bool, ranks: Sequence[int]) -> set[int]:
     """Chunks this worker reads that another reader among `ranks`' workers also reads this epoch (litdata
     reference-counts them in a shared cache so none is deleted under a reader)."""
     readers: dict[int, set[tuple[int, int]]] = {}
     for r in ranks:
-        for k, j in enumerate(local_batches(stream.total, batch_size, world, r, skip, drop_last)):
-            g = r + world * j
-            for position, _, _ in stream.segments(g * batch_size, min((g + 1) * batch_size, stream.total)):
+        for k, j in enumerate(local_batches(stream.total, batch_size, world, r, start, drop_last)):
+            for position, _, _ in stream.segments(*_span(stream, batch_size, start, r + world * j)):
                 readers.setdefault(int(stream.order[position]), set()).add((r, k % num_workers))
     return {c for c, who in readers.items() if (rank, worker) in who and len(who) > 1}
 

@@ -49,8 +49,9 @@ position it has read (Lightning and the loader workers prefetch ahead). Lightnin
 saves `state_dict()` in every checkpoint and calls `load_state_dict` before the
 first iterator of a resumed run, which then starts at the next untrained batch.
 The position is kept in samples of the canonical stream too, so a resume on another
-world size continues the stream (exactly when the trained samples are a whole
-number of the new world's global batches).
+world size or batch size continues the stream at exactly the next untrained sample
+(the plan starts at a sample offset, not a whole global batch of the new world):
+within the epoch no sample is repeated or skipped.
 
 Memory: a rank holds one chunk's item permutation and its plan of batches
 (a few ints a batch), never a split's samples; litdata keeps at most
@@ -129,7 +130,7 @@ class _Plan:
     """What the next iteration reads: set by the loader in the main process, carried to the workers with the dataset."""
 
     epoch: int
-    skip: int
+    start: int  # the stream sample this iteration starts at (a resumed epoch's trained samples)
     world: int
     rank: int
     shuffle: bool
@@ -163,14 +164,14 @@ class _PlannedDataset(StreamingDataset):
         self.on_demand_bytes = False
         stream = EpochStream(intervals, self.seed, plan.epoch, plan.shuffle)
         workers, worker = self.worker_env.world_size, self.worker_env.rank
-        visits = worker_plan(stream, self.batch_size, plan.world, plan.rank, workers, worker, plan.skip, plan.drop_last)
+        visits = worker_plan(stream, self.batch_size, plan.world, plan.rank, workers, worker, plan.start, plan.drop_last)
         self.worker_chunks = [int(stream.order[v.position]) for v in visits]
         self.worker_intervals = [[0, 0, v.size, v.size] for v in visits]
         self._elastic_item_lists = VisitItems(stream, visits)
         self.stop_length = sum(v.size for v in visits)
         self.num_chunks = len(visits)
         if self.input_dir.url:  # chunks are copied into the cache: count the co-readers of each
-            shared = chunks_read_by_others(stream, self.batch_size, plan.world, plan.rank, workers, worker, plan.skip,
+            shared = chunks_read_by_others(stream, self.batch_size, plan.world, plan.rank, workers, worker, plan.start,
                                            plan.drop_last, plan.shared_ranks)
             self.cache._reader.acquire_shared_locks(shared)
             self.cache._reader.enable_mmap_for_chunks(set(self.worker_chunks) - shared)
@@ -260,8 +261,10 @@ class ShardLoader(StreamingDataLoader):
         super().__init__(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn, **kwargs)
         self.rank, self.world, self.shuffle, self.plan_drop_last = rank, world, shuffle, drop_last
         self.shared_ranks = tuple(shared_ranks)
-        self._epoch, self._skip = epoch, 0
+        self._epoch, self._start = epoch, 0
         self.consumed = (epoch, 0)
+        # Where a resumed epoch starts: (epoch, this loader's batches counted as done, stream sample it starts at).
+        self._base = (epoch, 0, 0)
         self._total: Optional[int] = None
 
     @property
@@ -284,12 +287,12 @@ class ShardLoader(StreamingDataLoader):
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch `epoch` (from its start, unless a resume was loaded for that epoch)."""
         if epoch != self._epoch:
-            self._epoch, self._skip = epoch, 0
+            self._epoch, self._start = epoch, 0
 
     def __iter__(self) -> Iterator[Any]:
-        epoch, skip = self._epoch, self._skip
-        self._epoch, self._skip = epoch + 1, 0
-        self.dataset.plan = _Plan(epoch, skip, self.world, self.rank, self.shuffle, self.plan_drop_last, self.shared_ranks)
+        epoch, start = self._epoch, self._start
+        self._epoch, self._start = epoch + 1, 0
+        self.dataset.plan = _Plan(epoch, start, self.world, self.rank, self.shuffle, self.plan_drop_last, self.shared_ranks)
         self.restore = False  # litdata's own resume is not used: the plan says where to start
         yield from super().__iter__()
 
@@ -301,18 +304,31 @@ class ShardLoader(StreamingDataLoader):
 
     def state_dict(self) -> dict[str, int]:
         epoch, done = self.consumed
-        return {"epoch": epoch, "batches_done": done, "world": self.world, "batch_size": int(self.batch_size or 1),
-                "samples_done": done * self.world * int(self.batch_size or 1)}
+        batch = int(self.batch_size or 1)
+        base_epoch, base_done, base_start = self._base
+        if epoch != base_epoch:
+            base_done, base_start = 0, 0
+        return {"epoch": epoch, "batches_done": done, "world": self.world, "batch_size": batch,
+                "samples_done": base_start + (done - base_done) * self.world * batch}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue at the trained sample of the canonical stream, at this world size and batch size or another.
+
+        The next iteration starts at stream sample `samples_done` exactly (a
+        resume at another world size need not land on a whole global batch of
+        the new world), and the position counts as the batches this loader's
+        epoch has left fewer than its `len` (`consumed`), which the trainer's
+        loop is aligned to (`training.resumable.align_loop_to_loader`).
+        """
         epoch, done = int(state["epoch"]), int(state["batches_done"])
         world, batch = int(state.get("world", self.world)), int(state.get("batch_size", self.batch_size or 1))
-        if (world, batch) != (self.world, self.batch_size):
-            # Another world size or batch size: continue the stream at the same sample, rounded down to a whole global batch.
-            done = int(state.get("samples_done", done * world * batch)) // (self.world * int(self.batch_size or 1))
-        if done >= len(self):  # saved at the end of an epoch: the next one starts fresh
-            epoch, done = epoch + 1, 0
-        self._epoch, self._skip = epoch, done
+        start = int(state.get("samples_done", done * world * batch))
+        left = batches_per_rank(max(0, self.samples - start), int(self.batch_size or 1), self.world, self.plan_drop_last)
+        done = len(self) - left
+        if left == 0:  # saved at the end of an epoch: the next one starts fresh
+            epoch, done, start = epoch + 1, 0, 0
+        self._epoch, self._start = epoch, start
+        self._base = (epoch, done, start)
         self.consumed = (epoch, done)
 
 

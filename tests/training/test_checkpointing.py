@@ -398,6 +398,7 @@ def test_s3_round_trip(s3_endpoint) -> None:
 # --- sharded checkpoints: every rank writes its part, rank 0 commits -------------------------------
 
 from training.checkpointing import DTENSOR, CheckpointLayoutError, CheckpointUnusable, ShardSpec, merge_shards  # noqa: E402
+from training.checkpointing.sharding import Region, assemble_regions  # noqa: E402
 
 
 def _marker(local: torch.Tensor, global_shape: list[int], offset: list[int]) -> dict:
@@ -456,11 +457,78 @@ def test_sharded_save_never_commits_with_a_stale_shard_of_an_earlier_attempt(tmp
     assert store.latest() is None
 
 
-def test_sharded_checkpoint_refuses_another_world_size_with_the_fix(tmp_path: Path) -> None:
+def test_a_sharded_checkpoint_read_at_another_world_size_is_verified_in_shares_and_resharded(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path))
+    _save_sharded(store, 5, "a:1")  # 2 ranks: rows 0-1 and 2-3 of a 4x3 weight
+    # At 4 ranks each rank verifies its share of the saved shards and gets saved rank 0's state, its tensors elided.
+    views = [store.load("step-000000005", rank=r, world_size=4) for r in range(4)]
+    for view in views:
+        assert view.world_size == 2 and view.state["global_step"] == 5
+        w = view.state["state_dict"]["w"]
+        assert w["elided"] and w["local"].numel() == 0 and w["global_shape"] == [4, 3]
+    # Rank 3 of 4 holds row 3 now: assembled from the saved shards, read one at a time.
+    regions = {("state_dict", "w"): Region([4, 3], [1, 3], [3, 0], torch.float32, "weight 'w'")}
+    (row,) = assemble_regions(regions, store.iter_shards("step-000000005")).values()
+    assert torch.equal(row, torch.arange(9, 12, dtype=torch.float32).reshape(1, 3))
+    # A corrupt shard is found by the rank whose share it is (rank 1 of 4 verifies saved shard 1), so the ranks skip it together.
+    data = bytearray((tmp_path / "step-000000005" / "shard-00001.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / "step-000000005" / "shard-00001.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointUnusable, match="checksum mismatch for file shard-00001.pt"):
+        store.load("step-000000005", rank=1, world_size=4)
+    assert store.load("step-000000005", rank=2, world_size=4).step == 5  # shard 0 only
+
+
+def test_a_region_is_assembled_from_the_saved_pieces_that_intersect_it() -> None:
+    full = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4)
+    # Saved by a 2-D mesh: rows in 3 data-parallel blocks x columns in 2 tensor-parallel halves, each block written twice
+    # (a replicated placement writes the same piece on several ranks).
+    saved = [{"m": {"w": _marker(full[r:r + 2, c:c + 2].clone(), [6, 4], [r, c])}} for r in (0, 2, 4) for c in (0, 2) for _ in range(2)]
+    # Now FSDP over 4 ranks (torch's chunks of 6 rows: 2, 2, 2, 0), and one rank holding everything.
+    for shape, offset in [([2, 4], [0, 0]), ([2, 4], [4, 0]), ([0, 4], [6, 0]), ([6, 4], [0, 0]), ([3, 1], [2, 3])]:
+        region = Region([6, 4], shape, offset, torch.float32, "w")
+        (got,) = assemble_regions({("m", "w"): region}, iter(saved)).values()
+        assert torch.equal(got, full[offset[0]:offset[0] + shape[0], offset[1]:offset[1] + shape[1]]), (shape, offset)
+    # The last piece lost: the region it held is not covered; another global shape is another model.
+    with pytest.raises(CheckpointLayoutError, match=r"cover 20 of the 24 values"):
+        assemble_regions({("m", "w"): Region([6, 4], [6, 4], [0, 0], torch.float32, "w")}, iter(saved[:-2]))
+    with pytest.raises(CheckpointLayoutError, match=r"has shape \[6, 4\], the model's \[8, 4\]"):
+        assemble_regions({("m", "w"): Region([8, 4], [2, 4], [0, 0], torch.float32, "w")}, iter(saved))
+    with pytest.raises(CheckpointLayoutError, match="lacks w"):
+        assemble_regions({("m", "v"): Region([6, 4], [2, 4], [0, 0], torch.float32, "w")}, iter(saved))
+
+
+@pytest.fixture
+def one_rank_mesh() -> Any:
+    """A device mesh over this process alone (a one-rank gloo group), for real DTensors without other processes."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    yield init_device_mesh("cpu", (1,))
+    if started:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_checkpoint_of_another_model_is_refused_not_resharded(tmp_path: Path, one_rank_mesh: Any) -> None:
+    """Another world size is resharded; tensors of other global shapes (another model) or unsharded ones cannot be."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from training.strategies import _place
+
     store = CheckpointStore(str(tmp_path))
     _save_sharded(store, 5, "a:1")
-    with pytest.raises(CheckpointLayoutError, match="sharded over 2 ranks but this run has 4.*same distribution"):
-        store.load("step-000000005", rank=0, world_size=4)
+    saved = store.load("step-000000005", rank=0, world_size=1).state["state_dict"]["w"]
+    regions: dict = {}
+    same = distribute_tensor(torch.zeros(4, 3), one_rank_mesh, [Shard(0)])
+    assert _place(saved, same, "weight 'w'", ("state_dict", "w"), regions) is saved and regions[("state_dict", "w")].tensor.shape == (4, 3)
+    wider = distribute_tensor(torch.zeros(8, 3), one_rank_mesh, [Shard(0)])
+    with pytest.raises(CheckpointLayoutError, match=r"weight 'w' has shape \[4, 3\], the model's \[8, 3\]"):
+        _place(saved, wider, "weight 'w'", ("state_dict", "w"), {})
+    with pytest.raises(CheckpointLayoutError, match="the model's weight 'w' is not sharded"):
+        _place(saved, torch.zeros(4, 3), "weight 'w'", ("state_dict", "w"), {})
 
 
 def test_a_corrupt_shard_makes_the_checkpoint_unusable_for_that_rank_only(tmp_path: Path) -> None:

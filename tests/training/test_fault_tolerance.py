@@ -42,7 +42,7 @@ def test_loader_state_at_epoch_end_moves_to_next_epoch() -> None:
     sampler = ResumableSampler(9, batch_size=3, seed=0, rank=0, world=1)
     loader = ResumableDataLoader(list(range(9)), batch_size=3, sampler=sampler)
     loader.load_state_dict({"epoch": 1, "batches_done": 3})
-    assert sampler.epoch == 2 and loader.state_dict() == {"epoch": 2, "batches_done": 0}
+    assert sampler.epoch == 2 and loader.state_dict() == {"epoch": 2, "batches_done": 0, "world": 1, "batch_size": 3, "samples_done": 0}
 
 
 def test_loader_without_a_resumable_sampler_says_what_it_needs() -> None:

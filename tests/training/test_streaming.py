@@ -165,14 +165,28 @@ def test_a_state_saved_at_the_end_of_an_epoch_resumes_at_the_next(text: dict[str
     assert ids_of(resumed) == ids_of(dm._loader("train", train=True, epoch=3))
 
 
-def test_resume_on_another_world_size_continues_the_stream(text: dict[str, str]) -> None:
+@pytest.mark.parametrize(("before", "after", "done"), [(2, 1, 5), (2, 4, 3), (4, 2, 3), (4, 3, 2)])
+def test_resume_on_another_world_size_continues_the_stream(text: dict[str, str], before: int, after: int, done: int) -> None:
+    """`done` batches trained on each of `before` ranks, resumed on `after`: the stream goes on at the next untrained
+    sample, a whole global batch of the new world or not (3 x 2 x 4 samples are one and a half of 4 ranks' batches)."""
     dm = text_module(text)
-    one = ids_of(dm._loader("train", train=True))
-    two = dm._loader("train", train=True, rank=0, world=2)
-    two.mark_consumed(0, 5)  # 5 batches on each of 2 ranks: global batches 0..9
-    resumed = dm._loader("train", train=True)
-    resumed.load_state_dict(two.state_dict())
-    assert ids_of(resumed) == one[10:]
+    stream = flat(ids_of(dm._loader("train", train=True)))  # one rank: global batch g is positions [g*B, (g+1)*B)
+    old = dm._loader("train", train=True, rank=0, world=before)
+    old.mark_consumed(0, done)
+    start = done * before * B
+    loaders = [dm._loader("train", train=True, rank=r, world=after) for r in range(after)]
+    for loader in loaders:
+        loader.load_state_dict(old.state_dict())
+    resumed = [ids_of(loader) for loader in loaders]
+    # Interleaving the ranks' batches (rank r trains the remainder's global batches r, r + after, ...) gives the stream back.
+    merged = [i for j in range(len(resumed[0])) for r in range(after) for i in resumed[r][j]]
+    assert merged == stream[start:start + len(merged)] and len(stream) - start - len(merged) < after * B
+    assert not set(merged) & set(stream[:start])
+    # Each loader counts the resumed position in its own batches (what the trainer's loop is aligned to), and saves it in samples.
+    for loader, batches in zip(loaders, resumed):
+        assert (loader.consumed[0], len(loader) - loader.consumed[1]) == (0, len(batches))
+    loaders[0].mark_consumed(0, loaders[0].consumed[1] + 2)
+    assert loaders[0].state_dict()["samples_done"] == start + 2 * after * B
 
 
 def test_fault_tolerance_records_the_trained_position_on_the_loader(text: dict[str, str]) -> None:

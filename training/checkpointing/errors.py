@@ -37,10 +37,11 @@ class CheckpointUnusable(CheckpointError):
 
 
 class CheckpointLayoutError(ConfigError):
-    """A sharded checkpoint was written by a different number of ranks than the run resuming it.
+    """A sharded checkpoint does not fit the model resuming it (other global shapes, missing or unsharded tensors).
 
-    A configuration problem (the distribution changed), not a storage one: the
-    checkpoints are intact, and retrying with the same distribution cannot help.
+    A configuration problem (the model changed), not a storage one: the
+    checkpoints are intact, and retrying cannot help. Another world size or
+    mesh alone is resharded, not refused.
     """
 
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any
+import math
+from typing import Any, Iterable
 
 import torch
 
-from training.checkpointing.errors import CheckpointError, check, is_int
+from training.checkpointing.errors import CheckpointError, CheckpointLayoutError, check, is_int
 
 DTENSOR = "__trainyard_dtensor__"
 
@@ -131,3 +132,129 @@ def merge_shards(shards: list[Any]) -> Any:
         items = [merge_shards([s[i] if isinstance(s, (list, tuple)) and len(s) > i else first[i] for s in shards]) for i in range(len(first))]
         return items if isinstance(first, list) else tuple(items)
     return first
+
+
+# -- resharding: a rank's new region of a tensor, assembled from the saved pieces -----------------
+
+
+def elide_locals(obj: Any) -> Any:
+    """`obj` with every DTensor marker's local shard dropped (an empty tensor of its dtype, `"elided": True`).
+
+    What a rank keeps of another rank's shard while it reshards: the structure, the
+    plain state and each marker's global shape, not the tensors (read again, one
+    shard at a time, by `assemble_regions`).
+    """
+    if is_dtensor_marker(obj):
+        return {**obj, "local": torch.empty(0, dtype=obj["local"].dtype), "elided": True}
+    if isinstance(obj, dict):
+        out = copy.copy(obj)
+        out.clear()
+        for k, v in obj.items():
+            out[k] = elide_locals(v)
+        return out
+    if isinstance(obj, list):
+        return [elide_locals(v) for v in obj]
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(elide_locals(v) for v in obj)
+    return obj
+
+
+def region_of(like: Any) -> tuple[list[int], list[int]]:
+    """(local shape, global offset) of the region this rank holds of DTensor `like`, as `localize_dtensors` records it."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(like.shape, like.device_mesh, like.placements)
+    return [int(n) for n in shape], [int(o) for o in offset]
+
+
+def fits_region(marker: dict[str, Any], shape: list[int], offset: list[int]) -> bool:
+    """Whether a saved marker holds exactly the region `shape` at `offset` (same world size and mesh)."""
+    return not marker.get("elided") and list(marker["local"].shape) == list(shape) and list(marker["offset"]) == list(offset)
+
+
+class Region:
+    """One tensor's new local region, filled from saved pieces (`localize_dtensors` markers) as they arrive.
+
+    Pieces are copied where they intersect the region; a piece seen again at
+    the same offset and shape (a replicated placement writes it on several
+    ranks) is skipped, and pieces of a DTensor placement are otherwise disjoint,
+    so the copied volume tells whether the region is covered.
+
+    Args:
+        global_shape: the tensor's full shape, which every saved piece must share.
+        shape, offset: the region this rank holds now (from the live DTensor's
+            mesh and placements, `compute_local_shape_and_global_offset`).
+        dtype: the saved pieces' dtype.
+        where: names the tensor in errors.
+
+    Example:
+        >>> r = Region([4], [2], [1], torch.float32, "w")
+        >>> r.add({DTENSOR: 1, "local": torch.tensor([0.0, 1.0]), "global_shape": [4], "offset": [0]})
+        >>> r.add({DTENSOR: 1, "local": torch.tensor([2.0, 3.0]), "global_shape": [4], "offset": [2]})
+        >>> r.finish().tolist()
+        [1.0, 2.0]
+    """
+
+    def __init__(self, global_shape: list[int], shape: list[int], offset: list[int], dtype: torch.dtype, where: str) -> None:
+        self.global_shape, self.offset, self.where = list(global_shape), list(offset), where
+        self.tensor = torch.empty(list(shape), dtype=dtype)
+        self.covered = 0
+        self._seen: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+
+    def add(self, marker: dict[str, Any]) -> None:
+        """Copy the part of a saved piece that falls inside this region."""
+        if list(marker["global_shape"]) != self.global_shape:
+            raise CheckpointLayoutError(f"checkpoint's {self.where} has shape {list(marker['global_shape'])}, the model's {self.global_shape}")
+        local, offset = marker["local"], [int(o) for o in marker["offset"]]
+        key = (tuple(offset), tuple(local.shape))
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        lo = [max(o, m) for o, m in zip(offset, self.offset)]
+        hi = [min(o + n, m + k) for o, n, m, k in zip(offset, local.shape, self.offset, self.tensor.shape)]
+        if any(h <= b for b, h in zip(lo, hi)):
+            return
+        dst = tuple(slice(b - m, h - m) for b, h, m in zip(lo, hi, self.offset))
+        src = tuple(slice(b - o, h - o) for b, h, o in zip(lo, hi, offset))
+        self.tensor[dst] = local[src].to(self.tensor.dtype)
+        self.covered += math.prod(h - b for b, h in zip(lo, hi))
+
+    def finish(self) -> torch.Tensor:
+        """The assembled region.
+
+        Raises:
+            CheckpointLayoutError: the saved pieces do not cover it.
+        """
+        if self.covered != self.tensor.numel():
+            raise CheckpointLayoutError(
+                f"the checkpoint's shards of {self.where} cover {self.covered} of the {self.tensor.numel()} values "
+                f"this rank holds (shape {list(self.tensor.shape)} at offset {self.offset})"
+            )
+        return self.tensor
+
+
+def assemble_regions(regions: dict[tuple[Any, ...], Region], shards: Iterable[Any]) -> dict[tuple[Any, ...], torch.Tensor]:
+    """Fill each region from the saved shards, read one at a time; returns `{path: tensor}`.
+
+    `regions` is keyed by each marker's path in a shard's state (keys and list
+    indices, e.g. `("state_dict", "fc.weight")`). Each shard is dropped before
+    the next is read, so a rank holds its new regions plus one saved shard.
+
+    Raises:
+        CheckpointLayoutError: a shard lacks a path, or holds no DTensor there, or
+            its global shape differs.
+        (also when the shards do not cover a region).
+    """
+    for shard in shards:
+        for path, region in regions.items():
+            obj = shard
+            for key in path:
+                try:
+                    obj = obj[key]
+                except (KeyError, IndexError, TypeError) as e:
+                    raise CheckpointLayoutError(f"a shard of the checkpoint lacks {region.where}") from e
+            if not is_dtensor_marker(obj):
+                raise CheckpointLayoutError(f"a shard of the checkpoint holds {region.where} unsharded")
+            region.add(obj)
+        del shard
+    return {path: region.finish() for path, region in regions.items()}

@@ -28,7 +28,7 @@ from training.checkpointing.files import HashingWriter, StagedFile, digest_match
 from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, parse_manifest, step_dir
 from training.checkpointing.removal import BackgroundRemover
 from training.checkpointing.safe_load import check_plain, load_payload
-from training.checkpointing.sharding import ShardSpec, merge_shards, shard_file, sidecar_file
+from training.checkpointing.sharding import ShardSpec, elide_locals, merge_shards, shard_file, sidecar_file
 from training.retry import RetriesExhausted, retry_call
 
 log = logging.getLogger("trainyard.training.checkpointing")
@@ -403,12 +403,9 @@ class CheckpointStore:
                 if fname == PAYLOAD:
                     payload = data
             state = load_payload(payload, f"{uri}/{PAYLOAD}")
+        elif rank is not None and world_size is not None and world_size != world:
+            state = self._reshard_view(entry, manifest, rank, world_size)
         elif rank is not None:
-            if world_size is not None and world_size != world:
-                raise CheckpointLayoutError(
-                    f"checkpoint {uri} is sharded over {world} ranks but this run has {world_size}; sharded checkpoints "
-                    f"resume with the same distribution (world size and mesh): set it back to {world} ranks, or start a new trial"
-                )
             if rank >= world:
                 raise CheckpointLayoutError(f"checkpoint {uri} has {world} shards; there is none for rank {rank}")
             fname = shard_file(rank)
@@ -432,6 +429,54 @@ class CheckpointStore:
             world_size=world,
         )
 
+    def _reshard_view(self, entry: _Entry, manifest: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+        """A rank of a run at another world size: verify its share of the saved shards, return rank 0's state elided.
+
+        Rank `r` of `world_size` verifies saved shards `r, r + world_size, ...`
+        (one file in memory at a time), so together the ranks verify every
+        shard before they agree on the checkpoint. The state returned is saved
+        rank 0's (loops, schedulers, callbacks) with its DTensor shards dropped
+        (`elide_locals`); the strategy reads the tensors again, one shard at a
+        time (`iter_shards`), and keeps only its own new region of each.
+        """
+        uri = f"{self.root_uri}/{entry.name}"
+        world = int(manifest["world_size"])
+        state: Optional[dict[str, Any]] = None
+        for r in sorted({0, *range(rank, world, world_size)}):
+            fname = shard_file(r)
+            data = self._verified(entry, fname, manifest["files"][fname])
+            if r == 0:
+                state = elide_locals(load_payload(data, f"{uri}/{fname}"))
+            del data
+        assert state is not None
+        return state
+
+    def iter_shards(self, name: str) -> Iterator[dict[str, Any]]:
+        """Every rank's state of the committed sharded checkpoint `name`, in rank order, each verified as it is read.
+
+        One shard is read at a time: a caller that keeps only what it needs of
+        each (`training.checkpointing.sharding.assemble_regions`) holds one saved
+        shard at most.
+
+        Raises:
+            CheckpointUnusable: a shard is missing or does not match its checksum.
+            CheckpointLayoutError: the checkpoint is not sharded.
+        """
+        m = STEP_DIR.fullmatch(name)
+        if not m:
+            raise CheckpointUnusable(f"{name!r} is not a checkpoint directory name (step-NNNNNNNNN)")
+        entry = _Entry(name, int(m.group(1)), committed=True)
+        manifest = self._read_manifest(entry)
+        world = manifest.get("world_size")
+        if world is None:
+            raise CheckpointLayoutError(f"checkpoint {self.root_uri}/{name} holds replicated state, not shards")
+        for r in range(int(world)):
+            fname = shard_file(r)
+            data = self._verified(entry, fname, manifest["files"][fname])
+            state = load_payload(data, f"{self.root_uri}/{name}/{fname}")
+            del data
+            yield state
+
     def committed(self) -> list[tuple[str, bool]]:
         """(directory name, saved as best) of every committed checkpoint, newest first; manifests unverified."""
         out = []
@@ -450,12 +495,15 @@ class CheckpointStore:
             rank: For a sharded checkpoint, load (and verify) only this rank's
                 shard, DTensors left as `localize_dtensors` markers. None reads
                 every shard and merges them into full tensors (`merge_shards`).
-            world_size: The reading run's world size, checked against the
-                checkpoint's when `rank` is given.
+            world_size: The reading run's world size, with `rank`. When it differs
+                from the checkpoint's, the rank verifies its share of the saved
+                shards (`rank`, `rank + world_size`, ...) and gets saved rank 0's
+                state with the DTensor shards elided; the strategy reshards from
+                `iter_shards`.
 
         Raises:
             CheckpointUnusable: partial, corrupt or unreadable; the message says why.
-            CheckpointLayoutError: sharded over a different number of ranks.
+            CheckpointLayoutError: a rank beyond the checkpoint's shards, at the same world size.
             UnsafeCheckpointError: a file holds pickled code or types outside the
                 allow-list (`training.checkpointing.safe_load`); nothing in it ran.
         """
