@@ -117,6 +117,26 @@ def test_the_agent_names_the_hung_rank_with_its_stack_and_kills_every_worker(tmp
     events = read_watchdog_events(str(out))
     assert [e["kind"] for e in events] == ["hang"] and nodes_to_avoid(events) == [written["node"]]
     assert read_progress(str(progress / "rank-1.progress"), 1) is None  # the group's records are gone with it
+    # and what a Dagster run of the trial shows: a warning naming the rank, pod, node and frames, and the metadata summary
+    logs, summary = _dagster_run_of(str(out), started - 10)
+    assert any("trial-0000: rank 1 on pod" in m and f"(node {written['node']}) hung at step 11" in m and "stuck_in_the_data_loader" in m
+               for m in logs), logs
+    assert summary["hangs"] == 1 and summary["avoid_nodes"] == [written["node"]] and summary["events"][0]["rank"] == 1
+
+
+def _dagster_run_of(output_uri: str, since: float) -> tuple[list[str], dict]:
+    """A real (in-process) Dagster run of a trial partition that surfaces the agent's events as `train_trial` does."""
+    from dagster import DagsterInstance, StaticPartitionsDefinition, asset, materialize
+
+    from assets.trials import log_watchdog_events
+
+    @asset(partitions_def=StaticPartitionsDefinition(["trial-0000"]))
+    def trial_model(context) -> dict:  # unannotated: Dagster cannot resolve a string annotation of a local import
+        return log_watchdog_events(context, output_uri, since)
+
+    instance = DagsterInstance.ephemeral()
+    result = materialize([trial_model], partition_key="trial-0000", instance=instance)
+    return [e.message for e in instance.all_logs(result.run_id)], result.output_for_node("trial_model")
 
 
 @pytest.mark.slow
