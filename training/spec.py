@@ -140,9 +140,17 @@ class Distribution(_Strict):
       by the cheapest of the above whose per-device memory fits (and picks
       `tensor_parallel_size`, so leave it at 1). A `TrainSpec` never holds `auto`.
     On GPUs one process drives one device, so devices per node = procs_per_node.
+
+    A node range (`nodes=4, min_nodes=2`) lets a multi-node gang continue smaller
+    when it loses a node that cannot be replaced, and grow back when capacity
+    returns (on Kubernetes: "Node lost: continue smaller, grow back" in
+    docs/kubernetes.md). `min_nodes` None is `nodes`: a fixed size. Every size in
+    the range must keep the mesh valid.
     """
 
     nodes: int = Field(1, ge=1)
+    min_nodes: Optional[int] = Field(
+        None, ge=1, description="fewest nodes the gang may continue on after losing nodes (None: nodes, a fixed size)")
     procs_per_node: int = Field(1, ge=1)
     strategy: Literal["ddp", "fsdp", "tp", "auto"] = "ddp"
     tensor_parallel_size: int = Field(1, ge=1)
@@ -161,6 +169,26 @@ class Distribution(_Strict):
     def data_parallel_size(self) -> int:
         return self.world_size // self.tensor_parallel_size
 
+    @property
+    def smallest(self) -> int:
+        """The fewest nodes the gang may run on: `min_nodes`, or `nodes` for a fixed size."""
+        return self.nodes if self.min_nodes is None else self.min_nodes
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the gang may change size (its node range holds more than one size)."""
+        return self.smallest < self.nodes
+
+    def at_nodes(self, nodes: int) -> "Distribution":
+        """This distribution on `nodes` nodes of its range (the range itself kept).
+
+        Raises:
+            ValueError: `nodes` is outside [`smallest`, `nodes`].
+        """
+        if not self.smallest <= nodes <= self.nodes:
+            raise ValueError(f"nodes={nodes} is outside the range [{self.smallest}, {self.nodes}] of this distribution")
+        return self.model_copy(update={"nodes": nodes})
+
     @model_validator(mode="after")
     def _mesh_fits(self) -> "Distribution":
         tp = self.tensor_parallel_size
@@ -168,6 +196,8 @@ class Distribution(_Strict):
             raise ValueError(f"tensor_parallel_size={tp} with strategy 'auto': the planner picks the size; leave it at 1")
         if self.strategy in ("ddp", "fsdp") and tp != 1:
             raise ValueError(f"tensor_parallel_size={tp} needs strategy 'tp'; strategy {self.strategy!r} takes 1")
+        if self.min_nodes is not None and self.min_nodes > self.nodes:
+            raise ValueError(f"min_nodes={self.min_nodes} is above nodes={self.nodes}; accepted: 1 <= min_nodes <= nodes")
         if self.strategy == "tp":
             if tp < 2:
                 raise ValueError("strategy 'tp' needs tensor_parallel_size >= 2")
@@ -175,6 +205,13 @@ class Distribution(_Strict):
                 raise ValueError(
                     f"tensor_parallel_size={tp} does not divide world size {self.world_size} "
                     f"({self.nodes} nodes x {self.procs_per_node} processes); mesh sizes must multiply to the world size"
+                )
+            bad = [n for n in range(self.smallest, self.nodes) if (n * self.procs_per_node) % tp]
+            if bad:
+                raise ValueError(
+                    f"tensor_parallel_size={tp} does not divide the world size at {bad[0]} nodes ({bad[0] * self.procs_per_node} "
+                    f"processes) of the node range [{self.smallest}, {self.nodes}]; every size in the range must keep the mesh "
+                    f"valid: raise min_nodes, or pick a tensor_parallel_size that divides procs_per_node={self.procs_per_node}"
                 )
         return self
 

@@ -80,7 +80,8 @@ def _bounds_from_env(env: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for var, field_name in (("TRAINYARD_K8S_STUCK_SECONDS", "stuck_seconds"),
                             ("TRAINYARD_K8S_UNSCHEDULABLE_SECONDS", "unschedulable_seconds"),
-                            ("TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS", "active_deadline_seconds")):
+                            ("TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS", "active_deadline_seconds"),
+                            ("TRAINYARD_K8S_RESIZE_AFTER_SECONDS", "resize_after_seconds")):
         raw = env.get(var)
         if not raw:
             continue
@@ -151,6 +152,9 @@ class KubernetesLauncher(Launcher):
     log_tail_lines: int = Field(40, ge=1)
     stuck_seconds: float = Field(300.0, ge=0, description="admitted seconds an image pull error, crash loop or FailedCreate may last")
     unschedulable_seconds: float = Field(900.0, ge=0, description="admitted seconds a pod may stay Unschedulable")
+    resize_after_seconds: float = Field(
+        120.0, gt=0, description="admitted seconds a gang with a node range waits for a lost node before it continues smaller "
+                                 "(and for part of its capacity to return before it grows back)")
     api_retries: int = Field(4, ge=0)
 
     @model_validator(mode="after")
@@ -187,7 +191,8 @@ class KubernetesLauncher(Launcher):
         Bounds: TRAINYARD_K8S_STUCK_SECONDS (image pull errors, crash loops, refused
         pod creation; default 300), TRAINYARD_K8S_UNSCHEDULABLE_SECONDS (default
         900), TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS (the Job's activeDeadlineSeconds,
-        default 7 days; 0: none). TRAINYARD_K8S_GANG_KIND: jobset (default) or job.
+        default 7 days; 0: none), TRAINYARD_K8S_RESIZE_AFTER_SECONDS (how long a gang
+        with a node range waits for a lost node before it continues smaller; default 120). TRAINYARD_K8S_GANG_KIND: jobset (default) or job.
         Then TRAINYARD_K8S_POD, a `PodConfig` as JSON (what `TeamSpec.environment`
         writes from the team's `pod`): its set fields win, its `env` is merged and
         its Secrets are added.
@@ -246,6 +251,7 @@ class KubernetesLauncher(Launcher):
             queue_timeout=self.queue_timeout_seconds, log_tail_lines=self.log_tail_lines,
             api_retries=self.api_retries, kueue_version=self.kueue_version,
             stuck_seconds=self.stuck_seconds, unschedulable_seconds=self.unschedulable_seconds, watch_pods=True,
+            resize_after=self.resize_after_seconds,
         )
 
     def trial_objects(self, spec: TrainSpec, attempt: int = 0, kind: Optional[str] = None,

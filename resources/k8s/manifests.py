@@ -54,8 +54,9 @@ from resources.k8s.names import (
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
     LABEL_JOB,
+    MAX_JOB_NAME,
     MAX_JOBSET_NAME,
-    job_name,
+    gang_name,
     trial_labels,
 )
 from resources.launcher import torchrun_command
@@ -356,7 +357,8 @@ def _job_spec(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, name: str, pod_
     return job_spec
 
 
-def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, run_id: Optional[str] = None) -> dict[str, Any]:
+def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, run_id: Optional[str] = None,
+                 generation: int = 0) -> dict[str, Any]:
     """The batch/v1 Indexed Job that runs one attempt of a trial on `spec.distribution.nodes` pods.
 
     Every pod runs `torchrun_command(...)` with node rank `$(JOB_COMPLETION_INDEX)`
@@ -364,7 +366,7 @@ def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig
     A failed pod fails the Job at once (backoffLimit 0); the launcher classifies
     it and the Dagster run's retry starts the next attempt's Job.
     """
-    name = job_name(spec.pipeline, spec.trial_id, attempt)
+    name = gang_name(spec.pipeline, spec.trial_id, attempt, generation, max_length=MAX_JOB_NAME)
     labels = {**cfg.labels, **trial_labels(spec, attempt, run_id), LABEL_JOB: name}
     return {
         "apiVersion": "batch/v1",
@@ -376,7 +378,8 @@ def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig
     }
 
 
-def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, run_id: Optional[str] = None) -> dict[str, Any]:
+def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, run_id: Optional[str] = None,
+                    generation: int = 0) -> dict[str, Any]:
     """The trial attempt as a JobSet (jobset.x-k8s.io/v1alpha2): the launcher's default gang.
 
     The JobSet controller makes its headless Service (`network.subdomain`) and
@@ -386,7 +389,7 @@ def jobset_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobCon
     deadline fails it), which suits torchrun's static rendezvous: every restart
     is a fresh rendezvous of all ranks from the newest committed checkpoint.
     """
-    name = job_name(spec.pipeline, spec.trial_id, attempt, max_length=MAX_JOBSET_NAME)
+    name = gang_name(spec.pipeline, spec.trial_id, attempt, generation, max_length=MAX_JOBSET_NAME)
     labels = {**cfg.labels, **trial_labels(spec, attempt, run_id), LABEL_JOB: name}
     child = _job_spec(
         spec, spec_uri, cfg, name, labels,
@@ -422,22 +425,51 @@ GANG_KINDS = ("job", "jobset")
 
 
 def trial_objects(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, kind: str = "jobset",
-                  run_id: Optional[str] = None) -> list[dict[str, Any]]:
+                  run_id: Optional[str] = None, generation: int = 0) -> list[dict[str, Any]]:
     """Every object one attempt of a trial submits, in the order it creates them.
 
     `kind` "jobset" (the launcher's default): the JobSet (its controller makes
     the child Job and the Service); "job": the Indexed Job, then the headless
     Service (the launcher adds an ownerReference to the created Job, whose uid
     only the API knows). Every object carries the
-    trial's labels, with the Dagster run id `run_id` when given.
+    trial's labels, with the Dagster run id `run_id` when given; `generation` > 0
+    names a resized gang of the attempt (`resources.k8s.names.gang_name`).
     `trainyard k8s render` prints these, and the Kubernetes launcher creates them.
 
     Raises:
         ManifestError: `kind` is not one of `GANG_KINDS`, or the configuration does not fit the spec.
     """
     if kind == "jobset":
-        return [jobset_manifest(spec, spec_uri, attempt, cfg, run_id)]
+        return [jobset_manifest(spec, spec_uri, attempt, cfg, run_id, generation)]
     if kind != "job":
         raise ManifestError(f"kind={kind!r} is not a gang kind; accepted: {', '.join(GANG_KINDS)}")
-    job = job_manifest(spec, spec_uri, attempt, cfg, run_id)
+    job = job_manifest(spec, spec_uri, attempt, cfg, run_id, generation)
     return [job, service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(spec, attempt, run_id))]
+
+
+PROBE_COMMAND = ["python", "-c", "import signal; signal.pause()"]
+
+
+def capacity_probe_manifest(spec: TrainSpec, cfg: K8sJobConfig, name: str, pods: int, labels: Mapping[str, str]) -> dict[str, Any]:
+    """An Indexed Job of `pods` placeholder pods shaped like the gang's: the capacity a smaller gang would grow back into.
+
+    Each pod asks for what one of the gang's pods asks for (requests, GPUs, node
+    selector, tolerations, affinity, the same Pod Security settings) and only
+    sleeps, so a pod that the scheduler places and starts proves that one more
+    node of the gang fits, and holds that node until the gang grows into it.
+    It carries no Kueue queue label: it stands in the quota the trial's
+    full-size gang was admitted with, and is not a workload of its own.
+    """
+    meta_labels = {**cfg.labels, **labels, LABEL_JOB: name}
+    template = _pod_template(spec, "", cfg, meta_labels, master_addr="probe", subdomain=None)
+    container = template["spec"]["containers"][0]
+    container["command"] = list(PROBE_COMMAND)
+    container.pop("ports", None)
+    # Nothing to save: a probe pod stops at once when the gang grows into its node.
+    template["spec"]["terminationGracePeriodSeconds"] = 1
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _metadata(name, cfg, meta_labels),
+        "spec": {"completionMode": "Indexed", "completions": pods, "parallelism": pods, "backoffLimit": 6, "template": template},
+    }

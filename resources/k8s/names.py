@@ -91,6 +91,19 @@ def label_value(text: str) -> str:
     return value
 
 
+def gang_name(pipeline: str, trial_id: str, attempt: int, generation: int = 0, *, max_length: int = MAX_JOB_NAME) -> str:
+    """The name of an attempt's gang at resize `generation`: `job_name` for 0, else `<job_name>-g<generation>` of the same length bound.
+
+    A gang with a node range that continues smaller or grows back is a new gang
+    (a JobSet's replicatedJobs are immutable); each resize of the attempt takes
+    the next generation, so no two gangs of one launch share a name.
+    """
+    if generation <= 0:
+        return job_name(pipeline, trial_id, attempt, max_length=max_length)
+    tail = f"-g{generation}"
+    return job_name(pipeline, trial_id, attempt, max_length=max_length - len(tail)) + tail
+
+
 def trial_labels(spec: TrainSpec, attempt: int, run_id: Optional[str] = None) -> dict[str, str]:
     """The labels that identify one attempt's objects (one gang); re-attaching checks them.
 

@@ -32,6 +32,8 @@ class PodView:
     unschedulable: str = ""
     created: Optional[datetime] = None
     finished: Optional[datetime] = None
+    node: str = ""  # the node the scheduler bound it to ("" while unplaced)
+    terminating: bool = False  # deleted, stopping within its grace period
 
     @classmethod
     def of(cls, pod: Any) -> "PodView":
@@ -42,6 +44,8 @@ class PodView:
             index=int(raw_index) if raw_index is not None and str(raw_index).isdigit() else None,
             phase=(status.phase if status and status.phase else "Unknown"),
             created=meta.creation_timestamp,
+            node=(getattr(pod.spec, "node_name", None) or "") if getattr(pod, "spec", None) is not None else "",
+            terminating=getattr(meta, "deletion_timestamp", None) is not None,
         )
         if status is None:
             return view

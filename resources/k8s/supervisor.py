@@ -49,11 +49,21 @@ from kubernetes.client import V1DeleteOptions
 from kubernetes.client.exceptions import ApiException
 
 from resources.k8s.config import K8sJobConfig
+from resources.k8s.elastic import ResizeNeeded, Resizer, run_elastic
 from resources.k8s.errors import TRANSIENT_STATUSES, KubernetesAPIError, QueueTimeout, StuckGang, Transient, api_message
 from resources.k8s.gangs import clear_other_gangs
 from resources.k8s.kinds import GANG_KINDS, GangApi, GangView, kind_of
 from resources.k8s.manifests import trial_objects
-from resources.k8s.names import CONTAINER_NAME, KUEUE_GROUP, LABEL_JOB, LABEL_TRIAL, trial_labels
+from resources.k8s.names import (
+    CONTAINER_NAME,
+    KUEUE_GROUP,
+    LABEL_JOB,
+    LABEL_TRIAL,
+    MAX_JOB_NAME,
+    MAX_JOBSET_NAME,
+    gang_name,
+    trial_labels,
+)
 from resources.k8s.pod_events import PodWatch
 from resources.k8s.pods import PodView, blame_order, rank0_pod
 from resources.k8s.stuck import HINTS, event_problems, pod_problems, read_workload, restart_cause
@@ -104,6 +114,9 @@ class JobSupervisor(Outcomes):
         kueue_version: API version of Kueue's Workload resource.
         watch_pods: watch the gang's pods in a thread beside the polls (`resources.k8s.pod_events`),
             so a pod that fails and is deleted between two polls (a JobSet restart) is still named.
+        resize_after: admitted seconds a gang with a node range (`Distribution.min_nodes`) waits with pods that
+            cannot be placed before it continues smaller, or with part of its capacity probe running before it
+            grows back (`resources.k8s.elastic`); None: never resize.
     """
 
     def __init__(
@@ -130,6 +143,7 @@ class JobSupervisor(Outcomes):
         stream_tail_lines: int = 1000,
         kueue_version: str = "v1beta2",
         watch_pods: bool = False,
+        resize_after: Optional[float] = None,
     ) -> None:
         if api_retries < 0:
             raise ValueError(f"api_retries={api_retries!r} is negative; accepted: 0 (no retry) or more")
@@ -159,6 +173,7 @@ class JobSupervisor(Outcomes):
         self.stream_tail_lines = stream_tail_lines
         self.kueue_version = kueue_version
         self.watch_pods = watch_pods
+        self.resize_after = resize_after
         self.gangs = GangApi(batch_api, custom_api, namespace, self._api)
 
     # -- API access -------------------------------------------------------------
@@ -321,6 +336,28 @@ class JobSupervisor(Outcomes):
 
     def run(self, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, log: Any = logger,
             run_id: Optional[str] = None, tick: Callable[[], None] = lambda: None, kind: str = "job") -> LaunchOutcome:
+        """Launch the trial's gang for `attempt` of Dagster run `run_id` (`run_gang`) and wait for its outcome.
+
+        A gang with a node range (`Distribution.min_nodes` below `nodes`) and a
+        `resize_after` bound continues smaller after losing nodes and grows back
+        (`resources.k8s.elastic.run_elastic`): a new gang per size, each one
+        `run_gang` of the next generation.
+        """
+        if spec.distribution.elastic and self.resize_after is not None:
+            if self.resize_after >= self.unschedulable_seconds:
+                log.warning(f"trial {spec.trial_id}: resize_after {self.resize_after:g} s is not below the unschedulable bound "
+                            f"{self.unschedulable_seconds:g} s: a gang that lost a node fails as stuck before it can continue smaller")
+            return run_elastic(self, spec, spec_uri, attempt, cfg, log, run_id, tick, kind, self.resize_after)
+        return self.run_gang(spec, spec_uri, attempt, cfg, log, run_id, tick, kind)
+
+    def gang_name(self, spec: TrainSpec, attempt: int, kind: str, generation: int = 0) -> str:
+        """The name of the gang `run_gang` creates for `attempt` at resize `generation`."""
+        max_length = MAX_JOBSET_NAME if kind == "jobset" else MAX_JOB_NAME
+        return gang_name(spec.pipeline, spec.trial_id, attempt, generation, max_length=max_length)
+
+    def run_gang(self, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, log: Any = logger,
+                 run_id: Optional[str] = None, tick: Callable[[], None] = lambda: None, kind: str = "job",
+                 generation: int = 0, resizer: Optional[Resizer] = None) -> LaunchOutcome:
         """Launch (or re-attach to) the trial's gang for `attempt` of Dagster run `run_id` and wait for its outcome.
 
         `kind` "jobset": a JobSet (whole-gang restarts by its failurePolicy);
@@ -329,20 +366,24 @@ class JobSupervisor(Outcomes):
         `tick` is called at every poll while the gang is watched (the launcher
         turns new Pipes progress records into observations there).
 
+        `generation` > 0 names a resized gang of the attempt; `resizer` (an elastic
+        launch's) is asked at every poll of the running gang whether to resize.
+
         Raises:
             TrainingConfigError, TrainingCodeError: the trial cannot succeed (terminal).
             TrainingPreempted, InfrastructureError: retryable; a new attempt resumes
                 from the last committed checkpoint.
             KubernetesAPIError: the API refused a request (RBAC, invalid manifest).
+            ResizeNeeded: `resizer` asked for another size; the gang was deleted.
         """
         if kind not in GANG_KINDS:
             raise ValueError(f"kind={kind!r} is not a gang kind; accepted: {', '.join(GANG_KINDS)}")
         started = self.clock()
-        objects = trial_objects(spec, spec_uri, attempt, cfg, kind=kind, run_id=run_id)
+        objects = trial_objects(spec, spec_uri, attempt, cfg, kind=kind, run_id=run_id, generation=generation)
         gang, service = objects[0], (objects[1] if len(objects) > 1 else None)
         name, what = gang["metadata"]["name"], kind_of(kind)
         want = trial_labels(spec, attempt, run_id)
-        w = _Watch(kind=what)
+        w = _Watch(kind=what, resizer=resizer)
         try:
             clear_other_gangs(self, spec, name, want, log, timeout=cfg.termination_grace_seconds + self.delete_timeout)
             existing = self.get_gang(what, name)
@@ -362,13 +403,17 @@ class JobSupervisor(Outcomes):
             if service is not None:
                 self._ensure_service(service, want, w, owner=existing)
             return self._watch(spec, name, started, w, log, tick)
+        except ResizeNeeded:
+            w.resized = True
+            raise
         finally:
             if w.finished:
                 # The gang stays for its TTL (logs, debugging); rendezvous is over.
                 if w.owns_service:
                     self.delete_service(name, log)
             elif w.owns_job or w.owns_service:
-                log.warning(f"trial {spec.trial_id}: leaving before {what} {self.namespace}/{name} finished; deleting it")
+                if not w.resized:
+                    log.warning(f"trial {spec.trial_id}: leaving before {what} {self.namespace}/{name} finished; deleting it")
                 if w.owns_job:
                     self.delete_gang(what, name, log)
                 if w.owns_service:
@@ -434,6 +479,8 @@ class JobSupervisor(Outcomes):
                 self._report_pods(spec, pods, w, log, now)
                 self._check_stuck(spec, gang, pods, w, log)
                 self._stream(name, w, log, pods)
+                if w.resizer is not None:
+                    w.resizer.check(pods, w.running_seconds)
             self.sleep(self.poll_interval)
 
     def _report_restart(self, spec: TrainSpec, gang: GangView, w: _Watch, log: Any) -> None:

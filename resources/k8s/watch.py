@@ -52,6 +52,8 @@ class Watch:
     log_read_at: Optional[float] = None
     follower: LogFollower = field(default_factory=LogFollower)
     workloads_forbidden: bool = False
+    resizer: Optional[Any] = None  # an elastic launch's `resources.k8s.elastic.Resizer`
+    resized: bool = False  # left for a relaunch at another size
 
     def blame(self, pod: PodView) -> None:
         """Count a failed pod against the next restart, once, whether a poll listed it or the pod watch saw it."""

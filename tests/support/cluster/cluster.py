@@ -5,7 +5,8 @@
         outcome = launcher.launch(spec)
 
 Tests act only as a user or the cluster would: `kill` sends a signal to a
-pod's process, `preempt` asks Kueue to evict a gang; every exit code, phase and
+pod's process, `preempt` asks Kueue to evict a gang, `lose_node` takes a node's
+capacity away and SIGKILLs its pods' processes (`return_node` gives it back); every exit code, phase and
 condition comes from the processes and the controllers' rules
 (`tests.support.cluster.controllers`). A failure inside the control loop stops
 it and is raised by `check()`, by `wait_for` and on leaving the context.
@@ -62,6 +63,7 @@ class EmulatedCluster:
         self.pod_backoff_seconds = pod_backoff_seconds
         self.tick = tick
         self.errors: list[BaseException] = []
+        self._lost: dict[str, Node] = {}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -124,6 +126,25 @@ class EmulatedCluster:
     def kill(self, pod: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to the main process of running pod `pod` (as `kill` on its node does)."""
         self.kubelet.signal(pod, sig)
+
+    def lose_node(self, name: str) -> list[str]:
+        """Node `name` is lost: its capacity is gone (the scheduler places nothing there) and every process of its pods
+        is SIGKILLed by PID (exit 137, as the runtime reports a killed container); the names of the pods killed.
+
+        A pod bound there that had not started is Failed with a DisruptionTarget condition, as PodGC marks it.
+        """
+        node = next((n for n in self.nodes if n.name == name), None)
+        if node is None:
+            raise LookupError(f"no node {name}; nodes: {[n.name for n in self.nodes]}")
+        self._lost[name] = node
+        self.nodes.remove(node)
+        return self.kubelet.lose_node(name)
+
+    def return_node(self, name: str) -> None:
+        """Node `name` (lost by `lose_node`) is back with its capacity."""
+        node = self._lost.pop(name)
+        self.kubelet.return_node(name)
+        self.nodes.append(node)
 
     def preempt(self, gang: str, namespace: str) -> None:
         """Ask Kueue to preempt the admitted Workload of Job or JobSet `gang`: evicted with reason Preempted, its pods stopped."""

@@ -535,25 +535,26 @@ class Scheduler:
         self.reported: set[str] = set()
 
     def step(self, pods: list[dict[str, Any]]) -> None:
+        nodes = list(self.nodes)  # a test may take a node away (or give it back) meanwhile
         for pod in pods:
             if pod["spec"].get("nodeName") or terminating(pod) or pod["status"].get("phase") != "Pending":
                 continue
-            node, why = self._fit(pod, pods)
+            node, why = self._fit(pod, pods, nodes)
             if node is not None:
                 self.api.patch(pod, {"spec": {"nodeName": node.name}, "status": {
                     "conditions": with_condition(pod, "PodScheduled", "True", "", "")}})
                 continue
-            message = f"0/{len(self.nodes)} nodes are available: {why}. preemption: 0/{len(self.nodes)} nodes are available: " \
-                      f"{len(self.nodes)} Preemption is not helpful for scheduling."
+            message = f"0/{len(nodes)} nodes are available: {why}. preemption: 0/{len(nodes)} nodes are available: " \
+                      f"{len(nodes)} Preemption is not helpful for scheduling."
             if pod["metadata"]["uid"] not in self.reported:
                 self.reported.add(pod["metadata"]["uid"])
                 self.api.patch(pod, {"status": {"conditions": with_condition(pod, "PodScheduled", "False", "Unschedulable", message)}})
                 record_event(self.api, pod, "Pod", "FailedScheduling", message, "default-scheduler")
 
-    def _fit(self, pod: dict[str, Any], pods: list[dict[str, Any]]) -> tuple[Optional[Node], str]:
+    def _fit(self, pod: dict[str, Any], pods: list[dict[str, Any]], nodes: list[Node]) -> tuple[Optional[Node], str]:
         need = pod_requests(pod["spec"])
         reasons: dict[str, int] = {}
-        for node in self.nodes:
+        for node in nodes:
             why = self._node_misfit(pod, node, need, pods)
             if why is None:
                 return node, ""

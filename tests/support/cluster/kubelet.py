@@ -126,6 +126,7 @@ class PodProcess:
                  dns: dict[str, str], node_env: Optional[dict[str, str]] = None) -> None:
         self.name, self.uid = pod["metadata"]["name"], pod["metadata"]["uid"]
         spec = pod["spec"]
+        self.node = str(spec.get("nodeName") or "")
         container = spec["containers"][0]
         self.container = container["name"]
         missing = sorted(secrets_of(container) - set(secrets))
@@ -236,6 +237,7 @@ class Kubelet:
         self.clock = clock
         self.procs: dict[str, PodProcess] = {}
         self.done: set[str] = set()
+        self.lost: set[str] = set()  # nodes gone: nothing starts there
 
     def step(self, pods: list[dict[str, Any]], services: list[dict[str, Any]]) -> None:
         for pod in pods:
@@ -244,6 +246,9 @@ class Kubelet:
             if proc is None:
                 if terminating(pod):
                     self._abandon(pod)
+                elif pod["spec"].get("nodeName") in self.lost and uid not in self.done:
+                    self.done.add(uid)
+                    self._gone_with_node(pod)
                 elif pod["spec"].get("nodeName") and uid not in self.done:
                     self._start(pod, pods, services)
                 continue
@@ -312,6 +317,24 @@ class Kubelet:
                 pod, "DisruptionTarget", "True", "DeletionByPodGC", "PodGC: node no longer exists or pod was deleted before it ran")}})
         self._release(pod)
 
+    def _gone_with_node(self, pod: dict[str, Any]) -> None:
+        """A pod bound to a node that is gone before it ran: Failed with DisruptionTarget, as PodGC marks it."""
+        self.api.patch(pod, {"status": {"phase": "Failed", "conditions": with_condition(
+            pod, "DisruptionTarget", "True", "DeletionByPodGC", "PodGC: node no longer exists")}})
+
+    def lose_node(self, node: str) -> list[str]:
+        """The node is gone: SIGKILL every process of its pods (by PID), start nothing there; the pods killed."""
+        self.lost.add(node)
+        killed = []
+        for proc in list(self.procs.values()):
+            if proc.node == node and proc.exit_code() is None:
+                proc.kill_all()
+                killed.append(proc.name)
+        return killed
+
+    def return_node(self, node: str) -> None:
+        self.lost.discard(node)
+
     def _release(self, pod: dict[str, Any]) -> None:
         finalizers = pod["metadata"].get("finalizers") or []
         if KUBELET_FINALIZER in finalizers:
@@ -328,7 +351,7 @@ class Kubelet:
         Raises:
             LookupError: no running pod of that name here.
         """
-        for proc in self.procs.values():
+        for proc in list(self.procs.values()):
             if proc.name == pod_name and proc.exit_code() is None:
                 proc.signal(sig)
                 return
