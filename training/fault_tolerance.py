@@ -147,6 +147,11 @@ def _train_sampler(trainer: L.Trainer) -> Optional[Any]:
     return loader if callable(getattr(loader, "mark_consumed", None)) else None
 
 
+def _ranks(begin: int, end: int) -> str:
+    """`rank 3` or `ranks 2-3`: ranks `[begin, end)` for a log line."""
+    return f"rank {begin}" if end - begin == 1 else f"ranks {begin}-{end - 1}"
+
+
 def _stepped_batches(trainer: L.Trainer, batch_idx: int) -> int:
     """Batches of the epoch trained into an optimizer step after batch `batch_idx`: a save between the micro-batches
     of an accumulation resumes at its first (their gradients are not in the checkpoint)."""
@@ -560,11 +565,11 @@ class FaultTolerance(Callback):
             set_rng_state(states[rank])
         if len(states) != world and rank == 0:
             # Another world size: no rank's generators of the saving run continue this run's, whichever it takes.
-            kept = f"ranks {len(states)}-{world - 1} keep their seeded generators" if world > len(states) else \
-                f"the states of ranks {world}-{len(states) - 1} are not used"
-            log.info("checkpoint holds the RNG states of %d ranks, this run has %d: ranks 0-%d restored theirs, %s (random "
-                     "draws such as dropout masks differ from a run at %d ranks; the sample order does not depend on them)",
-                     len(states), world, min(world, len(states)) - 1, kept, len(states))
+            kept = f"{_ranks(len(states), world)} keep their seeded generators" if world > len(states) else \
+                f"the states of {_ranks(world, len(states))} are not used"
+            log.info("checkpoint holds the RNG states of %d ranks, this run has %d: %s restored theirs, %s (random draws such "
+                     "as dropout masks differ from a run at %d ranks; the sample order does not depend on them)",
+                     len(states), world, _ranks(0, min(world, len(states))), kept, len(states))
         self.best_score = saved.get("best_score")
         if saved.get("interval_seconds") and self.interval_source == "young_daly":
             saved_nodes, save_seconds = saved.get("nodes"), saved.get("save_seconds")

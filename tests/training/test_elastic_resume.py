@@ -192,9 +192,9 @@ def _attempt_records(tmp: Path) -> list[dict[str, Any]]:
     return read_attempts(str(tmp / "run"))
 
 
-# Global batch kept (4 ranks x 8 -> 2 ranks x 8 x accumulation 2): the same samples make each optimizer step, summed in
-# another order. Measured on this CPU the resumed losses differ from the undisturbed 4-rank run's by at most 3e-8 (fsdp)
-# and 1.5e-7 (ddp), float32 rounding; consecutive steps' losses differ by 4e-3 to 1.7, so a step trained on other samples
+# Global batch kept (4 ranks x 8 -> 2 ranks x 8 x accumulation 2, 2 -> 1 x accumulation 2): the same samples make each
+# optimizer step, summed in another order. Measured on this CPU the resumed losses differ from the undisturbed run's by at
+# most 3e-8 (fsdp 4 -> 2), 0 (fsdp 2 -> 1) and 1.5e-7 (ddp 4 -> 2), float32 rounding; consecutive steps' losses differ by 4e-3 to 1.7, so a step trained on other samples
 # or from a lost optimizer state would show far above the tolerance.
 KEPT_TOLERANCE = 1e-4
 
@@ -208,7 +208,7 @@ def _assert_kept(resumed: dict[int, float], reference: dict[int, float]) -> None
 
 @pytest.mark.slow
 def test_fsdp_trial_resumes_at_another_world_size_with_its_stream_and_loss_curve(tmp_path: Path) -> None:
-    """FSDP2 on streamed images: 4 -> 2 (global batch kept by accumulation) and 2 -> 4 (global batch 16 -> 32, stated)."""
+    """FSDP2 on streamed images: 4 -> 2 and 2 -> 1 (global batch kept by accumulation), 2 -> 4 (global batch 16 -> 32, stated)."""
     four = _undisturbed(tmp_path / "four", "stream", "fsdp", 4)
     two = _undisturbed(tmp_path / "two", "stream", "fsdp", 2)
 
@@ -232,6 +232,13 @@ def test_fsdp_trial_resumes_at_another_world_size_with_its_stream_and_loss_curve
     assert not attempt["global_batch"]["kept"] and attempt["global_batch"]["checkpoint"]["global"] == 16
     assert attempt["global_batch"]["run"]["global"] == 32
     _assert_within_spread(committed, two, four)
+
+    # 2 -> 1: one process has nothing to shard; it reads the shards merged and keeps 16 samples a step by accumulation 2.
+    result, committed, resumed = _resized(tmp_path / "one", "stream", "fsdp", 2, 1, at_step=6)
+    assert result.world_size == 1 and 0 < resumed < 25
+    _assert_each_sample_once(committed, IMAGES)
+    assert _ids_by_step(committed) == _ids_by_step(two)
+    _assert_kept(_losses_by_step(committed), _losses_by_step(two))
 
 
 def _per_sample_loss(records: list[dict[str, Any]]) -> dict[int, float]:
