@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import hashlib
 import json
 import math
@@ -8,6 +9,7 @@ import random
 import re
 import threading
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -489,6 +491,19 @@ def test_a_region_is_assembled_from_the_saved_pieces_that_intersect_it() -> None
         region = Region([6, 4], shape, offset, torch.float32, "w")
         (got,) = assemble_regions({("m", "w"): region}, iter(saved)).values()
         assert torch.equal(got, full[offset[0]:offset[0] + shape[0], offset[1]:offset[1] + shape[1]]), (shape, offset)
+    # One saved shard at a time: each is released before the next is read.
+    alive: list = []
+
+    def one_at_a_time():
+        for piece in saved:
+            assert all(ref() is None for ref in alive), "a saved shard is still held while the next is read"
+            shard = copy.deepcopy(piece)
+            alive.append(weakref.ref(shard["m"]["w"]["local"]))
+            yield shard
+            del shard
+
+    (got,) = assemble_regions({("m", "w"): Region([6, 4], [6, 4], [0, 0], torch.float32, "w")}, one_at_a_time()).values()
+    assert torch.equal(got, full) and len(alive) == len(saved)
     # The last piece lost: the region it held is not covered; another global shape is another model.
     with pytest.raises(CheckpointLayoutError, match=r"cover 20 of the 24 values"):
         assemble_regions({("m", "w"): Region([6, 4], [6, 4], [0, 0], torch.float32, "w")}, iter(saved[:-2]))

@@ -246,15 +246,19 @@ def assemble_regions(regions: dict[tuple[Any, ...], Region], shards: Iterable[An
         (also when the shards do not cover a region).
     """
     for shard in shards:
-        for path, region in regions.items():
-            obj = shard
-            for key in path:
-                try:
-                    obj = obj[key]
-                except (KeyError, IndexError, TypeError) as e:
-                    raise CheckpointLayoutError(f"a shard of the checkpoint lacks {region.where}") from e
-            if not is_dtensor_marker(obj):
-                raise CheckpointLayoutError(f"a shard of the checkpoint holds {region.where} unsharded")
-            region.add(obj)
-        del shard
+        _add_shard(shard, regions)
+        del shard  # before the next one is read
     return {path: region.finish() for path, region in regions.items()}
+
+
+def _add_shard(shard: Any, regions: dict[tuple[Any, ...], Region]) -> None:
+    for path, region in regions.items():
+        obj = shard
+        for key in path:
+            try:
+                obj = obj[key]
+            except (KeyError, IndexError, TypeError) as e:
+                raise CheckpointLayoutError(f"a shard of the checkpoint lacks {region.where}") from e
+        if not is_dtensor_marker(obj):
+            raise CheckpointLayoutError(f"a shard of the checkpoint holds {region.where} unsharded")
+        region.add(obj)

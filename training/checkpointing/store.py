@@ -476,6 +476,7 @@ class CheckpointStore:
             state = load_payload(data, f"{self.root_uri}/{name}/{fname}")
             del data
             yield state
+            del state  # before the next one is read
 
     def committed(self) -> list[tuple[str, bool]]:
         """(directory name, saved as best) of every committed checkpoint, newest first; manifests unverified."""
