@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.harness import STARTED_ENV, started_marker
 
-BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory", "bench.validation_throughput", "bench.ingest_memory", "bench.gbt_overhead", "bench.time_to_first_step", "bench.sweep_throughput", "bench.cluster_sim", "bench.long_run_sim", "bench.sweep_10k", "bench.pruning_savings", "bench.gang_recovery", "bench.stream_throughput", "bench.data_memory", "bench.lm_throughput", "bench.hang_detect"]
+BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory", "bench.validation_throughput", "bench.ingest_memory", "bench.gbt_overhead", "bench.time_to_first_step", "bench.sweep_throughput", "bench.cluster_sim", "bench.long_run_sim", "bench.sweep_10k", "bench.pruning_savings", "bench.gang_recovery", "bench.stream_throughput", "bench.data_memory", "bench.lm_throughput", "bench.hang_detect", "bench.elastic_resume"]
 ROOT = Path(__file__).resolve().parent.parent
 _KEYS = ("name", "value", "unit", "baseline", "ratio")
 # The benchmark's argv is its module alone: `python -c` leaves the module name in sys.argv[1:], which a
