@@ -273,3 +273,65 @@ def test_ddp_trial_on_parquet_resumes_on_fewer_ranks_with_its_stream_and_loss_cu
     _assert_each_sample_once(committed, ROWS)
     assert _ids_by_step(committed) == _ids_by_step(four)
     _assert_kept(_losses_by_step(committed), _losses_by_step(four))
+
+
+def test_a_fit_resumed_with_half_the_batch_accumulates_two_and_trains_the_rest_of_the_epoch_once(tmp_path: Path) -> None:
+    """One process, batch 8 -> batch 4 (as 4 -> 2 ranks would halve the ranks): the loop continues at the loader's batch,
+    accumulation 2 keeps 8 samples a step, and the epoch's remaining samples are each trained once."""
+    import lightning as L
+
+    from training.attempts import AttemptLog, FaultMarkers
+    from training.checkpointing import CheckpointStore
+    from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
+    from training.spec import CheckpointPolicy, FaultInjection
+
+    seen: list[tuple[int, int, list[int]]] = []
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(1, 1)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            seen.append((self.global_step, batch_idx, batch[0].squeeze(1).long().tolist()))
+            return self.layer(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    data = torch.utils.data.TensorDataset(torch.arange(64, dtype=torch.float32).unsqueeze(1))
+    store = CheckpointStore(str(tmp_path / "checkpoints"))
+
+    class Lost(Exception):
+        pass
+
+    class Stop(L.Callback):
+        """Ends the first fit right after the checkpoint of step 3, as a lost node would."""
+
+        def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+            if trainer.global_step == 3:
+                raise Lost
+
+    def fit(batch: int, accumulate: int, *extra: Any) -> None:
+        io = StoreCheckpointIO(store, async_save=False)
+        ft = FaultTolerance(CheckpointPolicy(every_n_steps=3), io, 1, "val_loss", "min", FaultInjection(), FaultMarkers(str(tmp_path)),
+                            AttemptLog(str(tmp_path), f"batch{batch}", time.time()))
+        loader = ResumableDataLoader(data, batch_size=batch, sampler=ResumableSampler(64, batch, seed=3, rank=0, world=1))
+        trainer = L.Trainer(max_epochs=1, accelerator="cpu", devices=1, plugins=[io], callbacks=[ft, *extra], logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, accumulate_grad_batches=accumulate)
+        latest = store.latest()
+        trainer.fit(Tiny(), loader, ckpt_path=io.remember(latest) if latest is not None else None)
+
+    with pytest.raises(Lost):
+        fit(8, 1, Stop())  # 24 samples trained and checkpointed at step 3, then the process is gone
+    saved = store.latest()
+    assert saved is not None and saved.step == 3 and len(seen) == 3
+    accumulate, change = keep_global_batch(saved.state["trainyard"]["global_batch"], 1, 4)
+    assert (accumulate, change) == (2, None)
+    before = len(seen)
+    fit(4, accumulate)
+    order = ResumableSampler(64, 8, seed=3, rank=0, world=1).order(0)
+    resumed = seen[before:]
+    assert [i for _, _, ids in resumed for i in ids] == order[24:]  # the rest of the epoch, each sample once, in the stream's order
+    # batch 4 of 16 a rank: the first resumed batch is the 7th (24 / 4); two batches make each of steps 4..8
+    assert [(step, idx) for step, idx, _ in resumed] == [(3 + k // 2, 6 + k) for k in range(10)]
