@@ -1,7 +1,8 @@
 """A tiny shardable classifier that records every trained batch (sample ids and loss), for the resume-at-another-size drills
 (`tests/training/test_elastic_resume.py`).
 
-`ElasticRecordingMLP` trains under `ddp`, `fsdp` and `tp` (`training.parallel.ParallelizableModule`)
+`ElasticRecordingMLP` trains under `ddp`, `fsdp` and `tp` (`training.parallel.ParallelizableModule`; tensor
+parallel splits the hidden layer)
 on batches `(x, y, ids)`: streamed images (`StreamingShardDataModule(return_ids=True)`) or
 Parquet rows with their row index (`IdParquetDataModule`). Each `training_step` appends one
 JSON line to `<log_dir>/ids-rank<r>.jsonl` before the step's optimizer update: the world size,
@@ -22,7 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from training.data import BatchedTensorDataset, ParquetDataModule
-from training.parallel import ParallelizableModule
+from training.parallel import ColwiseParallel, ParallelizableModule, RowwiseParallel
 
 
 class ElasticRecordingMLP(ParallelizableModule):
@@ -32,6 +33,9 @@ class ElasticRecordingMLP(ParallelizableModule):
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
+
+    def tensor_parallel_plan(self) -> dict[str, Any]:
+        return {"net.0": ColwiseParallel(), "net.2": RowwiseParallel()}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.flatten(1).float())

@@ -132,7 +132,8 @@ def _spec(tmp: Path, data: str, strategy: str, procs: int, **over: Any) -> Any:
         extra = {"data": DataSpec(train_uri=paths["train"], val_uri=paths["val"], test_uri=paths["test"], features=features(),
                                   target="label", version="0" * 32)}
     base: dict[str, Any] = dict(model=model, datamodule=datamodule, batch_size=batch, max_epochs=1,
-                                distribution=Distribution(procs_per_node=procs, strategy=strategy, max_restarts=0),
+                                distribution=Distribution(procs_per_node=procs, strategy=strategy, max_restarts=0,
+                                                          tensor_parallel_size=procs if strategy == "tp" else 1),
                                 checkpoint=CheckpointPolicy(every_n_steps=1000, keep_last=2), **extra)
     base.update(over)
     return make_spec(tmp, **base)
@@ -192,9 +193,10 @@ def _attempt_records(tmp: Path) -> list[dict[str, Any]]:
     return read_attempts(str(tmp / "run"))
 
 
-# Global batch kept (4 ranks x 8 -> 2 ranks x 8 x accumulation 2, 2 -> 1 x accumulation 2): the same samples make each
+# Global batch kept (4 ranks x 8 -> 2 ranks x 8 x accumulation 2, 2 -> 1 x accumulation 2, tensor parallel): the same samples make each
 # optimizer step, summed in another order. Measured on this CPU the resumed losses differ from the undisturbed run's by at
-# most 3e-8 (fsdp 4 -> 2), 0 (fsdp 2 -> 1) and 1.5e-7 (ddp 4 -> 2), float32 rounding; consecutive steps' losses differ by 4e-3 to 1.7, so a step trained on other samples
+# most 3e-8 (fsdp 4 -> 2), 0 (fsdp 2 -> 1), 1.5e-7 (ddp 4 -> 2) and 2.4e-7 (tp 2 -> 4, the hidden layer split in 4
+# instead of 2), float32 rounding; consecutive steps' losses differ by 4e-3 to 1.7, so a step trained on other samples
 # or from a lost optimizer state would show far above the tolerance.
 KEPT_TOLERANCE = 1e-4
 
@@ -335,3 +337,16 @@ def test_a_fit_resumed_with_half_the_batch_accumulates_two_and_trains_the_rest_o
     assert [i for _, _, ids in resumed for i in ids] == order[24:]  # the rest of the epoch, each sample once, in the stream's order
     # batch 4 of 16 a rank: the first resumed batch is the 7th (24 / 4); two batches make each of steps 4..8
     assert [(step, idx) for step, idx, _ in resumed] == [(3 + k // 2, 6 + k) for k in range(10)]
+
+
+@pytest.mark.slow
+def test_tensor_parallel_trial_resumes_split_over_more_ranks(tmp_path: Path) -> None:
+    """Tensor parallel over 2 ranks -> over 4: each layer's column and row blocks resharded (the replicated bias
+    taken once); one data-parallel replica, so every rank trains the same batch and the global batch is kept."""
+    two = [r for r in _undisturbed(tmp_path / "two", "stream", "tp", 2) if r["rank"] == 0]
+    result, committed, resumed = _resized(tmp_path / "up", "stream", "tp", 2, 4, at_step=3)
+    assert result.world_size == 4 and 0 < resumed < 50
+    committed = [r for r in committed if r["rank"] == 0]
+    _assert_each_sample_once(committed, IMAGES)
+    assert _ids_by_step(committed) == _ids_by_step(two)
+    _assert_kept(_losses_by_step(committed), _losses_by_step(two))
