@@ -159,10 +159,18 @@ class Resizer:
                       f"pod(s) shaped like the gang's; the gang grows back when they run")
 
     def close(self) -> None:
-        """Delete the capacity probe, if one was made (its pods free their nodes for the next gang)."""
-        if self.probe is not None:
-            self.sup.delete_job(self.probe, self.log)
-            self.probe = None
+        """Delete the capacity probe, if one was made, and wait (at most `delete_timeout`) until it is gone.
+
+        Its pods free their nodes for the next gang, and the next gang's launch
+        does not find it among the trial's objects.
+        """
+        if self.probe is None:
+            return
+        self.sup.delete_job(self.probe, self.log)
+        deadline = self.sup.clock() + self.sup.delete_timeout
+        while self.sup._get_job(self.probe) is not None and self.sup.clock() < deadline:
+            self.sup.sleep(self.sup.poll_interval)
+        self.probe = None
 
 
 def run_elastic(sup: Any, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, log: Any, run_id: Optional[str],

@@ -128,6 +128,7 @@ def test_drill_lose_node_a_3_node_gang_continues_on_2_grows_back_to_3_and_finish
     assert "node lost: 1 of the gang's 3 pods could not be placed" in shrink and "Insufficient cpu" in shrink, shrink
     (grow,) = [m for m in messages if "the gang grows back: 2 -> 3 nodes" in m]
     assert "capacity returned: 1 of 1 capacity probe pods run (nodes node-" in grow, grow
+    assert [m for m in messages if "-probe" in m and "one gang per trial" in m] == []  # gone before the next gang's launch
     # Goodput accounts for it: the resizes with their causes, the time at each size.
     result = trial.trained()
     assert result["world_size"] == 3
