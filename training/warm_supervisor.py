@@ -18,7 +18,9 @@ torchrun's agent semantics for them:
   checkpoints); a launcher that disconnects stops the group;
 - a failed launch ends with torchrun's failure summary (the first failure as the
   root cause, the workers stopped after it under "Failures:"), and the final
-  status is `training.gang.classify` over this launch's failure records.
+  status is `training.gang.classify` over this launch's failure records;
+- the workers are watched for hangs and stragglers as `training.gang` watches
+  torchrun's (`training.watchdog.GangWatchdog`): a hung group is killed and restarts.
 """
 
 from __future__ import annotations
@@ -30,18 +32,22 @@ import json
 import os
 import re
 import select
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from training.gang import classify, launch_records, output_uri_of
-from training.spec import EXIT_INFRA, LAUNCH_ID_ENV, STORE_LISTEN_FD_ENV, WANDB_SERVICE_ENV
+from training.gang import classify, launch_records, output_uri_of, watchdog_policy
+from training.spec import EXIT_INFRA, LAUNCH_ID_ENV, PROGRESS_DIR_ENV, STORE_LISTEN_FD_ENV, WANDB_SERVICE_ENV
 from training.warm_preload import disown_server_exit_work
 from training.warm_protocol import Request
+from training.watchdog import POLL_SECONDS as WATCH_SECONDS
+from training.watchdog import GangWatchdog
 
 PR_SET_PDEATHSIG = 1
 STOP_GRACE_SECONDS = 30.0  # torchrun's agent waits as long between SIGTERM and SIGKILL of its workers
@@ -209,6 +215,7 @@ class Supervisor:
     client_gone: bool = False
     started: float = field(default_factory=time.time)
     pid: int = field(default_factory=os.getpid)
+    watchdog: Optional[GangWatchdog] = None  # set for the launch by `run`
 
     def send(self, event: dict[str, Any]) -> None:
         try:
@@ -251,6 +258,8 @@ class Supervisor:
         port = int(listener.getsockname()[1])
         for rank in range(self.request.nprocs):
             env = worker_env(self.request, restart, port, rank, store_fd=listener.fileno() if rank == 0 else None)
+            if self.watchdog is not None:
+                env[PROGRESS_DIR_ENV] = self.watchdog.directory
             read_end, write_end = os.pipe()
             others = [x for w in self.workers for x in (w.read_end, *((w.exited,) if w.exited is not None else ()))]
             pid = os.fork()
@@ -271,7 +280,14 @@ class Supervisor:
         """Relay the workers' output while they run; on the first failure (or the launcher gone) stop the rest."""
         stop_sent: Optional[float] = None
         drain_until: Optional[float] = None
+        watched_at = time.monotonic()
         while True:
+            if self.watchdog is not None and not self.failures and self.signalled is None and time.monotonic() - watched_at >= WATCH_SECONDS:
+                watched_at = time.monotonic()
+                try:
+                    self.watchdog.poll()  # a hung group is SIGKILLed here, and reaped below as failed
+                except Exception as e:  # the watch must never take the launch down with it
+                    say(f"watchdog poll failed ({type(e).__name__}: {e}); still watching", self.out)
             pipes = {w.read_end: w for w in self.workers if w.open}
             exits = {w.exited: w for w in self.workers if w.exited is not None and w.status is None}
             watched = [*pipes, *exits, *([] if self.client_gone else [self.conn.fileno()])]
@@ -340,6 +356,9 @@ class Supervisor:
     def run(self) -> int:
         """The whole launch; the classified status, also sent as the `exit` event."""
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        progress = tempfile.mkdtemp(prefix="trainyard-progress-")
+        self.watchdog = GangWatchdog(progress, watchdog_policy(self.request.spec_uri), output_uri_of(self.request.spec_uri),
+                                     self.request.env.get(LAUNCH_ID_ENV, ""), lambda m: say(m, self.out))
         try:
             status = 0
             for restart in range(self.request.max_restarts + 1):
@@ -352,6 +371,7 @@ class Supervisor:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+            shutil.rmtree(progress, ignore_errors=True)
         return self.finish(status)
 
     def finish(self, status: int) -> int:

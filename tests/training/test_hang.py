@@ -172,3 +172,21 @@ def test_drill_hang_is_named_with_its_stack_and_restarted_and_drill_slow_is_repo
     assert [e["rank"] for e in slow] == [0] and slow[0]["node"] == node and slow[0]["local_seconds"] >= 0.2
     assert slow[0]["time"] < hang["time"]
     assert node in nodes_to_avoid(events)
+
+
+@pytest.mark.slow
+def test_drill_hang_on_warm_workers_is_named_and_restarted_by_their_supervisor(tmp_path: Path) -> None:
+    """The local launcher's default path: the warm supervisor watches its forks as training.gang watches torchrun's."""
+    spec = make_spec(
+        tmp_path, distribution=Distribution(procs_per_node=2, max_restarts=1), max_epochs=2, batch_size=16,
+        checkpoint=CheckpointPolicy(every_n_steps=4, keep_last=2, watchdog=WatchdogPolicy(hang_floor_seconds=3)),
+        faults=FaultInjection(hang_rank=0, hang_at_step=5),
+    )
+    launcher = LocalLauncher()
+    result = launcher.launch(spec).result
+    out = Path(spec.output_uri)
+    (path,) = (out / "failures").glob("rank-0-hang-*.json")
+    hang = json.loads(path.read_text())
+    assert hang["rank"] == 0 and any(f.endswith("in _drill_hang_blocks_forever") for f in hang["stack"]), hang["stack"]
+    assert result.goodput["restarts"] == 1 and result.goodput["restart_causes"][0].startswith("hung: rank 0")
+    assert "[trainyard.warm]" in (out / "logs" / "launcher.log").read_text()  # it ran warm, not on torchrun
