@@ -179,3 +179,56 @@ def test_a_resized_gang_is_a_new_jobset_and_its_capacity_probe_is_shaped_like_it
     assert pod["containers"][0]["resources"] == gang_pod["containers"][0]["resources"]
     assert pod["nodeSelector"] == {"pool": "gpu"}
     assert (probe["spec"]["completions"], probe["spec"]["parallelism"]) == (1, 1)
+
+
+def test_the_resizer_waits_for_its_bound_for_the_range_and_for_terminating_pods(tmp_path: Path) -> None:
+    """The decisions alone, on pod views: shrink only past the bound, within the range, with no pod still terminating;
+    grow at once when every missing node fits, after the bound when only some do."""
+    from types import SimpleNamespace
+
+    from resources.k8s.config import K8sJobConfig
+    from resources.k8s.elastic import ResizeNeeded, Resizer
+    from resources.k8s.pods import PodView
+    from tests.support.train_specs import make_spec
+
+    spec = make_spec(tmp_path, distribution=Distribution(nodes=4, min_nodes=2))
+    created: list[dict[str, Any]] = []
+    probe_pods: list[PodView] = []
+    sup = SimpleNamespace(namespace=NS, batch=SimpleNamespace(create_namespaced_job=lambda ns, body: created.append(body)),
+                          _api=lambda what, fn, *a, expect=(), **kw: fn(*a, **kw), _pods=lambda name: list(probe_pods))
+    log = SimpleNamespace(info=lambda msg: None)
+    cfg = K8sJobConfig(namespace=NS, image="registry.example.com/t@sha256:" + "0" * 64)
+
+    def pod(i: int, node: str = "", unschedulable: str = "", terminating: bool = False, phase: str = "Pending") -> PodView:
+        return PodView(name=f"p{i}", index=i, phase=phase, node=node, unschedulable=unschedulable, terminating=terminating)
+
+    full = Resizer(sup, spec, 4, "gang", cfg, 0, None, 10.0, log)
+    placed = [pod(0, "a", phase="Running"), pod(1, "b", phase="Running")]
+    lost = [pod(2, unschedulable="0/2 nodes are available"), pod(3, unschedulable="0/2 nodes are available")]
+    full.check([*placed, *lost], 0.0)
+    full.check([*placed, *lost], 9.0)  # within the bound
+    full.check([*placed, *lost, pod(9, "c", terminating=True, phase="Running")], 20.0)  # a node may still free up: timer reset
+    full.check([*placed, *lost], 21.0)
+    with pytest.raises(ResizeNeeded) as shrink:
+        full.check([*placed, *lost], 31.0)
+    assert shrink.value.nodes == 2 and "2 of the gang's 4 pods could not be placed for 10 s" in shrink.value.cause
+    below = Resizer(sup, spec, 4, "gang", cfg, 0, None, 10.0, log)
+    for t in (0.0, 100.0):  # one node placed, min_nodes 2: nothing smaller can run, so it waits (the stuck bound applies)
+        below.check([pod(0, "a", phase="Running"), *[pod(i, unschedulable="none") for i in (1, 2, 3)]], t)
+    assert created == []
+
+    smaller = Resizer(sup, spec, 2, "gang-g1", cfg, 0, None, 10.0, log)
+    smaller.check(placed, 0.0)
+    assert [(b["metadata"]["name"], b["spec"]["parallelism"]) for b in created] == [("gang-g1-probe", 2)]
+    probe_pods[:] = [pod(0, "c", phase="Running"), pod(1, unschedulable="0/3 nodes are available")]
+    smaller.check(placed, 1.0)
+    smaller.check(placed, 10.0)  # one of two missing nodes back: waits the bound for the other
+    with pytest.raises(ResizeNeeded) as partial:
+        smaller.check(placed, 11.0)
+    assert partial.value.nodes == 3 and "1 of 2 capacity probe pods run (nodes c)" in partial.value.cause
+    probe_pods[:] = [pod(0, "c", phase="Running"), pod(1, "d", phase="Running")]
+    again = Resizer(sup, spec, 2, "gang-g1", cfg, 0, None, 10.0, log)
+    again.check(placed, 0.0)
+    with pytest.raises(ResizeNeeded) as grow:
+        again.check(placed, 0.5)  # every missing node fits: at once
+    assert grow.value.nodes == 4
