@@ -190,3 +190,23 @@ def test_drill_hang_on_warm_workers_is_named_and_restarted_by_their_supervisor(t
     assert hang["rank"] == 0 and any(f.endswith("in _drill_hang_blocks_forever") for f in hang["stack"]), hang["stack"]
     assert result.goodput["restarts"] == 1 and result.goodput["restart_causes"][0].startswith("hung: rank 0")
     assert "[trainyard.warm]" in (out / "logs" / "launcher.log").read_text()  # it ran warm, not on torchrun
+
+
+def test_hang_and_slow_drills_reach_the_spec_from_the_run_config_and_refuse_what_cannot_fire() -> None:
+    from dagster import Failure
+
+    from assets.trials import TrialConfig, check_drill
+
+    config = TrialConfig(drill_hang_rank=1, drill_hang_at_step=50, drill_slow_rank=0, drill_slow_seconds=0.5)
+    assert config.drill() == {"hang_rank": 1, "hang_at_step": 50, "slow_rank": 0, "slow_seconds": 0.5} and config.restarts_expected()
+    with pytest.raises(Failure) as refused:
+        check_drill("trial-0000", TrialConfig(drill_hang_rank=2, drill_hang_at_step=50, drill_slow_rank=0, drill_slow_seconds=0.5), 1,
+                    {"global_step": 40})
+    assert refused.value.description == (
+        "trial-0000: the drill cannot run: drill_hang_rank=2 names no rank of a 1-process trial (ranks 0..0); drill_slow_rank needs a "
+        "trial of 2 or more processes: a straggler is slower than the others; drill_hang_at_step=50 is past the trial's last step "
+        "(it trained 40 steps); use a step in 1..40")
+    with pytest.raises(ValueError, match="hang_rank and hang_at_step are set together"):
+        FaultInjection(hang_rank=1)
+    with pytest.raises(ValueError, match=r"slow_rank and slow_seconds \(> 0\) are set together"):
+        FaultInjection(slow_rank=1)
