@@ -124,6 +124,8 @@ def _env(cfg: K8sJobConfig) -> list[dict[str, Any]]:
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         # One launch = one Job: attempt records and "fail at once" checks key on it.
         {"name": LAUNCH_ID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+        # The node, so the pod-side watchdog names where a hung or slow rank ran (`training.watchdog`).
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         # HOME, TMPDIR and the caches of torch, triton, W&B and matplotlib: inside
         # the writable emptyDirs, since the root filesystem is read-only.
         *({"name": k, "value": v} for k, v in WRITABLE_ENV.items()),

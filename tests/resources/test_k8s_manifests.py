@@ -137,6 +137,7 @@ def test_two_node_job_exact(two_node_spec) -> None:
                                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                                 {"name": "TRAINYARD_LAUNCH_ID",
                                  "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+                                {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                                 {"name": "HOME", "value": "/home/trainer"},
                                 {"name": "TMPDIR", "value": "/tmp"},
                                 {"name": "XDG_CACHE_HOME", "value": "/home/trainer/.cache"},
