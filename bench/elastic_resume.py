@@ -21,16 +21,15 @@ first attempt). Ratio = resume / cold start, lower is better; target <= 1.5
 from __future__ import annotations
 
 import json
-import re
-import socket
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
+from bench.gang_recovery import IMAGE, _free_port, _rank0_checkpoint  # one copy: the gang drill's helpers
 from bench.harness import Target, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,28 +38,6 @@ CHECKPOINT_EVERY = 10
 RESIZE_AFTER = 2.0
 STEP_SECONDS = 0.2
 NS = "vision"
-IMAGE = "registry.example.com/trainyard/trainer@sha256:" + "0" * 64
-INDEX = "batch.kubernetes.io/job-completion-index"
-GANG = "trainyard.io/job-name"  # the gang's (JobSet's) name, on each of its pods
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _rank0_checkpoint(cluster: Any) -> Optional[tuple[str, dict[str, Any]]]:
-    """(gang name, its running node-1 pod) once rank 0 logged a committed checkpoint, else None."""
-    pods = cluster.pods()
-    for pod in pods:
-        if pod["metadata"]["annotations"].get(INDEX) == "0" and re.search(r"committed checkpoint \S+/step-\d+", cluster.log(pod["metadata"]["name"])):
-            gang = pod["metadata"]["labels"][GANG]
-            victims = [p for p in pods if p["metadata"]["labels"].get(GANG) == gang and p["metadata"]["annotations"].get(INDEX) == "1"
-                       and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
-            if victims:
-                return gang, victims[0]
-    return None
 
 
 def _launch(launcher: Any, spec: Any) -> tuple[threading.Thread, dict[str, Any]]:
