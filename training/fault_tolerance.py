@@ -48,6 +48,7 @@ from training.checkpointing import (
 )
 from training.distributed import lost_peer
 from training.errors import Preempted
+from training.resize import keep_global_batch, rank_range  # noqa: F401  (keep_global_batch: imported from here too)
 from training.resumable import ResumableSampler, align_loop_to_loader
 from training.spec import CheckpointPolicy, FaultInjection
 
@@ -147,11 +148,6 @@ def _train_sampler(trainer: L.Trainer) -> Optional[Any]:
     return loader if callable(getattr(loader, "mark_consumed", None)) else None
 
 
-def _ranks(begin: int, end: int) -> str:
-    """`rank 3` or `ranks 2-3`: ranks `[begin, end)` for a log line."""
-    return f"rank {begin}" if end - begin == 1 else f"ranks {begin}-{end - 1}"
-
-
 def _stepped_batches(trainer: L.Trainer, batch_idx: int) -> int:
     """Batches of the epoch trained into an optimizer step after batch `batch_idx`: a save between the micro-batches
     of an accumulation resumes at its first (their gradients are not in the checkpoint)."""
@@ -169,31 +165,6 @@ def _global_batch(trainer: L.Trainer) -> Optional[dict[str, int]]:
     if world is None or batch is None:
         return None
     return {"data_parallel": int(world), "batch_size": int(batch), "accumulate": int(trainer.accumulate_grad_batches)}
-
-
-def keep_global_batch(saved: Optional[dict[str, int]], data_parallel: int, batch_size: int) -> tuple[int, Optional[str]]:
-    """(accumulate_grad_batches, what changed) for a run of `data_parallel` ranks x `batch_size` resuming a checkpoint
-    trained at `saved` (`{"data_parallel", "batch_size", "accumulate"}`, None: not recorded).
-
-    The global batch (ranks x per-rank batch x accumulation) is kept when the
-    saved one is a whole multiple of this run's ranks x batch; otherwise the run
-    trains with accumulation 1 and the message names the old and new global batch.
-
-    Example:
-        >>> keep_global_batch({"data_parallel": 4, "batch_size": 8, "accumulate": 1}, 2, 8)
-        (2, None)
-        >>> keep_global_batch({"data_parallel": 2, "batch_size": 8, "accumulate": 1}, 4, 8)
-        (1, 'global batch 16 -> 32 (data-parallel ranks 2 -> 4, per-rank batch 8 -> 8): 16 is not a multiple of 4 x 8, so gradient accumulation cannot keep it')
-    """
-    if not saved:
-        return 1, None
-    before = int(saved["data_parallel"]) * int(saved["batch_size"]) * int(saved.get("accumulate", 1))
-    step = data_parallel * batch_size
-    if before % step == 0:
-        return before // step, None
-    return 1, (f"global batch {before} -> {step} (data-parallel ranks {saved['data_parallel']} -> {data_parallel}, per-rank "
-               f"batch {saved['batch_size']} -> {batch_size}): {before} is not a multiple of {data_parallel} x {batch_size}, "
-               "so gradient accumulation cannot keep it")
 
 
 def control_group(world_size: int) -> Any:
@@ -565,11 +536,11 @@ class FaultTolerance(Callback):
             set_rng_state(states[rank])
         if len(states) != world and rank == 0:
             # Another world size: no rank's generators of the saving run continue this run's, whichever it takes.
-            kept = f"{_ranks(len(states), world)} keep their seeded generators" if world > len(states) else \
-                f"the states of {_ranks(world, len(states))} are not used"
+            kept = f"{rank_range(len(states), world)} keep their seeded generators" if world > len(states) else \
+                f"the states of {rank_range(world, len(states))} are not used"
             log.info("checkpoint holds the RNG states of %d ranks, this run has %d: %s restored theirs, %s (random draws such "
                      "as dropout masks differ from a run at %d ranks; the sample order does not depend on them)",
-                     len(states), world, _ranks(0, min(world, len(states))), kept, len(states))
+                     len(states), world, rank_range(0, min(world, len(states))), kept, len(states))
         self.best_score = saved.get("best_score")
         if saved.get("interval_seconds") and self.interval_source == "young_daly":
             saved_nodes, save_seconds = saved.get("nodes"), saved.get("save_seconds")

@@ -559,6 +559,8 @@ class PipelineSpec(StrictSpec):
                 column.pop("role")
         if payload["model"].get("class_weight") is None:
             payload["model"].pop("class_weight", None)
+        # A node range says where a gang may continue after losing nodes, not what it trains: the same study resumes.
+        payload["distribution"].pop("min_nodes", None)
         # How a sweep is run (budget, pace, stop rules, pick) does not change its trials: the same study resumes.
         payload["search"] = self.search.model_dump(mode="json", exclude=set(SWEEP_CONTROL_FIELDS))
         if self.shards is not None:

@@ -56,6 +56,7 @@ def node_process_args(pod: dict, index: int, name: str, root: Path) -> tuple[lis
         # The Job controller labels each pod with its Job's name and annotates its index.
         "metadata.labels['batch.kubernetes.io/job-name']": name,
         f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']": str(index),
+        "spec.nodeName": f"node-{index}",  # set by the scheduler
     })
     env["PYTHONPATH"] = str(ROOT)
     command = [re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], arg) for arg in container["command"]]

@@ -11,6 +11,7 @@ RESULT = {
     "train_samples": 400, "fit_seconds": 1.0, "samples_per_second": 400.0, "wall_seconds": 2.0, "world_size": 1, "device_hours": 0.001,
     "model_uri": "/runs/t/model", "checkpoint_uri": None, "tracker_run": None, "lineage": {"data_version": "a"}, "resumed_from": None,
     "checkpoint_interval_seconds": None, "checkpoint_interval_source": None, "goodput": {}, "finish_seconds": {"load_best": 0.0, "evaluate": 0.1, "export": 0.2},
+    "watchdog": {"hangs": 0, "stragglers": 0, "avoid_nodes": []},
 }
 
 

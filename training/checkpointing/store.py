@@ -15,15 +15,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import fsspec
 
-from training.checkpointing.errors import (
-    CheckpointError,
-    CheckpointLayoutError,
-    CheckpointUnusable,
-    CheckpointWriteError,
-    SkippedCheckpointWarning,
-    check,
-    is_int,
-)
+from training.checkpointing.errors import CheckpointError, CheckpointLayoutError, CheckpointUnusable, CheckpointWriteError, SkippedCheckpointWarning, check, is_int
 from training.checkpointing.files import HashingWriter, StagedFile, digest_matches, save_payload
 from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, parse_manifest, step_dir
 from training.checkpointing.removal import BackgroundRemover

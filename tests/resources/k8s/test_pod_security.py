@@ -186,6 +186,7 @@ def test_libraries_in_the_pod_write_only_into_its_emptydirs(specs: dict[str, Tra
     env = local_env(container, mounts, {
         "metadata.annotations['batch.kubernetes.io/job-completion-index']": "0",
         "metadata.labels['batch.kubernetes.io/job-name']": "job",
+        "spec.nodeName": "node-0",  # set by the scheduler
     }, secrets={"hf": {"token": "hf-test"}, "trainyard-storage": {"AWS_ACCESS_KEY_ID": "test"}})
     cwd = Path(remap(container["workingDir"], mounts))
     # Only what the image's ENV would add: nothing of this machine's HOME or caches leaks in.
