@@ -779,3 +779,10 @@ def test_large_payload_on_s3_is_hashed_in_leaves_and_verified(s3_endpoint, small
     store.corrupt_latest()
     with pytest.warns(SkippedCheckpointWarning, match="step-000000002: checksum mismatch"):
         assert store.latest().step == 1
+
+
+def test_region_of_reaches_torchs_private_helper() -> None:
+    """`training.checkpointing.sharding.region_of` is the one adapter to torch's private `compute_local_shape_and_global_offset`."""
+    import torch.distributed.tensor._utils as dtensor_utils
+
+    assert callable(getattr(dtensor_utils, "compute_local_shape_and_global_offset", None)), "torch moved compute_local_shape_and_global_offset"
