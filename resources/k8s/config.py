@@ -70,6 +70,11 @@ class K8sJobConfig(_Frozen):
         env: plain, non-secret settings (e.g. AWS_ENDPOINT_URL, NCCL_*).
         master_port: rank 0's rendezvous port.
         labels: extra labels on every object (cost centre, team).
+        avoid_nodes: nodes the pods prefer not to land on (a preferred node
+            anti-affinity on `kubernetes.io/hostname`): set by the supervisor from
+            the pod-side agents' reports, where a rank hung or a straggler ran
+            (`resources.launch_errors.nodes_to_avoid`); preferred, not required, so
+            a cluster without other room still places the gang.
     """
 
     namespace: str
@@ -97,6 +102,7 @@ class K8sJobConfig(_Frozen):
     secret_env: dict[str, SecretKeyRef] = Field(default_factory=dict)
     master_port: int = Field(29500, ge=1024, le=65535)
     labels: dict[str, str] = Field(default_factory=dict)
+    avoid_nodes: tuple[str, ...] = ()
 
     @field_validator("namespace")
     @classmethod

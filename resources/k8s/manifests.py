@@ -215,9 +215,34 @@ def _pod_template(
         pod_spec["nodeSelector"] = dict(sorted(cfg.node_selector.items()))
     if cfg.tolerations:
         pod_spec["tolerations"] = [t.to_k8s() for t in cfg.tolerations]
-    if cfg.affinity is not None:
-        pod_spec["affinity"] = cfg.affinity.to_k8s()
+    affinity = avoiding(cfg.affinity.to_k8s() if cfg.affinity is not None else {}, cfg.avoid_nodes)
+    if affinity:
+        pod_spec["affinity"] = affinity
     return {"metadata": {"labels": labels}, "spec": pod_spec}
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+AVOID_WEIGHT = 100  # the most a preference weighs: the scheduler places elsewhere whenever it can
+
+
+def avoiding(affinity: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]:
+    """`affinity` (a pod's, as in a manifest) with a preference against `nodes` added to the team's own terms.
+
+    Preferred, not required: a hung rank or a straggler makes a node suspect, not
+    unusable, and a cluster with no other room must still place the gang.
+
+    Example:
+        >>> avoiding({}, ("node-b",))["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
+        {'matchExpressions': [{'key': 'kubernetes.io/hostname', 'operator': 'NotIn', 'values': ['node-b']}]}
+    """
+    if not nodes:
+        return affinity
+    term = {"weight": AVOID_WEIGHT,
+            "preference": {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(nodes))}]}}
+    node_affinity = dict(affinity.get("nodeAffinity", {}))
+    node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+        *node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution", []), term]
+    return {**affinity, "nodeAffinity": node_affinity}
 
 
 def _exit_codes(*codes: int) -> dict[str, Any]:

@@ -68,6 +68,7 @@ from resources.k8s.reports import GangReports
 from resources.k8s.stuck import restart_cause
 from resources.k8s.watch import Outcomes
 from resources.k8s.watch import Watch as _Watch
+from resources.launch_errors import nodes_to_avoid, read_watchdog_events
 from resources.launcher import (
     InfrastructureError,
     LaunchError,
@@ -83,6 +84,22 @@ POD_WATCH_WINDOW_S = 60.0
 """Seconds one watch of a gang's pods lasts before the next starts (the API server's `timeoutSeconds`)."""
 
 T = TypeVar("T")
+
+def avoid_reported_nodes(spec: TrainSpec, cfg: K8sJobConfig, log: Any) -> K8sJobConfig:
+    """`cfg` whose pods prefer other nodes than those where the trial's earlier gangs had a hung rank or an uncleared straggler.
+
+    The pod-side agents write their reports under the trial's output
+    (`training.watchdog`); every new gang (the next attempt, a resized
+    generation) reads them. A JobSet's in-place restart keeps its template:
+    the scheduler places those pods afresh without the preference.
+    """
+    avoid = tuple(nodes_to_avoid(read_watchdog_events(spec.output_uri)))
+    if not avoid or avoid == cfg.avoid_nodes:
+        return cfg
+    log.info(f"trial {spec.trial_id}: the gang prefers nodes other than {', '.join(avoid)} "
+             "(a rank hung there, or a straggler ran there and was not cleared)")
+    return cfg.model_copy(update={"avoid_nodes": avoid})
+
 
 class JobSupervisor(GangReports, Outcomes):
     """Submits, watches and cleans up one trial's Job; all I/O through the given APIs.
@@ -378,6 +395,7 @@ class JobSupervisor(GangReports, Outcomes):
         if kind not in GANG_KINDS:
             raise ValueError(f"kind={kind!r} is not a gang kind; accepted: {', '.join(GANG_KINDS)}")
         started = self.clock()
+        cfg = avoid_reported_nodes(spec, cfg, log)
         objects = trial_objects(spec, spec_uri, attempt, cfg, kind=kind, run_id=run_id, generation=generation)
         gang, service = objects[0], (objects[1] if len(objects) > 1 else None)
         name, what = gang["metadata"]["name"], kind_of(kind)

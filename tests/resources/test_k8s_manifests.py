@@ -426,6 +426,20 @@ def test_jobset_equivalent(two_node_spec, crd_schemas) -> None:
     crd_validate(js, crd_schemas)
 
 
+def test_nodes_to_avoid_are_a_preference_beside_the_teams_own_affinity(two_node_spec, crd_schemas) -> None:
+    cfg = full_config(avoid_nodes=("gpu-node-7", "gpu-node-3"))
+    (js,) = trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="jobset")
+    affinity = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["affinity"]
+    assert affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == AFFINITY["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]  # the team's own placement is kept
+    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == [{"weight": 100, "preference": {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-node-3", "gpu-node-7"]}]}}]
+    crd_validate(js, crd_schemas)
+    job = job_manifest(two_node_spec, SPEC_URI, 1, full_config(affinity=None, avoid_nodes=("gpu-node-7",)))
+    assert list(job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]) == ["preferredDuringSchedulingIgnoredDuringExecution"]
+    k8s_validate(job)
+
+
 def test_priority_classes() -> None:
     pcs = {p["metadata"]["name"]: p for p in priority_classes()}
     assert pcs["trainyard-interactive"]["value"] > pcs["trainyard-production"]["value"] > pcs["trainyard-sweep"]["value"]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from resources.k8s.config import K8sJobConfig
+from resources.k8s.supervisor import avoid_reported_nodes
 from resources.launch_errors import nodes_to_avoid, outcome_error, read_watchdog_events
 from resources.launcher import LocalLauncher
 from tests.support.train_specs import make_spec
@@ -122,6 +124,14 @@ def test_the_agent_names_the_hung_rank_with_its_stack_and_kills_every_worker(tmp
     assert any("trial-0000: rank 1 on pod" in m and f"(node {written['node']}) hung at step 11" in m and "stuck_in_the_data_loader" in m
                for m in logs), logs
     assert summary["hangs"] == 1 and summary["avoid_nodes"] == [written["node"]] and summary["events"][0]["rank"] == 1
+    # and the trial's next gang (attempt or resized generation) prefers other nodes than the one its rank hung on
+    cfg = avoid_reported_nodes(make_spec(tmp_path / "spec", output_uri=str(out)), K8sJobConfig(namespace="team", image="t:1"), _Said(said))
+    assert cfg.avoid_nodes == (written["node"],) and f"prefers nodes other than {written['node']}" in said[-1]
+
+
+class _Said:
+    def __init__(self, said: list[str]) -> None:
+        self.info = said.append
 
 
 def _dagster_run_of(output_uri: str, since: float) -> tuple[list[str], dict]:
