@@ -17,7 +17,19 @@ from typing_extensions import override
 from training.attempts import FaultMarkers
 from training.reporting import Reporter
 from training.spec import PROGRESS_DIR_ENV
-from training.watchdog import BACKWARD, DONE, FORWARD, OPTIMIZER, STARTING, STEP_END, VALIDATION, ProgressRecord
+from training.watchdog import (
+    BACKWARD,
+    DONE,
+    FORWARD,
+    OPTIMIZER,
+    STARTING,
+    STEP_END,
+    VALIDATION,
+    ProgressRecord,
+    node_name,
+    pod_name,
+    write_gang_window,
+)
 
 log = logging.getLogger("trainyard.training")
 
@@ -136,25 +148,37 @@ class ProgressRecorder(Callback):
     end, validation excluded. From the end of training on (the final save,
     evaluation, export) the rank is no longer watched.
 
+    A gang of several nodes (more ranks than this node's `LOCAL_WORLD_SIZE`)
+    also shares its times across nodes, since each node's agent sees only its
+    own ranks: every `window` batches each rank's mean local and step time over
+    those batches go into one all-gather of the whole gang (a 16-byte tensor a
+    rank), and rank 0 writes the gang's window with every rank's pod and node
+    (gathered once at the start) to `<directory>/gang.json`
+    (`training.watchdog.write_gang_window`), which its agent judges.
+
     Args:
         directory: the agent's progress directory.
         rank: this process's global rank.
+        window: batches between two gang-wide exchanges (`WatchdogPolicy.straggler_window_steps`).
     """
 
-    def __init__(self, directory: str, rank: int) -> None:
+    def __init__(self, directory: str, rank: int, window: int = 20) -> None:
         if not os.path.isdir(directory):
             raise ValueError(f"{PROGRESS_DIR_ENV}={directory!r} is not a directory; the agent (training.gang) names an existing one")
         self.directory = directory
         self.rank = rank
+        self.window = window
         self.record: Optional[ProgressRecord] = None
         self._local_from: Optional[float] = None
         self._step_from: Optional[float] = None
+        self._where: Optional[list[Any]] = None  # every rank's (pod, node) in a gang of several nodes; None: one node
+        self._shared = (0, 0.0, 0.0)  # (timed steps, sum step, sum local) at the last exchange
 
     @classmethod
-    def from_env(cls, rank: int) -> Optional["ProgressRecorder"]:
+    def from_env(cls, rank: int, window: int = 20) -> Optional["ProgressRecorder"]:
         """The recorder for this worker, or None when no agent named a progress directory."""
         directory = os.environ.get(PROGRESS_DIR_ENV)
-        return cls(directory, rank) if directory else None
+        return cls(directory, rank, window) if directory else None
 
     def _set(self, phase: int, now: float) -> ProgressRecord:
         if self.record is None:
@@ -165,6 +189,11 @@ class ProgressRecorder(Callback):
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._set(STARTING, time.time())
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", trainer.world_size))
+        if trainer.world_size > local and torch.distributed.is_available() and torch.distributed.is_initialized():
+            where: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(where, (pod_name(), node_name()))
+            self._where = where
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
@@ -198,6 +227,23 @@ class ProgressRecorder(Callback):
             v[ProgressRecord.SUM_STEP] += now - self._step_from
         record.write()
         self._step_from = self._local_from = now
+        if self._where is not None and v[ProgressRecord.STEPS] % self.window == 0:
+            self._share(trainer, pl_module, v)
+
+    def _share(self, trainer: L.Trainer, pl_module: L.LightningModule, v: list[Any]) -> None:
+        """The gang-wide exchange of the last window's mean times; rank 0 writes what it gathered for its agent."""
+        timed, step, local = v[ProgressRecord.TIMED_STEPS], v[ProgressRecord.SUM_STEP], v[ProgressRecord.SUM_LOCAL]
+        last = self._shared
+        self._shared = (timed, step, local)
+        mine = torch.tensor([(local - last[2]) / self.window, (step - last[1]) / max(timed - last[0], 1)], dtype=torch.float64,
+                            device=pl_module.device)
+        gathered = trainer.strategy.all_gather(mine)
+        if self.rank == 0 and self._where is not None:
+            rows = gathered.reshape(-1, 2).cpu().tolist()
+            write_gang_window(self.directory, {"steps": v[ProgressRecord.STEPS], "global_step": trainer.global_step, "time": time.time(),
+                                               "restart": v[ProgressRecord.RESTART], "window": self.window,
+                                               "ranks": [{"local": r[0], "step": r[1], "pod": w[0], "node": w[1]}
+                                                         for r, w in zip(rows, self._where)]})
 
     @override
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,

@@ -144,6 +144,20 @@ def spec_uri_of(args: Sequence[str]) -> str:
     raise ValueError(f"the arguments {list(args)} do not end in '-m training.entrypoint --spec URI'; accepted: torchrun's arguments for that command")
 
 
+def nodes_of(args: Sequence[str]) -> int:
+    """The node count torchrun's `--nnodes` names (the larger bound of a range `min:max`; 1 when absent or unreadable)."""
+    for i, a in enumerate(args):
+        if a in ("-m", "--module"):
+            break  # torchrun's own options end where the training module starts
+        value = a.split("=", 1)[1] if a.startswith("--nnodes=") else (args[i + 1] if a == "--nnodes" and i + 1 < len(args) else None)
+        if value is not None:
+            try:
+                return max(1, int(value.rsplit(":", 1)[-1]))
+            except ValueError:
+                return 1
+    return 1
+
+
 def output_uri_of(spec_uri: str) -> str:
     """Where the entrypoint writes its failure records: the spec's `output_uri`, else the spec file's directory (as it does)."""
     try:
@@ -252,7 +266,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     launch = env.setdefault(LAUNCH_ID_ENV, f"{time.time_ns():x}-{os.getpid()}")
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(prefix="trainyard-progress-")
-    watchdog = GangWatchdog(progress_dir, watchdog_policy(spec_uri), output_uri_of(spec_uri), launch, say)
+    watchdog = GangWatchdog(progress_dir, watchdog_policy(spec_uri), output_uri_of(spec_uri), launch, say, nodes=nodes_of(args))
     stop = threading.Event()
     agent = Agent(args, env, on_start=lambda: watcher.start())
     watcher = threading.Thread(target=watch, args=(watchdog, agent, stop), name="trainyard-watchdog", daemon=True)

@@ -406,7 +406,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
 def _callbacks(spec: TrainSpec, progress: ProgressCallback, pruning: Optional[OptunaPruning], markers: FaultMarkers, rank: int) -> list[Any]:
     """Progress first (the agent's progress record, when it watches), then pruning and the step-fault drills the spec asks
     for (checkpointing is added last)."""
-    recorder = ProgressRecorder.from_env(rank)
+    recorder = ProgressRecorder.from_env(rank, spec.checkpoint.watchdog.straggler_window_steps)
     callbacks: list[Any] = [progress, *([recorder] if recorder is not None else [])]
     if pruning is not None:
         callbacks.append(pruning)

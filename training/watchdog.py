@@ -28,6 +28,11 @@ Two halves, one per side of torchrun:
   not wait for the others (every rank's whole step lasts as long as the
   slowest's, since they meet in the gradient all-reduce). A straggler is
   reported once, and again when it clears, as a watchdog event with its node.
+  In a gang of several nodes an agent sees only its own ranks, so the ranks
+  share their window means in an all-gather and rank 0 writes them with every
+  rank's pod and node to `<dir>/gang.json` (`write_gang_window`): the agent of
+  node 0 judges the whole gang from it, and the other nodes' agents judge no
+  stragglers (each rank is judged once, against every other rank).
 
 Stdlib and fsspec only: the agent imports this module without torch.
 """
@@ -205,6 +210,27 @@ class ProgressRecord:
         self.write()
 
 
+GANG_FILE = "gang.json"  # rank 0's copy of the gang-wide window in a gang of several nodes
+
+
+def write_gang_window(directory: str, window: dict[str, Any]) -> None:
+    """Write the gang's last window (every rank's mean local and step seconds, pod and node) for the agent; atomic."""
+    path = os.path.join(directory, GANG_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(window, f)
+    os.replace(path + ".tmp", path)
+
+
+def read_gang_window(directory: str) -> Optional[dict[str, Any]]:
+    """The last window rank 0 wrote, or None."""
+    try:
+        with open(os.path.join(directory, GANG_FILE)) as f:
+            window = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return window if isinstance(window, dict) and isinstance(window.get("ranks"), list) else None
+
+
 # -- the agent's side ----------------------------------------------------------------------------------------------
 
 
@@ -237,11 +263,15 @@ class GangWatchdog:
         launch: this launch's id (the failure records carry it).
         say: where the agent's messages go (its stderr, which the pod's log keeps).
         clock, kill: injected for tests; `time.time` and `os.kill`.
+        nodes: the gang's node count; above 1, stragglers are judged from rank 0's gang-wide window.
     """
 
     def __init__(self, directory: str, policy: WatchdogPolicy, output_uri: str, launch: str, say: Callable[[str], None],
-                 clock: Callable[[], float] = time.time, kill: Callable[[int, int], None] = os.kill) -> None:
+                 clock: Callable[[], float] = time.time, kill: Callable[[int, int], None] = os.kill, nodes: int = 1) -> None:
         self.directory = directory
+        self.nodes = nodes
+        self._gang_seen: Optional[tuple[Any, Any]] = None  # (restart, steps) of the gang window last judged
+        self._gang_straggling: set[int] = set()
         self.policy = policy
         self.output_uri = output_uri
         self.launch = launch
@@ -294,8 +324,38 @@ class GangWatchdog:
                 stalled[r] = limit
         if stalled:
             return self._hang(ranks, stalled, now)
-        self._stragglers(ranks, means)
+        if self.nodes > 1:
+            self._gang_stragglers(ranks)
+        else:
+            self._stragglers(ranks, means)
         return None
+
+    def _gang_stragglers(self, ranks: dict[int, Progress]) -> None:
+        """Stragglers of a gang of several nodes, from the window rank 0 wrote (only node 0's agent has one)."""
+        window = read_gang_window(self.directory)
+        if window is None or 0 not in ranks or (window.get("restart"), window.get("steps")) == self._gang_seen:
+            return
+        self._gang_seen = (window.get("restart"), window.get("steps"))
+        rows = {r: row for r, row in enumerate(window["ranks"]) if isinstance(row, dict)}
+        local = {r: float(row["local"]) for r, row in rows.items()}
+        step = statistics.median(float(row["step"]) for row in rows.values())
+        slow = stragglers(local, step, self.policy.straggler_factor)
+        n = window.get("window", self.policy.straggler_window_steps)
+        for r, row in rows.items():
+            if (r in slow) == (r in self._gang_straggling):
+                continue
+            where = f"rank {r} on pod {row.get('pod')} (node {row.get('node')})"
+            if r in slow:
+                self._gang_straggling.add(r)
+                message = (f"{where} is a straggler: data+forward {local[r]:.3f} s a step over the gang's last {n} steps, "
+                           f"{local[r] / slow[r]:.1f}x the other ranks' median {slow[r]:.3f} s (threshold {self.policy.straggler_factor:g}x); "
+                           f"every step waits for it (step {step:.3f} s)")
+            else:
+                self._gang_straggling.discard(r)
+                message = f"{where} is no longer a straggler (data+forward {local[r]:.3f} s a step)"
+            self._event("straggler" if r in slow else "straggler_cleared", r, ranks[0], message, pod=row.get("pod"), node=row.get("node"),
+                        step=window.get("global_step"), local_seconds=local[r], step_seconds=step, others_median_seconds=slow.get(r),
+                        factor=self.policy.straggler_factor)
 
     def _stragglers(self, ranks: dict[int, Progress], means: dict[int, tuple[Optional[float], Optional[float]]]) -> None:
         local = {r: m[1] for r, m in means.items() if m[1] is not None}
@@ -352,12 +412,12 @@ class GangWatchdog:
         self._event("hang", blamed, p, message, stack=frames, positions=record["positions"], timeout_seconds=limit,
                     silent_seconds=silent, seconds=record["seconds"])
         self._mark_attempt(p.restart, f"hung: {message}")
-        for r in ranks:
-            for suffix in (".progress",):
-                try:
-                    os.remove(os.path.join(self.directory, f"rank-{r}{suffix}"))
-                except OSError:
-                    pass
+        for name in [f"rank-{r}.progress" for r in ranks] + [GANG_FILE]:
+            try:
+                os.remove(os.path.join(self.directory, name))
+            except OSError:
+                pass
+        self._gang_straggling.clear()
         self.ranks.clear()
         self.hangs.append(record)
         return record
@@ -400,6 +460,8 @@ class GangWatchdog:
             pass
 
     def _event(self, kind: str, rank: int, p: Progress, message: str, **extra: Any) -> None:
+        """Say `message` and write the event; `p` is the reporting rank's record (its restart; its step, pod and node
+        unless `extra` names the rank's own)."""
         self.say(message)
         event = {"kind": kind, "time": self.clock(), "launch": self.launch, "restart": p.restart, "rank": rank,
                  "pod": pod_name(), "node": node_name(), "step": p.global_step, "message": message, **extra}

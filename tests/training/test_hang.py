@@ -21,7 +21,7 @@ from resources.launch_errors import nodes_to_avoid, outcome_error, read_watchdog
 from resources.launcher import LocalLauncher
 from tests.support.train_specs import make_spec
 from training.attempts import read_attempts
-from training.spec import HANG_ACTION_SECONDS, CheckpointPolicy, Distribution, FaultInjection, WatchdogPolicy
+from training.spec import HANG_ACTION_SECONDS, LAUNCH_ID_ENV, CheckpointPolicy, Distribution, FaultInjection, WatchdogPolicy
 from training.watchdog import BACKWARD, FORWARD, STEP_END, GangWatchdog, Progress, culprit, innermost_frames, read_progress, stragglers
 
 # What the drill test allows from the hang to the first resumed step beyond the hang timeout: the agent's poll
@@ -220,3 +220,35 @@ def test_hang_and_slow_drills_reach_the_spec_from_the_run_config_and_refuse_what
         FaultInjection(hang_rank=1)
     with pytest.raises(ValueError, match=r"slow_rank and slow_seconds \(> 0\) are set together"):
         FaultInjection(slow_rank=1)
+
+
+@pytest.mark.slow
+def test_drill_slow_on_another_node_is_reported_by_node_0s_agent_with_that_rank_s_pod_and_node(tmp_path: Path) -> None:
+    """Two nodes (two `training.gang` agents on this machine, one process each, as two pods would run): each agent sees
+    only its own rank, so the straggler on node 1 is found from the gang-wide window the ranks share, by node 0's agent."""
+    from tests.support.dagster_dev import free_port
+
+    policy = WatchdogPolicy(straggler_window_steps=4)
+    spec = make_spec(tmp_path, distribution=Distribution(nodes=2, procs_per_node=1), max_epochs=2, batch_size=16,
+                     checkpoint=CheckpointPolicy(every_n_steps=100, watchdog=policy), faults=FaultInjection(slow_rank=1, slow_seconds=0.2))
+    port, root = free_port(), Path(__file__).resolve().parents[2]
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "training.gang", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={i}", "--master-addr=127.0.0.1",
+         f"--master-port={port}", "--max-restarts=0", "-m", "training.entrypoint", "--spec", str(tmp_path / "spec.json")],
+        cwd=root, env={**os.environ, "NODE_NAME": f"node-{'ab'[i]}", "HOSTNAME": f"pod-{'ab'[i]}", LAUNCH_ID_ENV: "gang-1"},
+        stdout=(tmp_path / f"agent-{i}.log").open("w"), stderr=subprocess.STDOUT) for i in range(2)]
+    try:
+        for a in agents:
+            a.wait(timeout=120)
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                a.kill()
+    outputs = [(tmp_path / f"agent-{i}.log").read_text() for i in range(2)]
+    assert [a.returncode for a in agents] == [0, 0], outputs
+    events = read_watchdog_events(spec.output_uri)
+    slow = [e for e in events if e["kind"] == "straggler"]
+    assert [(e["rank"], e["pod"], e["node"]) for e in slow] == [(1, "pod-b", "node-b")], events  # once, by one agent
+    assert slow[0]["local_seconds"] >= 0.2 and slow[0]["others_median_seconds"] < 0.2
+    assert "rank 1 on pod pod-b (node node-b) is a straggler" in outputs[0] and "is a straggler" not in outputs[1]
+    assert nodes_to_avoid(events) == ["node-b"]
