@@ -236,10 +236,10 @@ def read_gang_window(directory: str) -> Optional[dict[str, Any]]:
 
 @dataclass
 class _Rank:
-    """What the agent keeps of one rank: its samples (steps, timed steps, sum_step, sum_local) for window means."""
+    """What the agent keeps of one rank: its samples (steps, timed steps, sum_step, sum_local, steps in sum_local) for window means."""
 
     pid: int
-    samples: deque[tuple[int, int, float, float]] = field(default_factory=lambda: deque(maxlen=4096))
+    samples: deque[tuple[int, int, float, float, int]] = field(default_factory=lambda: deque(maxlen=4096))
     straggling: bool = False
 
 
@@ -300,14 +300,16 @@ class GangWatchdog:
         state = self.ranks.get(p.rank)
         if state is None or state.pid != p.pid:
             state = self.ranks[p.rank] = _Rank(p.pid)
-        state.samples.append((p.steps, p.timed_steps, p.sum_step, p.sum_local))
+        # Between a step's backward and its end the record holds that step's local time but not yet its count.
+        local_steps = p.steps + (1 if p.phase in (BACKWARD, OPTIMIZER) else 0)
+        state.samples.append((p.steps, p.timed_steps, p.sum_step, p.sum_local, local_steps))
         n = self.policy.straggler_window_steps
         old = next((s for s in reversed(state.samples) if s[0] <= p.steps - n), None)
-        if old is None:
+        if old is None or local_steps <= old[4]:
             return (p.sum_step / p.timed_steps if p.timed_steps else None), None
         timed = p.timed_steps - old[1]
         step = (p.sum_step - old[2]) / timed if timed > 0 else (p.sum_step / p.timed_steps if p.timed_steps else None)
-        return step, (p.sum_local - old[3]) / (p.steps - old[0])
+        return step, (p.sum_local - old[3]) / (local_steps - old[4])
 
     def poll(self) -> Optional[dict[str, Any]]:
         """Check every rank once: report stragglers, act on a hang; the hang's record when it acted."""

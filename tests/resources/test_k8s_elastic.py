@@ -48,10 +48,10 @@ def one_pod_nodes(n: int) -> list[Node]:
 
 
 @pytest.fixture
-def cluster3(tmp_path: Path) -> Iterator[EmulatedCluster]:
-    """Three one-pod nodes; Kueue's quota fits more than that, so the nodes are what limits the gang."""
+def cluster4(tmp_path: Path) -> Iterator[EmulatedCluster]:
+    """Four one-pod nodes; Kueue's quota fits more than that, so the nodes are what limits the gang."""
     kueue = KueueSettings(quota={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "0"})
-    with EmulatedCluster(tmp_path / "cluster", nodes=one_pod_nodes(3), kueue=kueue, node_env=NODE_ENV) as c:
+    with EmulatedCluster(tmp_path / "cluster", nodes=one_pod_nodes(4), kueue=kueue, node_env=NODE_ENV) as c:
         yield c
         c.wait_for("every pod process to end", lambda: not c.live_processes(), timeout=60)
         assert launcher_requests_outside_its_role(c.server, NS) == []
@@ -76,24 +76,24 @@ def checkpoint_of_another_gang(c: EmulatedCluster, other: set[str], at_least: in
 
 
 @pytest.mark.slow
-def test_drill_lose_node_a_3_node_gang_continues_on_2_grows_back_to_3_and_finishes(cluster3: EmulatedCluster, tmp_path: Path) -> None:
-    """`Distribution(nodes=3, min_nodes=2)`, DDP, one process per node, in a real Dagster run of `trial_model`.
+def test_drill_lose_node_a_2_to_4_node_gang_continues_on_3_grows_back_to_4_and_finishes(cluster4: EmulatedCluster, tmp_path: Path) -> None:
+    """`Distribution(nodes=4, min_nodes=2)`, DDP, one process per node, in a real Dagster run of `trial_model`.
 
     The node of rank 1 is lost after the first checkpoint: the JobSet restarts the
-    gang, whose third pod cannot be placed; past `resize_after_seconds` the launcher
-    relaunches it on the 2 nodes that have room, from the newest committed checkpoint.
+    gang, whose fourth pod cannot be placed; past `resize_after_seconds` the launcher
+    relaunches it on the 3 nodes that have room (the largest size of the range that fits), from the newest committed checkpoint.
     When the node returns, the capacity probe's pod runs there and the gang grows
-    back to 3 at a checkpoint boundary (SIGTERM, checkpoint, relaunch), then finishes.
+    back to 4 at a checkpoint boundary (SIGTERM, checkpoint, relaunch), then finishes.
     """
-    c = cluster3
+    c = cluster4
     fast, ranks = tmp_path / "steps-at-full-speed", tmp_path / "ranks"
     model = ModelSpec(path="tests.support.elastic_models:RecordsWorldSize", max_epochs=60, batch_size=64,
                       hparams={"hidden": 16, "step_seconds": 0.3, "until": str(fast), "record": str(ranks)})
-    spec = pipeline_spec(model=model, distribution=Distribution(nodes=3, min_nodes=2, procs_per_node=1),
+    spec = pipeline_spec(model=model, distribution=Distribution(nodes=4, min_nodes=2, procs_per_node=1),
                          checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
     thread, box = in_thread(run_trial_model, tmp_path, k8s_launcher(c.url, free_port(), resize_after_seconds=3), spec)
 
-    first, step = c.wait_for("a checkpoint of the 3-node gang", lambda: checkpoint_of_another_gang(c, set(), CHECKPOINT_EVERY),
+    first, step = c.wait_for("a checkpoint of the 4-node gang", lambda: checkpoint_of_another_gang(c, set(), CHECKPOINT_EVERY),
                              timeout=300)
     victim = next(p for p in c.running(f"{first}-node-0") if index(p) == 1)
     killed = c.lose_node(victim["spec"]["nodeName"])
@@ -108,14 +108,14 @@ def test_drill_lose_node_a_3_node_gang_continues_on_2_grows_back_to_3_and_finish
     trial: DagsterTrial = finish(thread, box, timeout=600)
     assert trial.result.success, trial.failure()
 
-    # What the ranks did: 3 processes, then 2, then 3 again, each gang from a later step than the one before.
+    # What the ranks did: 4 processes, then 3, then 4 again, each gang from a later step than the one before.
     launches: dict[str, dict[str, Any]] = {}
     for r in records(ranks):
         seen = launches.setdefault(r["launch"], {"sizes": set(), "ranks": set(), "step": r["global_step"]})
         seen["sizes"].add(r["world_size"])
         seen["ranks"].add(r["rank"])
     assert list(launches) == [f"{first}-node-0", f"{smaller}-node-0", f"{grown}-node-0"], launches
-    assert [(v["sizes"], v["ranks"]) for v in launches.values()] == [({3}, {0, 1, 2}), ({2}, {0, 1}), ({3}, {0, 1, 2})], launches
+    assert [(v["sizes"], v["ranks"]) for v in launches.values()] == [({4}, {0, 1, 2, 3}), ({3}, {0, 1, 2}), ({4}, {0, 1, 2, 3})], launches
     steps = [v["step"] for v in launches.values()]
     assert steps[0] < step < steps[1] <= resumed < steps[2], (step, resumed, launches)
     # The gangs are the JobSets the launcher created, one per size.
@@ -124,17 +124,17 @@ def test_drill_lose_node_a_3_node_gang_continues_on_2_grows_back_to_3_and_finish
     assert (smaller, grown) == (f"{first}-g1", f"{first}-g2")
     # Each size change is in the run's log with its cause.
     messages = trial.messages()
-    (shrink,) = [m for m in messages if "the gang continues smaller: 3 -> 2 nodes" in m]
-    assert "node lost: 1 of the gang's 3 pods could not be placed" in shrink and "Insufficient cpu" in shrink, shrink
-    (grow,) = [m for m in messages if "the gang grows back: 2 -> 3 nodes" in m]
+    (shrink,) = [m for m in messages if "the gang continues smaller: 4 -> 3 nodes" in m]
+    assert "node lost: 1 of the gang's 4 pods could not be placed" in shrink and "Insufficient cpu" in shrink, shrink
+    (grow,) = [m for m in messages if "the gang grows back: 3 -> 4 nodes" in m]
     assert "capacity returned: 1 of 1 capacity probe pods run (nodes node-" in grow, grow
     assert [m for m in messages if "-probe" in m and "one gang per trial" in m] == []  # gone before the next gang's launch
     # Goodput accounts for it: the resizes with their causes, the time at each size.
     result = trial.trained()
-    assert result["world_size"] == 3
+    assert result["world_size"] == 4
     good = result["goodput"]
-    assert [(r["from_nodes"], r["to_nodes"]) for r in good["resizes"]] == [(3, 2), (2, 3)], good
-    assert set(good["seconds_at_nodes"]) == {"3", "2"} and good["device_hours"] > 0, good
+    assert [(r["from_nodes"], r["to_nodes"]) for r in good["resizes"]] == [(4, 3), (3, 4)], good
+    assert set(good["seconds_at_nodes"]) == {"4", "3"} and good["device_hours"] > 0, good
     assert trial.value.goodput["resizes"] == good["resizes"]  # the trial's Dagster metadata says the same
     quota_released(c)
 

@@ -248,12 +248,13 @@ def _per_sample_loss(records: list[dict[str, Any]]) -> dict[int, float]:
     return {i: r["loss"] for r in records for i in r["ids"]}
 
 
-def _assert_within_spread(resumed: list[dict[str, Any]], a: list[dict[str, Any]], b: list[dict[str, Any]], window: int = 64) -> None:
-    """Over windows of `window` samples of the stream (every run trains the same stream), the resumed run's mean loss lies
-    within the two undisturbed runs' (by more than SPREAD_SLACK of their spread at most)."""
+def _assert_within_spread(resumed: list[dict[str, Any]], a: list[dict[str, Any]], b: list[dict[str, Any]], window: int = 64,
+                          start: int = 0) -> None:
+    """Over windows of `window` samples of the stream from sample `start` on (every run trains the same stream), the
+    resumed run's mean loss lies within the two undisturbed runs' (by more than SPREAD_SLACK of their spread at most)."""
     la, lb, lr = _per_sample_loss(a), _per_sample_loss(b), _per_sample_loss(resumed)
     stream = [i for r in sorted(a, key=lambda r: (r["step"], r["rank"], r["batch_idx"])) for i in r["ids"]]
-    for k in range(0, len(stream) - window + 1, window):
+    for k in range(start, len(stream) - window + 1, window):
         ids = [i for i in stream[k:k + window] if i in lb and i in lr]
         mean = {name: sum(m[i] for i in ids) / len(ids) for name, m in (("a", la), ("b", lb), ("resumed", lr))}
         low, high = min(mean["a"], mean["b"]), max(mean["a"], mean["b"])
@@ -267,14 +268,27 @@ SPREAD_SLACK = 0.25
 
 
 @pytest.mark.slow
-def test_ddp_trial_on_parquet_resumes_on_fewer_ranks_with_its_stream_and_loss_curve(tmp_path: Path) -> None:
-    """DDP on the tabular `ResumableSampler`: 4 -> 2 ranks, the global batch kept (accumulation 2)."""
+def test_ddp_trial_on_parquet_resumes_on_fewer_and_on_more_ranks_with_its_stream_and_loss_curve(tmp_path: Path) -> None:
+    """DDP on the tabular `ResumableSampler`: 4 -> 2 ranks, the global batch kept (accumulation 2); 2 -> 4, the global
+    batch 16 -> 32 (stated), the stream continued and the loss within the spread of the undisturbed 2- and 4-rank runs."""
     four = _undisturbed(tmp_path / "four", "table", "ddp", 4)
     result, committed, resumed = _resized(tmp_path / "down", "table", "ddp", 4, 2, at_step=2)
     assert 0 < resumed < 7 and result.world_size == 2
     _assert_each_sample_once(committed, ROWS)
     assert _ids_by_step(committed) == _ids_by_step(four)
     _assert_kept(_losses_by_step(committed), _losses_by_step(four))
+
+    two = _undisturbed(tmp_path / "two", "table", "ddp", 2)
+    result, committed, resumed = _resized(tmp_path / "up", "table", "ddp", 2, 4, at_step=3)
+    assert result.world_size == 4 and resumed > 0
+    start = 16 * resumed  # the 2-rank steps trained before the checkpoint; the 4-rank epoch drops its last partial batch
+    _assert_each_sample_once(committed, start + 32 * ((ROWS - start) // 32))
+    (attempt,) = [a for a in _attempt_records(tmp_path / "up") if a.get("global_batch")]
+    assert not attempt["global_batch"]["kept"] and attempt["global_batch"]["checkpoint"]["global"] == 16
+    assert attempt["global_batch"]["run"]["global"] == 32
+    # The table is small (224 rows) and a step's loss moves by up to 0.35 from the next one's, so the part of the epoch
+    # trained after the resize is one window: measured 1.995 between the 2-rank run's 1.952 and the 4-rank run's 2.030.
+    _assert_within_spread(committed, two, four, window=ROWS - start, start=start)
 
 
 def test_a_fit_resumed_with_half_the_batch_accumulates_two_and_trains_the_rest_of_the_epoch_once(tmp_path: Path) -> None:
