@@ -42,6 +42,10 @@ WORKERS ?= 3
 test: $(STAMP) $(FEAST_STAMP)
 	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) $(if $(SLOW),--slow,) --durations=25 $(PYTEST_ARGS)
 
+# Everything: the slow tests and the extended ones (multi-minute variants of what a slow test covers; not in .ci/run).
+test-all: $(STAMP) $(FEAST_STAMP)
+	$(BIN)/pytest $(if $(filter 0,$(WORKERS)),,-n $(WORKERS) --dist loadfile) --slow --extended --durations=25 $(PYTEST_ARGS)
+
 # The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.
 lint: $(STAMP)
 	$(BIN)/lint-imports

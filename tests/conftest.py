@@ -22,6 +22,11 @@ POSTGRES_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--slow", action="store_true", help="also run tests marked slow (always on when CI is set)")
+    parser.addoption("--extended", action="store_true",
+                     help="also run tests marked extended, and slow ones (`make test-all`; not in .ci/run)")
+
+
+EXTENDED_ENV = "TRAINYARD_TEST_EXTENDED"  # set to 1: as --extended
 
 
 # The longest files (minutes each with slow tests on), collected first, longest first.
@@ -73,7 +78,13 @@ def _longest_first(items: list[pytest.Item]) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--slow") or os.environ.get("CI"):
+    extended = config.getoption("--extended") or os.environ.get(EXTENDED_ENV) == "1"
+    if not extended:
+        skip_extended = pytest.mark.skip(reason="extended: run with --extended or `make test-all` (not in .ci/run)")
+        for item in items:
+            if "extended" in item.keywords:
+                item.add_marker(skip_extended)
+    if extended or config.getoption("--slow") or os.environ.get("CI"):
         _longest_first(items)
         return
     skip = pytest.mark.skip(reason="slow: run with --slow, `make test SLOW=1`, or CI=true (.ci/run)")

@@ -217,6 +217,7 @@ def test_kill_drill_on_a_finished_real_trial_retrains_and_recovers(tmp_path: Pat
     assert json.loads(Path(recorded.result_uri).read_text())["best_metric"] == recorded.best_metric  # the recorded result is untouched
 
 
+@pytest.mark.slow
 def test_the_sweep_starts_the_warm_server_for_its_trials_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A sweep with trials to run on this machine starts the warm server while the first trial run is on its way."""
     import shutil

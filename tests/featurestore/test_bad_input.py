@@ -28,6 +28,7 @@ def _with_features(refs: list[str]) -> PipelineSpec:
     return churn.model_copy(update={"source": FeastSourceSpec(**source), "columns": columns})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("refs", "kind", "message"),
     [

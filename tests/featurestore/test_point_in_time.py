@@ -48,6 +48,7 @@ def _joins(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     return events, pd.DataFrame(known).reset_index(drop=True), naive
 
 
+@pytest.mark.slow
 def test_no_row_sees_a_feature_value_written_after_its_label(made) -> None:
     root, store, result = made
     events, expected, naive = _joins(root)
@@ -83,6 +84,7 @@ def test_unchanged_store_gives_the_same_version(made) -> None:
     assert again.reused and again.snapshot.md5 == first.snapshot.md5
 
 
+@pytest.mark.slow
 def test_changing_a_feature_view_definition_makes_a_new_data_version_and_study(made) -> None:
     root, store, first = made
     make_example(root, 120, "--apply-only", "--ttl-days", "45")  # same data, a longer ttl: a different definition

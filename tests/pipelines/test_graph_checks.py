@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from dagster import AssetCheckSeverity, AssetKey
 
 from tests.digits import digits_frame
@@ -15,6 +16,7 @@ def evaluations(result: Any) -> dict[tuple[str, str], Any]:
     return {(e.asset_key.path[-1], e.check_name): e for e in result.get_asset_check_evaluations()}
 
 
+@pytest.mark.slow
 def test_a_rejected_retrain_and_a_drifted_delivery_are_warnings_on_the_graph(trained) -> None:
     harness, first = trained
     # The first training promoted its version: the check passed.

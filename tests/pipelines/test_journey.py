@@ -46,6 +46,7 @@ def test_sweep_sensor_runs_by_default_and_targets_promote(tmp_path: Path) -> Non
     assert job_names(spec)["promote"] in {t.job_name for t in sensor.targets}
 
 
+@pytest.mark.slow
 def test_sweep_sensor_requests_promote_exactly_once_when_the_study_finishes(tmp_path: Path) -> None:
     spec = drill_spec(n_trials=3, parallelism=2)
     resources = drill_resources(tmp_path, TrivialLauncher())

@@ -63,6 +63,7 @@ def _split(frame, train: int = 1400):
     return x[:train], y[:train], x[train:], y[train:]
 
 
+@pytest.mark.slow
 def test_bag_of_words_is_at_chance_but_a_small_transformer_learns_the_order() -> None:
     from sklearn.linear_model import LogisticRegression
 

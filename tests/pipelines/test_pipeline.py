@@ -65,6 +65,7 @@ def test_raw_snapshot_restores_with_dvc(trained, tmp_path: Path) -> None:
     assert md5 == raw["md5"]
 
 
+@pytest.mark.slow
 def test_rerun_on_same_data_trains_nothing_and_registers_no_duplicate(trained) -> None:
     harness, first = trained
     again = harness.run_all()

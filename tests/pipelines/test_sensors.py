@@ -161,6 +161,7 @@ def test_a_run_that_ended_without_a_result_fails_its_trial_and_the_sweep_goes_on
     assert [r.partition_key for r in second.run_requests] == ["trial-0001"]
 
 
+@pytest.mark.slow
 def test_failure_budget_stops_the_sweep_with_its_reason(tmp_path: Path) -> None:
     spec = drill_spec(n_trials=4, parallelism=1, max_failures=2)
     resources = drill_resources(tmp_path, TrivialLauncher(fail=True))
@@ -393,6 +394,7 @@ def test_daemon_runs_two_trials_at_once_on_postgres_and_holds_the_team_limit(tmp
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_under_the_daemon_the_sweeps_run_starts_the_first_window_before_the_sensor_ticks(tmp_path: Path, pg_databases) -> None:
     """dagster-daemon launches the `prepare` run that materializes `sweep` (a sensor of the drill location requests it), with
     the sweep sensor on: that run starts the first window's trial runs itself, the sensor takes them as in flight (it starts
@@ -458,6 +460,7 @@ def test_under_the_daemon_short_trials_runs_go_on_and_every_trial_is_materialize
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_under_the_daemon_a_long_trials_run_starts_the_next_trials_run_as_it_ends(tmp_path: Path, pg_databases) -> None:
     """The sweep sensor ticks once here (its interval, 10 minutes, outlasts the test) and requests the first window's two
     runs. Every trial takes longer than `reuse_run_under_seconds`, so no run goes on with the sweep: each ends, and starts

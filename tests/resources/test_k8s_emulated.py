@@ -310,6 +310,7 @@ def assert_bitwise_undisturbed(spec: TrainSpec, tmp: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_indexed_job_option_a_user_error_on_node_1_fails_the_job_at_once_with_its_traceback(
         cluster: EmulatedCluster, tmp_path: Path) -> None:
     """The Indexed Job option (`gang_kind="job"`): the same exit-code contract through the Job's own podFailurePolicy."""
@@ -325,6 +326,7 @@ def test_indexed_job_option_a_user_error_on_node_1_fails_the_job_at_once_with_it
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_indexed_job_option_a_killed_pod_fails_the_job_and_the_retry_restarts_the_whole_gang(
         cluster: EmulatedCluster, tmp_path: Path) -> None:
     """The Indexed Job option has backoffLimit 0: the killed pod fails the Job, and no replacement pod is made.

@@ -25,6 +25,7 @@ def _query(model: str = "pipelines.vision.models:DigitsMLP", hparams: dict | Non
     return ModelQuery(model, dict(hparams or {}), n_features, classification, n_classes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_facts_are_those_of_the_model_built_here(warm: bool) -> None:
     from pipelines.vision.models import DigitsMLP, DigitsParallelMLP
@@ -73,6 +74,7 @@ def test_a_model_known_to_need_classes_gets_them_with_its_first_question(monkeyp
     assert (first.params, second.params) == (64 * 64 + 64 + 64 * 7 + 7, 64 * 32 + 32 + 32 * 7 + 7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_a_model_that_cannot_be_built_is_a_plan_error_naming_it(warm: bool) -> None:
     with pytest.raises(TrialPlanError, match=r"model 'pipelines.vision.nowhere:Net' cannot be imported: No module named 'pipelines.vision.nowhere'"):

@@ -133,6 +133,7 @@ def log_of(outcome: LaunchOutcome) -> str:
     return Path(outcome.log_uri).read_text()
 
 
+@pytest.mark.slow
 def test_a_warm_trial_is_bitwise_the_cold_trial(cold_and_warm: dict[str, Any]) -> None:
     cold_spec, cold = cold_and_warm["cold"]
     warm_spec, warm = cold_and_warm["warm1"]
@@ -158,6 +159,7 @@ def test_a_second_trial_reuses_the_server_and_starts_sooner(cold_and_warm: dict[
     assert second.seconds < first.seconds, (first.seconds, second.seconds)
 
 
+@pytest.mark.slow
 def test_a_two_process_trial_on_warm_workers_is_bitwise_the_torchrun_trial(shared: Path, tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """DDP over gloo with two ranks forked from the server: torchrun's environment per rank, the same weights bit for bit."""
@@ -295,6 +297,7 @@ def test_server_killed_mid_trial_is_an_infrastructure_error_without_orphans(warm
     assert not running(worker)
 
 
+@pytest.mark.slow
 def test_a_changed_training_tree_gets_a_new_server(shared: Path, tmp_path: Path) -> None:
     root = training_root()
     copy = tmp_path / "checkout"
@@ -334,6 +337,7 @@ def test_an_idle_server_exits_and_removes_its_socket(warm_dir: Path, tmp_path: P
     assert "idle for 2 s; exiting" in "".join(p.read_text() for p in warm_dir.glob("*.log"))
 
 
+@pytest.mark.slow
 def test_an_unusable_warm_dir_falls_back_to_torchrun_with_one_warning(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
@@ -363,6 +367,7 @@ def test_same_interpreter_is_one_binary_in_one_environment(tmp_path: Path) -> No
     assert not same_interpreter(str(other / "python"), sys.executable)
 
 
+@pytest.mark.slow
 def test_a_warm_trial_records_the_installed_packages_as_a_cold_one_does(tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The warm server lists the installed distributions once for W&B (it parses each one's metadata); the list is the same."""
     recorded = {}
@@ -378,6 +383,7 @@ def test_a_warm_trial_records_the_installed_packages_as_a_cold_one_does(tmp_path
     assert f"torch=={torch.__version__}" in recorded["warm"] and len(recorded["warm"]) > 100
 
 
+@pytest.mark.slow
 def test_prestart_starts_one_server_in_the_background_that_a_launch_then_uses(warm_dir: Path, tmp_path: Path) -> None:
     """The sweep asset's prestart returns at once; a launch that comes before the server listens waits for it, no second one."""
     launcher = LocalLauncher()
@@ -399,6 +405,7 @@ def test_prestart_does_nothing_with_warm_workers_off(warm_dir: Path, monkeypatch
     assert list(warm_dir.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_launch_that_sets_a_start_time_variable_runs_on_a_server_started_with_it(
     shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -446,6 +453,7 @@ def test_warm_trials_share_the_servers_wandb_service_which_stops_with_the_server
 
 
 
+@pytest.mark.slow
 def test_a_run_id_left_open_in_the_shared_wandb_service_does_not_fail_the_next_trial_that_uses_it(
         warm_dir: Path, tmp_path: Path) -> None:
     """Found by CI: a trial killed mid-run leaves its W&B run open in the server's shared service, which then refused that
@@ -480,6 +488,7 @@ def test_a_run_id_left_open_in_the_shared_wandb_service_does_not_fail_the_next_t
     assert (tmp_path / "after-raise" / "run" / "result.json").exists()
 
 
+@pytest.mark.slow
 def test_training_processes_start_with_the_platforms_allocator_settings_unless_the_launch_sets_its_own(
     shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -209,6 +209,7 @@ json.dump(out, open(request["output"], "w"))
 """
 
 
+@pytest.mark.slow
 def test_exported_model_generates_and_scores_in_a_fresh_serving_only_process(trained: Path, tmp_path: Path) -> None:
     import mlflow.pyfunc
 

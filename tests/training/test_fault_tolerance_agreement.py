@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -109,6 +110,7 @@ def _after_calibration(rank: dict[str, Any]) -> list[int]:
     return [s for s in rank["collectives"] if s > 10]
 
 
+@pytest.mark.slow
 def test_a_signal_on_one_rank_preempts_both_at_the_same_agreed_step(tmp_path: Path) -> None:
     # rank 1: not the rank that writes, so rank 0 learns of it only through the agreement
     ranks = _run(tmp_path, {1: 40}, steps=200)

@@ -153,6 +153,7 @@ def test_missing_model(registry: ModelRegistry, registered) -> None:
         registry.get_version("no-such-model", "1")
 
 
+@pytest.mark.slow
 def test_smoke_test_serves_the_version_in_an_isolated_process(
     registry: ModelRegistry, registered, model: torch.nn.Module, frame: pd.DataFrame
 ) -> None:

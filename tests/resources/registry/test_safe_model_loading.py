@@ -69,6 +69,7 @@ def plant_pickled_weight(pt2: Path, marker: Path) -> None:
     rewrite_zip(pt2, {config_name.split("/", 1)[1]: json.dumps(config).encode(), f"data/weights/{entry['path_name']}": torch_payload(marker)})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plant", [plant_sample_inputs, plant_pickled_weight])
 def test_planted_pickle_in_a_registered_model_is_refused_by_every_loader(
     registry: ModelRegistry, workdir: Path, frame: pd.DataFrame, plant, tmp_path: Path

@@ -95,6 +95,7 @@ def test_a_deadline_cuts_the_batch_but_never_to_nothing(tmp_path: Path) -> None:
     assert len(tpe_batch(study, build_sampler(search, 1), dists, 8, deadline=time.monotonic() - 1)) == 1
 
 
+@pytest.mark.slow
 def test_batched_tpe_finds_the_optimum_as_well_as_sequential_tpe(tmp_path: Path) -> None:
     """120 trials in ticks of 8 from one fit each, against 120 asked one by one with constant liar over 8 in flight.
 

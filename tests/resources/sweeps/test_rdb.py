@@ -147,6 +147,7 @@ def _create_batches(url: str, rounds: int) -> None:
         plain.create_new_trial(study_id, create_trial(state=TrialState.RUNNING, params=BATCH[i % 3], distributions=DISTS))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_concurrent_batches_and_optunas_creates_number_trials_without_gaps_or_repeats(tmp_path: Path, backend: str, request) -> None:
     """Three processes, each alternating batches and Optuna's own create: every trial gets its own number, 0..n-1."""

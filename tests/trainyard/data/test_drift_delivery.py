@@ -64,6 +64,7 @@ def validate(harness: Harness) -> tuple[dict[str, Any], Any]:
     return meta, run
 
 
+@pytest.mark.slow
 def test_a_shifted_delivery_is_flagged_by_its_own_rows(tmp_path: Path) -> None:
     spec = churn_spec()
     harness = Harness(tmp_path, spec)
