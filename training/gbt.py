@@ -32,8 +32,11 @@ The splits and parameters are read and checked first, in `training.gbt_inputs`.
   `checkpoint.every_seconds` (default 30 s), at the end, and on SIGTERM (then the
   process exits as preempted).
 - Pruning: with `spec.optuna`, the monitored value is reported to the trial every
-  `REPORT_EVERY` iterations; when the study's pruner says so, boosting stops, the trial is
-  told PRUNED and the run still exports and reports its best iteration.
+  `REPORT_EVERY` iterations; when the study's pruner says so, boosting stops and the run
+  still exports its best iteration and writes `result.json` with status `pruned`. The
+  pod never ends the trial: the orchestrator, reading the result, tells the study PRUNED
+  with the result's location and metrics (`assets.trials.tell_result`), as for a
+  Lightning trial, so a pruned trial keeps its results (`trainyard compare --trials`).
 - Serving model: `<output>/model/model.txt` (the best iteration only),
   `preprocessing.json` (the fitted state) and `meta.json` with
   `"format": "lightgbm"`, served by `training/serving_model.py`.
@@ -210,12 +213,6 @@ class OptunaReporter:
             return False
         self.trial.report(value, step)
         return self.trial.should_prune()
-
-    def mark_pruned(self) -> None:
-        from optuna.trial import TrialState  # loaded only for trials of a sweep
-
-        self.study.tell(self.number, state=TrialState.PRUNED)
-        self.active = False
 
 
 class _Loop:
@@ -402,8 +399,6 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
         loop = _Loop(spec, patience, history, ckpt, attempt, reporter, optuna)
         fit = _fit(spec, params, train_set, val_set, val_metric, loop, init_model)
         loop.finish(fit.booster)
-        if loop.pruned_at is not None and optuna is not None:
-            optuna.mark_pruned()
         best_i, best_v = loop.best
         metrics = evaluate(fit.booster, splits, best_i)
         metrics["best_iteration"] = float(best_i)
@@ -509,4 +504,5 @@ def _result(spec: TrainSpec, fit: _Fit, loop: _Loop, attempt: AttemptLog, train_
         checkpoint_interval_seconds=None if spec.checkpoint.every_n_steps else loop.save_every_seconds,
         checkpoint_interval_source="every_n_steps" if spec.checkpoint.every_n_steps else "every_seconds",
         goodput=accounts,
+        status="pruned" if loop.pruned_at is not None else "completed",
     )

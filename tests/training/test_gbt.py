@@ -176,11 +176,24 @@ def test_optuna_pruner_stops_a_bad_trial_and_marks_it_pruned(tmp_path: Path) -> 
     make_spec(tmp_path, kind="multiclass", max_epochs=80, optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number, pruner=pruner))
     assert run(tmp_path) == 0
     res = result(tmp_path)
-    assert res.epochs == gbt.REPORT_EVERY  # stopped at the first report
+    assert res.epochs == gbt.REPORT_EVERY and res.status == "pruned"  # stopped at the first report
     trial = optuna.load_study(study_name="s", storage=url).trials[number]
-    assert trial.state == optuna.trial.TrialState.PRUNED
+    assert trial.state == optuna.trial.TrialState.RUNNING  # the pod reports; only the orchestrator ends a trial
     assert trial.intermediate_values == {gbt.REPORT_EVERY: pytest.approx(res.metrics["val_logloss"])}
     assert (tmp_path / "run" / "model" / "model.txt").exists()  # a pruned trial still keeps its model
+
+    # what the orchestrator does with the result (assets.trials.tell_result): the trial ends PRUNED and keeps its
+    # result's location and metrics, so `trainyard compare --trials` lists it with them
+    from resources.storage import ObjectStore
+    from resources.sweeps import SweepStore
+    from trainyard.trials import trial_comparison
+
+    sweeps = SweepStore(storage_url=url)
+    attrs = {"result_uri": str(tmp_path / "run" / "result.json"), "metrics": res.metrics}
+    assert sweeps.tell("s", number, None, attrs, pruned=True) == "PRUNED"
+    trial = sweeps.trial("s", number)
+    assert trial.user_attrs["metrics"] == res.metrics
+    assert f"| {res.trial_id} |" in trial_comparison(ObjectStore(root=str(tmp_path)), [trial]).splitlines()
 
 
 def test_a_trial_whose_pipeline_declares_no_pruner_is_never_pruned(tmp_path: Path) -> None:
