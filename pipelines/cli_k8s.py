@@ -144,7 +144,13 @@ def render(key: str, trial: int = 0, attempt: int = 0, kind: Optional[str] = Non
     pipeline = find_pipeline(key)
     resources = cluster_environment(pipeline.team, env)
     store, launcher = resources["store"], resources["launcher"]
-    md5 = md5 or data_version(store, pipeline)
+    if md5 is None:
+        try:
+            md5 = data_version(store, pipeline)
+        except Exception as e:  # storage unreachable, no credentials, a refused bucket: one line, not a traceback
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ValueError(f"cannot read {key}'s data versions from {store.uri()} ({type(e).__name__}: {first}); "
+                             "check the storage settings (AWS_ENDPOINT_URL, credentials) or pass --data-version <md5>") from e
     if md5 is None:
         raise ValueError(f"{key} has no accepted data version in {store.uri()} yet; pass --data-version <md5>")
     return launcher.trial_objects(trial_spec(pipeline, store, trial, md5), attempt, kind)

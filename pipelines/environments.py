@@ -94,6 +94,11 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
     from resources.k8s.launcher import KubernetesLauncher
 
     env = dict(os.environ if env is None else env)
+    # Every missing setting at once: a user setting up the environment fixes them in one go.
+    missing = [n for n in ("TRAINYARD_S3_ROOT", OPTUNA_URL_ENV, "MLFLOW_TRACKING_URI") if not env.get(n)]
+    missing += KubernetesLauncher.missing_settings(env)
+    if missing:
+        raise EnvironmentError_(f"environment 'cluster' needs {', '.join(missing)} to be set (docs/kubernetes.md, \"6. Configure the cluster environment\")")
     root = _require(env, "TRAINYARD_S3_ROOT").rstrip("/")
     if not root.startswith("s3://"):
         raise EnvironmentError_(f"TRAINYARD_S3_ROOT must be an s3:// URI, got {root!r}")

@@ -179,6 +179,15 @@ class KubernetesLauncher(Launcher):
             master_port=self.master_port, labels=dict(self.labels),
         )
 
+    @staticmethod
+    def missing_settings(env: dict[str, str], pod: Optional[PodConfig] = None) -> list[str]:
+        """The required variables `env` lacks: the namespace, and the trainer image unless the pod configuration names one."""
+        pod = pod if pod is not None else PodConfig.from_json(env.get(POD_ENV), source=POD_ENV)
+        missing = [k for k in ("TRAINYARD_K8S_NAMESPACE",) if not env.get(k)]
+        if not env.get("TRAINYARD_TRAINER_IMAGE") and pod.image is None:
+            missing.append("TRAINYARD_TRAINER_IMAGE")
+        return missing
+
     @classmethod
     def from_env(cls, env: dict[str, str]) -> "KubernetesLauncher":
         """The launcher of the `cluster` environment: platform defaults from `TRAINYARD_K8S_*`, the team's pods on top.
@@ -201,9 +210,7 @@ class KubernetesLauncher(Launcher):
             ValueError: a required variable is missing, or one is invalid (the message names it).
         """
         pod = PodConfig.from_json(env.get(POD_ENV), source=POD_ENV)
-        missing = [k for k in ("TRAINYARD_K8S_NAMESPACE",) if not env.get(k)]
-        if not env.get("TRAINYARD_TRAINER_IMAGE") and pod.image is None:
-            missing.append("TRAINYARD_TRAINER_IMAGE")
+        missing = cls.missing_settings(env, pod)
         if missing:
             raise ValueError(f"the Kubernetes launcher needs {', '.join(missing)} to be set")
         gpus = env.get("TRAINYARD_K8S_GPUS_PER_POD")

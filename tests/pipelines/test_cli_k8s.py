@@ -107,4 +107,26 @@ def test_bad_input_is_named(cluster_env: str, capsys: pytest.CaptureFixture[str]
     assert "--trial -1" in capsys.readouterr().err
     monkeypatch.delenv("TRAINYARD_TRAINER_IMAGE")
     assert main(["k8s", "render", "vision/digits", "--data-version", MD5]) == 2
-    assert "the Kubernetes launcher needs TRAINYARD_TRAINER_IMAGE to be set" in capsys.readouterr().err
+    assert "needs TRAINYARD_TRAINER_IMAGE to be set" in capsys.readouterr().err
+
+
+def test_a_new_user_is_told_every_missing_setting_at_once_and_a_storage_error_in_one_line(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("TRAINYARD_S3_ROOT", "TRAINYARD_K8S_NAMESPACE", "TRAINYARD_TRAINER_IMAGE", "TRAINYARD_OPTUNA_URL", "MLFLOW_TRACKING_URI",
+                 "TRAINYARD_K8S_POD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["k8s", "render", "vision/digits"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for name in ("TRAINYARD_S3_ROOT", "TRAINYARD_OPTUNA_URL", "MLFLOW_TRACKING_URI", "TRAINYARD_K8S_NAMESPACE", "TRAINYARD_TRAINER_IMAGE"):
+        assert name in err, err
+    # every setting there, but the object store refuses the read (no endpoint answers on a closed port)
+    for name, value in {"TRAINYARD_S3_ROOT": "s3://nowhere-bucket/root", "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "TRAINYARD_K8S_NAMESPACE": "ns",
+                        "TRAINYARD_TRAINER_IMAGE": IMAGE, "TRAINYARD_OPTUNA_URL": "postgresql://optuna@db.example/optuna",
+                        "MLFLOW_TRACKING_URI": "http://mlflow.example:5000", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+                        "AWS_MAX_ATTEMPTS": "1", "AWS_RETRY_MODE": "standard"}.items():
+        monkeypatch.setenv(name, value)
+    assert main(["k8s", "render", "vision/digits"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "cannot read vision/digits's data versions from s3://nowhere-bucket/root" in err and "--data-version" in err, err

@@ -38,10 +38,13 @@ def test_unknown_environment() -> None:
 
 
 def test_cluster_environment_names_missing_settings() -> None:
-    with pytest.raises(EnvironmentError_, match="needs TRAINYARD_S3_ROOT"):
-        cluster_resources({})
+    with pytest.raises(EnvironmentError_, match="needs TRAINYARD_S3_ROOT, TRAINYARD_OPTUNA_URL, MLFLOW_TRACKING_URI, "
+                                                "TRAINYARD_K8S_NAMESPACE, TRAINYARD_TRAINER_IMAGE to be set"):
+        cluster_resources({})  # every one at once
+    rest = {"TRAINYARD_OPTUNA_URL": "postgresql://o@db/o", "MLFLOW_TRACKING_URI": "http://m:5000", "TRAINYARD_K8S_NAMESPACE": "ns",
+            "TRAINYARD_TRAINER_IMAGE": "trainer:1"}
     with pytest.raises(EnvironmentError_, match="must be an s3:// URI"):
-        cluster_resources({"TRAINYARD_S3_ROOT": "/data"})
+        cluster_resources({"TRAINYARD_S3_ROOT": "/data", **rest})
 
 
 def test_cluster_environment_against_postgres_and_s3(s3_endpoint, pg_databases, tmp_path: Path) -> None:
