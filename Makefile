@@ -49,6 +49,7 @@ test-all: $(STAMP) $(FEAST_STAMP)
 # The architecture's contracts: layers and cycles (import-linter), ruff, and mypy on the core and the pod side.
 lint: $(STAMP)
 	$(BIN)/lint-imports
+	$(BIN)/pytest -q -p no:cacheprovider -p no:xdist tests/test_boundary.py -k "imports_only or imports_no_orchestration"
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 

@@ -1,7 +1,7 @@
 """The import rules between pod and orchestrator.
 
 Pod-side `training/` never imports the orchestrator; the orchestrator imports only
-`training.spec` of it, and the shared utilities `training.retry` and `training.atomic`. Team model code (whatever a `ModelSpec.path` or
+the modules of it that `TRAINING_FOR_ORCHESTRATION` allows (the contract, shared utilities, the shards' format and the metrics). Team model code (whatever a `ModelSpec.path` or
 `datamodule` of a code location's pipeline names) is pod-side: it runs in the
 trainer image, so it must import with Dagster absent. (tests/deploy/test_trainer_image.py
 checks the same code against the trainer image's declared requirements and trains it
@@ -30,7 +30,14 @@ ORCHESTRATION = {"dagster", "assets", "resources", "pipelines"}
 # dagster_pipes is the protocol package for external processes; it does not depend on dagster.
 ALLOWED_DAGSTER_PACKAGES = {"dagster_pipes"}
 # What the orchestrator may use of `training/`: the contract and the shared utilities.
-TRAINING_FOR_ORCHESTRATION = {"training.spec", "training.retry", "training.atomic", "training.shard_format"}  # + the shards' on-disk format
+# An allow-list: a module of `training/` not named here is pod-side, and the orchestrator (every module of `assets/`,
+# `resources/`, `trainyard/` and `pipelines/` but team model code) never imports it.
+TRAINING_FOR_ORCHESTRATION = {
+    "training.spec",  # the contract: TrainSpec, TrainResult, the exit codes
+    "training.retry", "training.atomic",  # shared utilities
+    "training.shard_format",  # the shards' on-disk format, which landing writes and the pod reads
+    "training.metrics",  # the metrics the pod reports, computed the same way on served predictions (trainyard.promotion)
+}
 
 # Run in a fresh interpreter: a meta-path finder that refuses Dagster (every
 # `dagster` and `dagster_*` package but the protocol package), then each target.
@@ -72,7 +79,10 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.lineno, node.module))
+            # `from training import shard_format` imports the module training.shard_format
+            package = ROOT / node.module.replace(".", "/")
+            subs = [f"{node.module}.{a.name}" for a in node.names if (package / f"{a.name}.py").exists() or (package / a.name).is_dir()]
+            found += [(node.lineno, m) for m in subs] or [(node.lineno, node.module)]
     return found
 
 
@@ -130,7 +140,7 @@ def test_orchestration_imports_only_the_training_contract_and_utilities() -> Non
     # test below imports them with Dagster blocked); every other module is orchestration.
     pod_side = {target.partition(":")[0] for targets in pod_side_targets().values() for target in targets}
     bad = []
-    for folder in ("assets", "resources", "pipelines"):
+    for folder in ("assets", "resources", "trainyard", "pipelines"):
         for path in sorted((ROOT / folder).rglob("*.py")):
             if ".".join(path.relative_to(ROOT).with_suffix("").parts) in pod_side:
                 continue
