@@ -58,6 +58,7 @@ from trainyard.promotion import (
     Check,
     Decision,
     PromotionError,
+    RegisteredVersion,
     ValidationEvidence,
     check_lineage,
     check_smoke,
@@ -360,7 +361,7 @@ def _already_champion(
     return replace(decision, **_publish(registry, handoff, event, current.name, current.version))
 
 
-def _event(registry: ModelRegistry, decision: Decision, version: ModelVersionInfo) -> HandoffEvent:
+def _event(registry: ModelRegistry, decision: Decision, version: RegisteredVersion) -> HandoffEvent:
     lineage_keys = ("data_version", "code_version", "code_dirty", "lock_hash", "trial", "study",
                     "checkpoint_uri", "tracker_run", "pipeline", "test_split")
     return HandoffEvent(

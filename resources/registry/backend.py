@@ -43,12 +43,16 @@ _RETRY_STATE = threading.local()
 
 
 class RegistryConnection(Protocol):
-    """What `retried` needs of the object whose method it wraps (`ModelRegistry`)."""
+    """What `retried` needs of the object whose method it wraps (`ModelRegistry`, a frozen resource: read-only members)."""
 
-    tracking_uri: str
-    retry_attempts: int
-    retry_backoff_s: float
-    _sleep: Callable[[float], None]
+    @property
+    def tracking_uri(self) -> str: ...
+    @property
+    def retry_attempts(self) -> int: ...
+    @property
+    def retry_backoff_s(self) -> float: ...
+    @property
+    def _sleep(self) -> Callable[[float], None]: ...
 
 
 def retried(method: Callable[..., _T]) -> Callable[..., _T]:

@@ -41,8 +41,10 @@ INPUT_EXAMPLE_ROWS = 5
 class RegisteringRegistry(RegistryConnection, Protocol):
     """What registration needs of the registry (`ModelRegistry`)."""
 
-    artifact_root: str
-    experiment_prefix: str
+    @property
+    def artifact_root(self) -> str: ...
+    @property
+    def experiment_prefix(self) -> str: ...
 
     def find_version(self, model_name: str, trial_key: str) -> Optional[ModelVersionInfo]: ...
 

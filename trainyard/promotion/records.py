@@ -37,26 +37,38 @@ class PromotionError(Exception):
 
 
 class RegisteredVersion(Protocol):
-    """What the policy reads of a registered version (`resources.registry.ModelVersionInfo`)."""
+    """What the policy reads of a registered version (`resources.registry.ModelVersionInfo`, a frozen dataclass:
+    read-only members, so a frozen implementation matches)."""
 
-    name: str
-    version: str
-    run_id: Optional[str]
-    model_uri: str
-    tags: dict[str, str]
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def run_id(self) -> Optional[str]: ...
+    @property
+    def model_uri(self) -> str: ...
+    @property
+    def tags(self) -> dict[str, str]: ...
 
 
 class ServingSmoke(Protocol):
-    """What a serving smoke test reports (`resources.registry.SmokeResult`)."""
+    """What a serving smoke test reports (`resources.registry.SmokeResult`; read-only members)."""
 
-    model_uri: str
-    run_id: Optional[str]
-    predictions: dict[str, list[Any]]
-    load_seconds: Optional[float]
-    seconds: float
-    blocked_imports: tuple[str, ...]
-    error: Optional[str]
-
+    @property
+    def model_uri(self) -> str: ...
+    @property
+    def run_id(self) -> Optional[str]: ...
+    @property
+    def predictions(self) -> dict[str, list[Any]]: ...
+    @property
+    def load_seconds(self) -> Optional[float]: ...
+    @property
+    def seconds(self) -> float: ...
+    @property
+    def blocked_imports(self) -> tuple[str, ...]: ...
+    @property
+    def error(self) -> Optional[str]: ...
     @property
     def passed(self) -> bool: ...
 
