@@ -299,3 +299,33 @@ def test_the_readme_text_corpus_pipeline_is_a_language_model_on_streaming_shards
     assert getattr(importlib.import_module(path), name).__name__ == "StreamingShardDataModule"
     path, _, name = corpus.model.path.partition(":")
     assert "vocab_size" in getattr(importlib.import_module(path), name).__init__.__code__.co_varnames
+
+
+def test_the_readmes_own_pipeline_builds_its_location_as_the_shipped_teams_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's "Write your own pipeline", as written: its two files, with the model module a user would write."""
+    import importlib
+    import re
+    import sys
+
+    import pipelines
+
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    code = re.search(r"```python\n(# pipelines/myteam/churn.py.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    churn_code, marker, definitions_code = code.partition("# pipelines/myteam/definitions.py")
+    assert marker and "team_definitions" in definitions_code and "build_definitions" not in code  # the shipped teams' API
+    team_dir = tmp_path / "src" / "pipelines" / "myteam"
+    team_dir.mkdir(parents=True)
+    (team_dir / "__init__.py").write_text("")
+    (team_dir / "models.py").write_text("from pipelines.vision.models import DigitsMLP as ChurnNet  # the user's LightningModule\n")
+    (team_dir / "churn.py").write_text(churn_code)
+    (team_dir / "definitions.py").write_text(marker + definitions_code)
+    monkeypatch.setattr(pipelines, "__path__", [*pipelines.__path__, str(tmp_path / "src" / "pipelines")])
+    for name in ("pipelines.myteam", "pipelines.myteam.models", "pipelines.myteam.churn", "pipelines.myteam.definitions"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    try:
+        defs = importlib.import_module("pipelines.myteam.definitions").defs
+    finally:
+        for name in [m for m in sys.modules if m.startswith("pipelines.myteam")]:
+            del sys.modules[name]
+    assert sorted(s.name for s in defs.sensors) == ["myteam__churn__landing", "myteam__churn__sweep"]
+    assert defs.get_assets_def(AssetKey(["myteam", "churn", "trial_model"])).op.pool == "myteam_gpu"
