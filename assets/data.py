@@ -152,7 +152,7 @@ def validated_data_body(context: AssetExecutionContext, spec: PipelineSpec, raw:
     check_meta = check_metadata(outcome, spec)
     context.log.info(f"{spec.key}: data version {raw.md5} drift: {check_meta['drift_summary']}")
     if not verdict.accepted:
-        check_meta["quarantine"] = MetadataValue.path(outcome.quarantine)
+        check_meta["quarantine"] = MetadataValue.path(outcome.quarantine or "")  # a rejected version always has one
         yield AssetCheckResult(check_name=CHECK_NAME, passed=False, severity=AssetCheckSeverity.ERROR, metadata=check_meta)
         raise Failure(
             description=f"{spec.key}: data version {raw.md5} rejected ({'; '.join(verdict.reasons[:6])}); "

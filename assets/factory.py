@@ -118,7 +118,7 @@ def _sweep_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefi
         tracking: Tracking,
         sweeps: SweepStore,
     ) -> Iterator[Any]:
-        resources = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}
+        resources: dict[str, Any] = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}
         trains = sweeps.trial(sweep.study, naming.trial_number(context.partition_key)).state.name == "RUNNING"
         started = time.monotonic()
         yield trial_model_body(context, config, spec, validated_data, sweep, **resources)

@@ -47,7 +47,7 @@ def drift_check(expectations: AssetCheckResult) -> AssetCheckResult:
         out["schema_change"] = schema
     for key in ("max_psi", "max_ks"):
         if meta.get(key) is not None:
-            out[key] = float(meta[key])
+            out[key] = float(meta[key])  # type: ignore[arg-type]  # a float the check stored
     return AssetCheckResult(check_name=DRIFT_CHECK, passed=passed, severity=AssetCheckSeverity.WARN, metadata=out,
                             description=summary[:1000])
 

@@ -74,7 +74,7 @@ def sweep_body(
     if pruning:
         context.log.warning(f"{spec.key}: {pruning}")
     project = naming.tracker_project(spec)
-    wandb = {"wandb_project": project, "wandb_group": name, "wandb_mode": tracking.resolved_mode()}
+    wandb: dict[str, Any] = {"wandb_project": project, "wandb_group": name, "wandb_mode": tracking.resolved_mode()}
     if tracking.resolved_mode() == "online" and tracking.entity:
         wandb["wandb_url"] = MetadataValue.url(f"https://wandb.ai/{tracking.entity}/{project}/groups/{name}")
     runs = _create_trial_runs(context, spec, name, study.get_trials(deepcopy=False)) if not report.status.done else []

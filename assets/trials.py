@@ -401,7 +401,7 @@ def trial_model_body(
     plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), functools.partial(classes_of, spec, validated, store), launcher,
                               describe=describe)
     record["strategy"] = plan.distribution.strategy
-    resources = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}
+    resources: dict[str, Any] = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}
     extra: dict[str, Any] = {}
     result_uri = f"{output_uri}/result.json"
     if trial.state.is_finished() and (config.retrain or config.drill()):

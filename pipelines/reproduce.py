@@ -213,9 +213,9 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
             uris[part] = os.path.join(split_dir, f"{part}.parquet")
             used = getattr(spec.data, f"{part}_uri")
             if store.exists(used):
-                with tempfile.NamedTemporaryFile(dir=tmp, delete=False) as f:
-                    f.write(store.read_bytes(used))
-                same.append(_sha(f.name) == _sha(uris[part]))
+                with tempfile.NamedTemporaryFile(dir=tmp, delete=False) as copy:
+                    copy.write(store.read_bytes(used))
+                same.append(_sha(copy.name) == _sha(uris[part]))
             else:
                 same.append(False)
         report.add("training data", all(same),

@@ -126,7 +126,8 @@ class HandoffEvent(BaseModel):
             parsed = datetime.fromisoformat(value)
         except ValueError as e:
             raise ValueError(f"at={value!r} is not an ISO 8601 timestamp") from e
-        if parsed.utcoffset() is None or parsed.utcoffset().total_seconds() != 0:
+        offset = parsed.utcoffset()
+        if offset is None or offset.total_seconds() != 0:
             raise ValueError(f"at={value!r} must be in UTC (e.g. '2025-01-30T07:01:02.123456+00:00')")
         return value
 

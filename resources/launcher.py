@@ -227,13 +227,14 @@ class LocalLauncher(Launcher):
         warm_start_timeout_seconds: how long a warm server may take to start before the trial runs cold.
     """
 
-    timeout_seconds: float = Field(3600.0, gt=0)
-    log_tail_lines: int = Field(40, ge=1)
+    # `default=` by name: a type checker reads a Dagster resource's defaults from it (PEP 681), not from a positional one.
+    timeout_seconds: float = Field(default=3600.0, gt=0)
+    log_tail_lines: int = Field(default=40, ge=1)
     python: str = Field(default_factory=lambda: sys.executable)
-    progress_poll_seconds: float = Field(1.0, gt=0)
+    progress_poll_seconds: float = Field(default=1.0, gt=0)
     warm_workers: bool = True
-    warm_idle_seconds: float = Field(300.0, gt=0)
-    warm_start_timeout_seconds: float = Field(180.0, gt=0)
+    warm_idle_seconds: float = Field(default=300.0, gt=0)
+    warm_start_timeout_seconds: float = Field(default=180.0, gt=0)
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         spec_uri = join(spec.output_uri, SPEC_FILE)

@@ -71,7 +71,7 @@ class PipesStoreMessageReader(PipesMessageReader):
             thread.join()
             self.drain(handler)
             if self._closed is not None:
-                handler.handle_message(self._closed)
+                handler.handle_message(self._closed)  # type: ignore[arg-type]  # a PipesMessage as read from JSON
 
     def drain(self, handler: PipesMessageHandler) -> int:
         """Hand every message written since the last call to `handler`; returns how many."""
@@ -103,7 +103,7 @@ class PipesStoreMessageReader(PipesMessageReader):
         if message.get("method") == "closed":
             self._closed = message
             return 0
-        handler.handle_message(message)
+        handler.handle_message(message)  # type: ignore[arg-type]  # a PipesMessage as read from JSON
         return 1
 
     def no_messages_debug_text(self) -> str:

@@ -185,7 +185,7 @@ def evaluation_resources(context: Any, *keys: str) -> Iterator[Any]:
         yield resources
 
 
-@executor(name="in_process", config_schema=in_process_executor.config_schema)
+@executor(name="in_process", config_schema=in_process_executor.config_schema)  # type: ignore[call-overload]  # the same schema as Dagster's
 def trainyard_executor(init_context: InitExecutorContext) -> Any:
     """Dagster's in-process executor, in a run worker whose PostgreSQL storages hold their connections (`hold_connections`)."""
     hold_connections(init_context.instance)

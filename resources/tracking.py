@@ -45,7 +45,7 @@ class Tracking(ConfigurableResource):
         mode = self.resolved_mode()
         return TrackerSpec(
             kind="none" if mode == "disabled" else "wandb",
-            mode=mode,  # type: ignore[arg-type]
+            mode=mode,
             project=project,
             entity=self.entity,
             group=group,

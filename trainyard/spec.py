@@ -233,7 +233,8 @@ class ModelSpec(StrictSpec):
     """
 
     task: Literal["lightning", "gbt"] = "lightning"
-    path: str
+    # A default (checked): a gbt model takes no path, so a type checker must not ask for one.
+    path: str = Field(default="", validate_default=True)
     hparams: dict[str, Any] = Field(default_factory=dict)
     datamodule: str = "training.data:ParquetDataModule"
     max_epochs: int = Field(10, ge=1)
@@ -258,6 +259,9 @@ class ModelSpec(StrictSpec):
     @field_validator("path", "datamodule")
     @classmethod
     def _importable(cls, v: str, info: ValidationInfo) -> str:
+        if info.field_name == "path" and not v:
+            raise ValueError("a lightning model needs `path`, its LightningModule's import path (e.g. 'pipelines.myteam.models:ChurnNet'); "
+                             "task 'gbt' needs none")
         if info.field_name == "path" and info.data.get("task") == "gbt":
             if v != GBT_MODEL_PATH:
                 raise ValueError(f"task 'gbt' trains LightGBM and takes no model path; leave path unset (or {GBT_MODEL_PATH!r}), got {v!r}")

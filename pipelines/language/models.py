@@ -153,7 +153,7 @@ class SequenceTransformer(ClassifierSteps, ParallelizableModule):
     def configure_model(self) -> None:
         # Fail before sharding: with a partial head per rank the reshape in SelfAttention would be wrong or fail.
         if self.device_mesh is not None:
-            check_heads_split(self.hparams.heads, self.device_mesh["tensor_parallel"].size())
+            check_heads_split(self.hparams["heads"], self.device_mesh["tensor_parallel"].size())
         super().configure_model()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -168,7 +168,7 @@ class SequenceTransformer(ClassifierSteps, ParallelizableModule):
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        return torch.optim.AdamW(self.parameters(), lr=self.hparams["lr"], weight_decay=self.hparams["weight_decay"])
 
 
 class DecoderLM(ParallelizableModule):

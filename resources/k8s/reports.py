@@ -28,6 +28,16 @@ logger = logging.getLogger("trainyard.k8s")
 class GangReports:
     """The supervisor's reports on its gang: `JobSupervisor` supplies the API calls and the watch state."""
 
+    # What `JobSupervisor` sets and provides (declared for the type checker).
+    core: Any
+    custom: Any
+    namespace: str
+    kueue_version: str
+    stuck_seconds: float
+    unschedulable_seconds: float
+    _events_forbidden: bool
+    _api: Any
+
     def _explain_queue(self, gang: GangView, name: str, w: _Watch, log: Any) -> None:
         """Log why Kueue has not admitted the gang yet, from its Workload (when readable)."""
         if w.workloads_forbidden:

@@ -130,7 +130,7 @@ class SweepRDBStorage(RDBStorage):
             for _ in params:  # one INSERT per row: the ids come back on every backend, in order
                 result = session.execute(sqlalchemy.insert(_TRIALS).values(
                     study_id=study_id, number=None, state=TrialState.RUNNING, datetime_start=start_utc, datetime_complete=None))
-                ids.append(result.inserted_primary_key[0])
+                ids.append(result.inserted_primary_key[0])  # type: ignore[attr-defined]  # an INSERT's CursorResult
             before = session.execute(
                 sqlalchemy.select(sqlalchemy.func.count()).select_from(_TRIALS)
                 .where(_TRIALS.c.study_id == study_id, _TRIALS.c.trial_id < ids[0])

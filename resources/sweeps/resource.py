@@ -115,7 +115,7 @@ class SweepStore(ConfigurableResource):
 
         modes = [direction] if isinstance(direction, str) else list(direction)
         wanted = [optuna_direction(m) for m in modes]
-        study = optuna.create_study(study_name=study_name, storage=study_storage(self.storage()), directions=wanted, load_if_exists=True)
+        study = optuna.create_study(study_name=study_name, storage=study_storage(self.storage()), directions=wanted, load_if_exists=True)  # type: ignore[arg-type]
         have = [d.name.lower() for d in study.directions]
         if have != wanted:
             raise SweepError(f"study {study_name!r} exists with directions {have}; this sweep declares {wanted}")

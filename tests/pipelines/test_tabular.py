@@ -77,7 +77,7 @@ def test_gbt_model_mistakes_name_the_field(kwargs: dict, message: str) -> None:
 
 
 def test_lightning_models_still_need_a_path() -> None:
-    with pytest.raises(ValidationError, match="path"):
+    with pytest.raises(ValidationError, match="a lightning model needs `path`, its LightningModule's import path"):
         ModelSpec()
 
 
