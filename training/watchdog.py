@@ -55,6 +55,7 @@ from typing import IO, Any, Callable, Optional
 
 import fsspec
 
+from training.atomic import atomic_write_bytes
 from training.spec import ATTEMPTS_DIR, FAILURE_DIR, PROGRESS_DIR_ENV, WATCHDOG_DIR, WatchdogPolicy
 from training.storage import join, write_atomic
 
@@ -215,10 +216,7 @@ GANG_FILE = "gang.json"  # rank 0's copy of the gang-wide window in a gang of se
 
 def write_gang_window(directory: str, window: dict[str, Any]) -> None:
     """Write the gang's last window (every rank's mean local and step seconds, pod and node) for the agent; atomic."""
-    path = os.path.join(directory, GANG_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(window, f)
-    os.replace(path + ".tmp", path)
+    atomic_write_bytes(os.path.join(directory, GANG_FILE), json.dumps(window).encode(), fsync=False)
 
 
 def read_gang_window(directory: str) -> Optional[dict[str, Any]]:
@@ -346,15 +344,9 @@ class GangWatchdog:
         for r, row in rows.items():
             if (r in slow) == (r in self._gang_straggling):
                 continue
-            where = f"rank {r} on pod {row.get('pod')} (node {row.get('node')})"
-            if r in slow:
-                self._gang_straggling.add(r)
-                message = (f"{where} is a straggler: data+forward {local[r]:.3f} s a step over the gang's last {n} steps, "
-                           f"{local[r] / slow[r]:.1f}x the other ranks' median {slow[r]:.3f} s (threshold {self.policy.straggler_factor:g}x); "
-                           f"every step waits for it (step {step:.3f} s)")
-            else:
-                self._gang_straggling.discard(r)
-                message = f"{where} is no longer a straggler (data+forward {local[r]:.3f} s a step)"
+            (self._gang_straggling.add if r in slow else self._gang_straggling.discard)(r)
+            message = self._straggler_message(f"rank {r} on pod {row.get('pod')} (node {row.get('node')})", local[r], slow.get(r), step,
+                                              f"gang's {n}")
             self._event("straggler" if r in slow else "straggler_cleared", r, ranks[0], message, pod=row.get("pod"), node=row.get("node"),
                         step=window.get("global_step"), local_seconds=local[r], step_seconds=step, others_median_seconds=slow.get(r),
                         factor=self.policy.straggler_factor)
@@ -372,14 +364,17 @@ class GangWatchdog:
                 continue
             state.straggling = r in slow
             kind = "straggler" if r in slow else "straggler_cleared"
-            if r in slow:
-                message = (f"rank {r} on pod {pod_name()} (node {node_name()}) is a straggler: data+forward {local[r]:.3f} s a step over "
-                           f"the last {self.policy.straggler_window_steps}+ steps, {local[r] / slow[r]:.1f}x the other ranks' median "
-                           f"{slow[r]:.3f} s (threshold {self.policy.straggler_factor:g}x); every step waits for it (step {step:.3f} s)")
-            else:
-                message = f"rank {r} on pod {pod_name()} (node {node_name()}) is no longer a straggler (data+forward {local[r]:.3f} s a step)"
+            message = self._straggler_message(f"rank {r} on pod {pod_name()} (node {node_name()})", local[r], slow.get(r), step,
+                                              f"{self.policy.straggler_window_steps}+")
             self._event(kind, r, ranks[r], message, local_seconds=local[r], step_seconds=step,
                         others_median_seconds=slow.get(r), factor=self.policy.straggler_factor)
+
+    def _straggler_message(self, where: str, local: float, median: Optional[float], step: float, window: str) -> str:
+        """What the run log says when a rank becomes a straggler (`median`: the others' median) or stops being one (None)."""
+        if median is None:
+            return f"{where} is no longer a straggler (data+forward {local:.3f} s a step)"
+        return (f"{where} is a straggler: data+forward {local:.3f} s a step over the last {window} steps, {local / median:.1f}x the other "
+                f"ranks' median {median:.3f} s (threshold {self.policy.straggler_factor:g}x); every step waits for it (step {step:.3f} s)")
 
     def _hang(self, ranks: dict[int, Progress], stalled: dict[int, float], now: float) -> dict[str, Any]:
         blamed = culprit(ranks)
