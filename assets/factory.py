@@ -29,7 +29,7 @@ from assets.registration import PROMOTION_CHECK, registered_model_results
 from assets.sweep import sweep_body
 from assets.trial_handover import continue_sweep
 from assets.trials import TrialConfig, best_model_body, trial_model_body
-from resources import pool_slots
+from instance import pool_slots
 from resources.handoff import HandoffPublisher
 from resources.launcher import Launcher
 from resources.registry import ModelRegistry
@@ -42,7 +42,7 @@ from trainyard.spec import PipelineSpec
 from trainyard.values import BestModel, RawData, Sweep, ValidatedData
 
 # trial_model's pool limit must hold when several runs claim a slot at once: Dagster's own claim can give one slot
-# to two steps on PostgreSQL (resources/pool_slots.py). Every process that runs a trial step imports this module first.
+# to two steps on PostgreSQL (instance/pool_slots.py). Every process that runs a trial step imports this module first.
 pool_slots.install()
 
 __all__ = ["CHECK_NAME", "TrialConfig", "asset_key", "build_assets", "trials_partitions"]

@@ -4,7 +4,7 @@ The sweep sensor's evaluation (as the code server evaluates it for the daemon:
 `get_external_sensor_execution`, with a context made from the daemon's instance
 ref, then the daemon's partition add) is driven back to back against a
 real Dagster instance whose run, event and schedule storage is a fresh
-PostgreSQL database (with the deployments' run queue, `resources.run_queue.RunQueue`,
+PostgreSQL database (with the deployments' run queue, `instance.run_queue.RunQueue`,
 whose daemon pools its connections, and a per-team limit, here raised to the
 sweep's parallelism) and a real SQLite
 Optuna study (WAL, the local default). The search space is the vision/digits
@@ -105,11 +105,11 @@ def sweep_spec(n_trials: int, parallelism: int = PARALLELISM) -> Any:
 
 
 def instance_yaml(postgres_url: Optional[str], team_limit: int) -> str:
-    """dagster.yaml: the deployments' run queue (`resources.run_queue.RunQueue`, the chart's) with the team limit at
+    """dagster.yaml: the deployments' run queue (`instance.run_queue.RunQueue`, the chart's) with the team limit at
     `team_limit`; storage on PostgreSQL when given."""
     text = (
         "telemetry:\n  enabled: false\n"
-        "run_coordinator:\n  module: resources.run_queue\n  class: RunQueue\n  config:\n"
+        "run_coordinator:\n  module: instance.run_queue\n  class: RunQueue\n  config:\n"
         f"    max_concurrent_runs: {team_limit}\n    tag_concurrency_limits:\n"
         f"      - key: trainyard/team\n        value:\n          applyLimitPerUniqueValue: true\n        limit: {team_limit}\n"
     )

@@ -7,11 +7,11 @@ from typing import Any, Optional
 from dagster import AssetSelection, Definitions, define_asset_job
 
 from assets.factory import asset_key, build_assets, trials_partitions
+from instance.storage_connections import trainyard_executor
 from pipelines.environments import resources_for
 from pipelines.landing_sensor import build_landing_sensor
 from pipelines.retrain import build_drift_sensor, build_retrain_schedule, prepare_selection
 from pipelines.sensors import sweep_sensor
-from resources.storage_connections import trainyard_executor
 from trainyard import naming
 from trainyard.naming import job_names
 from trainyard.spec import PipelineSpec
@@ -38,7 +38,7 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
 
     Every job, and every materialization started from the UI, runs its steps in
     the run worker's process (Dagster's in-process executor, as `trainyard_executor`, which also keeps the run
-    worker's PostgreSQL connections open, see `resources.storage_connections`): the steps of each job run
+    worker's PostgreSQL connections open, see `instance.storage_connections`): the steps of each job run
     one after the other anyway (prepare and promote are chains, a train run is
     one step), and Dagster's default multiprocess executor would start a fresh
     process per step that imports the code location again (5 s per step in

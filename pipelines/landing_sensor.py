@@ -50,10 +50,10 @@ from dagster import (
 )
 
 from assets.factory import asset_key
+from instance.storage_connections import evaluation_resources
 from pipelines.sensor_timing import ticks_every
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
-from resources.storage_connections import evaluation_resources
 from trainyard import naming
 from trainyard.data import ingest
 from trainyard.naming import LANDING_DIGEST_TAG, NEW_FILES_TAG, PIPELINE_TAG, TRIGGER_TAG

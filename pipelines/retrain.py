@@ -49,13 +49,13 @@ from dagster import (
 )
 
 from assets.factory import asset_key
+from instance.storage_connections import evaluation_instance, evaluation_resources
 from pipelines.landing_sensor import continuation_selection, prestart_for_sweep
 from pipelines.sensor_timing import ticks_every
 from pipelines.sensors import latest_study
 from resources.launcher import Launcher
 from resources.registry import ModelVersionInfo
 from resources.storage import ObjectStore
-from resources.storage_connections import evaluation_instance, evaluation_resources
 from trainyard import naming
 from trainyard.data import ingest
 from trainyard.data.drift_detection import delivery_drift

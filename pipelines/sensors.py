@@ -78,9 +78,9 @@ from dagster import (
 )
 
 from assets.factory import trials_partitions
+from instance.storage_connections import evaluation_instance, evaluation_resources
 from pipelines.landing_sensor import evaluate_raw_data
 from pipelines.sensor_timing import ticks_every
-from resources.storage_connections import evaluation_instance, evaluation_resources
 from resources.sweeps import SweepError, SweepStatus, SweepStore, redefined
 from resources.trial_runs import (  # re-exported: tests, drills and benchmarks import them from here
     ACTIVE,

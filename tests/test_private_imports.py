@@ -15,19 +15,19 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"pipelines", "assets", "resources", "trainyard", "training", "featurestore", "__future__"}
+OURS = {"pipelines", "assets", "resources", "instance", "trainyard", "training", "featurestore", "__future__"}
 
 KNOWN: dict[str, set[str]] = {
     # Dagster: the pool-slot accounting patch of the event-log storage, the warm run worker's run body, the sweep
     # sensor's daemon-side evaluation, the run queue's and storage pool's serialized instance references.
-    "resources/pool_slots.py": {"dagster._core.storage.event_log.schema", "dagster._core.storage.event_log.sql_event_log",
+    "instance/pool_slots.py": {"dagster._core.storage.event_log.schema", "dagster._core.storage.event_log.sql_event_log",
                                 "dagster._core.storage.sqlalchemy_compat", "dagster._utils.concurrency"},
-    "resources/run_launcher.py": {"dagster._cli.api", "dagster._cli.api._execute_run_command_body", "dagster._cli.utils",
+    "instance/run_launcher.py": {"dagster._cli.api", "dagster._cli.api._execute_run_command_body", "dagster._cli.utils",
                                   "dagster._cli.utils._inject_local_env_file", "dagster._core.execution.api", "dagster._core.instance.ref",
                                   "dagster._core.launcher.base", "dagster._core.origin", "dagster._serdes", "dagster._utils.hosted_user_process",
                                   "dagster._utils.interrupts"},
-    "resources/run_queue.py": {"dagster._serdes"},
-    "resources/storage_connections.py": {"dagster._core.execution.resources_init", "dagster._serdes"},
+    "instance/run_queue.py": {"dagster._serdes"},
+    "instance/storage_connections.py": {"dagster._core.execution.resources_init", "dagster._serdes"},
     "resources/trial_runs.py": {"dagster._core.remote_origin", "dagster._core.scheduler.instigation", "dagster._daemon.controller"},
     # Optuna: the batched TPE (its Parzen estimators and trial split) and the RDB storage's batched writes.
     "resources/sweeps/acquisition.py": {"optuna.samplers._tpe", "optuna.samplers._tpe._truncnorm", "optuna.samplers._tpe.probability_distributions",

@@ -2,7 +2,7 @@
 # The orchestrator image: Dagster, the team code locations, assets and resources.
 # It runs each team's gRPC code server (dagster-user-deployments), the run pods
 # the K8sRunLauncher starts from it, and the chart's webserver and daemon (their
-# run queue is resources.run_queue.RunQueue). Training never runs here: the Kubernetes
+# run queue is instance.run_queue.RunQueue). Training never runs here: the Kubernetes
 # launcher submits trials as Jobs of the trainer image.
 #
 #   docker build -f deploy/docker/orchestrator.Dockerfile --build-arg BASE_DIGEST=sha256:<digest> \
@@ -27,14 +27,15 @@ WORKDIR /opt/trainyard
 # lock pins the CPU build of torch (the orchestrator only loads models for the
 # serving smoke test), hence the CPU wheel index.
 COPY pyproject.toml constraints.txt README.md ./
-RUN mkdir -p assets resources pipelines trainyard training \
- && touch assets/__init__.py resources/__init__.py pipelines/__init__.py trainyard/__init__.py training/__init__.py \
+RUN mkdir -p assets resources instance pipelines trainyard training \
+ && touch assets/__init__.py resources/__init__.py instance/__init__.py pipelines/__init__.py trainyard/__init__.py training/__init__.py \
  && pip install --extra-index-url https://download.pytorch.org/whl/cpu -c constraints.txt . \
  && pip install --no-deps -c constraints.txt litdata \
  && pip uninstall -y trainyard
 
 COPY assets/ assets/
 COPY resources/ resources/
+COPY instance/ instance/
 COPY pipelines/ pipelines/
 COPY trainyard/ trainyard/
 COPY training/ training/

@@ -243,12 +243,12 @@ def dagster_values(locations: list[CodeLocation], platform: Platform) -> dict[st
             # train at once. This only bounds the number of waiting run pods.
             # Runs dequeued together are launched in parallel threads (Dagster launches them one after the other by
             # default: each waits for the previous launch's Job creation).
-            # The queue is Dagster's, made by `resources.run_queue.RunQueue`, which makes the run launcher before the
+            # The queue is Dagster's, made by `instance.run_queue.RunQueue`, which makes the run launcher before the
             # dequeue threads and run monitoring ask for it (Dagster's lazy `instance.run_launcher` is not
             # thread-safe): so the daemon, and the webserver that submits to the queue, run the orchestrator image.
             "image": chart_image(platform.orchestrator_image),
             "runCoordinator": {"enabled": True, "type": "CustomRunCoordinator",
-                               "config": {"customRunCoordinator": {"module": "resources.run_queue", "class": "RunQueue",
+                               "config": {"customRunCoordinator": {"module": "instance.run_queue", "class": "RunQueue",
                                                                    "config": RUN_QUEUE}}},
             # A run pod killed (node lost, evicted, OOM) is resumed: a new run worker for the same
             # run and attempt, whose launcher re-attaches to the trial's running gang (same name,

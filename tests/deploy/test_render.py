@@ -271,7 +271,7 @@ def test_run_monitoring_resumes_a_killed_run_pod(values: dict[str, Any]) -> None
     coordinator = values["dagsterDaemon"]["runCoordinator"]
     assert coordinator["type"] == "CustomRunCoordinator"
     custom = coordinator["config"]["customRunCoordinator"]
-    assert (custom["module"], custom["class"]) == ("resources.run_queue", "RunQueue")
+    assert (custom["module"], custom["class"]) == ("instance.run_queue", "RunQueue")
     queue = custom["config"]
     assert queue["dequeue_interval_seconds"] == 1 and queue["dequeue_use_threads"] is True and queue["dequeue_num_workers"] >= 2
 

@@ -14,13 +14,13 @@ from dagster import DagsterInstance, DagsterInvalidDefinitionError, Definitions,
 from dagster._core.definitions.sensor_definition import SensorExecutionData
 from dagster._grpc.impl import get_external_sensor_execution
 
+from instance import storage_connections
+from instance.storage_connections import evaluation_resources
 from pipelines.environments import local_resources
 from pipelines.factory import build_definitions
-from resources import storage_connections
-from resources.storage_connections import evaluation_resources
 from resources.sweeps import SweepStore
 from tests.pipelines.pipeline_fixtures import small_spec
-from tests.resources.test_storage_connections import sessions_opened
+from tests.instance.test_storage_connections import sessions_opened
 from trainyard.spec import RetrainPolicy
 
 

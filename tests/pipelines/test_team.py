@@ -192,7 +192,7 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
 
     The instance stores runs, events and slots in PostgreSQL, as the cluster's does. There Dagster's
     own slot claim let two runs take one slot and three trials train at once (CI caught it here);
-    the trial runs claim through `resources.pool_slots`, which assets.factory installs.
+    the trial runs claim through `instance.pool_slots`, which assets.factory installs.
     """
     from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, prepared_home
     from tests.support.barrier import FileBarrier

@@ -8,7 +8,7 @@ PostgreSQL the event log connection is in autocommit mode, so the row lock ends 
 two runs claiming at once can pick the same free row, the second write overwrites the first,
 both steps start, and a third run then finds the other row free. The pool then trains three
 trials with two slots (CI caught it: `test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots`;
-`tests/resources/test_pool_slots.py` shows the stock claim over-claiming in most rounds of
+`tests/instance/test_pool_slots.py` shows the stock claim over-claiming in most rounds of
 eight threads racing for two slots).
 
 The fix makes the write conditional on the row still being free (`step_key IS NULL`): in

@@ -1,4 +1,4 @@
-"""Run workers keep their PostgreSQL connections open (resources.storage_connections), on a real PostgreSQL.
+"""Run workers keep their PostgreSQL connections open (instance.storage_connections), on a real PostgreSQL.
 
 The runs here go through `execute_job`, which creates the job's own executor
 with the instance, as a run worker does (`execute_in_process` would swap the
@@ -13,9 +13,9 @@ import pytest
 import sqlalchemy
 from dagster import DagsterInstance, OpExecutionContext, execute_job, in_process_executor, job, op, reconstructable
 
+from instance import storage_connections
+from instance.storage_connections import hold_connections, trainyard_executor
 from pipelines.factory import build_definitions
-from resources import storage_connections
-from resources.storage_connections import hold_connections, trainyard_executor
 from tests.conftest import POSTGRES_URL
 
 
@@ -138,7 +138,7 @@ def test_the_process_that_launches_runs_with_the_warm_run_launcher_keeps_its_con
     home, url = pg_home
     (home / "dagster.yaml").write_text(
         f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {url}\n"
-        "run_launcher:\n  module: resources.run_launcher\n  class: WarmRunLauncher\n"
+        "run_launcher:\n  module: instance.run_launcher\n  class: WarmRunLauncher\n"
     )
     with DagsterInstance.from_config(str(home)) as instance:
         assert type(instance.run_storage._engine.pool).__name__ == "NullPool"

@@ -4,7 +4,7 @@ Dagster's queue takes `dequeue_interval_seconds` in whole seconds, and its
 daemon (`IntervalDaemon.core_loop`) waits out the interval in steps of 0.5 s
 after each look. At 1 s (the least it takes), a queued run waited for the next
 look 0.5 s on average and up to about 1.05 s, then its launch: with run
-workers forked in ~0.3 s (`resources.run_launcher`), the queue was the larger
+workers forked in ~0.3 s (`instance.run_launcher`), the queue was the larger
 part of a short trial run's start (bench.sweep_throughput: queued 0.95-0.98 s,
 launch 0.37-0.39 s per run at 68c476a).
 
@@ -13,7 +13,7 @@ whose interval may be a fraction of a second, down to `MIN_INTERVAL_SECONDS`:
 the daemon's own half-second wait step, so 0.5 looks about every 0.5 s plus the
 look's own time. A look at an idle queue is a few small queries
 (`deploy/local/dagster.yaml` says what it costs), which the local daemon,
-whose connections are pooled (`resources.storage_connections`), pays twice a
+whose connections are pooled (`instance.storage_connections`), pays twice a
 second instead of once.
 """
 
@@ -66,7 +66,7 @@ class RunQueue(QueuedRunCoordinator):
         its own). Threads that found none each made one, and one could launch through a launcher never registered
         to the instance ("Attempted to resolve undefined DagsterInstance weakref", CI at 629daac), or start warm
         run workers of its own (locally; `K8sRunLauncher`s of its own on Kubernetes)."""
-        from resources.storage_connections import hold_connections
+        from instance.storage_connections import hold_connections
 
         super().register_instance(instance)
         hold_connections(instance)

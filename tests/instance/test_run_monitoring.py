@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from resources.run_launcher import WORKER_TAG, WarmRunLauncher, _process_state, _worker_pid, run_temp_dir
-from tests.resources import test_run_launcher as launcher_tests
+from instance.run_launcher import WORKER_TAG, WarmRunLauncher, _process_state, _worker_pid, run_temp_dir
+from tests.instance import test_run_launcher as launcher_tests
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from resources.run_launcher import WORKER_TAG, WarmRunLauncher, _changed, _loaded_files
+from instance.run_launcher import WORKER_TAG, WarmRunLauncher, _changed, _loaded_files
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,13 +54,13 @@ defs = Definitions(jobs=[hello])
 INSTANCE_YAML = """telemetry:
   enabled: false
 run_coordinator:  # the shipped local queue (deploy/local/dagster.yaml)
-  module: resources.run_queue
+  module: instance.run_queue
   class: LocalRunQueue
   config:
     max_concurrent_runs: 4
     dequeue_interval_seconds: 0.5
 run_launcher:
-  module: resources.run_launcher
+  module: instance.run_launcher
   class: WarmRunLauncher
 """
 

@@ -1,7 +1,7 @@
 """LocalRunQueue: Dagster's run queue with a fractional look interval, as Dagster itself reads and runs it.
 
 The daemon end to end (a real `dagster-daemon` dequeuing runs submitted by `dagster job launch`
-through this queue) is `tests/resources/test_run_launcher.py`, whose instance uses it.
+through this queue) is `tests/instance/test_run_launcher.py`, whose instance uses it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dagster._core.errors import DagsterInvalidConfigError
 from dagster._daemon.controller import create_daemon_of_type
 from dagster._daemon.run_coordinator.queued_run_coordinator_daemon import QueuedRunCoordinatorDaemon
 
-from resources.run_queue import MIN_INTERVAL_SECONDS, LocalRunQueue
+from instance.run_queue import MIN_INTERVAL_SECONDS, LocalRunQueue
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _home(tmp_path: Path, config: dict) -> Path:
     (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({
         "telemetry": {"enabled": False},
-        "run_coordinator": {"module": "resources.run_queue", "class": "LocalRunQueue", "config": config},
+        "run_coordinator": {"module": "instance.run_queue", "class": "LocalRunQueue", "config": config},
     }))
     return tmp_path
 
@@ -72,7 +72,7 @@ def test_the_daemons_dequeue_threads_share_one_launcher_registered_to_the_instan
     launched through a launcher never registered to the instance ("Attempted to resolve undefined DagsterInstance
     weakref", seen in CI at 629daac). The queue makes the launcher when the daemon makes the queue, in its main
     thread. The launcher's construction is slowed here to widen the window the race needs."""
-    from resources.run_launcher import WarmRunLauncher
+    from instance.run_launcher import WarmRunLauncher
 
     (tmp_path / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
     made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(tmp_path, WarmRunLauncher, monkeypatch)
@@ -154,7 +154,7 @@ def _chart_coordinator() -> dict:
 def test_the_kubernetes_daemons_queue_makes_one_launcher_before_its_threads_ask(tmp_path: Path, monkeypatch) -> None:
     from dagster_k8s import K8sRunLauncher
 
-    from resources.run_queue import RunQueue
+    from instance.run_queue import RunQueue
 
     made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(
         _k8s_home(tmp_path, _chart_coordinator()), K8sRunLauncher, monkeypatch)
@@ -225,7 +225,7 @@ def test_the_kubernetes_daemon_keeps_its_postgresql_connections_while_sensors_ti
 
     import sqlalchemy
 
-    from tests.resources.test_storage_connections import sessions_opened
+    from tests.instance.test_storage_connections import sessions_opened
 
     url = pg_databases[0]
     database = url.rsplit("/", 1)[1]

@@ -24,10 +24,10 @@ instead of failing the query, as a connection per query never failed. A
 storage that is not PostgreSQL is left as it is.
 
 Called in every run worker: the warm run launcher's forked worker
-(`resources.run_launcher`) as soon as it has its instance, and, for runs
+(`instance.run_launcher`) as soon as it has its instance, and, for runs
 started any other way (Dagster's default launcher, a Kubernetes run pod),
 by the platform's executor (`trainyard_executor`) before the first step.
-The run queue (`resources.run_queue.RunQueue`, the local and the Kubernetes
+The run queue (`instance.run_queue.RunQueue`, the local and the Kubernetes
 deployments' both) pools the instance it is registered with: the daemon's,
 whose sensors, schedules and queue query it several times a second
 (`WarmRunLauncher` does too, for a daemon on Dagster's own queue). An instance

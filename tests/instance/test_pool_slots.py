@@ -1,4 +1,4 @@
-"""Pool slots on PostgreSQL: one slot row is held by one step, however many claim at once (resources.pool_slots).
+"""Pool slots on PostgreSQL: one slot row is held by one step, however many claim at once (instance.pool_slots).
 
 Eight threads, each its own connection, claim a two-slot pool at the same instant through the
 storage's real claim. CLAIMED must go to exactly as many claimers as there are slots, and the
@@ -16,7 +16,7 @@ import pytest
 from dagster import DagsterInstance
 from dagster._core.storage.event_log.sql_event_log import SqlEventLogStorage
 
-from resources import pool_slots
+from instance import pool_slots
 
 CLAIMERS, SLOTS, ROUNDS = 8, 2, 20
 
@@ -71,7 +71,7 @@ def test_every_slot_goes_to_exactly_one_of_many_simultaneous_claimers(storage: A
 
 
 def test_the_stock_claim_gives_one_slot_to_two_steps(storage: Any) -> None:
-    """The harness catches the race the fix closes; if this fails, Dagster's claim no longer races: drop resources/pool_slots.py."""
+    """The harness catches the race the fix closes; if this fails, Dagster's claim no longer races: drop instance/pool_slots.py."""
     stock = pool_slots.STOCK_CLAIM
     over = [n for n in range(ROUNDS) if len(race(storage, stock, f"stock_gpu_{n}")[0]) > SLOTS]
     assert over, f"the stock claim never over-claimed in {ROUNDS} rounds of {CLAIMERS} claimers for {SLOTS} slots"

@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 # Dagster's launcher interface: the launch context and run monitoring's health answer are private in 1.13;
-# tests/resources/test_run_monitoring.py names each of them, so an upgrade that moves one fails there by name.
+# tests/instance/test_run_monitoring.py names each of them, so an upgrade that moves one fails there by name.
 from dagster import DefaultRunLauncher
 from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, WorkerStatus
 from dagster._serdes import ConfigurableClassData
@@ -160,7 +160,7 @@ class _Zygote:
         working_directory = getattr(repository_origin.code_pointer, "working_directory", None)
         executable = repository_origin.executable_path or sys.executable
         self.process = subprocess.Popen(
-            [executable, "-m", "resources.run_launcher", str(self.dir)],
+            [executable, "-m", "instance.run_launcher", str(self.dir)],
             cwd=working_directory or None, stdin=subprocess.DEVNULL,
         )
         self.started = time.monotonic()
@@ -218,8 +218,8 @@ class WarmRunLauncher(DefaultRunLauncher):
 
     def register_instance(self, instance: Any) -> None:
         """Also keep the PostgreSQL connections of the process that launches runs (the daemon's queue; see
-        `resources.storage_connections`): its every look at the queue and every launch queried on a new connection."""
-        from resources.storage_connections import hold_connections
+        `instance.storage_connections`): its every look at the queue and every launch queried on a new connection."""
+        from instance.storage_connections import hold_connections
 
         super().register_instance(instance)
         hold_connections(instance)
@@ -326,7 +326,7 @@ class WarmRunLauncher(DefaultRunLauncher):
             self._zygotes.clear()
 
 
-# ---- the zygote process: `python -m resources.run_launcher <dir>` ------------------------------------------------
+# ---- the zygote process: `python -m instance.run_launcher <dir>` ------------------------------------------------
 
 
 def _installation_dirs() -> list[str]:
@@ -379,7 +379,7 @@ def _child(run_id: str, instance_ref: Any, premade: Any = None) -> int:
     from dagster._cli.utils import get_instance_for_cli
     from dagster._utils.interrupts import capture_interrupts
 
-    from resources.storage_connections import hold_connections
+    from instance.storage_connections import hold_connections
 
     # The run's temporary files in a folder of its own, removed at its end, or by run monitoring if it is killed.
     scratch = run_temp_dir(run_id)
