@@ -1,16 +1,22 @@
-"""A team's trial pods: image, resources, placement, /dev/shm, environment and service account.
+"""A trial pod's settings, declared once: image, resources, placement, /dev/shm, deadlines, environment, service account.
 
-`PodConfig` is the `pod` field of `TeamSpec`: what a team's trial pods need that
-the platform's defaults do not give them (a GPU node pool's tolerations and node
-selector, more CPU and memory, NCCL settings, a bigger /dev/shm). Every field is
-optional; an unset field keeps the platform's default (`KubernetesLauncher`,
-itself configured from `TRAINYARD_K8S_*` variables). Values are checked when the
-team module is imported, with messages naming the field, the value and what
-would be accepted.
+`PodSettings` declares every setting of a trial's pods once (name, type,
+default, check, docstring). Everything else is built on it:
 
-The same checks (Kubernetes names, quantities, label keys, environment names,
-image references) serve the launcher's own configuration
-(`resources.k8s.config.K8sJobConfig`), which imports them from here.
+- `PodConfig`, the `pod` field of `TeamSpec`: the same fields, of which a team
+  sets what its trial pods need beyond the platform's defaults (a GPU node pool's
+  tolerations and node selector, more CPU and memory, NCCL settings, a bigger
+  /dev/shm); an unset field keeps the platform's value (`KubernetesLauncher`,
+  itself configured from `TRAINYARD_K8S_*` variables).
+- `resources.k8s.config.K8sJobConfig`, what the manifests are built from:
+  `PodSettings` and the Job's own settings (namespace, queue, labels, ...).
+- `resources.k8s.launcher.KubernetesLauncher`, the Dagster resource: its
+  configuration is generated from `K8sJobConfig`'s fields, not re-declared.
+
+Values are checked when the team module is imported, with messages naming the
+field, the value and what would be accepted. The same checks (Kubernetes names,
+quantities, label keys, environment names, image references) serve the Job's
+own fields in `K8sJobConfig`, which imports them from here.
 
 Credentials never appear as values: `env` refuses names that look like
 credentials and values holding URL passwords; a Secret reaches a pod by name,
@@ -333,46 +339,67 @@ class Affinity(_K8s):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-# -- the team's pod configuration --
+# -- a trial pod's settings: each declared once, here --
 
-_OVERRIDES = ("image", "service_account", "cpu", "memory", "cpu_limit", "memory_limit", "gpus_per_pod",
-              "node_selector", "tolerations", "affinity", "shm_size")
+DEFAULT_ACTIVE_DEADLINE_SECONDS = 7 * 86400
+"""A trial's Job may run this long once admitted (`activeDeadlineSeconds`), the launcher's run timeout too."""
+
+_MERGED = ("env", "secret_env", "env_from_secrets")  # merged by `PodConfig.overlay`; every other field is replaced
 
 
-class PodConfig(_Frozen):
-    """What a team's trial pods need beyond the platform's defaults; unset fields keep those defaults.
+class PodSettings(BaseModel):
+    """The settings of a trial's pods, each declared once here with its platform default.
 
-    Args:
-        image: the trainer image, by digest (`repository@sha256:<64 hex>`); a tag
-            is accepted with a warning when the launcher is built.
-        service_account: the pods' service account in the team namespace (one per
-            namespace, `deploy/render.py`); its token is never mounted.
-        cpu, memory: requests per pod; cpu_limit (none by default), memory_limit
-            (default: equal to the memory request).
-        gpus_per_pod: GPUs each pod requests; unset derives it from the trial.
-        node_selector, tolerations, affinity: placement (e.g. a GPU node pool).
-        shm_size: size of the in-memory /dev/shm (an emptyDir of medium Memory).
-        env: plain, non-secret settings (e.g. `NCCL_SOCKET_IFNAME`), merged over
-            the platform's.
-        secret_env: variables taken from one key of a Secret (`secretKeyRef`).
-        env_from_secrets: Secrets whose keys all become variables (`envFrom`), added
-            to the platform's.
+    The one declaration: the team's `PodConfig` is these fields (only the set ones
+    count), the manifests' `resources.k8s.config.K8sJobConfig` adds the Job's own
+    settings to them, and the `KubernetesLauncher` resource's configuration is
+    generated from that (`resources.k8s.launcher`). Each field's docstring is its
+    description (also in the resource's Dagster config schema).
     """
 
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True, use_attribute_docstrings=True)
+
     image: Optional[str] = None
+    """The trainer image (torch, lightning, `training/`, team model code; no Dagster), by digest
+    (`<repository>@sha256:<64 hex>`); a tag is accepted with a warning. A Job needs one: the team's, else
+    TRAINYARD_TRAINER_IMAGE."""
     service_account: Optional[str] = None
-    cpu: Optional[str] = None
-    memory: Optional[str] = None
-    cpu_limit: Optional[str] = None
-    memory_limit: Optional[str] = None
+    """The pods' service account, one per team namespace (`trainyard-trial`); they need no API access and get no token."""
     gpus_per_pod: Optional[int] = Field(None, ge=0)
-    node_selector: Optional[dict[str, str]] = None
-    tolerations: Optional[tuple[Toleration, ...]] = None
+    """GPUs each pod requests; None derives it from the trial (`procs_per_node` on GPU, 0 on CPU); when set it must agree."""
+    cpu: str = "2"
+    """CPU request per pod."""
+    memory: str = "8Gi"
+    """Memory request per pod."""
+    cpu_limit: Optional[str] = None
+    """CPU limit per pod; None: no CPU limit."""
+    memory_limit: Optional[str] = None
+    """Memory limit per pod; None: equal to the request."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Placement: node labels the pods must land on (e.g. a GPU node pool)."""
+    tolerations: tuple[Toleration, ...] = ()
+    """Placement: taints the pods tolerate (e.g. a tainted GPU node pool)."""
     affinity: Optional[Affinity] = None
-    shm_size: Optional[str] = None
+    """Placement: the pods' affinity, written as in a manifest (`nodeAffinity`, `podAffinity`, `podAntiAffinity`)."""
+    shm_size: Optional[str] = "2Gi"
+    """Size of the in-memory /dev/shm (an emptyDir of medium Memory; DataLoader workers share batches through it,
+    and the container default of 64 MiB breaks them); None: no volume."""
+    scratch_size: Optional[str] = None
+    """Size limit of each writable scratch emptyDir (HOME and /tmp; the root filesystem is read-only); None: bounded
+    by the node only."""
+    termination_grace_seconds: int = Field(120, ge=1)
+    """SIGTERM-to-SIGKILL time; long enough to write the preemption checkpoint."""
+    active_deadline_seconds: Optional[int] = Field(DEFAULT_ACTIVE_DEADLINE_SECONDS, gt=0)
+    """The (child) Job's `activeDeadlineSeconds`: how long it may run once admitted (its timer starts when Kueue
+    unsuspends it), enforced by the Job controller even when no orchestrator watches the gang; default 7 days, the
+    launcher's run timeout; None: no deadline."""
     env: dict[str, str] = Field(default_factory=dict)
+    """Plain, non-secret settings (e.g. `AWS_ENDPOINT_URL`, `NCCL_SOCKET_IFNAME`); names that look like credentials
+    and URLs with passwords are refused."""
     secret_env: dict[str, SecretKeyRef] = Field(default_factory=dict)
+    """Variables taken from one key of a Secret (`secretKeyRef`)."""
     env_from_secrets: tuple[str, ...] = ()
+    """Secrets whose keys all become variables (`envFrom`); with `secret_env` the only way credentials reach pods."""
 
     @field_validator("image")
     @classmethod
@@ -384,15 +411,15 @@ class PodConfig(_Frozen):
     def _service_account(cls, v: Optional[str]) -> Optional[str]:
         return None if v is None else check_dns_subdomain("service_account", v)
 
-    @field_validator("cpu", "memory", "cpu_limit", "memory_limit", "shm_size")
+    @field_validator("cpu", "memory", "cpu_limit", "memory_limit", "shm_size", "scratch_size")
     @classmethod
     def _quantities(cls, v: Optional[str], info: Any) -> Optional[str]:
         return check_quantity(info.field_name, v)
 
     @field_validator("node_selector")
     @classmethod
-    def _node_selector(cls, v: Optional[dict[str, str]]) -> Optional[dict[str, str]]:
-        return None if v is None else check_labels("node_selector", v)
+    def _node_selector(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_labels("node_selector", v)
 
     @field_validator("env")
     @classmethod
@@ -414,16 +441,28 @@ class PodConfig(_Frozen):
         return v
 
     @model_validator(mode="after")
-    def _one_source_per_variable(self) -> "PodConfig":
+    def _one_source_per_variable(self) -> "PodSettings":
         both = sorted(set(self.env) & set(self.secret_env))
         if both:
             raise ValueError(f"env and secret_env both set {both}; accepted: each variable from one place")
         return self
 
+
+class PodConfig(PodSettings):
+    """What a team's trial pods need beyond the platform's defaults: the `PodSettings` it sets.
+
+    The fields, their defaults and checks are `PodSettings`'; only the fields set
+    here count (`model_fields_set`): an unset field keeps the platform's value
+    (`KubernetesLauncher`, configured from `TRAINYARD_K8S_*` and the location's
+    `TRAINYARD_K8S_POD`), and a set one wins over it, except `env` and `secret_env`,
+    which merge with the platform's, and `env_from_secrets`, which adds to them.
+    """
+
     def overlay(self, top: "PodConfig") -> "PodConfig":
         """This configuration with `top`'s on top: `top`'s set fields win, `env` and `secret_env` merge, Secrets add up."""
-        fields: dict[str, Any] = {k: getattr(self, k) for k in _OVERRIDES if k in self.model_fields_set}
-        fields.update({k: getattr(top, k) for k in _OVERRIDES if k in top.model_fields_set})
+        replaced = [k for k in PodSettings.model_fields if k not in _MERGED]
+        fields: dict[str, Any] = {k: getattr(self, k) for k in replaced if k in self.model_fields_set}
+        fields.update({k: getattr(top, k) for k in replaced if k in top.model_fields_set})
         env = {**self.env, **top.env}
         secret_env = {**self.secret_env, **top.secret_env}
         for name in top.env:
@@ -440,8 +479,8 @@ class PodConfig(_Frozen):
         return PodConfig(**fields)
 
     def to_json(self) -> str:
-        """The set fields as JSON (`POD_ENV`'s value); `from_json` reads it back."""
-        return self.model_dump_json(exclude_unset=True, exclude_defaults=True, by_alias=True)
+        """The set fields as JSON (`POD_ENV`'s value), a set one equal to its default too; `from_json` reads it back."""
+        return self.model_dump_json(exclude_unset=True, by_alias=True)
 
     @classmethod
     def from_json(cls, text: Optional[str], *, source: str = POD_ENV) -> "PodConfig":

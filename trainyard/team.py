@@ -39,9 +39,10 @@ class TeamSpec(BaseModel):
     """One team's settings (see the module docstring for where each applies).
 
     `pod` is what the team's trial pods need beyond the platform's defaults
-    (`trainyard.podconfig.PodConfig`: image digest, CPU/memory/GPUs, tolerations,
-    node selector, affinity, /dev/shm, NCCL settings, Secrets by name, service
-    account); it reaches the Kubernetes launcher through `environment()`.
+    (`trainyard.podconfig.PodConfig`, any of the settings `PodSettings` declares:
+    image digest, CPU/memory/GPUs, tolerations, node selector, affinity, /dev/shm,
+    scratch size, termination grace, the Job's deadline, NCCL settings, Secrets by
+    name, service account); it reaches the Kubernetes launcher through `environment()`.
 
     Example:
         >>> TeamSpec(name="vision", gpu_pool_limit=4, queue="vision", priority_class="trainyard-sweep",

@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 from dagster import AssetExecutionContext, Config, OpExecutionContext, PipesEnvContextInjector, open_pipes_session
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, create_model, model_validator
 
-from resources.k8s.config import Affinity, K8sJobConfig, SecretKeyRef, Toleration
+from resources.k8s.config import K8sJobConfig
 from resources.k8s.manifests import trial_objects as build_trial_objects
 from resources.k8s.supervisor import JobSupervisor
 from resources.launcher import Launcher, LaunchOutcome, ProgressRelay, join
 from resources.pipes_store import PipesStoreMessageReader
 from training.spec import SPEC_FILE, TrainSpec
-from trainyard.podconfig import POD_ENV, PodConfig, warn_if_unpinned
+from trainyard.podconfig import DEFAULT_ACTIVE_DEADLINE_SECONDS, POD_ENV, PodConfig, warn_if_unpinned
+
+__all__ = ["DEFAULT_ACTIVE_DEADLINE_SECONDS", "KubernetesLauncher", "config_of"]
 
 logger = logging.getLogger("trainyard.k8s")
 PIPES_DIR = "pipes"  # under a trial's output: rank 0's Pipes messages, one folder per run and attempt
@@ -52,46 +54,92 @@ def run_id_of(context: Any) -> Optional[str]:
     return run_id if isinstance(run_id, str) and run_id else None
 
 
-# A trial's Job may run at most this long once admitted (activeDeadlineSeconds),
-# unless the launcher (TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS, a team's pod
-# settings) says otherwise: a hung gang cannot hold GPUs for ever even when no
-# orchestrator watches it any more. Same bound as the launcher's run timeout.
-DEFAULT_ACTIVE_DEADLINE_SECONDS = 7 * 86400
+def _config_type(annotation: Any) -> Any:
+    """The Dagster-config form of a field type of a pydantic model (Dagster takes lists, dicts and its own `Config`).
+
+    A tuple is a list, a Literal its value type, a model written as in a manifest
+    (camelCase aliases: `Affinity`) a dict, any other model a `Config` generated
+    from its fields; the model itself checks the values when `job_config()` builds it.
+    """
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Union:
+        (inner,) = [a for a in args if a is not type(None)]
+        return Optional[_config_type(inner)]
+    if origin is tuple:
+        return list[_config_type(args[0])]  # type: ignore[misc]
+    if origin is dict:
+        return dict[args[0], _config_type(args[1])]  # type: ignore[misc, valid-type]
+    if origin is Literal:
+        return type(args[0])
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return dict[str, Any] if annotation.model_config.get("alias_generator") else config_of(annotation)
+    return annotation
 
 
-class TolerationConfig(Config):
-    """A pod toleration; see `resources.k8s.config.Toleration`."""
+def config_of(model: type[BaseModel], base: type[Config] = Config, exclude: tuple[str, ...] = (),
+              name: Optional[str] = None) -> type[Config]:
+    """A Dagster `Config` (or `base`, e.g. a resource) with `model`'s fields but `exclude`: same names, defaults and descriptions.
 
-    key: Optional[str] = None
-    operator: str = "Equal"
-    value: Optional[str] = None
-    effect: Optional[str] = None
-    toleration_seconds: Optional[int] = None
+    The fields are not declared again: a resource configured with them gets
+    exactly the model's settings, and builds the model from them to check them.
+    """
+    fields: dict[str, Any] = {}
+    for field_name, info in model.model_fields.items():
+        if field_name in exclude:
+            continue
+        kind = _config_type(info.annotation)
+        if info.is_required():
+            default = Field(description=info.description)
+        elif info.default_factory is not None or isinstance(info.default, tuple):
+            if info.get_default(call_default_factory=True):
+                raise TypeError(f"{model.__name__}.{field_name}: only an empty collection can be a Dagster config default")
+            default = Field(default_factory=dict if get_origin(kind) is dict else list, description=info.description)
+        else:
+            default = Field(info.default, description=info.description)
+        fields[field_name] = (kind, default)
+    return create_model(name or f"{model.__name__}Config", __base__=base, __module__=__name__, __doc__=model.__doc__, **fields)
 
 
-class SecretKeyConfig(Config):
-    """One key of a Secret as one environment variable; see `resources.k8s.config.SecretKeyRef`."""
+# The launcher's job settings: `K8sJobConfig`'s fields (the pods' `PodSettings` and the Job's own) but the
+# supervisor's `avoid_nodes`, generated, never declared here.
+_KubernetesLauncherSettings = config_of(K8sJobConfig, base=Launcher, exclude=("avoid_nodes",), name="_KubernetesLauncherSettings")
 
-    secret: str
-    key: str
+
+def _platform_pod(env: dict[str, str]) -> PodConfig:
+    """The platform's pod settings in `env` (`TRAINYARD_TRAINER_IMAGE`, `TRAINYARD_K8S_*`), under the team's `TRAINYARD_K8S_POD`."""
+    numbers: dict[str, Any] = {}
+    for var, field_name, unit in (("TRAINYARD_K8S_GPUS_PER_POD", "gpus_per_pod", "GPUs"),
+                                  ("TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS", "active_deadline_seconds", "seconds")):
+        raw = env.get(var)
+        if not raw:
+            continue
+        if not raw.isdigit():
+            raise ValueError(f"{var}={raw!r} is not a number of {unit}; accepted: 0, 1, 2, ...")
+        numbers[field_name] = int(raw) if field_name == "gpus_per_pod" else (int(raw) or None)  # a deadline of 0: none
+    return PodConfig(
+        image=env.get("TRAINYARD_TRAINER_IMAGE") or None,
+        service_account=env.get("TRAINYARD_K8S_SERVICE_ACCOUNT") or None,
+        env={"AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]} if env.get("AWS_ENDPOINT_URL") else {},
+        env_from_secrets=tuple(s.strip() for s in env.get("TRAINYARD_K8S_SECRETS", "").split(",") if s.strip()),
+        **numbers,
+    )
 
 
 def _bounds_from_env(env: dict[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for var, field_name in (("TRAINYARD_K8S_STUCK_SECONDS", "stuck_seconds"),
                             ("TRAINYARD_K8S_UNSCHEDULABLE_SECONDS", "unschedulable_seconds"),
-                            ("TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS", "active_deadline_seconds"),
                             ("TRAINYARD_K8S_RESIZE_AFTER_SECONDS", "resize_after_seconds")):
         raw = env.get(var)
         if not raw:
             continue
         if not raw.isdigit():
             raise ValueError(f"{var}={raw!r} is not a number of seconds; accepted: 0, 1, 2, ...")
-        out[field_name] = int(raw) if field_name != "active_deadline_seconds" else (int(raw) or None)
+        out[field_name] = int(raw)
     return out
 
 
-class KubernetesLauncher(Launcher):
+class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, valid-type]
     """Runs each trial attempt as one gang (one pod per node) under Kueue.
 
     `gang_kind` "jobset" (default): a JobSet, admitted by Kueue as one Workload,
@@ -112,32 +160,6 @@ class KubernetesLauncher(Launcher):
     (`trainyard.podconfig.UnpinnedImageWarning` and a log line).
     """
 
-    namespace: str
-    image: str
-    queue_name: Optional[str] = "trainyard"
-    priority_class: Optional[str] = None
-    workload_priority_class: Optional[str] = None
-    service_account: Optional[str] = None
-    gpus_per_pod: Optional[int] = None
-    cpu: str = "2"
-    memory: str = "8Gi"
-    cpu_limit: Optional[str] = None
-    memory_limit: Optional[str] = None
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[TolerationConfig] = Field(default_factory=list)
-    affinity: Optional[dict[str, Any]] = Field(None, description="pod affinity, as in a manifest (nodeAffinity, ...)")
-    shm_size: Optional[str] = "2Gi"
-    scratch_size: Optional[str] = None
-    termination_grace_seconds: int = 120
-    ttl_seconds_after_finished: Optional[int] = 86400
-    backoff_limit: int = 3
-    active_deadline_seconds: Optional[int] = Field(
-        DEFAULT_ACTIVE_DEADLINE_SECONDS, description="the Job's activeDeadlineSeconds: running time after admission; None: no deadline")
-    env_from_secrets: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    secret_env: dict[str, SecretKeyConfig] = Field(default_factory=dict)
-    master_port: int = 29500
-    labels: dict[str, str] = Field(default_factory=dict)
     gang_kind: Literal["jobset", "job"] = Field(
         "jobset", description="jobset (whole-gang restarts; needs the JobSet controller) or job (an Indexed Job and its Service)")
 
@@ -147,7 +169,8 @@ class KubernetesLauncher(Launcher):
     kube_context: Optional[str] = None
     kueue_version: str = "v1beta2"
     poll_interval_seconds: float = Field(10.0, gt=0)
-    run_timeout_seconds: float = Field(7 * 86400.0, gt=0, description="running time after admission")
+    run_timeout_seconds: float = Field(float(DEFAULT_ACTIVE_DEADLINE_SECONDS), gt=0,
+                                       description="running time after admission (default: the Job's default activeDeadlineSeconds)")
     queue_timeout_seconds: float = Field(86400.0, gt=0, description="time waiting for Kueue admission")
     log_tail_lines: int = Field(40, ge=1)
     stuck_seconds: float = Field(300.0, ge=0, description="admitted seconds an image pull error, crash loop or FailedCreate may last")
@@ -159,25 +182,14 @@ class KubernetesLauncher(Launcher):
 
     @model_validator(mode="after")
     def _valid_job_config(self) -> "KubernetesLauncher":
-        warn_if_unpinned("image", self.job_config().image, log=logger)
+        image = self.job_config().image  # checks every job field; a Job always has an image
+        if image is not None:
+            warn_if_unpinned("image", image, log=logger)
         return self
 
     def job_config(self) -> K8sJobConfig:
-        return K8sJobConfig(
-            namespace=self.namespace, image=self.image, queue_name=self.queue_name,
-            priority_class=self.priority_class, workload_priority_class=self.workload_priority_class,
-            service_account=self.service_account, gpus_per_pod=self.gpus_per_pod, cpu=self.cpu,
-            memory=self.memory, cpu_limit=self.cpu_limit, memory_limit=self.memory_limit,
-            node_selector=dict(self.node_selector),
-            tolerations=tuple(Toleration(**t.model_dump()) for t in self.tolerations),
-            affinity=Affinity.model_validate(self.affinity) if self.affinity is not None else None,
-            shm_size=self.shm_size, scratch_size=self.scratch_size,
-            termination_grace_seconds=self.termination_grace_seconds,
-            ttl_seconds_after_finished=self.ttl_seconds_after_finished, backoff_limit=self.backoff_limit,
-            active_deadline_seconds=self.active_deadline_seconds, env_from_secrets=tuple(self.env_from_secrets),
-            env=dict(self.env), secret_env={k: SecretKeyRef(**v.model_dump()) for k, v in self.secret_env.items()},
-            master_port=self.master_port, labels=dict(self.labels),
-        )
+        """The job settings of this resource, checked: `K8sJobConfig` built from its fields of that name."""
+        return K8sJobConfig.model_validate(self.model_dump(include=set(K8sJobConfig.model_fields)))
 
     @staticmethod
     def missing_settings(env: dict[str, str], pod: Optional[PodConfig] = None) -> list[str]:
@@ -194,7 +206,7 @@ class KubernetesLauncher(Launcher):
 
         Platform-wide: TRAINYARD_K8S_NAMESPACE (required), TRAINYARD_TRAINER_IMAGE
         (required unless the pod configuration names an image),
-        TRAINYARD_K8S_QUEUE (default 'trainyard'), TRAINYARD_K8S_PRIORITY_CLASS,
+        TRAINYARD_K8S_QUEUE (default 'trainyard'; empty: no Kueue), TRAINYARD_K8S_PRIORITY_CLASS,
         TRAINYARD_K8S_SERVICE_ACCOUNT, TRAINYARD_K8S_SECRETS (comma-separated Secret
         names), TRAINYARD_K8S_GPUS_PER_POD; AWS_ENDPOINT_URL is passed to the pods.
         Bounds: TRAINYARD_K8S_STUCK_SECONDS (image pull errors, crash loops, refused
@@ -202,9 +214,11 @@ class KubernetesLauncher(Launcher):
         900), TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS (the Job's activeDeadlineSeconds,
         default 7 days; 0: none), TRAINYARD_K8S_RESIZE_AFTER_SECONDS (how long a gang
         with a node range waits for a lost node before it continues smaller; default 120). TRAINYARD_K8S_GANG_KIND: jobset (default) or job.
-        Then TRAINYARD_K8S_POD, a `PodConfig` as JSON (what `TeamSpec.environment`
-        writes from the team's `pod`): its set fields win, its `env` is merged and
-        its Secrets are added.
+        The pod settings among these (image, service account, GPUs, the deadline,
+        AWS_ENDPOINT_URL, Secrets) are a `PodConfig`; then TRAINYARD_K8S_POD, a
+        `PodConfig` as JSON (what `TeamSpec.environment` writes from the team's
+        `pod`), on top: its set fields win, its `env` is merged and its Secrets
+        are added. Every other field keeps `K8sJobConfig`'s default.
 
         Raises:
             ValueError: a required variable is missing, or one is invalid (the message names it).
@@ -213,29 +227,17 @@ class KubernetesLauncher(Launcher):
         missing = cls.missing_settings(env, pod)
         if missing:
             raise ValueError(f"the Kubernetes launcher needs {', '.join(missing)} to be set")
-        gpus = env.get("TRAINYARD_K8S_GPUS_PER_POD")
-        if gpus and not gpus.isdigit():
-            raise ValueError(f"TRAINYARD_K8S_GPUS_PER_POD={gpus!r} is not a number of GPUs; accepted: 0, 1, 2, ...")
-        platform = PodConfig(
-            image=env.get("TRAINYARD_TRAINER_IMAGE") or None,
-            service_account=env.get("TRAINYARD_K8S_SERVICE_ACCOUNT") or None,
-            gpus_per_pod=int(gpus) if gpus else None,
-            env={"AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]} if env.get("AWS_ENDPOINT_URL") else {},
-            env_from_secrets=tuple(s.strip() for s in env.get("TRAINYARD_K8S_SECRETS", "").split(",") if s.strip()),
-        ).overlay(pod)
-        fields: dict[str, Any] = platform.model_dump(exclude_unset=True, by_alias=True)
+        fields: dict[str, Any] = _platform_pod(env).overlay(pod).model_dump(mode="json", exclude_unset=True, by_alias=True)
         fields.update(_bounds_from_env(env))
         kind = env.get("TRAINYARD_K8S_GANG_KIND")
         if kind:
             if kind not in ("jobset", "job"):
                 raise ValueError(f"TRAINYARD_K8S_GANG_KIND={kind!r} is not a gang kind; accepted: jobset, job")
             fields["gang_kind"] = kind
-        fields["env_from_secrets"] = list(fields.get("env_from_secrets", ()))
-        fields["tolerations"] = [t.model_dump(exclude_none=True) for t in platform.tolerations or ()]
-        fields["affinity"] = platform.affinity.to_k8s() if platform.affinity is not None else None
+        if "TRAINYARD_K8S_QUEUE" in env:  # unset: K8sJobConfig's default queue; empty: none (no Kueue)
+            fields["queue_name"] = env["TRAINYARD_K8S_QUEUE"] or None
         return cls(
             namespace=env["TRAINYARD_K8S_NAMESPACE"],
-            queue_name=env.get("TRAINYARD_K8S_QUEUE", "trainyard") or None,
             priority_class=env.get("TRAINYARD_K8S_PRIORITY_CLASS") or None,
             in_cluster=bool(env.get("KUBERNETES_SERVICE_HOST")),
             **fields,

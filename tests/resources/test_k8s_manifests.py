@@ -260,10 +260,10 @@ def _pod_template_labels(obj: dict) -> list[tuple[str, dict]]:
 
 def test_single_node_uses_standalone_rendezvous(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, distribution=Distribution(procs_per_node=2))
-    job = job_manifest(spec, SPEC_URI, 0, K8sJobConfig(namespace="vision", image="trainer:1"))
+    job = job_manifest(spec, SPEC_URI, 0, K8sJobConfig(namespace="vision", image="trainer:1", queue_name=None))
     assert job["spec"]["template"]["spec"]["containers"][0]["command"] == torchrun_command(spec, SPEC_URI, python="python")
     assert "--standalone" in job["spec"]["template"]["spec"]["containers"][0]["command"]
-    # No queue configured: nothing would ever unsuspend the Job.
+    # No queue (a cluster without Kueue): nothing would ever unsuspend the Job.
     assert "suspend" not in job["spec"] and "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
     k8s_validate(job)
 
