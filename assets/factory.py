@@ -3,8 +3,8 @@
 raw_data -> validated_data -> sweep -> trial_model[trial-NNNN] -> best_model -> registered_model
 
 This module only wires: each definition below is a thin closure over the
-pipeline's spec that calls a top-level body (`assets.data`, `assets.sweep`,
-`assets.trials`, `assets.registration`), which a test can call directly.
+pipeline's spec that calls a top-level body (`assets.data`, `assets.sweeps.sweep`,
+`assets.sweeps.trials`, `assets.registration`), which a test can call directly.
 Values passed between assets are the pydantic models of `trainyard.values`,
 kept as JSON by `ObjectStoreJsonIOManager`; data and models live in the
 object store. Names come from `trainyard.naming`.
@@ -26,9 +26,9 @@ from dagster import (
 from assets.data import CHECK_NAME, raw_data_body, validated_data_body
 from assets.graph_checks import DRIFT_CHECK, with_drift_check
 from assets.registration import PROMOTION_CHECK, registered_model_results
-from assets.sweep import sweep_body
-from assets.trial_handover import continue_sweep
-from assets.trials import TrialConfig, best_model_body, trial_model_body
+from assets.sweeps.sweep import sweep_body
+from assets.sweeps.trial_handover import continue_sweep
+from assets.sweeps.trials import TrialConfig, best_model_body, trial_model_body
 from instance import pool_slots
 from resources.handoff import HandoffPublisher
 from resources.launcher import Launcher

@@ -8,9 +8,8 @@ from typing import Any, Iterator, Optional
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey, Failure, MetadataValue, Output
 
-from resources import promotion
 from resources.handoff import HandoffPublisher
-from resources.registry import ModelRegistry
+from resources.registry import ModelRegistry, promotion
 from resources.storage import ObjectStore
 from trainyard import promotion as policy
 from trainyard import shard_samples

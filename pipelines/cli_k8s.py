@@ -96,7 +96,7 @@ def data_version(store: Any, pipeline: Any) -> Optional[str]:
 def trial_spec(pipeline: Any, store: Any, number: int, md5: str) -> Any:
     """The `TrainSpec` of trial `number` of `pipeline` on data version `md5`, as far as its Kubernetes objects read it.
 
-    Directory, pipeline, trial and distribution are the trial's (`assets.trials`
+    Directory, pipeline, trial and distribution are the trial's (`assets.sweeps.trials`
     computes them the same way). The model's arguments are the pipeline's
     `hparams` (a trial's sampled ones are known at launch), and the data files
     those of the version's split; the objects carry neither. A distribution

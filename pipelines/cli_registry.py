@@ -8,7 +8,7 @@
     trainyard registry list
 
 `promote` and `rollback` apply the same checks as the `registered_model` asset
-(`resources.promotion`, applying `trainyard.promotion`'s policy), with the policy and pinned test split recorded on the
+(`resources.registry.promotion`, applying `trainyard.promotion`'s policy), with the policy and pinned test split recorded on the
 version when it was registered. `--force` moves the alias past failing checks
 and is recorded as an override with its reason. The registry, object store and
 handoff publisher are the environment's (`TRAINYARD_ENV`, default `local`
@@ -359,7 +359,7 @@ def _check_force(args: argparse.Namespace) -> None:
 
 @_guard
 def cmd_promote(args: argparse.Namespace) -> int:
-    from resources import promotion  # lazy: Dagster and MLflow (see module docstring)
+    from resources.registry import promotion  # lazy: Dagster and MLflow (see module docstring)
 
     _check_force(args)
     env = _environment()
@@ -373,7 +373,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_rollback(args: argparse.Namespace) -> int:
-    from resources import promotion  # lazy: Dagster and MLflow (see module docstring)
+    from resources.registry import promotion  # lazy: Dagster and MLflow (see module docstring)
 
     _check_force(args)
     env = _environment()

@@ -19,7 +19,7 @@ timeout (60 s unless `DAGSTER_SENSOR_GRPC_TIMEOUT_SECONDS` says otherwise):
    (by the `sweep` asset when it started no runs itself, or by a tick whose
    requests were lost in a crash); a trial that a run already trains counts in
    flight and is passed over: under the daemon with this sensor on, the `sweep`
-   asset starts its first window's runs itself (`resources.trial_runs`), tagged
+   asset starts its first window's runs itself (`resources.sweeps.trial_runs`), tagged
    as this sensor's with their run keys, so its first tick finds them in flight;
 4. ask new trials for the slots left: free = min(parallelism - in flight, the
    team's free run slots, `max_asks_per_tick`), asking stops at
@@ -46,7 +46,7 @@ requests them instead of asking new ones. So a sweep killed mid-way and
 restarted finishes its budget with no duplicate partitions or trial numbers.
 
 The in-flight count, the team's free slots and the trial runs' tags live in
-`resources.trial_runs`, shared with the `sweep` asset.
+`resources.sweeps.trial_runs`, shared with the `sweep` asset.
 
 Per-team concurrency: every run of a pipeline's `train` job carries
 `trainyard/team=<team>`; the run queue in `dagster.yaml` limits runs per team
@@ -82,7 +82,7 @@ from instance.storage_connections import evaluation_instance, evaluation_resourc
 from pipelines.landing_sensor import evaluate_raw_data
 from pipelines.sensor_timing import ticks_every
 from resources.sweeps import SweepError, SweepStatus, SweepStore, redefined
-from resources.trial_runs import (  # re-exported: tests, drills and benchmarks import them from here
+from resources.sweeps.trial_runs import (  # re-exported: tests, drills and benchmarks import them from here
     ACTIVE,
     PARTITION_TAG,
     active_runs,
@@ -180,7 +180,7 @@ def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, s
     """Fail trials whose run ended (failed or canceled) without telling the study, unless another run has taken over.
 
     A run's trials are its partition's and those it claimed (`claimed`): to go on with, or to start the run of as it
-    ended (`assets.trial_handover.start_successor`). A claimed trial that an active run trains is left alone.
+    ended (`assets.sweeps.trial_handover.start_successor`). A claimed trial that an active run trains is left alone.
 
     The study's tag is matched here, not in the query: a tag filter joins every
     run carrying the tag (every trial run of the study, 10,000 in a 10k sweep;
@@ -286,7 +286,7 @@ def evaluate_sweep(
     if changed is not None:
         return _redefined_tick(spec, instance, state, study_name, changed, carried, carry_note, prepare_job)
     if state.study != study_name:
-        # The `sweep` asset may have started trial runs of the new study before this first look (assets.sweep): runs
+        # The `sweep` asset may have started trial runs of the new study before this first look (assets.sweeps.sweep): runs
         # that ended since its run was created are looked at, so one that ended untold still fails its trial.
         state = SweepCursor(study=study_name, checked=_run_created(instance, event), raw=state.raw)
     with sweeps.reads_once(study_name):  # one read of the trials per write, not one per look (resources.sweeps.rdb)

@@ -35,7 +35,7 @@ class ObjectStoreJsonIOManager(ConfigurableIOManager):
         """Keep `obj` as the value of `asset_key`'s `partition`, where `handle_output` would have put it.
 
         For a partition an op materializes besides its own (a trial run that
-        goes on with the sweep, `assets.trial_handover.continue_sweep`).
+        goes on with the sweep, `assets.sweeps.trial_handover.continue_sweep`).
         """
         self.store.write_json(naming.asset_value_uri(self.store, list(asset_key.path), partition, prefix=self.prefix), dump_value(obj))
 

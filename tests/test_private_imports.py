@@ -28,7 +28,7 @@ KNOWN: dict[str, set[str]] = {
                                   "dagster._utils.interrupts"},
     "instance/run_queue.py": {"dagster._serdes"},
     "instance/storage_connections.py": {"dagster._core.execution.resources_init", "dagster._serdes"},
-    "resources/trial_runs.py": {"dagster._core.remote_origin", "dagster._core.scheduler.instigation", "dagster._daemon.controller"},
+    "resources/sweeps/trial_runs.py": {"dagster._core.remote_origin", "dagster._core.scheduler.instigation", "dagster._daemon.controller"},
     # Optuna: the batched TPE (its Parzen estimators and trial split) and the RDB storage's batched writes.
     "resources/sweeps/acquisition.py": {"optuna.samplers._tpe", "optuna.samplers._tpe._truncnorm", "optuna.samplers._tpe.probability_distributions",
                                         "optuna.samplers._tpe.probability_distributions._BatchedCategoricalDistributions",

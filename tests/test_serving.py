@@ -304,8 +304,7 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
     import sqlalchemy
     import torch
 
-    from resources import promotion
-    from resources.registry import tracking_server_command
+    from resources.registry import promotion, tracking_server_command
     from tests.support.models import export_model
     from trainyard.promotion import Candidate, ValidationEvidence
     from trainyard.spec import PromotionSpec

@@ -35,7 +35,7 @@ The splits and parameters are read and checked first, in `training.gbt_inputs`.
   `REPORT_EVERY` iterations; when the study's pruner says so, boosting stops and the run
   still exports its best iteration and writes `result.json` with status `pruned`. The
   pod never ends the trial: the orchestrator, reading the result, tells the study PRUNED
-  with the result's location and metrics (`assets.trials.tell_result`), as for a
+  with the result's location and metrics (`assets.sweeps.trials.tell_result`), as for a
   Lightning trial, so a pruned trial keeps its results (`trainyard compare --trials`).
 - Serving model: `<output>/model/model.txt` (the best iteration only),
   `preprocessing.json` (the fitted state) and `meta.json` with

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from assets.sweep import preflight
+from assets.sweeps.sweep import preflight
 from pipelines.factory import build_definitions, job_names
 from tests.pipelines.pipeline_fixtures import small_spec
 from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, open_instance, prepared_data

@@ -22,7 +22,7 @@ from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus, Def
 from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import SweepCursor, run_tick
 from resources.sweeps import CLAIMED_BY
-from resources.trial_runs import count_in_flight, free_slots, sensor_is_running
+from resources.sweeps.trial_runs import count_in_flight, free_slots, sensor_is_running
 from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, prepared_data, prepared_home
 from trainyard.naming import sweep_sensor_name
 
@@ -217,10 +217,10 @@ def test_in_process_the_sweep_starts_nothing(tmp_path: Path) -> None:
 
 
 def test_a_failure_to_start_a_run_leaves_it_to_the_sensor_and_the_sweep_stands(tmp_path: Path, monkeypatch) -> None:
-    import assets.sweep
+    import assets.sweeps.sweep
 
     made = {"runs": 0}
-    real = assets.sweep.create_trial_run
+    real = assets.sweeps.sweep.create_trial_run
 
     def second_fails(*args: Any, **kwargs: Any) -> DagsterRun:
         made["runs"] += 1
@@ -228,7 +228,7 @@ def test_a_failure_to_start_a_run_leaves_it_to_the_sensor_and_the_sweep_stands(t
             raise ConnectionError("injected: the run storage went away")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(assets.sweep, "create_trial_run", second_fails)
+    monkeypatch.setattr(assets.sweeps.sweep, "create_trial_run", second_fails)
     instance = queued_instance(tmp_path)
     resources = write_validated(tmp_path)
     sensor_daemon_beats(instance)
@@ -307,7 +307,7 @@ def test_the_shipped_queue_runs_a_teams_whole_window_beside_one_other_run(tmp_pa
     The `sweep` asset starts its first window's trial runs while its prepare run is still
     running; with the instance's limit at the team's quota one of them waited for that run to end.
     """
-    from resources.trial_runs import team_run_limit
+    from resources.sweeps.trial_runs import team_run_limit
 
     (tmp_path / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
     with DagsterInstance.from_config(str(tmp_path)) as instance:

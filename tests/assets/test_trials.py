@@ -106,7 +106,7 @@ def test_trial_model_shows_its_training_curves_also_when_reused(tmp_path: Path) 
 
 
 def test_one_reported_epoch_is_a_table_without_a_plot(tmp_path: Path) -> None:
-    from assets.trials import curves_metadata
+    from assets.sweeps.trials import curves_metadata
     from resources.storage import ObjectStore
 
     store = ObjectStore(root=str(tmp_path))

@@ -116,7 +116,7 @@ def _validate_only(harness: Harness) -> dict[str, Any]:
 def test_a_gbt_champion_then_a_second_delivery_retrains_under_every_metric_and_a_drifted_one_is_flagged(tmp_path: Path) -> None:
     import pandas as pd
 
-    from resources.promotion import score_champion
+    from resources.registry.promotion import score_champion
     from trainyard.promotion import SERVED_METRICS
     from trainyard.tasks import KNOWN_METRICS
 

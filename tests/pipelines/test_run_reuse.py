@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from dagster import AssetKey, DagsterEventType, EventRecordsFilter, RunsFilter
 
-from assets.trial_handover import REUSED_RUN_TAG
+from assets.sweeps.trial_handover import REUSED_RUN_TAG
 from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import run_tick
 from resources.launcher import LaunchOutcome, TrainingCodeError
@@ -161,9 +161,9 @@ def test_a_successor_run_that_cannot_be_made_fails_its_trial_untrained_and_the_s
     would leave it in flight with no run: the sensor's cursor has passed it), the run itself succeeds, and the sensor's
     next tick asks a replacement. The gate (code location, sensor on, daemon alive) is opened by hand; the run, made in
     process, has no repository definition to make its successor's run from, so making it fails for real."""
-    import assets.trial_handover
+    import assets.sweeps.trial_handover
 
-    monkeypatch.setattr(assets.trial_handover, "successor_blocked", lambda context, spec: None)
+    monkeypatch.setattr(assets.sweeps.trial_handover, "successor_blocked", lambda context, spec: None)
     spec, resources, instance, sweep = started(tmp_path, n_trials=4, parallelism=2, reuse_run_under_seconds=0.001)
     sweeps: SweepStore = resources["sweeps"]
     first = tick(spec, instance, resources)

@@ -442,7 +442,7 @@ def test_under_the_daemon_short_trials_runs_go_on_and_every_trial_is_materialize
     pruned), each materialized once, in fewer runs than trials, and the final report runs."""
     from dagster import DagsterEventType, EventRecordsFilter
 
-    from assets.trial_handover import REUSED_RUN_TAG
+    from assets.sweeps.trial_handover import REUSED_RUN_TAG
 
     optuna_url = pg_databases[0]
     instance, spec, resources, sweep = daemon_drill(tmp_path, optuna_url, 5, 2, SWEEP_DRILL_REUSE="120")

@@ -17,9 +17,8 @@ import pandas as pd
 import pytest
 from dagster import AssetKey, DagsterInstance, MarkdownMetadataValue
 
-from resources import promotion
-from resources.promotion import decision_metadata, validation_evidence
-from resources.registry import SmokeResult
+from resources.registry import SmokeResult, promotion
+from resources.registry.promotion import decision_metadata, validation_evidence
 from tests.support.webhook import WebhookServer
 from trainyard.lineage import HANDOFF_WEBHOOK_TAG, HISTORY_TAG
 from trainyard.promotion import (
@@ -327,7 +326,7 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
                          metrics, "md5-new-fp1", test_df, "label", PASSED)
         return promotion.decide(registry, handoff, cand, action="register", decided_by="test")
 
-    from resources.promotion import score_champion
+    from resources.registry.promotion import score_champion
 
     champion_before = registry.get_version("r", info[1].version)
     for metric in classification:  # every metric: the champion measured on the old split is re-evaluated on this one

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from pipelines.cli import main
-from resources import promotion
+from resources.registry import promotion
 from tests.support.lineage_repo import checkout, make_dirty, trained_tags
 from trainyard import lineage
 from trainyard.lineage import POLICY_TAG

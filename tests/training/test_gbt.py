@@ -182,7 +182,7 @@ def test_optuna_pruner_stops_a_bad_trial_and_marks_it_pruned(tmp_path: Path) -> 
     assert trial.intermediate_values == {gbt.REPORT_EVERY: pytest.approx(res.metrics["val_logloss"])}
     assert (tmp_path / "run" / "model" / "model.txt").exists()  # a pruned trial still keeps its model
 
-    # what the orchestrator does with the result (assets.trials.tell_result): the trial ends PRUNED and keeps its
+    # what the orchestrator does with the result (assets.sweeps.trials.tell_result): the trial ends PRUNED and keeps its
     # result's location and metrics, so `trainyard compare --trials` lists it with them
     from resources.storage import ObjectStore
     from resources.sweeps import SweepStore

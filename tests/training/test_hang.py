@@ -138,7 +138,7 @@ def _dagster_run_of(output_uri: str, since: float) -> tuple[list[str], dict]:
     """A real (in-process) Dagster run of a trial partition that surfaces the agent's events as `train_trial` does."""
     from dagster import DagsterInstance, StaticPartitionsDefinition, asset, materialize
 
-    from assets.trials import log_watchdog_events
+    from assets.sweeps.trials import log_watchdog_events
 
     @asset(partitions_def=StaticPartitionsDefinition(["trial-0000"]))
     def trial_model(context) -> dict:  # unannotated: Dagster cannot resolve a string annotation of a local import
@@ -205,7 +205,7 @@ def test_drill_hang_on_warm_workers_is_named_and_restarted_by_their_supervisor(t
 def test_hang_and_slow_drills_reach_the_spec_from_the_run_config_and_refuse_what_cannot_fire() -> None:
     from dagster import Failure
 
-    from assets.trials import TrialConfig, check_drill
+    from assets.sweeps.trials import TrialConfig, check_drill
 
     config = TrialConfig(drill_hang_rank=1, drill_hang_at_step=50, drill_slow_rank=0, drill_slow_seconds=0.5)
     assert config.drill() == {"hang_rank": 1, "hang_at_step": 50, "slow_rank": 0, "slow_seconds": 0.5} and config.restarts_expected()

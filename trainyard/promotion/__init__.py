@@ -1,7 +1,7 @@
 """The promotion policy: when a registered version may become `champion`, and the record of each decision.
 
 Plain functions over plain data, so a reviewer can check the policy without a
-registry, Dagster or a serving process. `resources.promotion` applies it: for
+registry, Dagster or a serving process. `resources.registry.promotion` applies it: for
 model M and candidate version V, inside the registry's lock on M,
 
 1. V gets alias `challenger` (a rollback target is checked by its pinned URI instead).

@@ -1,7 +1,7 @@
 """A sweep's trial runs: which trials are in flight, how many may start, and starting one as the sweep sensor would.
 
 Shared by the sweep sensor (`pipelines.sensors`, every tick) and the `sweep`
-asset (`assets.sweep`), which starts the first window's trial runs itself when
+asset (`assets.sweeps.sweep`), which starts the first window's trial runs itself when
 the platform runs under the daemon with the sweep sensor on, instead of leaving
 them to the sensor's next tick (2-10 s later). Both count a trial in flight and
 a team's free run slots the same way, so the sensor's next tick takes the
@@ -47,7 +47,7 @@ RUN_KEY_TAG = "dagster/run_key"  # Dagster's RUN_KEY_TAG: the sensor daemon star
 SENSOR_NAME_TAG = "dagster/sensor_name"  # Dagster's SENSOR_NAME_TAG: the sensor a run counts as requested by
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 SWEEP_TRIGGER = "sweep materialized"  # `trainyard/trigger` of a trial run the `sweep` asset started
-SUCCESSOR_TRIGGER = "trial run ended"  # of a trial run started by the run of a long trial as it ended (`assets.trial_handover.start_successor`)
+SUCCESSOR_TRIGGER = "trial run ended"  # of a trial run started by the run of a long trial as it ended (`assets.sweeps.trial_handover.start_successor`)
 
 SENSOR_DAEMON = "SENSOR"  # Dagster's SensorDaemon.daemon_type()
 HEARTBEAT_INTERVAL_SECONDS = 30.0  # how often a daemon thread writes its heartbeat (Dagster's DEFAULT_HEARTBEAT_INTERVAL_SECONDS)

@@ -2,7 +2,7 @@
 
 Under the daemon with the pipeline's sweep sensor on, the asset starts the
 first window's trial runs itself rather than leaving them to the sensor's next
-tick (2-10 s later): the runs that tick would request (`resources.trial_runs`:
+tick (2-10 s later): the runs that tick would request (`resources.sweeps.trial_runs`:
 asked, unfinished, unclaimed trials no run trains, within the window and the
 team's free run slots), tagged as the sensor's with their run keys. They are
 created (NOT_STARTED) before the output, so the sensor counts them in flight
@@ -22,8 +22,8 @@ from dagster import AssetExecutionContext, DagsterRun, Failure, MetadataValue, O
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from resources.sweeps import SweepStore, build_report, inert_pruner, objectives_of, report_metadata, study_directions
+from resources.sweeps.trial_runs import IN_PROCESS, PARTITION_TAG, create_trial_run, discard_runs, from_code_location, trials_to_start, why_not_start
 from resources.tracking import Tracking
-from resources.trial_runs import IN_PROCESS, PARTITION_TAG, create_trial_run, discard_runs, from_code_location, trials_to_start, why_not_start
 from trainyard import naming
 from trainyard.spec import PipelineSpec
 from trainyard.values import Sweep, ValidatedData

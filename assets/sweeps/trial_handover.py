@@ -1,6 +1,6 @@
 """A trial run that hands on: it goes on with the sweep's next trials while they stay short, or starts the next trial's run as it ends.
 
-Split from `assets.trials` (the trial's own body, which both use): how a run
+Split from `assets.sweeps.trials` (the trial's own body, which both use): how a run
 started by the sweep sensor keeps a sweep's slots busy without waiting for the
 sensor's next tick. `continue_sweep` trains the next trials in the same run
 (`SearchSpec.reuse_run_under_seconds`, as Ray Tune reuses an actor);
@@ -15,13 +15,13 @@ from typing import Any, Iterator, Optional
 
 from dagster import AssetExecutionContext, AssetMaterialization, DagsterRun, Failure, PartitionKeyRange, RetryRequested
 
-from assets.trials import TrialConfig, trial_model_body
+from assets.sweeps.trials import TrialConfig, trial_model_body
 from resources.io_manager import ObjectStoreJsonIOManager
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from resources.sweeps import SweepStore
+from resources.sweeps.trial_runs import IN_PROCESS, SUCCESSOR_TRIGGER, create_trial_run, discard_runs, from_code_location, why_not_start
 from resources.tracking import Tracking
-from resources.trial_runs import IN_PROCESS, SUCCESSOR_TRIGGER, create_trial_run, discard_runs, from_code_location, why_not_start
 from trainyard import naming
 from trainyard.naming import STUDY_TAG
 from trainyard.spec import PipelineSpec
