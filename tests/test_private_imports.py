@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OURS = {"pipelines", "assets", "resources", "instance", "trainyard", "training", "featurestore", "__future__"}
+OURS = {"pipelines", "assets", "resources", "instance", "trainyard", "training", "common", "featurestore", "__future__"}
 
 KNOWN: dict[str, set[str]] = {
     # Dagster: the pool-slot accounting patch of the event-log storage, the warm run worker's run body, the sweep

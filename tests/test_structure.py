@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("assets", "resources", "instance", "pipelines", "trainyard", "training", "bench", "deploy")
+PACKAGES = ("assets", "resources", "instance", "pipelines", "trainyard", "training", "common", "bench", "deploy")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 100
 
