@@ -45,15 +45,17 @@ RUN TORCH_VERSION="$(sed -n 's/^torch==\([^+]*\).*$/\1/p' constraints.txt)" \
  && pip install -r trainer-requirements.txt -c /tmp/constraints.trainer.txt \
  && pip check
 
-# The pod side: the TrainSpec contract and entrypoint, and every team's model code
-# (a spec names it by import path, anywhere under pipelines/). pipelines/ comes
-# whole so no team's code is left out; its Dagster modules are never imported here.
+# The pod side: the TrainSpec contract and entrypoint, the shared utilities it
+# imports (common/, below training/ in the layers), and every team's
+# model code (a spec names it by import path, anywhere under pipelines/). pipelines/
+# comes whole so no team's code is left out; its Dagster modules are never imported here.
 # tests/deploy/test_trainer_image.py checks that everything the pod side imports
 # is copied here or declared in trainer-requirements.txt.
+COPY common/ common/
 COPY training/ training/
 COPY pipelines/ pipelines/
 
-RUN python -c "import importlib, pathlib, training.entrypoint, training.lightning_task, training.gbt, training.pruning, training.reporting; \
+RUN python -c "import importlib, pathlib, common.settings, training.entrypoint, training.lightning_task, training.gbt, training.pruning, training.reporting; \
 import fsspec, psycopg2, wandb, mlflow.pyfunc, dagster_pipes; fsspec.get_filesystem_class('s3'); \
 [importlib.import_module(f'pipelines.{p.parent.name}.models') for p in sorted(pathlib.Path('pipelines').glob('*/models.py'))]" \
  && if python -c "import dagster" 2>/dev/null; then echo "dagster must not be in the trainer image" >&2; exit 1; fi
