@@ -15,12 +15,13 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import fsspec
 
-from training.checkpointing.errors import CheckpointError, CheckpointLayoutError, CheckpointUnusable, CheckpointWriteError, SkippedCheckpointWarning, check, is_int
-from training.checkpointing.files import HashingWriter, StagedFile, digest_matches, save_payload
-from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, parse_manifest, step_dir
+from training.checkpointing.errors import CheckpointError, CheckpointUnusable, CheckpointWriteError, SkippedCheckpointWarning, check, is_int
+from training.checkpointing.files import HashingWriter, StagedFile, save_payload
+from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, step_dir
+from training.checkpointing.reading import LoadedCheckpoint, iter_shards, load_checkpoint, read_manifest
 from training.checkpointing.removal import BackgroundRemover
-from training.checkpointing.safe_load import check_plain, load_payload
-from training.checkpointing.sharding import ShardSpec, elide_locals, merge_shards, shard_file, sidecar_file
+from training.checkpointing.safe_load import check_plain
+from training.checkpointing.sharding import ShardSpec, shard_file, sidecar_file
 from training.retry import RetriesExhausted, retry_call
 
 log = logging.getLogger("trainyard.training.checkpointing")
@@ -29,29 +30,6 @@ log = logging.getLogger("trainyard.training.checkpointing")
 _TRANSIENT = (OSError, ConnectionError, TimeoutError)
 
 T = TypeVar("T")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadedCheckpoint:
-    """A verified, committed checkpoint and its deserialised state.
-
-    Attributes:
-        uri: The checkpoint directory, e.g. `s3://bucket/run/checkpoints/step-000000012`.
-        step: Global step it was taken at.
-        epoch: Epoch it was taken in.
-        metrics: Metric values the caller recorded with it.
-        state: The dict passed to `CheckpointStore.save`.
-        best: Whether it was saved as the best so far.
-        world_size: Ranks that wrote a sharded checkpoint; None for replicated state.
-    """
-
-    uri: str
-    step: int
-    epoch: int
-    metrics: dict[str, float]
-    state: dict[str, Any]
-    best: bool = False
-    world_size: Optional[int] = None
 
 
 @dataclasses.dataclass
@@ -364,84 +342,10 @@ class CheckpointStore:
         return [entries[s] for s in sorted(entries)]
 
     def _read_manifest(self, entry: _Entry) -> dict[str, Any]:
-        try:
-            manifest = parse_manifest(self.fs.cat_file(self._path(entry.name, MANIFEST)))
-        except FileNotFoundError as e:
-            raise CheckpointUnusable("missing manifest (vanished while reading)") from e
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointUnusable(f"unreadable manifest: {type(e).__name__}: {e}") from e
-        return manifest
-
-    def _verified(self, entry: _Entry, fname: str, meta: dict[str, Any]) -> bytes:
-        try:
-            data = self.fs.cat_file(self._path(entry.name, fname))
-        except FileNotFoundError as e:
-            raise CheckpointUnusable(f"file {fname} listed in the manifest is missing") from e
-        if len(data) != meta["size"]:
-            raise CheckpointUnusable(f"size mismatch for file {fname}: manifest says {meta['size']} bytes, found {len(data)}")
-        if not digest_matches(data, meta):
-            raise CheckpointUnusable(f"checksum mismatch for file {fname}")
-        return data
+        return read_manifest(self.fs, self._path(entry.name))
 
     def _load(self, entry: _Entry, rank: Optional[int] = None, world_size: Optional[int] = None) -> LoadedCheckpoint:
-        manifest = self._read_manifest(entry)
-        world = manifest.get("world_size")
-        uri = f"{self.root_uri}/{entry.name}"
-        if world is None:
-            # Replicated state: every file is checked, whoever reads it.
-            payload = b""
-            for fname, meta in sorted(manifest["files"].items()):
-                data = self._verified(entry, fname, meta)
-                if fname == PAYLOAD:
-                    payload = data
-            state = load_payload(payload, f"{uri}/{PAYLOAD}")
-        elif rank is not None and world_size is not None and world_size != world:
-            state = self._reshard_view(entry, manifest, rank, world_size)
-        elif rank is not None:
-            if rank >= world:
-                raise CheckpointLayoutError(f"checkpoint {uri} has {world} shards; there is none for rank {rank}")
-            fname = shard_file(rank)
-            data = self._verified(entry, fname, manifest["files"][fname])
-            state = load_payload(data, f"{uri}/{fname}")
-        else:
-            # One process reading a sharded checkpoint whole (evaluation, export, tools).
-            shards = []
-            for r in range(world):
-                fname = shard_file(r)
-                data = self._verified(entry, fname, manifest["files"][fname])
-                shards.append(load_payload(data, f"{uri}/{fname}"))
-            state = merge_shards(shards)
-        return LoadedCheckpoint(
-            uri=uri,
-            step=manifest["step"],
-            epoch=int(manifest.get("epoch", 0)),
-            metrics=dict(manifest.get("metrics", {})),
-            state=state,
-            best=bool(manifest.get("best", False)),
-            world_size=world,
-        )
-
-    def _reshard_view(self, entry: _Entry, manifest: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
-        """A rank of a run at another world size: verify its share of the saved shards, return rank 0's state elided.
-
-        Rank `r` of `world_size` verifies saved shards `r, r + world_size, ...`
-        (one file in memory at a time), so together the ranks verify every
-        shard before they agree on the checkpoint. The state returned is saved
-        rank 0's (loops, schedulers, callbacks) with its DTensor shards dropped
-        (`elide_locals`); the strategy reads the tensors again, one shard at a
-        time (`iter_shards`), and keeps only its own new region of each.
-        """
-        uri = f"{self.root_uri}/{entry.name}"
-        world = int(manifest["world_size"])
-        state: Optional[dict[str, Any]] = None
-        for r in sorted({0, *range(rank, world, world_size)}):
-            fname = shard_file(r)
-            data = self._verified(entry, fname, manifest["files"][fname])
-            if r == 0:
-                state = elide_locals(load_payload(data, f"{uri}/{fname}"))
-            del data
-        assert state is not None
-        return state
+        return load_checkpoint(self.fs, self._path(entry.name), f"{self.root_uri}/{entry.name}", rank, world_size)
 
     def iter_shards(self, name: str) -> Iterator[dict[str, Any]]:
         """Every rank's state of the committed sharded checkpoint `name`, in rank order, each verified as it is read.
@@ -457,18 +361,7 @@ class CheckpointStore:
         m = STEP_DIR.fullmatch(name)
         if not m:
             raise CheckpointUnusable(f"{name!r} is not a checkpoint directory name (step-NNNNNNNNN)")
-        entry = _Entry(name, int(m.group(1)), committed=True)
-        manifest = self._read_manifest(entry)
-        world = manifest.get("world_size")
-        if world is None:
-            raise CheckpointLayoutError(f"checkpoint {self.root_uri}/{name} holds replicated state, not shards")
-        for r in range(int(world)):
-            fname = shard_file(r)
-            data = self._verified(entry, fname, manifest["files"][fname])
-            state = load_payload(data, f"{self.root_uri}/{name}/{fname}")
-            del data
-            yield state
-            del state  # before the next one is read
+        yield from iter_shards(self.fs, self._path(name), f"{self.root_uri}/{name}")
 
     def committed(self) -> list[tuple[str, bool]]:
         """(directory name, saved as best) of every committed checkpoint, newest first; manifests unverified."""
