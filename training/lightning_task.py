@@ -48,11 +48,12 @@ from lightning.pytorch.loggers import WandbLogger
 from training import determinism, preprocessing
 from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, private_wandb_unless_first, read_attempts
 from training.callbacks import FaultInjectionCallback, ProgressCallback, ProgressRecorder
+from training.checkpoint_io import StoreCheckpointIO
 from training.checkpointing import CheckpointError, CheckpointStore, CheckpointUnusable, SkippedCheckpointWarning, UnsafeCheckpointError
 from training.data import fit_preprocessing
 from training.distributed import init_process_group
 from training.errors import ConfigError, StrategyConfigError
-from training.fault_tolerance import FaultTolerance, StoreCheckpointIO, keep_global_batch
+from training.fault_tolerance import FaultTolerance, keep_global_batch
 from training.lightning_eval import EVALUATION_METRIC, check_output_fits_task, export_model, final_metrics, prediction_task
 from training.pruning import OptunaPruning, pruning_callback
 from training.reporting import Reporter

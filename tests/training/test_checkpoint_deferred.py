@@ -209,7 +209,8 @@ def test_a_lightning_fit_defers_its_copies_and_every_checkpoint_holds_the_weight
     how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from training.attempts import AttemptLog, FaultMarkers
-    from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
+    from training.checkpoint_io import StoreCheckpointIO
+    from training.fault_tolerance import FaultTolerance
     from training.spec import CheckpointPolicy, FaultInjection
 
     real = writer_module._Deferred.copy_all

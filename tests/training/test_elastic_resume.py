@@ -65,8 +65,9 @@ def _fit_with_nodes(tmp: Path, nodes: int, steps: int, attempt: str) -> dict[str
     import lightning as L
 
     from training.attempts import AttemptLog, FaultMarkers, read_attempts
+    from training.checkpoint_io import StoreCheckpointIO
     from training.checkpointing import CheckpointStore
-    from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
+    from training.fault_tolerance import FaultTolerance
     from training.spec import CheckpointPolicy, FaultInjection
 
     class Tiny(L.LightningModule):
@@ -297,8 +298,9 @@ def test_a_fit_resumed_with_half_the_batch_accumulates_two_and_trains_the_rest_o
     import lightning as L
 
     from training.attempts import AttemptLog, FaultMarkers
+    from training.checkpoint_io import StoreCheckpointIO
     from training.checkpointing import CheckpointStore
-    from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
+    from training.fault_tolerance import FaultTolerance
     from training.spec import CheckpointPolicy, FaultInjection
 
     seen: list[tuple[int, int, list[int]]] = []

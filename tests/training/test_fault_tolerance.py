@@ -254,8 +254,9 @@ def _failing_rank_zero(tmp_path: Path, commit_timeout_s: float = 600.0) -> tuple
     from types import SimpleNamespace
 
     from training.attempts import AttemptLog, FaultMarkers
+    from training.checkpoint_io import StoreCheckpointIO
     from training.checkpointing.sharding import ShardSpec
-    from training.fault_tolerance import FaultTolerance, StoreCheckpointIO
+    from training.fault_tolerance import FaultTolerance
 
     store = CheckpointStore(str(tmp_path / "checkpoints"))
     io = StoreCheckpointIO(store, async_save=True)

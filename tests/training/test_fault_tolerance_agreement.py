@@ -45,9 +45,10 @@ class _Trainer:
 
 def _worker(rank: int, world: int, port: int, out: str, sigterm: dict[int, int], steps: int) -> None:
     from training.attempts import AttemptLog, FaultMarkers
+    from training.checkpoint_io import StoreCheckpointIO
     from training.checkpointing import CheckpointStore
     from training.errors import Preempted
-    from training.fault_tolerance import FaultTolerance, StoreCheckpointIO, control_group
+    from training.fault_tolerance import FaultTolerance, control_group
     from training.spec import CheckpointPolicy, FaultInjection
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
