@@ -1,5 +1,8 @@
 """Find team pipeline definitions by key, from the code locations in `workspace.yaml`.
 
+The workspace is the project directory's (`workspace_file`: `TRAINYARD_PROJECT_DIR`,
+default the current directory, as `dagster dev -w workspace.yaml` reads it).
+
 Only each location's own module (e.g. `pipelines.tabular.definitions`) is imported,
 exactly as `dagster dev` would load it; a team folder's other modules (helper
 scripts, notebooks exported as `.py`, model code) are never executed by discovery,
@@ -14,15 +17,15 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator
+from typing import Iterator, Optional
 
 import yaml
 
+from trainyard.project import PROJECT_DIR_ENV, project_dir
 from trainyard.spec import PipelineSpec
 from trainyard.team import TeamSpec
 
-WORKSPACE = Path(__file__).resolve().parent.parent / "workspace.yaml"
-
+WORKSPACE_FILE = "workspace.yaml"
 
 LOCATIONS_MODULE = "pipelines.locations"
 """The module that serves spec-only team modules as code locations, one attribute per team."""
@@ -33,13 +36,27 @@ def team_module_name(team: str) -> str:
     return f"pipelines.{team}.team"
 
 
-def location_modules(workspace: Path = WORKSPACE) -> list[str]:
+def workspace_file() -> Path:
+    """`workspace.yaml` in the project directory (`trainyard.project.project_dir`).
+
+    Raises:
+        FileNotFoundError: There is none; the message says where it looked and how to point elsewhere.
+    """
+    path = project_dir() / WORKSPACE_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no {WORKSPACE_FILE} in {path.parent}: run from the project directory or set {PROJECT_DIR_ENV} to it"
+        )
+    return path
+
+
+def location_modules(workspace: Optional[Path] = None) -> list[str]:
     """The module holding each `python_module` code location's specs in `workspace`, in file order.
 
     A location served through `pipelines.locations` (attribute = team) holds its
     specs in the team's spec-only module, `pipelines.<team>.team`.
     """
-    doc = yaml.safe_load(Path(workspace).read_text()) or {}
+    doc = yaml.safe_load(Path(workspace or workspace_file()).read_text()) or {}
     names: list[str] = []
     for entry in doc.get("load_from") or []:
         target = entry.get("python_module") if isinstance(entry, dict) else None
@@ -51,7 +68,7 @@ def location_modules(workspace: Path = WORKSPACE) -> list[str]:
     return names
 
 
-def workspace_teams(workspace: Path = WORKSPACE) -> list[TeamSpec]:
+def workspace_teams(workspace: Optional[Path] = None) -> list[TeamSpec]:
     """The TeamSpecs the code locations of `workspace` declare (module attributes of that type), first of each name."""
     teams: dict[str, TeamSpec] = {}
     for name in location_modules(workspace):
@@ -70,11 +87,11 @@ def _served_specs(module: ModuleType) -> Iterator[PipelineSpec]:
             yield from (v for v in vars(value).values() if isinstance(v, PipelineSpec))
 
 
-def all_pipelines(workspace: Path = WORKSPACE) -> dict[str, PipelineSpec]:
+def all_pipelines(workspace: Optional[Path] = None) -> dict[str, PipelineSpec]:
     """Every `PipelineSpec` served by a code location of `workspace`, by key.
 
     Args:
-        workspace: The Dagster workspace file whose `python_module` locations are loaded.
+        workspace: The Dagster workspace file whose `python_module` locations are loaded (default: `workspace_file()`).
 
     Raises:
         ValueError: two locations serve different pipelines under one key.
@@ -87,7 +104,7 @@ def all_pipelines(workspace: Path = WORKSPACE) -> dict[str, PipelineSpec]:
     return found
 
 
-def find_pipeline(key: str, workspace: Path = WORKSPACE) -> PipelineSpec:
+def find_pipeline(key: str, workspace: Optional[Path] = None) -> PipelineSpec:
     """The pipeline `<team>/<name>` served by a code location of `workspace`.
 
     Raises:

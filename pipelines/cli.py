@@ -20,13 +20,21 @@ from typing import Optional
 
 
 def ensure_dagster_home() -> Path:
-    """Point `DAGSTER_HOME` at `<TRAINYARD_HOME>/dagster` and give it the project's dagster.yaml."""
-    from pipelines.environments import PROJECT_ROOT, trainyard_home  # lazy: loads every resource
+    """Point `DAGSTER_HOME` at `<TRAINYARD_HOME>/dagster` and give it the project's `deploy/local/dagster.yaml`.
+
+    Raises:
+        FileNotFoundError: The project directory (`TRAINYARD_PROJECT_DIR`, default: here) has no such file.
+    """
+    from pipelines.environments import trainyard_home  # lazy: loads every resource
+    from trainyard.project import project_dir
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(trainyard_home() / "dagster")))
     home.mkdir(parents=True, exist_ok=True)
     target = home / "dagster.yaml"
     if not target.exists():
-        shutil.copyfile(PROJECT_ROOT / "deploy" / "local" / "dagster.yaml", target)
+        source = project_dir() / "deploy" / "local" / "dagster.yaml"
+        if not source.is_file():
+            raise FileNotFoundError(f"no {source}: run from the project directory or set TRAINYARD_PROJECT_DIR to it")
+        shutil.copyfile(source, target)
     return home
 
 

@@ -9,7 +9,6 @@ Feast repository and entity files under the store (`setup_feast_example`), so
 
 from __future__ import annotations
 
-import subprocess
 import warnings
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from pipelines.factory import job_names
 from pipelines.vision.definitions import defs
 from pipelines.vision.digits import digits
 from trainyard import naming
-from trainyard.data.feast import PROJECT_ROOT, feast_python
+from trainyard.data.feast import run_featurestore
 
 
 def _run(job_name: str, instance: DagsterInstance, partition_key: str | None = None):
@@ -57,10 +56,7 @@ def setup_feast_example(store_root: Path) -> str:
     repo, landing = store_root / CHURN_REPO, store_root / CHURN_LANDING
     if (repo / "feature_store.yaml").exists() and (landing / "events.csv").exists():
         return f"Feast repository {repo} (exists)"
-    proc = subprocess.run(
-        [feast_python(), "-W", "ignore", "-m", "featurestore.example", "--repo", str(repo), "--landing", str(landing)],
-        cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600,
-    )
+    proc = run_featurestore("example", ["--repo", str(repo), "--landing", str(landing)], timeout_s=600)
     if proc.returncode != 0:
         raise RuntimeError(f"featurestore.example exited {proc.returncode}: {proc.stderr[-3000:]}")
     return f"Feast repository {repo} (created)"

@@ -1,9 +1,10 @@
 """One builder per environment, chosen once per code location by `TRAINYARD_ENV`.
 
 - `local` (default, embedded): everything under `TRAINYARD_HOME` (default
-  `./.trainyard`): object store on the local filesystem, DVC remote inside it,
-  W&B offline unless `WANDB_API_KEY` is set, MLflow on SQLite, Optuna on SQLite
-  (or the database of `TRAINYARD_OPTUNA_URL` when set), torchrun on this machine.
+  `.trainyard` in the project directory, `trainyard.project`): object store
+  on the local filesystem, DVC remote inside it, W&B offline unless
+  `WANDB_API_KEY` is set, MLflow on SQLite, Optuna on SQLite (or the database
+  of `TRAINYARD_OPTUNA_URL` when set), torchrun on this machine.
 - `cluster`: object store and DVC remote on S3 (`TRAINYARD_S3_ROOT`, optional
   `AWS_ENDPOINT_URL`), Optuna on PostgreSQL (`TRAINYARD_OPTUNA_URL`), an MLflow
   tracking server (`MLFLOW_TRACKING_URI`) with artifacts on S3, training as
@@ -38,9 +39,9 @@ from resources.sweeps import SweepStore
 from resources.tracking import Tracking
 from resources.versioning import DataVersioning
 from training.spec import OPTUNA_URL_ENV
+from trainyard.project import project_dir
 from trainyard.redact import redact_url, url_has_credentials
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENVIRONMENTS = ("local", "cluster")
 
 
@@ -50,7 +51,7 @@ class EnvironmentError_(ValueError):
 
 def trainyard_home(env: Mapping[str, str] | None = None) -> Path:
     env = os.environ if env is None else env
-    return Path(env.get("TRAINYARD_HOME", PROJECT_ROOT / ".trainyard")).resolve()
+    return Path(env.get("TRAINYARD_HOME") or project_dir(env) / ".trainyard").resolve()
 
 
 def local_resources(home: Path | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Optional
 
 import training.spec
 from training.atomic import exclusive_lock
+from trainyard.project import package_dir
 
 WARM_DIR_ENV = "TRAINYARD_WARM_DIR"
 WARM_WORKERS_ENV = "TRAINYARD_WARM_WORKERS"
@@ -95,8 +96,12 @@ def private_dir(path: Path) -> Path:
 
 
 def training_root() -> Path:
-    """The directory that holds the `training` package this process imports (the server's working directory)."""
-    return Path(training.spec.__file__).resolve().parent.parent
+    """The directory that holds the `training` package this process imports (the server's working directory).
+
+    The checkout for the editable install, site-packages for a wheel: either way, a server started
+    there with this interpreter imports the same `training`, and its key hashes those files.
+    """
+    return package_dir("training").parent
 
 
 # Variables read only when a process starts (the C library's allocator and loader, Python's hash seed and allocator):

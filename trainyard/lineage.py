@@ -39,11 +39,16 @@ from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from trainyard.project import package_dir, project_dir
 from trainyard.spec import PipelineSpec
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
-LOCK_FILE = Path(os.environ.get("TRAINYARD_LOCK_FILE") or PROJECT_ROOT / "constraints.txt")
-"""The dependency lock; an installed image without the source tree names its copy in `TRAINYARD_LOCK_FILE`."""
+LOCK_FILE_ENV = "TRAINYARD_LOCK_FILE"
+
+
+def lock_file(env: Optional[Mapping[str, str]] = None) -> Path:
+    """The dependency lock: `TRAINYARD_LOCK_FILE`, else the project directory's `constraints.txt` (`trainyard.project`)."""
+    env = os.environ if env is None else env
+    return Path(env.get(LOCK_FILE_ENV) or project_dir(env) / "constraints.txt")
 
 PREFIX = "trainyard."
 """Every registry tag trainyard writes starts with this."""
@@ -98,16 +103,23 @@ class LineageError(ValueError):
 
 
 @functools.lru_cache(maxsize=1)
-def code_version(root: str = str(PROJECT_ROOT)) -> tuple[str, bool]:
-    """(git commit, dirty flag) of the project; ('unknown', True) outside a git checkout.
+def code_version(root: Optional[str] = None) -> tuple[str, bool]:
+    """(git commit, dirty flag) of the code this process runs; ('unknown', True) when it is not a git checkout.
 
-    An image built without `.git` gives the commit it was built from in
-    `TRAINYARD_CODE_VERSION` (`<commit>`, or `<commit>-dirty` from a dirty tree).
+    `root` (default: the directory holding the imported `trainyard` package, `trainyard.project.package_dir`)
+    counts only when it is the top of a git checkout: the editable install's source tree. A wheel in
+    site-packages is not, even in a virtual environment kept inside a checkout, whose commit says
+    nothing of the installed code. An image built without `.git` gives the commit it was built from
+    in `TRAINYARD_CODE_VERSION` (`<commit>`, or `<commit>-dirty` from a dirty tree).
     """
+    root = str(package_dir("trainyard").parent) if root is None else root
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+        top, commit = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True,
+                                     text=True, check=True).stdout.splitlines()
         status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        top = ""
+    if not top or Path(top).resolve() != Path(root).resolve():
         built = os.environ.get("TRAINYARD_CODE_VERSION", "").strip()
         if built and built.removesuffix("-dirty") not in ("", "unknown"):
             return built.removesuffix("-dirty"), built.endswith("-dirty")
@@ -115,8 +127,9 @@ def code_version(root: str = str(PROJECT_ROOT)) -> tuple[str, bool]:
     return commit, bool(status.strip())
 
 
-def lock_hash(path: Path = LOCK_FILE) -> str:
-    """First 16 hex digits of the dependency lock's sha256; 'unknown' without one."""
+def lock_hash(path: Optional[Path] = None) -> str:
+    """First 16 hex digits of the dependency lock's sha256 (default: `lock_file()`); 'unknown' without one."""
+    path = lock_file() if path is None else path
     if not path.exists():
         return "unknown"
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]

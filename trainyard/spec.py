@@ -35,6 +35,7 @@ from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, mod
 
 from training.spec import CheckpointPolicy, Distribution, FeatureDtype, ImportTarget, PredictionTask, Preprocessing
 from trainyard.policies import PromotionSpec, RetrainPolicy
+from trainyard.project import project_dir
 from trainyard.search import SWEEP_CONTROL_FIELDS, SearchSpec, StrictSpec
 from trainyard.shardspec import IMAGE_FEATURE, IMAGE_TARGET, TEXT_FEATURE, TEXT_TARGET, ImageShards, ShardSpec, TextShards
 from trainyard.tasks import GBT_METRICS, GBT_MONITORS, check_task, fill_task_defaults, infer_task, metric_direction
@@ -299,11 +300,9 @@ class RetrySpec(StrictSpec):
     max_preemptions: int = Field(20, ge=0)
     wait_seconds: float = Field(2.0, ge=0)
 
-_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 def resolve_suite_path(path: str) -> str:
-    """A suite path made absolute: relative paths are taken from the project root."""
-    return path if os.path.isabs(path) else os.path.join(_PROJECT_ROOT, path)
+    """A suite path made absolute: a relative one is taken from the project directory (`trainyard.project`)."""
+    return path if os.path.isabs(path) else str(project_dir() / path)
 
 def load_suite_file(path: str) -> dict[str, Any]:
     """Read a Great Expectations suite JSON file and check its shape.
@@ -356,7 +355,8 @@ class PipelineSpec(StrictSpec):
       not to refuse the data. `"reject"`: the version is quarantined like bad data
       (a units change upstream, say), with `trainyard data release` as the way out.
     - `suite`: a Great Expectations suite JSON file (e.g. made by `trainyard data
-      profile` and then edited), relative to the project root or absolute; it
+      profile` and then edited), relative to the project directory
+      (`TRAINYARD_PROJECT_DIR`, default: the current directory) or absolute; it
       replaces the suite built from `columns`. Platform checks always run.
 
     `task`: `classification` or `regression` (see `trainyard.tasks` and

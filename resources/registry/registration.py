@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Protocol
 from resources.registry.backend import URI_SCHEME_RE, RegistryConnection, client, fluent_uris, mlflow_module, to_uri
 from resources.registry.errors import ALREADY_EXISTS, RegistryConflict, RegistryError, translate_errors
 from resources.registry.versions import ModelVersionInfo, version_info
+from trainyard.project import package_file
 
 if TYPE_CHECKING:
     import pandas as pd
 
 logger = logging.getLogger(__name__)
 
-SERVING_MODEL_PATH = Path(__file__).resolve().parents[2] / "training" / "serving_model.py"
-"""The models-from-code pyfunc logged with every version (a path, never imported here)."""
-PREPROCESSING_PATH = SERVING_MODEL_PATH.parent / "preprocessing.py"
+SERVING_MODEL_PATH = package_file("training", "serving_model.py")
+"""The models-from-code pyfunc logged with every version: a file of `training` (a path, never imported here)."""
+PREPROCESSING_PATH = package_file("training", "preprocessing.py")
 """The platform's preprocessing, shipped with every version (`code_paths`): the pyfunc imports it as `preprocessing`."""
 
 MODEL_ARTIFACT_NAME = "model"

@@ -21,7 +21,7 @@ def checkout(root: Path, lock_text: Optional[str] = None) -> Path:
     """A git repository at `root` with one committed module and `constraints.txt` (default: the project's lock)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "model.py").write_text("WIDTH = 8\n")
-    (root / "constraints.txt").write_text(lineage.LOCK_FILE.read_text() if lock_text is None else lock_text)
+    (root / "constraints.txt").write_text(lineage.lock_file().read_text() if lock_text is None else lock_text)
     for args in (["init", "-q"], ["add", "model.py", "constraints.txt"], ["commit", "-q", "-m", "model"]):
         subprocess.run([*GIT, *args], cwd=root, check=True, capture_output=True)
     return root

@@ -6,8 +6,10 @@ For a pipeline whose `source` is a `FeastSourceSpec`, `feast_snapshot`:
    `trainyard.data.ingest`: the same manifest, quarantine and DVC pin as any
    landing file; the entity snapshot's md5 names the entity rows;
 2. runs `python -m featurestore.retrieve` in the Feast interpreter
-   (`TRAINYARD_FEAST_PYTHON`, default `<project>/.venv-feast/bin/python`;
-   Feast needs pandas < 3, so it has its own virtual environment and lock).
+   (`TRAINYARD_FEAST_PYTHON`, default `.venv-feast/bin/python` in the project
+   directory, `trainyard.project`; Feast needs pandas < 3, so it has its own
+   virtual environment and lock), which imports the platform's own
+   `featurestore` package wherever it is installed (`run_featurestore`).
    It checks every feature reference against the registry, joins each entity
    row with the feature values known at its event time
    (`get_historical_features`) and answers with the feature views, a hash
@@ -39,8 +41,7 @@ import json
 import os
 import subprocess
 import tempfile
-from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pyarrow.parquet as pq
 
@@ -51,11 +52,11 @@ from trainyard.data.ingest import DataPinner, IngestResult, SnapshotRecord, file
 from trainyard.data.quarantine import utc_now
 from trainyard.data.sources import landing_spec
 from trainyard.feast_source import FeastSourceSpec
+from trainyard.project import package_dir, project_dir
 from trainyard.redact import redact_url, url_has_credentials
 from trainyard.spec import PipelineSpec
 from trainyard.store import FileStore
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PYTHON_ENV = "TRAINYARD_FEAST_PYTHON"
 REGISTRY_ENV = "TRAINYARD_FEAST_REGISTRY"
 OFFLINE_STORE_ENV = "TRAINYARD_FEAST_OFFLINE_STORE"
@@ -104,13 +105,13 @@ class FeastSnapshot:
 
 
 def feast_python(env: Optional[Mapping[str, str]] = None) -> str:
-    """The Feast interpreter: `TRAINYARD_FEAST_PYTHON`, or `.venv-feast/bin/python` in the project.
+    """The Feast interpreter: `TRAINYARD_FEAST_PYTHON`, or `.venv-feast/bin/python` in the project directory.
 
     Raises:
         FeastUnavailable: It does not exist; the message names the variable and `make install`.
     """
     env = os.environ if env is None else env
-    python = env.get(PYTHON_ENV) or str(PROJECT_ROOT / ".venv-feast" / "bin" / "python")
+    python = env.get(PYTHON_ENV) or str(project_dir(env) / ".venv-feast" / "bin" / "python")
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise FeastUnavailable(
             f"no Feast interpreter at {python}: run `make install` (it creates .venv-feast from deploy/feast/constraints.txt) "
@@ -156,6 +157,33 @@ def repo_path(store: FileStore, source: FeastSourceSpec) -> str:
     return store.uri(source.repo)
 
 
+def run_featurestore(
+    module: str, args: Sequence[str] = (), *, input: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
+    timeout_s: float = RETRIEVE_TIMEOUT_S,
+) -> subprocess.CompletedProcess[str]:
+    """Run `python -m featurestore.<module> *args` in the Feast interpreter (warnings off); the finished process.
+
+    The platform's `featurestore` package is wherever trainyard is installed (the checkout, or
+    site-packages beside pandas 3), which the Feast interpreter must not see whole; so the
+    process starts in a temporary folder holding only a link to that package, which `-m`
+    puts first on its `sys.path`.
+
+    Raises:
+        FeastUnavailable: No Feast interpreter, or trainyard is installed without `featurestore`.
+        subprocess.TimeoutExpired: The process ran past `timeout_s`.
+    """
+    python = feast_python(env)
+    try:
+        package = package_dir("featurestore")
+    except ModuleNotFoundError as e:
+        raise FeastUnavailable(f"the featurestore package is not installed with trainyard: {e}") from e
+    child_env = {**(os.environ if env is None else env), "PYTHONWARNINGS": "ignore"}
+    with tempfile.TemporaryDirectory(prefix="trainyard-featurestore-") as cwd:
+        os.symlink(package, os.path.join(cwd, "featurestore"), target_is_directory=True)
+        return subprocess.run([python, "-m", f"featurestore.{module}", *args], input=input, capture_output=True,
+                              text=True, cwd=cwd, env=child_env, timeout=timeout_s)
+
+
 def run_retrieve(request: dict[str, Any], env: Optional[Mapping[str, str]] = None, timeout_s: float = RETRIEVE_TIMEOUT_S) -> dict[str, Any]:
     """Run `python -m featurestore.retrieve` in the Feast interpreter with `request`; its answer.
 
@@ -164,13 +192,8 @@ def run_retrieve(request: dict[str, Any], env: Optional[Mapping[str, str]] = Non
         FeastRefused: The request was refused (exit 2 with an error answer).
         FeastFailed: The process crashed, printed no answer, or passed its deadline.
     """
-    python = feast_python(env)
-    child_env = {**(os.environ if env is None else env), "PYTHONWARNINGS": "ignore"}
     try:
-        proc = subprocess.run(
-            [python, "-m", "featurestore.retrieve"], input=json.dumps(request), capture_output=True, text=True,
-            cwd=PROJECT_ROOT, env=child_env, timeout=timeout_s,
-        )
+        proc = run_featurestore("retrieve", input=json.dumps(request), env=env, timeout_s=timeout_s)
     except subprocess.TimeoutExpired as e:
         raise FeastFailed(f"featurestore.retrieve did not finish within {timeout_s:.0f} s") from e
     lines = proc.stdout.strip().splitlines()
