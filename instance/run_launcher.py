@@ -75,9 +75,10 @@ from dagster import DefaultRunLauncher
 from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, WorkerStatus
 from dagster._serdes import ConfigurableClassData
 
+from common.settings import settings
+
 PREMADE = "_trainyard_premade"  # set on the instance a zygote made for its forked workers
 WORKER_TAG = "trainyard/run_worker"  # {"pid": ..., "host": ..., "zygote": ...} on a forked run
-DISABLE_ENV = "TRAINYARD_WARM_RUN_WORKERS"
 RETRY_AFTER_SECONDS = 300.0  # a zygote that failed to start is tried again after this long
 START_TIMEOUT_SECONDS = 120.0  # a zygote not serving after this long is given up
 REQUEST_TIMEOUT_SECONDS = 30.0
@@ -238,7 +239,7 @@ class WarmRunLauncher(DefaultRunLauncher):
         """The zygote key of a run's code location, or None when its runs are not forked here."""
         from dagster._serdes import serialize_value
 
-        if os.environ.get(DISABLE_ENV, "1") == "0" or run.job_code_origin is None or run.remote_job_origin is None:
+        if not settings().warm_run_workers or run.job_code_origin is None or run.remote_job_origin is None:
             return None
         location = run.remote_job_origin.repository_origin.code_location_origin
         if type(location).__name__ not in LOCAL_ORIGINS and not (

@@ -168,9 +168,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_release(args: argparse.Namespace) -> int:
+    from common.settings import settings
     from trainyard.data import release_quarantine  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
-    by = args.by or os.environ.get("TRAINYARD_USER") or getpass.getuser()
+    by = args.by or settings().user or getpass.getuser()
     record = release_quarantine(_store(), args.pipeline, args.md5, args.reason, by)
     print(f"released {record['pipeline']} {record['md5']} by {record['released_by']} at {record['released_at']}: {record['reason']}")
     print("the next prepare run lets this version through; its data stays in quarantine")

@@ -198,9 +198,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from dagster import DagsterInstance  # lazy
     from kubernetes import client as k8s_client
 
+    from common.settings import settings
     from resources.k8s.gangs import collect_garbage
 
-    namespaces = args.namespace or [n for n in [os.environ.get("TRAINYARD_K8S_NAMESPACE")] if n]
+    namespaces = args.namespace or [n for n in [settings().k8s_namespace] if n]
     if not namespaces:
         print("trainyard k8s gc: no namespace: pass --namespace or set TRAINYARD_K8S_NAMESPACE", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -13,7 +13,8 @@ from typing import Any
 
 import fsspec
 
-from training.spec import ATTEMPTS_DIR, LAUNCH_ID_ENV, WANDB_SERVICE_ENV
+from common.settings import settings
+from training.spec import ATTEMPTS_DIR, WANDB_SERVICE_ENV
 from training.storage import join, write_atomic
 
 
@@ -25,7 +26,8 @@ def attempt_id(started: float) -> str:
     both (the launch id is the Job's name), and would overwrite the record of
     the attempt they replace, so its time would not count as a restart.
     """
-    return f"{os.environ.get(LAUNCH_ID_ENV, 'direct')}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-{int(started * 1000):x}"
+    launch = settings().launch_id
+    return f"{'direct' if launch is None else launch}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-{int(started * 1000):x}"
 
 
 class FaultMarkers:

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from common.settings import settings
 from training.attempts import FaultMarkers
 from training.reporting import Reporter
 from training.spec import PROGRESS_DIR_ENV
@@ -177,7 +178,7 @@ class ProgressRecorder(Callback):
     @classmethod
     def from_env(cls, rank: int, window: int = 20) -> Optional["ProgressRecorder"]:
         """The recorder for this worker, or None when no agent named a progress directory."""
-        directory = os.environ.get(PROGRESS_DIR_ENV)
+        directory = settings().progress_dir
         return cls(directory, rank, window) if directory else None
 
     def _set(self, phase: int, now: float) -> ProgressRecord:

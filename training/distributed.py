@@ -20,7 +20,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from training.spec import LAUNCH_ID_ENV, STORE_LISTEN_FD_ENV
+from common.settings import settings
+from training.spec import STORE_LISTEN_FD_ENV
 
 
 def init_process_group(backend: str, timeout_seconds: float = 600.0) -> bool:
@@ -31,16 +32,18 @@ def init_process_group(backend: str, timeout_seconds: float = 600.0) -> bool:
     rank = int(os.environ["RANK"])
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "False") == "True"
     is_master = not agent_store and rank == 0
-    listen_fd = os.environ.pop(STORE_LISTEN_FD_ENV, "")  # consumed here: this process's children name no socket of theirs
+    listen_fd = settings().store_listen_fd
+    os.environ.pop(STORE_LISTEN_FD_ENV, None)  # consumed here: this process's children name no socket of theirs
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"],
         int(os.environ["MASTER_PORT"]),
         world,
         is_master=is_master,
         timeout=timedelta(seconds=timeout_seconds),
-        master_listen_fd=int(listen_fd) if is_master and listen_fd.isdigit() else None,
+        master_listen_fd=listen_fd if is_master else None,
     )
-    prefix = f"trainyard/{os.environ.get(LAUNCH_ID_ENV, 'direct')}/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    launch = settings().launch_id
+    prefix = f"trainyard/{'direct' if launch is None else launch}/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     dist.init_process_group(
         backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timedelta(seconds=timeout_seconds)
     )

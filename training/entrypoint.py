@@ -28,6 +28,7 @@ from typing import Any, Optional
 
 import fsspec
 
+from common.settings import settings
 from training.errors import ConfigError, Preempted
 from training.spec import (
     EXIT_BAD_CONFIG,
@@ -35,7 +36,6 @@ from training.spec import (
     EXIT_PREEMPTED,
     EXIT_USER_ERROR,
     FAILURE_DIR,
-    LAUNCH_ID_ENV,
     RESULT_FILE,
     TrainResult,
     TrainSpec,
@@ -114,7 +114,7 @@ def earlier_terminal_failure(output_uri: str) -> Optional[dict[str, Any]]:
     torchrun restarts the worker group after any failure; a bug in model code
     would fail the same way again, so a restarted group stops at once instead.
     """
-    launch = os.environ.get(LAUNCH_ID_ENV)
+    launch = settings().launch_id
     if launch is None or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
         return None
     fs, path = fsspec.core.url_to_fs(join(output_uri, FAILURE_DIR))
@@ -136,7 +136,7 @@ def earlier_terminal_failure(output_uri: str) -> Optional[dict[str, Any]]:
 def write_failure(spec_uri: str, output_uri: Optional[str], category: str, exc: BaseException, *, consequence: bool = False) -> None:
     record = {
         "rank": _rank(),
-        "launch": os.environ.get(LAUNCH_ID_ENV),
+        "launch": settings().launch_id,
         "time": time.time(),
         "category": category,
         "consequence": consequence,

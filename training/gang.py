@@ -62,6 +62,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import fsspec
 
+from common.settings import settings
 from training.spec import (
     EXIT_BAD_CONFIG,
     EXIT_INFRA,
@@ -263,7 +264,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         say(f"cannot launch: {e}")
         return EXIT_BAD_CONFIG
     env = dict(os.environ)
-    launch = env.setdefault(LAUNCH_ID_ENV, f"{time.time_ns():x}-{os.getpid()}")
+    launch = settings(env).launch_id
+    if launch is None:  # started by hand: this launch gets an id of its own
+        launch = env[LAUNCH_ID_ENV] = f"{time.time_ns():x}-{os.getpid()}"
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(prefix="trainyard-progress-")
     watchdog = GangWatchdog(progress_dir, watchdog_policy(spec_uri), output_uri_of(spec_uri), launch, say, nodes=nodes_of(args))

@@ -27,6 +27,7 @@ import signal
 import time
 from typing import Optional
 
+from common.settings import settings
 from training.warm_supervisor import SERVICE, SERVICE_VAR, SWITCH_ENV, UNIX_TOKEN, die_with_parent
 
 START_TIMEOUT_SECONDS = 20.0
@@ -37,7 +38,7 @@ def start_keeper(timeout: float = START_TIMEOUT_SECONDS) -> tuple[Optional[int],
 
     Sets `SERVICE` for the workers forked after it.
     """
-    if os.environ.get(SWITCH_ENV, "1") == "0":
+    if not settings().warm_wandb_service:
         return None, f"{SWITCH_ENV}=0"
     server = os.getpid()
     read, write = os.pipe()

@@ -55,8 +55,9 @@ from typing import IO, Any, Callable, Optional
 
 import fsspec
 
+from common.settings import settings
 from training.atomic import atomic_write_bytes
-from training.spec import ATTEMPTS_DIR, FAILURE_DIR, PROGRESS_DIR_ENV, WATCHDOG_DIR, WatchdogPolicy
+from training.spec import ATTEMPTS_DIR, FAILURE_DIR, WATCHDOG_DIR, WatchdogPolicy
 from training.storage import join, write_atomic
 
 POLL_SECONDS = 0.5
@@ -174,7 +175,7 @@ def arm_stack_dump(directory: Optional[str] = None, rank: Optional[int] = None) 
     """Make `STACK_SIGNAL` dump every thread's stack to `<directory>/rank-<rank>.stack` (default: `PROGRESS_DIR_ENV`
     and `RANK`); the file's path, or None when no agent named a directory."""
     global _STACK_FILE
-    directory = directory or os.environ.get(PROGRESS_DIR_ENV)
+    directory = directory or settings().progress_dir
     if not directory:
         return None
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Optional, TypedDict
 
+from common.settings import settings
 from training.spec import Distribution
 from trainyard.capacity import (
     GIB,
@@ -140,16 +141,9 @@ def device_memory(distribution: Distribution, launcher: Any = None, environ: Opt
     the launcher's pod memory (`memory_limit`, else `memory`, as on
     `KubernetesLauncher`) or else this machine's RAM, shared by `procs_per_node` processes.
     """
-    env = os.environ if environ is None else environ
-    raw = env.get(DEVICE_MEMORY_ENV)
-    if raw:
-        try:
-            value = float(raw)
-        except ValueError as e:
-            raise ValueError(f"{DEVICE_MEMORY_ENV}={raw!r} is not a number of GiB, e.g. '79.6'") from e
-        if value <= 0:
-            raise ValueError(f"{DEVICE_MEMORY_ENV}={raw!r} must be > 0 GiB")
-        return value, f"{DEVICE_MEMORY_ENV}={raw}"
+    value = settings(environ).device_memory_gb  # a bad value: common.settings.SettingsError, a ValueError naming it
+    if value is not None:
+        return value, f"{DEVICE_MEMORY_ENV}={value:g}"
     declared = getattr(launcher, "device_memory_gb", None)
     if declared:
         return float(declared), f"{type(launcher).__name__}.device_memory_gb"

@@ -12,6 +12,7 @@ from typing import Any, Iterable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from common.settings import settings
 from trainyard.podconfig import POD_ENV, PodConfig
 from trainyard.redact import SECRET_ENV_VARS, url_has_credentials
 from trainyard.spec import _NAME, PipelineSpec, RetrainPolicy
@@ -134,7 +135,7 @@ class TeamSpec(BaseModel):
             env["TRAINYARD_K8S_NAMESPACE"] = self.namespace
         env.update(self.env)
         if self.pod.model_fields_set:
-            platform = PodConfig.from_json(env.get(POD_ENV), source=POD_ENV)
+            platform = PodConfig.from_json(settings(env).k8s_pod, source=POD_ENV)
             env[POD_ENV] = platform.overlay(self.pod).to_json()
         return env
 

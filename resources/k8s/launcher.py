@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Literal, Optional, Union, get_args, get_origin
+from typing import Any, Literal, Mapping, Optional, Union, get_args, get_origin
 
 from dagster import AssetExecutionContext, Config, OpExecutionContext, PipesEnvContextInjector, open_pipes_session
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from pydantic import BaseModel, Field, create_model, model_validator
 
+from common.settings import Settings, settings
 from resources.k8s.config import K8sJobConfig
 from resources.k8s.manifests import trial_objects as build_trial_objects
 from resources.k8s.supervisor import JobSupervisor
@@ -105,38 +106,27 @@ def config_of(model: type[BaseModel], base: type[Config] = Config, exclude: tupl
 _KubernetesLauncherSettings = config_of(K8sJobConfig, base=Launcher, exclude=("avoid_nodes",), name="_KubernetesLauncherSettings")
 
 
-def _platform_pod(env: dict[str, str]) -> PodConfig:
-    """The platform's pod settings in `env` (`TRAINYARD_TRAINER_IMAGE`, `TRAINYARD_K8S_*`), under the team's `TRAINYARD_K8S_POD`."""
+def _platform_pod(s: Settings, env: Mapping[str, str]) -> PodConfig:
+    """The platform's pod settings (`TRAINYARD_TRAINER_IMAGE`, `TRAINYARD_K8S_*`, `AWS_ENDPOINT_URL` of `env`), under the team's `TRAINYARD_K8S_POD`."""
     numbers: dict[str, Any] = {}
-    for var, field_name, unit in (("TRAINYARD_K8S_GPUS_PER_POD", "gpus_per_pod", "GPUs"),
-                                  ("TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS", "active_deadline_seconds", "seconds")):
-        raw = env.get(var)
-        if not raw:
-            continue
-        if not raw.isdigit():
-            raise ValueError(f"{var}={raw!r} is not a number of {unit}; accepted: 0, 1, 2, ...")
-        numbers[field_name] = int(raw) if field_name == "gpus_per_pod" else (int(raw) or None)  # a deadline of 0: none
+    if s.k8s_gpus_per_pod is not None:
+        numbers["gpus_per_pod"] = s.k8s_gpus_per_pod
+    if s.k8s_active_deadline_seconds is not None:
+        numbers["active_deadline_seconds"] = s.k8s_active_deadline_seconds or None  # a deadline of 0: none
     return PodConfig(
-        image=env.get("TRAINYARD_TRAINER_IMAGE") or None,
-        service_account=env.get("TRAINYARD_K8S_SERVICE_ACCOUNT") or None,
+        image=s.trainer_image,
+        service_account=s.k8s_service_account,
         env={"AWS_ENDPOINT_URL": env["AWS_ENDPOINT_URL"]} if env.get("AWS_ENDPOINT_URL") else {},
-        env_from_secrets=tuple(s.strip() for s in env.get("TRAINYARD_K8S_SECRETS", "").split(",") if s.strip()),
+        env_from_secrets=s.k8s_secrets,
         **numbers,
     )
 
 
-def _bounds_from_env(env: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for var, field_name in (("TRAINYARD_K8S_STUCK_SECONDS", "stuck_seconds"),
-                            ("TRAINYARD_K8S_UNSCHEDULABLE_SECONDS", "unschedulable_seconds"),
-                            ("TRAINYARD_K8S_RESIZE_AFTER_SECONDS", "resize_after_seconds")):
-        raw = env.get(var)
-        if not raw:
-            continue
-        if not raw.isdigit():
-            raise ValueError(f"{var}={raw!r} is not a number of seconds; accepted: 0, 1, 2, ...")
-        out[field_name] = int(raw)
-    return out
+def _bounds(s: Settings) -> dict[str, Any]:
+    """The supervisor's bounds the platform sets (`TRAINYARD_K8S_*_SECONDS`); an unset one keeps `K8sJobConfig`'s default."""
+    bounds = {"stuck_seconds": s.k8s_stuck_seconds, "unschedulable_seconds": s.k8s_unschedulable_seconds,
+              "resize_after_seconds": s.k8s_resize_after_seconds}
+    return {name: value for name, value in bounds.items() if value is not None}
 
 
 class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, valid-type]
@@ -194,9 +184,10 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
     @staticmethod
     def missing_settings(env: dict[str, str], pod: Optional[PodConfig] = None) -> list[str]:
         """The required variables `env` lacks: the namespace, and the trainer image unless the pod configuration names one."""
-        pod = pod if pod is not None else PodConfig.from_json(env.get(POD_ENV), source=POD_ENV)
-        missing = [k for k in ("TRAINYARD_K8S_NAMESPACE",) if not env.get(k)]
-        if not env.get("TRAINYARD_TRAINER_IMAGE") and pod.image is None:
+        s = settings(env)
+        pod = pod if pod is not None else PodConfig.from_json(s.k8s_pod, source=POD_ENV)
+        missing = [] if s.k8s_namespace else ["TRAINYARD_K8S_NAMESPACE"]
+        if not s.trainer_image and pod.image is None:
             missing.append("TRAINYARD_TRAINER_IMAGE")
         return missing
 
@@ -223,22 +214,19 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
         Raises:
             ValueError: a required variable is missing, or one is invalid (the message names it).
         """
-        pod = PodConfig.from_json(env.get(POD_ENV), source=POD_ENV)
+        s = settings(env)
+        pod = PodConfig.from_json(s.k8s_pod, source=POD_ENV)
         missing = cls.missing_settings(env, pod)
         if missing:
             raise ValueError(f"the Kubernetes launcher needs {', '.join(missing)} to be set")
-        fields: dict[str, Any] = _platform_pod(env).overlay(pod).model_dump(mode="json", exclude_unset=True, by_alias=True)
-        fields.update(_bounds_from_env(env))
-        kind = env.get("TRAINYARD_K8S_GANG_KIND")
-        if kind:
-            if kind not in ("jobset", "job"):
-                raise ValueError(f"TRAINYARD_K8S_GANG_KIND={kind!r} is not a gang kind; accepted: jobset, job")
-            fields["gang_kind"] = kind
-        if "TRAINYARD_K8S_QUEUE" in env:  # unset: K8sJobConfig's default queue; empty: none (no Kueue)
-            fields["queue_name"] = env["TRAINYARD_K8S_QUEUE"] or None
+        fields: dict[str, Any] = _platform_pod(s, env).overlay(pod).model_dump(mode="json", exclude_unset=True, by_alias=True)
+        fields.update(_bounds(s))
+        if s.k8s_gang_kind:
+            fields["gang_kind"] = s.k8s_gang_kind
+        fields["queue_name"] = s.k8s_queue  # default 'trainyard' (K8sJobConfig's); empty: none (no Kueue)
         return cls(
-            namespace=env["TRAINYARD_K8S_NAMESPACE"],
-            priority_class=env.get("TRAINYARD_K8S_PRIORITY_CLASS") or None,
+            namespace=s.k8s_namespace,
+            priority_class=s.k8s_priority_class,
             in_cluster=bool(env.get("KUBERNETES_SERVICE_HOST")),
             **fields,
         )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import socket
 import uuid
 from dataclasses import replace
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from dagster import AssetCheckKey, AssetKey, DagsterInstance, MetadataValue
 
+from common.settings import settings
 from resources.handoff import HandoffDeliveryFailed, HandoffEvent, HandoffPublisher, now_iso
 from resources.registry import ModelRegistry, ModelVersionInfo
 from trainyard.lineage import (
@@ -146,7 +146,7 @@ def deciding_environment(environment: Optional[str] = None) -> str:
     Raises:
         ValueError: Not an environment with a clean-lineage default.
     """
-    name = environment or os.environ.get("TRAINYARD_ENV") or "local"
+    name = environment or settings().env
     if name not in CLEAN_LINEAGE_DEFAULTS:
         raise ValueError(f"TRAINYARD_ENV={name!r} is not an environment; use one of {sorted(CLEAN_LINEAGE_DEFAULTS)}")
     return name
