@@ -24,19 +24,23 @@ from __future__ import annotations
 
 import importlib.resources
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from typing import Mapping, Optional
+
+from common.settings import settings
 
 PROJECT_DIR_ENV = "TRAINYARD_PROJECT_DIR"
 """The project directory (see the module docstring); default: the current directory."""
 
 
 def project_dir(env: Optional[Mapping[str, str]] = None) -> Path:
-    """`TRAINYARD_PROJECT_DIR`, else the current directory, as an absolute path."""
-    env = os.environ if env is None else env
-    return Path(env.get(PROJECT_DIR_ENV) or os.getcwd()).resolve()
+    """`TRAINYARD_PROJECT_DIR` (`common.settings`) in `env` (default: this process's), else the current directory.
+
+    Raises:
+        common.settings.SettingsError: A `TRAINYARD_*` variable in `env` does not parse.
+    """
+    return (settings(env).project_dir or Path.cwd()).resolve()
 
 
 def package_dir(package: str) -> Path:
