@@ -5,7 +5,8 @@ resumes from the newest committed checkpoint, trains, evaluates the best
 weights on the full validation and test splits and exports a serving model.
 
 Every run checkpoints through the committed store with exact resume
-(`training.fault_tolerance`): DDP and single-process runs as one payload
+(`training.fault_tolerance`; the store and the resume are opened by
+`training.lightning_resume`): DDP and single-process runs as one payload
 written by rank 0, fsdp/tp runs as one shard per rank committed by rank 0
 (`training.strategies.CheckedModelParallelStrategy`).
 
@@ -35,29 +36,24 @@ import inspect
 import logging
 import os
 import time
-import uuid
-import warnings
-from dataclasses import dataclass
 from typing import Any, Optional
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.loggers import WandbLogger
 
 from training import determinism, preprocessing
-from training.attempts import AttemptLog, FaultMarkers, attempt_id, goodput, private_wandb_unless_first, read_attempts
+from training.attempts import FaultMarkers, goodput, private_wandb_unless_first, read_attempts
 from training.callbacks import FaultInjectionCallback, ProgressCallback, ProgressRecorder
-from training.checkpoint_io import StoreCheckpointIO
-from training.checkpointing import CheckpointError, CheckpointStore, CheckpointUnusable, SkippedCheckpointWarning, UnsafeCheckpointError
+from training.checkpointing import CheckpointError, CheckpointStore
 from training.data import fit_preprocessing
 from training.distributed import init_process_group
 from training.errors import ConfigError, StrategyConfigError
-from training.fault_tolerance import FaultTolerance, keep_global_batch
 from training.lightning_eval import EVALUATION_METRIC, check_output_fits_task, export_model, final_metrics, prediction_task
+from training.lightning_resume import open_checkpointing
 from training.pruning import OptunaPruning, pruning_callback
 from training.reporting import Reporter
-from training.spec import CHECKPOINT_DIR, WANDB_SERVICE_ENV, ImportTarget, TrainResult, TrainSpec
+from training.spec import WANDB_SERVICE_ENV, ImportTarget, TrainResult, TrainSpec
 from training.storage import join
 from training.strategies import is_sharded, trainer_kwargs
 
@@ -238,76 +234,6 @@ def _finish_failed_run(logger: WandbLogger) -> None:
         log.warning("could not mark W&B run %s failed: %s", logger.version, e)
 
 
-def select_resume(store: Any, spec: TrainSpec, markers: Any, rank: int, sharded: bool = False) -> Any:
-    """The newest committed checkpoint to resume from (None for a fresh start, and for sharded runs,
-    which choose with `select_sharded_resume` once the drill has run).
-
-    The `corrupt_latest_checkpoint` drill corrupts the newest checkpoint here, on
-    rank 0, before any rank loads; the others wait for it, so all ranks resume
-    from the same (previous) checkpoint.
-    """
-    if spec.faults.corrupt_latest_checkpoint and not markers.fired("corrupt") and store.list_committed():
-        if rank == 0:
-            uri = store.corrupt_latest()
-            log.warning("fault injection: corrupted the newest checkpoint %s", uri)
-            markers.mark("corrupt")
-        else:
-            deadline = time.monotonic() + 120
-            while not markers.fired("corrupt"):
-                if time.monotonic() > deadline:
-                    raise TimeoutError("rank 0 did not finish the checkpoint-corruption drill within 120 s")
-                time.sleep(0.1)
-    return None if sharded else store.latest()
-
-
-def select_sharded_resume(store: Any, rank: int, world: int) -> tuple[Any, str]:
-    """For fsdp/tp: the newest committed checkpoint whose shard every rank verified, and this run's save token.
-
-    Rank 0 lists the committed checkpoints and broadcasts the list, with a fresh
-    token that tags this attempt's shard files; then, newest first, each rank
-    verifies its own shard and all ranks exchange the verdicts, so they resume
-    from the same checkpoint (a corrupt shard on any rank skips it for all,
-    with a warning naming the rank and why). Rank 0 then discards checkpoints
-    above the chosen one (an abandoned timeline) before anyone writes.
-
-    At another world size each rank verifies its share of the saved shards
-    (`CheckpointStore.load`), so the ranks together verify every shard before
-    they agree; the strategy reshards when it loads (`training.strategies.restore_sharded`).
-
-    Raises:
-        UnsafeCheckpointError: a rank's shard holds pickled code; raised on every rank.
-    """
-    shared: list[Any] = [(store.committed(), uuid.uuid4().hex[:12])] if rank == 0 else [None]
-    dist.broadcast_object_list(shared, src=0)
-    candidates, token = shared[0]
-    chosen = None
-    for name, _ in candidates:
-        refused: Optional[tuple[str, str]] = None
-        try:
-            loaded, why = store.load(name, rank=rank, world_size=world), ""
-        except CheckpointUnusable as e:
-            loaded, why = None, str(e)
-        except UnsafeCheckpointError as e:
-            loaded, why, refused = None, str(e), (e.source, e.detail)
-        verdicts: list[Any] = [None] * world
-        dist.all_gather_object(verdicts, (why, refused))
-        for _, refusal in verdicts:
-            if refusal is not None:  # every rank stops, none resumes: a tampered shard is not a storage fault
-                raise UnsafeCheckpointError(*refusal)
-        bad = {r: w for r, (w, _) in enumerate(verdicts) if w}
-        if not bad:
-            chosen = loaded
-            break
-        if rank == 0:
-            msg = f"skipping checkpoint {store.root_uri}/{name}: " + "; ".join(f"rank {r}: {w}" for r, w in bad.items()) + "; trying the previous one"
-            log.warning(msg)
-            warnings.warn(msg, SkippedCheckpointWarning, stacklevel=2)
-    if rank == 0:
-        store.discard_after(chosen.step if chosen is not None else -1)
-    dist.barrier()
-    return chosen, token
-
-
 def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
     """Fit, evaluate, export; returns the result on rank 0 and None elsewhere (see the module docstring).
 
@@ -334,7 +260,7 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         progress = ProgressCallback(reporter)
         pruning = pruning_callback(spec)  # None unless spec.optuna enables a pruner
         callbacks = _callbacks(spec, progress, pruning, markers, rank)
-        ckpt = _checkpointing(spec, strategy_kwargs, markers, rank, started_wall, reporter)
+        ckpt = open_checkpointing(spec, strategy_kwargs, markers, rank, started_wall, reporter)
         callbacks.append(ckpt.ft)
         logger = _logger(spec)
         if logger and rank == 0:
@@ -354,19 +280,8 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
             return None
 
         ckpt.ft.attempt.update(force=True, status="completed", last_step=trainer.global_step)
-        finish: dict[str, float] = {}
-        mark = time.perf_counter()
-        model, best_uri = _load_best(spec, model, ckpt.store, trainer.global_step)
-        finish["load_best"], mark = time.perf_counter() - mark, time.perf_counter()
-        metrics = final_metrics(spec, model, dm)
-        if prediction_task(spec) == "causal_lm":  # every rank's tokens, trained per second of fit time
-            tokens = progress.train_samples * int(getattr(dm, "block_size", 0) or model.hparams.get("block_size", 0))
-            metrics["tokens_per_second"] = tokens / fit_seconds if fit_seconds > 0 else 0.0
-        finish["evaluate"], mark = time.perf_counter() - mark, time.perf_counter()
-        model_uri = join(spec.output_uri, "model")
-        export_model(model, dm, spec, model_uri)
-        finish["export"] = time.perf_counter() - mark
-        reporter.info(f"trial {spec.trial_id}: after training " + ", ".join(f"{k} {v:.2f}s" for k, v in finish.items()))
+        best_uri, metrics, model_uri, finish = _evaluate_and_export(spec, model, dm, ckpt.store, trainer.global_step,
+                                                                    progress.train_samples, fit_seconds, reporter)
         tracker_run = None
         if logger:
             logger.experiment.summary.update(metrics)
@@ -404,6 +319,28 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         return result
 
 
+def _evaluate_and_export(spec: TrainSpec, model: Any, dm: Any, store: CheckpointStore, step: int, train_samples: int,
+                         fit_seconds: float, reporter: Reporter) -> tuple[str, dict[str, float], str, dict[str, float]]:
+    """Rank 0 after the fit: the best weights evaluated on the full splits and exported as the serving model.
+
+    Returns the best checkpoint's URI, the final metrics, the exported model's URI and the seconds each part took.
+    """
+    finish: dict[str, float] = {}
+    mark = time.perf_counter()
+    model, best_uri = _load_best(spec, model, store, step)
+    finish["load_best"], mark = time.perf_counter() - mark, time.perf_counter()
+    metrics = final_metrics(spec, model, dm)
+    if prediction_task(spec) == "causal_lm":  # every rank's tokens, trained per second of fit time
+        tokens = train_samples * int(getattr(dm, "block_size", 0) or model.hparams.get("block_size", 0))
+        metrics["tokens_per_second"] = tokens / fit_seconds if fit_seconds > 0 else 0.0
+    finish["evaluate"], mark = time.perf_counter() - mark, time.perf_counter()
+    model_uri = join(spec.output_uri, "model")
+    export_model(model, dm, spec, model_uri)
+    finish["export"] = time.perf_counter() - mark
+    reporter.info(f"trial {spec.trial_id}: after training " + ", ".join(f"{k} {v:.2f}s" for k, v in finish.items()))
+    return best_uri, metrics, model_uri, finish
+
+
 def _callbacks(spec: TrainSpec, progress: ProgressCallback, pruning: Optional[OptunaPruning], markers: FaultMarkers, rank: int) -> list[Any]:
     """Progress first (the agent's progress record, when it watches), then pruning and the step-fault drills the spec asks
     for (checkpointing is added last)."""
@@ -416,86 +353,6 @@ def _callbacks(spec: TrainSpec, progress: ProgressCallback, pruning: Optional[Op
         callbacks.append(FaultInjectionCallback(faults.raise_at_step, faults.nan_at_step, hang_rank=faults.hang_rank, hang_at_step=faults.hang_at_step,
                                                 slow_rank=faults.slow_rank, slow_seconds=faults.slow_seconds, markers=markers))
     return callbacks
-
-
-@dataclass
-class _Checkpointing:
-    """The committed store, how Lightning reaches it, where to resume, and the callback that decides saves."""
-
-    store: CheckpointStore
-    plugins: list[Any]  # the store's IO plugin, unless the sharded strategy holds it
-    resume_path: Optional[str]
-    ft: FaultTolerance
-    accumulate_grad_batches: int = 1  # keeps the global batch of a checkpoint written at another world size
-
-
-def _checkpointing(spec: TrainSpec, strategy_kwargs: dict[str, Any], markers: FaultMarkers, rank: int, started_wall: float,
-                   reporter: Reporter) -> _Checkpointing:
-    """Open the trial's checkpoint store, choose the checkpoint to resume from and wire the store into Lightning.
-
-    The `fail_storage_writes` drill arms rank 0's store once per trial. Under
-    fsdp/tp the strategy in `strategy_kwargs` gets the IO and this run's shard token.
-    """
-    world = spec.distribution.world_size
-    sharded = spec.distribution.strategy != "ddp" and world > 1
-    fail_writes = 0
-    if rank == 0 and spec.faults.fail_storage_writes and not markers.fired("storage"):
-        markers.mark("storage")
-        fail_writes = spec.faults.fail_storage_writes
-    store = CheckpointStore(
-        join(spec.output_uri, CHECKPOINT_DIR),
-        keep_last=spec.checkpoint.keep_last,
-        max_write_attempts=spec.checkpoint.write_attempts,
-        fail_next_writes=fail_writes,
-    )
-    loaded = select_resume(store, spec, markers, rank, sharded)
-    io = StoreCheckpointIO(store, async_save=spec.checkpoint.async_save)
-    plugins: list[Any] = []
-    if sharded:
-        loaded, token = select_sharded_resume(store, rank, world)
-        strategy = strategy_kwargs["strategy"]
-        strategy.committed_io, strategy.shard_token = io, token
-    else:
-        plugins.append(io)
-    attempt = AttemptLog(spec.output_uri, attempt_id(started_wall), started_wall)
-    resume_path: Optional[str] = None
-    if loaded is not None:
-        resume_path = io.remember(loaded)
-        attempt.record.update(resumed_from=loaded.uri, resumed_from_step=loaded.step)
-        reporter.info(f"trial {spec.trial_id}: resuming from committed checkpoint {loaded.uri} (step {loaded.step})")
-    ft = FaultTolerance(spec.checkpoint, io, spec.distribution.nodes, spec.monitor, spec.monitor_mode, spec.faults, markers, attempt)
-    accumulate = _resumed_global_batch(spec, loaded, attempt, reporter)
-    return _Checkpointing(store, plugins, resume_path, ft, accumulate)
-
-
-def _resumed_global_batch(spec: TrainSpec, loaded: Any, attempt: AttemptLog, reporter: Reporter) -> int:
-    """Gradient accumulation that keeps the global batch of the checkpoint resumed (1 for a fresh start).
-
-    A checkpoint written at another data-parallel size with the same per-rank
-    batch keeps its global batch (ranks x batch x accumulation) when it divides
-    (`keep_global_batch`); otherwise the run trains with its own, and the log
-    and the attempt record name the old and new global batch.
-    """
-    if loaded is None:
-        return 1
-    saved = (loaded.state.get("trainyard") or {}).get("global_batch")
-    dp = spec.distribution.data_parallel_size
-    batch = int(spec.datamodule.kwargs.get("batch_size", spec.batch_size))
-    accumulate, change = keep_global_batch(saved, dp, batch)
-    if saved:
-        before = saved["data_parallel"] * saved["batch_size"] * saved.get("accumulate", 1)
-        attempt.record["global_batch"] = {
-            "checkpoint": {**saved, "global": before},
-            "run": {"data_parallel": dp, "batch_size": batch, "accumulate": accumulate, "global": dp * batch * accumulate},
-            "kept": change is None,
-        }
-    if change is not None:
-        reporter.info(f"trial {spec.trial_id}: the checkpoint was trained at another size; {change}")
-    elif saved and (saved["data_parallel"], saved.get("accumulate", 1)) != (dp, accumulate):
-        reporter.info(f"trial {spec.trial_id}: the checkpoint was trained on {saved['data_parallel']} data-parallel rank(s) "
-                      f"x batch {saved['batch_size']} x accumulation {saved.get('accumulate', 1)}; this run on {dp} keeps the "
-                      f"global batch {dp * batch * accumulate} with gradient accumulation {accumulate}")
-    return accumulate
 
 
 def _trainer(spec: TrainSpec, dm: Any, strategy_kwargs: dict[str, Any], callbacks: list[Any], plugins: list[Any], logger: Any,
