@@ -35,8 +35,8 @@ from typing import Any, Callable, Literal, Optional
 from dagster import ConfigurableResource
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from common.retry import RetriesExhausted, retry_call
 from resources.storage import ObjectStore, StorageError
-from training.retry import RetriesExhausted, retry_call
 from trainyard import naming
 from trainyard.redact import endpoint_only
 

@@ -37,7 +37,7 @@ from typing import Optional
 from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 
-from training.atomic import exclusive_lock
+from common.atomic import exclusive_lock
 from trainyard.store import no_space
 
 _REMOTE = "trainyard"

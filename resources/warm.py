@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import training.spec
-from training.atomic import exclusive_lock
+from common.atomic import exclusive_lock
 from trainyard.project import package_dir
 
 WARM_DIR_ENV = "TRAINYARD_WARM_DIR"

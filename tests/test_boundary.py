@@ -1,7 +1,8 @@
 """The import rules between pod and orchestrator.
 
 Pod-side `training/` never imports the orchestrator; the orchestrator imports only
-the modules of it that `TRAINING_FOR_ORCHESTRATION` allows (the contract, shared utilities, the shards' format and the metrics). Team model code (whatever a `ModelSpec.path` or
+the modules of it that `TRAINING_FOR_ORCHESTRATION` allows (the contract, the shards' format and the metrics); the
+shared utilities (retry, atomic writes, settings) are not pod-side: they live in `common/`, below both. Team model code (whatever a `ModelSpec.path` or
 `datamodule` of a code location's pipeline names) is pod-side: it runs in the
 trainer image, so it must import with Dagster absent. (tests/deploy/test_trainer_image.py
 checks the same code against the trainer image's declared requirements and trains it
@@ -29,12 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 ORCHESTRATION = {"dagster", "assets", "resources", "instance", "pipelines"}
 # dagster_pipes is the protocol package for external processes; it does not depend on dagster.
 ALLOWED_DAGSTER_PACKAGES = {"dagster_pipes"}
-# What the orchestrator may use of `training/`: the contract and the shared utilities.
+# What the orchestrator may use of `training/`: the contract, the shards' format and the metrics. The shared utilities
+# (retry, atomic writes, settings) are in `common/`, the bottom package both sides import, not here.
 # An allow-list: a module of `training/` not named here is pod-side, and the orchestrator (every module of `assets/`, `instance/`,
 # `resources/`, `trainyard/` and `pipelines/` but team model code) never imports it.
 TRAINING_FOR_ORCHESTRATION = {
     "training.spec",  # the contract: TrainSpec, TrainResult, the exit codes
-    "training.retry", "training.atomic",  # shared utilities
     "training.shard_format",  # the shards' on-disk format, which landing writes and the pod reads
     "training.metrics",  # the metrics the pod reports, computed the same way on served predictions (trainyard.promotion)
 }

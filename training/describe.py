@@ -40,7 +40,7 @@ import json
 import sys
 from typing import Any, Optional
 
-from training.atomic import atomic_write_bytes
+from common.atomic import atomic_write_bytes
 
 
 class DescribeError(ValueError):

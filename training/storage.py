@@ -1,7 +1,7 @@
 """Whole small files at fsspec URIs (local paths, `s3://`, `memory://`), for pod-side records.
 
 Writes are atomic for readers, who see the old content or the new, never a part:
-a local file goes through `training.atomic` (temporary name, fsync, rename); any
+a local file goes through `common.atomic` (temporary name, fsync, rename); any
 other filesystem gets the whole content in one PUT, which object stores already
 make atomic. Stdlib and fsspec only, so GBT trials import it without torch.
 
@@ -18,7 +18,7 @@ from typing import Optional
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from training.atomic import atomic_write_bytes
+from common.atomic import atomic_write_bytes
 
 
 def join(uri: str, *parts: str) -> str:
@@ -32,7 +32,7 @@ def write_atomic(uri: str, data: bytes, *, fsync: bool = True) -> None:
     Args:
         uri: A local path or any fsspec URI.
         data: The whole new content.
-        fsync: For local files, flush to disk before the rename (see `training.atomic.atomic_path`).
+        fsync: For local files, flush to disk before the rename (see `common.atomic.atomic_path`).
     """
     fs, path = fsspec.core.url_to_fs(uri)
     if isinstance(fs, LocalFileSystem):

@@ -55,8 +55,8 @@ from typing import IO, Any, Callable, Optional
 
 import fsspec
 
+from common.atomic import atomic_write_bytes
 from common.settings import settings
-from training.atomic import atomic_write_bytes
 from training.spec import ATTEMPTS_DIR, FAILURE_DIR, WATCHDOG_DIR, WatchdogPolicy
 from training.storage import join, write_atomic
 

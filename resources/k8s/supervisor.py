@@ -14,7 +14,7 @@ What a launch does:
    headless Service), or the Job, then the headless Service owned by it
    (ownerReference with the Job's uid). A 409 on create means an earlier try
    went through: re-attach.
-   5xx and connection errors are retried with backoff (`training.retry`).
+   5xx and connection errors are retried with backoff (`common.retry`).
 3. Watches by polling. A suspended Job is queued (Kueue has not admitted the gang;
    the Workload's conditions say why); queued time counts against the queue
    timeout only, never against the run timeout. Running: pods that were disrupted
@@ -48,6 +48,7 @@ import urllib3
 from kubernetes.client import V1DeleteOptions
 from kubernetes.client.exceptions import ApiException
 
+from common.retry import RetriesExhausted, retry_call
 from resources.k8s.config import K8sJobConfig
 from resources.k8s.elastic import ResizeNeeded, Resizer, run_elastic
 from resources.k8s.errors import TRANSIENT_STATUSES, KubernetesAPIError, QueueTimeout, Transient, api_message
@@ -75,7 +76,6 @@ from resources.launcher import (
     LaunchOutcome,
     prepare_output,
 )
-from training.retry import RetriesExhausted, retry_call
 from training.spec import TrainSpec
 
 logger = logging.getLogger("trainyard.k8s")

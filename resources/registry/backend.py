@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, TypeVar
 
+from common.retry import RetriesExhausted, retry_call
 from resources.registry.errors import RegistryUnavailable
-from training.retry import RetriesExhausted, retry_call
 from trainyard.redact import redact_url
 
 if TYPE_CHECKING:

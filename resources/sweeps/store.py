@@ -14,8 +14,8 @@ import warnings
 from collections import OrderedDict
 from typing import Any, Iterator, Optional
 
+from common.retry import RetriesExhausted, retry_call
 from resources.sweeps.rules import SweepError
-from training.retry import RetriesExhausted, retry_call
 from trainyard.redact import redact_url
 
 _LOCK = threading.Lock()

@@ -1,4 +1,4 @@
-"""Whole small files at fsspec URIs: atomic local writes through `training.atomic`, one PUT elsewhere."""
+"""Whole small files at fsspec URIs: atomic local writes through `common.atomic`, one PUT elsewhere."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractBufferedFile
 
-from training.atomic import fsync_dir
+from common.atomic import fsync_dir
 
 log = logging.getLogger("trainyard.training.checkpointing")
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import fsspec
 
+from common.retry import RetriesExhausted, retry_call
 from training.checkpointing.errors import CheckpointError, CheckpointUnusable, CheckpointWriteError, SkippedCheckpointWarning, check, is_int
 from training.checkpointing.files import HashingWriter, StagedFile, save_payload
 from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, step_dir
@@ -22,7 +23,6 @@ from training.checkpointing.reading import LoadedCheckpoint, iter_shards, load_c
 from training.checkpointing.removal import BackgroundRemover
 from training.checkpointing.safe_load import check_plain
 from training.checkpointing.sharding import ShardSpec, shard_file, sidecar_file
-from training.retry import RetriesExhausted, retry_call
 
 log = logging.getLogger("trainyard.training.checkpointing")
 

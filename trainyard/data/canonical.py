@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from training.atomic import atomic_path
+from common.atomic import atomic_path
 from trainyard.data.errors import SchemaMismatch
 from trainyard.spec import PipelineSpec
 from trainyard.store import FileStore

@@ -6,8 +6,9 @@ so the same filesystem), flushed and fsynced, then moved into place with
 is untouched. Callers that write through other means (pyarrow, shutil, torch)
 use `atomic_path` and write to the path it yields.
 
-It lives in `training/` because pod-side code writes result files too and
-`training/` imports nothing above it. Object stores (S3) need none of this: a
+It lives in `common/`, the bottom package every layer may import: the
+orchestrator (data versions, the warm servers' locks) and the pod (results,
+checkpoints) both write local files. Object stores (S3) need none of this: a
 single PUT is already atomic (see `trainyard.store`).
 
 Example:

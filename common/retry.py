@@ -5,8 +5,8 @@ Kubernetes API calls, checkpoint writes) uses `retry_call`, so
 backoff, give-up rules and logging are written once. Sleep and clock are
 arguments: tests pass a recorder and a fake clock, never real time.
 
-It lives in `training/` (stdlib, tenacity) because the pod-side checkpoint
-store retries too and `training/` imports nothing above it.
+It lives in `common/` (stdlib, tenacity), the bottom package every layer may
+import: the orchestrator's clients and the pod-side checkpoint store both retry.
 
 Example:
     >>> calls = []

@@ -1,6 +1,6 @@
 import pytest
 
-from training.retry import RetriesExhausted, retry_call
+from common.retry import RetriesExhausted, retry_call
 
 
 class FakeClock:

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from training.atomic import atomic_path, atomic_write_bytes
+from common.atomic import atomic_path, atomic_write_bytes
 
 
 def test_writes_and_replaces(tmp_path):
