@@ -37,6 +37,19 @@ Over the socket the supervisor reports JSON lines: `{"event": "supervisor"}`,
 "exit", "code": ...}` last. A launcher that disconnects stops the launch
 (SIGTERM to the workers, then SIGKILL after a grace period). The server exits
 after `--idle-seconds` with no launch in flight and removes its socket.
+
+A server told to stop (SIGTERM, SIGINT) fails safe: it removes its socket (a
+launch that comes now starts a new server), forwards SIGTERM to every
+supervisor, which forwards it to its workers (each checkpoints, records a
+preemption and exits `EXIT_PREEMPTED`, so the launch ends preempted and is
+retried from that checkpoint), and waits for them up to `--stop-grace-seconds`
+(30 s, as torchrun's agent waits for its workers) before it exits; what still
+runs then dies with it. A supervisor signalled before its workers started
+passes the signal on to them as they start. A server that dies without that
+(SIGKILL, a crash) takes its supervisors and their workers with it
+(`PR_SET_PDEATHSIG`): the launcher sees the connection end with no exit event,
+an infrastructure failure, and the next launch finds the socket refusing and
+starts a fresh server.
 """
 
 from __future__ import annotations
@@ -59,14 +72,17 @@ from training.warm_protocol import receive_request
 from training.warm_supervisor import BASE_PATH, SERVICE, Supervisor, die_with_parent, say
 from training.warm_wandb import start_keeper
 
+STOP_GRACE_SECONDS = 30.0  # a stopped server waits this long for its launches' workers to checkpoint and exit
+
 
 def supervise(conn: socket.socket, server: int) -> None:
     """In the forked supervisor: read the request, run the launch, exit; never returns."""
     code = EXIT_INFRA
+    early: list[int] = []  # a stop the server forwarded before the launch's own handlers were in place
     try:
         die_with_parent(server)
         for s in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(s, signal.SIG_DFL)
+            signal.signal(s, lambda signum, frame: early.append(signum))
         try:
             request, out = receive_request(conn)
             if not os.path.isdir(request.cwd):
@@ -82,7 +98,7 @@ def supervise(conn: socket.socket, server: int) -> None:
             return
         supervisor = Supervisor(conn, out, request)
         supervisor.send({"event": "supervisor", "pid": supervisor.pid, "server": server})
-        code = supervisor.run()
+        code = supervisor.run(early)
     except BaseException:  # the supervisor must reach os._exit: it runs inside the server's stack
         traceback.print_exc()
     finally:
@@ -112,6 +128,7 @@ class Server:
 
     path: str
     idle_seconds: float
+    stop_grace_seconds: float = STOP_GRACE_SECONDS
     children: set[int] = field(default_factory=set)
     stop: list[int] = field(default_factory=list)
 
@@ -158,7 +175,9 @@ class Server:
                 if ready:
                     self.accept(listener)
             if self.stop:
-                say(f"server pid {os.getpid()}: {signal.Signals(self.stop[0]).name}; exiting")
+                _unlink_if(self.path, inode)  # a launch that comes now starts a new server
+                listener.close()
+                self.drain(signal.Signals(self.stop[0]).name)
         finally:
             _unlink_if(self.path, inode)
             with open(pid_file(self.path)) as f:
@@ -166,6 +185,29 @@ class Server:
             if ours:
                 os.unlink(pid_file(self.path))
             listener.close()
+
+    def drain(self, why: str) -> None:
+        """Forward SIGTERM to every supervisor (each forwards it to its workers, which checkpoint) and wait for them.
+
+        Returns after `stop_grace_seconds` at most; a supervisor still running then dies with this process.
+        """
+        self.reap()
+        if not self.children:
+            say(f"server pid {os.getpid()}: {why}; exiting")
+            return
+        say(f"server pid {os.getpid()}: {why}; forwarding SIGTERM to {len(self.children)} launch(es) in flight "
+            f"(supervisor pid {', '.join(map(str, sorted(self.children)))}) and waiting up to {self.stop_grace_seconds:g} s")
+        for pid in self.children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + self.stop_grace_seconds
+        while self.children and time.monotonic() < deadline:
+            time.sleep(0.05)
+            self.reap()
+        left = f"; {len(self.children)} still running die with it" if self.children else ""
+        say(f"server pid {os.getpid()}: exiting after its launches stopped{left}")
 
     def accept(self, listener: socket.socket) -> None:
         conn, _ = listener.accept()
@@ -187,7 +229,7 @@ def _unlink_if(path: str, inode: int) -> None:
         pass
 
 
-def serve(path: str, idle_seconds: float) -> int:
+def serve(path: str, idle_seconds: float, stop_grace_seconds: float = STOP_GRACE_SECONDS) -> int:
     """Preload, then serve at `path`; the exit status (`EXIT_INFRA` when the server cannot start)."""
     started = time.monotonic()
     BASE_PATH[:] = base_path()
@@ -199,7 +241,7 @@ def serve(path: str, idle_seconds: float) -> int:
     keeper, service = start_keeper()
     shared = f"W&B service {service} (keeper pid {keeper})" if SERVICE else f"no shared W&B service: {service}"
     say(f"server pid {os.getpid()}: imported {', '.join(loaded)} in {time.monotonic() - started:.1f} s; {shared}; listening on {path}")
-    Server(path, idle_seconds).serve()
+    Server(path, idle_seconds, stop_grace_seconds).serve()
     return EXIT_OK
 
 
@@ -209,10 +251,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     serve_cmd = commands.add_parser("serve", help="preload the trial's modules and fork a worker per launch")
     serve_cmd.add_argument("--socket", required=True, help="unix socket path to listen on (created; must not be in use)")
     serve_cmd.add_argument("--idle-seconds", type=float, default=300.0, help="exit after this long without a launch (default 300)")
+    serve_cmd.add_argument("--stop-grace-seconds", type=float, default=STOP_GRACE_SECONDS,
+                           help=f"on SIGTERM, wait this long for the launches in flight to checkpoint (default {STOP_GRACE_SECONDS:g})")
     args = parser.parse_args(argv)
     if args.idle_seconds <= 0:
         parser.error(f"--idle-seconds must be > 0, got {args.idle_seconds:g}")
-    return serve(args.socket, args.idle_seconds)
+    if args.stop_grace_seconds < 0:
+        parser.error(f"--stop-grace-seconds must be >= 0, got {args.stop_grace_seconds:g}")
+    return serve(args.socket, args.idle_seconds, args.stop_grace_seconds)
 
 
 if __name__ == "__main__":

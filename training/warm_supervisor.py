@@ -15,7 +15,9 @@ torchrun's agent semantics for them:
   way); then the whole group starts again, up to `max_restarts` times (a
   restarted trial resumes from its newest committed checkpoint);
 - SIGTERM and SIGINT are forwarded to every worker (a preemption still
-  checkpoints); a launcher that disconnects stops the group;
+  checkpoints), those of a server that is stopping included (`training.warm`
+  forwards SIGTERM to each supervisor and waits); a launcher that disconnects
+  stops the group;
 - a failed launch ends with torchrun's failure summary (the first failure as the
   root cause, the workers stopped after it under "Failures:"), and the final
   status is `training.gang.classify` over this launch's failure records;
@@ -353,9 +355,15 @@ class Supervisor:
                 pass
         return since if since is not None else now
 
-    def run(self) -> int:
-        """The whole launch; the classified status, also sent as the `exit` event."""
+    def run(self, early: Optional[list[int]] = None) -> int:
+        """The whole launch; the classified status, also sent as the `exit` event.
+
+        `early`: signals that reached this process before the launch began (its server stopping); the first is
+        forwarded to the workers as they start.
+        """
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        if early and self.signalled is None:
+            self.signalled = early[0]
         progress = tempfile.mkdtemp(prefix="trainyard-progress-")
         self.watchdog = GangWatchdog(progress, watchdog_policy(self.request.spec_uri), output_uri_of(self.request.spec_uri),
                                      self.request.env.get(LAUNCH_ID_ENV, ""), lambda m: say(m, self.out))
