@@ -30,6 +30,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping
 
+from common.settings import ENVIRONMENTS, Settings, SettingsError, settings
 from resources.handoff import HandoffPublisher
 from resources.io_manager import ObjectStoreJsonIOManager
 from resources.launcher import LocalLauncher
@@ -42,20 +43,30 @@ from training.spec import OPTUNA_URL_ENV
 from trainyard.project import project_dir
 from trainyard.redact import redact_url, url_has_credentials
 
-ENVIRONMENTS = ("local", "cluster")
+HANDOFF_WEBHOOK_ENV = "TRAINYARD_HANDOFF_WEBHOOK"
+"""The variable the handoff publisher reads its webhook URL from, by reference at delivery (`common.settings` declares it)."""
 
 
 class EnvironmentError_(ValueError):
     """The environment is unknown or misses a required setting."""
 
 
+def _settings(env: Mapping[str, str]) -> Settings:
+    """The `TRAINYARD_*` settings in `env`; a value that does not parse is this environment's error (it names it)."""
+    try:
+        return settings(env)
+    except SettingsError as e:
+        raise EnvironmentError_(str(e)) from None
+
+
 def trainyard_home(env: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if env is None else env
-    return Path(env.get("TRAINYARD_HOME") or project_dir(env) / ".trainyard").resolve()
+    """`TRAINYARD_HOME`, else `.trainyard` in the project directory."""
+    return (settings(env).home or project_dir(env) / ".trainyard").resolve()
 
 
 def local_resources(home: Path | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     env = os.environ if env is None else env
+    s = _settings(env)
     home = Path(home) if home is not None else trainyard_home(env)
     store = ObjectStore(root=str(home / "store"))
     return {
@@ -63,9 +74,9 @@ def local_resources(home: Path | None = None, env: Mapping[str, str] | None = No
         "versioning": DataVersioning(repo_dir=str(home / "dvc"), remote_url=str(home / "store" / "dvc-remote")),
         "tracking": Tracking(mode="auto", dir=str(home / "wandb")),
         "launcher": LocalLauncher(),
-        "sweeps": SweepStore.by_reference(env.get(OPTUNA_URL_ENV) or f"sqlite:///{home / 'optuna.db'}"),
+        "sweeps": SweepStore.by_reference(s.optuna_url or f"sqlite:///{home / 'optuna.db'}"),
         "registry": ModelRegistry(tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "store" / "mlflow-artifacts")),
-        "handoff": HandoffPublisher(store=store, webhook_url_env="TRAINYARD_HANDOFF_WEBHOOK" if env.get("TRAINYARD_HANDOFF_WEBHOOK") else None),
+        "handoff": HandoffPublisher(store=store, webhook_url_env=HANDOFF_WEBHOOK_ENV if s.handoff_webhook else None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }
 
@@ -95,25 +106,27 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
     from resources.k8s.launcher import KubernetesLauncher
 
     env = dict(os.environ if env is None else env)
+    s = _settings(env)
     # Every missing setting at once: a user setting up the environment fixes them in one go.
-    missing = [n for n in ("TRAINYARD_S3_ROOT", OPTUNA_URL_ENV, "MLFLOW_TRACKING_URI") if not env.get(n)]
+    required = (("TRAINYARD_S3_ROOT", s.s3_root), (OPTUNA_URL_ENV, s.optuna_url), ("MLFLOW_TRACKING_URI", env.get("MLFLOW_TRACKING_URI")))
+    missing = [name for name, value in required if not value]
     missing += KubernetesLauncher.missing_settings(env)
-    if missing:
+    if missing or not s.s3_root or not s.optuna_url:
         raise EnvironmentError_(f"environment 'cluster' needs {', '.join(missing)} to be set (docs/kubernetes.md, \"6. Configure the cluster environment\")")
-    root = _require(env, "TRAINYARD_S3_ROOT").rstrip("/")
+    root = s.s3_root.rstrip("/")
     if not root.startswith("s3://"):
         raise EnvironmentError_(f"TRAINYARD_S3_ROOT must be an s3:// URI, got {root!r}")
     endpoint = env.get("AWS_ENDPOINT_URL") or None
     store = ObjectStore(root=root, endpoint_url=endpoint)
-    home = Path(env.get("TRAINYARD_HOME", "/tmp/trainyard"))
+    home = s.home or Path("/tmp/trainyard")
     return {
         "store": store,
         "versioning": DataVersioning(repo_dir=str(home / "dvc"), remote_url=f"{root}/dvc-remote", remote_endpoint_url=endpoint),
-        "tracking": Tracking(mode=env.get("TRAINYARD_TRACKING_MODE", "auto"), entity=env.get("WANDB_ENTITY") or None),  # type: ignore[arg-type]
+        "tracking": Tracking(mode=s.tracking_mode, entity=env.get("WANDB_ENTITY") or None),
         "launcher": KubernetesLauncher.from_env(env),
-        "sweeps": SweepStore.by_reference(_require(env, OPTUNA_URL_ENV)),
+        "sweeps": SweepStore.by_reference(s.optuna_url),
         "registry": ModelRegistry(tracking_uri=_credential_free(env, "MLFLOW_TRACKING_URI"), artifact_root=f"{root}/mlflow-artifacts"),
-        "handoff": HandoffPublisher(store=store, webhook_url_env="TRAINYARD_HANDOFF_WEBHOOK" if env.get("TRAINYARD_HANDOFF_WEBHOOK") else None),
+        "handoff": HandoffPublisher(store=store, webhook_url_env=HANDOFF_WEBHOOK_ENV if s.handoff_webhook else None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }
 
@@ -121,7 +134,7 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
 def resources_for(name: str | None = None, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The resources of environment `name` (default `TRAINYARD_ENV`), configured from `env` (default `os.environ`)."""
     env = dict(os.environ if env is None else env)
-    name = name or env.get("TRAINYARD_ENV", "local")
+    name = name or _settings(env).env
     if name == "local":
         return local_resources(env=env)
     if name == "cluster":

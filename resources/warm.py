@@ -38,12 +38,11 @@ from typing import Any, Mapping, Optional
 
 import training.spec
 from common.atomic import exclusive_lock
+from common.settings import settings
 from trainyard.project import package_dir
 
 WARM_DIR_ENV = "TRAINYARD_WARM_DIR"
 WARM_WORKERS_ENV = "TRAINYARD_WARM_WORKERS"
-_ON = {"1", "true", "yes", "on"}
-_OFF = {"0", "false", "no", "off"}
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path on Linux, less the terminating NUL
 WORKER_START_SECONDS = 30.0  # from the request to the last worker's fork: the server forks the supervisor, it the workers
 SUPERVISOR_EXIT_SECONDS = 5.0  # from the supervisor's exit event to its exit: it only returns and exits
@@ -57,21 +56,14 @@ def warm_workers_enabled(env: Mapping[str, str]) -> bool:
     """Whether `TRAINYARD_WARM_WORKERS` in `env` leaves warm workers on (the default when unset).
 
     Raises:
-        ValueError: the variable holds something other than a boolean word.
+        common.settings.SettingsError: the variable holds something other than a boolean word (a ValueError naming it).
     """
-    value = env.get(WARM_WORKERS_ENV, "1").strip().lower()
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise ValueError(f"{WARM_WORKERS_ENV}={env[WARM_WORKERS_ENV]!r}: expected one of {sorted(_ON | _OFF)}")
+    return settings(env).warm_workers
 
 
 def warm_dir(env: Mapping[str, str]) -> Path:
     """Where servers put their sockets, logs and pid files, from `env`."""
-    if env.get(WARM_DIR_ENV):
-        return Path(env[WARM_DIR_ENV])
-    return Path(env.get("XDG_RUNTIME_DIR") or "/tmp") / f"trainyard-warm-{os.getuid()}"
+    return settings(env).warm_dir or Path(env.get("XDG_RUNTIME_DIR") or "/tmp") / f"trainyard-warm-{os.getuid()}"
 
 
 def private_dir(path: Path) -> Path:
@@ -412,7 +404,8 @@ def launch_warm(
     """
     root = root or training_root()
     conn = connect(warm_dir(env), python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout, env=env)
-    run_id = f"warm-{env.get(training.spec.LAUNCH_ID_ENV, time.time_ns())}"
+    launch = settings(env).launch_id
+    run_id = f"warm-{time.time_ns() if launch is None else launch}"
     request = {"env": dict(env), "cwd": os.getcwd(), "spec_uri": spec_uri, "max_restarts": max_restarts, "run_id": run_id,
                "entry": entry, "nprocs": nprocs}
     data = (json.dumps(request) + "\n").encode()

@@ -32,13 +32,13 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
-import os
 import subprocess
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from common.settings import settings
 from trainyard.project import package_dir, project_dir
 from trainyard.spec import PipelineSpec
 
@@ -47,8 +47,7 @@ LOCK_FILE_ENV = "TRAINYARD_LOCK_FILE"
 
 def lock_file(env: Optional[Mapping[str, str]] = None) -> Path:
     """The dependency lock: `TRAINYARD_LOCK_FILE`, else the project directory's `constraints.txt` (`trainyard.project`)."""
-    env = os.environ if env is None else env
-    return Path(env.get(LOCK_FILE_ENV) or project_dir(env) / "constraints.txt")
+    return settings(env).lock_file or project_dir(env) / "constraints.txt"
 
 PREFIX = "trainyard."
 """Every registry tag trainyard writes starts with this."""
@@ -120,7 +119,7 @@ def code_version(root: Optional[str] = None) -> tuple[str, bool]:
     except (OSError, ValueError, subprocess.CalledProcessError):
         top = ""
     if not top or Path(top).resolve() != Path(root).resolve():
-        built = os.environ.get("TRAINYARD_CODE_VERSION", "").strip()
+        built = settings().code_version or ""  # stripped; unset or blank: none
         if built and built.removesuffix("-dirty") not in ("", "unknown"):
             return built.removesuffix("-dirty"), built.endswith("-dirty")
         return "unknown", True

@@ -45,6 +45,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pyarrow.parquet as pq
 
+from common.settings import Settings, SettingsError, settings
 from trainyard import naming
 from trainyard.data.canonical import CanonicalParquetWriter, canonical_schema, to_canonical
 from trainyard.data.errors import DataQualityError
@@ -68,6 +69,14 @@ RETRIEVE_TIMEOUT_S = 900.0
 
 class FeastUnavailable(Exception):
     """The Feast interpreter or its configuration is missing or unusable: a setup problem, terminal."""
+
+
+def _settings(env: Optional[Mapping[str, str]]) -> Settings:
+    """The `TRAINYARD_*` settings in `env` (default: this process's); a value that does not parse is `FeastUnavailable` (naming it)."""
+    try:
+        return settings(env)
+    except SettingsError as e:
+        raise FeastUnavailable(str(e)) from None
 
 
 class FeastRefused(DataQualityError):
@@ -110,8 +119,7 @@ def feast_python(env: Optional[Mapping[str, str]] = None) -> str:
     Raises:
         FeastUnavailable: It does not exist; the message names the variable and `make install`.
     """
-    env = os.environ if env is None else env
-    python = env.get(PYTHON_ENV) or str(project_dir(env) / ".venv-feast" / "bin" / "python")
+    python = _settings(env).feast_python or str(project_dir(env) / ".venv-feast" / "bin" / "python")
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise FeastUnavailable(
             f"no Feast interpreter at {python}: run `make install` (it creates .venv-feast from deploy/feast/constraints.txt) "
@@ -126,22 +134,14 @@ def store_config(env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     Raises:
         FeastUnavailable: The registry URI carries a password, or the offline store is not a JSON object.
     """
-    env = os.environ if env is None else env
-    registry = env.get(REGISTRY_ENV) or None
+    s = _settings(env)
+    registry = s.feast_registry
     if registry and url_has_credentials(registry):
         raise FeastUnavailable(
             f"{REGISTRY_ENV}={redact_url(registry)} carries a password, which would be kept in run configuration and logs; "
             "set it without one and give the password to the database driver by its own variable (PGPASSWORD for PostgreSQL)"
         )
-    offline: Optional[dict[str, Any]] = None
-    if env.get(OFFLINE_STORE_ENV):
-        try:
-            offline = json.loads(env[OFFLINE_STORE_ENV])
-        except json.JSONDecodeError as e:
-            raise FeastUnavailable(f"{OFFLINE_STORE_ENV} is not JSON ({e}); give an offline store configuration, e.g. '{{\"type\": \"duckdb\"}}'") from e
-        if not isinstance(offline, dict) or "type" not in offline:
-            raise FeastUnavailable(f"{OFFLINE_STORE_ENV} must be a JSON object with a 'type', e.g. '{{\"type\": \"duckdb\"}}', got {env[OFFLINE_STORE_ENV]!r}")
-    return {"registry": registry, "offline_store": offline}
+    return {"registry": registry, "offline_store": s.feast_offline_store}  # a JSON object with a 'type' (common.settings)
 
 
 def repo_path(store: FileStore, source: FeastSourceSpec) -> str:
