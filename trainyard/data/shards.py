@@ -55,18 +55,16 @@ from trainyard.data.errors import MissingLandingData
 from trainyard.data.ingest import (
     DataPinner,
     IngestRejected,
-    LandingFileChanged,
     LandingScan,
     _forget_removed,
     _save_manifest,
-    _vanished,
     content_hash,
     file_md5,
     landing_patterns,
     list_landing,
     load_manifest,
-    schema_key,
 )
+from trainyard.data.landing_parts import LandingFileChanged, schema_key, vanished
 from trainyard.data.quarantine import quarantine_file, resolve_file_entry, utc_now
 from trainyard.data.records import FileRecord, IngestResult, Manifest, SnapshotRecord
 from trainyard.data.shard_landing import check_text_file, read_image_file, text_documents
@@ -137,7 +135,7 @@ def _check_file(store: FileStore, spec: PipelineSpec, info: FileInfo, digest: st
             issues, image = read_image_file(store, info.uri, spec.shards)
             count = 0 if image is None else 1
     except StorageError as e:
-        raise _vanished(store, info, e) from e
+        raise vanished(store, info, e) from e
     after = store.stat(info.uri) if store.exists(info.uri) else None
     if after is None or after.identity != info.identity:
         raise LandingFileChanged(f"{info.uri} changed while being read; it is ingested once it stops changing")
@@ -178,7 +176,7 @@ def _scan(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest:
                 continue
             record = _check_file(store, spec, info, digest)
         except (LandingFileChanged, StorageError) as e:
-            gone = e if isinstance(e, LandingFileChanged) else _vanished(store, info, e)
+            gone = e if isinstance(e, LandingFileChanged) else vanished(store, info, e)
             if not isinstance(gone, LandingFileChanged):
                 raise
             scan.changing.append(info.uri)

@@ -22,7 +22,7 @@ from resources.storage import ObjectStore
 from resources.versioning import DataVersioning, DataVersioningError
 from tests.trainyard.data.test_ingest import GOOD, land, make_spec, snapshot_rows
 from trainyard import data as dq
-from trainyard.data import ingest
+from trainyard.data import ingest, landing_parts
 from trainyard.spec import SourceSpec
 from trainyard.store import PermanentStorageError, TransientStorageError, classify_error, no_space
 
@@ -134,7 +134,7 @@ def test_a_file_removed_between_listing_and_reading_is_retryable_and_named(store
 
         monkeypatch.setattr(ingest, "content_hash", hash_after_removal)
     else:
-        real_reader = ingest.FileReader
+        real_reader = landing_parts.FileReader  # the part of a landing file is read there
 
         class Vanishing(real_reader):  # type: ignore[misc, valid-type]
             def batches(self):
@@ -142,7 +142,7 @@ def test_a_file_removed_between_listing_and_reading_is_retryable_and_named(store
                     os.remove(gone)
                 return super().batches()
 
-        monkeypatch.setattr(ingest, "FileReader", Vanishing)
+        monkeypatch.setattr(landing_parts, "FileReader", Vanishing)
     with pytest.raises(ingest.LandingFileChanged, match=f"{gone} changed while being read: it was removed after the landing area was listed"):
         ingest.ingest(store, make_spec())
     assert dq.list_quarantine(store, "t/p") == []  # nothing blamed on the file
@@ -182,7 +182,7 @@ def test_a_full_disk_while_writing_a_part_says_so_and_blames_no_file(store: Obje
     def full(*a, **k):
         raise OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
 
-    monkeypatch.setattr(ingest, "_write_part", full)
+    monkeypatch.setattr(landing_parts, "_write_part", full)
     with pytest.raises(PermanentStorageError, match=r"cannot write the part of .*part\.arrow: no space left on device; .* bytes free on the filesystem of"):
         ingest.ingest(store, make_spec())
     assert dq.list_quarantine(store, "t/p") == [] and ingest.load_manifest(store, make_spec()).files == {}
@@ -253,7 +253,7 @@ def test_raw_data_fails_naming_the_file_for_repeated_parquet_columns_and_plainly
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ingest, "_write_part", full)
+    monkeypatch.setattr(landing_parts, "_write_part", full)
     run = job.execute_in_process(instance=harness.instance, asset_selection=raw, raise_on_error=False)
     assert not run.success
     text = failure_text(run)
