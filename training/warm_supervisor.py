@@ -44,8 +44,9 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from common.settings import settings
 from training.gang import classify, launch_records, output_uri_of, watchdog_policy
-from training.spec import EXIT_INFRA, LAUNCH_ID_ENV, PROGRESS_DIR_ENV, STORE_LISTEN_FD_ENV, WANDB_SERVICE_ENV
+from training.spec import EXIT_INFRA, PROGRESS_DIR_ENV, STORE_LISTEN_FD_ENV, WANDB_SERVICE_ENV
 from training.warm_preload import disown_server_exit_work
 from training.warm_protocol import Request
 from training.watchdog import POLL_SECONDS as WATCH_SECONDS
@@ -103,10 +104,16 @@ UNIX_TOKEN = re.compile(r"\d+-\d+-unix-(.+)")
 SERVICE: dict[str, str] = {}
 
 
+def launch_of(env: dict[str, str], default: str) -> str:
+    """The launch id in a launch's environment (`TRAINYARD_LAUNCH_ID`, as given), else `default`."""
+    launch = settings(env).launch_id
+    return default if launch is None else launch
+
+
 def service_env(env: dict[str, str]) -> dict[str, str]:
     """`{WANDB_SERVICE: value}` for a worker whose launch environment `env` names no service, while the shared one's socket exists."""
     value = SERVICE.get(SERVICE_VAR)
-    if not value or SERVICE_VAR in env or env.get(SWITCH_ENV) == "0":
+    if not value or SERVICE_VAR in env or not settings(env).warm_wandb_service:
         return {}
     match = UNIX_TOKEN.fullmatch(value)
     return {SERVICE_VAR: value} if match and os.path.exists(match.group(1)) else {}
@@ -274,7 +281,7 @@ class Supervisor:
             if self.signalled is not None:  # arrived while forking
                 os.kill(pid, self.signalled)
             self.send({"event": "worker", "pid": pid, "rank": rank, "restart": restart, "start_ticks": start_ticks(pid)})
-            say(f"launch {self.request.env.get(LAUNCH_ID_ENV, '?')} (spec {self.request.spec_uri}): worker pid {pid} started "
+            say(f"launch {launch_of(self.request.env, '?')} (spec {self.request.spec_uri}): worker pid {pid} started "
                 f"(restart {restart}) by supervisor pid {self.pid} of warm server pid {os.getppid()} "
                 f"(rank {rank} of {self.request.nprocs})", self.out)
 
@@ -366,7 +373,7 @@ class Supervisor:
             self.signalled = early[0]
         progress = tempfile.mkdtemp(prefix="trainyard-progress-")
         self.watchdog = GangWatchdog(progress, watchdog_policy(self.request.spec_uri), output_uri_of(self.request.spec_uri),
-                                     self.request.env.get(LAUNCH_ID_ENV, ""), lambda m: say(m, self.out))
+                                     launch_of(self.request.env, ""), lambda m: say(m, self.out))
         try:
             status = 0
             for restart in range(self.request.max_restarts + 1):
@@ -388,7 +395,7 @@ class Supervisor:
         if status != 0:
             self._write(failure_summary(self.failures).encode())
             try:
-                records = launch_records(output_uri_of(self.request.spec_uri), self.request.env.get(LAUNCH_ID_ENV, ""), self.started)
+                records = launch_records(output_uri_of(self.request.spec_uri), launch_of(self.request.env, ""), self.started)
             except Exception as e:  # store unreachable, credentials: never the user-error status (as in training.gang)
                 say(f"cannot read the failure records ({type(e).__name__}: {e}); classifying without them", self.out)
         verdict = classify(records, status, self.signalled)
