@@ -32,16 +32,14 @@ per-image mean brightness and of the labels. The verdict is
 `trainyard data release` as for tables. `on_bad_data="warn"` acts on landing
 files at ingest; a shard version with problems is rejected whatever the policy
 (its shards are immutable), and kept in quarantine with its report.
+
+Reading the shards and tallying them is `trainyard.data.shard_reading`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import tempfile
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -52,14 +50,13 @@ from trainyard.data.drift_detection import PSI_EPSILON
 from trainyard.data.expectations import ArrowSuite
 from trainyard.data.quarantine import release_of, utc_now
 from trainyard.data.report import PLATFORM_CHECK, ValidationReport, md_cell, result_from_ge
+from trainyard.data.shard_reading import Problems, Tally, read_version, where
 from trainyard.data.shards import DAMAGED, store_relative
 from trainyard.data.validation import Verdict, decide
 from trainyard.shardspec import ImageShards, TextShards
 from trainyard.spec import PipelineSpec
 from trainyard.store import FileStore
 
-MAX_PROBLEMS_KEPT = 2000
-"""Problem lines kept in a report (the count covers them all)."""
 DRIFT_BUCKETS = 20
 """Frequency buckets of the reference's tokens the unigram PSI is measured over (equal shares of its tokens)."""
 DRIFT_MIN_TOKENS = 2000
@@ -67,7 +64,6 @@ DRIFT_MIN_TOKENS = 2000
 DRIFT_MIN_IMAGES = 200
 """Fewest images a delivery needs for its pixel drift to be judged."""
 PIXEL_BINS = 10
-_SAMPLE = 10000
 
 
 @dataclasses.dataclass
@@ -77,7 +73,7 @@ class ShardVersionOutcome:
     Attributes:
         verdict: The decision (`trainyard.data.validation.Verdict`).
         report: The suite's and platform checks' results.
-        problems: Every problem, one line each naming file and line (first `MAX_PROBLEMS_KEPT`).
+        problems: Every problem, one line each naming file and line (first `shard_reading.MAX_PROBLEMS_KEPT`).
         problem_count: How many problems in all.
         shards: The per-shard statistics table, one dict per shard.
         drift: Drift rows (as `trainyard.data.drift_detection` makes them; empty for the first version).
@@ -95,227 +91,10 @@ class ShardVersionOutcome:
     value: Optional[dict[str, Any]]
 
 
-class _Problems:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self.count = 0
-
-    def add(self, line: str) -> None:
-        self.count += 1
-        if len(self.lines) < MAX_PROBLEMS_KEPT:
-            self.lines.append(line)
-
-
-def where(file: str, record: int) -> str:
-    """`<file> line <n>`, or the file alone for a whole-file document (record 0)."""
-    return f"{file} line {record}" if record else file
-
-
-# --------------------------------------------------------------------------- reading a split
-
-
-def _provenance(local: str) -> Iterator[tuple[int, str, int, str]]:
-    """(index, file, record, sha1) of each item of a split, in order, a batch at a time."""
-    import pyarrow.parquet as pq
-
-    for batch in pq.ParquetFile(os.path.join(local, shard_format.DOCUMENTS_FILE)).iter_batches(columns=["index", "file", "record", "sha1"]):
-        yield from zip(*(batch.column(i).to_pylist() for i in range(4)))
-
-
-@dataclasses.dataclass
-class _Tally:
-    """Accumulated over the splits: per-shard rows, content hashes for duplicates, counts for drift."""
-
-    shards: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    hashes: list[np.ndarray] = dataclasses.field(default_factory=list)
-    places: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)  # (split, file, record) per item, only of kept items
-    shard_of: list[int] = dataclasses.field(default_factory=list)
-    items: int = 0
-    empty: list[str] = dataclasses.field(default_factory=list)
-    long: list[str] = dataclasses.field(default_factory=list)
-    counts: Optional[np.ndarray] = None
-    new_counts: Optional[np.ndarray] = None
-    new_items: int = 0
-    means: list[float] = dataclasses.field(default_factory=list)
-    new_means: list[float] = dataclasses.field(default_factory=list)
-    labels: Optional[np.ndarray] = None
-    new_labels: Optional[np.ndarray] = None
-
-
-def _hash64(sha1: str) -> int:
-    return int(sha1[:16], 16)
-
-
-def _checked_chunks(local: str, split: str, meta: dict[str, Any], problems: _Problems) -> Iterator[tuple[str, int, Optional[bytes]]]:
-    """(name, items, bytes or None when damaged) of each shard of the split, in index order, checksums verified."""
-    index_path = os.path.join(local, shard_format.INDEX_FILE)
-    if not meta["items"]:
-        return
-    try:
-        with open(index_path) as f:
-            chunks = json.load(f)["chunks"]
-    except (OSError, ValueError, KeyError) as e:
-        problems.add(f"{split}/{shard_format.INDEX_FILE}: unreadable ({e}); no shard of the split can be located")
-        return
-    recorded = meta.get("chunks", {})
-    for extra in sorted(set(recorded) - {c["filename"] for c in chunks}):
-        problems.add(f"{split}/{extra}: written at ingest but missing from {shard_format.INDEX_FILE}")
-    for chunk in chunks:
-        name, size = chunk["filename"], int(chunk["chunk_size"])
-        path = os.path.join(local, name)
-        expected = recorded.get(name, {}).get("sha256")
-        if not os.path.exists(path):
-            problems.add(f"{split}/{name}: missing from the store")
-            yield name, size, None
-            continue
-        with open(path, "rb") as f:
-            data = f.read()
-        actual = hashlib.sha256(data).hexdigest()
-        if expected != actual:
-            problems.add(f"{split}/{name}: sha256 {actual[:16]} is not the {str(expected)[:16]} written at ingest: the shard was altered in the store")
-            yield name, size, None
-            continue
-        yield name, size, data
-
-
-def _damaged_items(split: str, name: str, prov: Iterator[tuple[int, str, int, str]], size: int, problems: _Problems) -> None:
-    files = sorted({next(prov)[1] for _ in range(size)})
-    problems.add(f"{split}/{name}: holds {size} item(s) from {', '.join(files[:5])}{' and more' if len(files) > 5 else ''}")
-
-
-def _text_split(local: str, split: str, shards: TextShards, tally: _Tally, new_files: Optional[set[str]], problems: _Problems) -> None:
-    meta = shard_format.read_meta(local)
-    vocab, eos = shards.vocabulary, int(meta["eos_id"])
-    prov = _provenance(local)
-    for name, size, data in _checked_chunks(local, split, meta, problems):
-        row: dict[str, Any] = {"split": split, "shard": name, "items": size, "tokens": 0, "mean_tokens": 0.0, "max_tokens": 0, "empty": 0, "long": 0,
-               "duplicates": 0, "out_of_vocab": 0, "checksum_ok": data is not None, "decodes": data is not None}
-        tally.shards.append(row)
-        if data is None:
-            _damaged_items(split, name, prov, size, problems)
-            continue
-        lengths = []
-        try:
-            documents = list(shard_format.text_chunk_documents(data, f"{split}/{name}"))
-        except shard_format.ShardFormatError as e:
-            row["decodes"] = False
-            problems.add(str(e))
-            _damaged_items(split, name, prov, size, problems)
-            continue
-        for ids in documents:
-            _, file, record, sha1 = next(prov)
-            tally.hashes.append(np.array([_hash64(sha1)], dtype=np.uint64))
-            tally.places.append((split, file, record))
-            tally.shard_of.append(len(tally.shards) - 1)
-            n = len(ids) - 1
-            lengths.append(n)
-            if not len(ids) or ids[-1] != eos:
-                problems.add(f"{where(file, record)}: the document does not end with the end-of-document id {eos}")
-            bad = ids[(ids < 0) | (ids >= vocab)]
-            if len(bad):
-                row["out_of_vocab"] += len(bad)
-                more = f" ({len(bad)} ids outside it)" if len(bad) > 1 else ""
-                problems.add(f"{where(file, record)}: token id {int(bad[0])} outside the vocabulary ({vocab}){more}")
-            if n < shards.min_tokens:
-                row["empty"] += 1
-                tally.empty.append(f"{where(file, record)}: empty document ({n} tokens, fewer than min_tokens {shards.min_tokens})")
-            if shards.max_tokens is not None and n > shards.max_tokens:
-                row["long"] += 1
-                tally.long.append(f"{where(file, record)}: {n} tokens, more than max_tokens {shards.max_tokens}")
-            inside = ids[(ids >= 0) & (ids < vocab)]
-            counts = np.bincount(inside, minlength=vocab)
-            tally.counts = counts if tally.counts is None else tally.counts + counts
-            if new_files is None or file in new_files:
-                tally.new_counts = counts if tally.new_counts is None else tally.new_counts + counts
-                tally.new_items += 1
-        row.update(tokens=int(sum(lengths)), mean_tokens=float(np.mean(lengths)) if lengths else 0.0, max_tokens=int(max(lengths, default=0)))
-    tally.items += int(meta["items"])
-
-
-def _index_config(local: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(local, shard_format.INDEX_FILE)) as f:
-            return dict(json.load(f).get("config") or {})
-    except (OSError, ValueError):
-        return {}
-
-
-def _image_split(local: str, split: str, shards: ImageShards, tally: _Tally, new_files: Optional[set[str]], problems: _Problems) -> None:
-    meta = shard_format.read_meta(local)
-    config = _index_config(local)
-    prov = _provenance(local)
-    labels = len(shards.labels)
-    for name, size, data in _checked_chunks(local, split, meta, problems):
-        row: dict[str, Any] = {"split": split, "shard": name, "items": size, "bad_shape": 0, "bad_dtype": 0, "out_of_range": 0, "bad_label": 0,
-               "duplicates": 0, "mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "checksum_ok": data is not None, "decodes": data is not None}
-        tally.shards.append(row)
-        if data is None:
-            _damaged_items(split, name, prov, size, problems)
-            continue
-        try:
-            items = shard_format.image_chunk_items(data, f"{split}/{name}", config)
-        except shard_format.ShardFormatError as e:
-            row["decodes"] = False
-            problems.add(str(e))
-            _damaged_items(split, name, prov, size, problems)
-            continue
-        stats = []
-        for image, label in items:
-            _, file, record, sha1 = next(prov)
-            tally.hashes.append(np.array([_hash64(sha1)], dtype=np.uint64))
-            tally.places.append((split, file, record))
-            tally.shard_of.append(len(tally.shards) - 1)
-            if list(image.shape) != list(shards.shape) and not (len(shards.shape) == 2 and list(image.shape) == [*shards.shape, 1]):
-                row["bad_shape"] += 1
-                problems.add(f"{where(file, record)}: shape {list(image.shape)}, not the declared {shards.shape}")
-            if str(image.dtype) != shards.dtype:
-                row["bad_dtype"] += 1
-                problems.add(f"{where(file, record)}: dtype {image.dtype}, not the declared {shards.dtype}")
-            lo, hi = (float(image.min()), float(image.max())) if image.size else (0.0, 0.0)
-            if lo < shards.min or hi > shards.max:
-                row["out_of_range"] += 1
-                problems.add(f"{where(file, record)}: values {lo:g}..{hi:g} outside the declared range {shards.min:g}..{shards.max:g}")
-            if not 0 <= label < labels:
-                row["bad_label"] += 1
-                problems.add(f"{where(file, record)}: label index {label} outside the {labels} declared labels")
-            mean = float(image.mean()) if image.size else 0.0
-            stats.append((mean, float(image.std()) if image.size else 0.0, lo, hi))
-            one = np.bincount([min(max(label, 0), labels - 1)], minlength=labels)
-            tally.labels = one if tally.labels is None else tally.labels + one
-            if len(tally.means) < _SAMPLE:
-                tally.means.append(mean)
-            if new_files is None or file in new_files:
-                tally.new_labels = one if tally.new_labels is None else tally.new_labels + one
-                tally.new_items += 1
-                if len(tally.new_means) < _SAMPLE:
-                    tally.new_means.append(mean)
-        if stats:
-            s = np.array(stats)
-            row.update(mean=float(s[:, 0].mean()), std=float(s[:, 1].mean()), min=float(s[:, 2].min()), max=float(s[:, 3].max()))
-    tally.items += int(meta["items"])
-
-
-def _litdata_reads(local: str, split: str, spec: PipelineSpec, problems: _Problems) -> bool:
-    """Whether litdata's own reader gives every sample of the split (the pod's path); a failure is a problem."""
-    meta = shard_format.read_meta(local)
-    if not meta["items"]:
-        return True
-    sample = spec.shards.block_size + 1 if isinstance(spec.shards, TextShards) else None
-    try:
-        dataset = shard_format.open_split(local, sample_tokens=sample)
-        for i in range(len(dataset)):
-            dataset[i]
-    # litdata raises what its decoders raise on bad bytes (no error type of its own): each is this split's problem.
-    except (ValueError, RuntimeError, OSError, IndexError, KeyError, TypeError, EOFError) as e:
-        problems.add(f"{split}: litdata cannot read the split ({type(e).__name__}: {e})")
-        return False
-    return True
-
-
 # --------------------------------------------------------------------------- checks
 
 
-def _duplicates(tally: _Tally, limit: float, problems: _Problems) -> list[dict[str, Any]]:
+def _duplicates(tally: Tally, limit: float, problems: Problems) -> list[dict[str, Any]]:
     """Mark repeated items (all but the first of each content) in the shard rows; their lines are problems beyond `limit`."""
     if not tally.hashes:
         return []
@@ -340,7 +119,7 @@ def _platform(name: str, observed: float, limit: float, count: int, samples: Seq
     }
 
 
-def _rate_check(name: str, lines: list[str], items: int, limit: float, problems: _Problems) -> dict[str, Any]:
+def _rate_check(name: str, lines: list[str], items: int, limit: float, problems: Problems) -> dict[str, Any]:
     rate = len(lines) / max(items, 1)
     if rate > limit:
         for line in lines:
@@ -363,7 +142,7 @@ def suite_for(spec: PipelineSpec) -> list[dict[str, Any]]:
     return out
 
 
-def _report(spec: PipelineSpec, tally: _Tally, platform: list[dict[str, Any]]) -> ValidationReport:
+def _report(spec: PipelineSpec, tally: Tally, platform: list[dict[str, Any]]) -> ValidationReport:
     table = pa.Table.from_pylist(tally.shards) if tally.shards else None
     expectations = suite_for(spec)
     results = list(platform)
@@ -414,7 +193,7 @@ def _drift_row(column: str, method: str, psi: float, judged: bool, spec: Pipelin
             "drifted": bool(judged and limit is not None and psi > limit), "note": note, "scope": scope}
 
 
-def _drift(spec: PipelineSpec, tally: _Tally, reference: Optional[dict[str, Any]], new_files: Optional[set[str]]) -> list[dict[str, Any]]:
+def _drift(spec: PipelineSpec, tally: Tally, reference: Optional[dict[str, Any]], new_files: Optional[set[str]]) -> list[dict[str, Any]]:
     if reference is None:
         return []
     scope = (f"the new delivery ({len(new_files)} file(s), {tally.new_items} item(s))" if new_files else "the whole version") + \
@@ -436,7 +215,7 @@ def _drift(spec: PipelineSpec, tally: _Tally, reference: Optional[dict[str, Any]
             _drift_row("label", "psi-categories", _psi(np.asarray(reference["labels"], dtype=np.float64), labels_now), judged, spec, scope, note)]
 
 
-def _profile(spec: PipelineSpec, tally: _Tally) -> dict[str, Any]:
+def _profile(spec: PipelineSpec, tally: Tally) -> dict[str, Any]:
     """What the next version's drift is measured against: unigram counts, or pixel-mean quantile bins and label counts."""
     if isinstance(spec.shards, TextShards):
         counts = tally.counts if tally.counts is not None else np.zeros(spec.shards.vocabulary, dtype=np.int64)
@@ -463,27 +242,6 @@ def _new_files(store: FileStore, raw_uri: str, reference: Optional[dict[str, Any
     return {store_relative(store, f["uri"]) for f in now if (f["uri"], f.get("content_hash")) not in before} or None
 
 
-def _read_version(store: FileStore, spec: PipelineSpec, raw_uri: str, new_files: Optional[set[str]], problems: _Problems) -> _Tally:
-    tally = _Tally()
-    with tempfile.TemporaryDirectory(prefix="trainyard-shard-check-") as tmp:
-        for split in shard_format.SPLITS:
-            local = os.path.join(tmp, split)
-            store.get_dir(f"{raw_uri}/{split}", local)
-            before = problems.count
-            if isinstance(spec.shards, TextShards):
-                _text_split(local, split, spec.shards, tally, new_files, problems)
-            else:
-                assert isinstance(spec.shards, ImageShards)
-                _image_split(local, split, spec.shards, tally, new_files, problems)
-            if not shard_format.read_meta(local)["items"]:
-                problems.add(f"{split}: the split holds no item (deliver more documents, or change spec.split)")
-            if problems.count == before and not _litdata_reads(local, split, spec, problems):
-                for row in tally.shards:
-                    if row["split"] == split:
-                        row["decodes"] = False
-    return tally
-
-
 def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) -> ShardVersionOutcome:
     """Validate one shard version, measure drift, apply the policy, and quarantine it or make it the latest accepted one.
 
@@ -500,8 +258,8 @@ def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, 
     if latest is not None and latest["md5"] != md5 and latest.get("profile_uri") and store.exists(latest["profile_uri"]):
         reference = {**store.read_json(latest["profile_uri"]), "md5": latest["md5"], "raw_uri": latest["raw_uri"]}
     new_files = _new_files(store, raw_uri, reference)
-    problems = _Problems()
-    tally = _read_version(store, spec, raw_uri, new_files, problems)
+    problems = Problems()
+    tally = read_version(store, spec, raw_uri, new_files, problems)
     enough = _platform("trainyard_min_items", tally.items, spec.min_rows, 0, [], success=tally.items >= spec.min_rows)
     platform = [{**enough, "kwargs": {"min_value": spec.min_rows}}]
     if isinstance(spec.shards, TextShards):
@@ -538,8 +296,8 @@ def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, 
     return ShardVersionOutcome(verdict, report, problems.lines, problems.count, tally.shards, drift_rows, None, value)
 
 
-def _quarantine(store: FileStore, spec: PipelineSpec, raw: dict[str, Any], verdict: Verdict, report: ValidationReport, problems: _Problems,
-                tally: _Tally, drift_rows: list[dict[str, Any]]) -> str:
+def _quarantine(store: FileStore, spec: PipelineSpec, raw: dict[str, Any], verdict: Verdict, report: ValidationReport, problems: Problems,
+                tally: Tally, drift_rows: list[dict[str, Any]]) -> str:
     """Keep the rejected version's report under `quarantine/<team>/<name>/<md5>/` (its shards stay where they are, immutable);
     a version whose shards were altered is marked damaged so the next ingest writes it again."""
     where_ = naming.quarantine_dir(store, spec.team, spec.name, raw["md5"])
