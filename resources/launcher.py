@@ -268,7 +268,6 @@ class LocalLauncher(Launcher):
                 **_POD_ENVIRONMENT.get(),
                 **extra_env,
                 "PYTHONUNBUFFERED": "1",
-                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                 LAUNCH_ID_ENV: f"{time.time_ns():x}",
             }
             output = LaunchOutput(self.log_tail_lines)

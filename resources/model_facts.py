@@ -45,7 +45,7 @@ def _ask(request: dict[str, Any], tmp: Path, warm: bool) -> tuple[Optional[dict[
     request_path, answer_path, output_path = tmp / "request.json", tmp / "answer.json", tmp / "output.log"
     answer_path.unlink(missing_ok=True)
     request_path.write_text(json.dumps({**request, "answer": str(answer_path)}))
-    env = {**training_env(os.environ), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**training_env(os.environ), "PYTHONUNBUFFERED": "1"}  # OMP_NUM_THREADS 1 unless set (`resources.warm.LOAD_DEFAULTS`)
     how = "cold"
     with open(output_path, "wb") as out:
         proc: Any = None

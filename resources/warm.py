@@ -13,9 +13,11 @@ its version, its site-packages directory's modification time and the text of
 every `training/**/*.py` (which includes `training.warm`'s list of modules to
 preload), and the launch's variables that only a process's start reads
 (`startup_env`: `MALLOC_*`, `LD_*`, `GLIBC_TUNABLES`, `PYTHONHASHSEED`,
-`PYTHONMALLOC`), which a forked worker would otherwise take from the server.
-A changed `training/`, interpreter, set of installed packages or start-time
-variable gets a new server; the old one exits when idle. A lock file serializes start-up so
+`PYTHONMALLOC`) or that the preloaded libraries read when they load (`OMP_*`,
+`MKL_*`, `OPENBLAS_*`, `ARROW_*`, torch's logging switches ...; thread counts
+aside, which each worker applies after the fork), which a forked worker would
+otherwise take from the server. A changed `training/`,
+interpreter, set of installed packages or start-time variable gets a new server; the old one exits when idle. A lock file serializes start-up so
 that concurrent launches start one server; each server logs to `<key>.log`
 beside its socket and writes its pid to `<key>.pid`.
 """
@@ -97,23 +99,38 @@ def training_root() -> Path:
 
 
 # Variables read only when a process starts (the C library's allocator and loader, Python's hash seed and allocator):
-# a worker forked from a server keeps the server's, whatever its launch environment says.
-STARTUP_ENV_PREFIXES = ("MALLOC_", "LD_")
-STARTUP_ENV_NAMES = frozenset({"GLIBC_TUNABLES", "PYTHONHASHSEED", "PYTHONMALLOC"})
+# a worker forked from a server keeps the server's, whatever its launch environment says. So do the variables the
+# libraries the server preloads read when they load: the OpenMP runtimes' (torch's, LightGBM's) and the BLAS libraries'
+# settings (numpy, scipy), Arrow's (its IO pool's size, memory pool, SIMD level, jemalloc settings), torch's logging and
+# JIT switches. Their thread counts (`THREAD_COUNT_ENV`) are the exception: a server started with more than one thread
+# would hold thread pools (OpenBLAS starts its threads when it loads) and could not fork, so it starts with one of each
+# and each worker gives its runtimes its launch's counts (`training.threads.apply_thread_counts`); they are no part of
+# the key.
+STARTUP_ENV_PREFIXES = ("MALLOC_", "LD_", "OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "BLIS_", "NUMEXPR_", "ARROW_")
+STARTUP_ENV_NAMES = frozenset({
+    "GLIBC_TUNABLES", "PYTHONHASHSEED", "PYTHONMALLOC", "JE_ARROW_MALLOC_CONF",
+    "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCH_LOGS", "PYTORCH_JIT",
+})
+SERVER_THREAD_ENV = {name: "1" for name in training.spec.THREAD_COUNT_ENV}
+# What a training process gets where its launch sets none: one thread a rank, as torchrun gives each of several ranks
+# (local trials share the machine, several at once; `training.threads` sizes torch and LightGBM to it).
+LOAD_DEFAULTS = {"OMP_NUM_THREADS": "1"}
 
 
 def training_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` with the platform's defaults for training processes (`TRAINING_MALLOC_ENV`) where it sets none.
+    """`environ` with the platform's defaults for training processes (`TRAINING_MALLOC_ENV`, `LOAD_DEFAULTS`) where it sets none.
 
     Every process that starts a server for trials passes its environment through this (launches, the planner's model
     descriptions, the prestart), so they all key on, and share, the one server.
     """
-    return {**training.spec.TRAINING_MALLOC_ENV, **environ}
+    return {**training.spec.TRAINING_MALLOC_ENV, **LOAD_DEFAULTS, **environ}
 
 
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The variables of `env` that only a process's start reads (`STARTUP_ENV_*`); a server is started with, and keyed on, them."""
-    return {k: v for k, v in env.items() if k in STARTUP_ENV_NAMES or k.startswith(STARTUP_ENV_PREFIXES)}
+    """The variables of `env` read only when a process starts or a preloaded library loads (`STARTUP_ENV_*`), thread
+    counts aside; a server is started with, and keyed on, them."""
+    return {k: v for k, v in env.items()
+            if (k in STARTUP_ENV_NAMES or k.startswith(STARTUP_ENV_PREFIXES)) and k not in SERVER_THREAD_ENV}
 
 
 def server_key(python: str, root: Path, env: Optional[Mapping[str, str]] = None) -> str:
@@ -123,7 +140,7 @@ def server_key(python: str, root: Path, env: Optional[Mapping[str, str]] = None)
         python: the interpreter's path (this process's own, `sys.executable`).
         root: the directory that holds the `training` package.
         env: the launch's environment (default: this process's): its start-time variables (`startup_env`) are part
-            of the key, so a launch that sets `MALLOC_ARENA_MAX`, say, runs on a server started with it.
+            of the key, so a launch that sets `MALLOC_ARENA_MAX` or `OMP_PROC_BIND`, say, runs on a server started with it.
     """
     h = hashlib.sha256()
     for part in (python, sys.version, str(root), str(_site_packages_mtime())):
@@ -207,7 +224,7 @@ def _start_server(path: Path, log: Path, *, python: str, root: Path, idle_second
         WarmUnavailable: it exited or took longer than `start_timeout` (then it is killed).
     """
     own = startup_env(os.environ)
-    env = {**{k: v for k, v in os.environ.items() if k not in own}, **startup_env(env), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    env = {**{k: v for k, v in os.environ.items() if k not in own}, **startup_env(env), **SERVER_THREAD_ENV, "PYTHONUNBUFFERED": "1"}
     cmd = [python, "-m", "training.warm", "serve", "--socket", str(path), "--idle-seconds", f"{idle_seconds:g}"]
     with open(log, "w") as out:
         # Its own session: a signal to the launcher's process group (a run being stopped) leaves it serving others.

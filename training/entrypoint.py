@@ -66,12 +66,16 @@ def train(spec: TrainSpec) -> Optional[TrainResult]:
     The task's module is imported here, not at the top: a GBT trial never loads
     torch or Lightning, and a Lightning trial never loads LightGBM beside torch.
     """
+    from training.threads import apply_thread_counts
+
     if spec.task == "gbt":
         from training.gbt import run_gbt
 
+        apply_thread_counts()  # the rank's CPU share, on a forked warm worker as in a fresh process
         return run_gbt(spec)
     from training.lightning_task import run_lightning
 
+    apply_thread_counts()
     return run_lightning(spec, _rank())
 
 

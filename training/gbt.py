@@ -77,6 +77,7 @@ from training.pruners import build_pruner, open_trial_storage
 from training.reporting import Reporter
 from training.spec import CHECKPOINT_DIR, OptunaSpec, TrainResult, TrainSpec, redact_url
 from training.storage import read_text, write_atomic
+from training.threads import trial_threads
 
 log = logging.getLogger("trainyard.training")
 
@@ -379,7 +380,7 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     out = spec.output_uri.rstrip("/")
     objective = resolve_objective(spec.model.kwargs)
     splits = load_splits(spec, objective)
-    params, patience = lightgbm_params(spec, splits, objective)
+    params, patience = lightgbm_params(spec, splits, objective, threads=trial_threads())
     val_metric = _val_metric(spec, splits)
     ckpt = ModelFileCheckpoint(f"{out}/{CHECKPOINT_DIR}")
     init_model, history = ckpt.load()

@@ -29,6 +29,7 @@ MONITORS = {"val_acc": ("classification", "max"), "val_logloss": ("classificatio
 _ROUND_KEYS = ("num_iterations", "num_iteration", "n_iter", "num_tree", "num_trees", "num_round", "num_rounds",
                "nrounds", "num_boost_round", "n_estimators", "max_iter")
 _PLATFORM_KEYS = ("seed", "deterministic", "num_class", "verbosity", "verbose", "metric")
+_THREAD_KEYS = frozenset({"num_threads", "num_thread", "nthread", "nthreads", "n_jobs"})  # LightGBM's names for its thread count
 
 
 # -- data -----------------------------------------------------------------------------
@@ -171,11 +172,13 @@ def resolve_objective(kwargs: dict[str, Any]) -> Optional[str]:
     return objective
 
 
-def lightgbm_params(spec: TrainSpec, splits: Splits, objective: Optional[str]) -> tuple[dict[str, Any], int]:
+def lightgbm_params(spec: TrainSpec, splits: Splits, objective: Optional[str],
+                    threads: Optional[int] = None) -> tuple[dict[str, Any], int]:
     """LightGBM parameters and early-stopping patience from the spec (pure).
 
     Layers, later wins: platform defaults (`verbosity=-1`, column-wise histograms
-    when deterministic) < `spec.model.kwargs` < values the platform owns
+    when deterministic, `num_threads=threads`, the rank's CPU share from
+    `training.threads`, unless the kwargs name a thread count) < `spec.model.kwargs` < values the platform owns
     (objective, `num_class`, `seed`, `deterministic`, `metric`).
 
     Raises:
@@ -205,6 +208,8 @@ def lightgbm_params(spec: TrainSpec, splits: Splits, objective: Optional[str]) -
             raise ConfigError(f"monitor={spec.monitor!r} is undefined on the validation split, which holds no rows of class(es) {missing}; "
                               f"monitor 'val_logloss' or 'val_acc', or give the validation split rows of every class")
     params: dict[str, Any] = {"verbosity": -1}
+    if threads is not None and not (_THREAD_KEYS & set(kwargs)):
+        params["num_threads"] = threads
     if spec.deterministic and not ({"force_row_wise", "force_col_wise"} & set(kwargs)):
         params["force_col_wise"] = True
     params.update(kwargs)

@@ -51,6 +51,11 @@ WANDB_SERVICE_ENV = "WANDB_SERVICE"  # W&B's own variable naming a running servi
 # thresholds keep freed blocks up to 32 MB (glibc's most) in the heap and never trim it below 4 GB of free space: a
 # training process holds on to its peak memory, as jemalloc or tcmalloc would.
 TRAINING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_THRESHOLD_": str(4 * 2**30)}
+# The thread counts the OpenMP and BLAS runtimes (and numexpr) read when they load, each library its own first
+# (OpenBLAS: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, then OMP_NUM_THREADS; MKL: MKL_NUM_THREADS, then OMP_NUM_THREADS).
+# A warm server starts with one of each; the entrypoint applies the launch's (`training.threads.apply_thread_counts`).
+THREAD_COUNT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "BLIS_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 OPTUNA_URL_ENV = "TRAINYARD_OPTUNA_URL"  # the Optuna storage URL with its credentials, in the pod's environment
 RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"

@@ -6,10 +6,12 @@ digits MLP forked from it, the server signalled by its pid as an operator or the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -19,7 +21,7 @@ from typing import Any, Iterator
 import pytest
 
 from resources.launcher import InfrastructureError, LocalLauncher, TrainingPreempted
-from resources.warm import WARM_DIR_ENV, stop_servers
+from resources.warm import SERVER_THREAD_ENV, WARM_DIR_ENV, WARM_WORKERS_ENV, server_key, stop_servers, training_env, training_root
 from tests.support.train_specs import make_spec
 from training.checkpointing import CheckpointStore
 from training.spec import CheckpointPolicy, ImportTarget
@@ -141,3 +143,76 @@ def test_a_killed_server_leaves_an_infrastructure_error_and_the_next_launch_star
     resumed_from, _ = resume(spec, tmp_path, warm_dir, server)
     assert resumed_from == latest.step
 
+
+def probe(tmp_path: Path, name: str, **over: Any) -> dict[str, Any]:
+    """Launch a 1-epoch `ThreadProbe` trial; what its training process saw, and the warm server it ran on (None: cold)."""
+    record = tmp_path / f"{name}.json"
+    spec = make_spec(tmp_path / name, max_epochs=1, **over,
+                     model=ImportTarget(path="tests.support.thread_probe:ThreadProbe", kwargs={"record": str(record)}))
+    outcome = LocalLauncher().launch(spec)
+    servers = {int(m[5]) for m in WORKER_LINE.finditer(Path(outcome.log_uri).read_text())}
+    return {**json.loads(record.read_text()), "server": servers.pop() if servers else None, "log": Path(outcome.log_uri).read_text()}
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """What process `pid` was started with (a forked worker keeps its server's)."""
+    pairs = (e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
+
+
+@pytest.mark.slow
+def test_a_teams_thread_count_reaches_its_trial_on_both_paths(warm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenMP and OpenBLAS read OMP_NUM_THREADS when they load, which in a warm worker was in its server (started with
+    one thread each: a fork server holds no thread pool): the worker gives every runtime its launch's count, so a trial
+    sees the team's setting on the warm path as on torchrun's."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    default = probe(tmp_path, "default")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    team = probe(tmp_path, "team")
+    monkeypatch.setenv(WARM_WORKERS_ENV, "0")
+    cold = probe(tmp_path, "cold")
+    assert default["server"] and team["server"] == default["server"] and cold["server"] is None, (team["log"][-2000:], cold["log"][-2000:])
+    assert environ_of(team["server"])["OMP_NUM_THREADS"] == "1"
+    assert default["env"]["OMP_NUM_THREADS"] == "1" and default["torch"] == 1  # the local launcher's one thread a rank
+    assert {r["threads"] for r in default["runtimes"]} == {1}, default["runtimes"]
+    for seen in (team, cold):
+        assert seen["env"]["OMP_NUM_THREADS"] == "2" and seen["torch"] == 2
+        assert {r["threads"] for r in seen["runtimes"]} == {2}, seen["runtimes"]
+    assert {r["api"] for r in team["runtimes"]} == {"openmp", "openblas"}  # torch's and LightGBM's OpenMP, numpy's and scipy's BLAS
+
+
+def test_variables_read_when_a_library_loads_key_the_server_but_thread_counts_do_not() -> None:
+    root = training_root()
+    base = training_env({k: v for k, v in os.environ.items() if k not in SERVER_THREAD_ENV})
+    key = server_key(sys.executable, root, base)
+    for name, value in (("OMP_PROC_BIND", "close"), ("ARROW_DEFAULT_MEMORY_POOL", "system"), ("KMP_AFFINITY", "compact"),
+                        ("TORCH_CPP_LOG_LEVEL", "INFO"), ("MALLOC_ARENA_MAX", "2")):
+        assert server_key(sys.executable, root, {**base, name: value}) != key, name
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        assert server_key(sys.executable, root, {**base, name: "4"}) == key, name
+    assert server_key(sys.executable, root, {**base, "UNRELATED": "x"}) == key
+
+
+def test_lightgbm_gets_the_trials_thread_count_unless_the_spec_names_one(tmp_path: Path) -> None:
+    from tests.support import gbt
+    from training import gbt_inputs
+
+    spec = gbt.make_spec(tmp_path, model=ImportTarget(path="lightgbm:train", kwargs={"num_leaves": 7}))
+    splits = gbt_inputs.load_splits(spec, None)
+    assert gbt_inputs.lightgbm_params(spec, splits, None, threads=3)[0]["num_threads"] == 3
+    own = gbt.make_spec(tmp_path, out="own", model=ImportTarget(path="lightgbm:train", kwargs={"n_jobs": 2}))
+    params = gbt_inputs.lightgbm_params(own, gbt_inputs.load_splits(own, None), None, threads=3)[0]
+    assert params["n_jobs"] == 2 and "num_threads" not in params
+
+
+def test_a_ranks_threads_are_its_omp_setting_else_its_cpus_shared_among_the_nodes_ranks(tmp_path: Path) -> None:
+    from training.threads import available_cpus, trial_threads
+
+    assert trial_threads({"OMP_NUM_THREADS": "3"}) == 3
+    cpus = available_cpus()
+    assert trial_threads({}) == cpus and trial_threads({"LOCAL_WORLD_SIZE": str(cpus * 2)}) == 1
+    quota = tmp_path / "cpu.max"
+    quota.write_text("150000 100000\n")  # a pod limited to 1.5 CPUs may run 2 threads at a time
+    assert available_cpus(str(quota)) == min(2, len(os.sched_getaffinity(0)))
+    quota.write_text("max 100000\n")
+    assert available_cpus(str(quota)) == len(os.sched_getaffinity(0))
