@@ -150,13 +150,17 @@ def test_a_warm_trial_is_bitwise_the_cold_trial(cold_and_warm: dict[str, Any]) -
 
 
 def test_a_second_trial_reuses_the_server_and_starts_sooner(cold_and_warm: dict[str, Any]) -> None:
+    """Sooner because the second launch starts no server: its worker forks from the server the first launch started.
+
+    Asserted by which processes did the work (one server for both), not by comparing the two launches' wall
+    times: the machine's other load decides those as much as the server does (`make bench` measures the gain).
+    """
     (_, first), (_, second) = cold_and_warm["warm1"], cold_and_warm["warm2"]
     [(_, worker1, _, supervisor1, server1)] = launches(log_of(first))
     [(_, worker2, _, supervisor2, server2)] = launches(log_of(second))
     assert server1 == server2 and running(server1)
     assert len({worker1, worker2, supervisor1, supervisor2}) == 4
     assert not any(running(pid) for pid in (worker1, worker2, supervisor1, supervisor2))  # reaped, not left behind
-    assert second.seconds < first.seconds, (first.seconds, second.seconds)
 
 
 @pytest.mark.slow

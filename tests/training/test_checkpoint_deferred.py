@@ -154,10 +154,9 @@ def test_a_program_that_ends_without_a_fence_still_writes_its_checkpoint(tmp_pat
         writer.submit(7, {{"state_dict": model.state_dict()}}, defer=deferrable_storages([model], []))
         assert writer.deferred_saves == 1
     """)  # no fence, no close: the interpreter's exit must neither hang nor lose the save
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+    # A hang is the run's timeout (TimeoutExpired); the bound has room for a loaded machine, where importing torch alone took 40 s.
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr
-    assert time.monotonic() - started < 30
     latest = CheckpointStore(str(tmp_path / "ckpt")).latest()
     assert latest is not None and latest.step == 7
 

@@ -295,5 +295,6 @@ def test_a_write_that_cannot_finish_holds_a_failing_rank_only_for_the_grace(tmp_
     ft, trainer, store = _failing_rank_zero(tmp_path, commit_timeout_s=3.0)
     started = time.monotonic()
     ft.on_exception(trainer, None, RuntimeError("Connection closed by peer"))  # type: ignore[arg-type]
-    assert 0.4 <= time.monotonic() - started < 5 and store.latest() is None
+    # Held for the grace, not the 600 s a write may take; the upper bound has room for a loaded machine.
+    assert 0.4 <= time.monotonic() - started < 60 and store.latest() is None
     assert "did not finish within" in caplog.text and "left uncommitted" in caplog.text
