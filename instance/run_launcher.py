@@ -24,9 +24,12 @@ When it forks, and when it does what Dagster does instead (`DefaultRunLauncher`)
   the background (`dagster dev`'s daemon has no run to start one for before);
 - before every fork the zygote compares the files of every module it loaded
   from outside the Python installation (the team's code, this project) with
-  what it loaded; if one changed it answers "stale" and exits, the run goes the
-  default way (with the new code) and a fresh zygote starts for the next run.
-  So an edited pipeline never runs old code, reloaded in the UI or not;
+  what it loaded, and the distributions installed on its `sys.path` with those
+  it started with (`common.installed`: a `pip`/`uv` install, upgrade or removal
+  replaces a distribution's `.dist-info`); if one changed it answers "stale" and
+  exits, the run goes the default way (with the new code) and a fresh zygote
+  starts for the next run. So an edited pipeline or an upgraded library never
+  runs old code, reloaded in the UI or not;
 - a zygote that fails to start (an import error in the location) is not tried
   again for `RETRY_AFTER_SECONDS`; its log says why;
 - `TRAINYARD_WARM_RUN_WORKERS=0` in the daemon's environment turns forking off.
@@ -75,6 +78,7 @@ from dagster import DefaultRunLauncher
 from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, WorkerStatus
 from dagster._serdes import ConfigurableClassData
 
+from common import installed
 from common.settings import settings
 
 PREMADE = "_trainyard_premade"  # set on the instance a zygote made for its forked workers
@@ -445,11 +449,19 @@ def _warm(directory: Path) -> tuple[dict[str, tuple[int, int]], Any, Any]:
     return _loaded_files(), ref, _make_instance(ref)
 
 
+def _stale(files: dict[str, tuple[int, int]], distributions: installed.Snapshot, paths: list[str]) -> Optional[str]:
+    """What changed since the zygote loaded: a module file outside the installation, or a distribution installed,
+    upgraded or removed on its `sys.path` (`common.installed`: a `pip install` replaces its `.dist-info`)."""
+    return _changed(files) or installed.changed(distributions, paths)
+
+
 def serve(directory: Path) -> None:
     """Load, then fork a run worker per request on `<directory>/sock` until the parent goes (see the module docstring)."""
     parent = os.getppid()
     try:
         files, instance_ref, instance = _warm(directory)
+        paths = list(sys.path)
+        distributions = installed.snapshot(paths)
         threads = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
         if threads:  # a fork copies no thread but every lock they hold: refuse rather than deadlock a run
             raise RuntimeError(f"loading the code location left threads running ({threads}); runs are started the default way")
@@ -471,7 +483,7 @@ def serve(directory: Path) -> None:
             with conn:
                 conn.settimeout(REQUEST_TIMEOUT_SECONDS)
                 request = json.loads(conn.makefile("rb").readline())
-                stale = _changed(files)
+                stale = _stale(files, distributions, paths)
                 if stale:
                     conn.sendall(json.dumps({"stale": stale}).encode() + b"\n")
                     return

@@ -9,7 +9,9 @@ sends the launch with the write end of the output pipe, and returns a
 
 Servers live in `${TRAINYARD_WARM_DIR:-${XDG_RUNTIME_DIR:-/tmp}/trainyard-warm-<uid>}`
 (a directory only this user may use), one per key: a hash of the interpreter,
-its version, its site-packages directory's modification time and the text of
+its version, its installed distributions (`common.installed.fingerprint` of
+site-packages: every `*.dist-info` entry's name, inode and modification time,
+which any `pip`/`uv` install, upgrade or removal replaces) and the text of
 every `training/**/*.py` (which includes `training.warm`'s list of modules to
 preload), and the launch's variables that only a process's start reads
 (`startup_env`: `MALLOC_*`, `LD_*`, `GLIBC_TUNABLES`, `PYTHONHASHSEED`,
@@ -29,6 +31,7 @@ import hashlib
 import json
 import os
 import signal
+import site
 import socket
 import stat
 import subprocess
@@ -39,6 +42,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import training.spec
+from common import installed
 from common.atomic import exclusive_lock
 from common.settings import settings
 from trainyard.project import package_dir
@@ -143,7 +147,7 @@ def server_key(python: str, root: Path, env: Optional[Mapping[str, str]] = None)
             of the key, so a launch that sets `MALLOC_ARENA_MAX` or `OMP_PROC_BIND`, say, runs on a server started with it.
     """
     h = hashlib.sha256()
-    for part in (python, sys.version, str(root), str(_site_packages_mtime())):
+    for part in (python, sys.version, str(root), installed.fingerprint(install_dirs())):
         h.update(part.encode() + b"\0")
     for name, value in sorted(startup_env(os.environ if env is None else env).items()):
         h.update(f"{name}={value}".encode() + b"\0")
@@ -153,12 +157,13 @@ def server_key(python: str, root: Path, env: Optional[Mapping[str, str]] = None)
     return h.hexdigest()[:16]
 
 
-def _site_packages_mtime() -> int:
-    """When a package was last installed or removed: the site-packages directory's modification time (ns)."""
-    try:
-        return os.stat(sysconfig.get_paths()["purelib"]).st_mtime_ns
-    except OSError:
-        return 0
+def install_dirs() -> list[str]:
+    """Where this interpreter's distributions are installed: site-packages (pure and platform), the user's site."""
+    paths = sysconfig.get_paths()
+    dirs = [paths[k] for k in ("purelib", "platlib") if k in paths]
+    with contextlib.suppress(AttributeError):  # an old virtualenv's `site` has neither
+        dirs += [*site.getsitepackages(), *([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])]
+    return list(dict.fromkeys(dirs))
 
 
 def _connect(path: Path) -> socket.socket:

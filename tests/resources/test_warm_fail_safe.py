@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -216,3 +217,125 @@ def test_a_ranks_threads_are_its_omp_setting_else_its_cpus_shared_among_the_node
     assert available_cpus(str(quota)) == min(2, len(os.sched_getaffinity(0)))
     quota.write_text("max 100000\n")
     assert available_cpus(str(quota)) == len(os.sched_getaffinity(0))
+
+
+class TinyLib:
+    """A throwaway distribution `tyw-tinylib-<id>` (module `tyw_tinylib_<id>`, holding `VALUE`) pip-installed into this
+    interpreter's site-packages, as a team upgrades a library; uninstalled at the end."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.module = f"tyw_tinylib_{os.getpid()}_{time.time_ns() % 10**6}"
+        self.source = tmp / "tinylib"
+        (self.source / self.module).mkdir(parents=True)
+
+    def install(self, version: str, value: str) -> None:
+        (self.source / "pyproject.toml").write_text(
+            f'[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+            f'[project]\nname = "{self.module.replace("_", "-")}"\nversion = "{version}"\n'
+            f'[tool.setuptools]\npackages = ["{self.module}"]\n')
+        (self.source / self.module / "__init__.py").write_text(f"VALUE = {value!r}\n")
+        shutil.rmtree(self.source / "build", ignore_errors=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-index", "--no-deps",
+                               str(self.source)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    def uninstall(self) -> None:
+        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", self.module.replace("_", "-")], capture_output=True, timeout=300)
+
+
+@pytest.fixture()
+def tinylib(tmp_path: Path) -> Iterator[TinyLib]:
+    lib = TinyLib(tmp_path)
+    try:
+        yield lib
+    finally:
+        lib.uninstall()
+
+
+@pytest.mark.slow
+def test_a_pip_install_between_two_trials_is_picked_up_by_the_second(warm_dir: Path, tmp_path: Path, tinylib: TinyLib) -> None:
+    seen = {}
+    for version, value in (("1.0", "v1"), ("2.0", "v2")):
+        tinylib.install(version, value)
+        record = tmp_path / f"{value}.json"
+        model = ImportTarget(path="tests.support.thread_probe:ImportProbe", kwargs={"module": tinylib.module, "record": str(record)})
+        outcome = LocalLauncher().launch(make_spec(tmp_path / value, max_epochs=1, model=model))
+        [server] = {int(m[5]) for m in WORKER_LINE.finditer(Path(outcome.log_uri).read_text())}
+        seen[value] = (json.loads(record.read_text())["value"], server)
+    assert seen["v1"][0] == "v1" and seen["v2"][0] == "v2"
+    assert seen["v1"][1] != seen["v2"][1]  # the install changed the server's key: a new server, with the new installation
+
+
+@pytest.mark.slow
+def test_a_pip_install_between_two_runs_is_picked_up_by_the_run_worker_zygote(tmp_path: Path, tinylib: TinyLib) -> None:
+    """The zygote imported the code location, which imports an installed library: a pip upgrade makes it stale."""
+    from tests.instance.test_run_launcher import Location, forked, until
+
+    tinylib.install("1.0", "v1")
+    location_text = LIBRARY_LOCATION.format(module=tinylib.module)
+
+    class LibraryLocation(Location):
+        def write(self, value: str) -> None:
+            (self.dir / "loc.py").write_text(location_text)
+
+    location = LibraryLocation(tmp_path)
+    try:
+        location.wait(location.launch())  # the default way, while the zygote starts
+        warm = location.wait(location.launch())
+        worker = forked(warm)
+        assert location.recorded(warm.run_id)["value"] == "v1"
+        tinylib.install("2.0", "v2")
+        upgraded = location.wait(location.launch())
+        assert "trainyard/run_worker" not in upgraded.tags and location.recorded(upgraded.run_id)["value"] == "v2"
+        stale = re.compile(rf"{tinylib.module}-[12]\.0\.dist-info changed since the warm run worker process loaded it")
+        assert any(stale.search(m) for m in location.events(upgraded.run_id)), location.events(upgraded.run_id)
+        until(lambda: not running(worker["zygote"]))  # the stale zygote left
+        after = location.wait(location.launch())
+        assert forked(after)["zygote"] != worker["zygote"] and location.recorded(after.run_id)["value"] == "v2"
+    finally:
+        location.stop()
+        location.instance.dispose()
+
+
+LIBRARY_LOCATION = '''
+import json, os
+from pathlib import Path
+from dagster import Definitions, in_process_executor, job, op
+import {module}
+
+
+@op
+def record(context):
+    out = Path(os.environ["WARM_RUN_OUT"])
+    out.mkdir(exist_ok=True)
+    (out / f"{{context.run_id}}.json").write_text(json.dumps({{"value": {module}.VALUE, "pid": os.getpid()}}))
+
+
+@job(executor_def=in_process_executor)
+def hello():
+    record()
+
+
+defs = Definitions(jobs=[hello])
+'''
+
+
+def test_an_install_upgrade_or_removal_changes_the_installed_snapshot(tmp_path: Path) -> None:
+    from common import installed
+
+    site = tmp_path / "site-packages"
+    (site / "lib-1.0.dist-info").mkdir(parents=True)
+    (site / "lib").mkdir()
+    paths = [str(site), str(tmp_path / "missing")]
+    before, print_before = installed.snapshot(paths), installed.fingerprint(paths)
+    assert list(before) == [str(site / "lib-1.0.dist-info")] and installed.changed(before, paths) is None
+    (site / "lib" / "__init__.py").write_text("VALUE = 1\n")  # a file of a package, not its metadata: the module check's
+    assert installed.changed(before, paths) is None
+    shutil.rmtree(site / "lib-1.0.dist-info")
+    (site / "lib-2.0.dist-info").mkdir()  # what pip does on an upgrade
+    assert installed.changed(before, paths) == str(site / "lib-1.0.dist-info") and installed.fingerprint(paths) != print_before
+    again = installed.snapshot(paths)
+    shutil.rmtree(site / "lib-2.0.dist-info")
+    time.sleep(0.05)  # a reinstall takes seconds; the kernel's file times advance in ticks of a few ms
+    (site / "lib-2.0.dist-info").mkdir()  # a reinstall of the same version: a new directory
+    assert installed.changed(again, paths) == str(site / "lib-2.0.dist-info")

@@ -1,4 +1,4 @@
-"""A digits model that records the thread settings its training process sees, for the warm-worker thread tests.
+"""Digits models that record what their training process sees (thread settings, an installed library), for the warm-worker tests.
 
 Imported by the trial's own process (the spec's `ModelSpec.path` names `ThreadProbe`), so it imports only what model
 code may, and records what the process really has: its environment, torch's intra-op threads, and what each OpenMP
@@ -31,3 +31,15 @@ class ThreadProbe(DigitsMLP):
         }
         with open(record, "w") as f:
             json.dump(seen, f)
+
+
+class ImportProbe(DigitsMLP):
+    """`DigitsMLP` that imports the module `module` when it is built and writes `{"pid", "value": module.VALUE}` to `record`."""
+
+    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 16, lr: float = 0.02, module: str = "",
+                 record: str = "") -> None:
+        super().__init__(n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr)
+        import importlib
+
+        with open(record, "w") as f:
+            json.dump({"pid": os.getpid(), "value": importlib.import_module(module).VALUE}, f)
