@@ -30,6 +30,10 @@ SERVING_MODEL_PATH = package_file("training", "serving_model.py")
 """The models-from-code pyfunc logged with every version: a file of `training` (a path, never imported here)."""
 PREPROCESSING_PATH = package_file("training", "preprocessing.py")
 """The platform's preprocessing, shipped with every version (`code_paths`): the pyfunc imports it as `preprocessing`."""
+SERVING_LM_PATH = package_file("training", "serving_lm.py")
+"""A language model's serving (`CausalLM`, its tokenizer), shipped with every version (`code_paths`): the pyfunc imports it as `serving_lm`."""
+CODE_PATHS = (PREPROCESSING_PATH, SERVING_LM_PATH)
+"""The files of `training` every version ships beside the pyfunc (MLflow `code_paths`)."""
 
 MODEL_ARTIFACT_NAME = "model"
 MODEL_DIR_ARTIFACT = "model_dir"
@@ -123,7 +127,7 @@ def _register_new(
                     input_example=(example, params) if params else example,
                     signature=None,  # inferred from input_example and the model's output
                     pip_requirements=serving_requirements(meta),
-                    code_paths=[str(PREPROCESSING_PATH)],
+                    code_paths=[str(path) for path in CODE_PATHS],
                     metadata=metadata,
                 )
                 if loose:

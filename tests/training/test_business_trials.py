@@ -116,7 +116,7 @@ def test_class_weights_for_a_model_that_takes_none_is_a_config_error_naming_it(t
 def test_the_mlflow_model_ships_the_preprocessing_and_serves_raw_rows(tmp_path: Path) -> None:
     import mlflow.pyfunc
 
-    from resources.registry.registration import PREPROCESSING_PATH, SERVING_MODEL_PATH, input_example_of
+    from resources.registry.registration import CODE_PATHS, SERVING_MODEL_PATH, input_example_of
 
     spec = business_spec(tmp_path, "gbt", max_epochs=20)
     assert train(tmp_path) == 0
@@ -124,7 +124,7 @@ def test_the_mlflow_model_ships_the_preprocessing_and_serves_raw_rows(tmp_path: 
     example = input_example_of(test, FEATURES, KEEP)
     assert list(example.columns) == ["customer_id", *FEATURES] and not pd.api.types.is_numeric_dtype(example["plan"])  # raw text
     mlflow.pyfunc.save_model(str(tmp_path / "pyfunc"), python_model=str(SERVING_MODEL_PATH),
-                             artifacts={"model_dir": str(tmp_path / "run" / "model")}, code_paths=[str(PREPROCESSING_PATH)],
+                             artifacts={"model_dir": str(tmp_path / "run" / "model")}, code_paths=[str(path) for path in CODE_PATHS],
                              input_example=example)
     sys.modules.pop("preprocessing", None)
     loaded = mlflow.pyfunc.load_model(str(tmp_path / "pyfunc"))

@@ -25,7 +25,7 @@ import torch
 
 from pipelines.language.models import DecoderLM, SequenceTransformer
 from resources.launcher import LocalLauncher
-from resources.registry.registration import PREPROCESSING_PATH, SERVING_MODEL_PATH
+from resources.registry.registration import CODE_PATHS, SERVING_MODEL_PATH
 from resources.registry.serving import TRAINING_ONLY_MODULES
 from resources.registry.smoke import SCRIPT as SMOKE_SCRIPT
 from tests.support.lm_data import SENTENCES, TinyTextData, train_bpe
@@ -218,7 +218,7 @@ def test_exported_model_generates_and_scores_in_a_fresh_serving_only_process(tra
     logged = tmp_path / "logged"
     # As registration logs a causal_lm version: the params in the example make MLflow record their schema.
     mlflow.pyfunc.save_model(str(logged), python_model=str(SERVING_MODEL_PATH), artifacts={"model_dir": str(trained / "run" / "model")},
-                             input_example=(example, {"output": "next_token_logits"}), code_paths=[str(PREPROCESSING_PATH)])
+                             input_example=(example, {"output": "next_token_logits"}), code_paths=[str(path) for path in CODE_PATHS])
     request = {"smoke": SMOKE_SCRIPT, "blocked": list(TRAINING_ONLY_MODULES), "model": str(logged), "rows": rows.tolist(),
                "serving_file": str(SERVING_MODEL_PATH), "prompt": PROMPT, "n": len(CONTINUATION), "output": str(tmp_path / "out.json")}
     (tmp_path / "request.json").write_text(json.dumps(request))
