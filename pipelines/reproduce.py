@@ -153,6 +153,60 @@ def split_as_recorded(pipeline: PipelineSpec, fingerprint: Optional[str]) -> Pip
     return shuffled if shuffled.fingerprint() == fingerprint else pipeline
 
 
+def _check_code_and_environment(ref: str, report: Report, recorded_lineage: LineageRecord, strict: bool) -> None:
+    """Report the checkout's code version and dependency lock against the recorded ones (warnings unless `strict`).
+
+    Raises:
+        ReproductionError: under `strict`, the code differs from the recorded version.
+    """
+    commit, dirty = lineage.code_version()
+    recorded = recorded_lineage.code_version or "unknown"
+    code_ok = commit == recorded and not dirty
+    detail = f"recorded {recorded[:12]}, checkout {commit[:12]}{' with uncommitted changes' if dirty else ''}"
+    if not code_ok and strict:
+        report.add("code version", False, detail)
+        raise ReproductionError(f"{ref}: code mismatch ({detail}); rerun without --strict to reproduce anyway")
+    report.add("code version", code_ok, detail, warning=True)
+    lock = lineage.lock_hash()
+    lock_ok = lock == recorded_lineage.lock_hash
+    report.add("dependency lock", lock_ok, f"recorded {recorded_lineage.lock_hash}, here {lock}", warning=not strict)
+
+
+def _restored_splits(store: ObjectStore, versioning: DataVersioning, pipeline: PipelineSpec, spec: TrainSpec, md5: str, tmp: str,
+                     report: Report) -> dict[str, str]:
+    """The pinned snapshot `md5`, restored by DVC into `tmp` and split as the pipeline splits; the splits' paths by part.
+
+    Reports whether the restored snapshot is the recorded version and whether its splits equal the files the trial trained on.
+    """
+    dvc_text = store.read_bytes(f"{naming.raw_dir(store, pipeline.team, pipeline.name, md5)}/data.parquet.dvc").decode()
+    pinned_md5, _, rel = parse_dvc_file(dvc_text)
+    restored = versioning.restore(dvc_text, rel, os.path.join(tmp, "restored"))
+    with open(restored, "rb") as f:
+        restored_md5 = hashlib.md5(f.read()).hexdigest()
+    report.add("data version", restored_md5 == md5 == pinned_md5, f"recorded {md5}, restored with DVC {restored_md5}")
+
+    # Split exactly as `validated_data` does (`split_snapshot`: Arrow batches, canonical writer), so string, date
+    # and category columns come back byte for byte; a pandas round trip would retype them.
+    split_dir = os.path.join(tmp, "splits")
+    os.makedirs(split_dir)
+    dq.split_snapshot(Store(root=tmp), os.path.abspath(restored), pipeline, split_dir)
+    uris = {}
+    same = []
+    for part in ("train", "val", "test"):
+        uris[part] = os.path.join(split_dir, f"{part}.parquet")
+        used = getattr(spec.data, f"{part}_uri")
+        if store.exists(used):
+            with tempfile.NamedTemporaryFile(dir=tmp, delete=False) as copy:
+                copy.write(store.read_bytes(used))
+            same.append(_sha(copy.name) == _sha(uris[part]))
+        else:
+            same.append(False)
+    report.add("training data", all(same),
+               "the files the trial trained on equal the re-split of the pinned snapshot" if all(same)
+               else f"data mismatch: split files that differ from the pinned snapshot's re-split: {[p for p, s in zip(('train', 'val', 'test'), same) if not s]}")
+    return uris
+
+
 def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipeline: Optional[PipelineSpec] = None) -> Report:
     """Rebuild `ref` and compare; `pipeline` defaults to the team definition named by its lineage."""
     registry: ModelRegistry = resources["registry"]
@@ -173,18 +227,7 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
     spec = TrainSpec.from_json(store.read_bytes(f"{trial_dir}/{SPEC_FILE}").decode())
     pipeline = split_as_recorded(pipeline or find_pipeline(recorded_lineage.pipeline), recorded_lineage.pipeline_fingerprint)
 
-    # Code and environment.
-    commit, dirty = lineage.code_version()
-    recorded = recorded_lineage.code_version or "unknown"
-    code_ok = commit == recorded and not dirty
-    detail = f"recorded {recorded[:12]}, checkout {commit[:12]}{' with uncommitted changes' if dirty else ''}"
-    if not code_ok and strict:
-        report.add("code version", False, detail)
-        raise ReproductionError(f"{ref}: code mismatch ({detail}); rerun without --strict to reproduce anyway")
-    report.add("code version", code_ok, detail, warning=True)
-    lock = lineage.lock_hash()
-    lock_ok = lock == recorded_lineage.lock_hash
-    report.add("dependency lock", lock_ok, f"recorded {recorded_lineage.lock_hash}, here {lock}", warning=not strict)
+    _check_code_and_environment(ref, report, recorded_lineage, strict)
 
     # The recorded checkpoint is read as data (never unpickled as code); a tampered one stops here, before the retrain.
     # A LightGBM trial's checkpoint is its text model file: nothing in it runs.
@@ -193,34 +236,7 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
         _verify(ref, f"{trial_dir}/checkpoints", "--check")
 
     with tempfile.TemporaryDirectory(prefix="trainyard-reproduce-") as tmp:
-        # Data: the pinned snapshot, restored by DVC, then split as the pipeline splits.
-        md5 = recorded_lineage.data_version
-        dvc_text = store.read_bytes(f"{naming.raw_dir(store, pipeline.team, pipeline.name, md5)}/data.parquet.dvc").decode()
-        pinned_md5, _, rel = parse_dvc_file(dvc_text)
-        restored = versioning.restore(dvc_text, rel, os.path.join(tmp, "restored"))
-        with open(restored, "rb") as f:
-            restored_md5 = hashlib.md5(f.read()).hexdigest()
-        report.add("data version", restored_md5 == md5 == pinned_md5, f"recorded {md5}, restored with DVC {restored_md5}")
-
-        # Split exactly as `validated_data` does (`split_snapshot`: Arrow batches, canonical writer), so string, date
-        # and category columns come back byte for byte; a pandas round trip would retype them.
-        split_dir = os.path.join(tmp, "splits")
-        os.makedirs(split_dir)
-        dq.split_snapshot(Store(root=tmp), os.path.abspath(restored), pipeline, split_dir)
-        uris = {}
-        same = []
-        for part in ("train", "val", "test"):
-            uris[part] = os.path.join(split_dir, f"{part}.parquet")
-            used = getattr(spec.data, f"{part}_uri")
-            if store.exists(used):
-                with tempfile.NamedTemporaryFile(dir=tmp, delete=False) as copy:
-                    copy.write(store.read_bytes(used))
-                same.append(_sha(copy.name) == _sha(uris[part]))
-            else:
-                same.append(False)
-        report.add("training data", all(same),
-                   "the files the trial trained on equal the re-split of the pinned snapshot" if all(same)
-                   else f"data mismatch: split files that differ from the pinned snapshot's re-split: {[p for p, s in zip(('train', 'val', 'test'), same) if not s]}")
+        uris = _restored_splits(store, versioning, pipeline, spec, recorded_lineage.data_version, tmp, report)
 
         # Retrain with the same spec on the restored data.
         out = naming.reproduction_dir(store, name, f"v{version.version}-{int(time.time())}")
