@@ -30,6 +30,11 @@ When it forks, and when it does what Dagster does instead (`DefaultRunLauncher`)
   exits, the run goes the default way (with the new code) and a fresh zygote
   starts for the next run. So an edited pipeline or an upgraded library never
   runs old code, reloaded in the UI or not;
+- the zygote starts with one thread in each native pool (`common.proc.SINGLE_THREADED_ENV`:
+  OpenMP, OpenBLAS, MKL, numexpr; pyarrow's jemalloc without its purging thread) and
+  refuses to serve if loading left any thread but its own, native ones included
+  (`/proc/self/task`, the trial server's check); each forked worker gets the
+  environment's thread counts back (`common.proc.restore_thread_counts`);
 - a zygote that fails to start (an import error in the location) is not tried
   again for `RETRY_AFTER_SECONDS`; its log says why;
 - `TRAINYARD_WARM_RUN_WORKERS=0` in the daemon's environment turns forking off.
@@ -79,6 +84,7 @@ from dagster._core.launcher.base import CheckRunHealthResult, LaunchRunContext, 
 from dagster._serdes import ConfigurableClassData
 
 from common import installed
+from common.proc import SINGLE_THREADED_ENV, restore_thread_counts, thread_names
 from common.settings import settings
 
 PREMADE = "_trainyard_premade"  # set on the instance a zygote made for its forked workers
@@ -164,9 +170,13 @@ class _Zygote:
         (self.dir / "instance.json").write_text(serialize_value(instance_ref))
         working_directory = getattr(repository_origin.code_pointer, "working_directory", None)
         executable = repository_origin.executable_path or sys.executable
+        # Started with one thread in each native pool (a fork server must hold none), and its run workers given the
+        # environment's own values back (`serve`), which it reads from `environ.json`.
+        single = {k: v for k, v in SINGLE_THREADED_ENV.items() if not (k == "JE_ARROW_MALLOC_CONF" and k in os.environ)}
+        (self.dir / "environ.json").write_text(json.dumps({k: os.environ.get(k) for k in single}))
         self.process = subprocess.Popen(
             [executable, "-m", "instance.run_launcher", str(self.dir)],
-            cwd=working_directory or None, stdin=subprocess.DEVNULL,
+            cwd=working_directory or None, stdin=subprocess.DEVNULL, env={**os.environ, **single},
         )
         self.started = time.monotonic()
         self.failed: Optional[str] = None
@@ -462,9 +472,10 @@ def serve(directory: Path) -> None:
         files, instance_ref, instance = _warm(directory)
         paths = list(sys.path)
         distributions = installed.snapshot(paths)
-        threads = [t.name for t in threading.enumerate() if t is not threading.current_thread()]
-        if threads:  # a fork copies no thread but every lock they hold: refuse rather than deadlock a run
-            raise RuntimeError(f"loading the code location left threads running ({threads}); runs are started the default way")
+        threads = thread_names()  # native threads too (OpenBLAS's pool, jemalloc's purger), as the trial server checks
+        if len(threads) != 1:  # a fork copies no thread but every lock they hold: refuse rather than deadlock a run
+            raise RuntimeError(f"loading the code location left threads running ({threads[1:]}); runs are started the default way")
+        _restore_environ(directory)
     except BaseException as e:  # the launcher reads why and starts runs the default way
         (directory / "error.txt").write_text(f"{type(e).__name__}: {e}")
         raise
@@ -494,6 +505,7 @@ def serve(directory: Path) -> None:
                         listener.close()
                         conn.close()
                         os.setsid()  # its own session, as a spawned worker: a signal to the zygote's group does not reach it
+                        restore_thread_counts(os.environ)  # what a spawned worker's BLAS and OpenMP pools would have
                         code = _child(request["run_id"], instance_ref, instance)
                     except BaseException:
                         traceback.print_exc()  # the run's own failure is in its events; this is the worker's
@@ -505,6 +517,19 @@ def serve(directory: Path) -> None:
     finally:
         listener.close()
         shutil.rmtree(directory, ignore_errors=True)  # its socket and files: the launcher starts a fresh one in a new directory
+
+
+def _restore_environ(directory: Path) -> None:
+    """Put back the variables the zygote was started without (`environ.json`), for its run workers and their children."""
+    try:
+        original = json.loads((directory / "environ.json").read_text())
+    except FileNotFoundError:
+        return
+    for name, value in original.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 def _reap() -> None:

@@ -12,7 +12,7 @@ Servers live in `${TRAINYARD_WARM_DIR:-${XDG_RUNTIME_DIR:-/tmp}/trainyard-warm-<
 its version, its installed distributions (`common.installed.fingerprint` of
 site-packages: every `*.dist-info` entry's name, inode and modification time,
 which any `pip`/`uv` install, upgrade or removal replaces) and the text of
-every `training/**/*.py` (which includes `training.warm`'s list of modules to
+every `training/**/*.py` and `common/**/*.py` (which includes `training.warm`'s list of modules to
 preload), and the launch's variables that only a process's start reads
 (`startup_env`: `MALLOC_*`, `LD_*`, `GLIBC_TUNABLES`, `PYTHONHASHSEED`,
 `PYTHONMALLOC`) or that the preloaded libraries read when they load (`OMP_*`,
@@ -151,7 +151,8 @@ def server_key(python: str, root: Path, env: Optional[Mapping[str, str]] = None)
         h.update(part.encode() + b"\0")
     for name, value in sorted(startup_env(os.environ if env is None else env).items()):
         h.update(f"{name}={value}".encode() + b"\0")
-    for path in sorted((root / "training").rglob("*.py")):
+    # `training/` and `common/`, which the pod side imports (its settings, atomic writes, the thread check)
+    for path in sorted(p for package in ("training", "common") for p in (root / package).rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0")
         h.update(path.read_bytes() + b"\0")
     return h.hexdigest()[:16]

@@ -28,6 +28,8 @@ import tempfile
 import weakref
 from typing import Any, Callable, Iterator
 
+from common.proc import thread_names
+
 # What a trial imports before its first step; `resources.warm` keys servers on the text of `training/`, so a change
 # here starts a new server. Optional modules are skipped when absent.
 PRELOAD = ("torch", "lightning", "pandas", "pyarrow", "training.entrypoint", "training.lightning_task", "training.gbt", "training.describe")
@@ -89,15 +91,8 @@ def run_server_exit_work() -> None:
 
 
 def threads() -> list[str]:
-    """The names of this process's threads (Linux `/proc`)."""
-    names = []
-    for tid in sorted(os.listdir("/proc/self/task")):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
-        except OSError:
-            continue  # the thread ended
-    return names
+    """The names of this process's threads, native ones included (`common.proc.thread_names`: the run-worker zygote's check too)."""
+    return thread_names()
 
 
 def _freeze_package_list() -> None:
@@ -108,8 +103,8 @@ def _freeze_package_list() -> None:
     largest single cost of a one-epoch digits trial in a warm worker. The list
     is taken once, in the server, and `wandb.util.working_set` returns it; a
     server lives only while site-packages is unchanged (`resources.warm.server_key`
-    hashes its modification time), so the list is as current as the modules it
-    preloaded. A W&B without that function is left alone.
+    hashes its distributions' metadata entries, `common.installed`), so the list is
+    as current as the modules it preloaded. A W&B without that function is left alone.
     """
     try:
         import wandb.util

@@ -339,3 +339,63 @@ def test_an_install_upgrade_or_removal_changes_the_installed_snapshot(tmp_path: 
     time.sleep(0.05)  # a reinstall takes seconds; the kernel's file times advance in ticks of a few ms
     (site / "lib-2.0.dist-info").mkdir()  # a reinstall of the same version: a new directory
     assert installed.changed(again, paths) == str(site / "lib-2.0.dist-info")
+
+
+THREADS_LOCATION = '''
+import json, os
+from pathlib import Path
+import numpy, pyarrow
+from threadpoolctl import threadpool_info
+from dagster import Definitions, in_process_executor, job, op
+
+
+@op
+def record(context):
+    out = Path(os.environ["WARM_RUN_OUT"])
+    out.mkdir(exist_ok=True)
+    seen = {"value": "", "pid": os.getpid(), "ppid": os.getppid(),
+            "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "JE_ARROW_MALLOC_CONF")},
+            "blas": sorted({i["num_threads"] for i in threadpool_info() if i["internal_api"] == "openblas"})}
+    (out / f"{context.run_id}.json").write_text(json.dumps(seen))
+
+
+@job(executor_def=in_process_executor)
+def hello():
+    record()
+
+
+defs = Definitions(jobs=[hello])
+'''
+
+
+@pytest.mark.slow
+def test_the_zygote_forks_with_one_thread_and_its_run_workers_get_the_environments_thread_counts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's OpenBLAS starts its threads as it loads, pyarrow's jemalloc its purger: the zygote starts them with none,
+    checks the kernel's list of its threads, and gives each forked run worker the daemon's settings back."""
+    from tests.instance.test_run_launcher import Location, forked
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.delenv("JE_ARROW_MALLOC_CONF", raising=False)
+
+    class ThreadsLocation(Location):
+        def write(self, value: str) -> None:
+            (self.dir / "loc.py").write_text(THREADS_LOCATION)
+
+    location = ThreadsLocation(tmp_path)
+    try:
+        spawned = location.wait(location.launch())  # the default way, while the zygote starts
+        warm = location.wait(location.launch())
+        zygote = forked(warm)["zygote"]
+        assert len(os.listdir(f"/proc/{zygote}/task")) == 1  # numpy and pyarrow loaded (the location imports them)
+        assert {k: environ_of(zygote).get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "JE_ARROW_MALLOC_CONF")} == {
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+        seen, default = location.recorded(warm.run_id), location.recorded(spawned.run_id)
+        assert seen["ppid"] == zygote
+        expected = {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": None, "JE_ARROW_MALLOC_CONF": None}
+        assert seen["env"] == default["env"] == expected  # the daemon's environment, as a spawned run worker has it
+        assert seen["blas"] == default["blas"] == [min(2, len(os.sched_getaffinity(0)))]
+    finally:
+        location.stop()
+        location.instance.dispose()
