@@ -36,7 +36,9 @@ from trainyard.values import RawData, ValidatedData
 CHECK_NAME = "expectations"
 
 
-def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning) -> Output[RawData]:
+def raw_data_body(
+    context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning
+) -> Output[RawData]:
     """Ingest new landing files into a canonical snapshot pinned with DVC; its md5 is the data version."""
     if isinstance(spec.source, FeastSourceSpec):
         return feast_raw_data_body(context, spec, store, versioning)
@@ -53,7 +55,9 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
             },
         ) from e
     except ingest.LandingFileChanged as e:
-        raise Failure(description=f"{spec.key}: landing data is still changing, try again once uploads finish: {e}") from e
+        raise Failure(
+            description=f"{spec.key}: landing data is still changing, try again once uploads finish: {e}"
+        ) from e
     except DataQualityError as e:
         raise Failure(description=f"{spec.key}: raw data rejected: {e}") from e
     except (PermanentStorageError, DataVersioningError) as e:
@@ -74,8 +78,11 @@ def raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: Obj
 
 
 def raw_output(spec: PipelineSpec, snap: Any, warnings: list[str], metadata: dict[str, Any]) -> Output[RawData]:
-    """The `raw_data` output of snapshot `snap`: its md5 is the data version; `metadata` adds to what every source shows."""
-    value = RawData(uri=snap.uri, md5=snap.md5, rows=snap.rows, dvc_file=snap.dvc_file, files=len(snap.files), warnings=warnings)
+    """The `raw_data` output of snapshot `snap`: its md5 is the data version; `metadata` adds to what every source
+    shows."""
+    value = RawData(
+        uri=snap.uri, md5=snap.md5, rows=snap.rows, dvc_file=snap.dvc_file, files=len(snap.files), warnings=warnings
+    )
     return Output(
         value,
         data_version=DataVersion(snap.md5),
@@ -90,21 +97,31 @@ def raw_output(spec: PipelineSpec, snap: Any, warnings: list[str], metadata: dic
     )
 
 
-def feast_raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning) -> Output[RawData]:
-    """Entity files ingested, their features retrieved as of each row's time (Feast), pinned; the md5 covers rows, definitions and values."""
+def feast_raw_data_body(
+    context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning
+) -> Output[RawData]:
+    """Entity files ingested, their features retrieved as of each row's time (Feast), pinned; the md5 covers rows,
+    definitions and values."""
     try:
         made = feast.feast_snapshot(store, spec, versioning, log=context.log.warning)
     except ingest.IngestRejected as e:
         raise Failure(
             description=f"{spec.key}: entity rows rejected: {e}",
-            metadata={"files": MetadataValue.md(ingest.records_markdown(e.records)), "quarantine": MetadataValue.path(quarantine_root(store, spec.team, spec.name))},
+            metadata={
+                "files": MetadataValue.md(ingest.records_markdown(e.records)),
+                "quarantine": MetadataValue.path(quarantine_root(store, spec.team, spec.name)),
+            },
         ) from e
     except ingest.LandingFileChanged as e:
-        raise Failure(description=f"{spec.key}: entity files are still changing, try again once uploads finish: {e}") from e
+        raise Failure(
+            description=f"{spec.key}: entity files are still changing, try again once uploads finish: {e}"
+        ) from e
     except (DataQualityError, feast.FeastUnavailable, feast.FeastFailed) as e:
         raise Failure(description=f"{spec.key}: training set not retrieved from Feast: {e}") from e
     lineage = made.lineage
-    views = "\n".join(f"| {v['name']} | {v['definition'][:12]} | {v['version']} | {v['ttl_s']} |" for v in lineage["feature_views"])
+    views = "\n".join(
+        f"| {v['name']} | {v['definition'][:12]} | {v['version']} | {v['ttl_s']} |" for v in lineage["feature_views"]
+    )
     return raw_output(spec, made.snapshot, made.entities.warnings, {
         "entity_md5": lineage["entity_md5"],
         "feature_service": (lineage["feature_service"] or {}).get("name", ""),
@@ -139,7 +156,9 @@ def check_metadata(outcome: VersionOutcome, spec: PipelineSpec) -> dict[str, Any
     }
 
 
-def validated_data_body(context: AssetExecutionContext, spec: PipelineSpec, raw: RawData, store: ObjectStore) -> Iterator[Any]:
+def validated_data_body(
+    context: AssetExecutionContext, spec: PipelineSpec, raw: RawData, store: ObjectStore
+) -> Iterator[Any]:
     """Validate a raw version: the check's result, then the split (or a failure that keeps the data in quarantine)."""
     if spec.shards is not None:
         yield from shard_validated_data_body(context, spec, raw, store, CHECK_NAME)
@@ -153,7 +172,9 @@ def validated_data_body(context: AssetExecutionContext, spec: PipelineSpec, raw:
     context.log.info(f"{spec.key}: data version {raw.md5} drift: {check_meta['drift_summary']}")
     if not verdict.accepted:
         check_meta["quarantine"] = MetadataValue.path(outcome.quarantine or "")  # a rejected version always has one
-        yield AssetCheckResult(check_name=CHECK_NAME, passed=False, severity=AssetCheckSeverity.ERROR, metadata=check_meta)
+        yield AssetCheckResult(
+            check_name=CHECK_NAME, passed=False, severity=AssetCheckSeverity.ERROR, metadata=check_meta
+        )
         raise Failure(
             description=f"{spec.key}: data version {raw.md5} rejected ({'; '.join(verdict.reasons[:6])}); "
             f"kept in quarantine at {outcome.quarantine}",

@@ -63,10 +63,13 @@ def _data_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefin
 
     @asset(
         key=asset_key(spec, naming.RAW_DATA),
-        description=f"Incremental snapshot of {spec.source.prefix}/{spec.source.pattern} as canonical Parquet, pinned with DVC.",
+        description=f"Incremental snapshot of {spec.source.prefix}/{spec.source.pattern} as canonical Parquet, pinned "
+                    "with DVC.",
         **common,
     )
-    def raw_data(context: AssetExecutionContext, store: ObjectStore, versioning: DataVersioning, launcher: Launcher) -> Output[RawData]:
+    def raw_data(
+        context: AssetExecutionContext, store: ObjectStore, versioning: DataVersioning, launcher: Launcher
+    ) -> Output[RawData]:
         # Trials follow this data (validation, then the sweep): the warm worker server imports torch and Lightning
         # meanwhile, not after the sweep has started its first trial runs (bench.sweep_throughput: the first trials
         # waited ~9 s for it when the sweep started it).
@@ -76,8 +79,19 @@ def _data_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefin
 
     @asset(
         key=validated_key,
-        check_specs=[AssetCheckSpec(CHECK_NAME, asset=validated_key, blocking=True, description="Great Expectations suite, platform checks and drift"),
-                     AssetCheckSpec(DRIFT_CHECK, asset=validated_key, description="The delivery's drift verdict: a drift or a schema change is a WARN")],
+        check_specs=[
+            AssetCheckSpec(
+                CHECK_NAME,
+                asset=validated_key,
+                blocking=True,
+                description="Great Expectations suite, platform checks and drift",
+            ),
+            AssetCheckSpec(
+                DRIFT_CHECK,
+                asset=validated_key,
+                description="The delivery's drift verdict: a drift or a schema change is a WARN",
+            ),
+        ],
         description="Great Expectations suite, platform checks and drift, then a deterministic train/val/test split.",
         **common,
     )
@@ -90,13 +104,19 @@ def _data_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefin
 def _sweep_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefinition]:
     @asset(
         key=asset_key(spec, naming.SWEEP),
-        description=f"Optuna study of {spec.search.n_trials} trial(s), {spec.search.window} in flight; registers them as "
-        "partitions of trial_model, starts their runs under the daemon (the sweep sensor asks the rest) and reports best "
+        description=f"Optuna study of {spec.search.n_trials} trial(s), {spec.search.window} in flight; registers them "
+                    "as "
+        "partitions of trial_model, starts their runs under the daemon (the sweep sensor asks the rest) and reports "
+        "best "
         "parameters, history and importance.",
         **common,
     )
     def sweep(
-        context: AssetExecutionContext, validated_data: ValidatedData, sweeps: SweepStore, store: ObjectStore, tracking: Tracking,
+        context: AssetExecutionContext,
+        validated_data: ValidatedData,
+        sweeps: SweepStore,
+        store: ObjectStore,
+        tracking: Tracking,
         launcher: Launcher,
     ) -> Iterator[Output[Sweep]]:
         yield from sweep_body(context, spec, validated_data, sweeps, store, tracking, launcher)
@@ -123,7 +143,9 @@ def _sweep_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefi
         started = time.monotonic()
         yield trial_model_body(context, config, spec, validated_data, sweep, **resources)
         # A short trial's run goes on with the sweep's next trials (SearchSpec.reuse_run_under_seconds).
-        yield from continue_sweep(context, config, spec, validated_data, sweep, trains, time.monotonic() - started, **resources)
+        yield from continue_sweep(
+            context, config, spec, validated_data, sweep, trains, time.monotonic() - started, **resources
+        )
 
     @asset(
         key=asset_key(spec, naming.BEST_MODEL),
@@ -131,7 +153,9 @@ def _sweep_assets(spec: PipelineSpec, common: dict[str, Any]) -> list[AssetsDefi
         description="The best finished trial of the sweep, with its held-out test metrics.",
         **common,
     )
-    def best_model(context: AssetExecutionContext, sweep: Sweep, sweeps: SweepStore, store: ObjectStore) -> Output[BestModel]:
+    def best_model(
+        context: AssetExecutionContext, sweep: Sweep, sweeps: SweepStore, store: ObjectStore
+    ) -> Output[BestModel]:
         return best_model_body(context, spec, sweep, sweeps, store)
 
     return [sweep, trial_model, best_model]
@@ -144,8 +168,14 @@ def _registration_asset(spec: PipelineSpec, common: dict[str, Any]) -> AssetsDef
 
     @asset(
         key=registered_key,
-        check_specs=[AssetCheckSpec(PROMOTION_CHECK, asset=registered_key,
-                                    description="The promotion decision: a rejected version (champion not moved) is a WARN with the failed checks")],
+        check_specs=[
+            AssetCheckSpec(
+                PROMOTION_CHECK,
+                asset=registered_key,
+                description="The promotion decision: a rejected version (champion not moved) is a WARN with the "
+                            "failed checks",
+            )
+        ],
         description="An MLflow model version with lineage tags and a model card; it becomes 'challenger', and "
         "'champion' only when the pipeline's promotion policy passes (metric vs threshold and champion on the same "
         "test split, data validation, serving smoke test). Champion changes are published as handoff events.",

@@ -42,7 +42,11 @@ def drift_check(expectations: AssetCheckResult) -> AssetCheckResult:
     schema = str(meta.get("schema_change") or "")
     summary = str(meta.get("drift_summary") or level)
     passed = level != "drifted" and not schema
-    out: dict[str, Any] = {"drift_verdict": str(level), "drift_summary": summary, "drift_scope": str(meta.get("drift_scope", "none"))}
+    out: dict[str, Any] = {
+        "drift_verdict": str(level),
+        "drift_summary": summary,
+        "drift_scope": str(meta.get("drift_scope", "none")),
+    }
     if schema:
         out["schema_change"] = schema
     for key in ("max_psi", "max_ks"):

@@ -6,7 +6,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, AssetKey, Failure, MetadataValue, Output
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    AssetKey,
+    Failure,
+    MetadataValue,
+    Output,
+)
 
 from resources.handoff import HandoffPublisher
 from resources.registry import ModelRegistry, promotion
@@ -15,7 +23,14 @@ from trainyard import promotion as policy
 from trainyard import shard_samples
 from trainyard.data.feast import read_lineage
 from trainyard.feast_source import FeastSourceSpec
-from trainyard.lineage import FEAST_MODEL_METADATA_KEY, LineageError, LineageRecord, feast_card, feast_fields, feast_serving
+from trainyard.lineage import (
+    FEAST_MODEL_METADATA_KEY,
+    LineageError,
+    LineageRecord,
+    feast_card,
+    feast_fields,
+    feast_serving,
+)
 from trainyard.promotion.served import LM_PARAMS
 from trainyard.shardspec import ImageShards, TextShards
 from trainyard.spec import PipelineSpec
@@ -35,7 +50,8 @@ def registered_model_results(
     handoff: HandoffPublisher,
     check: tuple[AssetKey, str],
 ) -> Iterator[Any]:
-    """Register `best` (idempotent per trial), decide on `champion`, then yield the `promotion` asset check of the decision.
+    """Register `best` (idempotent per trial), decide on `champion`, then yield the `promotion` asset check of the
+    decision.
 
     A model trained on a Feast source carries the retrieval's lineage in its
     tags and card, and in its MLflow model's metadata (`feast`: each input
@@ -89,7 +105,9 @@ def registered_model_results(
         test_df=test_df[[*kept, *spec.features, served.target]], target=served.target, validation=validation,
         positive_label=spec.positive_label, params=served.params, sample_note=served.note,
     )
-    decision = promotion.decide(registry, handoff, candidate, action="register", decided_by=f"dagster run {context.run_id}")
+    decision = promotion.decide(
+        registry, handoff, candidate, action="register", decided_by=f"dagster run {context.run_id}"
+    )
     context.log.info(f"{spec.model_name} v{version.version}: {decision.outcome}: {decision.reason}")
     value = RegisteredModel(
         name=spec.model_name, version=version.version, model_uri=version.model_uri, champion=decision.champion,
@@ -146,10 +164,14 @@ def served_test(spec: PipelineSpec, validated: ValidatedData, store: ObjectStore
     if isinstance(spec.shards, TextShards):
         sample = shard_samples.text_sample(store, validated.test, spec.shards.block_size)
         if sample.frame.empty:
-            raise Failure(description=f"{spec.key}: the test split {validated.test} holds no block of "
-                          f"{spec.shards.block_size + 1} tokens to serve; land more text or lower TextShards.block_size")
+            raise Failure(
+                description=f"{spec.key}: the test split {validated.test} holds no block of "
+                f"{spec.shards.block_size + 1} tokens to serve; land more text or lower TextShards.block_size"
+            )
         example = pd.DataFrame({"tokens": [row[: spec.shards.block_size] for row in sample.frame["tokens"].head(3)]})
-        return ServedTest(sample.frame, sample.target, [], example, {"output": "next_token_logits"}, dict(LM_PARAMS), sample.note)
+        return ServedTest(
+            sample.frame, sample.target, [], example, {"output": "next_token_logits"}, dict(LM_PARAMS), sample.note
+        )
     if isinstance(spec.shards, ImageShards):
         sample = shard_samples.image_sample(store, validated.test)
         if sample.frame.empty:
@@ -157,7 +179,9 @@ def served_test(spec: PipelineSpec, validated: ValidatedData, store: ObjectStore
         return ServedTest(sample.frame, sample.target, [], sample.frame[["image"]].head(5), note=sample.note)
     with store.open(validated.test, "rb") as f:
         test_df = pd.read_parquet(f)
-    kept = [c for c in spec.keep_columns if c in test_df.columns]  # ids and timestamps: sent to serving, returned beside predictions
+    kept = [
+        c for c in spec.keep_columns if c in test_df.columns
+    ]  # ids and timestamps: sent to serving, returned beside predictions
     return ServedTest(test_df, spec.target, kept, test_df[[*kept, *spec.features]].head(5))
 
 
@@ -168,7 +192,10 @@ def serving_features(spec: PipelineSpec, lineage: dict[str, Any]) -> dict[str, A
         Failure: The source is not a Feast source, or a model input has no feature reference.
     """
     if not isinstance(spec.source, FeastSourceSpec):
-        raise Failure(description=f"{spec.key}: data version has Feast lineage but the source is {type(spec.source).__name__}, not a FeastSourceSpec")
+        raise Failure(
+            description=f"{spec.key}: data version has Feast lineage but the source is {type(spec.source).__name__}, "
+                        "not a FeastSourceSpec"
+        )
     try:
         return feast_serving(lineage, spec.features, list(spec.source.keys))
     except LineageError as e:
@@ -176,7 +203,8 @@ def serving_features(spec: PipelineSpec, lineage: dict[str, Any]) -> dict[str, A
 
 
 def promotion_check(decision: policy.Decision) -> AssetCheckResult:
-    """The decision as an asset check: passes when the version holds `champion`; a rejected one is a WARN with the failed checks.
+    """The decision as an asset check: passes when the version holds `champion`; a rejected one is a WARN with the
+    failed checks.
 
     A rejected retrain leaves the champion where it was, which is the policy
     working, not a failed run: the run stays green and the graph shows the
@@ -194,5 +222,10 @@ def promotion_check(decision: policy.Decision) -> AssetCheckResult:
         meta["override_reason"] = decision.override_reason or ""
     if failed:
         meta["failed"] = MetadataValue.md("\n".join(f"- **{c.name}**: {c.detail}" for c in failed))
-    return AssetCheckResult(check_name=PROMOTION_CHECK, passed=decision.champion, severity=AssetCheckSeverity.WARN, metadata=meta,
-                            description=decision.reason[:1000])
+    return AssetCheckResult(
+        check_name=PROMOTION_CHECK,
+        passed=decision.champion,
+        severity=AssetCheckSeverity.WARN,
+        metadata=meta,
+        description=decision.reason[:1000],
+    )

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from dagster import AssetCheckResult, AssetCheckSeverity, AssetExecutionContext, DataVersion, Failure, MetadataValue, Output
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetExecutionContext,
+    DataVersion,
+    Failure,
+    MetadataValue,
+    Output,
+)
 
 from assets.graph_checks import accepted_check
 from resources.storage import ObjectStore, PermanentStorageError
@@ -20,25 +28,36 @@ from trainyard.data import ingest
 from trainyard.data.drift_detection import drift_markdown, drift_verdict
 from trainyard.data.errors import DataQualityError
 from trainyard.data.quarantine import quarantine_root
-from trainyard.data.shard_validation import ShardVersionOutcome, problems_markdown, shards_markdown, validate_shard_version
+from trainyard.data.shard_validation import (
+    ShardVersionOutcome,
+    problems_markdown,
+    shards_markdown,
+    validate_shard_version,
+)
 from trainyard.data.shards import ingest_shards, markdown_splits
 from trainyard.spec import PipelineSpec
 from trainyard.values import RawData, ValidatedData
 
 
-def shard_raw_data_body(context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning,
-                        raw_output: Any) -> Output[RawData]:
-    """Landing files to a DVC-pinned shard version; its md5 is the data version (`raw_output` builds the output as for tables)."""
+def shard_raw_data_body(
+    context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, versioning: DataVersioning, raw_output: Any
+) -> Output[RawData]:
+    """Landing files to a DVC-pinned shard version; its md5 is the data version (`raw_output` builds the output as for
+    tables)."""
     try:
         result = ingest_shards(store, spec, versioning, log=context.log.warning)
     except ingest.IngestRejected as e:
         raise Failure(
             description=f"{spec.key}: landing files rejected: {e}",
-            metadata={"files": MetadataValue.md(ingest.records_markdown(e.records)),
-                      "quarantine": MetadataValue.path(quarantine_root(store, spec.team, spec.name))},
+            metadata={
+                "files": MetadataValue.md(ingest.records_markdown(e.records)),
+                "quarantine": MetadataValue.path(quarantine_root(store, spec.team, spec.name)),
+            },
         ) from e
     except ingest.LandingFileChanged as e:
-        raise Failure(description=f"{spec.key}: landing data is still changing, try again once uploads finish: {e}") from e
+        raise Failure(
+            description=f"{spec.key}: landing data is still changing, try again once uploads finish: {e}"
+        ) from e
     except DataQualityError as e:
         raise Failure(description=f"{spec.key}: raw data rejected: {e}") from e
     except (PermanentStorageError, DataVersioningError) as e:
@@ -83,8 +102,11 @@ def shard_check_metadata(outcome: ShardVersionOutcome, spec: PipelineSpec) -> di
     }
 
 
-def shard_validated_data_body(context: AssetExecutionContext, spec: PipelineSpec, raw: RawData, store: ObjectStore, check_name: str) -> Iterator[Any]:
-    """Validate a shard version: the check's result, then the split directories (or a failure that keeps the report in quarantine)."""
+def shard_validated_data_body(
+    context: AssetExecutionContext, spec: PipelineSpec, raw: RawData, store: ObjectStore, check_name: str
+) -> Iterator[Any]:
+    """Validate a shard version: the check's result, then the split directories (or a failure that keeps the report in
+    quarantine)."""
     try:
         outcome = validate_shard_version(store, spec, raw.model_dump(mode="json"))
     except DataQualityError as e:

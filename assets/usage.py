@@ -38,11 +38,14 @@ class UsageConfig(Config):
     price_per_cpu_hour: float = Field(0.05, ge=0, description="price of one CPU training process for one hour")
     team_gpu_prices: dict[str, float] = Field(
         default_factory=dict,
-        description="price of one GPU-hour per team where it differs (reserved capacity, internal chargeback); other teams pay price_per_gpu_hour",
+        description="price of one GPU-hour per team where it differs (reserved capacity, internal chargeback); other "
+                    "teams pay price_per_gpu_hour",
     )
     currency: str = "USD"
     capacity_devices: Optional[int] = Field(None, ge=1, description="devices in the cluster, for idle capacity")
-    window_hours: Optional[float] = Field(None, gt=0, description="period for idle capacity; default: first launch to last finish")
+    window_hours: Optional[float] = Field(
+        None, gt=0, description="period for idle capacity; default: first launch to last finish"
+    )
 
     @field_validator("team_gpu_prices")
     @classmethod
@@ -102,7 +105,9 @@ def collect_runs(store: ObjectStore) -> list[RunUsage]:
                 device_hours=float(result["device_hours"]),
                 goodput=None if goodput is None else float(goodput),
                 wall_seconds=float(result["wall_seconds"]),
-                queue_wait_seconds=max(0.0, first_start - launched) if first_start is not None and launched is not None else None,
+                queue_wait_seconds=max(0.0, first_start - launched)
+                if first_start is not None and launched is not None
+                else None,
                 launched_at=launched,
                 finished_at=info.mtime,
                 result_uri=info.uri,
@@ -164,9 +169,13 @@ def _fmt(v: Optional[float], digits: int = 4) -> str:
 
 def team_table(summary: dict[str, Any]) -> str:
     cur = summary["currency"]
-    head = f"| team | runs | device-hours | GPU-hours | productive | goodput | mean queue wait (s) | cost ({cur}) |\n|---|---|---|---|---|---|---|---|\n"
+    head = (
+        f"| team | runs | device-hours | GPU-hours | productive | goodput | mean queue wait (s) | cost ({cur}) "
+        "|\n|---|---|---|---|---|---|---|---|\n"
+    )
     rows = [
-        f"| {name} | {t['runs']} | {_fmt(t['device_hours'])} | {_fmt(t['gpu_hours'])} | {_fmt(t['productive_device_hours'])} | "
+        f"| {name} | {t['runs']} | {_fmt(t['device_hours'])} | {_fmt(t['gpu_hours'])} | "
+        f"{_fmt(t['productive_device_hours'])} | "
         f"{_fmt(t['goodput'], 3)} | {_fmt(t['mean_queue_wait_seconds'], 1)} | {_fmt(t['cost'], 2)} |"
         for name, t in [*summary["teams"].items(), ("**total**", summary["total"])]
     ]
@@ -174,10 +183,14 @@ def team_table(summary: dict[str, Any]) -> str:
 
 
 def run_table(runs: list[RunUsage], config: UsageConfig, limit: int = 200) -> str:
-    head = (f"| team/pipeline | study | trial | accelerator x world | device-hours | goodput | queue wait (s) | cost ({config.currency}) |\n"
-            "|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| team/pipeline | study | trial | accelerator x world | device-hours | goodput | queue wait (s) | cost "
+        f"({config.currency}) |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+    )
     rows = [
-        f"| {r.team}/{r.pipeline} | {r.study} | {r.trial} | {r.accelerator} x {r.world_size} | {_fmt(r.device_hours)} | "
+        f"| {r.team}/{r.pipeline} | {r.study} | {r.trial} | {r.accelerator} x {r.world_size} | {_fmt(r.device_hours)} "
+        "| "
         f"{_fmt(r.goodput, 3)} | {_fmt(r.queue_wait_seconds, 1)} | {_fmt(r.device_hours * price(r, config), 4)} |"
         for r in runs[-limit:]
     ]
@@ -243,5 +256,7 @@ def gpu_usage(context: AssetExecutionContext, config: UsageConfig, store: Object
     if "capacity" in summary:
         metadata["idle_device_hours"] = summary["capacity"]["idle_device_hours"]
         metadata["cluster_utilization"] = summary["capacity"]["utilization"] or 0.0
-    context.log.info(f"{total['runs']} runs, {total['device_hours']:.4f} device-hours, {total['cost']:.2f} {config.currency}")
+    context.log.info(
+        f"{total['runs']} runs, {total['device_hours']:.4f} device-hours, {total['cost']:.2f} {config.currency}"
+    )
     return MaterializeResult(metadata=metadata)

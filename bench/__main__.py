@@ -1,4 +1,5 @@
-"""`make bench`: run every benchmark, each in a fresh process, write bench/results/<name>.json, end with a table of targets.
+"""`make bench`: run every benchmark, each in a fresh process, write bench/results/<name>.json, end with a table of
+targets.
 
 A fresh interpreter per benchmark keeps them from measuring each other: a
 memory benchmark run after a 1.2 GB checkpoint benchmark in the same process
@@ -21,7 +22,27 @@ from typing import Any
 
 from bench.harness import STARTED_ENV, started_marker
 
-BENCHMARKS = ["bench.overhead", "bench.checkpoint_blocking", "bench.recovery", "bench.planner_memory", "bench.validation_throughput", "bench.ingest_memory", "bench.gbt_overhead", "bench.time_to_first_step", "bench.sweep_throughput", "bench.cluster_sim", "bench.long_run_sim", "bench.sweep_10k", "bench.pruning_savings", "bench.gang_recovery", "bench.stream_throughput", "bench.data_memory", "bench.lm_throughput", "bench.hang_detect", "bench.elastic_resume"]
+BENCHMARKS = [
+    "bench.overhead",
+    "bench.checkpoint_blocking",
+    "bench.recovery",
+    "bench.planner_memory",
+    "bench.validation_throughput",
+    "bench.ingest_memory",
+    "bench.gbt_overhead",
+    "bench.time_to_first_step",
+    "bench.sweep_throughput",
+    "bench.cluster_sim",
+    "bench.long_run_sim",
+    "bench.sweep_10k",
+    "bench.pruning_savings",
+    "bench.gang_recovery",
+    "bench.stream_throughput",
+    "bench.data_memory",
+    "bench.lm_throughput",
+    "bench.hang_detect",
+    "bench.elastic_resume",
+]
 ROOT = Path(__file__).resolve().parent.parent
 _KEYS = ("name", "value", "unit", "baseline", "ratio")
 # The benchmark's argv is its module alone: `python -c` leaves the module name in sys.argv[1:], which a
@@ -61,9 +82,12 @@ def table(lines: list[tuple[str, str, str, str, str]]) -> str:
 
 
 def run_one(module: str) -> dict[str, Any] | None:
-    """Run `module.main()` in a fresh interpreter; its result line, or None when it failed (its output goes to stderr)."""
+    """Run `module.main()` in a fresh interpreter; its result line, or None when it failed (its output goes to
+    stderr)."""
     env = {**os.environ, STARTED_ENV: started_marker()}
-    proc = subprocess.run([sys.executable, "-c", _RUN, module], cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN, module], cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False, env=env
+    )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("BENCH-RESULT ")]
     if proc.returncode != 0 or not lines:
         sys.stderr.write(proc.stdout[-4000:])

@@ -34,9 +34,18 @@ def main() -> None:
     model = TimedMLP(clock_path=clock, n_features=train.tensors[0].shape[1], **model_kwargs)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     trainer = L.Trainer(
-        accelerator="cpu", devices=world, strategy=DDPStrategy(process_group_backend="gloo") if world > 1 else "auto",
-        max_epochs=1, deterministic=True, num_sanity_val_steps=0, log_every_n_steps=50, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=f"{clock}.dir",
+        accelerator="cpu",
+        devices=world,
+        strategy=DDPStrategy(process_group_backend="gloo") if world > 1 else "auto",
+        max_epochs=1,
+        deterministic=True,
+        num_sanity_val_steps=0,
+        log_every_n_steps=50,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=f"{clock}.dir",
     )
     trainer.fit(model, DataLoader(train, batch_size=batch, shuffle=True), DataLoader(val, batch_size=batch))
 

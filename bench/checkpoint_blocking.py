@@ -59,7 +59,8 @@ LAYERS = 6  # 6 x 16.8M = 100.7M parameters
 BATCH = 16
 REPEATS = 3
 CURVE = {"100M": 100_000_000, "300M": 300_000_000, "1B": 1_000_000_000}
-CURVE_REPEATS = 5  # this machine's virtual disk writes the same bytes in 0.5 s or 3 s from one write to the next: a median of 2 was a mean
+# this machine's virtual disk writes the same bytes in 0.5 s or 3 s from one write to the next: a median of 2 was a mean
+CURVE_REPEATS = 5
 CHUNK = 64 * 2**20
 STEPS_IDLE = 30
 
@@ -175,12 +176,22 @@ def _blocking(tmp: Path) -> dict[str, Any]:
         writes = list(writer.save_seconds)
         deferred_saves, dropped = writer.deferred_saves, list(writer.dropped)
     idle_s = statistics.median(idle)
-    return {"sync": sync_times, "sync_retention_s": sync_store.retention_seconds, "first": first, "warm": held, "writes": writes, "slowdown": slowdown,
-            "undeferred": undeferred, "deferred_saves": deferred_saves, "dropped": dropped,
-            "idle_step_s": idle, "save_and_step_s": save_and_step,
-            "step_cost_s": [t - idle_s for t in save_and_step],
-            "undeferred_step_cost_s": [t - idle_s for t in undeferred_save_and_step],
-            "bytes": sum(t.numel() * t.element_size() for t in _tensors(trained.state(0)))}
+    return {
+        "sync": sync_times,
+        "sync_retention_s": sync_store.retention_seconds,
+        "first": first,
+        "warm": held,
+        "writes": writes,
+        "slowdown": slowdown,
+        "undeferred": undeferred,
+        "deferred_saves": deferred_saves,
+        "dropped": dropped,
+        "idle_step_s": idle,
+        "save_and_step_s": save_and_step,
+        "step_cost_s": [t - idle_s for t in save_and_step],
+        "undeferred_step_cost_s": [t - idle_s for t in undeferred_save_and_step],
+        "bytes": sum(t.numel() * t.element_size() for t in _tensors(trained.state(0))),
+    }
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
@@ -213,8 +224,12 @@ def _slowdown(writer: AsyncCheckpointWriter, payload: dict[str, Any]) -> dict[st
     while writer.in_flight:
         during.append(step())
     writer.wait()
-    return {"idle_step_ms": statistics.median(idle) * 1e3, "in_flight_step_ms": statistics.median(during) * 1e3 if during else None,
-            "in_flight_steps": len(during), "slowdown": statistics.median(during) / statistics.median(idle) if during else None}
+    return {
+        "idle_step_ms": statistics.median(idle) * 1e3,
+        "in_flight_step_ms": statistics.median(during) * 1e3 if during else None,
+        "in_flight_steps": len(during),
+        "slowdown": statistics.median(during) / statistics.median(idle) if during else None,
+    }
 
 
 def _curve(tmp: Path) -> dict[str, Any]:
@@ -251,7 +266,8 @@ def main() -> dict:
         baseline,
         {
             "what": "training held by an asynchronous save (submit, plus the wait at the next optimizer step for the "
-            "weights' and optimizer state's copy, which runs beside that step's forward and backward; warm host buffers) / "
+            "weights' and optimizer state's copy, which runs beside that step's forward and backward; warm host "
+            "buffers) / "
             "by a synchronous save; a ~100M-parameter MLP with Adam, stepped for real; every save fsynced",
             "parameters": LAYERS * LAYER[0] * LAYER[1],
             "checkpoint_bytes": blocking["bytes"],
@@ -269,12 +285,17 @@ def main() -> dict:
             "save_and_next_step_s": blocking["save_and_step_s"],
             "step_cost_s": blocking["step_cost_s"],
             "undeferred_step_cost_s": blocking["undeferred_step_cost_s"],
-            "step_cost_note": "submit + the next step's wall time, minus the median idle step: what the save cost training "
+            "step_cost_note": "submit + the next step's wall time, minus the median idle step: what the save cost "
+                              "training "
             "in all: held time, the copy's contention with the step's compute, and the write's (pickling, hashing, "
-            "writing) with whatever part of the step it overlaps; undeferred_step_cost_s the same for saves copied whole",
+            "writing) with whatever part of the step it overlaps; undeferred_step_cost_s the same for saves copied "
+            "whole",
             "async_write_s": blocking["writes"],
-            "first_async_save": {**blocking["first"], "note": "cold host buffers; until_written_s is what training waited "
-                                 "when the first save blocked in full (FaultTolerance before this change)"},
+            "first_async_save": {
+                **blocking["first"],
+                "note": "cold host buffers; until_written_s is what training waited "
+                "when the first save blocked in full (FaultTolerance before this change)",
+            },
             "step_slowdown_while_writing": blocking["slowdown"],
             "size_curve": curve,
             "storage": f"local disk ({tmp}), fsync after every save and after the dd-like write",

@@ -59,9 +59,16 @@ BASELINE = "best_effort_fifo"
 HEADLINE = "effective_utilization"
 # metric -> the direction that is better
 METRICS = {
-    "effective_utilization": "higher", "utilization": "higher", "p95_completion_hours": "lower", "p95_gang_start_hours": "lower",
-    "p95_wait_hours_interactive": "lower", "p95_wait_hours_production": "lower", "p95_wait_hours_sweep": "lower",
-    "preemptions": "lower", "unfinished": "lower", "gangs_not_started": "lower",
+    "effective_utilization": "higher",
+    "utilization": "higher",
+    "p95_completion_hours": "lower",
+    "p95_gang_start_hours": "lower",
+    "p95_wait_hours_interactive": "lower",
+    "p95_wait_hours_production": "lower",
+    "p95_wait_hours_sweep": "lower",
+    "preemptions": "lower",
+    "unfinished": "lower",
+    "gangs_not_started": "lower",
 }
 UTILIZATION_TARGET = 0.9
 
@@ -73,7 +80,9 @@ def policies(cfg: TraceConfig, ablations: bool = False) -> dict[str, Policy]:
     `platform` is what deploy/ ships (Kueue ClusterQueues with the platform's classes, quotas and preemption, and
     BestEffortFIFO's passing without a reservation). Until 2026-12-06 the headline was the platform with an EASY
     reservation, which deploy/ never had (docs/cluster_policy.md says why it changed)."""
-    platform = Policy("platform", order="priority", backfill=True, reserve=False, preemption=True, quotas=dict(cfg.quotas))
+    platform = Policy(
+        "platform", order="priority", backfill=True, reserve=False, preemption=True, quotas=dict(cfg.quotas)
+    )
     out = {
         "strict_fifo": Policy("strict_fifo", order="strict_fifo"),
         "best_effort_fifo": Policy("best_effort_fifo", order="best_effort_fifo"),
@@ -90,8 +99,14 @@ def run_trace(cfg: TraceConfig, seed: int, warmup: float = WARMUP_HOURS, ablatio
     started = time.process_time()
     jobs = synthetic_jobs(cfg, seed)
     failures = node_failures(cfg.nodes, cfg.node_mtbf_hours, cfg.horizon, seed)
-    out: dict[str, Any] = {"seed": seed, "load": cfg.load, "offered_load": offered_load(jobs, cfg.cluster(), cfg.horizon),
-                           "jobs": len(jobs), "node_failures": len(failures), "policies": {}}
+    out: dict[str, Any] = {
+        "seed": seed,
+        "load": cfg.load,
+        "offered_load": offered_load(jobs, cfg.cluster(), cfg.horizon),
+        "jobs": len(jobs),
+        "node_failures": len(failures),
+        "policies": {},
+    }
     for name, policy in policies(cfg, ablations).items():
         out["policies"][name] = simulate(jobs, failures, cfg.cluster(), policy, cfg.horizon, warmup).metrics()
     out["cpu_seconds"] = time.process_time() - started
@@ -123,9 +138,13 @@ def aggregate(runs: list[dict[str, Any]], baseline: str = BASELINE) -> dict[str,
         by_load[f"{load:g}"] = {
             "seeds": [r["seed"] for r in group],
             "offered_load": t_interval([r["offered_load"] for r in group]),
-            "policies": {p: {m: {**t_interval(v), "per_seed": v} for m, v in metrics.items()} for p, metrics in per_seed.items()},
+            "policies": {
+                p: {m: {**t_interval(v), "per_seed": v} for m, v in metrics.items()} for p, metrics in per_seed.items()
+            },
             "vs_" + baseline: {
-                p: {m: paired_difference(per_seed[p][m], per_seed[baseline][m]) for m in METRICS} for p in names if p != baseline
+                p: {m: paired_difference(per_seed[p][m], per_seed[baseline][m]) for m in METRICS}
+                for p in names
+                if p != baseline
             },
         }
     return by_load
@@ -150,11 +169,26 @@ def targets(figures: dict[str, float], baseline: str = BASELINE) -> list[dict[st
     time-to-start (the 95% interval of the paired difference clear of 0), and reaches 0.9 effective utilization."""
     load = f"{figures['load']:g}"
     rows = [
-        ("platform_effective_utilization", ">=", UTILIZATION_TARGET, f"platform effective utilization at load {load}, mean over seeds"),
-        ("effective_utilization_gain_ci_low", ">=", 0.0,
-         f"platform - {baseline} effective utilization at load {load}: the 95% interval's low end (above 0 = platform better)"),
-        ("p95_gang_start_change_hours_ci_high", "<=", 0.0,
-         f"platform - {baseline} p95 gang time-to-start (hours) at load {load}: the 95% interval's high end (below 0 = platform better)"),
+        (
+            "platform_effective_utilization",
+            ">=",
+            UTILIZATION_TARGET,
+            f"platform effective utilization at load {load}, mean over seeds",
+        ),
+        (
+            "effective_utilization_gain_ci_low",
+            ">=",
+            0.0,
+            f"platform - {baseline} effective utilization at load {load}: the 95% interval's low end (above 0 = "
+            "platform better)",
+        ),
+        (
+            "p95_gang_start_change_hours_ci_high",
+            "<=",
+            0.0,
+            f"platform - {baseline} p95 gang time-to-start (hours) at load {load}: the 95% interval's high end (below "
+            "0 = platform better)",
+        ),
     ]
     return [
         {"metric": f"details.nominal.{key}", "op": op, "threshold": threshold, "value": figures[key],
@@ -163,10 +197,18 @@ def targets(figures: dict[str, float], baseline: str = BASELINE) -> list[dict[st
     ]
 
 
-def table(by_load: dict[str, Any], metrics: Sequence[str] = (HEADLINE, "utilization", "p95_completion_hours", "p95_gang_start_hours")) -> list[str]:
+def table(
+    by_load: dict[str, Any],
+    metrics: Sequence[str] = (HEADLINE, "utilization", "p95_completion_hours", "p95_gang_start_hours"),
+) -> list[str]:
     """Markdown rows: load, policy, then each metric as `mean [low, high]`; differences to the baseline last."""
     def cell(s: dict[str, float]) -> str:
-        return f"{s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]" if abs(s["mean"]) < 10 else f"{s['mean']:.1f} [{s['ci_low']:.1f}, {s['ci_high']:.1f}]"
+        return (
+            f"{s['mean']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}]"
+            if abs(s["mean"]) < 10
+            else f"{s['mean']:.1f} [{s['ci_low']:.1f}, {s['ci_high']:.1f}]"
+        )
+
     lines = ["| load | policy | " + " | ".join(metrics) + " |", "|---|---|" + "---|" * len(metrics)]
     for load, at in by_load.items():
         for name, stats in at["policies"].items():
@@ -183,8 +225,14 @@ def checkpoint_study(base: TraceConfig, seeds: int, warmup: float = WARMUP_HOURS
         cfg = dataclasses.replace(base, gang_checkpoint_hours=hours)
         goodput, lost = [], []
         for seed in range(seeds):
-            r = simulate(synthetic_jobs(cfg, seed), node_failures(cfg.nodes, cfg.node_mtbf_hours, cfg.horizon, seed), cfg.cluster(),
-                         policies(cfg)["platform"], cfg.horizon, warmup)
+            r = simulate(
+                synthetic_jobs(cfg, seed),
+                node_failures(cfg.nodes, cfg.node_mtbf_hours, cfg.horizon, seed),
+                cfg.cluster(),
+                policies(cfg)["platform"],
+                cfg.horizon,
+                warmup,
+            )
             gangs = [o for o in r.outcomes.values() if o.job.kind == "gang"]
             goodput.append(sum(o.useful for o in gangs) / max(1e-9, sum(o.allocated for o in gangs)))
             lost.append(sum(o.lost for o in gangs))
@@ -195,11 +243,19 @@ def checkpoint_study(base: TraceConfig, seeds: int, warmup: float = WARMUP_HOURS
 def main(argv: Optional[list[str]] = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.cluster_sim", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=SEEDS, help="traces per load (>= 2 for intervals)")
-    parser.add_argument("--loads", type=float, nargs="+", default=list(LOADS), help=f"offered loads; must include the nominal {NOMINAL}")
+    parser.add_argument(
+        "--loads", type=float, nargs="+", default=list(LOADS), help=f"offered loads; must include the nominal {NOMINAL}"
+    )
     parser.add_argument("--days", type=float, default=DAYS)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--ablations", action="store_true", help="also the platform with an EASY reservation / without preemption (slower)")
-    parser.add_argument("--checkpoint-study", action="store_true", help="also compare gang checkpoint intervals (slower)")
+    parser.add_argument(
+        "--ablations",
+        action="store_true",
+        help="also the platform with an EASY reservation / without preemption (slower)",
+    )
+    parser.add_argument(
+        "--checkpoint-study", action="store_true", help="also compare gang checkpoint intervals (slower)"
+    )
     args = parser.parse_args(argv or [])
     if args.seeds < 2:
         parser.error(f"--seeds must be >= 2 to give an interval, got {args.seeds}")
@@ -221,13 +277,20 @@ def main(argv: Optional[list[str]] = None) -> dict:
         "nominal_load": NOMINAL,
         "baseline_policy": BASELINE,
         "ratio": f"platform / {BASELINE} effective utilization at load {NOMINAL:g}; higher is better",
-        "trace": {**dataclasses.asdict(base), "load": list(args.loads), "seeds": args.seeds, "warmup_hours": WARMUP_HOURS},
+        "trace": {
+            **dataclasses.asdict(base),
+            "load": list(args.loads),
+            "seeds": args.seeds,
+            "warmup_hours": WARMUP_HOURS,
+        },
         "policies": {name: dataclasses.asdict(p) for name, p in policies(base, args.ablations).items()},
-        "metrics": "effective_utilization = useful GPU-hours / (GPUs x (horizon - warm-up)); utilization = GPU-hours held / same; "
-                   "p95_completion_hours = nearest-rank p95 of finish - submit, p95_gang_start_hours = of first start - submit of "
-                   "multi-node jobs, p95_wait_hours_<class> = of first start - submit; jobs submitted after the warm-up, a job "
-                   "not finished / not started counts with its time to the horizon",
-        "intervals": "mean over seeds with a 95% Student-t interval; vs_<baseline>: paired (same seed) difference policy - baseline",
+        "metrics": "effective_utilization = useful GPU-hours / (GPUs x (horizon - warm-up)); utilization = GPU-hours "
+                   "held / same; "
+        "p95_completion_hours = nearest-rank p95 of finish - submit, p95_gang_start_hours = of first start - submit of "
+        "multi-node jobs, p95_wait_hours_<class> = of first start - submit; jobs submitted after the warm-up, a job "
+        "not finished / not started counts with its time to the horizon",
+        "intervals": "mean over seeds with a 95% Student-t interval; vs_<baseline>: paired (same seed) difference "
+                     "policy - baseline",
         "runs": [{k: v for k, v in r.items() if k != "policies"} for r in runs],
         "cpu_seconds": round(sum(r["cpu_seconds"] for r in runs), 1),
         "workers": args.workers,

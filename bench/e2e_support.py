@@ -1,4 +1,5 @@
-"""Shared pieces of the end-to-end benchmarks: a real `dagster dev` on PostgreSQL run storage, and where a run's time went.
+"""Shared pieces of the end-to-end benchmarks: a real `dagster dev` on PostgreSQL run storage, and where a run's time
+went.
 
 - `fresh_database()`: a new PostgreSQL database on 127.0.0.1:5432 (trust auth)
   for one benchmark run, dropped afterwards.
@@ -50,7 +51,8 @@ DONE = {"SUCCESS", "FAILURE", "CANCELED"}
 
 @contextlib.contextmanager
 def fresh_database(prefix: str = "trainyard_bench") -> Iterator[str]:
-    """A new, empty PostgreSQL database for one benchmark run; yields its SQLAlchemy URL (psycopg2) and drops it afterwards."""
+    """A new, empty PostgreSQL database for one benchmark run; yields its SQLAlchemy URL (psycopg2) and drops it
+    afterwards."""
     import sqlalchemy
 
     name = f"{prefix}_{uuid.uuid4().hex[:8]}"
@@ -86,8 +88,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5, log: Optional[Path] = None) -> Any:
-    """Poll `check` until it returns something truthy; raise TimeoutError naming `what` (with the log's tail) after `timeout` s."""
+def wait_for(
+    check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5, log: Optional[Path] = None
+) -> Any:
+    """Poll `check` until it returns something truthy; raise TimeoutError naming `what` (with the log's tail) after
+    `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):
@@ -110,7 +115,9 @@ class DagsterDev:
 
     def graphql(self, query: str, variables: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/graphql", data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=60) as resp:
             answer = json.loads(resp.read())
         if answer.get("errors"):
@@ -131,8 +138,11 @@ class DagsterDev:
 
 
 @contextlib.contextmanager
-def dagster_dev(module: str, location: str, env: dict[str, str], workdir: Path, expected_assets: int, timeout: float = 180) -> Iterator[DagsterDev]:
-    """`dagster dev` on a workspace of `module`, serving once the webserver lists `expected_assets` assets; stopped (its whole process group) afterwards.
+def dagster_dev(
+    module: str, location: str, env: dict[str, str], workdir: Path, expected_assets: int, timeout: float = 180
+) -> Iterator[DagsterDev]:
+    """`dagster dev` on a workspace of `module`, serving once the webserver lists `expected_assets` assets; stopped (its
+    whole process group) afterwards.
 
     Warm worker servers (`resources.warm`) live in a directory of this run's own and are stopped with it: each
     benchmark starts as a machine with none running does, never on a server an earlier benchmark left warm.
@@ -142,16 +152,28 @@ def dagster_dev(module: str, location: str, env: dict[str, str], workdir: Path, 
     warm = Path(tempfile.mkdtemp(prefix="tyw-"))  # short: a socket path must stay under 108 bytes
     env = {WARM_DIR_ENV: str(warm), **env}
     workspace = workdir / "workspace.yaml"
-    workspace.write_text(f"load_from:\n  - python_module:\n      module_name: {module}\n      location_name: {location}\n      working_directory: {ROOT}\n")
+    workspace.write_text(
+        f"load_from:\n  - python_module:\n      module_name: {module}\n      location_name: {location}\n      "
+        f"working_directory: {ROOT}\n"
+    )
     port, log = free_port(), workdir / "dagster-dev.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dagster", "dev", "-w", str(workspace), "-h", "127.0.0.1", "-p", str(port)],
-            cwd=workdir, env={**os.environ, **env, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=workdir,
+            env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     dev = DagsterDev(port, log, location, proc)
     try:
-        wait_for(lambda: len(dev.graphql("{ assetNodes { id } }")["assetNodes"]) >= expected_assets, timeout, "the webserver serving the assets", log=log)
+        wait_for(
+            lambda: len(dev.graphql("{ assetNodes { id } }")["assetNodes"]) >= expected_assets,
+            timeout,
+            "the webserver serving the assets",
+            log=log,
+        )
         yield dev
     finally:
         stop_group(proc)
@@ -180,7 +202,9 @@ def run_events(instance: Any, run_id: str) -> list[tuple[str, float, Optional[st
 
 def wait_for_run(instance: Any, run_id: str, timeout: float, log: Optional[Path] = None) -> str:
     """Wait until the run ends; its status name. Raises RuntimeError when it did not succeed."""
-    status = wait_for(lambda: (s := instance.get_run_by_id(run_id).status.value) in DONE and s, timeout, f"run {run_id}", log=log)
+    status = wait_for(
+        lambda: (s := instance.get_run_by_id(run_id).status.value) in DONE and s, timeout, f"run {run_id}", log=log
+    )
     if status != "SUCCESS":
         tail = log.read_text(errors="replace")[-4000:] if log is not None and log.exists() else ""
         raise RuntimeError(f"run {run_id} ended {status}\n{tail}")
@@ -195,7 +219,9 @@ def first_event(events: Sequence[tuple[str, float, Optional[str]]], kind: str) -
     raise ValueError(f"the run has no {kind} event (events: {sorted({e[0] for e in events})})")
 
 
-def run_phases(events: Sequence[tuple[str, float, Optional[str]]], submitted: Optional[float] = None) -> dict[str, float]:
+def run_phases(
+    events: Sequence[tuple[str, float, Optional[str]]], submitted: Optional[float] = None
+) -> dict[str, float]:
     """Where one run's time went, from its events `(type, timestamp, step key)`.
 
     - queued: enqueued (or `submitted`, the caller's clock before it asked) -> the

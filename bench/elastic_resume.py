@@ -77,20 +77,39 @@ def run(work: Path, i: int) -> dict[str, Any]:
     fast = tmp / "steps-at-full-speed"
     model = ImportTarget(path="tests.support.gang_models:SlowSteps",
                          kwargs={"hidden": 16, "lr": 0.02, "step_seconds": STEP_SECONDS, "until": str(fast)})
-    elastic = make_spec(tmp / "elastic", distribution=Distribution(nodes=3, min_nodes=2, procs_per_node=1), max_epochs=20,
-                        checkpoint=policy, model=model)
-    cold = make_spec(tmp / "cold", distribution=Distribution(nodes=2, procs_per_node=1), max_epochs=2, checkpoint=policy, model=model)
+    elastic = make_spec(
+        tmp / "elastic",
+        distribution=Distribution(nodes=3, min_nodes=2, procs_per_node=1),
+        max_epochs=20,
+        checkpoint=policy,
+        model=model,
+    )
+    cold = make_spec(
+        tmp / "cold", distribution=Distribution(nodes=2, procs_per_node=1), max_epochs=2, checkpoint=policy, model=model
+    )
     nodes = [Node(f"node-{n}", {"cpu": "1", "memory": "4Gi", "nvidia.com/gpu": "0"}) for n in range(3)]
     kueue = KueueSettings(quota={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "0"})
     with EmulatedCluster(tmp / "cluster", nodes=nodes, kueue=kueue, node_env={"OMP_NUM_THREADS": "1"}) as cluster:
         def launcher() -> Any:
-            return KubernetesLauncher(namespace=NS, image=IMAGE, api_url=cluster.url, poll_interval_seconds=0.5, cpu="1", memory="1Gi",
-                                      master_port=_free_port(), termination_grace_seconds=15, run_timeout_seconds=1500,
-                                      queue_timeout_seconds=120, resize_after_seconds=RESIZE_AFTER)
+            return KubernetesLauncher(
+                namespace=NS,
+                image=IMAGE,
+                api_url=cluster.url,
+                poll_interval_seconds=0.5,
+                cpu="1",
+                memory="1Gi",
+                master_port=_free_port(),
+                termination_grace_seconds=15,
+                run_timeout_seconds=1500,
+                queue_timeout_seconds=120,
+                resize_after_seconds=RESIZE_AFTER,
+            )
 
         launched = time.time()
         thread, box = _launch(launcher(), elastic)
-        gang, victim = cluster.wait_for("a committed checkpoint of rank 0", lambda: _rank0_checkpoint(cluster), timeout=600)
+        gang, victim = cluster.wait_for(
+            "a committed checkpoint of rank 0", lambda: _rank0_checkpoint(cluster), timeout=600
+        )
         lost = time.time()
         cluster.lose_node(victim["spec"]["nodeName"])
         fast.touch()
@@ -139,9 +158,11 @@ def main() -> dict:
         "s",
         statistics.median(starts),
         {
-            "what": "a node of a 3-node digits gang (node range 2-3) lost -> the first step of the gang continued on 2 nodes "
-                    "(process-backed emulation, JobSet)",
-            "baseline_is": "cold start of a fixed 2-node gang of the same trial on the same emulation: launch call -> first step",
+            "what": "a node of a 3-node digits gang (node range 2-3) lost -> the first step of the gang continued on "
+                    "2 nodes "
+            "(process-backed emulation, JobSet)",
+            "baseline_is": "cold start of a fixed 2-node gang of the same trial on the same emulation: launch call -> "
+                           "first step",
             "resize_after_seconds": RESIZE_AFTER,
             "runs": runs,
             "checkpoint_every_steps": CHECKPOINT_EVERY,

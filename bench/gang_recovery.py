@@ -12,7 +12,8 @@ stopped within its grace period, the JobSet's whole-gang restart (child Job
 deleted in the foreground, made again with restart-attempt 1), two new pods,
 their rendezvous, imports and the checkpoint load. Baseline: the cold start of
 the same gang (the launch call -> the first step of its first attempt: JobSet
-creation, admission, child Job, two pods, rendezvous, imports). Ratio = recovery / cold start, lower is better; target <= 1.5 (a
+creation, admission, child Job, two pods, rendezvous, imports). Ratio = recovery / cold start, lower is better; target
+<= 1.5 (a
 recovery may cost a cold start plus half of one for failure detection and the
 checkpoint load), the target `recovery_seconds` has for the local launcher, set
 before measuring.
@@ -58,10 +59,18 @@ def _rank0_checkpoint(cluster: Any) -> Optional[tuple[str, dict[str, Any]]]:
     """(gang name, the node-1 pod) once rank 0 logged a committed checkpoint, else None."""
     pods = cluster.pods()
     for pod in pods:
-        if pod["metadata"]["annotations"].get(INDEX) == "0" and re.search(r"committed checkpoint \S+/step-\d+", cluster.log(pod["metadata"]["name"])):
+        if pod["metadata"]["annotations"].get(INDEX) == "0" and re.search(
+            r"committed checkpoint \S+/step-\d+", cluster.log(pod["metadata"]["name"])
+        ):
             gang = pod["metadata"]["labels"][GANG]
-            victims = [p for p in pods if p["metadata"]["labels"].get(GANG) == gang and p["metadata"]["annotations"].get(INDEX) == "1"
-                       and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+            victims = [
+                p
+                for p in pods
+                if p["metadata"]["labels"].get(GANG) == gang
+                and p["metadata"]["annotations"].get(INDEX) == "1"
+                and p["status"].get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")
+            ]
             if victims:
                 return gang, victims[0]
     return None
@@ -80,9 +89,19 @@ def run(work: Path, i: int) -> dict[str, Any]:
                      checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
     box: dict[str, Any] = {}
     with EmulatedCluster(tmp / "cluster", node_env={"OMP_NUM_THREADS": "1"}) as cluster:
-        launcher = KubernetesLauncher(namespace=NS, image=IMAGE, api_url=cluster.url, poll_interval_seconds=0.5, cpu="1", memory="1Gi",
-                                      master_port=_free_port(), termination_grace_seconds=15, run_timeout_seconds=1500, queue_timeout_seconds=120,
-                                      gang_kind=GANG_KIND)
+        launcher = KubernetesLauncher(
+            namespace=NS,
+            image=IMAGE,
+            api_url=cluster.url,
+            poll_interval_seconds=0.5,
+            cpu="1",
+            memory="1Gi",
+            master_port=_free_port(),
+            termination_grace_seconds=15,
+            run_timeout_seconds=1500,
+            queue_timeout_seconds=120,
+            gang_kind=GANG_KIND,
+        )
 
         def launch() -> None:
             try:
@@ -93,7 +112,9 @@ def run(work: Path, i: int) -> dict[str, Any]:
         launched = time.time()
         thread = threading.Thread(target=launch, daemon=True)
         thread.start()
-        job, victim = cluster.wait_for("a committed checkpoint of rank 0", lambda: _rank0_checkpoint(cluster), timeout=600)
+        job, victim = cluster.wait_for(
+            "a committed checkpoint of rank 0", lambda: _rank0_checkpoint(cluster), timeout=600
+        )
         killed = time.time()
         cluster.kill(victim["metadata"]["name"], signal.SIGKILL)
         thread.join(900)
@@ -135,8 +156,9 @@ def main() -> dict:
         "s",
         statistics.median(starts),
         {
-            "what": "one pod of a 2-node digits gang SIGKILLed -> the gang's first resumed step (JobSet: whole-gang restart, "
-                    "process-backed emulation)",
+            "what": "one pod of a 2-node digits gang SIGKILLed -> the gang's first resumed step (JobSet: whole-gang "
+                    "restart, "
+            "process-backed emulation)",
             "baseline_is": "cold start of the same gang: launch call -> first step of its first attempt",
             "runs": runs,
             "checkpoint_every_steps": CHECKPOINT_EVERY,

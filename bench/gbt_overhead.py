@@ -1,4 +1,5 @@
-"""GBT platform overhead through the real path: `dagster dev`, the run queue, the default run launcher, PostgreSQL run storage.
+"""GBT platform overhead through the real path: `dagster dev`, the run queue, the default run launcher, PostgreSQL run
+storage.
 
 Set-up (not timed): a fresh PostgreSQL database holds every Dagster storage; a
 fresh DAGSTER_HOME has the shipped deploy/local/dagster.yaml (run queue, so the
@@ -51,7 +52,13 @@ def _spec() -> Any:
 
     model = breast_cancer.model.model_copy(update={"hparams": HPARAMS, "max_epochs": ROUNDS})
     # a search needs a space: a narrow one around HPARAMS' rate, all trials in flight (partitions) at once
-    search = SearchSpec(params={"learning_rate": FloatParam(low=0.09, high=0.11)}, n_trials=REPEATS, parallelism=REPEATS, sampler="random", seed=0)
+    search = SearchSpec(
+        params={"learning_rate": FloatParam(low=0.09, high=0.11)},
+        n_trials=REPEATS,
+        parallelism=REPEATS,
+        sampler="random",
+        seed=0,
+    )
     return breast_cancer.model_copy(update={"model": model, "search": search})
 
 
@@ -62,17 +69,26 @@ def _definitions() -> Any:
     from pipelines.factory import build_definitions
 
     full = build_definitions(_spec(), resources=local_resources(Path(os.environ[HOME_ENV])))
-    return Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=full.executor)
+    return Definitions(
+        assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=full.executor
+    )
 
 
 def _trial_result(home: Path, partition: str) -> dict[str, Any]:
-    """The trial's own result (`result.json` in its run directory): its training and wall time as the trial measured them."""
+    """The trial's own result (`result.json` in its run directory): its training and wall time as the trial measured
+    them."""
     found = sorted((home / "store").rglob(f"{partition}/result.json"))
     if len(found) != 1:
-        raise RuntimeError(f"expected one result.json of {partition} under {home / 'store'}, found {[str(p) for p in found]}")
+        raise RuntimeError(
+            f"expected one result.json of {partition} under {home / 'store'}, found {[str(p) for p in found]}"
+        )
     result = json.loads(found[0].read_text())
-    return {"fit_seconds": result.get("fit_seconds"), "trial_wall_seconds": result.get("wall_seconds"),
-            "pod_startup_seconds": (result.get("goodput") or {}).get("startup_seconds"), "test_acc": (result.get("metrics") or {}).get("test_acc")}
+    return {
+        "fit_seconds": result.get("fit_seconds"),
+        "trial_wall_seconds": result.get("wall_seconds"),
+        "pod_startup_seconds": (result.get("goodput") or {}).get("startup_seconds"),
+        "test_acc": (result.get("metrics") or {}).get("test_acc"),
+    }
 
 
 def _measure(dev: Any, instance: Any, names: dict[str, str], home: Path) -> list[dict[str, Any]]:
@@ -91,7 +107,15 @@ def _measure(dev: Any, instance: Any, names: dict[str, str], home: Path) -> list
         if not isinstance(trial["fit_seconds"], (int, float)):
             raise RuntimeError(f"train run {run_id}: no fit_seconds in the trial's result: {trial}")
         inside = {"step_outside_trial_process": phases["steps"] - (trial["trial_wall_seconds"] or 0.0)}
-        runs.append({"run_id": run_id, "phases": phases, **inside, **trial, "overhead_seconds": phases["total"] - trial["fit_seconds"]})
+        runs.append(
+            {
+                "run_id": run_id,
+                "phases": phases,
+                **inside,
+                **trial,
+                "overhead_seconds": phases["total"] - trial["fit_seconds"],
+            }
+        )
     return runs
 
 
@@ -130,10 +154,17 @@ def main() -> dict:
             "what": "per train run: submit -> run success minus the trial's training time (fit_seconds)",
             "median_phases_seconds": phases,
             "median_fit_seconds": fit,
-            "median_step_outside_trial_process_seconds": statistics.median(r["step_outside_trial_process"] for r in runs),
+            "median_step_outside_trial_process_seconds": statistics.median(
+                r["step_outside_trial_process"] for r in runs
+            ),
             "median_trial_wall_seconds": statistics.median(r["trial_wall_seconds"] or 0.0 for r in runs),
             "runs": runs,
-            "instance": {"run_coordinator": coordinator, "run_launcher": launcher, "storage": "postgres", "executor": "in_process (the platform default, pipelines.factory)"},
+            "instance": {
+                "run_coordinator": coordinator,
+                "run_launcher": launcher,
+                "storage": "postgres",
+                "executor": "in_process (the platform default, pipelines.factory)",
+            },
             "data": "scikit-learn breast cancer, 569 rows x 30 features",
             "params": {**HPARAMS, "rounds": ROUNDS},
         },

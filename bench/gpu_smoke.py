@@ -3,7 +3,8 @@
 Run on a machine with NVIDIA GPUs: `bash bench/gpu_smoke.sh`. For every local GPU it
 launches `training.entrypoint` through the local launcher (torchrun, one process
 per GPU) with DDP and with FSDP2, bf16 mixed precision, on a synthetic
-classification set (`STEPS` steps per epoch, `EPOCHS` epochs) and a residual MLP (`ClockedMLP`: `training.parallel.MLPClassifier`
+classification set (`STEPS` steps per epoch, `EPOCHS` epochs) and a residual MLP (`ClockedMLP`:
+`training.parallel.MLPClassifier`
 plus a step clock), against the same module under a plain Lightning `Trainer` on
 one GPU (no platform: no launcher, checkpointing, callbacks or logger) and a bare
 PyTorch loop on the same model and per-device batch, all timed by the same clock. `--dry-run` runs the same code path
@@ -101,7 +102,8 @@ class WindowClock:
 
 
 def steady_window(clock: dict[str, Any], warmup: int = WARMUP) -> dict[str, Any]:
-    """The longest quiet stretch of a clock: between synchronized stamps i >= warmup and j > i, one epoch, no write in flight.
+    """The longest quiet stretch of a clock: between synchronized stamps i >= warmup and j > i, one epoch, no write in
+    flight.
 
     Args:
         clock: `WindowClock.dump()` (`batch_end`, `writing`, `epoch`, `synced`, one entry per step end).
@@ -130,8 +132,11 @@ def steady_window(clock: dict[str, Any], warmup: int = WARMUP) -> dict[str, Any]
         elif best is None or k - start > best[1] - best[0]:
             best = (start, k)
     if best is None:
-        raise ValueError(f"no steady-state window: {len(ends)} steps, warm-up {warmup}, {sum(writing)} with a checkpoint write in flight, "
-                         f"{sum(synced)} synchronized; run more steps")
+        raise ValueError(
+            f"no steady-state window: {len(ends)} steps, warm-up {warmup}, {sum(writing)} with a checkpoint write in "
+            "flight, "
+            f"{sum(synced)} synchronized; run more steps"
+        )
     return {"start": best[0], "end": best[1], "steps": best[1] - best[0], "seconds": ends[best[1]] - ends[best[0]]}
 
 
@@ -149,7 +154,9 @@ class ClockedMLP(MLPClassifier):
 
     def __init__(self, clock_path: str, n_features: int = 64, n_classes: int = 10, width: int = 64, blocks: int = 2,
                  expansion: int = 4, lr: float = 1e-3) -> None:
-        super().__init__(n_features=n_features, n_classes=n_classes, width=width, blocks=blocks, expansion=expansion, lr=lr)
+        super().__init__(
+            n_features=n_features, n_classes=n_classes, width=width, blocks=blocks, expansion=expansion, lr=lr
+        )
         self.clock_path = clock_path
         self.clock = WindowClock()
 
@@ -177,7 +184,9 @@ def write_data(directory: Path, rows: int, features: int, classes: int) -> list[
     return names
 
 
-def bare_loop(width: int, blocks: int, features: int, classes: int, batch: int, steps: int, device: str) -> dict[str, Any]:
+def bare_loop(
+    width: int, blocks: int, features: int, classes: int, batch: int, steps: int, device: str
+) -> dict[str, Any]:
     """The same model and per-device batch on one device, no framework; timed by a `WindowClock` and `steady_window`."""
     import torch
 
@@ -198,8 +207,11 @@ def bare_loop(width: int, blocks: int, features: int, classes: int, batch: int, 
     return {"samples_per_second": window["steps"] * batch / window["seconds"], "window": window, "steps": steps}
 
 
-def bare_lightning(data: Path, names: list[str], kwargs: dict[str, Any], batch: int, steps: int, dry_run: bool) -> dict[str, Any]:
-    """The same module (`ClockedMLP`) and data under a plain Lightning `Trainer` on one device, one epoch of `steps` steps.
+def bare_lightning(
+    data: Path, names: list[str], kwargs: dict[str, Any], batch: int, steps: int, dry_run: bool
+) -> dict[str, Any]:
+    """The same module (`ClockedMLP`) and data under a plain Lightning `Trainer` on one device, one epoch of `steps`
+    steps.
 
     No platform: no launcher, checkpointing, callbacks, logger or progress bar; the
     platform's data module (`ParquetDataModule`) as every trial gets it. Timed by the
@@ -211,19 +223,43 @@ def bare_lightning(data: Path, names: list[str], kwargs: dict[str, Any], batch: 
 
     clock_path = data / "clock-bare-lightning.json"
     model = ClockedMLP(clock_path=str(clock_path), n_features=len(names), **kwargs)
-    dm = ParquetDataModule(str(data / "train.parquet"), str(data / "val.parquet"), str(data / "test.parquet"), features=names,
-                           target="label", batch_size=batch)
-    trainer = L.Trainer(accelerator="cpu" if dry_run else "gpu", devices=1, precision="32-true" if dry_run else "bf16-mixed",
-                        max_epochs=1, limit_train_batches=steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        use_distributed_sampler=False)
+    dm = ParquetDataModule(
+        str(data / "train.parquet"),
+        str(data / "val.parquet"),
+        str(data / "test.parquet"),
+        features=names,
+        target="label",
+        batch_size=batch,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu" if dry_run else "gpu",
+        devices=1,
+        precision="32-true" if dry_run else "bf16-mixed",
+        max_epochs=1,
+        limit_train_batches=steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+    )
     trainer.fit(model, datamodule=dm)
     window = steady_window(json.loads(clock_path.read_text()))
     return {"samples_per_second": window["steps"] * batch / window["seconds"], "window": window, "steps": steps}
 
 
-def platform_run(strategy: str, data: Path, names: list[str], kwargs: dict[str, Any], batch: int, procs: int, epochs: int,
-                 dry_run: bool) -> dict[str, Any]:
+def platform_run(
+    strategy: str,
+    data: Path,
+    names: list[str],
+    kwargs: dict[str, Any],
+    batch: int,
+    procs: int,
+    epochs: int,
+    dry_run: bool,
+) -> dict[str, Any]:
     """One platform trial through `LocalLauncher`; its steady-state window and whole-fit figures."""
     from resources.launcher import LocalLauncher
     from training.spec import DataSpec, Distribution, ImportTarget, TrackerSpec, TrainSpec
@@ -233,15 +269,23 @@ def platform_run(strategy: str, data: Path, names: list[str], kwargs: dict[str, 
         pipeline="bench/gpu-smoke",
         trial_id=f"trial-{strategy}",
         model=ImportTarget(path="bench.gpu_smoke:ClockedMLP", kwargs={**kwargs, "clock_path": str(clock_path)}),
-        data=DataSpec(train_uri=str(data / "train.parquet"), val_uri=str(data / "val.parquet"),
-                      test_uri=str(data / "test.parquet"), features=names, target="label", version="synthetic"),
+        data=DataSpec(
+            train_uri=str(data / "train.parquet"),
+            val_uri=str(data / "val.parquet"),
+            test_uri=str(data / "test.parquet"),
+            features=names,
+            target="label",
+            version="synthetic",
+        ),
         output_uri=str(data / strategy),
         max_epochs=epochs,
         batch_size=batch,
         deterministic=False,
         precision="32-true" if dry_run else "bf16-mixed",
         distribution=Distribution(procs_per_node=procs, strategy=strategy, accelerator="cpu" if dry_run else "gpu"),
-        tracker=TrackerSpec(kind="wandb", mode="offline", project="bench", name=f"gpu-smoke-{strategy}", dir=str(data / "wandb")),
+        tracker=TrackerSpec(
+            kind="wandb", mode="offline", project="bench", name=f"gpu-smoke-{strategy}", dir=str(data / "wandb")
+        ),
     )
     result = LocalLauncher(timeout_seconds=1800).launch(spec).result
     clock = json.loads(clock_path.read_text())
@@ -268,9 +312,15 @@ def main(dry_run: bool = False, steps: Optional[int] = None, epochs: Optional[in
     procs = 2 if dry_run else gpus
     steps = steps or (DRY_STEPS if dry_run else STEPS)
     epochs = epochs or (DRY_EPOCHS if dry_run else EPOCHS)
-    results: dict[str, Any] = {"gpus": gpus, "device": "cpu" if dry_run else torch.cuda.get_device_name(0),
-                               "warmup_steps": WARMUP, "sync_every": SYNC_EVERY, "steps_per_epoch": steps, "epochs": epochs,
-                               "batch_per_device": batch}
+    results: dict[str, Any] = {
+        "gpus": gpus,
+        "device": "cpu" if dry_run else torch.cuda.get_device_name(0),
+        "warmup_steps": WARMUP,
+        "sync_every": SYNC_EVERY,
+        "steps_per_epoch": steps,
+        "epochs": epochs,
+        "batch_per_device": batch,
+    }
     kwargs = {"width": width, "blocks": blocks}
     with torch.device("meta"):  # counted, not built: 1.1B parameters take seconds to initialise on a CPU
         params = sum(p.numel() for p in MLPClassifier(n_features=features, n_classes=classes, **kwargs).parameters())
@@ -279,7 +329,8 @@ def main(dry_run: bool = False, steps: Optional[int] = None, epochs: Optional[in
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         names = write_data(tmp_path, steps * batch * procs, features, classes)
-        # DDP first and the references next: the value needs only DDP and bare Lightning; FSDP's figures are for reading, and its
+        # DDP first and the references next: the value needs only DDP and bare Lightning; FSDP's figures are for
+        # reading, and its
         # failure is recorded rather than losing the others. Each side's checkpoints (~13 GB each on a GPU) are
         # removed once its figures are read, so the disk holds one run's at a time.
         for strategy in ("ddp", "fsdp"):
@@ -316,10 +367,13 @@ def _record(results: dict[str, Any], procs: int, batch: int, dry_run: bool) -> d
         value,
         "samples/s per device",
         lightning,
-        {**results, "note": "value: platform DDP per device in its steady-state window (no checkpoint write, validation or "
-                            "start-up inside); baseline: the same module under a plain Lightning Trainer on one device, "
-                            "same window rule (issue 16's 'bare Lightning'); added_ms_per_step: the platform's step time "
-                            "minus bare Lightning's; the bare PyTorch loop's figures are for reading"},
+        {
+            **results,
+            "note": "value: platform DDP per device in its steady-state window (no checkpoint write, validation or "
+            "start-up inside); baseline: the same module under a plain Lightning Trainer on one device, "
+            "same window rule (issue 16's 'bare Lightning'); added_ms_per_step: the platform's step time "
+            "minus bare Lightning's; the bare PyTorch loop's figures are for reading",
+        },
         targets=[Target("ratio", ">=", 0.98), Target("details.added_ms_per_step", "<=", 1.0, unit="ms")],
         better="higher",
     )
@@ -328,7 +382,9 @@ def _record(results: dict[str, Any], procs: int, batch: int, dry_run: bool) -> d
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--dry-run", action="store_true")
-    parser.add_argument("--steps", type=int, help=f"training steps per epoch (default {STEPS}, {DRY_STEPS} with --dry-run)")
+    parser.add_argument(
+        "--steps", type=int, help=f"training steps per epoch (default {STEPS}, {DRY_STEPS} with --dry-run)"
+    )
     parser.add_argument("--epochs", type=int, help=f"epochs (default {EPOCHS}, {DRY_EPOCHS} with --dry-run)")
     args = parser.parse_args()
     print(json.dumps(main(args.dry_run, args.steps, args.epochs), indent=2))

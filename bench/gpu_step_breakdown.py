@@ -51,7 +51,9 @@ def _timed(steps: int, device: str, step_iter: Iterator[None]) -> float:
     return 1000 * (time.perf_counter() - start) / (steps - WARMUP)
 
 
-def _bare(model: torch.nn.Module, batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]], device: str) -> Iterator[None]:
+def _bare(
+    model: torch.nn.Module, batches: Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]], device: str
+) -> Iterator[None]:
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     while True:
         for x, y in batches():
@@ -79,7 +81,11 @@ def main(dry_run: bool, steps: int) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(rows, features, generator=gen)
     y = x[:, :classes].argmax(dim=1)
-    out: dict[str, Any] = {"device": device if dry_run else torch.cuda.get_device_name(0), "steps": steps, "warmup": WARMUP}
+    out: dict[str, Any] = {
+        "device": device if dry_run else torch.cuda.get_device_name(0),
+        "steps": steps,
+        "warmup": WARMUP,
+    }
 
     def build() -> torch.nn.Module:
         with torch.device(device):
@@ -89,7 +95,9 @@ def main(dry_run: bool, steps: int) -> dict[str, Any]:
     variants: dict[str, Callable[[], Iterator[tuple[torch.Tensor, torch.Tensor]]]] = {
         "bare_resident": lambda: iter([(xb, yb)] * steps),
         "bare_loader": lambda: iter(DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True)),
-        "bare_loader_pinned": lambda: iter(DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True, pin_memory=not dry_run)),
+        "bare_loader_pinned": lambda: iter(
+            DataLoader(TensorDataset(x, y), batch_size=batch, shuffle=True, pin_memory=not dry_run)
+        ),
     }
     for name, batches in variants.items():
         model = build()
@@ -121,10 +129,20 @@ def main(dry_run: bool, steps: int) -> dict[str, Any]:
             dm = ParquetDataModule(*(str(Path(tmp) / f"{s}.parquet") for s in ("train", "val", "test")), features=names,
                                    target="label", batch_size=batch, pin_memory=pin)
             clock = Clock()
-            trainer = L.Trainer(accelerator="cpu" if dry_run else "gpu", devices=1, precision="32-true" if dry_run else "bf16-mixed",
-                                max_steps=steps, limit_val_batches=0, logger=False, enable_checkpointing=False,
-                                enable_progress_bar=False, enable_model_summary=False, callbacks=[clock],
-                                use_distributed_sampler=False, num_sanity_val_steps=0)
+            trainer = L.Trainer(
+                accelerator="cpu" if dry_run else "gpu",
+                devices=1,
+                precision="32-true" if dry_run else "bf16-mixed",
+                max_steps=steps,
+                limit_val_batches=0,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                callbacks=[clock],
+                use_distributed_sampler=False,
+                num_sanity_val_steps=0,
+            )
             model = build()
             trainer.fit(model, datamodule=dm)
             out[name] = 1000 * (clock.end - clock.start) / (steps - WARMUP)
@@ -132,7 +150,10 @@ def main(dry_run: bool, steps: int) -> dict[str, Any]:
             if device == "cuda":
                 torch.cuda.empty_cache()
             print(name, f"{out[name]:.2f} ms/step", flush=True)
-    out["excess_ms_over_bare_resident"] = {k: out[k] - out["bare_resident"] for k in ("bare_loader", "bare_loader_pinned", "lightning_pageable", "lightning_pinned")}
+    out["excess_ms_over_bare_resident"] = {
+        k: out[k] - out["bare_resident"]
+        for k in ("bare_loader", "bare_loader_pinned", "lightning_pageable", "lightning_pinned")
+    }
     return out
 
 

@@ -34,13 +34,22 @@ from bench.harness import Target, write_result
 from bench.recovery import _splits, warm_server_seconds
 from resources.launcher import LocalLauncher
 from training.attempts import read_attempts
-from training.spec import CheckpointPolicy, DataSpec, Distribution, FaultInjection, ImportTarget, TrainSpec, WatchdogPolicy
+from training.spec import (
+    CheckpointPolicy,
+    DataSpec,
+    Distribution,
+    FaultInjection,
+    ImportTarget,
+    TrainSpec,
+    WatchdogPolicy,
+)
 
 REPEATS = 3
 COLD_REPEATS = 1  # a cold restart costs a minute on a busy 2-core machine
 FLOOR_SECONDS = 5.0
 BOUND_SECONDS = 5.0  # poll 0.5 s + stack dumps <= 3 s + kill + a warm group's restart and first step (about 1 s)
-# poll 0.5 s + dumps <= 3 s + kill + a cold group's start to its first step: 19-28 s measured with the 2 cores at load 5.7
+# poll 0.5 s + dumps <= 3 s + kill + a cold group's start to its first step: 19-28 s measured with the 2 cores at load
+# 5.7
 COLD_BOUND_SECONDS = 30.0
 HANG_AT_STEP = 50
 
@@ -51,8 +60,14 @@ def run(tmp: Path, features: list[str], i: int, warm: bool) -> dict[str, float]:
         pipeline="bench/hang-detect",
         trial_id="trial-0000",
         model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs={"hidden": 64, "lr": 0.01}),
-        data=DataSpec(train_uri=str(tmp / "train.parquet"), val_uri=str(tmp / "val.parquet"), test_uri=str(tmp / "test.parquet"),
-                      features=features, target="label", version="bench"),
+        data=DataSpec(
+            train_uri=str(tmp / "train.parquet"),
+            val_uri=str(tmp / "val.parquet"),
+            test_uri=str(tmp / "test.parquet"),
+            features=features,
+            target="label",
+            version="bench",
+        ),
         output_uri=str(out),
         max_epochs=2,
         batch_size=16,
@@ -97,7 +112,8 @@ def main() -> dict:
         statistics.median(baselines),
         {
             "path": "warm workers (the local default)" if server is not None else "torchrun (warm workers off)",
-            "baseline_is": f"the hang timeout in force + {BOUND_SECONDS:g} s, the stated bound for the poll, the dumps, the kill and the restart",
+            "baseline_is": f"the hang timeout in force + {BOUND_SECONDS:g} s, the stated bound for the poll, the "
+                           "dumps, the kill and the restart",
             "parts_seconds": {k: [round(r[k], 3) for r in runs] for k in parts},
             "timeout_seconds": [r["timeout"] for r in runs],
             "cold_seconds": [round(t, 3) for t in cold_totals],

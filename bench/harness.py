@@ -38,7 +38,8 @@ from typing import Any, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_ENV = "TRAINYARD_BENCH_RESULTS"  # where results go (tests point it at a temporary directory)
-STARTED_ENV = "TRAINYARD_BENCH_STARTED"  # set by the runner: JSON {"time_utc", "load_average"} taken before the benchmark's process started
+# set by the runner: JSON {"time_utc", "load_average"} taken before the benchmark's process started
+STARTED_ENV = "TRAINYARD_BENCH_STARTED"
 RESULTS = Path(os.environ.get(RESULTS_ENV) or ROOT / "bench" / "results")
 OPS = {"<=": operator.le, ">=": operator.ge}
 BETTER = ("higher", "lower")
@@ -86,8 +87,14 @@ class Target:
         if self.op not in OPS:
             raise ValueError(f"target {self.metric!r}: op must be '<=' or '>=', got {self.op!r}")
         if not (self.metric in ("value", "ratio", "baseline") or self.metric.startswith("details.")):
-            raise ValueError(f"target metric must be 'value', 'ratio', 'baseline' or 'details.<key>', got {self.metric!r}")
-        if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool) or not math.isfinite(self.threshold):
+            raise ValueError(
+                f"target metric must be 'value', 'ratio', 'baseline' or 'details.<key>', got {self.metric!r}"
+            )
+        if (
+            not isinstance(self.threshold, (int, float))
+            or isinstance(self.threshold, bool)
+            or not math.isfinite(self.threshold)
+        ):
             raise ValueError(f"target {self.metric!r}: threshold must be a finite number, got {self.threshold!r}")
 
 
@@ -120,14 +127,24 @@ def evaluate_target(target: dict[str, Any], record: dict[str, Any]) -> dict[str,
     looked_up = _lookup(record, str(target["metric"]))
     value = looked_up if looked_up is not None else target.get("value")
     number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return {**target, "value": value, "met": bool(number and OPS[op](value, threshold)), "better": "higher" if op == ">=" else "lower"}
+    return {
+        **target,
+        "value": value,
+        "met": bool(number and OPS[op](value, threshold)),
+        "better": "higher" if op == ">=" else "lower",
+    }
 
 
 def git_commit(root: Path = ROOT) -> tuple[Optional[str], Optional[bool]]:
-    """(HEAD's sha, whether tracked or untracked-not-ignored files differ from it); (None, None) outside a git checkout."""
+    """(HEAD's sha, whether tracked or untracked-not-ignored files differ from it); (None, None) outside a git
+    checkout."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-        status = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True).stdout
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        status = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None, None
     return sha, bool(status.strip())
@@ -195,8 +212,14 @@ def write_result(
     clash = sorted(set(details) & set(RESERVED))
     if clash:
         raise ValueError(f"{name}: details keys {clash} are written by the harness; rename them")
-    if runs is not None and aggregate == "median" and not math.isclose(value, statistics.median(runs), rel_tol=1e-9, abs_tol=1e-12):
-        raise ValueError(f"{name}: value {value} is not the median of its runs {list(runs)}; pass aggregate= to say what it is")
+    if (
+        runs is not None
+        and aggregate == "median"
+        and not math.isclose(value, statistics.median(runs), rel_tol=1e-9, abs_tol=1e-12)
+    ):
+        raise ValueError(
+            f"{name}: value {value} is not the median of its runs {list(runs)}; pass aggregate= to say what it is"
+        )
     commit, dirty = git_commit()
     record: dict[str, Any] = {
         "name": name,
@@ -225,7 +248,8 @@ def write_result(
         },
     }
     declared = [dict(t) for t in details.get("targets", [])] + [
-        {"metric": t.metric, "op": t.op, "threshold": t.threshold, **({"unit": t.unit} if t.unit else {})} for t in targets
+        {"metric": t.metric, "op": t.op, "threshold": t.threshold, **({"unit": t.unit} if t.unit else {})}
+        for t in targets
     ]
     record["details"]["targets"] = [evaluate_target(t, record) for t in declared]
     results = Path(os.environ.get(RESULTS_ENV) or RESULTS)

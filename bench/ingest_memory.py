@@ -39,7 +39,11 @@ def _spec_kwargs(landing: str, pattern: str = "*.csv") -> dict:
         "team": "bench",
         "name": "memory",
         "source": {"prefix": landing, "pattern": pattern},
-        "columns": {**{f"f{i}": {"dtype": "float", "min": -1000, "max": 1000} for i in range(FLOATS)}, "n": {"dtype": "int"}, "label": {"dtype": "int", "domain": [0, 1]}},
+        "columns": {
+            **{f"f{i}": {"dtype": "float", "min": -1000, "max": 1000} for i in range(FLOATS)},
+            "n": {"dtype": "int"},
+            "label": {"dtype": "int", "domain": [0, 1]},
+        },
         "target": "label",
         "min_rows": 1,
         "model": {"path": "pipelines.vision.models:DigitsMLP"},
@@ -59,11 +63,24 @@ def generate(landing: Path, rows: int) -> int:
     for f in range(FILES):
         n_file = min(per_file, rows - f * per_file)
         path = landing / f"part-{f:02d}.csv"
-        with pacsv.CSVWriter(str(path), pa.schema([*(pa.field(f"f{i}", pa.float64()) for i in range(FLOATS)), ("n", pa.int64()), ("label", pa.int64())])) as w:
+        with pacsv.CSVWriter(
+            str(path),
+            pa.schema(
+                [*(pa.field(f"f{i}", pa.float64()) for i in range(FLOATS)), ("n", pa.int64()), ("label", pa.int64())]
+            ),
+        ) as w:
             for start in range(0, n_file, 1_000_000):
                 k = min(1_000_000, n_file - start)
                 cols = [np.round(rng.normal(0, 100, k), 3) for _ in range(FLOATS)]
-                w.write_table(pa.table({**{f"f{i}": c for i, c in enumerate(cols)}, "n": rng.integers(0, 1_000_000, k), "label": rng.integers(0, 2, k)}))
+                w.write_table(
+                    pa.table(
+                        {
+                            **{f"f{i}": c for i, c in enumerate(cols)},
+                            "n": rng.integers(0, 1_000_000, k),
+                            "label": rng.integers(0, 2, k),
+                        }
+                    )
+                )
         written += path.stat().st_size
     return written
 
@@ -100,7 +117,12 @@ def child(work: str, pattern: str) -> None:
 
 def _measure(work: str, pattern: str) -> dict:
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.ingest_memory", "--child", work, pattern], cwd=ROOT, capture_output=True, text=True, check=False, timeout=900
+        [sys.executable, "-m", "bench.ingest_memory", "--child", work, pattern],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"ingest child failed with exit code {proc.returncode}:\n{proc.stderr[-4000:]}")
@@ -139,7 +161,8 @@ def main() -> dict:
             "peak_rss_mib_one_third_of_the_data": round(third["peak_rss_mib"], 1),
             "rows_one_third": third["rows"],
             "dvc_children_peak_rss_mib_upper_bound": round(measured["dvc_children_peak_rss_mib"], 1),
-            "what": "trainyard.data.ingest.ingest in a fresh process: stream CSV -> Arrow parts -> canonical Parquet snapshot -> DVC pin + push (local remote)",
+            "what": "trainyard.data.ingest.ingest in a fresh process: stream CSV -> Arrow parts -> canonical Parquet "
+                    "snapshot -> DVC pin + push (local remote)",
         },
         targets=[Target("ratio", "<=", 1.0)],
         better="lower",

@@ -63,12 +63,14 @@ MODEL: dict[str, Any] = {"width": 96, "heads": 4, "blocks": 2, "lr": 3e-3}
 
 
 BARRIER_ENV = "TRAINYARD_BENCH_BARRIER"  # "<directory>:<side>": meet the other side there before the first step
-CORE_ENV = "TRAINYARD_BENCH_CORE_PHASE"  # "0" or "1": the core this side starts on; the sides swap cores every SWAP_EVERY steps
+# "0" or "1": the core this side starts on; the sides swap cores every SWAP_EVERY steps
+CORE_ENV = "TRAINYARD_BENCH_CORE_PHASE"
 SWAP_EVERY = 5
 
 
 class LMStepClock(L.Callback):
-    """Stamps every train batch end (`perf_counter` and wall time) and whether a platform checkpoint write was in flight.
+    """Stamps every train batch end (`perf_counter` and wall time) and whether a platform checkpoint write was in
+    flight.
 
     With `TRAINYARD_BENCH_BARRIER=<dir>:<side>` in the environment it waits at the start of training until both
     sides of a pair have reached theirs, so their steps run at the same time. Writes JSON at the end of fit.
@@ -92,13 +94,22 @@ class LMStepClock(L.Callback):
                 raise RuntimeError(f"the other side never reached the barrier in {directory}")
             time.sleep(0.005)
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         phase = os.environ.get(CORE_ENV)
-        if phase is not None and len(self.ends) % SWAP_EVERY == 0:  # the training thread onto the other core of the pair's two
+        if (
+            phase is not None and len(self.ends) % SWAP_EVERY == 0
+        ):  # the training thread onto the other core of the pair's two
             os.sched_setaffinity(0, {(int(phase) + len(self.ends) // SWAP_EVERY) % 2})
         self.ends.append(time.perf_counter())
         self.walls.append(time.time())
-        self.writing.append(any(bool(getattr(getattr(getattr(c, "io", None), "writer", None), "in_flight", False)) for c in getattr(trainer, "callbacks", [])))
+        self.writing.append(
+            any(
+                bool(getattr(getattr(getattr(c, "io", None), "writer", None), "in_flight", False))
+                for c in getattr(trainer, "callbacks", [])
+            )
+        )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.global_rank == 0 and self.path:
@@ -109,10 +120,30 @@ class LMStepClock(L.Callback):
 class TimedDecoderLM(DecoderLM):
     """`DecoderLM` whose runs carry an `LMStepClock` writing to `clock_path`."""
 
-    def __init__(self, clock_path: str = "", vocab_size: int = 257, block_size: int = 64, width: int = 64, heads: int = 4, blocks: int = 2,
-                 expansion: int = 4, tie_weights: bool = False, lr: float = 3e-3, weight_decay: float = 0.01) -> None:
-        super().__init__(vocab_size=vocab_size, block_size=block_size, width=width, heads=heads, blocks=blocks, expansion=expansion,
-                         tie_weights=tie_weights, lr=lr, weight_decay=weight_decay)
+    def __init__(
+        self,
+        clock_path: str = "",
+        vocab_size: int = 257,
+        block_size: int = 64,
+        width: int = 64,
+        heads: int = 4,
+        blocks: int = 2,
+        expansion: int = 4,
+        tie_weights: bool = False,
+        lr: float = 3e-3,
+        weight_decay: float = 0.01,
+    ) -> None:
+        super().__init__(
+            vocab_size=vocab_size,
+            block_size=block_size,
+            width=width,
+            heads=heads,
+            blocks=blocks,
+            expansion=expansion,
+            tie_weights=tie_weights,
+            lr=lr,
+            weight_decay=weight_decay,
+        )
         self.clock_path = clock_path
 
     def configure_callbacks(self) -> list[L.Callback]:
@@ -133,12 +164,25 @@ def run_platform(paths: dict[str, str], out: str, clock: str, steps: int) -> Non
     from training.spec import DataSpec, ImportTarget, TrainSpec
 
     spec = TrainSpec(
-        pipeline="language/bench", trial_id="trial-0000", prediction_task="causal_lm",
+        pipeline="language/bench",
+        trial_id="trial-0000",
+        prediction_task="causal_lm",
         model=ImportTarget(path="bench.lm_throughput:TimedDecoderLM", kwargs={"clock_path": clock, **MODEL}),
         datamodule=ImportTarget(path="training.streaming:StreamingShardDataModule", kwargs={"block_size": BLOCK}),
-        data=DataSpec(train_uri=paths["train"], val_uri=paths["val"], test_uri=paths["test"], features=["tokens"], target="tokens",
-                      version="0" * 32),
-        output_uri=os.path.join(out, "run"), max_epochs=1, limit_train_batches=steps, batch_size=BATCH, monitor="val_loss", monitor_mode="min",
+        data=DataSpec(
+            train_uri=paths["train"],
+            val_uri=paths["val"],
+            test_uri=paths["test"],
+            features=["tokens"],
+            target="tokens",
+            version="0" * 32,
+        ),
+        output_uri=os.path.join(out, "run"),
+        max_epochs=1,
+        limit_train_batches=steps,
+        batch_size=BATCH,
+        monitor="val_loss",
+        monitor_mode="min",
     )
     spec_path = os.path.join(out, "spec.json")
     with open(spec_path, "w") as f:
@@ -155,8 +199,17 @@ def run_bare(paths: dict[str, str], clock: str, steps: int) -> None:
     L.seed_everything(0)
     dm = StreamingShardDataModule(paths["train"], paths["val"], paths["test"], batch_size=BATCH, block_size=BLOCK)
     model = TimedDecoderLM(clock_path=clock, vocab_size=int(dm.vocab_size or 0), block_size=BLOCK, **MODEL)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=steps, deterministic=True, num_sanity_val_steps=0, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        limit_train_batches=steps,
+        deterministic=True,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, dm)
 
 
@@ -181,9 +234,15 @@ def steady(clock: str, warmup: int, window: Optional[tuple[float, float]] = None
     if len(kept) < 2:
         raise RuntimeError(f"{clock}: only {len(kept)} steady periods of {len(ends)} steps")
     mean = float(kept.mean())
-    return {"step_ms_mean": 1e3 * mean, "step_ms_median": 1e3 * float(np.median(kept)), "tokens_per_s": BATCH * BLOCK / mean,
-            "steady_periods": int(len(kept)), "write_periods": int((~quiet[warmup:] & inside[warmup:]).sum()), "steps": int(len(ends)),
-            "step_ms_mean_incl_writes": 1e3 * float(periods[warmup:][inside[warmup:]].mean())}
+    return {
+        "step_ms_mean": 1e3 * mean,
+        "step_ms_median": 1e3 * float(np.median(kept)),
+        "tokens_per_s": BATCH * BLOCK / mean,
+        "steady_periods": int(len(kept)),
+        "write_periods": int((~quiet[warmup:] & inside[warmup:]).sum()),
+        "steps": int(len(ends)),
+        "step_ms_mean_incl_writes": 1e3 * float(periods[warmup:][inside[warmup:]].mean()),
+    }
 
 
 def _window(clocks: Sequence[str], warmup: int) -> tuple[float, float]:
@@ -208,8 +267,14 @@ def _pair(root: str, k: int, steps: int, warmup: int) -> dict[str, dict[str, Any
         env = {**os.environ, "OMP_NUM_THREADS": "1", BARRIER_ENV: f"{barrier}:{side}",
                **({CORE_ENV: str(int(side == "bare"))} if (os.cpu_count() or 1) >= 2 else {}),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        procs[side] = subprocess.Popen([sys.executable, "-m", "bench.lm_throughput", "--child", side, root, out, clocks[side], str(steps)],
-                                       cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+        procs[side] = subprocess.Popen(
+            [sys.executable, "-m", "bench.lm_throughput", "--child", side, root, out, clocks[side], str(steps)],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
     errors = {side: p.communicate(timeout=600)[1] for side, p in procs.items()}
     for side, p in procs.items():
         if p.returncode != 0:
@@ -239,13 +304,16 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         "tokens/s",
         baseline,
         {
-            "what": f"steady-state training tokens/s (mean step period after {args.warmup} warm-up steps, async checkpoint writes apart) of "
-                    f"DecoderLM {MODEL} vocab {VOCAB} block {BLOCK}, batch {BATCH}, {args.steps} steps on StreamingShardDataModule, one CPU "
-                    f"process with 1 thread each, the two sides stepping at the same time: a causal_lm trial through training.entrypoint vs bare "
-                    f"L.Trainer.fit",
+            "what": f"steady-state training tokens/s (mean step period after {args.warmup} warm-up steps, async "
+                    "checkpoint writes apart) of "
+            f"DecoderLM {MODEL} vocab {VOCAB} block {BLOCK}, batch {BATCH}, {args.steps} steps on "
+            "StreamingShardDataModule, one CPU "
+            "process with 1 thread each, the two sides stepping at the same time: a causal_lm trial through "
+            "training.entrypoint vs bare "
+            f"L.Trainer.fit",
             "paired": paired_ratios(ours, theirs, TARGET, "higher"),
             "added_ms_per_step": statistics.median(r["step_ms_mean"] for r in runs["platform"])
-                                 - statistics.median(r["step_ms_mean"] for r in runs["bare"]),
+            - statistics.median(r["step_ms_mean"] for r in runs["bare"]),
             "runs": runs,
             "order": "both sides of a pair at once; pair k starts the platform's process first when k is even",
             "steps": args.steps,

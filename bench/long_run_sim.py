@@ -36,7 +36,18 @@ import time
 from typing import Any, Optional
 
 from bench.harness import Target, write_result
-from bench.sim.long_run import LLAMA3_DAYS, LLAMA3_GPUS, LLAMA3_PER_GPU_HOUR, LLAMA3_UNEXPECTED, PHASES, RunConfig, RunResult, interruptions, policies, simulate
+from bench.sim.long_run import (
+    LLAMA3_DAYS,
+    LLAMA3_GPUS,
+    LLAMA3_PER_GPU_HOUR,
+    LLAMA3_UNEXPECTED,
+    PHASES,
+    RunConfig,
+    RunResult,
+    interruptions,
+    policies,
+    simulate,
+)
 from bench.sim.result import nearest_rank
 from bench.sim.stats import paired_difference, t_interval
 
@@ -108,35 +119,52 @@ def headline_figures(summary: dict[str, Any]) -> dict[str, float]:
 
 def table(by_scenario: dict[str, Any]) -> list[str]:
     """Markdown rows: scenario, policy, ratio mean [95% interval], p5, worst seed, difference to the baseline."""
-    lines = ["| scenario | policy | ratio mean [95% CI] | p5 | worst | - baseline [95% CI] | hours lost/wk: waiting, smaller, lost work, hung |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| scenario | policy | ratio mean [95% CI] | p5 | worst | - baseline [95% CI] | hours lost/wk: waiting, "
+        "smaller, lost work, hung |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for scenario, s in by_scenario.items():
         for name, p in s["policies"].items():
             r = p["ratio"]
             d = s["vs_" + BASELINE].get(name)
             diff = f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}]" if d else "-"
             h = p["mean_hours"]
-            lines.append(f"| {scenario} | {name} | {r['mean']:.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}] | {p['ratio_p5']:.3f} | "
-                         f"{p['ratio_worst']:.3f} | {diff} | {h['waiting']:.2f}, {h['smaller']:.2f}, {h['lost']:.2f}, {h['hung']:.2f} |")
+            lines.append(
+                f"| {scenario} | {name} | {r['mean']:.4f} [{r['ci_low']:.4f}, {r['ci_high']:.4f}] | "
+                f"{p['ratio_p5']:.3f} | "
+                f"{p['ratio_worst']:.3f} | {diff} | {h['waiting']:.2f}, {h['smaller']:.2f}, {h['lost']:.2f}, "
+                f"{h['hung']:.2f} |"
+            )
     return lines
 
 
 def example(cfg: RunConfig, seeds: int) -> Optional[dict[str, Any]]:
-    """The first seed on which the mechanisms-on policy continued smaller: both policies' event logs (saves left out)."""
+    """The first seed on which the mechanisms-on policy continued smaller: both policies' event logs (saves left
+    out)."""
     for seed in range(seeds):
         events = interruptions(cfg, seed)
         on = simulate(cfg, policies()[HEADLINE], events=events)
         if on.counts["shrinks"]:
             off = simulate(cfg, policies()[BASELINE], events=events)
-            fmt = lambda r: [f"{t:7.2f} h  {what}  size {size}  interval {interval:.2f} h" for t, what, size, interval in r.log
-                             if what != "checkpoint committed"]
-            return {"seed": seed, HEADLINE: {"ratio": on.ratio, "log": fmt(on)}, BASELINE: {"ratio": off.ratio, "log": fmt(off)}}
+            fmt = lambda r: [
+                f"{t:7.2f} h  {what}  size {size}  interval {interval:.2f} h"
+                for t, what, size, interval in r.log
+                if what != "checkpoint committed"
+            ]
+            return {
+                "seed": seed,
+                HEADLINE: {"ratio": on.ratio, "log": fmt(on)},
+                BASELINE: {"ratio": off.ratio, "log": fmt(off)},
+            }
     return None
 
 
 def main(argv: Optional[list[str]] = None) -> dict:
     parser = argparse.ArgumentParser(prog="python -m bench.long_run_sim", description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=SEEDS, help="weeks of interruptions per scenario (>= 2 for intervals)")
+    parser.add_argument(
+        "--seeds", type=int, default=SEEDS, help="weeks of interruptions per scenario (>= 2 for intervals)"
+    )
     args = parser.parse_args(argv or [])
     if args.seeds < 2:
         parser.error(f"--seeds must be >= 2 to give an interval, got {args.seeds}")
@@ -157,31 +185,47 @@ def main(argv: Optional[list[str]] = None) -> dict:
         "policies": {name: dataclasses.asdict(p) for name, p in policies().items()},
         "failure_rate": {
             "source": "Meta, The Llama 3 Herd of Models (2024), section 3.3.4 and Table 5",
-            "arithmetic": f"{LLAMA3_UNEXPECTED} / ({LLAMA3_DAYS} d x 24 h x {LLAMA3_GPUS} GPUs) = {LLAMA3_PER_GPU_HOUR:.4g} per GPU-hour",
+            "arithmetic": f"{LLAMA3_UNEXPECTED} / ({LLAMA3_DAYS} d x 24 h x {LLAMA3_GPUS} GPUs) = "
+                          f"{LLAMA3_PER_GPU_HOUR:.4g} per GPU-hour",
             "per_gpu_hour": LLAMA3_PER_GPU_HOUR,
             "job_mtbf_hours_256_gpus": 1.0 / (head_cfg.gpus * head_cfg.per_gpu_hour),
             "expected_per_week_256_gpus": head_cfg.gpus * head_cfg.per_gpu_hour * head_cfg.hours,
             "node_mtbf_hours": head_cfg.node_mtbf_hours,
-            "shares": {"node_loss": head_cfg.node_loss_share, "hang": head_cfg.hang_share,
-                       "transient": 1 - head_cfg.node_loss_share - head_cfg.hang_share, "silent_of_hangs": head_cfg.silent_hang_share},
+            "shares": {
+                "node_loss": head_cfg.node_loss_share,
+                "hang": head_cfg.hang_share,
+                "transient": 1 - head_cfg.node_loss_share - head_cfg.hang_share,
+                "silent_of_hangs": head_cfg.silent_hang_share,
+            },
         },
         "checkpoint_interval_hours": {f"{n}_nodes": head_cfg.checkpoint_interval_hours(n) for n in (32, 31, 24, 16)},
         "hang_timeout_seconds": head_cfg.hang_timeout_seconds,
         "example": example(head_cfg, args.seeds),
-        "metric": "effective training time ratio = progress in full-size-gang hours (n of N nodes count n/N) / wall hours; "
-                  "mean over seeds with a 95% Student-t interval, p5 = nearest-rank 5th percentile over seeds; "
-                  "vs_<baseline>: paired (same seed) difference policy - baseline",
-        "left_out": "stragglers and slow nodes (no published rate to parameterise them), failures during restarts, planned "
-                    "maintenance, a smaller gang's per-GPU efficiency (taken as equal), the initial launch",
+        "metric": "effective training time ratio = progress in full-size-gang hours (n of N nodes count n/N) / wall "
+                  "hours; "
+        "mean over seeds with a 95% Student-t interval, p5 = nearest-rank 5th percentile over seeds; "
+        "vs_<baseline>: paired (same seed) difference policy - baseline",
+        "left_out": "stragglers and slow nodes (no published rate to parameterise them), failures during restarts, "
+                    "planned "
+        "maintenance, a smaller gang's per-GPU efficiency (taken as equal), the initial launch",
         "seeds": args.seeds,
     }
     details["wall_seconds"] = round(time.perf_counter() - started, 1)
     head = by_scenario[head_name]["policies"]
-    return write_result(NAME, head[HEADLINE]["ratio"]["mean"], "fraction of wall time training (full-gang equivalent)",
-                        head[BASELINE]["ratio"]["mean"], details,
-                        targets=[Target("value", ">=", TARGET), Target("details.headline.mechanisms_on_ci_low", ">=", TARGET, unit="fraction")],
-                        runs=[r.ratio for r in runs[head_name][HEADLINE]], baseline_runs=[r.ratio for r in runs[head_name][BASELINE]],
-                        aggregate=f"mean over {args.seeds} seeds (weeks of interruptions)")
+    return write_result(
+        NAME,
+        head[HEADLINE]["ratio"]["mean"],
+        "fraction of wall time training (full-gang equivalent)",
+        head[BASELINE]["ratio"]["mean"],
+        details,
+        targets=[
+            Target("value", ">=", TARGET),
+            Target("details.headline.mechanisms_on_ci_low", ">=", TARGET, unit="fraction"),
+        ],
+        runs=[r.ratio for r in runs[head_name][HEADLINE]],
+        baseline_runs=[r.ratio for r in runs[head_name][BASELINE]],
+        aggregate=f"mean over {args.seeds} seeds (weeks of interruptions)",
+    )
 
 
 if __name__ == "__main__":

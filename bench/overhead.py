@@ -51,7 +51,8 @@ period; `details.like_for_like.added_ms_per_step` = platform - bare_allocator
 (target <= 1 ms: what the platform adds once both allocate alike), the sides' medians;
 `details.like_for_like.added_ms_per_step_paired`: the same as each repetition's
 paired difference, with a 95% t-interval and whether it resolves the target (one side's runs
-spread over 4-12 ms on this machine, more than the 1 ms the target allows). `details.platform_hooks_ms_per_step`: the time rank 0
+spread over 4-12 ms on this machine, more than the 1 ms the target allows). `details.platform_hooks_ms_per_step`: the
+time rank 0
 spends in the platform's own per-step callback hooks and logger calls, timed
 in-process by `StepClock` (no target; it says how much of `added_ms_per_step`
 is the platform's code rather than noise). `details.where_the_time_goes`: per side, rank 0's steady step split by
@@ -111,22 +112,37 @@ def _clock(path: Path) -> dict[str, Any]:
     quiet[:WARMUP] = False
     steady = periods[quiet]
     if len(steady) < STEPS // 4:
-        raise RuntimeError(f"{path}: only {len(steady)} steady-state step periods of {len(ends)} steps (expected {STEPS})")
+        raise RuntimeError(
+            f"{path}: only {len(steady)} steady-state step periods of {len(ends)} steps (expected {STEPS})"
+        )
     after_warmup = periods[WARMUP:]
     # the hooks' time in each period: charged at the batch end that closes it
     hooks = [h for h, q in zip(c.get("hooks", [])[1:], quiet) if q]
-    by_class = {name: 1e3 * sum(h.get(name, 0.0) for h in hooks) / max(len(hooks), 1) for name in sorted({n for h in hooks for n in h})}
+    by_class = {
+        name: 1e3 * sum(h.get(name, 0.0) for h in hooks) / max(len(hooks), 1)
+        for name in sorted({n for h in hooks for n in h})
+    }
     cpu = {**_cpu(c.get("cpu"), c.get("phases"), quiet, float(steady.sum())), **_phases(c.get("phases"), quiet),
            **_rusage(c.get("rusage"), quiet), **_processes(c)}
-    return {"cpu": cpu, "first": c["first_step_start_wall"], "last": c["last_step_end_wall"], "mean": float(steady.mean()),
-            "hooks_ms": sum(by_class.values()), "hooks_ms_by_class": by_class,
-            "median": float(np.median(steady)), "p90": float(np.percentile(steady, 90)), "steps": len(ends),
-            "steady_periods": len(steady), "write_periods": int((~quiet[WARMUP:]).sum()),
-            "mean_all": float(after_warmup.mean())}
+    return {
+        "cpu": cpu,
+        "first": c["first_step_start_wall"],
+        "last": c["last_step_end_wall"],
+        "mean": float(steady.mean()),
+        "hooks_ms": sum(by_class.values()),
+        "hooks_ms_by_class": by_class,
+        "median": float(np.median(steady)),
+        "p90": float(np.percentile(steady, 90)),
+        "steps": len(ends),
+        "steady_periods": len(steady),
+        "write_periods": int((~quiet[WARMUP:]).sum()),
+        "mean_all": float(after_warmup.mean()),
+    }
 
 
 def _cpu(rows: Any, phases: Any, quiet: np.ndarray, steady_seconds: float) -> dict[str, float]:
-    """Where a steady step's time goes in CPU, from the clock's cumulative `cpu` rows and its batch-end `phases` stamp."""
+    """Where a steady step's time goes in CPU, from the clock's cumulative `cpu` rows and its batch-end `phases`
+    stamp."""
     if not rows or not phases:
         return {}
     d = np.diff(np.asarray(rows, dtype=float), axis=0)[quiet]
@@ -145,7 +161,8 @@ RUSAGE = ("minor_faults", "major_faults", "voluntary_switches", "involuntary_swi
 
 
 def _rusage(rows: Any, quiet: np.ndarray) -> dict[str, float]:
-    """Rank 0's page faults and context switches per steady step, whole process and main thread (the clock's `rusage`)."""
+    """Rank 0's page faults and context switches per steady step, whole process and main thread (the clock's
+    `rusage`)."""
     if not rows or len(rows) != len(quiet) + 1:
         return {}
     d = np.diff(np.asarray(rows, dtype=float), axis=0)[quiet]
@@ -154,7 +171,8 @@ def _rusage(rows: Any, quiet: np.ndarray) -> dict[str, float]:
 
 
 def _processes(c: dict[str, Any]) -> dict[str, Any]:
-    """Cores each process used between the clock's two snapshots (end of warm-up, last batch end): ranks apart from the rest.
+    """Cores each process used between the clock's two snapshots (end of warm-up, last batch end): ranks apart from the
+    rest.
 
     `other_processes_cores`: everything but the training ranks (the launcher, a warm server, W&B's service, the
     machine's other work), which takes cores from ranks that each want one on this 2-core machine.
@@ -215,17 +233,30 @@ def _summary(clock: dict[str, Any], launched: float, returned: float) -> dict[st
 
 
 def bare(data: Path, out: Path, allocator: bool = False) -> dict[str, float]:
-    """The bare Lightning run; `allocator`: with the platform's allocator settings (`TRAINING_MALLOC_ENV`) in its environment."""
+    """The bare Lightning run; `allocator`: with the platform's allocator settings (`TRAINING_MALLOC_ENV`) in its
+    environment."""
     from training.spec import TRAINING_MALLOC_ENV
 
     clock = out / "clock.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={PROCS}",
-           str(ROOT / "bench" / "bare_lightning.py"), str(data), str(BATCH), str(clock), json.dumps({**MODEL, "n_classes": CLASSES})]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={PROCS}",
+        str(ROOT / "bench" / "bare_lightning.py"),
+        str(data),
+        str(BATCH),
+        str(clock),
+        json.dumps({**MODEL, "n_classes": CLASSES}),
+    ]
     env = {k: v for k, v in os.environ.items() if k not in TRAINING_MALLOC_ENV}
     if allocator:
         env.update(TRAINING_MALLOC_ENV)
     launched = time.time()
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True, env={**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        cmd, check=True, cwd=ROOT, capture_output=True, env={**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    )
     return _summary(_clock(clock), launched, time.time())
 
 
@@ -238,8 +269,14 @@ def platform(data: Path, features: list[str], out: Path) -> dict[str, float]:
         pipeline="bench/overhead",
         trial_id="trial-0000",
         model=ImportTarget(path="bench.steady_model:TimedMLP", kwargs={**MODEL, "clock_path": str(clock)}),
-        data=DataSpec(train_uri=str(data / "train.parquet"), val_uri=str(data / "val.parquet"), test_uri=str(data / "test.parquet"),
-                      features=features, target="label", version="bench"),
+        data=DataSpec(
+            train_uri=str(data / "train.parquet"),
+            val_uri=str(data / "val.parquet"),
+            test_uri=str(data / "test.parquet"),
+            features=features,
+            target="label",
+            version="bench",
+        ),
         output_uri=str(out / "trial"),
         max_epochs=1,
         batch_size=BATCH,
@@ -257,23 +294,36 @@ def _where(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     Read `added_ms_per_step` against it: time the platform's own code adds shows in the phase that runs it (its
     batch-end hooks in `optimizer`, its data module in `fetch`); the same work done slower shows in every phase.
     """
-    out: dict[str, Any] = {"what": "rank 0, steady-state steps, median over each side's runs: ms per step by phase "
-                           "(fetch: previous batch end -> batch start; forward: -> before backward; backward: -> after "
-                           "backward, DDP's gradient all-reduce waited on included; optimizer: before the optimizer's "
-                           "step -> batch end, the other callbacks' batch-end hooks included), in wall time and in the "
-                           "main thread's CPU time; the CPU its other threads used (gloo's), its garbage collector's "
-                           "time, and how many of the machine's cores were busy; rank 0's page faults and context switches per step (process and main "
-                           "thread: an involuntary switch is another runnable task taking the core); the cores the ranks "
-                           "and all other processes used (the launcher, a warm server, W&B's service, the machine's other work)"}
+    out: dict[str, Any] = {
+        "what": "rank 0, steady-state steps, median over each side's runs: ms per step by phase "
+        "(fetch: previous batch end -> batch start; forward: -> before backward; backward: -> after "
+        "backward, DDP's gradient all-reduce waited on included; optimizer: before the optimizer's "
+        "step -> batch end, the other callbacks' batch-end hooks included), in wall time and in the "
+        "main thread's CPU time; the CPU its other threads used (gloo's), its garbage collector's "
+        "time, and how many of the machine's cores were busy; rank 0's page faults and context switches per step "
+        "(process and main "
+        "thread: an involuntary switch is another runnable task taking the core); the cores the ranks "
+        "and all other processes used (the launcher, a warm server, W&B's service, the machine's other work)"
+    }
     for side, rs in runs.items():
         if not rs or "phase_wall_ms_per_step" not in rs[0]:
             continue
         out[side] = {
             kind: {ph: float(statistics.median(r[f"phase_{kind}_ms_per_step"][ph] for r in rs)) for ph in PHASES}
             for kind in ("wall", "cpu")
-        } | {k: float(statistics.median(r[k] for r in rs)) for k in (
-            "rank0_main_thread_cpu_ms_per_step", "rank0_other_threads_cpu_ms_per_step", "rank0_gc_ms_per_step", "machine_busy_cores",
-            *(f"rank0_{w}{n}_per_step" for w in ("", "main_thread_") for n in RUSAGE), "ranks_cores", "other_processes_cores") if k in rs[0]}
+        } | {
+            k: float(statistics.median(r[k] for r in rs))
+            for k in (
+                "rank0_main_thread_cpu_ms_per_step",
+                "rank0_other_threads_cpu_ms_per_step",
+                "rank0_gc_ms_per_step",
+                "machine_busy_cores",
+                *(f"rank0_{w}{n}_per_step" for w in ("", "main_thread_") for n in RUSAGE),
+                "ranks_cores",
+                "other_processes_cores",
+            )
+            if k in rs[0]
+        }
     return out
 
 
@@ -283,7 +333,8 @@ def _median(runs: list[dict[str, float]], key: str) -> float:
 
 def _paired_added(plat: list[dict[str, float]], other: list[dict[str, float]], target_ms: float = 1.0,
                   what: str = "platform - bare_allocator") -> dict[str, Any]:
-    """The added ms/step as repetitions' paired differences (platform - other, run one after the other) with a t-interval.
+    """The added ms/step as repetitions' paired differences (platform - other, run one after the other) with a
+    t-interval.
 
     The target reads the difference of the sides' medians; this says whether this many repetitions resolve it: `verdict`
     is "met" when the whole interval is at or below `target_ms`, "missed" when it is all above, else "not resolved".
@@ -296,7 +347,9 @@ def _paired_added(plat: list[dict[str, float]], other: list[dict[str, float]], t
     if len(diffs) < 2:
         return out | {"verdict": "not resolved (fewer than two repetitions)"}
     interval = t_interval(diffs)
-    verdict = "met" if interval["ci_high"] <= target_ms else "missed" if interval["ci_low"] > target_ms else "not resolved"
+    verdict = (
+        "met" if interval["ci_high"] <= target_ms else "missed" if interval["ci_low"] > target_ms else "not resolved"
+    )
     return out | interval | {"verdict": f"{verdict} (target <= {target_ms} ms/step at {len(diffs)} repetitions)"}
 
 
@@ -312,13 +365,20 @@ def main() -> dict:
             for side in SIDES[k:] + SIDES[:k]:  # each side in each position in turn
                 out = tmp_path / f"{side}-{i}"
                 out.mkdir()
-                runs[side].append(platform(tmp_path, features, out) if side == "platform" else bare(tmp_path, out, side != "bare"))
+                runs[side].append(
+                    platform(tmp_path, features, out) if side == "platform" else bare(tmp_path, out, side != "bare")
+                )
     from bench.steady_model import TimedMLP
 
-    params = sum(p.numel() for p in TimedMLP(clock_path="", n_features=FEATURES, n_classes=CLASSES, **MODEL).parameters())
+    params = sum(
+        p.numel() for p in TimedMLP(clock_path="", n_features=FEATURES, n_classes=CLASSES, **MODEL).parameters()
+    )
     plat, ref, tuned, again = runs["platform"], runs["bare"], runs["bare_allocator"], runs["bare_allocator_again"]
     added_ms = _median(plat, "step_ms_mean") - _median(ref, "step_ms_mean")
-    fixed = {k: {"platform": _median(plat, k), "bare": _median(ref, k)} for k in ("launch_to_first_step_s", "last_step_to_result_s", "wall_s")}
+    fixed = {
+        k: {"platform": _median(plat, k), "bare": _median(ref, k)}
+        for k in ("launch_to_first_step_s", "last_step_to_result_s", "wall_s")
+    }
     return write_result(
         "platform_overhead",
         _median(plat, "samples_per_second"),
@@ -330,13 +390,16 @@ def main() -> dict:
             f"{STEPS} steps of {BATCH} rows per rank, first {WARMUP} step periods excluded",
             "added_ms_per_step": added_ms,
             "platform_hooks_ms_per_step": _median(plat, "other_callbacks_and_loggers_ms_per_step"),
-            "platform_hooks_note": "time inside the platform's own per-step callback hooks and its logger's log_metrics per "
+            "platform_hooks_note": "time inside the platform's own per-step callback hooks and its logger's "
+                                   "log_metrics per "
             "steady-state step (rank 0, timed in-process by the model's StepClock): a direct, low-noise part of "
             "added_ms_per_step; the rest of that difference is the step's compute and the machine's noise",
-            "added_ms_per_step_incl_write_periods": _median(plat, "step_ms_mean_incl_writes") - _median(ref, "step_ms_mean_incl_writes"),
+            "added_ms_per_step_incl_write_periods": _median(plat, "step_ms_mean_incl_writes")
+            - _median(ref, "step_ms_mean_incl_writes"),
             "like_for_like": {
                 "what": "the platform against bare Lightning run with the platform's allocator settings "
-                "(training.spec.TRAINING_MALLOC_ENV, which every launcher gives training processes): what the platform adds "
+                "(training.spec.TRAINING_MALLOC_ENV, which every launcher gives training processes): what the "
+                "platform adds "
                 "once both allocate alike",
                 "ratio": _median(plat, "samples_per_second") / _median(tuned, "samples_per_second"),
                 "added_ms_per_step": _median(plat, "step_ms_mean") - _median(tuned, "step_ms_mean"),
@@ -347,7 +410,9 @@ def main() -> dict:
                     "second bare_allocator side in the same rotation. What it reads is this machine's noise in the "
                     "like-for-like figure at this many repetitions; a platform difference no larger says nothing",
                     "added_ms_per_step": _median(again, "step_ms_mean") - _median(tuned, "step_ms_mean"),
-                    "added_ms_per_step_paired": _paired_added(again, tuned, what="bare_allocator_again - bare_allocator"),
+                    "added_ms_per_step_paired": _paired_added(
+                        again, tuned, what="bare_allocator_again - bare_allocator"
+                    ),
                     "bare_allocator_again_runs": again,
                 },
             },
@@ -359,12 +424,17 @@ def main() -> dict:
             "model": MODEL,
             "platform_includes": "the launcher's allocator settings (TRAINING_MALLOC_ENV), "
             "ParquetDataModule + resumable sampler, ProgressCallback, FaultTolerance (Young/Daly, async "
-            "first save after step 1), W&B offline logging every 50 steps; after the fit: final checkpoint, evaluation, export",
-            "caveat": "2-core machine shared with other work: step times carry its noise; runs alternate so it hits both sides",
+            "first save after step 1), W&B offline logging every 50 steps; after the fit: final checkpoint, "
+            "evaluation, export",
+            "caveat": "2-core machine shared with other work: step times carry its noise; runs alternate so it hits "
+                      "both sides",
         },
         # The ms/step target is held against the like-for-like baseline: against plain bare Lightning the allocator
         # settings make the difference negative, which would say nothing about what the platform's own code adds.
-        targets=[Target("ratio", ">=", 0.98), Target("details.like_for_like.added_ms_per_step", "<=", 1.0, unit="ms/step")],
+        targets=[
+            Target("ratio", ">=", 0.98),
+            Target("details.like_for_like.added_ms_per_step", "<=", 1.0, unit="ms/step"),
+        ],
         better="higher",
         runs=[r["samples_per_second"] for r in plat],
         baseline_runs=[r["samples_per_second"] for r in ref],

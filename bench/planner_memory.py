@@ -67,8 +67,14 @@ class MemoryProbeMLP(MLPClassifier):
     @override
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         peak = peak_rss_bytes()  # not ru_maxrss: a spawned rank inherits its launcher's high-water mark
-        record = {"rank": self.global_rank, "steps": self.trainer.global_step, "rss_before_model": self.rss_before_model,
-                  "peak_rss": peak, "measured_bytes": peak - self.rss_before_model, "rss_now": _rss_bytes()}
+        record = {
+            "rank": self.global_rank,
+            "steps": self.trainer.global_step,
+            "rss_before_model": self.rss_before_model,
+            "peak_rss": peak,
+            "measured_bytes": peak - self.rss_before_model,
+            "rss_now": _rss_bytes(),
+        }
         path = Path(self.probe_dir) / f"rank-{self.global_rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(record))
@@ -106,7 +112,9 @@ def main() -> dict:
             spec = TrainSpec(
                 pipeline="bench/planner-memory",
                 trial_id=f"trial-{name}",
-                model=ImportTarget(path="bench.planner_memory:MemoryProbeMLP", kwargs={**hparams, "probe_dir": str(probe)}),
+                model=ImportTarget(
+                    path="bench.planner_memory:MemoryProbeMLP", kwargs={**hparams, "probe_dir": str(probe)}
+                ),
                 data=data,
                 output_uri=str(Path(tmp) / name / "run"),
                 max_epochs=1,
@@ -117,8 +125,16 @@ def main() -> dict:
             )
             LocalLauncher(timeout_seconds=300).launch(spec)
             ranks = [json.loads(p.read_text()) for p in sorted(probe.glob("rank-*.json"))]
-            predicted = memory_per_device(strategy, estimate_params(MLPClassifier(**hparams)), 4, "adam", PROCS,
-                                          tensor_parallel_size=t, activation_gb=_activation_gb(width), fsdp_units=BLOCKS)
+            predicted = memory_per_device(
+                strategy,
+                estimate_params(MLPClassifier(**hparams)),
+                4,
+                "adam",
+                PROCS,
+                tensor_parallel_size=t,
+                activation_gb=_activation_gb(width),
+                fsdp_units=BLOCKS,
+            )
             return [r["measured_bytes"] / GIB for r in ranks], predicted
 
         for strategy in ("ddp", "fsdp", "tp"):

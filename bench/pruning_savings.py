@@ -63,7 +63,8 @@ SEEDS = (0, 1, 2, 3, 4)
 
 
 def write_digits(directory: Path) -> Any:
-    """All 1797 digits with the pipeline's column names, split 70/15/15 after a fixed shuffle; the `validated_data` value."""
+    """All 1797 digits with the pipeline's column names, split 70/15/15 after a fixed shuffle; the `validated_data`
+    value."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     from sklearn.datasets import load_digits
@@ -74,7 +75,11 @@ def write_digits(directory: Path) -> Any:
     frame = frame.sample(frac=1.0, random_state=0).reset_index(drop=True)
     frame["label"] = frame["label"].astype("int64")
     n = len(frame)
-    cuts = {"train": frame.iloc[: int(0.7 * n)], "val": frame.iloc[int(0.7 * n) : int(0.85 * n)], "test": frame.iloc[int(0.85 * n) :]}
+    cuts = {
+        "train": frame.iloc[: int(0.7 * n)],
+        "val": frame.iloc[int(0.7 * n) : int(0.85 * n)],
+        "test": frame.iloc[int(0.85 * n) :],
+    }
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, part in cuts.items():
@@ -96,9 +101,16 @@ def pipeline(pruned: bool, n_trials: int, seed: int) -> Any:
 
     search = digits.search
     if search.sampler != SearchSpec.model_fields["sampler"].default or search.pruner.enabled:
-        raise ValueError(f"pruning_savings expects digits with the default sampler and no pruner; it has {search.sampler!r}, {search.pruner.kind!r}")
+        raise ValueError(
+            f"pruning_savings expects digits with the default sampler and no pruner; it has {search.sampler!r}, "
+            f"{search.pruner.kind!r}"
+        )
     pruner = PrunerSpec(kind="median") if pruned else PrunerSpec()
-    return digits.model_copy(update={"search": search.model_copy(update={"n_trials": n_trials, "seed": seed, "parallelism": 1, "pruner": pruner})})
+    return digits.model_copy(
+        update={
+            "search": search.model_copy(update={"n_trials": n_trials, "seed": seed, "parallelism": 1, "pruner": pruner})
+        }
+    )
 
 
 def run_trial(spec: Any, sweeps: Any, study: str, data: Any, home: Path) -> dict[str, Any]:
@@ -111,10 +123,16 @@ def run_trial(spec: Any, sweeps: Any, study: str, data: Any, home: Path) -> dict
     params = dict(sweeps.trial(study, number).params)
     trial_id = f"trial-{number:04d}"
     train = build_train_spec(
-        spec, TrialInputs(trial_id=trial_id, number=number, study=study, params=params), data,
-        output_uri=str(home / "runs" / study / trial_id), distribution=spec.distribution,
-        tracker=TrackerSpec(kind="wandb", mode="offline", project="bench", group=study, name=trial_id, dir=str(home / "wandb")),
-        optuna_storage_url=sweeps.connect_url(), lineage={"bench": "pruning_savings"},
+        spec,
+        TrialInputs(trial_id=trial_id, number=number, study=study, params=params),
+        data,
+        output_uri=str(home / "runs" / study / trial_id),
+        distribution=spec.distribution,
+        tracker=TrackerSpec(
+            kind="wandb", mode="offline", project="bench", group=study, name=trial_id, dir=str(home / "wandb")
+        ),
+        optuna_storage_url=sweeps.connect_url(),
+        lineage={"bench": "pruning_savings"},
     )
     launched = time.perf_counter()
     result = LocalLauncher().launch(train).result
@@ -122,14 +140,22 @@ def run_trial(spec: Any, sweeps: Any, study: str, data: Any, home: Path) -> dict
     pruned = result.status == "pruned"
     sweeps.tell(study, number, None if pruned else result.best_metric, {"val_acc": result.best_metric}, pruned=pruned)
     return {
-        "number": number, "params": params, "status": result.status, "best_val_acc": round(result.best_metric, 4),
-        "epochs": result.epochs, "device_seconds": round(wall * result.world_size, 2), "launch_wall_seconds": round(wall, 2),
-        "recorded_device_seconds": round(result.device_hours * 3600, 2), "fit_seconds": round(result.fit_seconds, 2),
+        "number": number,
+        "params": params,
+        "status": result.status,
+        "best_val_acc": round(result.best_metric, 4),
+        "epochs": result.epochs,
+        "device_seconds": round(wall * result.world_size, 2),
+        "launch_wall_seconds": round(wall, 2),
+        "recorded_device_seconds": round(result.device_hours * 3600, 2),
+        "fit_seconds": round(result.fit_seconds, 2),
         "world_size": result.world_size,
     }
 
 
-def sweep(home: Path, seed: int, pruned: bool, data: Any, n_trials: int, cap: int, bar: Optional[float] = None) -> list[dict[str, Any]]:
+def sweep(
+    home: Path, seed: int, pruned: bool, data: Any, n_trials: int, cap: int, bar: Optional[float] = None
+) -> list[dict[str, Any]]:
     """One sweep's trials: `n_trials`, or (with `bar`) on until a trial reached it, at most `cap`."""
     from resources.sweeps import SweepStore
 
@@ -140,7 +166,11 @@ def sweep(home: Path, seed: int, pruned: bool, data: Any, n_trials: int, cap: in
     trials: list[dict[str, Any]] = []
     while len(trials) < n_trials or (bar is not None and len(trials) < cap and not reached(trials, bar)):
         trials.append(run_trial(spec, sweeps, study, data, home))
-        print(f"pruning_savings: seed {seed} {'pruned' if pruned else 'unpruned'} {trials[-1]}", file=sys.stderr, flush=True)
+        print(
+            f"pruning_savings: seed {seed} {'pruned' if pruned else 'unpruned'} {trials[-1]}",
+            file=sys.stderr,
+            flush=True,
+        )
     return trials
 
 
@@ -149,7 +179,8 @@ def reached(trials: Sequence[dict[str, Any]], bar: float) -> bool:
 
 
 def spent_to(trials: Sequence[dict[str, Any]], bar: float, key: str = "device_seconds") -> Optional[float]:
-    """What a sweep spent (`key` of each trial: device_seconds, epochs) until and including its first trial that reached `bar`; None: none did."""
+    """What a sweep spent (`key` of each trial: device_seconds, epochs) until and including its first trial that reached
+    `bar`; None: none did."""
     spent = 0.0
     for t in trials:
         spent += t[key]
@@ -159,13 +190,16 @@ def spent_to(trials: Sequence[dict[str, Any]], bar: float, key: str = "device_se
 
 
 def same_trials_cost_ratio(full: Sequence[dict[str, Any]], cut: Sequence[dict[str, Any]]) -> Optional[float]:
-    """Device-seconds of trials completed in both sweeps with the same parameters, pruned sweep / unpruned (None: no such trial).
+    """Device-seconds of trials completed in both sweeps with the same parameters, pruned sweep / unpruned (None: no
+    such trial).
 
     Both sweeps train those trials identically, so anything but 1 is the
     machine (its load) changing between the sweeps: a gauge of how much of the
     value is noise.
     """
-    pairs = [(a, b) for a, b in zip(full, cut) if a["params"] == b["params"] and a["status"] == b["status"] == "completed"]
+    pairs = [
+        (a, b) for a, b in zip(full, cut) if a["params"] == b["params"] and a["status"] == b["status"] == "completed"
+    ]
     if not pairs:
         return None
     return round(sum(b["device_seconds"] for _, b in pairs) / sum(a["device_seconds"] for a, _ in pairs), 3)
@@ -231,24 +265,32 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         None,
         {
             "what": "device-seconds (per trial: wall seconds of its LocalLauncher launch x its processes) the "
-            "median-pruned sweep spent until a trial reached the unpruned sweep's best val_acc, over those the unpruned sweep spent "
-            f"to reach it; {args.trials} trials per sweep, the pruned one going on up to {max(args.cap, args.trials)} if none "
+            "median-pruned sweep spent until a trial reached the unpruned sweep's best val_acc, over those the "
+            "unpruned sweep spent "
+            f"to reach it; {args.trials} trials per sweep, the pruned one going on up to {max(args.cap, args.trials)} "
+            "if none "
             "reached it; a sweep that never did is charged at least the unpruned figure; target <= 0.5",
-            "pipeline": "vision/digits as declared: lr log 1e-3..5e-2, hidden 16..128 step 16, 12 epochs, batch 64, 2-process DDP (gloo, CPU)",
+            "pipeline": "vision/digits as declared: lr log 1e-3..5e-2, hidden 16..128 step 16, 12 epochs, batch 64, "
+                        "2-process DDP (gloo, CPU)",
             "sampler": "tpe (SearchSpec default), parallelism 1",
-            "pruner": "median with PrunerSpec defaults (5 startup trials, no warm-up, interval 1) = Optuna's default MedianPruner; "
+            "pruner": "median with PrunerSpec defaults (5 startup trials, no warm-up, interval 1) = Optuna's default "
+                      "MedianPruner; "
             "the digits pipeline itself declares none",
-            "execution": "SweepStore ask/tell on SQLite, build_train_spec, LocalLauncher (warm workers, training.entrypoint, OptunaPruning)",
+            "execution": "SweepStore ask/tell on SQLite, build_train_spec, LocalLauncher (warm workers, "
+                         "training.entrypoint, OptunaPruning)",
             "sweeps": runs,
             "per_seed_ratio": [round(r["pruned_charged"] / r["unpruned_seconds_to_best"], 3) for r in runs],
-            "total_device_seconds_ratio": round(sum(r["pruned_seconds_spent"] for r in runs) / sum(r["unpruned_seconds_spent"] for r in runs), 3),
+            "total_device_seconds_ratio": round(
+                sum(r["pruned_seconds_spent"] for r in runs) / sum(r["unpruned_seconds_spent"] for r in runs), 3
+            ),
             "all_reached": all(r["reached"] for r in runs),
             "seconds": round(time.perf_counter() - started, 1),
         },
         targets=[Target("value", "<=", 0.5)],
         better="lower",
         runs=[r["pruned_charged"] / r["unpruned_seconds_to_best"] for r in runs],
-        aggregate="pooled over the seeds: sum of pruned device-seconds / sum of unpruned device-seconds (spread: per seed)",
+        aggregate="pooled over the seeds: sum of pruned device-seconds / sum of unpruned device-seconds (spread: per "
+                  "seed)",
     )
 
 

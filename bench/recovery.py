@@ -44,7 +44,11 @@ def _splits(directory: Path) -> list[str]:
 
     df = digits_frame()
     n = len(df)
-    cuts = {"train": df.iloc[: int(n * 0.7)], "val": df.iloc[int(n * 0.7) : int(n * 0.85)], "test": df.iloc[int(n * 0.85) :]}
+    cuts = {
+        "train": df.iloc[: int(n * 0.7)],
+        "val": df.iloc[int(n * 0.7) : int(n * 0.85)],
+        "test": df.iloc[int(n * 0.85) :],
+    }
     for name, part in cuts.items():
         pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"{name}.parquet")
     return [c for c in df.columns if c != "label"]
@@ -56,8 +60,14 @@ def run(tmp: Path, features: list[str], i: int) -> tuple[float, float, dict]:
         pipeline="bench/recovery",
         trial_id="trial-0000",
         model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs={"hidden": 64, "lr": 0.01}),
-        data=DataSpec(train_uri=str(tmp / "train.parquet"), val_uri=str(tmp / "val.parquet"), test_uri=str(tmp / "test.parquet"),
-                      features=features, target="label", version="bench"),
+        data=DataSpec(
+            train_uri=str(tmp / "train.parquet"),
+            val_uri=str(tmp / "val.parquet"),
+            test_uri=str(tmp / "test.parquet"),
+            features=features,
+            target="label",
+            version="bench",
+        ),
         output_uri=str(out),
         max_epochs=4,
         batch_size=16,

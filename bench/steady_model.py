@@ -109,13 +109,17 @@ class StepClock(L.Callback):
                 self._spent[name] = self._spent.get(name, 0.0) + time.perf_counter() - started
         return timed
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if self.first_start_wall is None:
             self.first_start_wall = time.time()
         self._stamps = []
         self._stamp()
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         now, cpu = time.perf_counter(), time.thread_time()
         self.ends.append(now)
         self.last_end_wall = time.time()
@@ -136,10 +140,22 @@ class StepClock(L.Callback):
             return
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         with open(self.path, "w") as f:
-            json.dump({"first_step_start_wall": self.first_start_wall, "last_step_end_wall": self.last_end_wall,
-                       "batch_end": self.ends, "writing": self.writing, "hooks": self.hooks, "cpu": self.cpu, "phases": self.phases,
-                       "rusage": self.rusage, "processes": self.processes, "rank_pids": self.rank_pids,
-                       "world_size": trainer.world_size}, f)
+            json.dump(
+                {
+                    "first_step_start_wall": self.first_start_wall,
+                    "last_step_end_wall": self.last_end_wall,
+                    "batch_end": self.ends,
+                    "writing": self.writing,
+                    "hooks": self.hooks,
+                    "cpu": self.cpu,
+                    "phases": self.phases,
+                    "rusage": self.rusage,
+                    "processes": self.processes,
+                    "rank_pids": self.rank_pids,
+                    "world_size": trainer.world_size,
+                },
+                f,
+            )
 
 
 def _machine_jiffies() -> tuple[float, float]:
@@ -153,7 +169,8 @@ def _machine_jiffies() -> tuple[float, float]:
 
 
 def _rusage() -> list[int]:
-    """Cumulative [minor faults, major faults, voluntary switches, involuntary switches] of the process, then of this thread."""
+    """Cumulative [minor faults, major faults, voluntary switches, involuntary switches] of the process, then of this
+    thread."""
     import resource
 
     out: list[int] = []
@@ -191,7 +208,9 @@ class TimedMLP(MLPClassifier):
 
     def __init__(self, clock_path: str, n_features: int = 64, n_classes: int = 10, width: int = 800, blocks: int = 2,
                  expansion: int = 4, lr: float = 1e-4) -> None:
-        super().__init__(n_features=n_features, n_classes=n_classes, width=width, blocks=blocks, expansion=expansion, lr=lr)
+        super().__init__(
+            n_features=n_features, n_classes=n_classes, width=width, blocks=blocks, expansion=expansion, lr=lr
+        )
         self.clock_path = clock_path
 
     def configure_callbacks(self) -> list[L.Callback]:

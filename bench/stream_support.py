@@ -19,8 +19,11 @@ from typing import Any, Sequence
 VOCAB = 2048
 
 
-def write_corpus(path: str, tokens: int, seed: int = 0, chunk_bytes: int = 1 << 22, block_size: int = 128, vocab: int = VOCAB) -> dict[str, Any]:
-    """Write a text split of about `tokens` token ids (below `vocab`, the last one end-of-document) under `path`; returns its meta."""
+def write_corpus(
+    path: str, tokens: int, seed: int = 0, chunk_bytes: int = 1 << 22, block_size: int = 128, vocab: int = VOCAB
+) -> dict[str, Any]:
+    """Write a text split of about `tokens` token ids (below `vocab`, the last one end-of-document) under `path`;
+    returns its meta."""
     import numpy as np
     import torch
     from litdata.streaming.item_loader import TokensLoader
@@ -41,14 +44,23 @@ def write_corpus(path: str, tokens: int, seed: int = 0, chunk_bytes: int = 1 << 
     writer.done()
     writer.merge()
     np.save(os.path.join(path, "token_counts.npy"), counts)
-    meta = {"kind": "text", "format_version": 1, "vocab_size": vocab, "eos_id": eos, "items": i, "tokens": written, "block_size": block_size}
+    meta = {
+        "kind": "text",
+        "format_version": 1,
+        "vocab_size": vocab,
+        "eos_id": eos,
+        "items": i,
+        "tokens": written,
+        "block_size": block_size,
+    }
     with open(os.path.join(path, "meta.json"), "w") as f:
         json.dump(meta, f)
     return meta
 
 
 def paired_ratios(ours: Sequence[float], theirs: Sequence[float], target: float, better: str) -> dict[str, Any]:
-    """Per-pair `ours / theirs` (pair i ran one after the other), their median, a 95% t-interval of their mean, a verdict.
+    """Per-pair `ours / theirs` (pair i ran one after the other), their median, a 95% t-interval of their mean, a
+    verdict.
 
     `better` is "higher" (target is a floor) or "lower" (a ceiling). The verdict is "met" when the whole
     interval is on the target's good side, "missed" when all of it is on the other, else "not resolved".
@@ -64,5 +76,10 @@ def paired_ratios(ours: Sequence[float], theirs: Sequence[float], target: float,
         (interval["ci_high"] <= target, interval["ci_low"] > target)
     verdict = "met" if good else "missed" if bad else "not resolved"
     op = ">=" if better == "higher" else "<="
-    return out | {"mean": interval["mean"], "ci_low": interval["ci_low"], "ci_high": interval["ci_high"], "confidence": 0.95,
-                  "verdict": f"{verdict} (ratio {op} {target}, 95% t-interval of the mean of {len(ratios)} pair ratios)"}
+    return out | {
+        "mean": interval["mean"],
+        "ci_low": interval["ci_low"],
+        "ci_high": interval["ci_high"],
+        "confidence": 0.95,
+        "verdict": f"{verdict} (ratio {op} {target}, 95% t-interval of the mean of {len(ratios)} pair ratios)",
+    }

@@ -6,7 +6,8 @@ chunks, as the shard writer writes them), read in place from local disk. A sampl
 measured process, so the machine's other load shows on both alike).
 
 - platform: `training.streaming.StreamingShardDataModule(...).train_dataloader()`, one epoch:
-  the canonical shuffled order (`training.stream_order`), batches `(x, y)` `[B, 128]`, views of the stacked int32 blocks.
+  the canonical shuffled order (`training.stream_order`), batches `(x, y)` `[B, 128]`, views of the stacked int32
+  blocks.
 - litdata: `StreamingDataLoader(StreamingDataset(split, TokensLoader(129), shuffle=True, drop_last=True))`,
   one epoch: litdata's own shuffle, batches int32 `[B, 129]` (no split into inputs and targets:
   the platform does that on top, and it counts against it).
@@ -55,7 +56,8 @@ def _litdata_loader(split: str, batch: int, collate_fn: Any = None) -> Any:
 
 
 def _inputs_and_targets(items: list[Any]) -> tuple[Any, Any]:
-    """litdata's blocks as the platform hands them to a model: inputs and next-token targets, views of the stacked int32 blocks."""
+    """litdata's blocks as the platform hands them to a model: inputs and next-token targets, views of the stacked int32
+    blocks."""
     import torch
 
     tokens = torch.stack(items)
@@ -135,17 +137,29 @@ def main(argv: Optional[Sequence[str]] = None) -> dict[str, Any]:
         "samples/s",
         baseline,
         {
-            "what": f"samples/s of one epoch (fresh loader, construction included; the two sides' batches read in turn) of "
-                    f"training.streaming.StreamingShardDataModule's train "
-                    f"loader vs litdata's StreamingDataLoader over a shuffled StreamingDataset, same local text split "
-                    f"({meta['tokens']} tokens, {chunks} chunks), {BLOCK + 1}-token samples, batch {BATCH}, num_workers=0, in this process",
+            "what": "samples/s of one epoch (fresh loader, construction included; the two sides' batches read in "
+                    "turn) of "
+            f"training.streaming.StreamingShardDataModule's train "
+            f"loader vs litdata's StreamingDataLoader over a shuffled StreamingDataset, same local text split "
+            f"({meta['tokens']} tokens, {chunks} chunks), {BLOCK + 1}-token samples, batch {BATCH}, num_workers=0, in "
+            "this process",
             "paired": paired,
-            "like_for_like": {"what": "platform / litdata's loader with a collate_fn making the platform's batches (inputs and "
-                                      "next-token targets, views of the stacked blocks): what the platform's order, plan and adapter cost beyond that work", **same},
+            "like_for_like": {
+                "what": "platform / litdata's loader with a collate_fn making the platform's batches (inputs and "
+                "next-token targets, views of the stacked blocks): what the platform's order, plan and adapter cost "
+                "beyond that work",
+                **same,
+            },
             "samples_per_s": runs,
             "samples_per_epoch": samples,
-            "order": "batches in turn within a repetition (the sides' order rotating each turn); repetition k starts at side k mod 3",
-            "corpus": {"tokens": meta["tokens"], "documents": meta["items"], "chunks": chunks, "write_seconds": round(write_s, 2)},
+            "order": "batches in turn within a repetition (the sides' order rotating each turn); repetition k starts "
+                     "at side k mod 3",
+            "corpus": {
+                "tokens": meta["tokens"],
+                "documents": meta["items"],
+                "chunks": chunks,
+                "write_seconds": round(write_s, 2),
+            },
         },
         targets=[Target("ratio", ">=", TARGET), Target("details.paired.ci_low", ">=", TARGET, unit="x, interval low")],
         better="higher",

@@ -111,7 +111,8 @@ def instance_yaml(postgres_url: Optional[str], team_limit: int) -> str:
         "telemetry:\n  enabled: false\n"
         "run_coordinator:\n  module: instance.run_queue\n  class: RunQueue\n  config:\n"
         f"    max_concurrent_runs: {team_limit}\n    tag_concurrency_limits:\n"
-        f"      - key: trainyard/team\n        value:\n          applyLimitPerUniqueValue: true\n        limit: {team_limit}\n"
+        "      - key: trainyard/team\n        value:\n          applyLimitPerUniqueValue: true\n        limit: "
+        f"{team_limit}\n"
     )
     if postgres_url:
         text += f"storage:\n  postgres:\n    postgres_url: {postgres_url}\n"
@@ -132,7 +133,11 @@ def open_instance(home: Path, postgres_url: Optional[str], team_limit: int = PAR
 
 def job_origin(job_name: str) -> Any:
     """Where the daemon says a run's job comes from: a code location serving this module (a queued run needs one)."""
-    from dagster._core.remote_origin import ManagedGrpcPythonEnvCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.remote_origin import (
+        ManagedGrpcPythonEnvCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
     target = LoadableTargetOrigin(executable_path=sys.executable, module_name=__name__, working_directory=str(ROOT))
@@ -218,8 +223,17 @@ class Sweep:
 
         from trainyard import naming
 
-        data = get_external_sensor_execution(self.repository, self.records.origin.repository_origin.code_location_origin, self.ref,
-                                             naming.sweep_sensor_name(self.spec), None, None, self.cursor, None, None)
+        data = get_external_sensor_execution(
+            self.repository,
+            self.records.origin.repository_origin.code_location_origin,
+            self.ref,
+            naming.sweep_sensor_name(self.spec),
+            None,
+            None,
+            self.cursor,
+            None,
+            None,
+        )
         if not isinstance(data, SensorExecutionData):
             raise RuntimeError(f"the sweep sensor failed: {data.error.to_string() if data.error else data}")
         keys = [k for request in data.dynamic_partitions_requests or [] for k in request.partition_keys]
@@ -295,15 +309,24 @@ def full_sweep(home: Path, size: int, postgres_url: Optional[str]) -> dict[str, 
         "tick_seconds_total": round(sum(drive.tick_seconds), 2),
         "daemon_seconds_per_run": round(drive.daemon_seconds / drive.daemon_runs, 3) if drive.daemon_runs else None,
         "daemon_runs_timed": drive.daemon_runs,
-        "registration_plus_daemon_seconds_derived": round(drive.registered_at + size * drive.daemon_seconds / drive.daemon_runs, 1)
-        if drive.daemon_runs else None,
+        "registration_plus_daemon_seconds_derived": round(
+            drive.registered_at + size * drive.daemon_seconds / drive.daemon_runs, 1
+        )
+        if drive.daemon_runs
+        else None,
         "trial_simulation_seconds": round(drive.trial_seconds, 2),
         "wall_seconds": round(time.perf_counter() - started, 2),
         "partitions": partitions,
         "train_runs": runs,
         **tick_stats(drive.tick_seconds),
-        "slowest_ask_tick_seconds": round(max(s for s, a in zip(drive.tick_seconds, drive.asked) if a) if any(drive.asked) else 0.0, 3),
-        "median_ask_tick_seconds": round(statistics.median([s for s, a in zip(drive.tick_seconds, drive.asked) if a]), 3) if any(drive.asked) else 0.0,
+        "slowest_ask_tick_seconds": round(
+            max(s for s, a in zip(drive.tick_seconds, drive.asked) if a) if any(drive.asked) else 0.0, 3
+        ),
+        "median_ask_tick_seconds": round(
+            statistics.median([s for s, a in zip(drive.tick_seconds, drive.asked) if a]), 3
+        )
+        if any(drive.asked)
+        else 0.0,
     }
 
 
@@ -382,8 +405,10 @@ def registration_value(curve: dict[str, Any], size: int) -> tuple[float, str]:
         return float("nan"), f"not measured: no tick of the seeded {m}-trial study asked {PARALLELISM}"
     ticks = math.ceil((size - m) / PARALLELISM)
     bound = curve[f"n{m}"]["full"]["registration_seconds"] + ticks * min(full_ticks)
-    return round(bound, 1), (f"lower bound: the {m}-trial full sweep's {curve[f'n{m}']['full']['registration_seconds']} s + "
-                             f"{ticks} more ticks x {min(full_ticks)} s (fastest 64-ask tick at {m} trials); a full {size} sweep was not run")
+    return round(bound, 1), (
+        f"lower bound: the {m}-trial full sweep's {curve[f'n{m}']['full']['registration_seconds']} s + "
+        f"{ticks} more ticks x {min(full_ticks)} s (fastest 64-ask tick at {m} trials); a full {size} sweep was not run"
+    )
 
 
 @contextlib.contextmanager
@@ -397,8 +422,11 @@ def _database(use_postgres: bool) -> Iterator[Optional[str]]:
         yield url
 
 
-def measure(sizes: Sequence[int], full_max: int, use_postgres: bool = True, ticks: int = SEEDED_TICKS) -> dict[str, Any]:
-    """The scaling curve: per size, a full sweep (up to `full_max`) and ticks on a seeded study; fresh homes and databases."""
+def measure(
+    sizes: Sequence[int], full_max: int, use_postgres: bool = True, ticks: int = SEEDED_TICKS
+) -> dict[str, Any]:
+    """The scaling curve: per size, a full sweep (up to `full_max`) and ticks on a seeded study; fresh homes and
+    databases."""
     curve: dict[str, Any] = {}
     for size in sizes:
         entry: dict[str, Any] = {}
@@ -407,7 +435,9 @@ def measure(sizes: Sequence[int], full_max: int, use_postgres: bool = True, tick
                 entry["full"] = full_sweep(Path(tmp), size, url)
         else:
             entry["full"] = None
-            entry["full_not_run"] = f"full sweeps run up to {full_max} trials (--full-max); {size} as a seeded study only"
+            entry["full_not_run"] = (
+                f"full sweeps run up to {full_max} trials (--full-max); {size} as a seeded study only"
+            )
         with tempfile.TemporaryDirectory(prefix=f"seeded{size}-") as tmp, _database(use_postgres) as url:
             entry["seeded"] = seeded_ticks(Path(tmp), size, url, ticks)
         curve[f"n{size}"] = entry
@@ -437,20 +467,25 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
         "seconds",
         None,
         {
-            "what": "seconds until 10,000 trial partitions were registered by the sweep sensor driven back to back (ticks + the "
-            f"daemon's run creation), default sampler {SearchSpec.model_fields['sampler'].default!r}, parallelism {PARALLELISM}; "
+            "what": "seconds until 10,000 trial partitions were registered by the sweep sensor driven back to back "
+                    "(ticks + the "
+            f"daemon's run creation), default sampler {SearchSpec.model_fields['sampler'].default!r}, parallelism "
+            f"{PARALLELISM}; "
             "per size also ticks on a study already holding that many finished trials, partitions and run records",
             "value_is": value_is,
             "space": "vision/digits: lr log 1e-3..5e-2, hidden 16..128 step 16",
-            "storage": "Dagster: PostgreSQL (runs, events, schedules), run queue with team limit = parallelism; Optuna: SQLite (WAL)",
+            "storage": "Dagster: PostgreSQL (runs, events, schedules), run queue with team limit = parallelism; "
+                       "Optuna: SQLite (WAL)",
             "sizes": curve,
             "largest": biggest,
             "sensor_timeout_seconds": SENSOR_TIMEOUT,
             "limits": {"max_asks_per_tick": 64, "tick_budget_seconds": 20.0},
             "seconds": round(time.perf_counter() - started, 1),
         },
-        targets=[Target("value", "<=", REGISTER_TARGET_SECONDS),
-                 Target("details.sizes.n50000.seeded.slowest_tick_seconds", "<=", TICK_TARGET_SECONDS, unit="s")],
+        targets=[
+            Target("value", "<=", REGISTER_TARGET_SECONDS),
+            Target("details.sizes.n50000.seeded.slowest_tick_seconds", "<=", TICK_TARGET_SECONDS, unit="s"),
+        ],
         better="lower",
     )
 

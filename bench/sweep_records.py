@@ -36,8 +36,13 @@ class RunRecords:
         from dagster._core.events import DagsterEvent
 
         tags = {**request.tags, "dagster/partition": request.partition_key, "dagster/run_key": request.run_key}
-        run = self.instance.create_run_for_job(self.job, execution_plan=self.plan, status=DagsterRunStatus.NOT_STARTED, tags=tags,
-                                               remote_job_origin=self.origin)
+        run = self.instance.create_run_for_job(
+            self.job,
+            execution_plan=self.plan,
+            status=DagsterRunStatus.NOT_STARTED,
+            tags=tags,
+            remote_job_origin=self.origin,
+        )
         self.instance.report_dagster_event(DagsterEvent.job_enqueue(run), run_id=run.run_id)
         return run.run_id
 
@@ -46,7 +51,9 @@ class RunRecords:
         from dagster._core.events import DagsterEvent, DagsterEventType
 
         def report(kind: Any) -> None:
-            self.instance.report_dagster_event(DagsterEvent(event_type_value=kind.value, job_name=self.job.name), run_id=run_id)
+            self.instance.report_dagster_event(
+                DagsterEvent(event_type_value=kind.value, job_name=self.job.name), run_id=run_id
+            )
 
         report(DagsterEventType.RUN_STARTING)
         report(DagsterEventType.RUN_START)
@@ -74,7 +81,12 @@ class RunRecords:
         base.update(update_timestamp=now, start_time=now.timestamp(), end_time=now.timestamp())
         runs, run_tags = [], []
         for key in keys:
-            run_tags_here = {**self.template.tags, **tags, "dagster/partition": key, "dagster/run_key": f"{study}/{key}"}
+            run_tags_here = {
+                **self.template.tags,
+                **tags,
+                "dagster/partition": key,
+                "dagster/run_key": f"{study}/{key}",
+            }
             run = copy(self.template, run_id=make_new_run_id(), tags=run_tags_here)
             runs.append({**base, "run_id": run.run_id, "run_body": serialize_value(run), "partition": key})
             run_tags.extend({"run_id": run.run_id, "key": k, "value": v} for k, v in run.tags_for_storage().items())
@@ -109,7 +121,11 @@ def seed_trials(sweeps: Any, study_name: str, search: Any, first: int, count: in
     dists = distributions(search)
     draw = random.Random(seed)
     with storage.engine.begin() as conn:
-        top = conn.execute(sqlalchemy.select(sqlalchemy.func.max(models.TrialModel.number)).where(models.TrialModel.study_id == study_id)).scalar()
+        top = conn.execute(
+            sqlalchemy.select(sqlalchemy.func.max(models.TrialModel.number)).where(
+                models.TrialModel.study_id == study_id
+            )
+        ).scalar()
         if top is not None and top >= first:
             raise ValueError(f"study {study_name!r} already has trial {top}; seeding starts at {first}")
         next_id = (conn.execute(sqlalchemy.select(sqlalchemy.func.max(models.TrialModel.trial_id))).scalar() or 0) + 1
@@ -118,8 +134,16 @@ def seed_trials(sweeps: Any, study_name: str, search: Any, first: int, count: in
         for i in range(count):
             trial_id = next_id + i
             drawn = {name: _draw(dist, draw) for name, dist in dists.items()}
-            trials.append({"trial_id": trial_id, "number": first + i, "study_id": study_id, "state": TrialState.COMPLETE,
-                           "datetime_start": now, "datetime_complete": now})
+            trials.append(
+                {
+                    "trial_id": trial_id,
+                    "number": first + i,
+                    "study_id": study_id,
+                    "state": TrialState.COMPLETE,
+                    "datetime_start": now,
+                    "datetime_complete": now,
+                }
+            )
             params.extend({"trial_id": trial_id, "param_name": name, "param_value": dists[name].to_internal_repr(v),
                            "distribution_json": distribution_to_json(dists[name])} for name, v in drawn.items())
             values.append({"trial_id": trial_id, "objective": 0, "value": score(drawn),

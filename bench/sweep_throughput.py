@@ -1,4 +1,5 @@
-"""Sweep throughput: 1-epoch digits trials per hour at parallelism 2 through the platform, vs the same trials back to back in one warm process.
+"""Sweep throughput: 1-epoch digits trials per hour at parallelism 2 through the platform, vs the same trials back to
+back in one warm process.
 
 Platform (the real path): a fresh PostgreSQL database for every Dagster
 storage, a fresh DAGSTER_HOME (deploy/local/dagster.yaml's run queue and team
@@ -48,7 +49,9 @@ def _spec() -> Any:
     from training.spec import Distribution
 
     model = digits.model.model_copy(update={"max_epochs": 1})
-    search = digits.search.model_copy(update={"n_trials": TRIALS, "parallelism": PARALLELISM, "sampler": "random", "seed": 0})
+    search = digits.search.model_copy(
+        update={"n_trials": TRIALS, "parallelism": PARALLELISM, "sampler": "random", "seed": 0}
+    )
     return digits.model_copy(update={"model": model, "search": search, "distribution": Distribution(procs_per_node=1)})
 
 
@@ -61,7 +64,9 @@ def _definitions() -> Any:
 
     spec = _spec()
     full = build_definitions(spec, resources=local_resources(Path(os.environ[HOME_ENV])))
-    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=full.executor)
+    bare = Definitions(
+        assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=full.executor
+    )
     return with_sweep_sensors(bare, spec)  # the sweep sensor only: no landing or drift sensor starts anything else
 
 
@@ -84,18 +89,23 @@ def _trials_materialized(instance: Any, spec: Any) -> dict[str, tuple[float, str
     from trainyard import naming
 
     key = AssetKey(naming.asset_path(spec, naming.TRIAL_MODEL))
-    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key), ascending=True)
+    records = instance.get_event_records(
+        EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key), ascending=True
+    )
     return {r.event_log_entry.dagster_event.partition: (float(r.timestamp), r.run_id) for r in records}
 
 
 def _sweep_materialized(instance: Any, spec: Any, run_id: str) -> float:
-    """When `prepare` run `run_id` materialized the sweep (its trials exist from then; the run itself ends a little later)."""
+    """When `prepare` run `run_id` materialized the sweep (its trials exist from then; the run itself ends a little
+    later)."""
     from dagster import AssetKey, DagsterEventType, EventRecordsFilter
 
     from trainyard import naming
 
     key = AssetKey(naming.asset_path(spec, naming.SWEEP))
-    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key), ascending=True)
+    records = instance.get_event_records(
+        EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key), ascending=True
+    )
     times = [float(r.timestamp) for r in records if r.run_id == run_id]
     if not times:
         raise RuntimeError(f"prepare run {run_id} succeeded without materializing the sweep")
@@ -132,13 +142,24 @@ def _platform(dev: Any, instance: Any, home: Path) -> dict[str, Any]:
     records = wait_for(finished, TIMEOUT_S, f"{TRIALS} trials materialized and their runs ended", log=dev.log)
     trials = _trials_materialized(instance, spec)
     ended = max(r.end_time for r in records)
-    runs = [{"partition": r.dagster_run.tags.get("dagster/partition"), "created": r.create_timestamp.timestamp(), "ended": r.end_time,
-             "trials": sorted(p for p, (_, run) in trials.items() if run == r.dagster_run.run_id),
-             "phases": run_phases(run_events(instance, r.dagster_run.run_id), submitted=r.create_timestamp.timestamp())} for r in records]
+    runs = [
+        {
+            "partition": r.dagster_run.tags.get("dagster/partition"),
+            "created": r.create_timestamp.timestamp(),
+            "ended": r.end_time,
+            "trials": sorted(p for p, (_, run) in trials.items() if run == r.dagster_run.run_id),
+            "phases": run_phases(run_events(instance, r.dagster_run.run_id), submitted=r.create_timestamp.timestamp()),
+        }
+        for r in records
+    ]
     first_created = min(r["created"] for r in runs)
-    return {"seconds": ended - swept, "first_trial_run_after_sweep_seconds": first_created - swept,
-            "prepare_run_ended_after_sweep_seconds": prepare_ended - swept, "runs": sorted(runs, key=lambda r: r["created"]),
-            "trial_materialized_after_sweep_seconds": {p: round(t - swept, 3) for p, (t, _) in sorted(trials.items())}}
+    return {
+        "seconds": ended - swept,
+        "first_trial_run_after_sweep_seconds": first_created - swept,
+        "prepare_run_ended_after_sweep_seconds": prepare_ended - swept,
+        "runs": sorted(runs, key=lambda r: r["created"]),
+        "trial_materialized_after_sweep_seconds": {p: round(t - swept, 3) for p, (t, _) in sorted(trials.items())},
+    }
 
 
 def _reference(home: Path, work: Path) -> dict[str, Any]:
@@ -153,7 +174,9 @@ def _reference(home: Path, work: Path) -> dict[str, Any]:
     seconds = []
     started = time.perf_counter()
     for n, path in enumerate(specs):
-        spec = load_spec(str(path)).model_copy(update={"output_uri": str(work / "reference" / f"trial-{n}"), "optuna": None})
+        spec = load_spec(str(path)).model_copy(
+            update={"output_uri": str(work / "reference" / f"trial-{n}"), "optuna": None}
+        )
         t0 = time.perf_counter()
         train(spec)
         seconds.append(time.perf_counter() - t0)
@@ -188,7 +211,8 @@ def main() -> dict:
         "trials/h",
         reference_per_hour,
         {
-            "what": f"{TRIALS} one-epoch digits trials, parallelism {PARALLELISM}: sweep materialized -> last trial run succeeded, "
+            "what": f"{TRIALS} one-epoch digits trials, parallelism {PARALLELISM}: sweep materialized -> last trial "
+                    "run succeeded, "
             "vs the same TrainSpecs back to back in one warm process",
             "platform_seconds": platform["seconds"],
             "reference_seconds": reference["seconds"],

@@ -21,7 +21,8 @@ torchrun, imports), and the trial's process -> its first step.
 Target, set before measuring (the issue gives none): at most 120 s. A person
 who drops a file should see training start within two minutes; that holds the
 mean waits of the sensor intervals shipped when it was set (30 s + 15 s; the
-sweep sensor's is 10 s since) plus 75 s for the two runs and the trial's start-up. The file lands just after a landing sensor
+sweep sensor's is 10 s since) plus 75 s for the two runs and the trial's start-up. The file lands just after a landing
+sensor
 tick, so that sensor's wait is its whole interval (its worst case, 60 s, not
 its mean, 30 s); the sweep sensor's wait (0-10 s) depends on where in its
 interval `prepare` ends. The breakdown reports both apart.
@@ -59,11 +60,21 @@ def _spec() -> Any:
         name="blobs",
         description="Three separable blobs: the time-to-first-step benchmark.",
         source=SourceSpec(prefix="landing/bench/blobs", pattern="*.csv"),
-        columns={**{f: ColumnSpec(dtype="float") for f in FEATURES}, "label": ColumnSpec(dtype="int", domain=[0, 1, 2])},
+        columns={
+            **{f: ColumnSpec(dtype="float") for f in FEATURES},
+            "label": ColumnSpec(dtype="int", domain=[0, 1, 2]),
+        },
         target="label",
         min_rows=200,
-        model=ModelSpec(path="training.parallel:MLPClassifier", hparams={"width": 16, "blocks": 1, "expansion": 2}, max_epochs=1, batch_size=32),
-        search=SearchSpec(params={"lr": FloatParam(low=0.02, high=0.05, log=True)}, n_trials=1, sampler="random", seed=0),
+        model=ModelSpec(
+            path="training.parallel:MLPClassifier",
+            hparams={"width": 16, "blocks": 1, "expansion": 2},
+            max_epochs=1,
+            batch_size=32,
+        ),
+        search=SearchSpec(
+            params={"lr": FloatParam(low=0.02, high=0.05, log=True)}, n_trials=1, sampler="random", seed=0
+        ),
         distribution=Distribution(procs_per_node=1),
     )
 
@@ -146,9 +157,18 @@ def _measure(dev: Any, instance: Any, home: Path) -> dict[str, Any]:
     landed = _land(home, spec)
     attempt = wait_for(lambda: _first_attempt(home), TIMEOUT_S, "the first trial's first step", log=dev.log)
     prepare, train = _run(instance, names["prepare"]), _run(instance, names["train"])
-    prepare_phases = run_phases(run_events(instance, prepare.dagster_run.run_id), submitted=prepare.create_timestamp.timestamp())
+    prepare_phases = run_phases(
+        run_events(instance, prepare.dagster_run.run_id), submitted=prepare.create_timestamp.timestamp()
+    )
     train_events = run_events(instance, train.dagster_run.run_id)
-    phases = breakdown(landed, prepare.create_timestamp.timestamp(), prepare_phases, train.create_timestamp.timestamp(), train_events, attempt)
+    phases = breakdown(
+        landed,
+        prepare.create_timestamp.timestamp(),
+        prepare_phases,
+        train.create_timestamp.timestamp(),
+        train_events,
+        attempt,
+    )
     return {"phases": phases, "prepare_phases": prepare_phases, "attempt": attempt}
 
 
@@ -184,7 +204,8 @@ def main() -> dict:
             "sensor_waits_seconds": round(ticks, 3),
             "excluding_sensor_waits_seconds": round(phases["total"] - ticks, 3),
             "sensor_intervals_seconds": {"landing": landing_interval, "sweep": sweep_interval},
-            "note": "the file lands just after a landing sensor tick: that wait is the sensor's worst case (its whole interval)",
+            "note": "the file lands just after a landing sensor tick: that wait is the sensor's worst case (its whole "
+                    "interval)",
             "prepare_run_phases_seconds": {k: round(v, 3) for k, v in measured["prepare_phases"].items()},
             "attempt": measured["attempt"],
             "target_reason": "set before measuring: training should start within 2 min of a file landing "

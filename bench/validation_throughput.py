@@ -84,7 +84,14 @@ def generate(landing: Path) -> dict[str, int]:
             f1[[10, 500_000, 999_999]] = 150.0
             cat[[7, 8]] = "zz"
             for src, dst in ((1, 2), (100, 200), (300, 400)):  # exact copies of earlier rows
-                f0[dst], f1[dst], f2[dst], cat[dst], n[dst], label[dst] = f0[src], f1[src], f2[src], cat[src], n[src], label[src]
+                f0[dst], f1[dst], f2[dst], cat[dst], n[dst], label[dst] = (
+                    f0[src],
+                    f1[src],
+                    f2[src],
+                    cat[src],
+                    n[src],
+                    label[src],
+                )
         table = pa.table({"f0": f0, "f1": f1, "f2": f2, "cat": pa.array(cat, type=pa.string()), "n": n, "label": label})
         pq.write_table(table, landing / f"part-{i:03d}.parquet", row_group_size=128 * 1024)
     return {"out_of_range": 3, "unknown_category": 2, "duplicates": 3}
@@ -104,10 +111,20 @@ def platform(work: Path, spec: Any) -> tuple[float, dict[str, int], str, Any]:
     report = dq.validate_snapshot(store, snap.uri, spec, run_name=snap.md5).report
     seconds = time.perf_counter() - started
     found = {
-        "out_of_range": sum(r["unexpected_count"] or 0 for r in report.failures() if r["expectation"] == "expect_column_values_to_be_between"),
-        "unknown_category": sum(r["unexpected_count"] or 0 for r in report.failures() if r["expectation"] == "expect_column_values_to_be_in_set"),
+        "out_of_range": sum(
+            r["unexpected_count"] or 0
+            for r in report.failures()
+            if r["expectation"] == "expect_column_values_to_be_between"
+        ),
+        "unknown_category": sum(
+            r["unexpected_count"] or 0
+            for r in report.failures()
+            if r["expectation"] == "expect_column_values_to_be_in_set"
+        ),
         # Found whether they fail the data (`duplicates="reject"`) or pass to be dropped (the default, `keep_first`).
-        "duplicates": sum(r["unexpected_count"] or 0 for r in report.results if r["expectation"] == dq.UNIQUE_ROWS_EXPECTATION),
+        "duplicates": sum(
+            r["unexpected_count"] or 0 for r in report.results if r["expectation"] == dq.UNIQUE_ROWS_EXPECTATION
+        ),
         "rows": report.rows,
         "expectations": report.evaluated,
         "ingest_seconds": ingested - started,
@@ -124,7 +141,14 @@ def baseline(landing: Path) -> tuple[float, dict[str, int]]:
 
     from trainyard.data import row_hashes
 
-    expected_schema = pa.schema([*(pa.field(c, pa.float64()) for c in FLOAT_RANGES), ("cat", pa.string()), ("n", pa.int64()), ("label", pa.int64())])
+    expected_schema = pa.schema(
+        [
+            *(pa.field(c, pa.float64()) for c in FLOAT_RANGES),
+            ("cat", pa.string()),
+            ("n", pa.int64()),
+            ("label", pa.int64()),
+        ]
+    )
     domains = {"cat": pa.array(CATS), "n": pa.array(range(50)), "label": pa.array([0, 1])}
     started = time.perf_counter()
     rows = out_of_range = unknown = bad = 0
@@ -148,7 +172,13 @@ def baseline(landing: Path) -> tuple[float, dict[str, int]]:
         hashes += [row_hashes(b) for b in table.to_batches()]
     duplicates = int(pd.Series(np.concatenate(hashes)).duplicated().sum())
     seconds = time.perf_counter() - started
-    return seconds, {"out_of_range": out_of_range, "unknown_category": unknown, "duplicates": duplicates, "rows": rows, "other": bad}
+    return seconds, {
+        "out_of_range": out_of_range,
+        "unknown_category": unknown,
+        "duplicates": duplicates,
+        "rows": rows,
+        "other": bad,
+    }
 
 
 def main() -> dict:
@@ -171,7 +201,9 @@ def main() -> dict:
         for (_, found), (_, found_b) in zip(ours, bare):
             for key, count in planted.items():
                 if found[key] != count or found_b[key] != count:
-                    raise RuntimeError(f"{key}: planted {count}, platform found {found[key]}, baseline found {found_b[key]}")
+                    raise RuntimeError(
+                        f"{key}: planted {count}, platform found {found[key]}, baseline found {found_b[key]}"
+                    )
             if found["rows"] != ROWS or found_b["rows"] != ROWS or found_b["other"]:
                 raise RuntimeError(f"row counts or other checks disagree: platform {found}, baseline {found_b}")
         from resources.versioning import DataVersioning
@@ -199,7 +231,8 @@ def main() -> dict:
             "snapshot_mib": round(snapshot_bytes / 2**20, 1),
             "dvc_pin_seconds_not_counted": round(pin_s, 1),
             "generate_seconds": round(generate_s, 1),
-            "note": f"median of {REPEATS} alternating runs per side; GE imported before timing; DVC pin timed separately",
+            "note": f"median of {REPEATS} alternating runs per side; GE imported before timing; DVC pin timed "
+                    "separately",
         },
         targets=[Target("ratio", ">=", 0.3)],
         better="higher",

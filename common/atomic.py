@@ -75,7 +75,8 @@ def atomic_path(path: str, *, fsync: bool = True) -> Iterator[str]:
 
 @contextlib.contextmanager
 def exclusive_lock(path: str) -> Iterator[None]:
-    """Hold an exclusive `flock` on the file `path` (created when missing) for the body: one holder per machine at a time.
+    """Hold an exclusive `flock` on the file `path` (created when missing) for the body: one holder per machine at a
+    time.
 
     Used where processes share a local resource: concurrent DVC pins in one
     repository (`resources.versioning`), the start of a warm worker server

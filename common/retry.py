@@ -51,7 +51,9 @@ def _validate(attempts: Optional[int], backoff_s: float, max_backoff_s: float, d
     if attempts is None and deadline_s is None:
         raise ValueError("attempts=None needs a deadline_s, or retrying would never stop")
     if backoff_s < 0 or max_backoff_s < backoff_s:
-        raise ValueError(f"backoff_s={backoff_s!r}, max_backoff_s={max_backoff_s!r}: need 0 <= backoff_s <= max_backoff_s")
+        raise ValueError(
+            f"backoff_s={backoff_s!r}, max_backoff_s={max_backoff_s!r}: need 0 <= backoff_s <= max_backoff_s"
+        )
     if deadline_s is not None and deadline_s < 0:
         raise ValueError(f"deadline_s={deadline_s!r} must be 0 or more seconds")
 
@@ -111,7 +113,13 @@ def retry_call(
         if on_retry is not None:
             on_retry(state.attempt_number, error, state.next_action.sleep)
         else:
-            logger.warning("%s failed (attempt %d), retrying in %.1fs: %s", what, state.attempt_number, state.next_action.sleep, error)
+            logger.warning(
+                "%s failed (attempt %d), retrying in %.1fs: %s",
+                what,
+                state.attempt_number,
+                state.next_action.sleep,
+                error,
+            )
 
     retryer = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(retry_on),
@@ -127,4 +135,6 @@ def retry_call(
         last = e.last_attempt.exception()
         assert last is not None
         n = e.last_attempt.attempt_number
-        raise RetriesExhausted(f"{what}: gave up after {n} attempt(s): {type(last).__name__}: {last}", last, n) from last
+        raise RetriesExhausted(
+            f"{what}: gave up after {n} attempt(s): {type(last).__name__}: {last}", last, n
+        ) from last

@@ -130,7 +130,9 @@ def _json_object_with_type(value: Any) -> Any:
     try:
         parsed = json.loads(value)
     except ValueError as e:
-        raise ValueError(f"is not JSON ({e}); give an offline store configuration, e.g. '{{\"type\": \"duckdb\"}}'") from None
+        raise ValueError(
+            f'is not JSON ({e}); give an offline store configuration, e.g. \'{{"type": "duckdb"}}\''
+        ) from None
     if not isinstance(parsed, dict) or "type" not in parsed:
         raise ValueError("must be a JSON object with a 'type', e.g. '{\"type\": \"duckdb\"}'")
     return parsed
@@ -154,10 +156,15 @@ Switch = Annotated[bool, BeforeValidator(_switch)]
 Seconds = Annotated[Optional[int], BeforeValidator(_count("seconds"))]
 
 
-def _var(default: Any, description: str, read_by: str, *, shown: Optional[str] = None, kind: Optional[str] = None) -> Any:
-    """A field: its default, one line of meaning, who reads it; `shown`/`kind`: the default and type as the table writes them."""
+def _var(
+    default: Any, description: str, read_by: str, *, shown: Optional[str] = None, kind: Optional[str] = None
+) -> Any:
+    """A field: its default, one line of meaning, who reads it; `shown`/`kind`: the default and type as the table writes
+    them."""
     assert read_by in READERS, read_by
-    return Field(default, description=description, json_schema_extra={"read_by": read_by, "shown_default": shown, "kind": kind})
+    return Field(
+        default, description=description, json_schema_extra={"read_by": read_by, "shown_default": shown, "kind": kind}
+    )
 
 
 class Settings(BaseSettings):
@@ -173,80 +180,171 @@ class Settings(BaseSettings):
     )
 
     # Where and how: the environment, its state folder, the project.
-    env: Annotated[Literal["local", "cluster"], BeforeValidator(_one_of(ENVIRONMENTS, "an environment")),
-                   BeforeValidator(lambda v: "local" if v in (None, "") else v)] = _var(
-        "local", "The environment a code location, CLI command or daemon builds its resources for: `local` or `cluster`.", "orchestrator")
-    home: Dir = _var(None, "The state folder: object store, Optuna and MLflow databases, Dagster's home (local); scratch (cluster).",
-                     "orchestrator", shown="local: `<project>/.trainyard`; cluster: `/tmp/trainyard`")
-    project_dir: Dir = _var(None, "The project directory: workspace.yaml, constraints.txt, `.venv-feast`, relative pipeline paths.",
-                            "orchestrator", shown="the current directory")
-    user: Text = _var(None, "Who `trainyard data release` records as releasing a version (`--by` wins).", "orchestrator",
-                      shown="the login name")
+    env: Annotated[
+        Literal["local", "cluster"],
+        BeforeValidator(_one_of(ENVIRONMENTS, "an environment")),
+        BeforeValidator(lambda v: "local" if v in (None, "") else v),
+    ] = _var(
+        "local",
+        "The environment a code location, CLI command or daemon builds its resources for: `local` or `cluster`.",
+        "orchestrator",
+    )
+    home: Dir = _var(
+        None,
+        "The state folder: object store, Optuna and MLflow databases, Dagster's home (local); scratch (cluster).",
+        "orchestrator",
+        shown="local: `<project>/.trainyard`; cluster: `/tmp/trainyard`",
+    )
+    project_dir: Dir = _var(
+        None,
+        "The project directory: workspace.yaml, constraints.txt, `.venv-feast`, relative pipeline paths.",
+        "orchestrator",
+        shown="the current directory",
+    )
+    user: Text = _var(
+        None,
+        "Who `trainyard data release` records as releasing a version (`--by` wins).",
+        "orchestrator",
+        shown="the login name",
+    )
     code_version: Annotated[Optional[str], BeforeValidator(_stripped)] = _var(
-        None, "The commit an image was built from (`<commit>` or `<commit>-dirty`), for lineage where there is no git checkout.",
-        "orchestrator", shown="`unknown` outside a checkout")
+        None,
+        "The commit an image was built from (`<commit>` or `<commit>-dirty`), for lineage where there is no git "
+        "checkout.",
+        "orchestrator",
+        shown="`unknown` outside a checkout",
+    )
     lock_file: Dir = _var(None, "The dependency lock recorded in lineage (its hash).", "orchestrator",
                           shown="`<project>/constraints.txt`")
 
     # Services: object store, studies, tracking, handoff.
-    s3_root: Text = _var(None, "The cluster environment's object store and DVC remote, an `s3://` URI (required there).", "orchestrator")
-    optuna_url: Text = _var(None, "The Optuna storage URL with its credentials (required in cluster); pods read it by reference.",
-                            "both", shown="local: `sqlite:///<home>/optuna.db`")
-    tracking_mode: Annotated[Literal["auto", "offline", "online", "disabled"],
-                             BeforeValidator(lambda v: "auto" if v in (None, "") else v),
-                             BeforeValidator(_one_of(("auto", "offline", "online", "disabled"), "a W&B tracking mode"))] = _var(
-        "auto", "W&B in the cluster environment: `auto` (online with WANDB_API_KEY), `offline`, `online` or `disabled`.", "orchestrator")
-    handoff_webhook: Text = _var(None, "A URL the handoff publisher POSTs promotions and rollbacks to, read at delivery.", "orchestrator",
-                                 shown="none: records only")
+    s3_root: Text = _var(
+        None, "The cluster environment's object store and DVC remote, an `s3://` URI (required there).", "orchestrator"
+    )
+    optuna_url: Text = _var(
+        None,
+        "The Optuna storage URL with its credentials (required in cluster); pods read it by reference.",
+        "both",
+        shown="local: `sqlite:///<home>/optuna.db`",
+    )
+    tracking_mode: Annotated[
+        Literal["auto", "offline", "online", "disabled"],
+        BeforeValidator(lambda v: "auto" if v in (None, "") else v),
+        BeforeValidator(_one_of(("auto", "offline", "online", "disabled"), "a W&B tracking mode")),
+    ] = _var(
+        "auto",
+        "W&B in the cluster environment: `auto` (online with WANDB_API_KEY), `offline`, `online` or `disabled`.",
+        "orchestrator",
+    )
+    handoff_webhook: Text = _var(
+        None,
+        "A URL the handoff publisher POSTs promotions and rollbacks to, read at delivery.",
+        "orchestrator",
+        shown="none: records only",
+    )
     device_memory_gb: Annotated[Optional[float], BeforeValidator(_gib)] = _var(
-        None, "GiB of one device for the distribution planner, instead of the launcher's or the 79.6 GiB GPU default.", "orchestrator",
-        kind="number > 0")
+        None,
+        "GiB of one device for the distribution planner, instead of the launcher's or the 79.6 GiB GPU default.",
+        "orchestrator",
+        kind="number > 0",
+    )
 
     # Feature store sources (docs/data.md).
-    feast_python: Text = _var(None, "The Feast interpreter, a Python with feast installed (its own lock).", "orchestrator",
-                              shown="`<project>/.venv-feast/bin/python`")
-    feast_registry: Text = _var(None, "The Feast registry, a path or URI without a password, for every feature repository.",
-                                "orchestrator", shown="each repository's own")
+    feast_python: Text = _var(
+        None,
+        "The Feast interpreter, a Python with feast installed (its own lock).",
+        "orchestrator",
+        shown="`<project>/.venv-feast/bin/python`",
+    )
+    feast_registry: Text = _var(
+        None,
+        "The Feast registry, a path or URI without a password, for every feature repository.",
+        "orchestrator",
+        shown="each repository's own",
+    )
     feast_offline_store: Annotated[Optional[dict[str, Any]], NoDecode, BeforeValidator(_json_object_with_type)] = _var(
-        None, "The Feast offline store configuration, a JSON object with a `type`, e.g. `{\"type\": \"duckdb\"}`.", "orchestrator",
-        shown="each repository's own", kind="JSON object")
+        None,
+        'The Feast offline store configuration, a JSON object with a `type`, e.g. `{"type": "duckdb"}`.',
+        "orchestrator",
+        shown="each repository's own",
+        kind="JSON object",
+    )
 
     # Kubernetes: the platform's defaults for trial pods and Jobs (docs/kubernetes.md); a team's pod settings go on top.
     k8s_namespace: Text = _var(None, "The team's namespace, where trials run (required in cluster).", "orchestrator")
-    trainer_image: Text = _var(None, "The trainer image of trial pods (required unless the pod settings name one).", "orchestrator")
+    trainer_image: Text = _var(
+        None, "The trainer image of trial pods (required unless the pod settings name one).", "orchestrator"
+    )
     k8s_queue: Annotated[Optional[str], BeforeValidator(lambda v: v or None)] = _var(
         "trainyard", "The Kueue LocalQueue trials are submitted to; empty: no Kueue.", "orchestrator")
     k8s_priority_class: Text = _var(None, "The PriorityClass of trial pods.", "orchestrator", shown="none")
-    k8s_service_account: Text = _var(None, "The service account of trial pods.", "orchestrator", shown="the namespace's default")
+    k8s_service_account: Text = _var(
+        None, "The service account of trial pods.", "orchestrator", shown="the namespace's default"
+    )
     k8s_secrets: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_names)] = _var(
-        (), "Secrets whose keys every trial pod gets as variables (comma-separated names).", "orchestrator", shown="none",
-        kind="names, comma-separated")
+        (),
+        "Secrets whose keys every trial pod gets as variables (comma-separated names).",
+        "orchestrator",
+        shown="none",
+        kind="names, comma-separated",
+    )
     k8s_gpus_per_pod: Annotated[Optional[int], BeforeValidator(_count("GPUs"))] = _var(
         None, "GPUs per trial pod.", "orchestrator", shown="the pod settings' default", kind="integer ≥ 0")
     k8s_active_deadline_seconds: Seconds = _var(
-        None, "A trial Job's activeDeadlineSeconds; 0: none.", "orchestrator", shown="604800 (7 days)", kind="integer ≥ 0")
+        None,
+        "A trial Job's activeDeadlineSeconds; 0: none.",
+        "orchestrator",
+        shown="604800 (7 days)",
+        kind="integer ≥ 0",
+    )
     k8s_stuck_seconds: Seconds = _var(
         None, "How long a pod may sit in an image pull error, crash loop or refused creation before the trial fails.",
         "orchestrator", shown="300", kind="integer ≥ 0")
     k8s_unschedulable_seconds: Seconds = _var(
-        None, "How long a trial's pods may stay unschedulable before the trial fails.", "orchestrator", shown="900", kind="integer ≥ 0")
+        None,
+        "How long a trial's pods may stay unschedulable before the trial fails.",
+        "orchestrator",
+        shown="900",
+        kind="integer ≥ 0",
+    )
     k8s_resize_after_seconds: Seconds = _var(
         None, "How long a gang with a node range waits for a lost node before it continues smaller.", "orchestrator",
         shown="120", kind="integer ≥ 0")
-    k8s_gang_kind: Annotated[Optional[Literal["jobset", "job"]], BeforeValidator(_one_of(("jobset", "job"), "a gang kind"))] = _var(
-        None, "What a trial is submitted as: `jobset` or `job`.", "orchestrator", shown="`jobset`",
-        kind="`jobset` or `job`")
-    k8s_pod: Text = _var(None, "The team's pod settings (`PodConfig` as JSON, written by `TeamSpec.environment`), over the above.",
-                         "orchestrator", shown="none", kind="JSON (PodConfig)")
+    k8s_gang_kind: Annotated[
+        Optional[Literal["jobset", "job"]], BeforeValidator(_one_of(("jobset", "job"), "a gang kind"))
+    ] = _var(
+        None,
+        "What a trial is submitted as: `jobset` or `job`.",
+        "orchestrator",
+        shown="`jobset`",
+        kind="`jobset` or `job`",
+    )
+    k8s_pod: Text = _var(
+        None,
+        "The team's pod settings (`PodConfig` as JSON, written by `TeamSpec.environment`), over the above.",
+        "orchestrator",
+        shown="none",
+        kind="JSON (PodConfig)",
+    )
 
     # Warm workers (docs/architecture-notes.md, "Warm workers").
-    warm_workers: Switch = _var(True, "Local trials fork from a warm worker; off: every trial starts a new interpreter (torchrun).",
-                                "orchestrator", kind="switch")
+    warm_workers: Switch = _var(
+        True,
+        "Local trials fork from a warm worker; off: every trial starts a new interpreter (torchrun).",
+        "orchestrator",
+        kind="switch",
+    )
     warm_dir: Dir = _var(None, "Where warm servers keep their sockets, logs and pid files.", "orchestrator",
                          shown="`${XDG_RUNTIME_DIR:-/tmp}/trainyard-warm-<uid>`")
-    warm_run_workers: Switch = _var(True, "The daemon forks Dagster runs of local code locations from a warm run worker.",
-                                    "orchestrator", kind="switch")
-    warm_wandb_service: Switch = _var(True, "A warm server keeps one W&B service its trials share.", "pod", kind="switch")
+    warm_run_workers: Switch = _var(
+        True,
+        "The daemon forks Dagster runs of local code locations from a warm run worker.",
+        "orchestrator",
+        kind="switch",
+    )
+    warm_wandb_service: Switch = _var(
+        True, "A warm server keeps one W&B service its trials share.", "pod", kind="switch"
+    )
 
     # Set by launchers for the training processes they start; never set by hand.
     launch_id: Annotated[Optional[str], NoDecode] = _var(
@@ -259,9 +357,14 @@ class Settings(BaseSettings):
         shown="set by the warm supervisor", kind="file descriptor")
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
-                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
-                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Given values, then the process environment; no .env or secret files."""
         return init_settings, env_settings
 

@@ -143,13 +143,17 @@ def documents() -> dict[str, list[dict[str, Any]]]:
 
 
 def render() -> dict[str, str]:
-    """Path (relative to the repository) -> YAML text of `documents()` and the chart's values, with the generated-file header."""
+    """Path (relative to the repository) -> YAML text of `documents()` and the chart's values, with the generated-file
+    header."""
     out = {
-        f"deploy/k8s/{name}": HEADER + yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, explicit_start=True)
+        f"deploy/k8s/{name}": HEADER
+        + yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False, explicit_start=True)
         for name, objs in documents().items()
     }
     values = dagster_values(LOCATIONS, PLATFORM)
-    out["deploy/helm/values.yaml"] = VALUES_HEADER + yaml.safe_dump(values, sort_keys=False, default_flow_style=False, width=1000)
+    out["deploy/helm/values.yaml"] = VALUES_HEADER + yaml.safe_dump(
+        values, sort_keys=False, default_flow_style=False, width=1000
+    )
     return out
 
 
@@ -163,7 +167,11 @@ def on_disk() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if deploy/k8s or deploy/helm/values.yaml differs from the rendered output")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if deploy/k8s or deploy/helm/values.yaml differs from the rendered output",
+    )
     args = parser.parse_args(argv)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnpinnedImageWarning)

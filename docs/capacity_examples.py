@@ -43,7 +43,10 @@ def memory_table(name: str, devices: int, checkpointing: bool) -> None:
     for label, strategy, t in rows:
         e = memory_per_device(strategy, params, 2, "adam", devices, tensor_parallel_size=t, shape=shape)
         fits = " | ".join("yes" if e.total_gb <= mem * 0.9 else "no" for mem, _ in GPUS.values())
-        print(f"| {label} | {e.model_states_gb:.1f} | {e.buffers_gb:.1f} | {e.activations_gb:.1f} | {e.total_gb:.1f} | {fits} |")
+        print(
+            f"| {label} | {e.model_states_gb:.1f} | {e.buffers_gb:.1f} | {e.activations_gb:.1f} | {e.total_gb:.1f} | "
+            f"{fits} |"
+        )
     for gpu, (mem, _) in GPUS.items():
         try:
             p = plan(params, 2, "adam", mem, devices, nodes=devices // PER_NODE, shape=shape)
@@ -64,7 +67,10 @@ def run_table() -> None:
 
 
 def checkpoint_table() -> None:
-    print(f"\nCheckpoint (bf16 weights + fp32 master + 2 fp32 Adam states = 14 bytes/param) at {BANDWIDTH_GIB_S} GiB/s aggregate\n")
+    print(
+        f"\nCheckpoint (bf16 weights + fp32 master + 2 fp32 Adam states = 14 bytes/param) at {BANDWIDTH_GIB_S} GiB/s "
+        "aggregate\n"
+    )
     print("| model | size GiB | save seconds |")
     print("|---|---:|---:|")
     for name, (params, _) in MODELS.items():

@@ -47,7 +47,11 @@ def write_config(repo: str) -> None:
     config = {
         "project": PROJECT,
         "provider": "local",
-        "registry": {"registry_type": "sql", "path": f"sqlite:///{os.path.join(repo, 'data', 'registry.db')}", "cache_ttl_seconds": 0},
+        "registry": {
+            "registry_type": "sql",
+            "path": f"sqlite:///{os.path.join(repo, 'data', 'registry.db')}",
+            "cache_ttl_seconds": 0,
+        },
         "offline_store": {"type": "dask"},
         "online_store": {"type": "sqlite", "path": os.path.join(repo, "data", "online.db")},
         "entity_key_serialization_version": 3,
@@ -75,9 +79,19 @@ def generate(customers: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "txn_count_7d": 0 if closed else int(rng.poisson(12 * (1.2 - risk[c]))),
                 "tickets_30d": 0 if closed else int(rng.poisson(4 * risk[c])),
             })
-    events = [{"customer_id": c, "event_timestamp": START + timedelta(days=int(label_day[c]), hours=12), "churned": int(churned[c])} for c in range(customers)]
+    events = [
+        {
+            "customer_id": c,
+            "event_timestamp": START + timedelta(days=int(label_day[c]), hours=12),
+            "churned": int(churned[c]),
+        }
+        for c in range(customers)
+    ]
     # An earlier, negative event for every third customer: the same entity at two times.
-    events += [{"customer_id": c, "event_timestamp": START + timedelta(days=int(label_day[c]) - 20, hours=6), "churned": 0} for c in range(0, customers, 3)]
+    events += [
+        {"customer_id": c, "event_timestamp": START + timedelta(days=int(label_day[c]) - 20, hours=6), "churned": 0}
+        for c in range(0, customers, 3)
+    ]
     frame = pd.DataFrame(events).sort_values(["event_timestamp", "customer_id"], kind="stable")
     frame["event_timestamp"] = frame["event_timestamp"].map(lambda t: t.strftime("%Y-%m-%dT%H:%M:%SZ"))
     return pd.DataFrame(stats), frame.reset_index(drop=True)
@@ -86,12 +100,20 @@ def generate(customers: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
 def definitions(repo: str, ttl_days: int) -> list:
     """The entity, the feature view over the generated file and the feature service."""
     customer = Entity(name="customer", join_keys=["customer_id"], description="a customer account")
-    source = FileSource(name="customer_stats_file", path=os.path.join(repo, "data", "customer_stats.parquet"), timestamp_field="event_timestamp")
+    source = FileSource(
+        name="customer_stats_file",
+        path=os.path.join(repo, "data", "customer_stats.parquet"),
+        timestamp_field="event_timestamp",
+    )
     view = FeatureView(
         name=VIEW,
         entities=[customer],
         ttl=timedelta(days=ttl_days),
-        schema=[Field(name="balance", dtype=Float64), Field(name="txn_count_7d", dtype=Int64), Field(name="tickets_30d", dtype=Int64)],
+        schema=[
+            Field(name="balance", dtype=Float64),
+            Field(name="txn_count_7d", dtype=Int64),
+            Field(name="tickets_30d", dtype=Int64),
+        ],
         source=source,
         description="daily account statistics",
     )

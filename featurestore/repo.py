@@ -12,13 +12,19 @@ from feast.repo_config import RepoConfig
 from featurestore.errors import RetrievalRefused
 
 
-def open_store(repo: str, registry: Optional[str] = None, offline_store: Optional[dict[str, Any]] = None, project: Optional[str] = None) -> FeatureStore:
+def open_store(
+    repo: str,
+    registry: Optional[str] = None,
+    offline_store: Optional[dict[str, Any]] = None,
+    project: Optional[str] = None,
+) -> FeatureStore:
     """The feature store of the repository at `repo`, its `feature_store.yaml` overridden by the arguments given.
 
     Args:
         repo: Directory holding `feature_store.yaml`.
         registry: A registry path or URI (`sqlite:///...`, `postgresql://...`, `s3://...`) replacing the file's.
-        offline_store: An offline store configuration (`{"type": "dask"}`, `{"type": "duckdb"}`...) replacing the file's.
+        offline_store: An offline store configuration (`{"type": "dask"}`, `{"type": "duckdb"}`...) replacing the
+        file's.
         project: A project replacing the file's.
 
     Raises:
@@ -26,7 +32,11 @@ def open_store(repo: str, registry: Optional[str] = None, offline_store: Optiona
     """
     path = os.path.join(repo, "feature_store.yaml")
     if not os.path.isfile(path):
-        raise RetrievalRefused("repo", f"no feature_store.yaml in Feast repository {repo!r} (create it with `feast init`, or `make demo` for the example)")
+        raise RetrievalRefused(
+            "repo",
+            f"no feature_store.yaml in Feast repository {repo!r} (create it with `feast init`, or `make demo` for the "
+            "example)",
+        )
     with open(path, encoding="utf-8") as f:
         raw = yaml.safe_load(f) or {}
     if registry:

@@ -37,11 +37,14 @@ SHOWN = 10
 
 
 def definition_hash(message: Any) -> str:
-    """sha256 of a Feast object's spec proto, serialized deterministically: changes with any change of its definition."""
+    """sha256 of a Feast object's spec proto, serialized deterministically: changes with any change of its
+    definition."""
     return hashlib.sha256(message.to_proto().spec.SerializeToString(deterministic=True)).hexdigest()
 
 
-def resolve(store: FeatureStore, features: list[str], service: str | None) -> tuple[list[str], list[FeatureView], dict[str, Any] | None]:
+def resolve(
+    store: FeatureStore, features: list[str], service: str | None
+) -> tuple[list[str], list[FeatureView], dict[str, Any] | None]:
     """The feature references to retrieve and their views, checked against the registry.
 
     Raises:
@@ -53,7 +56,10 @@ def resolve(store: FeatureStore, features: list[str], service: str | None) -> tu
     if service is not None:
         names = [s.name for s in store.list_feature_services()]
         if service not in names:
-            raise RetrievalRefused("unknown_feature_service", f"feature service {service!r} is not in project {project!r}; its services are {sorted(names)}")
+            raise RetrievalRefused(
+                "unknown_feature_service",
+                f"feature service {service!r} is not in project {project!r}; its services are {sorted(names)}",
+            )
         fs = store.get_feature_service(service)
         features = [f"{p.name_to_use()}:{f.name}" for p in fs.feature_view_projections for f in p.features]
         described = {"name": service, "definition": definition_hash(fs)}
@@ -62,11 +68,19 @@ def resolve(store: FeatureStore, features: list[str], service: str | None) -> tu
     for ref in features:
         view_name, _, feature = ref.partition(":")
         if view_name not in known:
-            raise RetrievalRefused("unknown_feature_view", f"feature reference {ref!r}: no feature view {view_name!r} in project {project!r}; its views are {sorted(known)}")
+            raise RetrievalRefused(
+                "unknown_feature_view",
+                f"feature reference {ref!r}: no feature view {view_name!r} in project {project!r}; its views are "
+                f"{sorted(known)}",
+            )
         view = known[view_name]
         names = [f.name for f in view.features]
         if feature not in names:
-            raise RetrievalRefused("unknown_feature", f"feature reference {ref!r}: feature view {view_name!r} has no feature {feature!r}; its features are {names}")
+            raise RetrievalRefused(
+                "unknown_feature",
+                f"feature reference {ref!r}: feature view {view_name!r} has no feature {feature!r}; its features are "
+                f"{names}",
+            )
         views[view_name] = view
     return features, list(views.values()), described
 
@@ -88,7 +102,9 @@ def entity_frame(path: str, keys: list[str], timestamp: str) -> pd.DataFrame:
     frame = pq.read_table(path).to_pandas()
     missing = [c for c in [*keys, timestamp] if c not in frame.columns]
     if missing:
-        raise RetrievalRefused("entity_rows", f"entity rows have no column(s) {missing}; they have {list(frame.columns)}")
+        raise RetrievalRefused(
+            "entity_rows", f"entity rows have no column(s) {missing}; they have {list(frame.columns)}"
+        )
     problems = [f"entity key {k!r} is missing in {_rows(frame[k].isna())}" for k in keys if frame[k].isna().any()]
     raw = frame[timestamp]
     absent = raw.isna() | (raw.astype("string").str.strip() == "")
@@ -102,7 +118,9 @@ def entity_frame(path: str, keys: list[str], timestamp: str) -> pd.DataFrame:
     unparsable = times.isna() & ~absent
     if unparsable.any():
         examples = [str(v) for v in raw[unparsable].head(3)]
-        problems.append(f"event time {timestamp!r} is not ISO 8601 or epoch seconds in {_rows(unparsable)}, e.g. {examples}")
+        problems.append(
+            f"event time {timestamp!r} is not ISO 8601 or epoch seconds in {_rows(unparsable)}, e.g. {examples}"
+        )
     if problems:
         raise RetrievalRefused("entity_rows", "; ".join(problems))
     frame[timestamp] = times
@@ -125,9 +143,15 @@ def retrieve(request: dict[str, Any]) -> dict[str, Any]:
     frame = entity_frame(entities, list(keys), timestamp)
     join_keys = {k for v in views for k in v.join_keys}
     if not join_keys <= set(keys):
-        raise RetrievalRefused("entity_rows", f"feature views {[v.name for v in views]} join on {sorted(join_keys)}, but the entity keys are {list(keys)}")
+        raise RetrievalRefused(
+            "entity_rows",
+            f"feature views {[v.name for v in views]} join on {sorted(join_keys)}, but the entity keys are "
+            f"{list(keys)}",
+        )
     job = store.get_historical_features(entity_df=frame.rename(columns={timestamp: "event_timestamp"}), features=refs)
-    result = job.to_df().sort_values(ROW, kind="stable").drop(columns=[ROW]).rename(columns={"event_timestamp": timestamp})
+    result = (
+        job.to_df().sort_values(ROW, kind="stable").drop(columns=[ROW]).rename(columns={"event_timestamp": timestamp})
+    )
     pq.write_table(pa.Table.from_pandas(result.reset_index(drop=True), preserve_index=False), out)
     times = frame[timestamp]
     return {

@@ -41,10 +41,14 @@ def _claim_concurrency_slot(self: Any, concurrency_key: str, run_id: str, step_k
     free = (table.c.concurrency_key == concurrency_key) & (table.c.step_key == None) & (table.c.deleted == False)  # noqa: E711, E712
     with self.index_connection() as conn:
         for _ in range(MAX_ATTEMPTS):
-            row = conn.execute(db_select([table.c.id]).select_from(table).where(free).with_for_update(skip_locked=True).limit(1)).fetchone()
+            row = conn.execute(
+                db_select([table.c.id]).select_from(table).where(free).with_for_update(skip_locked=True).limit(1)
+            ).fetchone()
             if not row or not row[0]:
                 return ConcurrencySlotStatus.BLOCKED
-            taken = conn.execute(table.update().values(run_id=run_id, step_key=step_key).where(free & (table.c.id == row[0]))).rowcount
+            taken = conn.execute(
+                table.update().values(run_id=run_id, step_key=step_key).where(free & (table.c.id == row[0]))
+            ).rowcount
             if taken:
                 return ConcurrencySlotStatus.CLAIMED
         return ConcurrencySlotStatus.BLOCKED

@@ -36,8 +36,10 @@ def _checked(seconds: Any) -> float:
         raise TypeError(f"run queue: dequeue_interval_seconds must be a number of seconds, got {seconds!r}")
     if seconds < MIN_INTERVAL_SECONDS:
         raise ValueError(
-            f"run queue: dequeue_interval_seconds {seconds} is below {MIN_INTERVAL_SECONDS}: Dagster's daemon waits in steps "
-            f"of {MIN_INTERVAL_SECONDS} s between looks, so a shorter interval would not look sooner")
+            f"run queue: dequeue_interval_seconds {seconds} is below {MIN_INTERVAL_SECONDS}: Dagster's daemon waits "
+            "in steps "
+            f"of {MIN_INTERVAL_SECONDS} s between looks, so a shorter interval would not look sooner"
+        )
     return float(seconds)
 
 
@@ -76,7 +78,11 @@ class RunQueue(QueuedRunCoordinator):
             # Every process that loads the instance makes its queue (the webserver to submit, a code server to
             # evaluate a sensor); a Kubernetes code server has no API credentials, so `K8sRunLauncher` cannot be made
             # there, and it never launches. Making it there was never needed: it is needed in the daemon.
-            log.debug("run queue: the run launcher was not made ahead (%s: %s); it is made when first used", type(e).__name__, e)
+            log.debug(
+                "run queue: the run launcher was not made ahead (%s: %s); it is made when first used",
+                type(e).__name__,
+                e,
+            )
 
 
 class LocalRunQueue(RunQueue):
@@ -95,15 +101,21 @@ class LocalRunQueue(RunQueue):
     def config_type(cls) -> Any:
         schema = dict(super().config_type())  # type: ignore[arg-type]
         schema["dequeue_interval_seconds"] = Field(
-            Float, is_required=False,
-            description=f"Seconds between the daemon's looks at the queue (>= {MIN_INTERVAL_SECONDS}; Dagster's own queue takes whole "
-                        "seconds only).")
+            Float,
+            is_required=False,
+            description=f"Seconds between the daemon's looks at the queue (>= {MIN_INTERVAL_SECONDS}; Dagster's own "
+                        "queue takes whole "
+            "seconds only).",
+        )
         return schema
 
     @classmethod
     def from_config_value(cls, inst_data: ConfigurableClassData, config_value: Mapping[str, Any]) -> "LocalRunQueue":
-        """Dagster's own reading of every other setting (its `from_config_value` makes `cls`), then the interval as given."""
-        queue = super().from_config_value(inst_data, {k: v for k, v in config_value.items() if k != "dequeue_interval_seconds"})
+        """Dagster's own reading of every other setting (its `from_config_value` makes `cls`), then the interval as
+        given."""
+        queue = super().from_config_value(
+            inst_data, {k: v for k, v in config_value.items() if k != "dequeue_interval_seconds"}
+        )
         if config_value.get("dequeue_interval_seconds") is not None:
             queue._dequeue_interval_seconds = _checked(config_value["dequeue_interval_seconds"])  # type: ignore[assignment]
         return queue

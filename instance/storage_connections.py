@@ -79,11 +79,16 @@ def statement_timeout_ms(storage: Any) -> int:
     Read through the storage's own engine (its URL, connection arguments and token provider).
     """
     with storage._engine.connect() as conn:
-        return int(conn.execute(sqlalchemy.text("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")).scalar_one())
+        return int(
+            conn.execute(
+                sqlalchemy.text("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")
+            ).scalar_one()
+        )
 
 
 def hold_connections(instance: Any) -> bool:
-    """Pool the instance's PostgreSQL storages' connections (once: a pooled engine is left as it is); whether they are pooled now.
+    """Pool the instance's PostgreSQL storages' connections (once: a pooled engine is left as it is); whether they are
+    pooled now.
 
     Never fails a run: if the timeout cannot be read or the pool not made, the
     storages stay as they were (a connection per query) and a warning says why.
@@ -96,14 +101,19 @@ def hold_connections(instance: Any) -> bool:
         return True  # pooled already (by an earlier call, or the webserver's with its own timeout): left as it is
     try:
         timeout = statement_timeout_ms(storage)
-        instance.optimize_for_webserver(statement_timeout=timeout, pool_recycle=POOL_RECYCLE_SECONDS, max_overflow=POOL_MAX_OVERFLOW)
+        instance.optimize_for_webserver(
+            statement_timeout=timeout, pool_recycle=POOL_RECYCLE_SECONDS, max_overflow=POOL_MAX_OVERFLOW
+        )
         for pooled in postgres_storages(instance):
             # Test a held connection before each use, as `create_engine(pool_pre_ping=True)` would (Dagster's engine
             # takes no such option): after a PostgreSQL restart or failover a held connection is dead, and the first
             # query on it failed (a sensor's tick, a run's event write) where a connection per query reconnects.
             pooled._engine.pool._pre_ping = True
     except Exception as e:  # a run goes on without the pool
-        warnings.warn(f"trainyard: this process's PostgreSQL storages stay at one connection per query ({type(e).__name__}: {e})", stacklevel=2)
+        warnings.warn(
+            f"trainyard: this process's PostgreSQL storages stay at one connection per query ({type(e).__name__}: {e})",
+            stacklevel=2,
+        )
         return False
     return True
 
@@ -113,7 +123,8 @@ _SHARED_LOCK = threading.Lock()
 
 
 def evaluation_instance(context: Any) -> Any:
-    """The instance a sensor's or schedule's evaluation queries: one per instance ref in this process, its connections pooled.
+    """The instance a sensor's or schedule's evaluation queries: one per instance ref in this process, its connections
+    pooled.
 
     The code server evaluates every tick in a context made from the daemon's instance ref, and the context makes a
     `DagsterInstance` from it on first use: its storages' engines, each PostgreSQL storage checking its tables
@@ -172,13 +183,17 @@ def evaluation_resources(context: Any, *keys: str) -> Iterator[Any]:
     name = getattr(context, "_sensor_name", None) or "this sensor"
     repository = context.repository_def
     if repository is None:
-        raise DagsterInvalidDefinitionError(f"{name} needs the resources {sorted(keys)}: evaluate it in its code location "
-                                            "or give its context resources (build_sensor_context(resources=...))")
+        raise DagsterInvalidDefinitionError(
+            f"{name} needs the resources {sorted(keys)}: evaluate it in its code location "
+            "or give its context resources (build_sensor_context(resources=...))"
+        )
     defined = repository.get_top_level_resources()
     missing = sorted(set(keys) - set(defined))
     if missing:
-        raise DagsterInvalidDefinitionError(f"{name} needs the resources {missing}, which the code location does not define "
-                                            f"(it defines {sorted(defined)}): add them to Definitions(resources=...)")
+        raise DagsterInvalidDefinitionError(
+            f"{name} needs the resources {missing}, which the code location does not define "
+            f"(it defines {sorted(defined)}): add them to Definitions(resources=...)"
+        )
     needed = get_transitive_required_resource_keys(set(keys), defined)
     instance = evaluation_instance(context) if context.instance_ref is not None else None
     with build_resources({k: v for k, v in defined.items() if k in needed}, instance=instance) as resources:
@@ -187,6 +202,7 @@ def evaluation_resources(context: Any, *keys: str) -> Iterator[Any]:
 
 @executor(name="in_process", config_schema=in_process_executor.config_schema)  # type: ignore[call-overload]  # the same schema as Dagster's
 def trainyard_executor(init_context: InitExecutorContext) -> Any:
-    """Dagster's in-process executor, in a run worker whose PostgreSQL storages hold their connections (`hold_connections`)."""
+    """Dagster's in-process executor, in a run worker whose PostgreSQL storages hold their connections
+    (`hold_connections`)."""
     hold_connections(init_context.instance)
     return in_process_executor.executor_creation_fn(init_context)  # type: ignore[misc]

@@ -100,7 +100,10 @@ def all_pipelines(workspace: Optional[Path] = None) -> dict[str, PipelineSpec]:
     for name in location_modules(workspace):
         for spec in _served_specs(importlib.import_module(name)):
             if found.setdefault(spec.key, spec) != spec:
-                raise ValueError(f"pipeline {spec.key!r} is served by two code locations (second: {name}); give each pipeline one key")
+                raise ValueError(
+                    f"pipeline {spec.key!r} is served by two code locations (second: {name}); give each pipeline one "
+                    "key"
+                )
     return found
 
 

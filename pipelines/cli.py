@@ -82,12 +82,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # Command groups living in their own modules; each defines `register(subparsers)`
 # and sets `func` on its parsers, and like this module imports only the standard
 # library at its top.
-COMMAND_MODULES: tuple[str, ...] = ("pipelines.cli_registry", "pipelines.cli_repro", "pipelines.cli_data", "pipelines.cli_k8s")
+COMMAND_MODULES: tuple[str, ...] = (
+    "pipelines.cli_registry",
+    "pipelines.cli_repro",
+    "pipelines.cli_data",
+    "pipelines.cli_k8s",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The `trainyard` parser with every command group's subcommands."""
-    parser = argparse.ArgumentParser(prog="trainyard", description="trainyard: raw data to registered models, on Dagster")
+    parser = argparse.ArgumentParser(
+        prog="trainyard", description="trainyard: raw data to registered models, on Dagster"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the vision/digits pipeline end to end through Dagster")
     demo.set_defaults(func=cmd_demo)

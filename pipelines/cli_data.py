@@ -57,13 +57,22 @@ def register(subparsers: Any) -> None:
     profile.add_argument("pipeline", help="team/pipeline, e.g. vision/digits")
     profile.add_argument("--md5", default=None, help="the snapshot's data version (default: the latest)")
     profile.add_argument("--out", default=None, help="file to write the suite to (default: print it)")
-    profile.add_argument("--row-margin", type=float, default=0.5, help="allowed relative change of the row count (default 0.5)")
-    profile.add_argument("--range-margin", type=float, default=0.0, help="share of each numeric range's width added on both sides (default 0)")
+    profile.add_argument(
+        "--row-margin", type=float, default=0.5, help="allowed relative change of the row count (default 0.5)"
+    )
+    profile.add_argument(
+        "--range-margin",
+        type=float,
+        default=0.0,
+        help="share of each numeric range's width added on both sides (default 0)",
+    )
     profile.set_defaults(func=cmd_profile)
 
 
 def _store() -> Any:
-    from pipelines.environments import resources_for  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
+    from pipelines.environments import (
+        resources_for,
+    )  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
     return resources_for()["store"]
 
@@ -82,8 +91,12 @@ def _guard(fn: Any) -> Any:
     """Turn the data and storage error hierarchies into exit codes with their message."""
 
     def run(args: argparse.Namespace) -> int:
-        from resources.storage import StorageError  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
-        from trainyard.data import DataQualityError  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
+        from resources.storage import (
+            StorageError,
+        )  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
+        from trainyard.data import (
+            DataQualityError,
+        )  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
         try:
             return fn(args)
@@ -124,7 +137,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True, default=str))
         return 0
-    print(f"{report.get('pipeline')} {args.id}: {report.get('kind', 'snapshot')}, quarantined at {report.get('quarantined_at')}")
+    print(
+        f"{report.get('pipeline')} {args.id}: {report.get('kind', 'snapshot')}, quarantined at "
+        f"{report.get('quarantined_at')}"
+    )
     print(f"  where      : {report['uri']}")
     if report.get("data"):
         print(f"  data       : {report['data']}")
@@ -137,7 +153,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if report.get("policy"):
         print(f"  policy     : on_bad_data={report['policy']!r}")
     release = report.get("release")
-    print(f"  released   : {'by ' + release['released_by'] + ' at ' + release['released_at'] + ': ' + release['reason'] if release else 'no'}")
+    released = f"by {release['released_by']} at {release['released_at']}: {release['reason']}" if release else "no"
+    print(f"  released   : {released}")
     if report.get("resolved"):
         print(f"  resolved   : {report['resolved']['how']} at {report['resolved']['at']}")
     if report.get("superseded"):
@@ -169,11 +186,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 @_guard
 def cmd_release(args: argparse.Namespace) -> int:
     from common.settings import settings
-    from trainyard.data import release_quarantine  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
+    from trainyard.data import (
+        release_quarantine,
+    )  # lazy: pandas/Dagster load per command, keeping `trainyard --help` fast
 
     by = args.by or settings().user or getpass.getuser()
     record = release_quarantine(_store(), args.pipeline, args.md5, args.reason, by)
-    print(f"released {record['pipeline']} {record['md5']} by {record['released_by']} at {record['released_at']}: {record['reason']}")
+    print(
+        f"released {record['pipeline']} {record['md5']} by {record['released_by']} at {record['released_at']}: "
+        f"{record['reason']}"
+    )
     print("the next prepare run lets this version through; its data stays in quarantine")
     return 0
 
@@ -210,7 +232,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text)
-        print(f"wrote {len(suite['expectations'])} expectations for {profile['rows']} rows of {uri} to {args.out}", file=sys.stderr)
+        print(
+            f"wrote {len(suite['expectations'])} expectations for {profile['rows']} rows of {uri} to {args.out}",
+            file=sys.stderr,
+        )
     else:
         sys.stdout.write(text)
     return 0

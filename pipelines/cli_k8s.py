@@ -54,13 +54,23 @@ def register(subparsers: Any) -> None:
     render = sub.add_parser("render", help="print, as YAML, exactly the objects a trial would submit")
     render.add_argument("pipeline", help="<team>/<pipeline>, e.g. vision/digits")
     render.add_argument("--trial", type=int, default=0, help="trial number (default 0)")
-    render.add_argument("--attempt", type=int, default=0, help="launch attempt: 100 x run retry + step retry (default 0)")
-    render.add_argument("--kind", choices=GANG_KINDS, default=None,
-                        help="gang object: jobset or job (default: what the launcher submits, TRAINYARD_K8S_GANG_KIND, default jobset)")
-    render.add_argument("--data-version", help="md5 of the accepted data version (default: the newest in the object store)")
+    render.add_argument(
+        "--attempt", type=int, default=0, help="launch attempt: 100 x run retry + step retry (default 0)"
+    )
+    render.add_argument(
+        "--kind",
+        choices=GANG_KINDS,
+        default=None,
+        help="gang object: jobset or job (default: what the launcher submits, TRAINYARD_K8S_GANG_KIND, default jobset)",
+    )
+    render.add_argument(
+        "--data-version", help="md5 of the accepted data version (default: the newest in the object store)"
+    )
     render.set_defaults(func=cmd_render)
     gc = sub.add_parser("gc", help="delete gangs whose Dagster run has ended")
-    gc.add_argument("--namespace", action="append", default=[], help="team namespace (repeatable; default TRAINYARD_K8S_NAMESPACE)")
+    gc.add_argument(
+        "--namespace", action="append", default=[], help="team namespace (repeatable; default TRAINYARD_K8S_NAMESPACE)"
+    )
     gc.add_argument("--dry-run", action="store_true", help="print what would be deleted, delete nothing")
     gc.add_argument("--api-url", help="explicit API server URL (kubectl proxy); default in-cluster or kubeconfig")
     gc.set_defaults(func=cmd_gc)
@@ -119,8 +129,14 @@ def trial_spec(pipeline: Any, store: Any, number: int, md5: str) -> Any:
         prediction_task=pipeline.task,
         model=ImportTarget(path=pipeline.model.path, kwargs=dict(pipeline.model.hparams)),
         datamodule=ImportTarget(path=pipeline.model.datamodule),
-        data=DataSpec(train_uri=f"{split}/train.parquet", val_uri=f"{split}/val.parquet", test_uri=f"{split}/test.parquet",
-                      features=pipeline.features, target=pipeline.target, version=md5),
+        data=DataSpec(
+            train_uri=f"{split}/train.parquet",
+            val_uri=f"{split}/val.parquet",
+            test_uri=f"{split}/test.parquet",
+            features=pipeline.features,
+            target=pipeline.target,
+            version=md5,
+        ),
         output_uri=naming.run_dir(store, pipeline.team, pipeline.name, study, trial),
         max_epochs=pipeline.model.max_epochs,
         batch_size=pipeline.model.batch_size,
@@ -149,8 +165,10 @@ def render(key: str, trial: int = 0, attempt: int = 0, kind: Optional[str] = Non
             md5 = data_version(store, pipeline)
         except Exception as e:  # storage unreachable, no credentials, a refused bucket: one line, not a traceback
             first = (str(e).strip().splitlines() or [""])[0]
-            raise ValueError(f"cannot read {key}'s data versions from {store.uri()} ({type(e).__name__}: {first}); "
-                             "check the storage settings (AWS_ENDPOINT_URL, credentials) or pass --data-version <md5>") from e
+            raise ValueError(
+                f"cannot read {key}'s data versions from {store.uri()} ({type(e).__name__}: {first}); "
+                "check the storage settings (AWS_ENDPOINT_URL, credentials) or pass --data-version <md5>"
+            ) from e
     if md5 is None:
         raise ValueError(f"{key} has no accepted data version in {store.uri()} yet; pass --data-version <md5>")
     return launcher.trial_objects(trial_spec(pipeline, store, trial, md5), attempt, kind)
@@ -169,7 +187,11 @@ def cmd_render(args: argparse.Namespace) -> int:
         return _fail(str(e))
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False, explicit_start=True))
     names = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in objects)
-    print(f"# {args.pipeline} {objects[0]['metadata']['labels'].get('trainyard.io/trial')} attempt {args.attempt}: {names}", file=sys.stderr)
+    print(
+        f"# {args.pipeline} {objects[0]['metadata']['labels'].get('trainyard.io/trial')} attempt {args.attempt}: "
+        f"{names}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -209,8 +231,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
     api = _api_client(args.api_url)
     try:
         batch, core, custom = k8s_client.BatchV1Api(api), k8s_client.CoreV1Api(api), k8s_client.CustomObjectsApi(api)
-        collected = [g for ns in namespaces for g in collect_garbage(batch, core, ns, status, dry_run=args.dry_run, custom=custom)]
+        collected = [
+            g
+            for ns in namespaces
+            for g in collect_garbage(batch, core, ns, status, dry_run=args.dry_run, custom=custom)
+        ]
     finally:
         api.close()
-    print(f"# {'would delete' if args.dry_run else 'deleted'} {len(collected)} gang(s) in {', '.join(namespaces)}", file=sys.stderr)
+    print(
+        f"# {'would delete' if args.dry_run else 'deleted'} {len(collected)} gang(s) in {', '.join(namespaces)}",
+        file=sys.stderr,
+    )
     return 0

@@ -8,7 +8,8 @@
     trainyard registry list
 
 `promote` and `rollback` apply the same checks as the `registered_model` asset
-(`resources.registry.promotion`, applying `trainyard.promotion`'s policy), with the policy and pinned test split recorded on the
+(`resources.registry.promotion`, applying `trainyard.promotion`'s policy), with the policy and pinned test split
+recorded on the
 version when it was registered. `--force` moves the alias past failing checks
 and is recorded as an override with its reason. The registry, object store and
 handoff publisher are the environment's (`TRAINYARD_ENV`, default `local`
@@ -81,7 +82,9 @@ def register(subparsers: Any) -> None:
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("model", help="registered model name (e.g. vision.digits)")
-        p.add_argument("--version", help="version number (promote: default challenger; rollback: default previous champion)")
+        p.add_argument(
+            "--version", help="version number (promote: default challenger; rollback: default previous champion)"
+        )
         p.add_argument("--force", action="store_true", help="move the alias even if checks fail (needs --reason)")
         p.add_argument("--reason", help="why; required with --force and recorded as the override's justification")
         p.set_defaults(func=cmd_promote if name == "promote" else cmd_rollback)
@@ -196,7 +199,9 @@ def describe(registry: Any, model: str, info: Any, handoff: Any = None) -> dict[
     return out
 
 
-def other_decisions(registry: Any, model: str, exclude: set[Optional[str]], limit: int = OTHER_DECISIONS_SHOWN) -> list[dict[str, Any]]:
+def other_decisions(
+    registry: Any, model: str, exclude: set[Optional[str]], limit: int = OTHER_DECISIONS_SHOWN
+) -> list[dict[str, Any]]:
     """The latest recorded decision of each version of `model` not in `exclude`, newest version first.
 
     Shows why a challenger is not champion without a second `show --version`:
@@ -212,7 +217,11 @@ def other_decisions(registry: Any, model: str, exclude: set[Optional[str]], limi
     from trainyard import lineage as lin  # lazy: pydantic (see module docstring)
 
     p = lin.PROMOTION_PREFIX
-    versions = sorted((v for v in registry.list_versions(model) if v.version not in exclude), key=lambda v: int(v.version), reverse=True)
+    versions = sorted(
+        (v for v in registry.list_versions(model) if v.version not in exclude),
+        key=lambda v: int(v.version),
+        reverse=True,
+    )
     out = []
     for v in versions[:limit]:
         tags = v.tags
@@ -239,7 +248,9 @@ def _render_other_decisions(decisions: list[dict[str, Any]]) -> list[str]:
         if o["decision"] is None:
             lines.append(f"  v{o['version']}{held}: no decision recorded yet")
             continue
-        lines.append(f"  v{o['version']}{held}: {o['decision']} ({o['action']}) at {o['at']} by {o['by']}: {o['reason']}")
+        lines.append(
+            f"  v{o['version']}{held}: {o['decision']} ({o['action']}) at {o['at']} by {o['by']}: {o['reason']}"
+        )
         lines += [f"    [FAIL] {c['name']}: {c['detail']}" for c in o["failed_checks"]]
     return lines
 
@@ -249,7 +260,8 @@ def render(d: dict[str, Any]) -> str:
     role = "champion: version" if d["is_champion"] else "version"
     lines = [
         f"{d['model']} {role} {d['version']}  ({d['model_uri']})" + ("" if d["is_champion"] else "  [not champion]"),
-        f"  aliases          : champion -> {d['aliases']['champion'] or '-'}, challenger -> {d['aliases']['challenger'] or '-'}",
+        f"  aliases          : champion -> {d['aliases']['champion'] or '-'}, challenger -> "
+        f"{d['aliases']['challenger'] or '-'}",
         f"  artifacts        : {d['artifact_uri']}",
         "  metrics          : " + (", ".join(f"{k}={v:.4f}" for k, v in sorted(d["metrics"].items())) or "-"),
         "",
@@ -271,8 +283,10 @@ def render(d: dict[str, Any]) -> str:
         smoke = p["smoke_test"]
         if smoke.get("served_metric") is not None:
             lines.append(
-                f"  smoke test       : {smoke.get('model_uri')} in {smoke.get('seconds')}s, served {smoke['served_metric']} "
-                f"{smoke['served_value']:.6f} on {smoke.get('test_rows')} rows (training-side {smoke['training_value']:.6f})"
+                f"  smoke test       : {smoke.get('model_uri')} in {smoke.get('seconds')}s, served "
+                f"{smoke['served_metric']} "
+                f"{smoke['served_value']:.6f} on {smoke.get('test_rows')} rows (training-side "
+                f"{smoke['training_value']:.6f})"
             )
         if p["policy"]:
             lines.append(f"  policy           : {json.dumps(p['policy'], sort_keys=True)}")
@@ -285,7 +299,10 @@ def render(d: dict[str, Any]) -> str:
         lines += ["", "champion history (newest last)"]
         for h in d["history"]:
             forced = " OVERRIDE" if h.get("override") else ""
-            lines.append(f"  v{h['version']} {h['action']}{forced} at {h['at']} by {h['by']} ({'was v' + h['from'] if h.get('from') else 'first champion'})")
+            lines.append(
+                f"  v{h['version']} {h['action']}{forced} at {h['at']} by {h['by']} "
+                f"({'was v' + h['from'] if h.get('from') else 'first champion'})"
+            )
     lines += _render_other_decisions(d["other_decisions"])
     return "\n".join(lines)
 
@@ -333,8 +350,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name in names:
         champion = registry.get_alias(name, "champion")
         challenger = registry.get_alias(name, "challenger")
-        print(f"{name}: champion {champion.version if champion else '-'}, challenger {challenger.version if challenger else '-'}, "
-              f"{len(registry.list_versions(name))} version(s)")
+        print(
+            f"{name}: champion {champion.version if champion else '-'}, challenger "
+            f"{challenger.version if challenger else '-'}, "
+            f"{len(registry.list_versions(name))} version(s)"
+        )
     return 0
 
 
@@ -344,7 +364,10 @@ def _decision_text(decision: Any) -> str:
     lines = [f"{decision.model} version {decision.version} {verb}"]
     if decision.override:
         lines.append(f"  OVERRIDE recorded: {decision.override_reason}")
-    lines += [f"  [{'FAIL' if not c.passed else 'WARN' if c.warning else 'pass'}] {c.name}: {c.detail}" for c in decision.checks]
+    lines += [
+        f"  [{'FAIL' if not c.passed else 'WARN' if c.warning else 'pass'}] {c.name}: {c.detail}"
+        for c in decision.checks
+    ]
     if decision.handoff_uri:
         lines.append(f"  handoff event: {decision.handoff_uri} (webhook: {decision.webhook})")
     return "\n".join(lines)

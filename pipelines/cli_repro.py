@@ -58,14 +58,20 @@ def register(sub: Any) -> None:
     """Adds `compare` and `reproduce` to the `trainyard` parser."""
     compare = sub.add_parser("compare", help="compare registered versions of a model, or the trials of a pipeline")
     compare.add_argument("target", help="a registered model name (e.g. vision.digits), or a pipeline key with --trials")
-    compare.add_argument("--trials", action="store_true", help="compare the trials of pipeline TARGET (e.g. vision/digits)")
+    compare.add_argument(
+        "--trials", action="store_true", help="compare the trials of pipeline TARGET (e.g. vision/digits)"
+    )
     compare.add_argument("--versions", help="comma-separated versions to compare (default: all)")
     compare.add_argument("--format", choices=("table", "markdown", "csv"), default="table")
     compare.add_argument("--differences", action="store_true", help="show only the fields that differ")
-    compare.add_argument("--wide", action="store_true", help="whole values in the terminal table (cut at 40 characters otherwise)")
+    compare.add_argument(
+        "--wide", action="store_true", help="whole values in the terminal table (cut at 40 characters otherwise)"
+    )
     compare.set_defaults(func=cmd_compare)
     repro = sub.add_parser("reproduce", help="rebuild a registered model from its lineage and compare weights")
     repro.add_argument("ref", help="<model>@<version|alias>, e.g. vision.digits@champion")
-    repro.add_argument("--strict", action="store_true", help="abort when the code or lock differs from the recorded one")
+    repro.add_argument(
+        "--strict", action="store_true", help="abort when the code or lock differs from the recorded one"
+    )
     repro.add_argument("--json", action="store_true", help="also print the report as JSON")
     repro.set_defaults(func=cmd_reproduce)

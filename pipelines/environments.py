@@ -44,7 +44,8 @@ from trainyard.project import project_dir
 from trainyard.redact import redact_url, url_has_credentials
 
 HANDOFF_WEBHOOK_ENV = "TRAINYARD_HANDOFF_WEBHOOK"
-"""The variable the handoff publisher reads its webhook URL from, by reference at delivery (`common.settings` declares it)."""
+"""The variable the handoff publisher reads its webhook URL from, by reference at delivery (`common.settings` declares
+it)."""
 
 
 class EnvironmentError_(ValueError):
@@ -75,7 +76,9 @@ def local_resources(home: Path | None = None, env: Mapping[str, str] | None = No
         "tracking": Tracking(mode="auto", dir=str(home / "wandb")),
         "launcher": LocalLauncher(),
         "sweeps": SweepStore.by_reference(s.optuna_url or f"sqlite:///{home / 'optuna.db'}"),
-        "registry": ModelRegistry(tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "store" / "mlflow-artifacts")),
+        "registry": ModelRegistry(
+            tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "store" / "mlflow-artifacts")
+        ),
         "handoff": HandoffPublisher(store=store, webhook_url_env=HANDOFF_WEBHOOK_ENV if s.handoff_webhook else None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }
@@ -108,11 +111,18 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
     env = dict(os.environ if env is None else env)
     s = _settings(env)
     # Every missing setting at once: a user setting up the environment fixes them in one go.
-    required = (("TRAINYARD_S3_ROOT", s.s3_root), (OPTUNA_URL_ENV, s.optuna_url), ("MLFLOW_TRACKING_URI", env.get("MLFLOW_TRACKING_URI")))
+    required = (
+        ("TRAINYARD_S3_ROOT", s.s3_root),
+        (OPTUNA_URL_ENV, s.optuna_url),
+        ("MLFLOW_TRACKING_URI", env.get("MLFLOW_TRACKING_URI")),
+    )
     missing = [name for name, value in required if not value]
     missing += KubernetesLauncher.missing_settings(env)
     if missing or not s.s3_root or not s.optuna_url:
-        raise EnvironmentError_(f"environment 'cluster' needs {', '.join(missing)} to be set (docs/kubernetes.md, \"6. Configure the cluster environment\")")
+        raise EnvironmentError_(
+            f"environment 'cluster' needs {', '.join(missing)} to be set (docs/kubernetes.md, \"6. Configure the "
+            "cluster environment\")"
+        )
     root = s.s3_root.rstrip("/")
     if not root.startswith("s3://"):
         raise EnvironmentError_(f"TRAINYARD_S3_ROOT must be an s3:// URI, got {root!r}")
@@ -121,11 +131,15 @@ def cluster_resources(env: dict[str, str] | None = None) -> dict[str, Any]:
     home = s.home or Path("/tmp/trainyard")
     return {
         "store": store,
-        "versioning": DataVersioning(repo_dir=str(home / "dvc"), remote_url=f"{root}/dvc-remote", remote_endpoint_url=endpoint),
+        "versioning": DataVersioning(
+            repo_dir=str(home / "dvc"), remote_url=f"{root}/dvc-remote", remote_endpoint_url=endpoint
+        ),
         "tracking": Tracking(mode=s.tracking_mode, entity=env.get("WANDB_ENTITY") or None),
         "launcher": KubernetesLauncher.from_env(env),
         "sweeps": SweepStore.by_reference(s.optuna_url),
-        "registry": ModelRegistry(tracking_uri=_credential_free(env, "MLFLOW_TRACKING_URI"), artifact_root=f"{root}/mlflow-artifacts"),
+        "registry": ModelRegistry(
+            tracking_uri=_credential_free(env, "MLFLOW_TRACKING_URI"), artifact_root=f"{root}/mlflow-artifacts"
+        ),
         "handoff": HandoffPublisher(store=store, webhook_url_env=HANDOFF_WEBHOOK_ENV if s.handoff_webhook else None),
         "io_manager": ObjectStoreJsonIOManager(store=store),
     }

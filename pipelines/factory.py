@@ -56,16 +56,26 @@ def build_definitions(*specs: PipelineSpec, resources: Optional[dict[str, Any]] 
         assets += build_assets(spec)
         names = job_names(spec)
         keys = {n: asset_key(spec, n) for n in naming.ASSETS}
-        prepare = define_asset_job(names["prepare"], selection=AssetSelection.assets(*(keys[n] for n in (naming.RAW_DATA, naming.VALIDATED_DATA, naming.SWEEP))))
-        train = define_asset_job(
-            names["train"], selection=AssetSelection.assets(keys[naming.TRIAL_MODEL]), partitions_def=trials_partitions(spec), tags={naming.TEAM_TAG: spec.team}
+        prepare = define_asset_job(
+            names["prepare"],
+            selection=AssetSelection.assets(*(keys[n] for n in (naming.RAW_DATA, naming.VALIDATED_DATA, naming.SWEEP))),
         )
-        promote = define_asset_job(names["promote"], selection=AssetSelection.assets(keys[naming.BEST_MODEL], keys[naming.REGISTERED_MODEL]))
+        train = define_asset_job(
+            names["train"],
+            selection=AssetSelection.assets(keys[naming.TRIAL_MODEL]),
+            partitions_def=trials_partitions(spec),
+            tags={naming.TEAM_TAG: spec.team},
+        )
+        promote = define_asset_job(
+            names["promote"], selection=AssetSelection.assets(keys[naming.BEST_MODEL], keys[naming.REGISTERED_MODEL])
+        )
         jobs += [prepare, train, promote]
         policy = spec.retrain_policy
         gated = policy.drift_psi is not None
         if policy.on_new_data:
-            sensors.append(build_landing_sensor(spec, names["prepare"], asset_selection=prepare_selection(spec) if gated else None))
+            sensors.append(
+                build_landing_sensor(spec, names["prepare"], asset_selection=prepare_selection(spec) if gated else None)
+            )
         sensors.append(sweep_sensor(spec, train, prepare, promote if policy.automatic else None))
         if gated:
             sensors.append(build_drift_sensor(spec, names["prepare"]))

@@ -65,7 +65,8 @@ RAW_DATA_RUN_TAG = "trainyard/raw_data_run"
 
 
 def continuation_selection(spec: PipelineSpec) -> list[AssetKey]:
-    """What follows `raw_data` in `prepare`: validation and the sweep, or validation only when drift gates retraining."""
+    """What follows `raw_data` in `prepare`: validation and the sweep, or validation only when drift gates
+    retraining."""
     names = [naming.VALIDATED_DATA] + ([] if spec.retrain_policy.drift_psi is not None else [naming.SWEEP])
     return [asset_key(spec, n) for n in names]
 
@@ -73,10 +74,15 @@ def continuation_selection(spec: PipelineSpec) -> list[AssetKey]:
 def _planned(instance: DagsterInstance, run_id: str, key: AssetKey) -> bool:
     """Whether the run planned to materialize `key` (Dagster records the plan when the run is created)."""
     records = instance.get_records_for_run(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
-    return any(r.event_log_entry.dagster_event is not None and r.event_log_entry.dagster_event.asset_key == key for r in records)
+    return any(
+        r.event_log_entry.dagster_event is not None and r.event_log_entry.dagster_event.asset_key == key
+        for r in records
+    )
 
 
-def evaluate_raw_data(spec: PipelineSpec, instance: DagsterInstance, after: Optional[int], prepare_job: str) -> tuple[list[RunRequest], Optional[int], str]:
+def evaluate_raw_data(
+    spec: PipelineSpec, instance: DagsterInstance, after: Optional[int], prepare_job: str
+) -> tuple[list[RunRequest], Optional[int], str]:
     """Carry a `raw_data` materialized on its own through the rest of `prepare` (`continuation_selection`).
 
     Looks at the `raw_data` materializations after storage id `after` (on the
@@ -95,7 +101,11 @@ def evaluate_raw_data(spec: PipelineSpec, instance: DagsterInstance, after: Opti
     if after is None:
         records = list(instance.fetch_materializations(raw, limit=1).records)
     else:
-        records = list(instance.fetch_materializations(AssetRecordsFilter(asset_key=raw, after_storage_id=after), limit=MAX_RAW_DATA_PER_TICK).records)
+        records = list(
+            instance.fetch_materializations(
+                AssetRecordsFilter(asset_key=raw, after_storage_id=after), limit=MAX_RAW_DATA_PER_TICK
+            ).records
+        )
     if not records:
         return [], after, ""
     newest = max(records, key=lambda r: r.storage_id)
@@ -115,7 +125,9 @@ def evaluate_raw_data(spec: PipelineSpec, instance: DagsterInstance, after: Opti
     return [request], newest.storage_id, f"; raw_data of run {last.run_id} was materialized alone, requested {names}"
 
 
-def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None) -> tuple[RunRequest | SkipReason, str | None]:
+def evaluate_landing(
+    spec: PipelineSpec, store: ObjectStore, cursor: str | None
+) -> tuple[RunRequest | SkipReason, str | None]:
     """One tick of the landing sensor, as a pure function of the store and the cursor.
 
     Returns:
@@ -149,7 +161,8 @@ def evaluate_landing(spec: PipelineSpec, store: ObjectStore, cursor: str | None)
 
 
 def prestart_for_sweep(spec: PipelineSpec, request: RunRequest, launcher: Launcher, log: Any) -> bool:
-    """If `request`'s run sweeps (the whole job, or a selection with the `sweep` asset), start the warm worker server now.
+    """If `request`'s run sweeps (the whole job, or a selection with the `sweep` asset), start the warm worker server
+    now.
 
     Trials are coming: the server's imports (8 s here, 15-24 s on a loaded host)
     then overlap the run's queue, launch, ingest and validation rather than the
@@ -197,7 +210,9 @@ def build_landing_sensor(
             if cursor is not None and cursor != context.cursor:
                 context.update_cursor(cursor)
             if isinstance(result, RunRequest):
-                context.log.info(f"{spec.key}: new landing data ({result.tags['trainyard/new_file_names']}), requesting {job_name}")
+                context.log.info(
+                    f"{spec.key}: new landing data ({result.tags['trainyard/new_file_names']}), requesting {job_name}"
+                )
                 prestart_for_sweep(spec, result, resources.launcher, context.log)
         return result
 

@@ -68,7 +68,8 @@ DRIFT_MINIMUM_INTERVAL_SECONDS = ticks_every(300)  # every 5 minutes (pipelines.
 
 
 def prepare_selection(spec: PipelineSpec) -> list[AssetKey]:
-    """What a landing or scheduled run materializes: all of `prepare`, or ingest and validation only when drift gates retraining."""
+    """What a landing or scheduled run materializes: all of `prepare`, or ingest and validation only when drift gates
+    retraining."""
     return [asset_key(spec, naming.RAW_DATA), *continuation_selection(spec)]
 
 
@@ -88,7 +89,9 @@ def evaluate_schedule(spec: PipelineSpec, store: ObjectStore, instance: DagsterI
     """One tick of the retrain schedule (see the module docstring), as a function of the store and the instance."""
     files = ingest.list_landing(store, spec.source)
     if not files:
-        return SkipReason(f"{spec.key}: no landing files match {', '.join(ingest.landing_patterns(store, spec.source))}")
+        return SkipReason(
+            f"{spec.key}: no landing files match {', '.join(ingest.landing_patterns(store, spec.source))}"
+        )
     tags = {PIPELINE_TAG: spec.key, TRIGGER_TAG: "cron"}
     pending = ingest.pending_files(store, spec, files)
     if pending or ingest.removed_files(store, spec, files):
@@ -99,18 +102,28 @@ def evaluate_schedule(spec: PipelineSpec, store: ObjectStore, instance: DagsterI
         )
     latest = latest_validated(store, spec)
     if latest is None:
-        return SkipReason(f"{spec.key}: {len(files)} landing file(s), all ingested, and no accepted data version (see `trainyard data quarantine`)")
+        return SkipReason(
+            f"{spec.key}: {len(files)} landing file(s), all ingested, and no accepted data version (see `trainyard "
+            "data quarantine`)"
+        )
     md5 = latest["md5"]
     study = swept(instance, spec, md5)
     if study is not None:
-        return SkipReason(f"{spec.key}: data version {md5} unchanged since the last sweep (study {study}); not retraining")
+        return SkipReason(
+            f"{spec.key}: data version {md5} unchanged since the last sweep (study {study}); not retraining"
+        )
     if spec.retrain_policy.drift_psi is not None:
-        return SkipReason(f"{spec.key}: data version {md5} unchanged; whether it retrains is the drift sensor's decision")
+        return SkipReason(
+            f"{spec.key}: data version {md5} unchanged; whether it retrains is the drift sensor's decision"
+        )
     return RunRequest(asset_selection=prepare_selection(spec), tags={**tags, "trainyard/data_version": md5})
 
 
-def build_retrain_schedule(spec: PipelineSpec, job_name: str, default_status: DefaultScheduleStatus = DefaultScheduleStatus.STOPPED) -> ScheduleDefinition:
-    """The cron retraining schedule of one pipeline, targeting its `prepare` job; it starts stopped, like the sensors."""
+def build_retrain_schedule(
+    spec: PipelineSpec, job_name: str, default_status: DefaultScheduleStatus = DefaultScheduleStatus.STOPPED
+) -> ScheduleDefinition:
+    """The cron retraining schedule of one pipeline, targeting its `prepare` job; it starts stopped, like the
+    sensors."""
     policy = spec.retrain_policy
     assert policy.cron is not None, f"{spec.key}: retrain.cron is unset"
 
@@ -133,7 +146,9 @@ def build_retrain_schedule(spec: PipelineSpec, job_name: str, default_status: De
     return retrain
 
 
-def _profile(store: ObjectStore, profile_uri: Optional[str], sample_uri: Optional[str]) -> Optional[tuple[dict[str, Any], Any]]:
+def _profile(
+    store: ObjectStore, profile_uri: Optional[str], sample_uri: Optional[str]
+) -> Optional[tuple[dict[str, Any], Any]]:
     if not profile_uri or not sample_uri or not store.exists(profile_uri) or not store.exists(sample_uri):
         return None
     with store.open(sample_uri, "rb") as f:
@@ -151,7 +166,11 @@ def max_psi(rows: list[dict[str, Any]]) -> tuple[float, str]:
 
 
 def evaluate_drift(
-    spec: PipelineSpec, store: ObjectStore, instance: DagsterInstance, champion: Optional[ModelVersionInfo], cursor: Optional[str]
+    spec: PipelineSpec,
+    store: ObjectStore,
+    instance: DagsterInstance,
+    champion: Optional[ModelVersionInfo],
+    cursor: Optional[str],
 ) -> tuple[RunRequest | SkipReason, Optional[str]]:
     """One tick of the drift sensor (see the module docstring).
 
@@ -171,14 +190,25 @@ def evaluate_drift(
     study = swept(instance, spec, md5)
     if study is not None:
         return SkipReason(f"{spec.key}: data version {md5} already swept (study {study})"), cursor
-    tags = {PIPELINE_TAG: spec.key, TRIGGER_TAG: "drift", "trainyard/data_version": md5, "trainyard/drift_threshold": str(threshold)}
+    tags = {
+        PIPELINE_TAG: spec.key,
+        TRIGGER_TAG: "drift",
+        "trainyard/data_version": md5,
+        "trainyard/drift_threshold": str(threshold),
+    }
     sweep = [asset_key(spec, naming.SWEEP)]
     if champion is None:
-        request = RunRequest(run_key=f"drift-{md5}-first", asset_selection=sweep, tags={**tags, "trainyard/drift_reason": "no champion yet"})
+        request = RunRequest(
+            run_key=f"drift-{md5}-first",
+            asset_selection=sweep,
+            tags={**tags, "trainyard/drift_reason": "no champion yet"},
+        )
         return request, cursor
     trained_on = champion.tags.get(DATA_VERSION_TAG)
     if trained_on == md5:
-        return SkipReason(f"{spec.key}: champion v{champion.version} was trained on the newest data version {md5}"), cursor
+        return SkipReason(
+            f"{spec.key}: champion v{champion.version} was trained on the newest data version {md5}"
+        ), cursor
     pair = f"{md5}:{champion.version}"
     last = json.loads(cursor) if cursor else {}
     if last.get("pair") == pair:
@@ -188,13 +218,30 @@ def evaluate_drift(
     before = _profile(store, f"{base}/profile.json" if base else None, f"{base}/sample.parquet" if base else None)
     now = _profile(store, latest.get("profile_uri"), latest.get("sample_uri"))
     if before is None or now is None:
-        which = f"the champion's (v{champion.version}, split {split_id})" if before is None else f"the newest version's ({md5})"
-        return SkipReason(f"{spec.key}: {which} data profile is missing, so drift cannot be measured; run the sweep by hand"), cursor
+        which = (
+            f"the champion's (v{champion.version}, split {split_id})"
+            if before is None
+            else f"the newest version's ({md5})"
+        )
+        return SkipReason(
+            f"{spec.key}: {which} data profile is missing, so drift cannot be measured; run the sweep by hand"
+        ), cursor
     # The rows added since the champion's data (its snapshot's files against the newest's), not the diluted whole.
     champion_raw = f"{naming.raw_dir(store, spec.team, spec.name, trained_on)}/data.parquet" if trained_on else None
-    rows = delivery_drift(store, spec, before, champion_raw, latest.get("raw_uri"), now, reference_name=f"champion v{champion.version}'s data")
+    rows = delivery_drift(
+        store,
+        spec,
+        before,
+        champion_raw,
+        latest.get("raw_uri"),
+        now,
+        reference_name=f"champion v{champion.version}'s data",
+    )
     psi, column = max_psi(rows)
-    measured = f"max PSI {psi:.4f} ({column or 'no column'}) of data version {md5} against champion v{champion.version}'s data {trained_on}"
+    measured = (
+        f"max PSI {psi:.4f} ({column or 'no column'}) of data version {md5} against champion v{champion.version}'s "
+        f"data {trained_on}"
+    )
     state = {"pair": pair, "psi": psi, "column": column}
     if psi <= threshold:
         message = f"{measured} is within drift_psi {threshold}; not retraining"
@@ -226,16 +273,21 @@ def build_drift_sensor(
         job_name=job_name,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        description=f"Sweep {spec.key} when its newest data drifted (max PSI > {spec.retrain_policy.drift_psi}) from the champion's",
+        description=f"Sweep {spec.key} when its newest data drifted (max PSI > {spec.retrain_policy.drift_psi}) from "
+                    "the champion's",
     )
     def drift_sensor(context: SensorEvaluationContext):
         with evaluation_resources(context, "store", "registry", "launcher") as resources:
             champion = resources.registry.get_alias(spec.model_name, CHAMPION)
-            result, cursor = evaluate_drift(spec, resources.store, evaluation_instance(context), champion, context.cursor)
+            result, cursor = evaluate_drift(
+                spec, resources.store, evaluation_instance(context), champion, context.cursor
+            )
             if cursor != context.cursor and cursor is not None:
                 context.update_cursor(cursor)
             if isinstance(result, RunRequest):
-                context.log.info(f"{spec.key}: requesting a sweep ({result.tags.get('trainyard/drift_reason') or 'data drifted'})")
+                context.log.info(
+                    f"{spec.key}: requesting a sweep ({result.tags.get('trainyard/drift_reason') or 'data drifted'})"
+                )
                 prestart_for_sweep(spec, result, resources.launcher, context.log)
         return result
 

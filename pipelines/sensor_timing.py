@@ -20,5 +20,8 @@ def ticks_every(seconds: int) -> int:
         ValueError: `seconds` is not a positive multiple of 5 s, which no interval gives.
     """
     if seconds <= 0 or seconds % DAEMON_LOOK_SECONDS:
-        raise ValueError(f"a sensor can tick every {seconds} s only if that is a positive multiple of the daemon's {DAEMON_LOOK_SECONDS} s look")
+        raise ValueError(
+            f"a sensor can tick every {seconds} s only if that is a positive multiple of the daemon's "
+            f"{DAEMON_LOOK_SECONDS} s look"
+        )
     return seconds - 1

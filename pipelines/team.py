@@ -42,7 +42,8 @@ def team_resources(team: TeamSpec, base_env: Optional[dict[str, str]] = None) ->
 
 
 def team_definitions(team: TeamSpec, *pipelines: PipelineSpec, resources: Optional[dict[str, Any]] = None) -> Any:
-    """The Definitions of a team's code location: its pipelines (see `pipelines.factory.build_definitions`) with the team's resources.
+    """The Definitions of a team's code location: its pipelines (see `pipelines.factory.build_definitions`) with the
+    team's resources.
 
     Args:
         team: The team's settings.
@@ -87,12 +88,16 @@ def apply_pool_limits(instance: Any, teams: Iterable[TeamSpec]) -> dict[str, int
     """
     storage = instance.event_log_storage
     if not storage.supports_global_concurrency_limits:
-        raise ValueError(f"the Dagster instance's event log storage ({type(storage).__name__}) keeps no pool limits; use SQLite or PostgreSQL storage")
+        raise ValueError(
+            f"the Dagster instance's event log storage ({type(storage).__name__}) keeps no pool limits; use SQLite or "
+            "PostgreSQL storage"
+        )
     limits: dict[str, int] = {}
     for team in teams:
         if limits.get(team.pool, team.gpu_pool_limit) != team.gpu_pool_limit:
             raise ValueError(
-                f"team {team.name!r} is declared twice with gpu_pool_limit {limits[team.pool]} and {team.gpu_pool_limit}; "
+                f"team {team.name!r} is declared twice with gpu_pool_limit {limits[team.pool]} and "
+                f"{team.gpu_pool_limit}; "
                 "give each team one TeamSpec and import it where needed"
             )
         limits[team.pool] = team.gpu_pool_limit

@@ -176,7 +176,9 @@ class HandoffPublisher(ConfigurableResource):
 
     store: ObjectStore
     webhook_url: Optional[str] = Field(default=None, description="http(s):// URL POSTed each event; None disables")
-    webhook_url_env: Optional[str] = Field(default=None, description="environment variable holding the URL, read at delivery")
+    webhook_url_env: Optional[str] = Field(
+        default=None, description="environment variable holding the URL, read at delivery"
+    )
     webhook_timeout_s: float = Field(default=5.0, gt=0, le=120)
     webhook_attempts: int = Field(default=3, ge=1, le=10)
     webhook_backoff_s: float = Field(default=0.5, ge=0, le=60)

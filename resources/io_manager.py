@@ -37,7 +37,9 @@ class ObjectStoreJsonIOManager(ConfigurableIOManager):
         For a partition an op materializes besides its own (a trial run that
         goes on with the sweep, `assets.sweeps.trial_handover.continue_sweep`).
         """
-        self.store.write_json(naming.asset_value_uri(self.store, list(asset_key.path), partition, prefix=self.prefix), dump_value(obj))
+        self.store.write_json(
+            naming.asset_value_uri(self.store, list(asset_key.path), partition, prefix=self.prefix), dump_value(obj)
+        )
 
     def load_input(self, context: InputContext) -> Any:
         """The stored value, as its `trainyard.values` model when it has one.
@@ -48,5 +50,7 @@ class ObjectStoreJsonIOManager(ConfigurableIOManager):
         """
         uri = self._uri(context)
         if not self.store.exists(uri):
-            raise FileNotFoundError(f"no stored value for {context.asset_key.to_user_string()} at {uri}; materialize it first")
+            raise FileNotFoundError(
+                f"no stored value for {context.asset_key.to_user_string()} at {uri}; materialize it first"
+            )
         return parse_value(context.asset_key.path[-1], self.store.read_json(uri), where=uri)

@@ -45,22 +45,41 @@ def _ask(request: dict[str, Any], tmp: Path, warm: bool) -> tuple[Optional[dict[
     request_path, answer_path, output_path = tmp / "request.json", tmp / "answer.json", tmp / "output.log"
     answer_path.unlink(missing_ok=True)
     request_path.write_text(json.dumps({**request, "answer": str(answer_path)}))
-    env = {**training_env(os.environ), "PYTHONUNBUFFERED": "1"}  # OMP_NUM_THREADS 1 unless set (`resources.warm.LOAD_DEFAULTS`)
+    env = {
+        **training_env(os.environ),
+        "PYTHONUNBUFFERED": "1",
+    }  # OMP_NUM_THREADS 1 unless set (`resources.warm.LOAD_DEFAULTS`)
     how = "cold"
     with open(output_path, "wb") as out:
         proc: Any = None
         if warm:
             try:
-                proc = launch_warm(env, str(request_path), 0, out.fileno(), python=sys.executable, idle_seconds=WARM_IDLE_SECONDS,
-                                   start_timeout=WARM_START_TIMEOUT_SECONDS, entry="training.describe")
+                proc = launch_warm(
+                    env,
+                    str(request_path),
+                    0,
+                    out.fileno(),
+                    python=sys.executable,
+                    idle_seconds=WARM_IDLE_SECONDS,
+                    start_timeout=WARM_START_TIMEOUT_SECONDS,
+                    entry="training.describe",
+                )
                 how = "warm"
             except WarmUnavailable as e:
-                out.write(f"[trainyard.model_facts] warm workers unavailable, describing the model in a new interpreter: {e}\n".encode())
+                out.write(
+                    f"[trainyard.model_facts] warm workers unavailable, describing the model in a new interpreter: "
+                    f"{e}\n".encode()
+                )
                 out.flush()
         try:
             if proc is None:
-                proc = subprocess.Popen([sys.executable, "-m", "training.describe", "--spec", str(request_path)], env=env,
-                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "training.describe", "--spec", str(request_path)],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
             status = proc.wait(DESCRIBE_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
             if how == "cold":
@@ -91,9 +110,14 @@ def describe_model(query: ModelQuery, *, warm: bool = True) -> ModelFacts:
     # A model class found to need `n_classes` gets it with its first question from then on (a run that goes on with
     # the sweep describes one model per trial): one description instead of two, 0.1 s a trial on a warm worker.
     known = query.model in _NEEDS_CLASSES and query.classification and "n_classes" not in query.hparams
-    request: dict[str, Any] = {"model": query.model, "hparams": query.hparams, "n_features": query.n_features,
-                               "n_classes": int(query.n_classes()) if known else None, "classification": query.classification,
-                               "data_kwargs": dict(query.data_kwargs)}
+    request: dict[str, Any] = {
+        "model": query.model,
+        "hparams": query.hparams,
+        "n_features": query.n_features,
+        "n_classes": int(query.n_classes()) if known else None,
+        "classification": query.classification,
+        "data_kwargs": dict(query.data_kwargs),
+    }
     with tempfile.TemporaryDirectory(prefix="trainyard-describe-") as tmp:
         answer, detail = _ask(request, Path(tmp), warm)
         if answer is not None and answer.get("needs") == "n_classes":

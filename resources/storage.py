@@ -11,9 +11,23 @@ from typing import Any, Optional
 from dagster import ConfigurableResource
 from pydantic import PrivateAttr
 
-from trainyard.store import FileInfo, FileStore, PermanentStorageError, StorageError, TransientStorageError, classify_error
+from trainyard.store import (
+    FileInfo,
+    FileStore,
+    PermanentStorageError,
+    StorageError,
+    TransientStorageError,
+    classify_error,
+)
 
-__all__ = ["FileInfo", "ObjectStore", "PermanentStorageError", "StorageError", "TransientStorageError", "classify_error"]
+__all__ = [
+    "FileInfo",
+    "ObjectStore",
+    "PermanentStorageError",
+    "StorageError",
+    "TransientStorageError",
+    "classify_error",
+]
 
 
 class ObjectStore(FileStore, ConfigurableResource):

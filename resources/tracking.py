@@ -38,7 +38,9 @@ class Tracking(ConfigurableResource):
                 return forced
             return "online" if os.environ.get("WANDB_API_KEY") else "offline"
         if self.mode == "online" and not os.environ.get("WANDB_API_KEY"):
-            raise TrackingConfigError("tracking mode 'online' needs WANDB_API_KEY in the environment; use mode 'offline' or 'auto'")
+            raise TrackingConfigError(
+                "tracking mode 'online' needs WANDB_API_KEY in the environment; use mode 'offline' or 'auto'"
+            )
         return self.mode
 
     def tracker_spec(self, project: str, group: str, name: str, config: dict[str, Any]) -> TrackerSpec:

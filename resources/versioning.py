@@ -161,7 +161,8 @@ class DataVersioning(ConfigurableResource):
                 tmp = f"{target}.tmp-{os.getpid()}"
                 shutil.copyfile(source, tmp)
                 os.replace(tmp, target)
-            # Not --quiet: DVC then hides its own error ("ERROR: ... No space left on device"), leaving only the exit code.
+            # Not --quiet: DVC then hides its own error ("ERROR: ... No space left on device"), leaving only the exit
+            # code.
             self._dvc(repo, *setup, ("add", rel), ("push", "--remote", _REMOTE, f"{rel}.dvc"))
             self._configured.add(repo)
             dvc_path = os.path.join(repo, f"{rel}.dvc")
@@ -236,7 +237,8 @@ class DataVersioning(ConfigurableResource):
         return commands
 
     def _dvc(self, cwd: str, *commands: Sequence[str]) -> str:
-        """Run `commands` (DVC argument lists) in order in one interpreter in `cwd`; the first failure raises, naming its command."""
+        """Run `commands` (DVC argument lists) in order in one interpreter in `cwd`; the first failure raises, naming
+        its command."""
         cmd = [sys.executable, "-c", _BATCH, json.dumps([list(c) for c in commands])]
         # No usage reports; DVC's per-repo scratch (locks, indexes) stays inside the repo, not in /var/tmp.
         env = {**os.environ, "DVC_NO_ANALYTICS": "1", "DVC_SITE_CACHE_DIR": os.path.join(cwd, ".dvc", "tmp", "site")}

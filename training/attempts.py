@@ -27,7 +27,8 @@ def attempt_id(started: float) -> str:
     the attempt they replace, so its time would not count as a restart.
     """
     launch = settings().launch_id
-    return f"{'direct' if launch is None else launch}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-{int(started * 1000):x}"
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"{'direct' if launch is None else launch}-{restart}-{int(started * 1000):x}"
 
 
 class FaultMarkers:
@@ -132,11 +133,14 @@ def goodput(attempts: list[dict[str, Any]], world_size: int, ended: float) -> di
     }
 
 
-SHARED_WANDB_MARKER = "wandb-shared-service"  # under <trial>/attempts/: an attempt of this trial used a shared W&B service
+SHARED_WANDB_MARKER = (
+    "wandb-shared-service"  # under <trial>/attempts/: an attempt of this trial used a shared W&B service
+)
 
 
 def private_wandb_unless_first(output_uri: str, mode: str) -> bool:
-    """Keep a shared W&B service (`WANDB_SERVICE`, a warm server's) only for an offline trial's first attempt; whether it is kept.
+    """Keep a shared W&B service (`WANDB_SERVICE`, a warm server's) only for an offline trial's first attempt; whether
+    it is kept.
 
     A process that dies in the middle of a W&B run leaves that run open in a
     shared service, and the service refuses the same run id to the attempt that

@@ -78,9 +78,13 @@ class ProgressCallback(Callback):
         self._epoch_start = time.perf_counter()
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         # Ranks of one tensor-parallel group share a batch: count data-parallel replicas only.
-        replicas = (getattr(trainer.strategy, "distributed_sampler_kwargs", None) or {}).get("num_replicas", trainer.world_size)
+        replicas = (getattr(trainer.strategy, "distributed_sampler_kwargs", None) or {}).get(
+            "num_replicas", trainer.world_size
+        )
         self.train_samples += len(batch[0]) * replicas
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor):
@@ -106,7 +110,9 @@ class ProgressCallback(Callback):
         if self._nonfinite is None or not bool(self._nonfinite):
             self._checked_step = trainer.global_step
             return
-        latest = float(self._last_loss) if self._last_loss is not None and self._last_loss.numel() == 1 else float("nan")
+        latest = (
+            float(self._last_loss) if self._last_loss is not None and self._last_loss.numel() == 1 else float("nan")
+        )
         value = latest if not math.isfinite(latest) else "nan or inf"
         raise UserCodeError(
             f"training loss is {value} at step {trainer.global_step} (epoch {trainer.current_epoch}); the first "
@@ -134,7 +140,12 @@ class ProgressCallback(Callback):
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         self.reporter.progress(
-            {"epoch": trainer.current_epoch, "max_epochs": trainer.max_epochs, "step": trainer.global_step, "metrics": metrics}
+            {
+                "epoch": trainer.current_epoch,
+                "max_epochs": trainer.max_epochs,
+                "step": trainer.global_step,
+                "metrics": metrics,
+            }
         )
 
 
@@ -165,7 +176,9 @@ class ProgressRecorder(Callback):
 
     def __init__(self, directory: str, rank: int, window: int = 20) -> None:
         if not os.path.isdir(directory):
-            raise ValueError(f"{PROGRESS_DIR_ENV}={directory!r} is not a directory; the agent (training.gang) names an existing one")
+            raise ValueError(
+                f"{PROGRESS_DIR_ENV}={directory!r} is not a directory; the agent (training.gang) names an existing one"
+            )
         self.directory = directory
         self.rank = rank
         self.window = window
@@ -197,7 +210,9 @@ class ProgressRecorder(Callback):
             self._where = where
 
     @override
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         now = time.time()
         if self._local_from is None:
             self._local_from = now
@@ -218,7 +233,9 @@ class ProgressRecorder(Callback):
         self._set(OPTIMIZER, time.time())
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         now = time.time()
         record = self._set(STEP_END, now)
         v = record.values
@@ -236,19 +253,38 @@ class ProgressRecorder(Callback):
         timed, step, local = v[ProgressRecord.TIMED_STEPS], v[ProgressRecord.SUM_STEP], v[ProgressRecord.SUM_LOCAL]
         last = self._shared
         self._shared = (timed, step, local)
-        mine = torch.tensor([(local - last[2]) / self.window, (step - last[1]) / max(timed - last[0], 1)], dtype=torch.float64,
-                            device=pl_module.device)
+        mine = torch.tensor(
+            [(local - last[2]) / self.window, (step - last[1]) / max(timed - last[0], 1)],
+            dtype=torch.float64,
+            device=pl_module.device,
+        )
         gathered = trainer.strategy.all_gather(mine)
         if self.rank == 0 and self._where is not None:
             rows = gathered.reshape(-1, 2).cpu().tolist()
-            write_gang_window(self.directory, {"steps": v[ProgressRecord.STEPS], "global_step": trainer.global_step, "time": time.time(),
-                                               "restart": v[ProgressRecord.RESTART], "window": self.window,
-                                               "ranks": [{"local": r[0], "step": r[1], "pod": w[0], "node": w[1]}
-                                                         for r, w in zip(rows, self._where)]})
+            write_gang_window(
+                self.directory,
+                {
+                    "steps": v[ProgressRecord.STEPS],
+                    "global_step": trainer.global_step,
+                    "time": time.time(),
+                    "restart": v[ProgressRecord.RESTART],
+                    "window": self.window,
+                    "ranks": [
+                        {"local": r[0], "step": r[1], "pod": w[0], "node": w[1]} for r, w in zip(rows, self._where)
+                    ],
+                },
+            )
 
     @override
-    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-                                dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         if not trainer.sanity_checking:
             self._set(VALIDATION, time.time())
 
@@ -287,11 +323,21 @@ class FaultInjectionCallback(Callback):
         markers: the trial's fault markers (needed by the hang and slow drills).
     """
 
-    def __init__(self, raise_at_step: Optional[int] = None, nan_at_step: Optional[int] = None, *, hang_rank: Optional[int] = None,
-                 hang_at_step: Optional[int] = None, slow_rank: Optional[int] = None, slow_seconds: float = 0.0,
-                 markers: Optional[FaultMarkers] = None) -> None:
+    def __init__(
+        self,
+        raise_at_step: Optional[int] = None,
+        nan_at_step: Optional[int] = None,
+        *,
+        hang_rank: Optional[int] = None,
+        hang_at_step: Optional[int] = None,
+        slow_rank: Optional[int] = None,
+        slow_seconds: float = 0.0,
+        markers: Optional[FaultMarkers] = None,
+    ) -> None:
         if (hang_rank is not None or slow_rank is not None) and markers is None:
-            raise ValueError("the hang and slow drills fire once per training directory: pass the trial's FaultMarkers as markers")
+            raise ValueError(
+                "the hang and slow drills fire once per training directory: pass the trial's FaultMarkers as markers"
+            )
         self.raise_at_step = raise_at_step
         self.nan_at_step = nan_at_step
         self.hang_rank = hang_rank
@@ -302,19 +348,32 @@ class FaultInjectionCallback(Callback):
         self._slow: Optional[bool] = None  # decided at this process's first step
 
     @override
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         rank = trainer.global_rank
         if self.slow_rank == rank and self.markers is not None:
             if self._slow is None:
                 self._slow = not self.markers.fired("slow")
                 if self._slow:
                     self.markers.mark("slow")
-                    log.warning("fault injection: rank %d sleeps %.3f s in every step of this attempt", rank, self.slow_seconds)
+                    log.warning(
+                        "fault injection: rank %d sleeps %.3f s in every step of this attempt", rank, self.slow_seconds
+                    )
             if self._slow:
                 time.sleep(self.slow_seconds)
-        if self.hang_rank == rank and trainer.global_step == self.hang_at_step and self.markers is not None and not self.markers.fired("hang"):
+        if (
+            self.hang_rank == rank
+            and trainer.global_step == self.hang_at_step
+            and self.markers is not None
+            and not self.markers.fired("hang")
+        ):
             self.markers.mark("hang")
-            log.warning("fault injection: rank %d blocks forever at step %d, before its gradient all-reduce", rank, trainer.global_step)
+            log.warning(
+                "fault injection: rank %d blocks forever at step %d, before its gradient all-reduce",
+                rank,
+                trainer.global_step,
+            )
             _drill_hang_blocks_forever()
         if trainer.global_step == self.raise_at_step:
             raise RuntimeError(f"injected fault at step {trainer.global_step} on rank {trainer.global_rank}")

@@ -52,7 +52,11 @@ class StoreCheckpointIO(CheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         opts = dict(storage_options or {})
         step, epoch = int(checkpoint["global_step"]), int(checkpoint["epoch"])
-        kwargs: _SaveOptions = {"epoch": epoch, "metrics": opts.get("metrics") or {}, "best": bool(opts.get("best", False))}
+        kwargs: _SaveOptions = {
+            "epoch": epoch,
+            "metrics": opts.get("metrics") or {},
+            "best": bool(opts.get("best", False)),
+        }
         if opts.get("shard") is not None:
             kwargs["shard"] = opts["shard"]  # sharded state: every rank writes its part, rank 0 commits
         started = time.perf_counter()
@@ -69,11 +73,15 @@ class StoreCheckpointIO(CheckpointIO):
     def loaded(self, path: Any) -> LoadedCheckpoint:
         """The checkpoint `remember` made available under `path`."""
         if str(path) not in self._loaded:
-            raise FileNotFoundError(f"checkpoint {path} was not selected by the store; resume through CheckpointStore.latest()")
+            raise FileNotFoundError(
+                f"checkpoint {path} was not selected by the store; resume through CheckpointStore.latest()"
+            )
         return self._loaded[str(path)]
 
     @override
-    def load_checkpoint(self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None) -> dict[str, Any]:
+    def load_checkpoint(
+        self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
+    ) -> dict[str, Any]:
         return self.loaded(path).state
 
     @override

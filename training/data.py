@@ -17,7 +17,9 @@ from training.errors import ConfigError
 from training.resumable import ResumableDataLoader, ResumableSampler
 
 
-def read_parquet_tensors(uri: str, features: list[str], target: str, task: str = "classification") -> tuple[torch.Tensor, torch.Tensor]:
+def read_parquet_tensors(
+    uri: str, features: list[str], target: str, task: str = "classification"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Read a Parquet split into float32 features and targets: int64 class indices, or float32 values for `regression`.
 
     The raw feature columns as numbers, and integer (or bool) labels as they are; `read_split`
@@ -43,8 +45,13 @@ def read_frame(uri: str, columns: list[str]) -> pd.DataFrame:
         raise ConfigError(f"data split {uri!r} lacks a column of {columns}: {e}") from e
 
 
-def fit_preprocessing(uris: dict[str, str], features: list[str], feature_types: dict[str, str], domains: dict[str, list[Any]],
-                      config: dict[str, Any]) -> dict[str, Any]:
+def fit_preprocessing(
+    uris: dict[str, str],
+    features: list[str],
+    feature_types: dict[str, str],
+    domains: dict[str, list[Any]],
+    config: dict[str, Any],
+) -> dict[str, Any]:
     """The platform's preprocessing state for a Lightning model, fitted on the train split (`training.preprocessing`).
 
     Numeric features with gaps in the validation or test split only get a missing-value indicator too.
@@ -55,15 +62,23 @@ def fit_preprocessing(uris: dict[str, str], features: list[str], feature_types: 
     frames = {s: read_frame(u, features) for s, u in uris.items()}
     elsewhere = [c for c in features if any(frames[s][c].isna().any() for s in frames if s != "train")]
     try:
-        return preprocessing.fit(frames["train"], feature_types, domains, config, "lightning", features=features, missing_elsewhere=elsewhere)
+        return preprocessing.fit(
+            frames["train"], feature_types, domains, config, "lightning", features=features, missing_elsewhere=elsewhere
+        )
     except preprocessing.PreprocessingError:
         raise
     except ValueError as e:
         raise ConfigError(f"the train split {uris['train']!r} cannot be preprocessed: {e}") from e
 
 
-def read_split(uri: str, features: list[str], target: str, task: str = "classification", state: Optional[dict[str, Any]] = None,
-               classes: Optional[list[Any]] = None) -> tuple[torch.Tensor, Any]:
+def read_split(
+    uri: str,
+    features: list[str],
+    target: str,
+    task: str = "classification",
+    state: Optional[dict[str, Any]] = None,
+    classes: Optional[list[Any]] = None,
+) -> tuple[torch.Tensor, Any]:
     """A split's float32 model input (preprocessed with `state` when given) and its targets.
 
     Targets: float32 values (regression), int64 indices into `classes`, or (`classes` None)
@@ -189,7 +204,10 @@ class ParquetDataModule(L.LightningDataModule):
     def setup(self, stage: Optional[str] = None) -> None:
         if len(self._sets) == len(self.uris):
             return
-        read = {s: read_split(u, self.features, self.target, self.task, self.preprocessing_state) for s, u in self.uris.items()}
+        read = {
+            s: read_split(u, self.features, self.target, self.task, self.preprocessing_state)
+            for s, u in self.uris.items()
+        }
         if self.task != "regression":
             self._classes = class_labels(self.target, [y for _, y in read.values()])
             read = {s: (x, torch.tensor(preprocessing.encode_labels(y, self._classes))) for s, (x, y) in read.items()}
@@ -215,7 +233,11 @@ class ParquetDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         # Shard by the strategy's data-parallel rank: under tensor parallelism the
         # ranks of one group must see the same batch.
-        shard = (getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}) if self.trainer is not None else {}
+        shard = (
+            (getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {})
+            if self.trainer is not None
+            else {}
+        )
         sampler = ResumableSampler(
             len(self._sets["train"]), self.batch_size, seed=self.seed, shuffle=True,
             rank=shard.get("rank"), world=shard.get("num_replicas"),

@@ -27,7 +27,8 @@ and the answer, written atomically to `answer`, is one of:
 
 The model is built as `training.lightning_task.build` builds it (`n_features`,
 for classification `n_classes`, and each of `data_kwargs` filled in when the
-constructor takes them and the hyperparameters do not set them), on torch's meta device so no weights are allocated; a constructor that
+constructor takes them and the hyperparameters do not set them), on torch's meta device so no weights are allocated; a
+constructor that
 reads a tensor's value back cannot run on meta tensors and is built for real.
 """
 
@@ -47,8 +48,14 @@ class DescribeError(ValueError):
     """The model class cannot be imported, or rejects the hyperparameters."""
 
 
-def build_meta(model_path: str, hparams: dict[str, Any], n_features: int, n_classes: Optional[int], classification: bool,
-               data_kwargs: Optional[dict[str, Any]] = None) -> Any:
+def build_meta(
+    model_path: str,
+    hparams: dict[str, Any],
+    n_features: int,
+    n_classes: Optional[int],
+    classification: bool,
+    data_kwargs: Optional[dict[str, Any]] = None,
+) -> Any:
     """The trial's model on the meta device, or `None` when `n_classes` is needed and not given.
 
     Raises:
@@ -108,8 +115,14 @@ def facts(model: Any) -> dict[str, Any]:
 def describe(request: dict[str, Any]) -> dict[str, Any]:
     """The answer to one request (see the module's docstring); never raises for a model's own mistakes."""
     try:
-        model = build_meta(str(request["model"]), dict(request.get("hparams") or {}), int(request["n_features"]),
-                           request.get("n_classes"), bool(request.get("classification", True)), request.get("data_kwargs"))
+        model = build_meta(
+            str(request["model"]),
+            dict(request.get("hparams") or {}),
+            int(request["n_features"]),
+            request.get("n_classes"),
+            bool(request.get("classification", True)),
+            request.get("data_kwargs"),
+        )
         if model is None:
             return {"needs": "n_classes"}
         return {"facts": facts(model)}

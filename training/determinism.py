@@ -24,9 +24,18 @@ def apply(deterministic: bool, accelerator: str, num_workers: int = 0, world_siz
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
     if accelerator == "gpu":
-        caveats.append("GPU results are reproducible on the same GPU model, driver and CUDA/cuDNN versions only; compare across machines with a tolerance")
+        caveats.append(
+            "GPU results are reproducible on the same GPU model, driver and CUDA/cuDNN versions only; compare across "
+            "machines with a tolerance"
+        )
         if world_size > 1:
-            caveats.append("NCCL reductions are deterministic for a fixed world size and topology only; a different node count changes the reduction order")
+            caveats.append(
+                "NCCL reductions are deterministic for a fixed world size and topology only; a different node count "
+                "changes the reduction order"
+            )
     if num_workers > 0:
-        caveats.append(f"{num_workers} DataLoader workers: seeded per worker, but a custom IterableDataset must shard deterministically itself")
+        caveats.append(
+            f"{num_workers} DataLoader workers: seeded per worker, but a custom IterableDataset must shard "
+            "deterministically itself"
+        )
     return caveats

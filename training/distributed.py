@@ -43,9 +43,14 @@ def init_process_group(backend: str, timeout_seconds: float = 600.0) -> bool:
         master_listen_fd=listen_fd if is_master else None,
     )
     launch = settings().launch_id
-    prefix = f"trainyard/{'direct' if launch is None else launch}/restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefix = f"trainyard/{'direct' if launch is None else launch}/restart-{restart}"
     dist.init_process_group(
-        backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timedelta(seconds=timeout_seconds)
+        backend,
+        store=dist.PrefixStore(prefix, store),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_seconds),
     )
     return True
 

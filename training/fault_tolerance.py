@@ -74,7 +74,8 @@ def _stepped_batches(trainer: L.Trainer, batch_idx: int) -> int:
 
 
 def _global_batch(trainer: L.Trainer) -> Optional[dict[str, int]]:
-    """The data-parallel ranks, per-rank batch and accumulation this run trains with, when its loader says (a resume keeps their product)."""
+    """The data-parallel ranks, per-rank batch and accumulation this run trains with, when its loader says (a resume
+    keeps their product)."""
     loader = _train_sampler(trainer)
     world, batch = getattr(loader, "world", None), getattr(loader, "batch_size", None)
     if world is None or batch is None:
@@ -111,7 +112,9 @@ class _Agreement:
         self._work: Any = None
         if trainer.world_size > 1:
             self._tensor = torch.tensor(values, dtype=torch.float64)
-            self._work = torch.distributed.all_reduce(self._tensor, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True)
+            self._work = torch.distributed.all_reduce(
+                self._tensor, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True
+            )
 
     def result(self) -> list[float]:
         if self._work is not None:
@@ -165,7 +168,9 @@ class FaultTolerance(Callback):
         self.markers = markers
         self.attempt = attempt
         self.interval_seconds: Optional[float] = policy.every_seconds
-        self.interval_source = "steps" if policy.every_n_steps else ("seconds" if policy.every_seconds else "young_daly")
+        self.interval_source = (
+            "steps" if policy.every_n_steps else ("seconds" if policy.every_seconds else "young_daly")
+        )
         self.save_seconds: Optional[float] = None  # the measured save time the Young/Daly interval was chosen from
         self.best_score: Optional[float] = None
         self.last_save_step = 0
@@ -222,13 +227,17 @@ class FaultTolerance(Callback):
     # -- steps -------------------------------------------------------------------
 
     @override
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self._batch_started = time.perf_counter()
         if self.attempt.record["first_step_at"] is None:
             self.attempt.record["first_step_at"] = time.time()
 
     @override
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         rec = self.attempt.record
         rec["productive_seconds"] += time.perf_counter() - self._batch_started
         rec["steps"] += 1
@@ -246,7 +255,9 @@ class FaultTolerance(Callback):
             self.save(trainer, sync=True)
             self.preempt_save_seconds = time.perf_counter() - started
             if trainer.is_global_zero:
-                self.attempt.update(force=True, last_step=step, status="preempted", preempt_save_seconds=self.preempt_save_seconds)
+                self.attempt.update(
+                    force=True, last_step=step, status="preempted", preempt_save_seconds=self.preempt_save_seconds
+                )
             raise Preempted(
                 f"SIGTERM: checkpoint at step {step} committed in {self.preempt_save_seconds:.2f} s "
                 f"(deadline {self.policy.preemption_deadline_seconds:.0f} s)"
@@ -295,10 +306,13 @@ class FaultTolerance(Callback):
     def _start_agreement(self, trainer: L.Trainer, step: int) -> None:
         measuring = self._measuring
         values = [float(self.preempt_requested), float(self._timed() and self._due(step))]
-        self._pending = _Agreement(values + ([self._save_seconds()] if measuring else []), trainer, self._group, measuring)
+        self._pending = _Agreement(
+            values + ([self._save_seconds()] if measuring else []), trainer, self._group, measuring
+        )
 
     def _collect_agreement(self) -> Optional[tuple[list[float], int]]:
-        """The result of the agreement in flight and the step it was started at (None: none is); applies the first save's agreed time."""
+        """The result of the agreement in flight and the step it was started at (None: none is); applies the first
+        save's agreed time."""
         if self._pending is None:
             return None
         pending, self._pending = self._pending, None
@@ -315,7 +329,8 @@ class FaultTolerance(Callback):
         return time.monotonic() - self.last_save_time >= self.interval_seconds
 
     def _save_seconds(self) -> float:
-        """This rank's part of the first save's duration: inf while its write is in flight; ranks that wrote nothing (DDP) say 1 ms."""
+        """This rank's part of the first save's duration: inf while its write is in flight; ranks that wrote nothing
+        (DDP) say 1 ms."""
         writer = self.io.writer
         if writer is not None and writer.in_flight:
             return math.inf
@@ -330,10 +345,15 @@ class FaultTolerance(Callback):
             self.interval_seconds, measured, self.policy.node_mtbf_hours, self.nodes, why,
         )
         if self._rank == 0:
-            self.attempt.update(force=True, checkpoint_interval={
-                "seconds": self.interval_seconds, "save_seconds": measured, "node_mtbf_hours": self.policy.node_mtbf_hours,
-                "nodes": self.nodes,
-            })
+            self.attempt.update(
+                force=True,
+                checkpoint_interval={
+                    "seconds": self.interval_seconds,
+                    "save_seconds": measured,
+                    "node_mtbf_hours": self.policy.node_mtbf_hours,
+                    "nodes": self.nodes,
+                },
+            )
 
     def save(self, trainer: L.Trainer, sync: bool = False, best: bool = False) -> None:
         if trainer.global_step == self.last_save_step and trainer.world_size > 1:
@@ -383,7 +403,11 @@ class FaultTolerance(Callback):
         self._finish_write_in_flight()
         if trainer.is_global_zero and self.attempt.record["status"] == "running":
             # A lost peer is the restart's cause as goodput reports it, not the gloo error it surfaced as.
-            status = "lost (a peer rank died)" if lost_peer(exception) else f"failed: {type(exception).__name__}: {str(exception)[:200]}"
+            status = (
+                "lost (a peer rank died)"
+                if lost_peer(exception)
+                else f"failed: {type(exception).__name__}: {str(exception)[:200]}"
+            )
             self.attempt.update(force=True, status=status)
 
     @override
@@ -418,10 +442,17 @@ class FaultTolerance(Callback):
         started = time.monotonic()
         try:
             uri = writer.wait(timeout=EXCEPTION_WRITE_GRACE_SECONDS)
-            log.info("the checkpoint write in flight finished (%s) %.2f s after training raised", uri, time.monotonic() - started)
+            log.info(
+                "the checkpoint write in flight finished (%s) %.2f s after training raised",
+                uri,
+                time.monotonic() - started,
+            )
         except TimeoutError:
-            log.warning("the checkpoint write in flight did not finish within %.0f s after training raised; left uncommitted "
-                        "(the store skips it)", EXCEPTION_WRITE_GRACE_SECONDS)
+            log.warning(
+                "the checkpoint write in flight did not finish within %.0f s after training raised; left uncommitted "
+                "(the store skips it)",
+                EXCEPTION_WRITE_GRACE_SECONDS,
+            )
         except Exception as e:  # the training error is the one to report
             log.warning("the checkpoint write in flight failed after training raised: %s", e)
 
@@ -453,17 +484,26 @@ class FaultTolerance(Callback):
             # Another world size: no rank's generators of the saving run continue this run's, whichever it takes.
             kept = f"{rank_range(len(states), world)} keep their seeded generators" if world > len(states) else \
                 f"the states of {rank_range(world, len(states))} are not used"
-            log.info("checkpoint holds the RNG states of %d ranks, this run has %d: %s restored theirs, %s (random draws such "
-                     "as dropout masks differ from a run at %d ranks; the sample order does not depend on them)",
-                     len(states), world, rank_range(0, min(world, len(states))), kept, len(states))
+            log.info(
+                "checkpoint holds the RNG states of %d ranks, this run has %d: %s restored theirs, %s (random draws "
+                "such "
+                "as dropout masks differ from a run at %d ranks; the sample order does not depend on them)",
+                len(states),
+                world,
+                rank_range(0, min(world, len(states))),
+                kept,
+                len(states),
+            )
         self.best_score = saved.get("best_score")
         if saved.get("interval_seconds") and self.interval_source == "young_daly":
             saved_nodes, save_seconds = saved.get("nodes"), saved.get("save_seconds")
             if save_seconds and saved_nodes is not None and saved_nodes != self.nodes:
                 # The job fails when any of its nodes does: another gang size has another job MTBF.
                 self._rank = rank
-                self._choose_interval(float(save_seconds), f", recomputed for {self.nodes} node(s) (was {saved['interval_seconds']:.1f} s "
-                                                           f"at {saved_nodes})")
+                self._choose_interval(
+                    float(save_seconds),
+                    f", recomputed for {self.nodes} node(s) (was {saved['interval_seconds']:.1f} s at {saved_nodes})",
+                )
             else:
                 self.interval_seconds = saved["interval_seconds"]
                 self.save_seconds = save_seconds

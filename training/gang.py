@@ -120,11 +120,14 @@ def classify(records: Sequence[dict[str, Any]], returncode: int, signalled: Opti
         code = EXIT_CODES.get(category, EXIT_INFRA)
         return Verdict(code, f"rank {first.get('rank')} failed first ({category}: {str(first.get('error', ''))[:300]})")
     if signalled is not None:
-        return Verdict(EXIT_PREEMPTED, f"stopped by {signal.Signals(signalled).name} before any worker recorded a cause")
+        return Verdict(
+            EXIT_PREEMPTED, f"stopped by {signal.Signals(signalled).name} before any worker recorded a cause"
+        )
     lost = f"; {len(records)} worker(s) recorded only that they lost a peer" if records else ""
     return Verdict(
         EXIT_INFRA,
-        f"no worker recorded a cause: a worker died without a word (SIGKILL, out of memory, a lost node) or the rendezvous failed{lost}",
+        "no worker recorded a cause: a worker died without a word (SIGKILL, out of memory, a lost node) or the "
+        f"rendezvous failed{lost}",
     )
 
 
@@ -142,15 +145,23 @@ def spec_uri_of(args: Sequence[str]) -> str:
             if known.spec:
                 return str(known.spec)
             break
-    raise ValueError(f"the arguments {list(args)} do not end in '-m training.entrypoint --spec URI'; accepted: torchrun's arguments for that command")
+    raise ValueError(
+        f"the arguments {list(args)} do not end in '-m training.entrypoint --spec URI'; accepted: torchrun's "
+        "arguments for that command"
+    )
 
 
 def nodes_of(args: Sequence[str]) -> int:
-    """The node count torchrun's `--nnodes` names (the larger bound of a range `min:max`; 1 when absent or unreadable)."""
+    """The node count torchrun's `--nnodes` names (the larger bound of a range `min:max`; 1 when absent or
+    unreadable)."""
     for i, a in enumerate(args):
         if a in ("-m", "--module"):
             break  # torchrun's own options end where the training module starts
-        value = a.split("=", 1)[1] if a.startswith("--nnodes=") else (args[i + 1] if a == "--nnodes" and i + 1 < len(args) else None)
+        value = (
+            a.split("=", 1)[1]
+            if a.startswith("--nnodes=")
+            else (args[i + 1] if a == "--nnodes" and i + 1 < len(args) else None)
+        )
         if value is not None:
             try:
                 return max(1, int(value.rsplit(":", 1)[-1]))
@@ -160,7 +171,8 @@ def nodes_of(args: Sequence[str]) -> int:
 
 
 def output_uri_of(spec_uri: str) -> str:
-    """Where the entrypoint writes its failure records: the spec's `output_uri`, else the spec file's directory (as it does)."""
+    """Where the entrypoint writes its failure records: the spec's `output_uri`, else the spec file's directory (as it
+    does)."""
     try:
         with fsspec.open(spec_uri, "r") as f:
             return str(json.load(f)["output_uri"])
@@ -169,7 +181,8 @@ def output_uri_of(spec_uri: str) -> str:
 
 
 def watchdog_policy(spec_uri: str) -> WatchdogPolicy:
-    """The spec's `checkpoint.watchdog` policy; the defaults when the spec cannot be read (the entrypoint then fails on it)."""
+    """The spec's `checkpoint.watchdog` policy; the defaults when the spec cannot be read (the entrypoint then fails on
+    it)."""
     try:
         with fsspec.open(spec_uri, "r") as f:
             return WatchdogPolicy.model_validate((json.load(f).get("checkpoint") or {}).get("watchdog") or {})
@@ -205,7 +218,11 @@ def launch_records(output_uri: str, launch: str, since: float) -> list[dict[str,
         except (OSError, ValueError) as e:
             say(f"skipping unreadable failure record {p}: {e}")
             continue
-        if isinstance(record, dict) and record.get("launch") == launch and float(record.get("time", 0.0)) >= since - CLOCK_SKEW_SECONDS:
+        if (
+            isinstance(record, dict)
+            and record.get("launch") == launch
+            and float(record.get("time", 0.0)) >= since - CLOCK_SKEW_SECONDS
+        ):
             records.append(record)
     return records
 
@@ -225,7 +242,9 @@ class Agent:
     def __init__(self, args: Sequence[str], env: dict[str, str], on_start: Optional[Callable[[], None]] = None) -> None:
         self.args = [sys.executable, "-m", "torch.distributed.run", *args]
         self.env = env
-        self.on_start = on_start  # called once the agent runs (a thread started before the fork could hold a lock in it)
+        self.on_start = (
+            on_start  # called once the agent runs (a thread started before the fork could hold a lock in it)
+        )
         self.proc: Optional[subprocess.Popen[bytes]] = None
         self.signalled: Optional[int] = None
 
@@ -238,7 +257,9 @@ class Agent:
         """torchrun's exit status (negative: killed by that signal)."""
         previous = {s: signal.signal(s, self._forward) for s in FORWARDED}
         try:
-            self.proc = subprocess.Popen(self.args, env=self.env, preexec_fn=functools.partial(_die_with_parent, os.getpid()))
+            self.proc = subprocess.Popen(
+                self.args, env=self.env, preexec_fn=functools.partial(_die_with_parent, os.getpid())
+            )
             if self.signalled is not None:  # arrived while the agent was starting
                 self.proc.send_signal(self.signalled)
             if self.on_start is not None:
@@ -269,7 +290,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         launch = env[LAUNCH_ID_ENV] = f"{time.time_ns():x}-{os.getpid()}"
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     progress_dir = env[PROGRESS_DIR_ENV] = tempfile.mkdtemp(prefix="trainyard-progress-")
-    watchdog = GangWatchdog(progress_dir, watchdog_policy(spec_uri), output_uri_of(spec_uri), launch, say, nodes=nodes_of(args))
+    watchdog = GangWatchdog(
+        progress_dir, watchdog_policy(spec_uri), output_uri_of(spec_uri), launch, say, nodes=nodes_of(args)
+    )
     stop = threading.Event()
     agent = Agent(args, env, on_start=lambda: watcher.start())
     watcher = threading.Thread(target=watch, args=(watchdog, agent, stop), name="trainyard-watchdog", daemon=True)
@@ -287,7 +310,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if returncode != 0:
         try:
             records = launch_records(output_uri_of(spec_uri), launch, started)
-        except Exception as e:  # any failure here (store unreachable, credentials) must not exit 1, the user-error status
+        except (
+            Exception
+        ) as e:  # any failure here (store unreachable, credentials) must not exit 1, the user-error status
             say(f"cannot read the failure records ({type(e).__name__}: {e}); classifying without them")
     verdict = classify(records, returncode, agent.signalled)
     if returncode != 0:

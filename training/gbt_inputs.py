@@ -22,14 +22,23 @@ from training.spec import CLASSIFICATION_OBJECTIVES, REGRESSION_OBJECTIVES, Trai
 
 DEFAULT_EARLY_STOPPING_ROUNDS = 20
 # monitor -> (task it needs, the direction that is better)
-MONITORS = {"val_acc": ("classification", "max"), "val_logloss": ("classification", "min"), "val_roc_auc": ("classification", "max"),
-            "val_pr_auc": ("classification", "max"), "val_f1": ("classification", "max"), "val_balanced_acc": ("classification", "max"),
-            "val_rmse": ("regression", "min"), "val_mae": ("regression", "min")}
+MONITORS = {
+    "val_acc": ("classification", "max"),
+    "val_logloss": ("classification", "min"),
+    "val_roc_auc": ("classification", "max"),
+    "val_pr_auc": ("classification", "max"),
+    "val_f1": ("classification", "max"),
+    "val_balanced_acc": ("classification", "max"),
+    "val_rmse": ("regression", "min"),
+    "val_mae": ("regression", "min"),
+}
 # Round counts are `spec.max_epochs`; LightGBM would silently let these override it.
 _ROUND_KEYS = ("num_iterations", "num_iteration", "n_iter", "num_tree", "num_trees", "num_round", "num_rounds",
                "nrounds", "num_boost_round", "n_estimators", "max_iter")
 _PLATFORM_KEYS = ("seed", "deterministic", "num_class", "verbosity", "verbose", "metric")
-_THREAD_KEYS = frozenset({"num_threads", "num_thread", "nthread", "nthreads", "n_jobs"})  # LightGBM's names for its thread count
+_THREAD_KEYS = frozenset(
+    {"num_threads", "num_thread", "nthread", "nthreads", "n_jobs"}
+)  # LightGBM's names for its thread count
 
 
 # -- data -----------------------------------------------------------------------------
@@ -92,19 +101,28 @@ def encode_targets(spec: TrainSpec, targets: dict[str, np.ndarray]) -> tuple[lis
     for split, values in targets.items():
         missing = int(pd.isna(pd.Series(values, dtype=object)).sum())
         if missing:
-            raise ConfigError(f"target {spec.data.target!r} has {missing} missing label(s) in the {split} split; every row needs a label")
+            raise ConfigError(
+                f"target {spec.data.target!r} has {missing} missing label(s) in the {split} split; every row needs a "
+                "label"
+            )
     classes = preprocessing.class_list(*targets.values())
     if len(classes) < 2:
-        raise ConfigError(f"target {spec.data.target!r} has a single class {classes}; classification needs at least two")
+        raise ConfigError(
+            f"target {spec.data.target!r} has a single class {classes}; classification needs at least two"
+        )
     y = {s: preprocessing.encode_labels(v, classes) for s, v in targets.items()}
     try:
         positive = preprocessing.positive_index(classes, spec.data.positive_label) if len(classes) == 2 else 1
     except ValueError as e:
-        raise ConfigError(f"{e} of target {spec.data.target!r}; set the pipeline's positive_label to one of them or leave it unset") from e
+        raise ConfigError(
+            f"{e} of target {spec.data.target!r}; set the pipeline's positive_label to one of them or leave it unset"
+        ) from e
     return classes, y, positive
 
 
-def fit_features(spec: TrainSpec, frames: dict[str, pd.DataFrame], trainer: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+def fit_features(
+    spec: TrainSpec, frames: dict[str, pd.DataFrame], trainer: str
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """The preprocessing state fitted on the train split, and every split transformed with it.
 
     Raises:
@@ -127,7 +145,8 @@ def fit_features(spec: TrainSpec, frames: dict[str, pd.DataFrame], trainer: str)
 
 
 def load_splits(spec: TrainSpec, objective: Optional[str]) -> Splits:
-    """Read train/val/test, preprocess the features (fitted on train) and encode class labels as 0..K-1 (sorted over all splits).
+    """Read train/val/test, preprocess the features (fitted on train) and encode class labels as 0..K-1 (sorted over all
+    splits).
 
     The task is the spec's `prediction_task`, else the declared objective's,
     else the target column's type (float: regression).
@@ -141,16 +160,23 @@ def load_splits(spec: TrainSpec, objective: Optional[str]) -> Splits:
            (("train", spec.data.train_uri), ("val", spec.data.val_uri), ("test", spec.data.test_uri))}
     task = spec.prediction_task or (objective_task(objective) if objective is not None else raw["train"][2])
     if objective is not None and objective_task(objective) != task:
-        raise ConfigError(f"model.kwargs.objective={objective!r} trains {objective_task(objective)}, but the task is {task!r}; "
-                          f"use one of {list(CLASSIFICATION_OBJECTIVES if task == 'classification' else REGRESSION_OBJECTIVES)} or leave it unset")
+        raise ConfigError(
+            f"model.kwargs.objective={objective!r} trains {objective_task(objective)}, but the task is {task!r}; "
+            f"use one of {list(CLASSIFICATION_OBJECTIVES if task == 'classification' else REGRESSION_OBJECTIVES)} or "
+            "leave it unset"
+        )
     state, x = fit_features(spec, {s: r[0] for s, r in raw.items()}, "gbt")
     if task == "regression":
         if spec.class_weight is not None:
-            raise ConfigError(f"class_weight={spec.class_weight!r} weighs classes, but this is a regression task; leave it unset")
+            raise ConfigError(
+                f"class_weight={spec.class_weight!r} weighs classes, but this is a regression task; leave it unset"
+            )
         try:
             return Splits(x, {s: r[1].astype("float64") for s, r in raw.items()}, task, [], state)
         except (TypeError, ValueError) as e:
-            raise ConfigError(f"target {spec.data.target!r} is not numeric, so it cannot be a regression target: {e}") from e
+            raise ConfigError(
+                f"target {spec.data.target!r} is not numeric, so it cannot be a regression target: {e}"
+            ) from e
     classes, y, positive = encode_targets(spec, {s: r[1] for s, r in raw.items()})
     weights = balanced_weights(y["train"], len(classes))[y["train"]] if spec.class_weight == "balanced" else None
     return Splits(x, y, task, classes, state, positive, weights)
@@ -188,25 +214,37 @@ def lightgbm_params(spec: TrainSpec, splits: Splits, objective: Optional[str],
     kwargs = dict(spec.model.kwargs)
     rounds_keys = sorted(k for k in kwargs if k in _ROUND_KEYS)
     if rounds_keys:
-        raise ConfigError(f"model.kwargs sets {rounds_keys}; the number of boosting rounds is max_epochs (now {spec.max_epochs})")
+        raise ConfigError(
+            f"model.kwargs sets {rounds_keys}; the number of boosting rounds is max_epochs (now {spec.max_epochs})"
+        )
     owned = sorted(k for k in kwargs if k in _PLATFORM_KEYS)
     if owned:
-        raise ConfigError(f"model.kwargs sets {owned}, which the platform owns (seed and determinism come from the spec, "
-                          f"the metric from monitor={spec.monitor!r})")
+        raise ConfigError(
+            f"model.kwargs sets {owned}, which the platform owns (seed and determinism come from the spec, "
+            f"the metric from monitor={spec.monitor!r})"
+        )
     patience = kwargs.pop("early_stopping_rounds", DEFAULT_EARLY_STOPPING_ROUNDS)
     if not isinstance(patience, int) or isinstance(patience, bool) or patience < 1:
         raise ConfigError(f"model.kwargs.early_stopping_rounds={patience!r} must be an integer >= 1")
     if objective is None:
-        objective = "regression" if splits.task == "regression" else ("binary" if len(splits.classes) == 2 else "multiclass")
+        objective = (
+            "regression" if splits.task == "regression" else ("binary" if len(splits.classes) == 2 else "multiclass")
+        )
     if objective == "binary" and len(splits.classes) != 2:
-        raise ConfigError(f"objective 'binary' needs two classes; target {spec.data.target!r} has {len(splits.classes)}: {splits.classes}")
+        raise ConfigError(
+            f"objective 'binary' needs two classes; target {spec.data.target!r} has {len(splits.classes)}: "
+            f"{splits.classes}"
+        )
     check_monitor(spec.monitor, spec.monitor_mode, splits.task)
     if spec.monitor in ("val_roc_auc", "val_pr_auc") and splits.task == "classification":
         present = sorted(set(np.unique(splits.y["val"]).tolist()))
         if len(present) < len(splits.classes):
             missing = [c for i, c in enumerate(splits.classes) if i not in present]
-            raise ConfigError(f"monitor={spec.monitor!r} is undefined on the validation split, which holds no rows of class(es) {missing}; "
-                              f"monitor 'val_logloss' or 'val_acc', or give the validation split rows of every class")
+            raise ConfigError(
+                f"monitor={spec.monitor!r} is undefined on the validation split, which holds no rows of class(es) "
+                f"{missing}; "
+                f"monitor 'val_logloss' or 'val_acc', or give the validation split rows of every class"
+            )
     params: dict[str, Any] = {"verbosity": -1}
     if threads is not None and not (_THREAD_KEYS & set(kwargs)):
         params["num_threads"] = threads
@@ -228,4 +266,7 @@ def check_monitor(monitor: str, mode: str, task: str) -> None:
         fits = sorted(m for m, (t, _) in MONITORS.items() if t == task)
         raise ConfigError(f"monitor={monitor!r} measures {needs}, but this is a {task} task; use one of {fits}")
     if mode != direction:
-        raise ConfigError(f"monitor_mode={mode!r} does not fit monitor={monitor!r}; it is better when {'higher' if direction == 'max' else 'lower'} (use {direction!r})")
+        raise ConfigError(
+            f"monitor_mode={mode!r} does not fit monitor={monitor!r}; it is better when "
+            f"{'higher' if direction == 'max' else 'lower'} (use {direction!r})"
+        )

@@ -47,7 +47,8 @@ def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
 
     Classification needs logits `[batch, n_classes]` (at least one per class), or
     for a binary target one logit per row, `[batch]` or `[batch, 1]` (the logit of
-    the second class); regression needs one value per row, `[batch]` or `[batch, 1]`. Finding out after the last epoch would waste the whole trial.
+    the second class); regression needs one value per row, `[batch]` or `[batch, 1]`. Finding out after the last epoch
+    would waste the whole trial.
 
     Raises:
         ConfigError: the output shape does not fit; the message says which task wants what.
@@ -58,24 +59,36 @@ def check_output_fits_task(model: Any, dm: Any, spec: TrainSpec) -> None:
     if task == "causal_lm":
         wanted = (*x.shape, int(dm.vocab_size))
         if shape != wanted:
-            raise ConfigError(f"model {spec.model.path!r} returns shape {list(shape)} for token ids of shape {list(x.shape)}; task "
-                              f"'causal_lm' needs next-token logits {list(wanted)} (batch, length, vocab_size={dm.vocab_size} of the data)")
+            raise ConfigError(
+                f"model {spec.model.path!r} returns shape {list(shape)} for token ids of shape {list(x.shape)}; task "
+                f"'causal_lm' needs next-token logits {list(wanted)} (batch, length, vocab_size={dm.vocab_size} of "
+                "the data)"
+            )
         return
     batch = x.shape[0]
     where = f"model {spec.model.path!r} returns shape {list(shape)} for a batch of {batch} rows"
     if task == "regression":
         if shape not in ((batch,), (batch, 1)):
-            raise ConfigError(f"{where}; task 'regression' needs one value per row, [{batch}] or [{batch}, 1] "
-                              "(a classifier's logits? set the pipeline's task='classification', or give the model one output)")
+            raise ConfigError(
+                f"{where}; task 'regression' needs one value per row, [{batch}] or [{batch}, 1] "
+                "(a classifier's logits? set the pipeline's task='classification', or give the model one output)"
+            )
         return
     classes = dm.classes()
     needed = max(2, len(classes))
     if len(classes) == 2 and shape in ((batch,), (batch, 1)):
         return  # one logit of the second class (sigmoid), e.g. trained with BCEWithLogitsLoss
     if len(shape) != 2 or shape[0] != batch or shape[1] < needed:
-        raise ConfigError(f"{where}; task 'classification' with {len(classes)} classes {classes} needs n_classes logits "
-                          f"[{batch}, {needed}]" + (f", or one logit for a binary target ([{batch}] or [{batch}, 1], the logit of "
-                                                    f"{classes[1]!r}, e.g. trained with BCEWithLogitsLoss)" if needed == 2 else ""))
+        raise ConfigError(
+            f"{where}; task 'classification' with {len(classes)} classes {classes} needs n_classes logits "
+            f"[{batch}, {needed}]"
+            + (
+                f", or one logit for a binary target ([{batch}] or [{batch}, 1], the logit of "
+                f"{classes[1]!r}, e.g. trained with BCEWithLogitsLoss)"
+                if needed == 2
+                else ""
+            )
+        )
 
 
 def _output_shape(model: Any, x: torch.Tensor) -> tuple[int, ...]:
@@ -99,7 +112,9 @@ def model_outputs(model: Any, x: Any, device: Any = None) -> torch.Tensor:
     in full float32 (no TF32 on CUDA), and leaves `model` where it found it.
     """
     device = torch.device(device) if device is not None else x.device
-    return batch_outputs(model, ((x[s:s + EVAL_BATCH_ROWS], None) for s in range(0, len(x), EVAL_BATCH_ROWS)), device)[0]
+    return batch_outputs(
+        model, ((x[s : s + EVAL_BATCH_ROWS], None) for s in range(0, len(x), EVAL_BATCH_ROWS)), device
+    )[0]
 
 
 def batch_outputs(model: Any, batches: Any, device: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +139,9 @@ def batch_outputs(model: Any, batches: Any, device: Any) -> tuple[torch.Tensor, 
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
         model.to(home)
-    return (torch.cat(outs) if outs else torch.empty(0)), (torch.cat(targets) if targets else torch.empty(0, dtype=torch.int64))
+    return (torch.cat(outs) if outs else torch.empty(0)), (
+        torch.cat(targets) if targets else torch.empty(0, dtype=torch.int64)
+    )
 
 
 def _task_value(out: torch.Tensor, y: Any, task: str) -> float:
@@ -138,7 +155,8 @@ def _task_value(out: torch.Tensor, y: Any, task: str) -> float:
 
 
 def evaluate(model: Any, x: Any, y: Any, task: str = "classification", device: Any = None) -> float:
-    """`model`'s accuracy (classification, arg-max of the logits; a binary model's one logit: above 0) or RMSE (regression) on features `x` against targets `y`.
+    """`model`'s accuracy (classification, arg-max of the logits; a binary model's one logit: above 0) or RMSE
+    (regression) on features `x` against targets `y`.
 
     Runs on `device` (default: where `x` is) in batches of `EVAL_BATCH_ROWS`,
     in full float32 (no TF32 on CUDA), and leaves `model` where it found it.
@@ -148,7 +166,8 @@ def evaluate(model: Any, x: Any, y: Any, task: str = "classification", device: A
 
 
 def eval_device(spec: TrainSpec) -> torch.device:
-    """Where rank 0 evaluates the trained model: the GPU it trained on, else the CPU (never a CPU pass over a GPU-sized model)."""
+    """Where rank 0 evaluates the trained model: the GPU it trained on, else the CPU (never a CPU pass over a GPU-sized
+    model)."""
     if spec.distribution.accelerator == "gpu" and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -163,15 +182,25 @@ def export_model(model: Any, dm: Any, spec: TrainSpec, dest_uri: str) -> None:
     task = prediction_task(spec)
     if task == "causal_lm":
         return _export_lm(model, dm, spec, dest_uri, example)
-    program = torch.export.export(model, (example.float().contiguous(),), dynamic_shapes=({0: torch.export.Dim("batch")},))
-    meta: dict[str, Any] = {"features": spec.data.features, "target": spec.data.target, "task": task, "input_dtype": "float32",
-                            "keep": spec.data.keep, "feature_types": spec.data.feature_types}
+    program = torch.export.export(
+        model, (example.float().contiguous(),), dynamic_shapes=({0: torch.export.Dim("batch")},)
+    )
+    meta: dict[str, Any] = {
+        "features": spec.data.features,
+        "target": spec.data.target,
+        "task": task,
+        "input_dtype": "float32",
+        "keep": spec.data.keep,
+        "feature_types": spec.data.feature_types,
+    }
     if getattr(dm, "kind", None) == "image":
         meta.update(image_meta(dm))
     if task == "classification":
         classes = [preprocessing.label_key(c) for c in dm.classes()]
         meta["classes"] = classes
-        meta["positive_label"] = classes[preprocessing.positive_index(classes, spec.data.positive_label)] if len(classes) == 2 else None
+        meta["positive_label"] = (
+            classes[preprocessing.positive_index(classes, spec.data.positive_label)] if len(classes) == 2 else None
+        )
     state = getattr(dm, "preprocessing_state", None)
     files = ["model.pt2", "meta.json"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,8 +226,12 @@ def image_meta(dm: Any) -> dict[str, Any]:
     module's defaults).
     """
     meta = dm.meta
-    return {"input_kind": "image", "shape": [int(s) for s in meta["shape"]], "input_shape": [int(s) for s in dm.input_shape],
-            "scale": [meta.get("min", 0), meta.get("max", 255)]}
+    return {
+        "input_kind": "image",
+        "shape": [int(s) for s in meta["shape"]],
+        "input_shape": [int(s) for s in dm.input_shape],
+        "scale": [meta.get("min", 0), meta.get("max", 255)],
+    }
 
 
 def _put(tmp: str, files: list[str], dest_uri: str) -> None:
@@ -213,12 +246,22 @@ def _export_lm(model: Any, dm: Any, spec: TrainSpec, dest_uri: str, example: tor
     data module's tokenizer as `tokenizer.json` (`training/serving_model.py` serves them)."""
     block_size = int(dm.block_size)
     length = torch.export.Dim("length", max=block_size)
-    program = torch.export.export(model, (example.long().contiguous(),), dynamic_shapes=({0: torch.export.Dim("batch"), 1: length},))
+    program = torch.export.export(
+        model, (example.long().contiguous(),), dynamic_shapes=({0: torch.export.Dim("batch"), 1: length},)
+    )
     tokenizer_path = getattr(dm, "tokenizer_path", None)
     eos = getattr(dm, "eos_id", None)
-    meta: dict[str, Any] = {"features": spec.data.features, "target": spec.data.target, "task": "causal_lm", "input_dtype": "int64",
-                            "keep": [], "vocab_size": int(dm.vocab_size), "block_size": block_size,
-                            "eos_id": None if eos is None else int(eos), "tokenizer": TOKENIZER_FILE if tokenizer_path else None}
+    meta: dict[str, Any] = {
+        "features": spec.data.features,
+        "target": spec.data.target,
+        "task": "causal_lm",
+        "input_dtype": "int64",
+        "keep": [],
+        "vocab_size": int(dm.vocab_size),
+        "block_size": block_size,
+        "eos_id": None if eos is None else int(eos),
+        "tokenizer": TOKENIZER_FILE if tokenizer_path else None,
+    }
     files = ["model.pt2", "meta.json"]
     with tempfile.TemporaryDirectory() as tmp:
         torch.export.save(program, os.path.join(tmp, "model.pt2"))
@@ -273,12 +316,16 @@ def final_metrics(spec: TrainSpec, model: Any, dm: Any = None) -> dict[str, floa
 
 def _classification_split(split: str, out: torch.Tensor, y: torch.Tensor, classes: list[Any], y_train: np.ndarray,
                           spec: TrainSpec) -> dict[str, float]:
-    """`<split>_*` classification metrics of outputs `out` against class indices `y`, and the train prior's `baseline_<split>_*`."""
+    """`<split>_*` classification metrics of outputs `out` against class indices `y`, and the train prior's
+    `baseline_<split>_*`."""
     positive = preprocessing.positive_index(classes, spec.data.positive_label) if len(classes) == 2 else 1
-    values = platform_metrics.classification_metrics(y.numpy(), platform_metrics.probabilities(out.double().numpy(), len(classes)),
-                                                     classes, positive)
+    values = platform_metrics.classification_metrics(
+        y.numpy(), platform_metrics.probabilities(out.double().numpy(), len(classes)), classes, positive
+    )
     baseline = platform_metrics.baseline_classification(y.numpy(), y_train, classes, positive)
-    values[EVALUATION_METRIC["classification"]] = _task_value(out, y, "classification")  # exactly as measured before the other metrics
+    values[EVALUATION_METRIC["classification"]] = _task_value(
+        out, y, "classification"
+    )  # exactly as measured before the other metrics
     return platform_metrics.split_metrics(split, values, baseline)
 
 
@@ -291,7 +338,9 @@ def streamed_classification_metrics(spec: TrainSpec, model: Any, dm: Any, device
     """
     classes = [preprocessing.label_key(c) for c in dm.classes()]
     if not classes:
-        raise ConfigError(f"data module {type(dm).__name__} streams its splits but names no classes (classes() is empty)")
+        raise ConfigError(
+            f"data module {type(dm).__name__} streams its splits but names no classes (classes() is empty)"
+        )
     counts = np.asarray(dm.class_counts(), dtype=np.int64)
     if len(counts) != len(classes):
         raise ConfigError(f"class_counts() has {len(counts)} entries for {len(classes)} classes {classes}")
@@ -300,13 +349,16 @@ def streamed_classification_metrics(spec: TrainSpec, model: Any, dm: Any, device
     for split in ("val", "test"):
         out, y = batch_outputs(model, split_batches(dm, split), device or torch.device("cpu"))
         if not len(y):
-            raise ConfigError(f"the {split} split of data module {type(dm).__name__} holds no sample to evaluate the model on")
+            raise ConfigError(
+                f"the {split} split of data module {type(dm).__name__} holds no sample to evaluate the model on"
+            )
         metrics.update(_classification_split(split, out, y.long(), classes, y_train, spec))
     return metrics
 
 
 def split_batches(dm: Any, split: str) -> Any:
-    """The whole `split` (`val` or `test`) of a streaming data module (text or images), as `(x, y)` batches, on rank 0 alone.
+    """The whole `split` (`val` or `test`) of a streaming data module (text or images), as `(x, y)` batches, on rank 0
+    alone.
 
     A data module that shards by rank says how to read a split whole with `eval_dataloader(split)`;
     otherwise its `<split>_dataloader()` is read as it is (unsharded outside `trainer.validate`/`test`).
@@ -337,7 +389,9 @@ def evaluate_lm(model: Any, batches: Any, device: Any = None, counts: Optional[n
         with torch.no_grad():
             for x, y in batches:
                 logits = model(x.to(device))
-                losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.to(device).reshape(-1).long(), reduction="none")
+                losses = F.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).float(), y.to(device).reshape(-1).long(), reduction="none"
+                )
                 nll += float(losses.double().sum())
                 tokens += y.numel()
                 if unigram is not None:
@@ -352,7 +406,8 @@ def evaluate_lm(model: Any, batches: Any, device: Any = None, counts: Optional[n
 
 
 def lm_metrics(model: Any, dm: Any, device: Any = None) -> dict[str, float]:
-    """`val_loss`, `val_perplexity`, `test_loss`, `test_perplexity` of a language model on the whole splits (token-weighted
+    """`val_loss`, `val_perplexity`, `test_loss`, `test_perplexity` of a language model on the whole splits
+    (token-weighted
     mean next-token cross-entropy in nats, and its exp), with `baseline_<split>_loss` / `_perplexity` of the add-one
     smoothed unigram model of the train split's token counts (`dm.train_token_counts()`; left out, with a warning,
     when the data module has none)."""
@@ -365,7 +420,9 @@ def lm_metrics(model: Any, dm: Any, device: Any = None) -> dict[str, float]:
     for split in ("val", "test"):
         sums = evaluate_lm(model, split_batches(dm, split), device, counts)
         if not sums["tokens"]:
-            raise ConfigError(f"the {split} split of data module {type(dm).__name__} holds no tokens to evaluate the model on")
+            raise ConfigError(
+                f"the {split} split of data module {type(dm).__name__} holds no tokens to evaluate the model on"
+            )
         loss = sums["nll"] / sums["tokens"]
         values = {"loss": loss, "perplexity": math.exp(loss)}
         baseline = None

@@ -91,7 +91,11 @@ def select_sharded_resume(store: Any, rank: int, world: int) -> tuple[Any, str]:
             chosen = loaded
             break
         if rank == 0:
-            msg = f"skipping checkpoint {store.root_uri}/{name}: " + "; ".join(f"rank {r}: {w}" for r, w in bad.items()) + "; trying the previous one"
+            msg = (
+                f"skipping checkpoint {store.root_uri}/{name}: "
+                + "; ".join(f"rank {r}: {w}" for r, w in bad.items())
+                + "; trying the previous one"
+            )
             log.warning(msg)
             warnings.warn(msg, SkippedCheckpointWarning, stacklevel=2)
     if rank == 0:
@@ -111,8 +115,14 @@ class Checkpointing:
     accumulate_grad_batches: int = 1  # keeps the global batch of a checkpoint written at another world size
 
 
-def open_checkpointing(spec: TrainSpec, strategy_kwargs: dict[str, Any], markers: FaultMarkers, rank: int, started_wall: float,
-                       reporter: Reporter) -> Checkpointing:
+def open_checkpointing(
+    spec: TrainSpec,
+    strategy_kwargs: dict[str, Any],
+    markers: FaultMarkers,
+    rank: int,
+    started_wall: float,
+    reporter: Reporter,
+) -> Checkpointing:
     """Open the trial's checkpoint store, choose the checkpoint to resume from and wire the store into Lightning.
 
     The `fail_storage_writes` drill arms rank 0's store once per trial. Under
@@ -145,7 +155,9 @@ def open_checkpointing(spec: TrainSpec, strategy_kwargs: dict[str, Any], markers
         resume_path = io.remember(loaded)
         attempt.record.update(resumed_from=loaded.uri, resumed_from_step=loaded.step)
         reporter.info(f"trial {spec.trial_id}: resuming from committed checkpoint {loaded.uri} (step {loaded.step})")
-    ft = FaultTolerance(spec.checkpoint, io, spec.distribution.nodes, spec.monitor, spec.monitor_mode, spec.faults, markers, attempt)
+    ft = FaultTolerance(
+        spec.checkpoint, io, spec.distribution.nodes, spec.monitor, spec.monitor_mode, spec.faults, markers, attempt
+    )
     accumulate = _resumed_global_batch(spec, loaded, attempt, reporter)
     return Checkpointing(store, plugins, resume_path, ft, accumulate)
 
@@ -168,13 +180,20 @@ def _resumed_global_batch(spec: TrainSpec, loaded: Any, attempt: AttemptLog, rep
         before = saved["data_parallel"] * saved["batch_size"] * saved.get("accumulate", 1)
         attempt.record["global_batch"] = {
             "checkpoint": {**saved, "global": before},
-            "run": {"data_parallel": dp, "batch_size": batch, "accumulate": accumulate, "global": dp * batch * accumulate},
+            "run": {
+                "data_parallel": dp,
+                "batch_size": batch,
+                "accumulate": accumulate,
+                "global": dp * batch * accumulate,
+            },
             "kept": change is None,
         }
     if change is not None:
         reporter.info(f"trial {spec.trial_id}: the checkpoint was trained at another size; {change}")
     elif saved and (saved["data_parallel"], saved.get("accumulate", 1)) != (dp, accumulate):
-        reporter.info(f"trial {spec.trial_id}: the checkpoint was trained on {saved['data_parallel']} data-parallel rank(s) "
-                      f"x batch {saved['batch_size']} x accumulation {saved.get('accumulate', 1)}; this run on {dp} keeps the "
-                      f"global batch {dp * batch * accumulate} with gradient accumulation {accumulate}")
+        reporter.info(
+            f"trial {spec.trial_id}: the checkpoint was trained on {saved['data_parallel']} data-parallel rank(s) "
+            f"x batch {saved['batch_size']} x accumulation {saved.get('accumulate', 1)}; this run on {dp} keeps the "
+            f"global batch {dp * batch * accumulate} with gradient accumulation {accumulate}"
+        )
     return accumulate

@@ -139,7 +139,9 @@ def class_prior(y_train: np.ndarray, n_classes: int) -> np.ndarray:
     return counts / counts.sum() if counts.sum() else np.full(n_classes, 1.0 / n_classes)
 
 
-def baseline_classification(y: np.ndarray, y_train: np.ndarray, classes: list[Any], positive: int = 1) -> dict[str, float]:
+def baseline_classification(
+    y: np.ndarray, y_train: np.ndarray, classes: list[Any], positive: int = 1
+) -> dict[str, float]:
     """The metrics of answering the train prior for every row (the majority label, prior probabilities)."""
     prior = class_prior(y_train, len(classes))
     proba = np.tile(prior, (len(y), 1))
@@ -160,7 +162,9 @@ def baseline_regression(y: np.ndarray, y_train: np.ndarray) -> dict[str, float]:
     return regression_metrics(y, np.full(len(y), float(np.mean(np.asarray(y_train, dtype="float64")))))
 
 
-def split_metrics(split: str, values: dict[str, float], baseline: Optional[dict[str, float]] = None) -> dict[str, float]:
+def split_metrics(
+    split: str, values: dict[str, float], baseline: Optional[dict[str, float]] = None
+) -> dict[str, float]:
     """`values` (and `baseline`) keyed `{split}_<name>` and `baseline_{split}_<name>`."""
     out = {f"{split}_{k}": v for k, v in values.items()}
     out.update({f"baseline_{split}_{k}": v for k, v in (baseline or {}).items()})

@@ -45,7 +45,15 @@ from typing_extensions import override
 
 from training.errors import StrategyConfigError
 
-__all__ = ["ClassifierSteps", "RegressorSteps", "MLPClassifier", "MLPRegressor", "ParallelizableModule", "ColwiseParallel", "RowwiseParallel"]
+__all__ = [
+    "ClassifierSteps",
+    "RegressorSteps",
+    "MLPClassifier",
+    "MLPRegressor",
+    "ParallelizableModule",
+    "ColwiseParallel",
+    "RowwiseParallel",
+]
 
 
 class ParallelizableModule(L.LightningModule):
@@ -70,7 +78,8 @@ class ParallelizableModule(L.LightningModule):
             plan = self.tensor_parallel_plan()
             if not plan:
                 raise StrategyConfigError(
-                    f"model {type(self).__name__}: tensor_parallel_plan() is empty; tensor_parallel_size={tp_mesh.size()} needs a plan"
+                    f"model {type(self).__name__}: tensor_parallel_plan() is empty; "
+                    f"tensor_parallel_size={tp_mesh.size()} needs a plan"
                 )
             parallelize_module(self, tp_mesh, plan)
         if dp_mesh.size() > 1:
@@ -125,7 +134,8 @@ class ClassifierSteps(_StageSteps):
 
 
 class RegressorSteps(_StageSteps):
-    """Mean-squared-error train/val/test steps logging `<stage>_loss` (MSE) and `<stage>_rmse` (synced across ranks off train).
+    """Mean-squared-error train/val/test steps logging `<stage>_loss` (MSE) and `<stage>_rmse` (synced across ranks off
+    train).
 
     The model returns one value per row, `[batch]` or `[batch, 1]`; targets are
     float (the platform's data module reads them so for task `regression`).
@@ -141,7 +151,8 @@ class RegressorSteps(_StageSteps):
 
 
 class _ResidualMLP(ParallelizableModule):
-    """Residual feed-forward blocks between an input and an output projection (shared by the classifier and the regressor).
+    """Residual feed-forward blocks between an input and an output projection (shared by the classifier and the
+    regressor).
 
     Each block's `up` projection is split colwise and `down` rowwise, so a block
     costs one all-reduce under tensor parallelism; each block is an FSDP unit.

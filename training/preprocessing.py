@@ -84,11 +84,14 @@ def _is_missing(values: pd.Series) -> np.ndarray:
 
 
 def _numbers(values: pd.Series, column: str, dtype: str = "float") -> np.ndarray:
-    """A numeric column as float64 (missing: NaN); a value that is no number is an error naming the column, its dtype and row."""
+    """A numeric column as float64 (missing: NaN); a value that is no number is an error naming the column, its dtype
+    and row."""
     if pd.api.types.is_bool_dtype(values.dtype) or pd.api.types.is_numeric_dtype(values.dtype):
         return values.to_numpy(dtype="float64", na_value=np.nan)
     if pd.api.types.is_datetime64_any_dtype(values.dtype):
-        raise PreprocessingError(f"feature {column!r} holds dates, but it is declared {dtype!r}; declare it dtype='date' or 'datetime'")
+        raise PreprocessingError(
+            f"feature {column!r} holds dates, but it is declared {dtype!r}; declare it dtype='date' or 'datetime'"
+        )
     out = np.full(len(values), np.nan)
     for i, v in enumerate(values.tolist()):
         if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT:
@@ -104,9 +107,14 @@ def _numbers(values: pd.Series, column: str, dtype: str = "float") -> np.ndarray
         try:
             out[i] = float(v)
         except (TypeError, ValueError):
-            fix = ("give true/false (or 1/0)" if dtype == "bool" else
-                   "give a number, or declare the column's dtype 'category' in the pipeline's columns if it is text")
-            raise PreprocessingError(f"feature {column!r} is declared {dtype!r} but holds {v!r} (row {i + 1} of the input); {fix}") from None
+            fix = (
+                "give true/false (or 1/0)"
+                if dtype == "bool"
+                else "give a number, or declare the column's dtype 'category' in the pipeline's columns if it is text"
+            )
+            raise PreprocessingError(
+                f"feature {column!r} is declared {dtype!r} but holds {v!r} (row {i + 1} of the input); {fix}"
+            ) from None
     return out
 
 
@@ -122,9 +130,15 @@ def _datetimes(values: pd.Series, column: str, dtype: str = "date") -> pd.Series
         except (TypeError, ValueError):
             bad = pd.to_datetime(cleaned, errors="coerce", format="ISO8601", utc=True).isna() & cleaned.notna()
             row = int(np.flatnonzero(bad.to_numpy())[0]) if bad.any() else None
-            found = f" {cleaned.iloc[row]!r} (row {row + 1} of the input)" if row is not None else " a value that is not one"
+            found = (
+                f" {cleaned.iloc[row]!r} (row {row + 1} of the input)"
+                if row is not None
+                else " a value that is not one"
+            )
             example = "'2022-05-04'" if dtype == "date" else "'2024-01-02T10:00:00+01:00'"
-            raise PreprocessingError(f"feature {column!r} is declared {dtype!r} but holds{found}; give ISO 8601 text such as {example}") from None
+            raise PreprocessingError(
+                f"feature {column!r} is declared {dtype!r} but holds{found}; give ISO 8601 text such as {example}"
+            ) from None
     if getattr(out.dt, "tz", None) is None:
         out = out.dt.tz_localize("UTC")
     return out.dt.tz_convert("UTC")
@@ -188,8 +202,10 @@ def check_raw(frame: pd.DataFrame, features: list[str], where: str = "the data")
             problems.append(f"{c!r} has {missing} missing value{'s' if missing != 1 else ''} of {len(values)}")
     if problems:
         raise PreprocessingError(
-            f"preprocessing is off (PipelineSpec.preprocessing enabled=False), so features go to the model as raw numbers, "
-            f"but in {where} feature {'; '.join(problems)}; {HINT}")
+            "preprocessing is off (PipelineSpec.preprocessing enabled=False), so features go to the model as raw "
+            "numbers, "
+            f"but in {where} feature {'; '.join(problems)}; {HINT}"
+        )
 
 
 def fit(frame: pd.DataFrame, feature_types: dict[str, str], domains: Optional[dict[str, list[Any]]] = None,
@@ -233,7 +249,9 @@ def fit(frame: pd.DataFrame, feature_types: dict[str, str], domains: Optional[di
     if all_numeric and not elsewhere and not any(_is_missing(frame[c]).any() for c in features):
         # Complete numeric tables (every pipeline before preprocessing existed) reach the model unchanged.
         for c in features:
-            _numbers(frame[c], c, types[c])  # text in a numeric column is named here, not as a float conversion error later
+            _numbers(
+                frame[c], c, types[c]
+            )  # text in a numeric column is named here, not as a float conversion error later
         state.update(enabled=True, passthrough=True)
         _set_outputs(state, [{"name": c, "kind": "raw"} for c in features])
         return state
@@ -299,7 +317,9 @@ def _column_outputs(col: dict[str, Any], trainer: str, cfg: dict[str, Any]) -> l
     if col["kind"] == "categorical":
         if trainer == "gbt" or cfg["categorical"] == "index":
             return [{"name": col["name"], "kind": "code", "categorical": trainer == "gbt"}]
-        return [{"name": f"{col['name']}={v}", "kind": "onehot"} for v in col["vocabulary"]] + [{"name": f"{col['name']}={OTHER}", "kind": "onehot"}]
+        return [{"name": f"{col['name']}={v}", "kind": "onehot"} for v in col["vocabulary"]] + [
+            {"name": f"{col['name']}={OTHER}", "kind": "onehot"}
+        ]
     outs = [{"name": col["name"], "kind": "numeric"}]
     if col.get("indicator"):
         outs.append({"name": f"{col['name']}__missing", "kind": "indicator"})
@@ -338,12 +358,18 @@ def transform(frame: pd.DataFrame, state: dict[str, Any], dtype: Any = None) -> 
         frame = pd.DataFrame(frame)
     absent = [c for c in features if c not in frame.columns]
     if absent:
-        raise ValueError(f"model input is missing feature columns {absent}; expected all of {features}, got {list(frame.columns)}")
+        raise ValueError(
+            f"model input is missing feature columns {absent}; expected all of {features}, got {list(frame.columns)}"
+        )
     dtype = np.dtype(dtype or ("float64" if state["trainer"] == "gbt" else "float32"))
     if state.get("passthrough"):
         if not state.get("enabled", True):
             check_raw(frame, features)
-        x = np.column_stack([_numbers(frame[c], c, _declared(state, c)) for c in features]) if len(frame) else np.empty((0, len(features)))
+        x = (
+            np.column_stack([_numbers(frame[c], c, _declared(state, c)) for c in features])
+            if len(frame)
+            else np.empty((0, len(features)))
+        )
         return np.ascontiguousarray(x, dtype=dtype), output_names(state)
     cfg = state["config"]
     n = len(frame)
@@ -416,9 +442,15 @@ def encode_labels(values: Iterable[Any], classes: list[Any]) -> np.ndarray:
     """
     array = values if isinstance(values, np.ndarray) else np.asarray(list(values), dtype=object)
     if array.dtype.kind in "biu":  # integer or bool labels: no per-row Python
-        codes = pd.Index(np.asarray(classes)).get_indexer(array) if all(isinstance(c, (int, bool)) for c in classes) else np.full(len(array), -1)
+        codes = (
+            pd.Index(np.asarray(classes)).get_indexer(array)
+            if all(isinstance(c, (int, bool)) for c in classes)
+            else np.full(len(array), -1)
+        )
     else:
-        codes = pd.Index([label_key(c) for c in classes], dtype=object).get_indexer(pd.Series(array, dtype=object).map(label_key))
+        codes = pd.Index([label_key(c) for c in classes], dtype=object).get_indexer(
+            pd.Series(array, dtype=object).map(label_key)
+        )
     if (codes < 0).any():
         bad = array[int(np.flatnonzero(codes < 0)[0])]
         raise ValueError(f"label {label_key(bad)!r} is not one of the classes {classes}")
@@ -439,16 +471,28 @@ def positive_index(classes: list[Any], positive_label: Any = None) -> int:
 
 
 def check_image_meta(meta: dict[str, Any], where: str) -> None:
-    """An image model's `meta.json` fields: `shape` `[H, W]` or `[H, W, C]` (positive ints), `scale` `[min, max]` with min < max.
+    """An image model's `meta.json` fields: `shape` `[H, W]` or `[H, W, C]` (positive ints), `scale` `[min, max]` with
+    min < max.
 
     Raises:
         ValueError: naming `where`, the field and what it holds.
     """
     shape, scale = meta.get("shape"), meta.get("scale")
-    if not isinstance(shape, list) or len(shape) not in (2, 3) or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
-        raise ValueError(f"{where}: field 'shape' of an image model must be [height, width] or [height, width, channels], got {shape!r}")
-    if (not isinstance(scale, list) or len(scale) != 2 or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scale)
-            or not scale[0] < scale[1]):
+    if (
+        not isinstance(shape, list)
+        or len(shape) not in (2, 3)
+        or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+    ):
+        raise ValueError(
+            f"{where}: field 'shape' of an image model must be [height, width] or [height, width, channels], got "
+            f"{shape!r}"
+        )
+    if (
+        not isinstance(scale, list)
+        or len(scale) != 2
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in scale)
+        or not scale[0] < scale[1]
+    ):
         raise ValueError(f"{where}: field 'scale' of an image model must be [min, max] with min < max, got {scale!r}")
 
 
@@ -470,12 +514,16 @@ def image_batch(cells: Iterable[Any], shape: list[int], low: float, high: float)
         except (TypeError, ValueError):
             raise PreprocessingError(f"row {i}: expected a list of pixel values, got {str(cell)[:100]}") from None
         if row.size != size:
-            raise PreprocessingError(f"row {i} holds {row.size} values; the model reads {size}: an image of shape {list(shape)} "
-                                     "flattened row-major")
+            raise PreprocessingError(
+                f"row {i} holds {row.size} values; the model reads {size}: an image of shape {list(shape)} "
+                "flattened row-major"
+            )
         outside = ~((row >= low) & (row <= high))
         if outside.any():
             at = int(np.argmax(outside))
-            raise PreprocessingError(f"row {i}: value {row[at]:g} at position {at} is outside the image range {low:g}..{high:g}")
+            raise PreprocessingError(
+                f"row {i}: value {row[at]:g} at position {at} is outside the image range {low:g}..{high:g}"
+            )
         images[i - 1] = row
     x = images.reshape(len(rows), *shape)
     x = x[:, None] if len(shape) == 2 else x.transpose(0, 3, 1, 2)

@@ -1,4 +1,5 @@
-"""The Optuna pruner a trial's `PrunerSpec` declares, and the study storage it reports to, for both trainers (no torch or Lightning here).
+"""The Optuna pruner a trial's `PrunerSpec` declares, and the study storage it reports to, for both trainers (no torch
+or Lightning here).
 
 `training.pruning` (Lightning) and `training.gbt` (LightGBM) load the study with
 this pruner, so a trial is judged by the pruner its pipeline declared, and a
@@ -58,7 +59,9 @@ def open_trial_storage(url: str) -> Any:
         if storage.get_current_version() == schema_head(storage):
             return storage
         storage.engine.dispose()
-    except optuna.exceptions.StorageInternalError:  # no Optuna tables there, or no database: the default open says which
+    except (
+        optuna.exceptions.StorageInternalError
+    ):  # no Optuna tables there, or no database: the default open says which
         pass
     try:
         return optuna.storages.RDBStorage(url, **kwargs)
@@ -79,10 +82,14 @@ def build_pruner(spec: PrunerSpec, max_epochs: Optional[int] = None) -> Any:
         return optuna.pruners.NopPruner()
     if spec.kind == "median":
         return optuna.pruners.MedianPruner(
-            n_startup_trials=spec.n_startup_trials, n_warmup_steps=spec.n_warmup_steps, interval_steps=spec.interval_steps
+            n_startup_trials=spec.n_startup_trials,
+            n_warmup_steps=spec.n_warmup_steps,
+            interval_steps=spec.interval_steps,
         )
     if spec.kind == "successive_halving":
-        return optuna.pruners.SuccessiveHalvingPruner(min_resource=spec.min_resource, reduction_factor=spec.reduction_factor)
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=spec.min_resource, reduction_factor=spec.reduction_factor
+        )
     if spec.kind == "hyperband":
         max_resource = spec.max_resource or max_epochs
         if max_resource is None:

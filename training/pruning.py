@@ -80,7 +80,10 @@ class OptunaPruning(Callback):
         except KeyError as e:
             raise ConfigError(f"optuna study {self.spec.study_name!r} does not exist in {where}") from e
         if len(self._study.directions) > 1:
-            raise ConfigError(f"study {self.spec.study_name!r} has {len(self._study.directions)} objectives; Optuna prunes single-objective studies only")
+            raise ConfigError(
+                f"study {self.spec.study_name!r} has {len(self._study.directions)} objectives; Optuna prunes "
+                "single-objective studies only"
+            )
         study_id = self._storage.get_study_id_from_name(self.spec.study_name)
         try:
             self._trial_id = self._storage.get_trial_id_from_study_id_trial_number(study_id, self.spec.trial_number)
@@ -101,7 +104,10 @@ class OptunaPruning(Callback):
     def decide(self, epoch: int, value: Optional[float]) -> dict[str, Any]:
         """Rank 0: report `value` at `epoch` and ask the pruner; what every rank acts on."""
         if value is None:
-            return {"prune": False, "error": f"metric {self.metric!r} was not logged during validation; pruning reports it every epoch"}
+            return {
+                "prune": False,
+                "error": f"metric {self.metric!r} was not logged during validation; pruning reports it every epoch",
+            }
         self._storage.set_trial_intermediate_value(self._trial_id, epoch, value)
         self.reported.append((epoch, value))
         frozen = self._storage.get_trial(self._trial_id)
@@ -125,7 +131,13 @@ class OptunaPruning(Callback):
             self.pruned_value = decision["value"]
             trainer.should_stop = True
             if trainer.is_global_zero:
-                log.info("trial %d pruned at epoch %d (%s=%.4g)", self.spec.trial_number, epoch, self.metric, decision["value"])
+                log.info(
+                    "trial %d pruned at epoch %d (%s=%.4g)",
+                    self.spec.trial_number,
+                    epoch,
+                    self.metric,
+                    decision["value"],
+                )
 
 
 def pruning_callback(spec: TrainSpec) -> Optional[OptunaPruning]:

@@ -10,7 +10,9 @@ def rank_range(begin: int, end: int) -> str:
     return f"rank {begin}" if end - begin == 1 else f"ranks {begin}-{end - 1}"
 
 
-def keep_global_batch(saved: Optional[dict[str, int]], data_parallel: int, batch_size: int) -> tuple[int, Optional[str]]:
+def keep_global_batch(
+    saved: Optional[dict[str, int]], data_parallel: int, batch_size: int
+) -> tuple[int, Optional[str]]:
     """(accumulate_grad_batches, what changed) for a run of `data_parallel` ranks x `batch_size` resuming a checkpoint
     trained at `saved` (`{"data_parallel", "batch_size", "accumulate"}`, None: not recorded).
 
@@ -21,8 +23,12 @@ def keep_global_batch(saved: Optional[dict[str, int]], data_parallel: int, batch
     Example:
         >>> keep_global_batch({"data_parallel": 4, "batch_size": 8, "accumulate": 1}, 2, 8)
         (2, None)
-        >>> keep_global_batch({"data_parallel": 2, "batch_size": 8, "accumulate": 1}, 4, 8)
-        (1, 'global batch 16 -> 32 (data-parallel ranks 2 -> 4, per-rank batch 8 -> 8): 16 is not a multiple of 4 x 8, so gradient accumulation cannot keep it')
+        >>> accumulate, message = keep_global_batch({"data_parallel": 2, "batch_size": 8, "accumulate": 1}, 4, 8)
+        >>> accumulate
+        1
+        >>> print(message)  # doctest: +NORMALIZE_WHITESPACE
+        global batch 16 -> 32 (data-parallel ranks 2 -> 4, per-rank batch 8 -> 8): 16 is not a multiple of 4 x 8,
+        so gradient accumulation cannot keep it
     """
     if not saved:
         return 1, None
@@ -30,6 +36,8 @@ def keep_global_batch(saved: Optional[dict[str, int]], data_parallel: int, batch
     step = data_parallel * batch_size
     if before % step == 0:
         return before // step, None
-    return 1, (f"global batch {before} -> {step} (data-parallel ranks {saved['data_parallel']} -> {data_parallel}, per-rank "
-               f"batch {saved['batch_size']} -> {batch_size}): {before} is not a multiple of {data_parallel} x {batch_size}, "
-               "so gradient accumulation cannot keep it")
+    return 1, (
+        f"global batch {before} -> {step} (data-parallel ranks {saved['data_parallel']} -> {data_parallel}, per-rank "
+        f"batch {saved['batch_size']} -> {batch_size}): {before} is not a multiple of {data_parallel} x {batch_size}, "
+        "so gradient accumulation cannot keep it"
+    )

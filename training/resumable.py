@@ -89,7 +89,8 @@ class ResumableSampler(Sampler[int]):
         self._start = samples_done
 
     def remaining(self, samples_done: int) -> int:
-        """Samples this rank trains in an epoch resumed at position `samples_done` (the last ones padded like the epoch)."""
+        """Samples this rank trains in an epoch resumed at position `samples_done` (the last ones padded like the
+        epoch)."""
         return math.ceil(max(0, self.length - samples_done) / self.world)
 
     def order(self, epoch: int) -> list[int]:

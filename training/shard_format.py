@@ -79,7 +79,8 @@ class ShardFormatError(Exception):
 
 
 def storage_options_for(uri: str) -> dict[str, Any]:
-    """The `storage_options` litdata (boto3) needs for `uri`: the endpoint of `$AWS_ENDPOINT_URL` for s3://, else `{}`."""
+    """The `storage_options` litdata (boto3) needs for `uri`: the endpoint of `$AWS_ENDPOINT_URL` for s3://, else
+    `{}`."""
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     return {"endpoint_url": endpoint} if uri.startswith("s3://") and endpoint else {}
 
@@ -106,8 +107,10 @@ def allow_plain_http(storage_options: dict[str, Any]) -> None:
 
     options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
     if not isinstance(options, dict):
-        raise ShardFormatError("litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS is gone: litdata changed how it builds obstore "
-                               f"stores; reading from the plain-HTTP endpoint {endpoint} needs a new adapter in training/shard_format.py")
+        raise ShardFormatError(
+            "litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS is gone: litdata changed how it builds obstore "
+            f"stores; reading from the plain-HTTP endpoint {endpoint} needs a new adapter in training/shard_format.py"
+        )
     if options.get("allow_http") != "true":
         downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": "true"}
 
@@ -155,8 +158,15 @@ def read_meta(uri: str, storage_options: Optional[dict[str, Any]] = None) -> dic
         meta = json.loads(raw)
     except ValueError as e:
         raise ShardFormatError(f"{uri}/{META_FILE} is not JSON: {e}") from e
-    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION or meta.get("kind") not in ("text", "image"):
-        raise ShardFormatError(f"{uri}/{META_FILE} is not a shard split of format version {FORMAT_VERSION} (kind text or image): {str(meta)[:200]}")
+    if (
+        not isinstance(meta, dict)
+        or meta.get("format_version") != FORMAT_VERSION
+        or meta.get("kind") not in ("text", "image")
+    ):
+        raise ShardFormatError(
+            f"{uri}/{META_FILE} is not a shard split of format version {FORMAT_VERSION} (kind text or image): "
+            f"{str(meta)[:200]}"
+        )
     return meta
 
 
@@ -195,7 +205,9 @@ def open_split(
     kwargs: dict[str, Any] = dict(dataset_kwargs)
     if meta["kind"] == "text":
         if sample_tokens is None or sample_tokens < 1:
-            raise ValueError(f"open_split({uri!r}): a text split needs sample_tokens >= 1 (block_size + 1), got {sample_tokens!r}")
+            raise ValueError(
+                f"open_split({uri!r}): a text split needs sample_tokens >= 1 (block_size + 1), got {sample_tokens!r}"
+            )
         kwargs["item_loader"] = TokensLoader(block_size=sample_tokens)
     if cache_dir is not None:
         kwargs["cache_dir"] = cache_dir
@@ -224,7 +236,9 @@ def chunk_items(data: bytes, name: str = "chunk") -> list[memoryview]:
         raise ShardFormatError(f"{name}: header says {count} items, more than {len(data)} bytes can hold")
     offsets = np.frombuffer(data, _HEADER, count=count + 1, offset=4).astype(np.int64)
     if count and (offsets[0] != header or np.any(np.diff(offsets) < 0) or offsets[-1] != len(data)):
-        raise ShardFormatError(f"{name}: item offsets {offsets[:3].tolist()}..{offsets[-1:].tolist()} do not fit its {len(data)} bytes")
+        raise ShardFormatError(
+            f"{name}: item offsets {offsets[:3].tolist()}..{offsets[-1:].tolist()} do not fit its {len(data)} bytes"
+        )
     view = memoryview(data)
     return [view[offsets[i]:offsets[i + 1]] for i in range(count)]
 
@@ -301,7 +315,13 @@ class _DocumentsTable:
     def __init__(self, path: str, size_column: str, with_label: bool) -> None:
         import pyarrow as pa
 
-        fields = [("index", pa.int64()), ("file", pa.string()), ("record", pa.int64()), (size_column, pa.int64()), ("sha1", pa.string())]
+        fields = [
+            ("index", pa.int64()),
+            ("file", pa.string()),
+            ("record", pa.int64()),
+            (size_column, pa.int64()),
+            ("sha1", pa.string()),
+        ]
         if with_label:
             fields.append(("label", pa.int64()))
         self.schema = pa.schema(fields)
@@ -321,7 +341,9 @@ class _DocumentsTable:
         if self.writer is None:
             self.writer = pq.ParquetWriter(self.path, self.schema, compression="zstd")
         columns: list[Any] = list(zip(*self.rows)) if self.rows else [[] for _ in self.schema]
-        self.writer.write_table(pa.table([pa.array(c, f.type) for c, f in zip(columns, self.schema)], schema=self.schema))
+        self.writer.write_table(
+            pa.table([pa.array(c, f.type) for c, f in zip(columns, self.schema)], schema=self.schema)
+        )
         self.rows = []
 
     def close(self) -> None:
@@ -366,7 +388,13 @@ class _SplitWriter:
             **meta,
             "format_version": FORMAT_VERSION,
             "items": self.items,
-            "chunks": {n: {"sha256": file_sha256(os.path.join(self.dir, n)), "bytes": os.path.getsize(os.path.join(self.dir, n))} for n in chunks},
+            "chunks": {
+                n: {
+                    "sha256": file_sha256(os.path.join(self.dir, n)),
+                    "bytes": os.path.getsize(os.path.join(self.dir, n)),
+                }
+                for n in chunks
+            },
         }
         with open(os.path.join(self.dir, META_FILE), "w") as f:
             json.dump(meta, f, sort_keys=True, indent=1)
@@ -386,12 +414,15 @@ class TextSplitWriter(_SplitWriter):
     """Writes one text split: documents as token-id items, their unigram counts, the tokenizer beside them.
 
     Example:
-        >>> w = TextSplitWriter("/tmp/train", vocab_size=257, eos_id=256, tokenizer_json=b'{"type": "bytes"}', shard_bytes=1 << 22)  # doctest: +SKIP
+        >>> w = TextSplitWriter("/tmp/train", vocab_size=257, eos_id=256,  # doctest: +SKIP
+        ...                     tokenizer_json=b'{"type": "bytes"}', shard_bytes=1 << 22)
         >>> w.add(np.frombuffer(b"hello", np.uint8), Provenance("landing/a.txt", 0, "..."))  # doctest: +SKIP
         >>> meta = w.close()  # doctest: +SKIP
     """
 
-    def __init__(self, local_dir: str, *, vocab_size: int, eos_id: int, tokenizer_json: bytes, shard_bytes: int) -> None:
+    def __init__(
+        self, local_dir: str, *, vocab_size: int, eos_id: int, tokenizer_json: bytes, shard_bytes: int
+    ) -> None:
         super().__init__(local_dir, shard_bytes, "tokens", with_label=False, tokens=True)
         self.vocab_size = vocab_size
         self.eos_id = eos_id
@@ -424,9 +455,26 @@ class TextSplitWriter(_SplitWriter):
 class ImageSplitWriter(_SplitWriter):
     """Writes one image split: `{"image", "label", "id"}` items of a declared shape and dtype."""
 
-    def __init__(self, local_dir: str, *, shape: list[int], dtype: str, min: float, max: float, labels: list[Any], shard_bytes: int) -> None:
+    def __init__(
+        self,
+        local_dir: str,
+        *,
+        shape: list[int],
+        dtype: str,
+        min: float,
+        max: float,
+        labels: list[Any],
+        shard_bytes: int,
+    ) -> None:
         super().__init__(local_dir, shard_bytes, "bytes", with_label=True, tokens=False)
-        self.meta = {"kind": "image", "shape": list(shape), "dtype": dtype, "min": min, "max": max, "labels": list(labels)}
+        self.meta = {
+            "kind": "image",
+            "shape": list(shape),
+            "dtype": dtype,
+            "min": min,
+            "max": max,
+            "labels": list(labels),
+        }
 
     def add(self, image: np.ndarray, label: int, item_id: int, provenance: Provenance) -> None:
         """Append one image (stored as given: validation judges shape, dtype and range) with its label index and id."""

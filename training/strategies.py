@@ -88,7 +88,8 @@ def trainer_kwargs(dist: Distribution, env_world_size: int) -> dict[str, Any]:
     if env_world_size != dist.world_size:
         raise StrategyConfigError(
             f"distribution asks for world size {dist.world_size} ({dist.nodes} nodes x {dist.procs_per_node} "
-            f"processes) but this process group has {env_world_size}; launch with torchrun --nproc-per-node {dist.procs_per_node}"
+            f"processes) but this process group has {env_world_size}; launch with torchrun --nproc-per-node "
+            f"{dist.procs_per_node}"
         )
     kwargs: dict[str, Any] = {"accelerator": dist.accelerator, "devices": dist.procs_per_node, "num_nodes": dist.nodes}
     if dist.world_size == 1:
@@ -139,7 +140,9 @@ class CheckedModelParallelStrategy(ModelParallelStrategy):
             return super().save_checkpoint(checkpoint, filepath, storage_options)
         self._saves += 1  # saves are collective, so the count (and the token) agrees on every rank
         opts = dict(storage_options or {})
-        opts["shard"] = ShardSpec(rank=self.global_rank, world_size=self.world_size, token=f"{self.shard_token}:{self._saves}")
+        opts["shard"] = ShardSpec(
+            rank=self.global_rank, world_size=self.world_size, token=f"{self.shard_token}:{self._saves}"
+        )
         self.committed_io.save_checkpoint(localize_dtensors(checkpoint), filepath, opts)
 
     @override
@@ -154,9 +157,17 @@ class CheckedModelParallelStrategy(ModelParallelStrategy):
         resharded = restore_sharded(self.model, [getattr(o, "_optimizer", o) for o in self.optimizers], state,
                                     lambda: self.committed_io.store.iter_shards(name))
         if resharded and self.global_rank == 0:
-            log.info("resharded %d tensors of checkpoint %s from %s ranks to %d in %.2f s (each rank read the %s saved shards one "
-                     "at a time and kept its own region)", resharded, loaded.uri, loaded.world_size, self.world_size,
-                     time.perf_counter() - started, loaded.world_size)
+            log.info(
+                "resharded %d tensors of checkpoint %s from %s ranks to %d in %.2f s (each rank read the %s saved "
+                "shards one "
+                "at a time and kept its own region)",
+                resharded,
+                loaded.uri,
+                loaded.world_size,
+                self.world_size,
+                time.perf_counter() - started,
+                loaded.world_size,
+            )
         return state
 
 
@@ -167,10 +178,13 @@ def _place(saved: Any, like: Any, where: str, path: tuple[Any, ...], regions: di
         return saved
     if not isinstance(like, DTensor):
         raise CheckpointLayoutError(
-            f"checkpoint holds a shard of {where} but the model's {where} is not sharded; resume with a sharded strategy (fsdp, tp)"
+            f"checkpoint holds a shard of {where} but the model's {where} is not sharded; resume with a sharded "
+            "strategy (fsdp, tp)"
         )
     if list(like.shape) != list(saved["global_shape"]):
-        raise CheckpointLayoutError(f"checkpoint's {where} has shape {saved['global_shape']}, the model's {list(like.shape)}")
+        raise CheckpointLayoutError(
+            f"checkpoint's {where} has shape {saved['global_shape']}, the model's {list(like.shape)}"
+        )
     shape, offset = region_of(like)
     if not fits_region(saved, shape, offset):
         regions[path] = Region(list(like.shape), shape, offset, saved["local"].dtype, where)
@@ -217,8 +231,16 @@ def restore_sharded(model: nn.Module, optimizers: list[Any], state: dict[str, An
     osds = state.pop("optimizer_states", [])
     per_optimizer = [
         {
-            fqn: {k: _place(v, live.get(fqn), f"optimizer {i} state {k!r} of {fqn!r}", ("optimizer_states", i, "state", fqn, k), regions)
-                  for k, v in values.items()}
+            fqn: {
+                k: _place(
+                    v,
+                    live.get(fqn),
+                    f"optimizer {i} state {k!r} of {fqn!r}",
+                    ("optimizer_states", i, "state", fqn, k),
+                    regions,
+                )
+                for k, v in values.items()
+            }
             for fqn, values in osd["state"].items()
         }
         for i, osd in enumerate(osds)
@@ -226,7 +248,8 @@ def restore_sharded(model: nn.Module, optimizers: list[Any], state: dict[str, An
     if regions:
         if shards is None:
             raise CheckpointLayoutError(
-                f"checkpoint's shards do not match this rank's placement of {next(iter(regions.values())).where} and no "
+                f"checkpoint's shards do not match this rank's placement of {next(iter(regions.values())).where} and "
+                "no "
                 "saved shards were given to reshard from"
             )
         for path, local in assemble_regions(regions, shards()).items():
@@ -239,9 +262,13 @@ def restore_sharded(model: nn.Module, optimizers: list[Any], state: dict[str, An
     def placed(value: Any, like: Any) -> Any:
         return _as_dtensor(value["local"], like) if is_dtensor_marker(value) else value
 
-    set_model_state_dict(model, {k: placed(v, live.get(k)) for k, v in weights.items()}, options=StateDictOptions(strict=True))
+    set_model_state_dict(
+        model, {k: placed(v, live.get(k)) for k, v in weights.items()}, options=StateDictOptions(strict=True)
+    )
     for optimizer, osd, per_param in zip(optimizers, osds, per_optimizer):
-        values: DictValueType = {fqn: {k: placed(v, live.get(fqn)) for k, v in vs.items()} for fqn, vs in per_param.items()}
+        values: DictValueType = {
+            fqn: {k: placed(v, live.get(fqn)) for k, v in vs.items()} for fqn, vs in per_param.items()
+        }
         set_optimizer_state_dict(model, optimizer, {"state": values, "param_groups": osd["param_groups"]})
     return len(regions)
 
@@ -278,18 +305,23 @@ def check_model_supports(model: Any, dist: Distribution) -> None:
     members = {id(m) for m in model.modules()}
     for unit in units:
         if unit is model or id(unit) not in members:
-            raise StrategyConfigError(f"model {name}: fsdp_units() must return proper submodules of the model, got {type(unit).__name__}")
+            raise StrategyConfigError(
+                f"model {name}: fsdp_units() must return proper submodules of the model, got {type(unit).__name__}"
+            )
     if dist.strategy != "tp":
         return
     plan = model.tensor_parallel_plan()
     if not plan:
         raise StrategyConfigError(
             f"model {name} does not support strategy 'tp': tensor_parallel_plan() is empty; return "
-            "{submodule FQN: ColwiseParallel() | RowwiseParallel()}, e.g. {'mlp.up': ColwiseParallel(), 'mlp.down': RowwiseParallel()}"
+            "{submodule FQN: ColwiseParallel() | RowwiseParallel()}, e.g. {'mlp.up': ColwiseParallel(), 'mlp.down': "
+            "RowwiseParallel()}"
         )
     for fqn, style in plan.items():
         if not isinstance(style, ParallelStyle):
-            raise StrategyConfigError(f"model {name}: tensor_parallel_plan()[{fqn!r}] is {style!r}, not a ParallelStyle")
+            raise StrategyConfigError(
+                f"model {name}: tensor_parallel_plan()[{fqn!r}] is {style!r}, not a ParallelStyle"
+            )
         targets = _matching_modules(model, fqn)
         if not targets:
             children = sorted(n for n, _ in model.named_modules() if n)
@@ -347,7 +379,9 @@ def full_state_dict(checkpoint_path: str) -> dict[str, Tensor]:
             return load_payload(f.read(), checkpoint_path)["state_dict"]
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     if "file" not in protocols:
-        raise ValueError(f"distributed checkpoint {checkpoint_path!r}: only local (or mounted) directories can be read back")
+        raise ValueError(
+            f"distributed checkpoint {checkpoint_path!r}: only local (or mounted) directories can be read back"
+        )
     prefix = "state_dict."
     reader = PlainMetadataReader(path)
     metadata = reader.read_metadata()
@@ -373,7 +407,9 @@ def is_sharded(model: nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
-def evaluation_model(model: L.LightningModule, checkpoint_path: str, rebuild: Callable[[], L.LightningModule]) -> L.LightningModule:
+def evaluation_model(
+    model: L.LightningModule, checkpoint_path: str, rebuild: Callable[[], L.LightningModule]
+) -> L.LightningModule:
     """An unsharded model holding the weights of `checkpoint_path`, for evaluation and export in one process.
 
     `model` itself when it is unsharded (DDP, one process); otherwise a fresh

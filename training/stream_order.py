@@ -75,7 +75,8 @@ class EpochStream:
 
 
 def batches_per_rank(total: int, batch_size: int, world: int, drop_last: bool = True) -> int:
-    """Batches each rank trains in an epoch of `total` samples (`drop_last`), or the one rank's batches (last one partial)."""
+    """Batches each rank trains in an epoch of `total` samples (`drop_last`), or the one rank's batches (last one
+    partial)."""
     if drop_last:
         return total // (world * batch_size)
     if world != 1:

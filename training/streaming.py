@@ -164,7 +164,9 @@ class _PlannedDataset(StreamingDataset):
         self.on_demand_bytes = False
         stream = EpochStream(intervals, self.seed, plan.epoch, plan.shuffle)
         workers, worker = self.worker_env.world_size, self.worker_env.rank
-        visits = worker_plan(stream, self.batch_size, plan.world, plan.rank, workers, worker, plan.start, plan.drop_last)
+        visits = worker_plan(
+            stream, self.batch_size, plan.world, plan.rank, workers, worker, plan.start, plan.drop_last
+        )
         self.worker_chunks = [int(stream.order[v.position]) for v in visits]
         self.worker_intervals = [[0, 0, v.size, v.size] for v in visits]
         self._elastic_item_lists = VisitItems(stream, visits)
@@ -187,7 +189,8 @@ class _PlannedDataset(StreamingDataset):
 
 
 class _IdPlannedDataset(_PlannedDataset):
-    """`_PlannedDataset` returning `(item id, item)`: text batches with ids need the block's index, which the item lacks.
+    """`_PlannedDataset` returning `(item id, item)`: text batches with ids need the block's index, which the item
+    lacks.
 
     A class apart so that the loader without ids keeps litdata's own `__getitem__`: one Python frame and a tuple less
     per sample, ~4% of the loader's time on 129-token blocks (`bench.stream_throughput`).
@@ -255,7 +258,9 @@ class ShardLoader(StreamingDataLoader):
         if not 0 <= rank < world:
             raise ValueError(f"rank {rank} is outside world size {world}")
         if not drop_last and world != 1:
-            raise ValueError("an evaluation loader (drop_last=False) reads the whole split on one rank; world must be 1")
+            raise ValueError(
+                "an evaluation loader (drop_last=False) reads the whole split on one rank; world must be 1"
+            )
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers must be off: each epoch's workers get that epoch's plan")
         super().__init__(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_fn, **kwargs)
@@ -292,7 +297,9 @@ class ShardLoader(StreamingDataLoader):
     def __iter__(self) -> Iterator[Any]:
         epoch, start = self._epoch, self._start
         self._epoch, self._start = epoch + 1, 0
-        self.dataset.plan = _Plan(epoch, start, self.world, self.rank, self.shuffle, self.plan_drop_last, self.shared_ranks)
+        self.dataset.plan = _Plan(
+            epoch, start, self.world, self.rank, self.shuffle, self.plan_drop_last, self.shared_ranks
+        )
         self.restore = False  # litdata's own resume is not used: the plan says where to start
         yield from super().__iter__()
 
@@ -323,7 +330,9 @@ class ShardLoader(StreamingDataLoader):
         epoch, done = int(state["epoch"]), int(state["batches_done"])
         world, batch = int(state.get("world", self.world)), int(state.get("batch_size", self.batch_size or 1))
         start = int(state.get("samples_done", done * world * batch))
-        left = batches_per_rank(max(0, self.samples - start), int(self.batch_size or 1), self.world, self.plan_drop_last)
+        left = batches_per_rank(
+            max(0, self.samples - start), int(self.batch_size or 1), self.world, self.plan_drop_last
+        )
         done = len(self) - left
         if left == 0:  # saved at the end of an epoch: the next one starts fresh
             epoch, done, start = epoch + 1, 0, 0
@@ -437,7 +446,8 @@ class StreamingShardDataModule(L.LightningDataModule):
 
     @property
     def tokenizer_path(self) -> Optional[str]:
-        """Local path of the text split's tokenizer file (`meta["tokenizer"]`), fetched into the cache; None without one."""
+        """Local path of the text split's tokenizer file (`meta["tokenizer"]`), fetched into the cache; None without
+        one."""
         name = self.meta.get("tokenizer")
         if self.kind != "text" or not name:
             return None
@@ -541,7 +551,8 @@ class StreamingShardDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> ShardLoader:
-        # Shard by the strategy's data-parallel rank: under tensor parallelism the ranks of one group see the same batch.
+        # Shard by the strategy's data-parallel rank: under tensor parallelism the ranks of one group see the same
+        # batch.
         rank, world = _data_parallel_place(self.trainer)
         epoch = int(self.trainer.current_epoch) if self.trainer is not None else 0
         return self._loader("train", train=True, rank=rank, world=world, epoch=epoch)

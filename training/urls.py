@@ -15,7 +15,9 @@ _URL_PASSWORD = re.compile(r"(?P<head>://(?P<user>[^/?#:@\s]*):)[^@\s]*(?:@[^@\s
 # Query parameters (and libpq `key=value` settings) that carry a secret.
 SECRET_PARAMS = ("password", "passwd", "pwd", "sslpassword", "secret", "token", "access_token", "api_key", "apikey",
                  "aws_secret_access_key", "aws_session_token", "x-amz-signature", "x-amz-security-token")
-_SECRET_PARAM = re.compile(r"(?P<head>(?<![\w-])(?:" + "|".join(map(re.escape, SECRET_PARAMS)) + r")=)[^&;#\s'\"]+", re.IGNORECASE)
+_SECRET_PARAM = re.compile(
+    r"(?P<head>(?<![\w-])(?:" + "|".join(map(re.escape, SECRET_PARAMS)) + r")=)[^&;#\s'\"]+", re.IGNORECASE
+)
 
 
 def redact_url(url: str) -> str:
@@ -53,7 +55,8 @@ def url_has_credentials(url: str) -> bool:
 
 
 def same_database(a: str, b: str) -> bool:
-    """Whether URLs `a` and `b` name the same database: same dialect, host, port and path (user, driver, credentials and query aside).
+    """Whether URLs `a` and `b` name the same database: same dialect, host, port and path (user, driver, credentials and
+    query aside).
 
     A team's Secret may hold its own database user for the orchestrator's database.
     """

@@ -1,4 +1,5 @@
-"""Hung and slow ranks: each rank's step progress, and the agent's watch over it (docs/operations.md, "Hung and slow ranks").
+"""Hung and slow ranks: each rank's step progress, and the agent's watch over it (docs/operations.md, "Hung and slow
+ranks").
 
 Two halves, one per side of torchrun:
 
@@ -71,7 +72,8 @@ STRAGGLER_MIN_SHARE = 0.05  # a straggler's excess local time is at least this s
 PHASES = ("starting", "step end, loading data", "validation", "forward", "backward", "optimizer", "done")
 STARTING, STEP_END, VALIDATION, FORWARD, BACKWARD, OPTIMIZER, DONE = range(len(PHASES))
 
-# pid, restart, global_step, phase, steps (batches done), timed_steps (in sum_step), progress_time, sum_step, sum_local, started
+# pid, restart, global_step, phase, steps (batches done), timed_steps (in sum_step), progress_time, sum_step, sum_local,
+# started
 _FORMAT = struct.Struct("<6q4d")
 
 
@@ -162,7 +164,9 @@ def innermost_frames(dump: str, n: int = INNERMOST_FRAMES) -> list[str]:
     starts = [m.start() for m in _THREAD.finditer(dump)]
     blocks = [dump[a:b] for a, b in zip(starts, starts[1:] + [len(dump)])] or [dump]
     frames_of = [re.findall(r'File "([^"]+)", line (\d+) in (\S+)', b) for b in blocks]
-    main = next((f for f in frames_of if any(fn in _MAIN_FRAMES for _, _, fn in f)), next((f for f in frames_of if f), []))
+    main = next(
+        (f for f in frames_of if any(fn in _MAIN_FRAMES for _, _, fn in f)), next((f for f in frames_of if f), [])
+    )
     return [f"{path}:{line} in {fn}" for path, line, fn in main[:n]]
 
 
@@ -201,7 +205,18 @@ class ProgressRecord:
         self._file = open(path, "r+b")  # open for the life of the record
         self._map = mmap.mmap(self._file.fileno(), _FORMAT.size)
         now = time.time()
-        self.values: list[Any] = [os.getpid(), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0, STARTING, 0, 0, now, 0.0, 0.0, now]
+        self.values: list[Any] = [
+            os.getpid(),
+            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            0,
+            STARTING,
+            0,
+            0,
+            now,
+            0.0,
+            0.0,
+            now,
+        ]
         self.write()
 
     def write(self) -> None:
@@ -235,7 +250,8 @@ def read_gang_window(directory: str) -> Optional[dict[str, Any]]:
 
 @dataclass
 class _Rank:
-    """What the agent keeps of one rank: its samples (steps, timed steps, sum_step, sum_local, steps in sum_local) for window means."""
+    """What the agent keeps of one rank: its samples (steps, timed steps, sum_step, sum_local, steps in sum_local) for
+    window means."""
 
     pid: int
     samples: deque[tuple[int, int, float, float, int]] = field(default_factory=lambda: deque(maxlen=4096))
@@ -265,8 +281,17 @@ class GangWatchdog:
         nodes: the gang's node count; above 1, stragglers are judged from rank 0's gang-wide window.
     """
 
-    def __init__(self, directory: str, policy: WatchdogPolicy, output_uri: str, launch: str, say: Callable[[str], None],
-                 clock: Callable[[], float] = time.time, kill: Callable[[int, int], None] = os.kill, nodes: int = 1) -> None:
+    def __init__(
+        self,
+        directory: str,
+        policy: WatchdogPolicy,
+        output_uri: str,
+        launch: str,
+        say: Callable[[str], None],
+        clock: Callable[[], float] = time.time,
+        kill: Callable[[int, int], None] = os.kill,
+        nodes: int = 1,
+    ) -> None:
         self.directory = directory
         self.nodes = nodes
         self._gang_seen: Optional[tuple[Any, Any]] = None  # (restart, steps) of the gang window last judged
@@ -295,7 +320,8 @@ class GangWatchdog:
         return found
 
     def _window(self, p: Progress) -> tuple[Optional[float], Optional[float]]:
-        """(mean step seconds, mean local seconds) over at least `straggler_window_steps` recent steps; None: too few."""
+        """(mean step seconds, mean local seconds) over at least `straggler_window_steps` recent steps; None: too
+        few."""
         state = self.ranks.get(p.rank)
         if state is None or state.pid != p.pid:
             state = self.ranks[p.rank] = _Rank(p.pid)
@@ -320,7 +346,9 @@ class GangWatchdog:
         stalled = {}
         for r, p in ranks.items():
             mean = means[r][0]
-            limit = self.policy.hang_timeout((mean if mean is not None else 0.0) if p.steps else None)  # one step done: the floor
+            limit = self.policy.hang_timeout(
+                (mean if mean is not None else 0.0) if p.steps else None
+            )  # one step done: the floor
             if limit is not None and now - p.progress_time > limit:
                 stalled[r] = limit
         if stalled:
@@ -346,13 +374,26 @@ class GangWatchdog:
             if (r in slow) == (r in self._gang_straggling):
                 continue
             (self._gang_straggling.add if r in slow else self._gang_straggling.discard)(r)
-            message = self._straggler_message(f"rank {r} on pod {row.get('pod')} (node {row.get('node')})", local[r], slow.get(r), step,
-                                              f"gang's {n}")
-            self._event("straggler" if r in slow else "straggler_cleared", r, ranks[0], message, pod=row.get("pod"), node=row.get("node"),
-                        step=window.get("global_step"), local_seconds=local[r], step_seconds=step, others_median_seconds=slow.get(r),
-                        factor=self.policy.straggler_factor)
+            message = self._straggler_message(
+                f"rank {r} on pod {row.get('pod')} (node {row.get('node')})", local[r], slow.get(r), step, f"gang's {n}"
+            )
+            self._event(
+                "straggler" if r in slow else "straggler_cleared",
+                r,
+                ranks[0],
+                message,
+                pod=row.get("pod"),
+                node=row.get("node"),
+                step=window.get("global_step"),
+                local_seconds=local[r],
+                step_seconds=step,
+                others_median_seconds=slow.get(r),
+                factor=self.policy.straggler_factor,
+            )
 
-    def _stragglers(self, ranks: dict[int, Progress], means: dict[int, tuple[Optional[float], Optional[float]]]) -> None:
+    def _stragglers(
+        self, ranks: dict[int, Progress], means: dict[int, tuple[Optional[float], Optional[float]]]
+    ) -> None:
         local = {r: m[1] for r, m in means.items() if m[1] is not None}
         steps = [m[0] for r, m in means.items() if r in local and m[0] is not None]
         if len(local) < 2 or not steps:
@@ -365,17 +406,27 @@ class GangWatchdog:
                 continue
             state.straggling = r in slow
             kind = "straggler" if r in slow else "straggler_cleared"
-            message = self._straggler_message(f"rank {r} on pod {pod_name()} (node {node_name()})", local[r], slow.get(r), step,
-                                              f"{self.policy.straggler_window_steps}+")
+            message = self._straggler_message(
+                f"rank {r} on pod {pod_name()} (node {node_name()})",
+                local[r],
+                slow.get(r),
+                step,
+                f"{self.policy.straggler_window_steps}+",
+            )
             self._event(kind, r, ranks[r], message, local_seconds=local[r], step_seconds=step,
                         others_median_seconds=slow.get(r), factor=self.policy.straggler_factor)
 
     def _straggler_message(self, where: str, local: float, median: Optional[float], step: float, window: str) -> str:
-        """What the run log says when a rank becomes a straggler (`median`: the others' median) or stops being one (None)."""
+        """What the run log says when a rank becomes a straggler (`median`: the others' median) or stops being one
+        (None)."""
         if median is None:
             return f"{where} is no longer a straggler (data+forward {local:.3f} s a step)"
-        return (f"{where} is a straggler: data+forward {local:.3f} s a step over the last {window} steps, {local / median:.1f}x the other "
-                f"ranks' median {median:.3f} s (threshold {self.policy.straggler_factor:g}x); every step waits for it (step {step:.3f} s)")
+        return (
+            f"{where} is a straggler: data+forward {local:.3f} s a step over the last {window} steps, "
+            f"{local / median:.1f}x the other "
+            f"ranks' median {median:.3f} s (threshold {self.policy.straggler_factor:g}x); every step waits for it "
+            f"(step {step:.3f} s)"
+        )
 
     def _hang(self, ranks: dict[int, Progress], stalled: dict[int, float], now: float) -> dict[str, Any]:
         blamed = culprit(ranks)
@@ -389,18 +440,38 @@ class GangWatchdog:
         others = ", ".join(f"rank {r} at {q.where()}" for r, q in sorted(ranks.items()) if r != blamed)
         # Every rank of this pod in the same collective: none is behind, the one they wait for may be on another node.
         alike = len({q.position for q in ranks.values()}) == 1 and p.phase in (BACKWARD, OPTIMIZER)
-        message = (f"rank {blamed} on pod {pod_name()} (node {node_name()}) hung at {p.where()}: no progress for {silent:.1f} s "
-                   f"(timeout {limit:.1f} s); stuck in " + (" <- ".join(frames) if frames else "(no stack dumped)")
-                   + (f"; the others waited: {others}" if others else "")
-                   + ("; every rank of this pod waits in the same collective: the rank they wait for may be on another node" if alike else ""))
+        message = (
+            f"rank {blamed} on pod {pod_name()} (node {node_name()}) hung at {p.where()}: no progress for "
+            f"{silent:.1f} s "
+            f"(timeout {limit:.1f} s); stuck in "
+            + (" <- ".join(frames) if frames else "(no stack dumped)")
+            + (f"; the others waited: {others}" if others else "")
+            + (
+                "; every rank of this pod waits in the same collective: the rank they wait for may be on another node"
+                if alike
+                else ""
+            )
+        )
         for q in ranks.values():
             self._kill_worker(q.pid)
         killed = self.clock()
         record = {
-            "rank": blamed, "launch": self.launch, "time": now, "category": "infra", "consequence": alike, "kind": "hang",
-            "error": f"Hang: {message}", "traceback": stacks.get(blamed, ""), "pod": pod_name(), "node": node_name(),
-            "stack": frames, "step": p.global_step, "phase": PHASES[p.phase], "restart": p.restart,
-            "silent_seconds": silent, "timeout_seconds": limit,
+            "rank": blamed,
+            "launch": self.launch,
+            "time": now,
+            "category": "infra",
+            "consequence": alike,
+            "kind": "hang",
+            "error": f"Hang: {message}",
+            "traceback": stacks.get(blamed, ""),
+            "pod": pod_name(),
+            "node": node_name(),
+            "stack": frames,
+            "step": p.global_step,
+            "phase": PHASES[p.phase],
+            "restart": p.restart,
+            "silent_seconds": silent,
+            "timeout_seconds": limit,
             "positions": {str(r): q.where() for r, q in ranks.items()},
             "stacks": {str(r): innermost_frames(s) for r, s in stacks.items()},
             "seconds": {"stack_dump": dumped - detected, "kill": killed - dumped},
@@ -421,7 +492,8 @@ class GangWatchdog:
         return record
 
     def _dump_stacks(self, ranks: dict[int, Progress]) -> dict[int, str]:
-        """Every rank's stack dump, asked for with `STACK_SIGNAL` and read once it stopped growing (up to `STACK_WAIT_SECONDS`)."""
+        """Every rank's stack dump, asked for with `STACK_SIGNAL` and read once it stopped growing (up to
+        `STACK_WAIT_SECONDS`)."""
         paths = {r: os.path.join(self.directory, f"rank-{r}.stack") for r in ranks}
         before = {r: os.path.getsize(p) if os.path.exists(p) else 0 for r, p in paths.items()}
         for p in ranks.values():
@@ -480,7 +552,10 @@ class GangWatchdog:
             with fs.open(found[-1], "r") as f:
                 record = json.load(f)
             record["status"] = status[:500]
-            write_atomic(join(self.output_uri, ATTEMPTS_DIR, found[-1].rsplit("/", 1)[-1]), json.dumps(record, indent=2, sort_keys=True).encode(),
-                         fsync=False)
+            write_atomic(
+                join(self.output_uri, ATTEMPTS_DIR, found[-1].rsplit("/", 1)[-1]),
+                json.dumps(record, indent=2, sort_keys=True).encode(),
+                fsync=False,
+            )
         except (OSError, ValueError) as e:
             self.say(f"cannot mark the hung attempt's record ({e})")

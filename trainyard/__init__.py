@@ -14,7 +14,16 @@ from trainyard.feast_source import FeastSourceSpec
 from trainyard.podconfig import PodConfig
 from trainyard.search import CategoricalParam, FloatParam, IntParam, Objective, PickPolicy, SearchSpec
 from trainyard.shardspec import ImageShards, TextShards
-from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, RetrainPolicy, RetrySpec, SourceSpec, SplitSpec
+from trainyard.spec import (
+    ColumnSpec,
+    ModelSpec,
+    PipelineSpec,
+    PromotionSpec,
+    RetrainPolicy,
+    RetrySpec,
+    SourceSpec,
+    SplitSpec,
+)
 from trainyard.team import TeamSpec
 
 __all__ = [

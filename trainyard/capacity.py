@@ -273,11 +273,17 @@ def plan(
             break
     fits = {k: e.total_gb <= usable for k, e in estimates.items()}
     per_device = {k: e.total_gb for k, e in estimates.items()}
-    lines = [f"usable memory {usable:.1f} of {device_memory_gb:.1f} GiB per device; {devices} devices on {nodes} node(s)"]
+    lines = [
+        f"usable memory {usable:.1f} of {device_memory_gb:.1f} GiB per device; {devices} devices on {nodes} node(s)"
+    ]
     for key, label in (("ddp", "DDP"), ("fsdp", f"FSDP over {devices}"), ("tp", "FSDP x TP")):
         if key in estimates:
             e = estimates[key]
-            name = f"FSDP x TP (tp={e.tensor_parallel_size}, dp={devices // e.tensor_parallel_size})" if key == "tp" else label
+            name = (
+                f"FSDP x TP (tp={e.tensor_parallel_size}, dp={devices // e.tensor_parallel_size})"
+                if key == "tp"
+                else label
+            )
             lines.append(f"{name}: {e.describe()} -> {'fits' if fits[key] else 'does not fit'}")
     if not tp_sizes:
         lines.append("FSDP x TP: one device per node, no tensor parallel group")

@@ -117,7 +117,13 @@ def render(rows: list[dict[str, Any]], fmt: str = "table", only_differences: boo
 
     table = [[cell(c) for c in cells] for cells in body]
     widths = [max(len(cells[i]) for cells in table) for i in range(len(cols))]
-    lines = [h.ljust(label_width) + "  " + "  ".join(cells[i].ljust(widths[i]) for cells in table) for i, h in enumerate(header)]
+    lines = [
+        h.ljust(label_width) + "  " + "  ".join(cells[i].ljust(widths[i]) for cells in table)
+        for i, h in enumerate(header)
+    ]
     if cut:
-        lines.append(f"(values longer than {CELL_WIDTH} characters are cut with {CUT_MARK}; --wide, --format markdown or csv show them whole)")
+        lines.append(
+            f"(values longer than {CELL_WIDTH} characters are cut with {CUT_MARK}; --wide, --format markdown or csv "
+            "show them whole)"
+        )
     return "\n".join(line.rstrip() for line in lines)

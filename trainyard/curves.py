@@ -67,7 +67,10 @@ def curves_markdown(rows: Sequence[dict[str, float]]) -> str:
         return f"{row[name]:.4g}" if name in row else ""
 
     return head + "\n".join(
-        f"| {int(r['epoch'])} | {int(r['step']) if 'step' in r else ''} | " + " | ".join(cell(r, n) for n in names) + " |" for r in rows
+        f"| {int(r['epoch'])} | {int(r['step']) if 'step' in r else ''} | "
+        + " | ".join(cell(r, n) for n in names)
+        + " |"
+        for r in rows
     )
 
 

@@ -44,7 +44,8 @@ class FeastSourceSpec(SourceSpec):
         project: The Feast project, when not the one of `feature_store.yaml`.
 
     Example:
-        >>> FeastSourceSpec(prefix="landing/commerce/churn", repo="feast/commerce", keys={"customer_id": ColumnSpec(dtype="int")},
+        >>> FeastSourceSpec(prefix="landing/commerce/churn", repo="feast/commerce",
+        ...                 keys={"customer_id": ColumnSpec(dtype="int")},
         ...                 features=["customer_stats:balance"]).views
         ['customer_stats']
     """
@@ -60,17 +61,25 @@ class FeastSourceSpec(SourceSpec):
     @classmethod
     def _repo(cls, v: str) -> str:
         if not v.strip() or ".." in v.split("/"):
-            raise ValueError(f"repo {v!r} must be a directory holding feature_store.yaml, relative to the store root or absolute, without '..'")
+            raise ValueError(
+                f"repo {v!r} must be a directory holding feature_store.yaml, relative to the store root or absolute, "
+                "without '..'"
+            )
         return v
 
     @field_validator("keys")
     @classmethod
     def _keys(cls, v: dict[str, ColumnSpec]) -> dict[str, ColumnSpec]:
         if not v:
-            raise ValueError("keys must name at least one entity key column, e.g. {'customer_id': ColumnSpec(dtype='int')}")
+            raise ValueError(
+                "keys must name at least one entity key column, e.g. {'customer_id': ColumnSpec(dtype='int')}"
+            )
         for name, column in v.items():
             if column.nullable or column.dtype not in ("int", "str"):
-                raise ValueError(f"key {name!r}: entity keys are non-nullable 'int' or 'str' columns, got dtype {column.dtype!r}, nullable={column.nullable}")
+                raise ValueError(
+                    f"key {name!r}: entity keys are non-nullable 'int' or 'str' columns, got dtype {column.dtype!r}, "
+                    f"nullable={column.nullable}"
+                )
         return v
 
     @field_validator("features")
@@ -78,17 +87,24 @@ class FeastSourceSpec(SourceSpec):
     def _refs(cls, v: list[str]) -> list[str]:
         bad = [r for r in v if not FEATURE_REF.match(r)]
         if bad:
-            raise ValueError(f"features {bad} are not feature references; write 'view:feature', e.g. 'customer_stats:balance'")
+            raise ValueError(
+                f"features {bad} are not feature references; write 'view:feature', e.g. 'customer_stats:balance'"
+            )
         names = [r.split(":")[1] for r in v]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
-            raise ValueError(f"features name {repeated} more than once; a feature name is a column, so each may come from one view only")
+            raise ValueError(
+                f"features name {repeated} more than once; a feature name is a column, so each may come from one view "
+                "only"
+            )
         return v
 
     @model_validator(mode="after")
     def _one_selection(self) -> "FeastSourceSpec":
         if bool(self.features) == (self.feature_service is not None):
-            raise ValueError("set exactly one of features (['view:feature', ...]) and feature_service (a Feast feature service name)")
+            raise ValueError(
+                "set exactly one of features (['view:feature', ...]) and feature_service (a Feast feature service name)"
+            )
         if self.timestamp in self.keys:
             raise ValueError(f"timestamp column {self.timestamp!r} is also an entity key; name two different columns")
         return self
@@ -99,7 +115,8 @@ class FeastSourceSpec(SourceSpec):
         return list(dict.fromkeys(r.split(":")[0] for r in self.features))
 
     def check_columns(self, columns: dict[str, ColumnSpec], target: str) -> None:
-        """Check the pipeline's columns against this source: keys and timestamp are not features, each referenced feature is declared.
+        """Check the pipeline's columns against this source: keys and timestamp are not features, each referenced
+        feature is declared.
 
         Raises:
             ValueError: A key or the timestamp is declared as a column, or the
@@ -107,12 +124,17 @@ class FeastSourceSpec(SourceSpec):
         """
         clash = sorted((set(self.keys) | {self.timestamp}) & set(columns))
         if clash:
-            raise ValueError(f"source: {clash} are entity keys or the event time, which are not trained on; leave them out of columns")
+            raise ValueError(
+                f"source: {clash} are entity keys or the event time, which are not trained on; leave them out of "
+                "columns"
+            )
         if self.features:
             referenced = {r.split(":")[1] for r in self.features}
             declared = set(columns) - {target}
             if referenced != declared:
                 raise ValueError(
-                    f"source.features names {sorted(referenced)} but the declared feature columns are {sorted(declared)}; "
-                    "every declared column but the target is a feature retrieved from Feast (its name as in 'view:feature')"
+                    f"source.features names {sorted(referenced)} but the declared feature columns are "
+                    f"{sorted(declared)}; "
+                    "every declared column but the target is a feature retrieved from Feast (its name as in "
+                    "'view:feature')"
                 )

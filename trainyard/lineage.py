@@ -46,7 +46,8 @@ LOCK_FILE_ENV = "TRAINYARD_LOCK_FILE"
 
 
 def lock_file(env: Optional[Mapping[str, str]] = None) -> Path:
-    """The dependency lock: `TRAINYARD_LOCK_FILE`, else the project directory's `constraints.txt` (`trainyard.project`)."""
+    """The dependency lock: `TRAINYARD_LOCK_FILE`, else the project directory's `constraints.txt`
+    (`trainyard.project`)."""
     return settings(env).lock_file or project_dir(env) / "constraints.txt"
 
 PREFIX = "trainyard."
@@ -69,7 +70,8 @@ HPARAMS_PREFIX = "trainyard.hparams."
 METRIC_PREFIX = "trainyard.metric."
 
 FEAST_PREFIX = "trainyard.feast."
-"""Tags of a version trained on a Feast source (`LineageRecord.feast`): `features`, `feature_service`, `feature_views` (name@definition), `time_range`, `entity_md5`."""
+"""Tags of a version trained on a Feast source (`LineageRecord.feast`): `features`, `feature_service`, `feature_views`
+(name@definition), `time_range`, `entity_md5`."""
 FEAST_MODEL_METADATA_KEY = "feast"
 """The key of `feast_serving`'s mapping in a registered MLflow model's `metadata` (the MLmodel file)."""
 DEFINITION_DIGITS = 12
@@ -115,7 +117,13 @@ def code_version(root: Optional[str] = None) -> tuple[str, bool]:
     try:
         top, commit = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=root, capture_output=True,
                                      text=True, check=True).stdout.splitlines()
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, check=True).stdout
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
     except (OSError, ValueError, subprocess.CalledProcessError):
         top = ""
     if not top or Path(top).resolve() != Path(root).resolve():
@@ -200,11 +208,31 @@ class LineageRecord(BaseModel):
     feast: dict[str, str] = {}
 
     TRIAL_FIELDS: ClassVar[tuple[str, ...]] = (
-        "pipeline", "pipeline_fingerprint", "data_version", "code_version", "code_dirty", "lock_hash", "seed",
-        "world_size", "strategy", "params", "hparams", "model", "max_epochs", "batch_size", "determinism_caveats", "feast",
+        "pipeline",
+        "pipeline_fingerprint",
+        "data_version",
+        "code_version",
+        "code_dirty",
+        "lock_hash",
+        "seed",
+        "world_size",
+        "strategy",
+        "params",
+        "hparams",
+        "model",
+        "max_epochs",
+        "batch_size",
+        "determinism_caveats",
+        "feast",
     )
-    """The fields of a trial's record (`to_config`), in the order it has always been written (`feast` only for a Feast source)."""
-    _NESTED: ClassVar[dict[str, str]] = {"params": PARAMS_PREFIX, "hparams": HPARAMS_PREFIX, "metrics": METRIC_PREFIX, "feast": FEAST_PREFIX}
+    """The fields of a trial's record (`to_config`), in the order it has always been written (`feast` only for a Feast
+    source)."""
+    _NESTED: ClassVar[dict[str, str]] = {
+        "params": PARAMS_PREFIX,
+        "hparams": HPARAMS_PREFIX,
+        "metrics": METRIC_PREFIX,
+        "feast": FEAST_PREFIX,
+    }
     _INTS: ClassVar[tuple[str, ...]] = ("seed", "world_size", "max_epochs", "batch_size")
 
     @classmethod
@@ -233,7 +261,8 @@ class LineageRecord(BaseModel):
 
     @classmethod
     def from_tags(cls, tags: Mapping[str, str]) -> "LineageRecord":
-        """The record from a registered version's tags; other tags (decision, handoff, lock, not trainyard's) are ignored.
+        """The record from a registered version's tags; other tags (decision, handoff, lock, not trainyard's) are
+        ignored.
 
         Raises:
             LineageError: `trainyard.pipeline` or `trainyard.data_version` is missing, or a value
@@ -280,15 +309,18 @@ class LineageRecord(BaseModel):
 
 
 def feast_fields(lineage: Mapping[str, Any]) -> dict[str, str]:
-    """`LineageRecord.feast` of a Feast source's lineage (`raw/<md5>/feast.json`): references, service, views with their definitions, time range.
+    """`LineageRecord.feast` of a Feast source's lineage (`raw/<md5>/feast.json`): references, service, views with their
+    definitions, time range.
 
     Values are strings, as the registry tags hold them, so a record read back
     from its tags equals the one that wrote them.
 
     Example:
         >>> feast_fields({"features": ["stats:balance"], "feature_service": {"name": "churn"}, "entity_md5": "e1",
-        ...               "feature_views": [{"name": "stats", "definition": "ab" * 32}], "time_range": ["2024-01-01", "2024-03-01"]})
-        {'features': 'stats:balance', 'feature_service': 'churn', 'feature_views': 'stats@abababababab', 'time_range': '2024-01-01/2024-03-01', 'entity_md5': 'e1'}
+        ...               "feature_views": [{"name": "stats", "definition": "ab" * 32}],
+        ...               "time_range": ["2024-01-01", "2024-03-01"]})  # doctest: +NORMALIZE_WHITESPACE
+        {'features': 'stats:balance', 'feature_service': 'churn', 'feature_views': 'stats@abababababab',
+         'time_range': '2024-01-01/2024-03-01', 'entity_md5': 'e1'}
     """
     service = lineage.get("feature_service") or {}
     return {
@@ -324,12 +356,16 @@ def feast_serving(lineage: Mapping[str, Any], inputs: Sequence[str], keys: Seque
     columns = [ref.split(":", 1)[1] for ref in lineage["features"]]
     repeated = sorted({c for c in columns if columns.count(c) > 1})
     if repeated:
-        raise LineageError(f"feature references {lineage['features']} give column(s) {repeated} more than once; serving could not tell them apart")
+        raise LineageError(
+            f"feature references {lineage['features']} give column(s) {repeated} more than once; serving could not "
+            "tell them apart"
+        )
     by_column = dict(zip(columns, lineage["features"]))
     missing = [c for c in inputs if c not in by_column]
     if missing:
         raise LineageError(
-            f"model input column(s) {missing} have no Feast feature reference; the retrieval's references are {lineage['features']}"
+            f"model input column(s) {missing} have no Feast feature reference; the retrieval's references are "
+            f"{lineage['features']}"
         )
     return {
         "project": lineage.get("project"),
@@ -345,12 +381,24 @@ def _view_version(view: Mapping[str, Any]) -> str:
 
 
 def feast_card(lineage: Mapping[str, Any]) -> str:
-    """A model card section naming the Feast features, views (with definition hash and version) and the retrieval's time range."""
+    """A model card section naming the Feast features, views (with definition hash and version) and the retrieval's time
+    range."""
     service = (lineage.get("feature_service") or {}).get("name")
-    lines = ["", "## Features (Feast)", "", f"- feature service: {service or '(none; references listed)'}",
-             f"- entity rows: {lineage['entity_md5']}, event times {' .. '.join(str(t) for t in lineage['time_range'])}",
-             "- feature references: " + ", ".join(f"`{r}`" for r in lineage["features"]), "", "| view | definition | version | ttl (s) |", "|---|---|---|---|"]
-    lines += [f"| {v['name']} | {v['definition'][:DEFINITION_DIGITS]} | {v.get('version')} | {v.get('ttl_s')} |" for v in lineage["feature_views"]]
+    lines = [
+        "",
+        "## Features (Feast)",
+        "",
+        f"- feature service: {service or '(none; references listed)'}",
+        f"- entity rows: {lineage['entity_md5']}, event times {' .. '.join(str(t) for t in lineage['time_range'])}",
+        "- feature references: " + ", ".join(f"`{r}`" for r in lineage["features"]),
+        "",
+        "| view | definition | version | ttl (s) |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {v['name']} | {v['definition'][:DEFINITION_DIGITS]} | {v.get('version')} | {v.get('ttl_s')} |"
+        for v in lineage["feature_views"]
+    ]
     return "\n".join(lines) + "\n"
 
 

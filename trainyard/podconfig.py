@@ -1,4 +1,5 @@
-"""A trial pod's settings, declared once: image, resources, placement, /dev/shm, deadlines, environment, service account.
+"""A trial pod's settings, declared once: image, resources, placement, /dev/shm, deadlines, environment, service
+account.
 
 `PodSettings` declares every setting of a trial's pods once (name, type,
 default, check, docstring). Everything else is built on it:
@@ -136,7 +137,9 @@ def _holds_password(value: str) -> bool:
 def check_env_name(field: str, name: str) -> str:
     """`name` if a pod may get it as a plain variable; else a ValueError naming `field` and the rule."""
     if not _ENV_NAME.match(name):
-        raise ValueError(f"{field} name {name!r} is invalid; accepted: letters, digits and '_', not starting with a digit")
+        raise ValueError(
+            f"{field} name {name!r} is invalid; accepted: letters, digits and '_', not starting with a digit"
+        )
     if name in RESERVED_ENV:
         raise ValueError(f"{field}[{name!r}] is set by the platform; accepted: any name but {list(RESERVED_ENV)}")
     return name
@@ -160,7 +163,8 @@ def check_env(field: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def check_image(field: str, value: str) -> str:
-    """`value` if it is an image reference whose digest, if any, is `sha256:<64 hex>`; else a ValueError naming `field`."""
+    """`value` if it is an image reference whose digest, if any, is `sha256:<64 hex>`; else a ValueError naming
+    `field`."""
     match = _IMAGE.match(value) if value else None
     if match is None:
         raise ValueError(
@@ -169,7 +173,9 @@ def check_image(field: str, value: str) -> str:
         )
     digest = match.group("digest")
     if digest is not None and not _DIGEST.match(digest):
-        raise ValueError(f"{field}={value!r} has digest {digest!r}; accepted: 'sha256:' followed by 64 lowercase hex digits")
+        raise ValueError(
+            f"{field}={value!r} has digest {digest!r}; accepted: 'sha256:' followed by 64 lowercase hex digits"
+        )
     return value
 
 
@@ -185,7 +191,8 @@ def warn_if_unpinned(field: str, value: str, *, log: Optional[logging.Logger] = 
         return True
     message = (
         f"{field}={value!r} is not pinned by digest: a tag can be moved to other content, so a retried or "
-        "re-attached trial may run different code; use '<repository>@sha256:<digest>' (docs/kubernetes.md, 'Build, push and pin')"
+        "re-attached trial may run different code; use '<repository>@sha256:<digest>' (docs/kubernetes.md, 'Build, "
+        "push and pin')"
     )
     warnings.warn(message, UnpinnedImageWarning, stacklevel=2)
     (log or logger).warning(message)
@@ -193,7 +200,9 @@ def warn_if_unpinned(field: str, value: str, *, log: Optional[logging.Logger] = 
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # env values are refused when they hold credentials
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, hide_input_in_errors=True
+    )  # env values are refused when they hold credentials
 
 
 class Toleration(_Frozen):
@@ -266,10 +275,14 @@ class _Requirement(_K8s):
     def _values(self) -> "_Requirement":
         n = len(self.values or ())
         if self.operator in ("In", "NotIn") and n == 0:
-            raise ValueError(f"operator {self.operator!r} on key {self.key!r} needs values; accepted: one or more values")
+            raise ValueError(
+                f"operator {self.operator!r} on key {self.key!r} needs values; accepted: one or more values"
+            )
         if self.operator in ("Exists", "DoesNotExist") and n:
             raise ValueError(f"operator {self.operator!r} on key {self.key!r} takes no values; accepted: no 'values'")
-        if self.operator in ("Gt", "Lt") and (self.values is None or n != 1 or not self.values[0].lstrip("-").isdigit()):
+        if self.operator in ("Gt", "Lt") and (
+            self.values is None or n != 1 or not self.values[0].lstrip("-").isdigit()
+        ):
             raise ValueError(f"operator {self.operator!r} on key {self.key!r} needs exactly one integer value")
         return self
 
@@ -327,7 +340,8 @@ class Affinity(_K8s):
     Example:
         >>> Affinity.model_validate({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
         ...     "nodeSelectorTerms": [{"matchExpressions": [
-        ...         {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}}}).to_k8s()["nodeAffinity"].keys()
+        ...         {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}]}]}}}
+        ... ).to_k8s()["nodeAffinity"].keys()
         dict_keys(['requiredDuringSchedulingIgnoredDuringExecution'])
     """
 
@@ -364,9 +378,11 @@ class PodSettings(BaseModel):
     (`<repository>@sha256:<64 hex>`); a tag is accepted with a warning. A Job needs one: the team's, else
     TRAINYARD_TRAINER_IMAGE."""
     service_account: Optional[str] = None
-    """The pods' service account, one per team namespace (`trainyard-trial`); they need no API access and get no token."""
+    """The pods' service account, one per team namespace (`trainyard-trial`); they need no API access and get no
+    token."""
     gpus_per_pod: Optional[int] = Field(None, ge=0)
-    """GPUs each pod requests; None derives it from the trial (`procs_per_node` on GPU, 0 on CPU); when set it must agree."""
+    """GPUs each pod requests; None derives it from the trial (`procs_per_node` on GPU, 0 on CPU); when set it must
+    agree."""
     cpu: str = "2"
     """CPU request per pod."""
     memory: str = "8Gi"
@@ -459,7 +475,8 @@ class PodConfig(PodSettings):
     """
 
     def overlay(self, top: "PodConfig") -> "PodConfig":
-        """This configuration with `top`'s on top: `top`'s set fields win, `env` and `secret_env` merge, Secrets add up."""
+        """This configuration with `top`'s on top: `top`'s set fields win, `env` and `secret_env` merge, Secrets add
+        up."""
         replaced = [k for k in PodSettings.model_fields if k not in _MERGED]
         fields: dict[str, Any] = {k: getattr(self, k) for k in replaced if k in self.model_fields_set}
         fields.update({k: getattr(top, k) for k in replaced if k in top.model_fields_set})
@@ -484,13 +501,18 @@ class PodConfig(PodSettings):
 
     @classmethod
     def from_json(cls, text: Optional[str], *, source: str = POD_ENV) -> "PodConfig":
-        """The configuration in `text` (empty or None: nothing set); a ValueError naming `source` and the field otherwise."""
+        """The configuration in `text` (empty or None: nothing set); a ValueError naming `source` and the field
+        otherwise."""
         if not text or not text.strip():
             return cls()
         try:
             return cls.model_validate(json.loads(text))
         except json.JSONDecodeError as err:
-            raise ValueError(f"{source} is not JSON ({err.msg} at character {err.pos}); accepted: a JSON object of PodConfig fields") from None
+            raise ValueError(
+                f"{source} is not JSON ({err.msg} at character {err.pos}); accepted: a JSON object of PodConfig fields"
+            ) from None
         except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors())
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in err.errors()
+            )
             raise ValueError(f"{source} is not a valid pod configuration: {problems}") from None

@@ -46,7 +46,8 @@ class PromotionSpec(StrictSpec):
     failing check, and is recorded as an override.
     """
 
-    # `mode` unset takes the metric's direction (`trainyard.tasks.metric_direction`): PromotionSpec(metric="test_logloss") minimises.
+    # `mode` unset takes the metric's direction (`trainyard.tasks.metric_direction`):
+    # PromotionSpec(metric="test_logloss") minimises.
     metric: str = "test_acc"
     mode: Literal["max", "min"] = "max"
     min_improvement: float = Field(0.0, ge=0.0)
@@ -68,7 +69,8 @@ class PromotionSpec(StrictSpec):
     @model_validator(mode="before")
     @classmethod
     def _mode_of_metric(cls, data: Any) -> Any:
-        # A metric named without its mode gets its direction: PromotionSpec(metric="test_logloss") promotes lower losses.
+        # A metric named without its mode gets its direction: PromotionSpec(metric="test_logloss") promotes lower
+        # losses.
         if isinstance(data, dict) and "mode" not in data and isinstance(data.get("metric"), str):
             known = metric_direction(data["metric"])
             if known is not None:
@@ -79,7 +81,10 @@ class PromotionSpec(StrictSpec):
     def _direction(self) -> "PromotionSpec":
         known = metric_direction(self.metric)
         if known is not None and known != self.mode:
-            raise ValueError(f"promotion.mode {self.mode!r} with metric {self.metric!r} would promote worse models; use mode={known!r}")
+            raise ValueError(
+                f"promotion.mode {self.mode!r} with metric {self.metric!r} would promote worse models; use "
+                f"mode={known!r}"
+            )
         lower_is_better = self.metric.endswith(("_loss", "_logloss", "_rmse", "_mae", "_mse", "_error"))
         if lower_is_better and self.mode == "max":
             raise ValueError(
@@ -122,7 +127,10 @@ class RetrainPolicy(StrictSpec):
         if v is None:
             return v
         if not is_valid_cron(v):
-            raise ValueError(f"cron {v!r} is not a cron string; use five fields 'minute hour day month weekday', e.g. '0 3 * * *' (03:00 daily)")
+            raise ValueError(
+                f"cron {v!r} is not a cron string; use five fields 'minute hour day month weekday', e.g. '0 3 * * *' "
+                "(03:00 daily)"
+            )
         return v
 
     @field_validator("timezone")
@@ -140,14 +148,18 @@ class RetrainPolicy(StrictSpec):
     @classmethod
     def _psi(cls, v: Optional[float]) -> Optional[float]:
         if v is not None and not v > 0:
-            raise ValueError(f"drift_psi {v!r} must be above 0 (0.1: moderate shift, 0.25: large shift), or None to retrain on any new data")
+            raise ValueError(
+                f"drift_psi {v!r} must be above 0 (0.1: moderate shift, 0.25: large shift), or None to retrain on any "
+                "new data"
+            )
         return v
 
     @model_validator(mode="after")
     def _something_ingests(self) -> "RetrainPolicy":
         if self.drift_psi is not None and not self.on_new_data and self.cron is None:
             raise ValueError(
-                "drift_psi gates retraining on new data, but with on_new_data=False and no cron nothing ingests new data; "
+                "drift_psi gates retraining on new data, but with on_new_data=False and no cron nothing ingests new "
+                "data; "
                 "set on_new_data=True or a cron schedule"
             )
         return self

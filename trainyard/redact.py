@@ -21,7 +21,16 @@ from typing import Mapping, Optional
 
 from training.spec import redact_url, strip_url_credentials, url_has_credentials
 
-__all__ = ["SECRET_ENV_VARS", "URL_ENV_VARS", "endpoint_only", "redact_text", "redact_url", "secret_values", "strip_url_credentials", "url_has_credentials"]
+__all__ = [
+    "SECRET_ENV_VARS",
+    "URL_ENV_VARS",
+    "endpoint_only",
+    "redact_text",
+    "redact_url",
+    "secret_values",
+    "strip_url_credentials",
+    "url_has_credentials",
+]
 
 SECRET_ENV_VARS = (
     "WANDB_API_KEY",
@@ -41,7 +50,8 @@ _PASSWORD_OF = re.compile(r"://[^/?#:@\s]*:(?P<pw>[^@\s]*(?:@[^@\s/?#]*)*)@")
 
 
 def secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str]:
-    """The secrets in `environ` (default `os.environ`): whole secret variables and the passwords of URL variables, longest first."""
+    """The secrets in `environ` (default `os.environ`): whole secret variables and the passwords of URL variables,
+    longest first."""
     env = os.environ if environ is None else environ
     found = {env[name] for name in SECRET_ENV_VARS if env.get(name)}
     for name in URL_ENV_VARS:
@@ -52,7 +62,8 @@ def secret_values(environ: Optional[Mapping[str, str]] = None) -> list[str]:
 
 
 def redact_text(text: str, environ: Optional[Mapping[str, str]] = None) -> str:
-    """`text` with every URL redacted (`redact_url`) and every secret of `environ` (default `os.environ`) replaced by `***`."""
+    """`text` with every URL redacted (`redact_url`) and every secret of `environ` (default `os.environ`) replaced by
+    `***`."""
     for secret in secret_values(environ):
         text = text.replace(secret, "***")
     return redact_url(text)

@@ -69,7 +69,15 @@ Param = Union[FloatParam, IntParam, CategoricalParam]
 RESULT_OBJECTIVES = ("model_bytes", "fit_seconds", "wall_seconds", "device_hours", "samples_per_second")
 # SearchSpec fields that steer a sweep without changing what its trials train; changing
 # them resumes the same study (they are not part of the pipeline fingerprint).
-SWEEP_CONTROL_FIELDS = ("n_trials", "parallelism", "timeout_seconds", "target", "max_failures", "pick", "reuse_run_under_seconds")
+SWEEP_CONTROL_FIELDS = (
+    "n_trials",
+    "parallelism",
+    "timeout_seconds",
+    "target",
+    "max_failures",
+    "pick",
+    "reuse_run_under_seconds",
+)
 # Trials in flight when `parallelism` is unset: all of a small sweep, a bounded window of a large one.
 DEFAULT_WINDOW = 64
 
@@ -174,28 +182,48 @@ class SearchSpec(StrictSpec):
                     "(use IntParam or CategoricalParam with the values to try)"
                 )
             if self.n_trials > self.grid_size:
-                raise ValueError(f"n_trials={self.n_trials} exceeds the {self.grid_size} points of the grid; set n_trials <= {self.grid_size}")
+                raise ValueError(
+                    f"n_trials={self.n_trials} exceeds the {self.grid_size} points of the grid; set n_trials <= "
+                    f"{self.grid_size}"
+                )
         if self.sampler == "cmaes":
             if importlib.util.find_spec("cmaes") is None:
-                raise ValueError("sampler 'cmaes' needs the 'cmaes' package, which is not installed here; use 'tpe' or 'random', or install cmaes")
+                raise ValueError(
+                    "sampler 'cmaes' needs the 'cmaes' package, which is not installed here; use 'tpe' or 'random', "
+                    "or install cmaes"
+                )
             if self.multi_objective:
-                raise ValueError("sampler 'cmaes' optimizes a single objective; use 'tpe' or 'random' for multi-objective sweeps")
+                raise ValueError(
+                    "sampler 'cmaes' optimizes a single objective; use 'tpe' or 'random' for multi-objective sweeps"
+                )
         if self.objectives:
             metrics = [o.metric for o in self.objectives]
             if len(metrics) < 2:
-                raise ValueError("objectives lists two or more metrics for a multi-objective sweep; a single objective is the model's monitor")
+                raise ValueError(
+                    "objectives lists two or more metrics for a multi-objective sweep; a single objective is the "
+                    "model's monitor"
+                )
             if len(set(metrics)) != len(metrics):
                 raise ValueError(f"objectives name a metric twice: {metrics}")
             leaked = [m for m in metrics if m.startswith("test_")]
             if leaked:
-                raise ValueError(f"objectives {leaked} are measured on the test split; choose trials on validation metrics (val_*) so the test split stays held out")
+                raise ValueError(
+                    f"objectives {leaked} are measured on the test split; choose trials on validation metrics (val_*) "
+                    "so the test split stays held out"
+                )
             if self.pruner.enabled:
-                raise ValueError(f"pruner {self.pruner.kind!r} cannot be used with objectives: Optuna prunes single-objective studies only")
+                raise ValueError(
+                    f"pruner {self.pruner.kind!r} cannot be used with objectives: Optuna prunes single-objective "
+                    "studies only"
+                )
             unknown = sorted({m for m in [self.pick.metric, *self.pick.limits] if m is not None} - set(metrics))
             if unknown:
                 raise ValueError(f"pick names {unknown}, which are not among the objectives {metrics}")
         elif self.pick != PickPolicy():
-            raise ValueError("pick chooses among a Pareto front and applies to multi-objective sweeps only; declare objectives or drop pick")
+            raise ValueError(
+                "pick chooses among a Pareto front and applies to multi-objective sweeps only; declare objectives or "
+                "drop pick"
+            )
         return self
 
     def check_objectives(self, monitor: str) -> None:

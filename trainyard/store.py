@@ -87,7 +87,8 @@ def no_space(e: BaseException) -> bool:
 
 
 def no_space_message(action: str, where: str, e: BaseException) -> str:
-    """`cannot <action> <where>: no space left on device (...)`, with the free bytes of the local filesystem when known."""
+    """`cannot <action> <where>: no space left on device (...)`, with the free bytes of the local filesystem when
+    known."""
     free = ""
     probe = where
     while probe and not os.path.exists(probe) and os.path.dirname(probe) != probe:
@@ -244,7 +245,12 @@ def _file_info(uri: str, info: dict[str, Any]) -> FileInfo:
     etag = info.get("ETag")
     if etag is None and info.get("ino") is not None and mtime is not None:
         etag = f"{info['ino']}:{int(float(mtime) * 1e9)}"
-    return FileInfo(uri=uri, size=int(info.get("size") or 0), mtime=None if mtime is None else float(mtime), etag=None if etag is None else str(etag).strip('"'))
+    return FileInfo(
+        uri=uri,
+        size=int(info.get("size") or 0),
+        mtime=None if mtime is None else float(mtime),
+        etag=None if etag is None else str(etag).strip('"'),
+    )
 
 
 def _local_entry(path: str, listed: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -255,10 +261,18 @@ def _local_entry(path: str, listed: dict[str, Any]) -> tuple[dict[str, Any], str
         target = os.stat(path)  # follows links
     except OSError as e:
         link = os.readlink(path) if os.path.islink(path) else None
-        return listed, (f"a symbolic link to {link!r}, which does not exist" if link is not None else f"cannot be read: {e}")
+        return listed, (
+            f"a symbolic link to {link!r}, which does not exist" if link is not None else f"cannot be read: {e}"
+        )
     if st.S_ISREG(target.st_mode):
         return {**listed, "type": "file", "size": target.st_size, "mtime": target.st_mtime, "ino": target.st_ino}, ""
-    what = "a directory" if st.S_ISDIR(target.st_mode) else "a FIFO" if st.S_ISFIFO(target.st_mode) else "a socket or device"
+    what = (
+        "a directory"
+        if st.S_ISDIR(target.st_mode)
+        else "a FIFO"
+        if st.S_ISFIFO(target.st_mode)
+        else "a socket or device"
+    )
     if os.path.islink(path):
         return listed, f"a symbolic link to {os.readlink(path)!r}, {what}, not a regular file"
     return listed, f"{what}, not a regular file"

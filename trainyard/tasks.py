@@ -1,9 +1,12 @@
 """Prediction tasks: what a pipeline's model predicts, what its trials report, how it is served and promoted.
 
-| task | target | platform-evaluated metrics | default monitor | default promotion | serving (pyfunc `predict`) |
-|---|---|---|---|---|---|
-| `classification` | int, str, bool or category column | `{val,test}_{acc,logloss,roc_auc,pr_auc,f1,balanced_acc}` | `val_acc`, max | `test_acc`, max | a DataFrame: kept id/timestamp columns, `<target>` (the label), `proba_<label>` per class |
-| `regression` | float (or int) column | `{val,test}_{rmse,mae}` | `val_rmse`, min | `test_rmse`, min | a DataFrame: kept id/timestamp columns, `<target>` (the value) |
+| task | target column | metrics (`{val,test}_<name>`) | defaults: monitor; promotion |
+|---|---|---|---|
+| `classification` | int/str/bool/category | acc, logloss, roc_auc, pr_auc, f1, balanced_acc | `val_acc`; `test_acc` |
+| `regression` | float (or int) | rmse, mae | `val_rmse`; `test_rmse` |
+
+Serving (the pyfunc's `predict`) returns a DataFrame: the kept id/timestamp columns and `<target>` (the label or
+the value), and for classification `proba_<label>` per class.
 
 Both trainers report every metric of the table (`CLASSIFICATION_METRICS`,
 `REGRESSION_METRICS`; `logloss`, `rmse` and `mae` are better lower, the others
@@ -73,11 +76,13 @@ class TaskProfile:
 CLASSIFICATION_METRICS: dict[str, str] = {
     "acc": "max", "logloss": "min", "roc_auc": "max", "pr_auc": "max", "f1": "max", "balanced_acc": "max",
 }
-"""Classification metrics both trainers report on val and test (`val_<name>`, `test_<name>`), with the better direction."""
+"""Classification metrics both trainers report on val and test (`val_<name>`, `test_<name>`), with the better
+direction."""
 REGRESSION_METRICS: dict[str, str] = {"rmse": "min", "mae": "min"}
 """Regression metrics both trainers report on val and test, with the better direction."""
 CAUSAL_LM_METRICS: dict[str, str] = {"loss": "min", "perplexity": "min"}
-"""Causal language-model metrics a Lightning trial reports on val and test: mean next-token cross-entropy (nats) and its exp."""
+"""Causal language-model metrics a Lightning trial reports on val and test: mean next-token cross-entropy (nats) and its
+exp."""
 
 
 def _split(split: str, names: dict[str, str]) -> tuple[str, ...]:
@@ -111,9 +116,18 @@ TASKS = {
 
 # Metrics whose task and direction the platform knows: (task or None for both, the better direction).
 KNOWN_METRICS: dict[str, tuple[Optional[str], str]] = {
-    **{f"{split}_{n}": ("classification", mode) for split in ("val", "test") for n, mode in CLASSIFICATION_METRICS.items()},
+    **{
+        f"{split}_{n}": ("classification", mode)
+        for split in ("val", "test")
+        for n, mode in CLASSIFICATION_METRICS.items()
+    },
     **{f"{split}_{n}": ("regression", mode) for split in ("val", "test") for n, mode in REGRESSION_METRICS.items()},
-    **{f"{split}_{n}": ("causal_lm", mode) for split in ("val", "test") for n, mode in CAUSAL_LM_METRICS.items() if n != "loss"},
+    **{
+        f"{split}_{n}": ("causal_lm", mode)
+        for split in ("val", "test")
+        for n, mode in CAUSAL_LM_METRICS.items()
+        if n != "loss"
+    },
     "val_loss": (None, "min"),
     "test_loss": (None, "min"),
 }
@@ -124,7 +138,8 @@ GBT_METRICS = {task: (*p.logged["gbt"], *p.evaluated["gbt"]) for task, p in TASK
 
 
 def metric_direction(name: str) -> Optional[str]:
-    """The better direction (`max` or `min`) of a metric the platform knows, its `baseline_` form included (None: unknown).
+    """The better direction (`max` or `min`) of a metric the platform knows, its `baseline_` form included (None:
+    unknown).
 
     Example:
         >>> metric_direction("test_pr_auc"), metric_direction("baseline_test_logloss"), metric_direction("test_custom")
@@ -135,14 +150,21 @@ def metric_direction(name: str) -> Optional[str]:
 
 
 def infer_task(target_dtype: Optional[str]) -> Optional[str]:
-    """The task of a target column's declared dtype: `float` is regression, any other classification (None: unknown column)."""
+    """The task of a target column's declared dtype: `float` is regression, any other classification (None: unknown
+    column)."""
     if target_dtype is None:
         return None
     return "regression" if target_dtype == "float" else "classification"
 
 
 def _field(value: Any, name: str) -> Any:
-    return getattr(value, name, None) if isinstance(value, BaseModel) else value.get(name) if isinstance(value, dict) else None
+    return (
+        getattr(value, name, None)
+        if isinstance(value, BaseModel)
+        else value.get(name)
+        if isinstance(value, dict)
+        else None
+    )
 
 
 def _fill(value: Any, defaults: dict[str, Any], cls: type[BaseModel]) -> Any:
@@ -157,8 +179,11 @@ def _fill(value: Any, defaults: dict[str, Any], cls: type[BaseModel]) -> Any:
     return value
 
 
-def fill_task_defaults(data: dict[str, Any], model_cls: type[BaseModel], promotion_cls: type[BaseModel]) -> dict[str, Any]:
-    """The raw `PipelineSpec` fields with `task` resolved and its defaults in unset fields (order in the module docstring).
+def fill_task_defaults(
+    data: dict[str, Any], model_cls: type[BaseModel], promotion_cls: type[BaseModel]
+) -> dict[str, Any]:
+    """The raw `PipelineSpec` fields with `task` resolved and its defaults in unset fields (order in the module
+    docstring).
 
     A monitor the pipeline names without its mode gets that metric's direction
     (`val_rmse` -> `min`), a promotion metric without its mode likewise
@@ -170,7 +195,9 @@ def fill_task_defaults(data: dict[str, Any], model_cls: type[BaseModel], promoti
         promotion_cls: `PromotionSpec`, built when `promotion` is unset.
     """
     columns = data.get("columns")
-    target_column = columns.get(data.get("target")) if isinstance(columns, dict) and isinstance(data.get("target"), str) else None
+    target_column = (
+        columns.get(data.get("target")) if isinstance(columns, dict) and isinstance(data.get("target"), str) else None
+    )
     task = data.get("task") or infer_task(_field(target_column, "dtype"))
     if task not in TASKS:
         return data
@@ -187,7 +214,9 @@ def fill_task_defaults(data: dict[str, Any], model_cls: type[BaseModel], promoti
     promotion = data.get("promotion")
     if promotion is None and profile.promotion == _default_promotion(promotion_cls):
         return out
-    metric = _field(promotion, "metric") if promotion is not None and _set(promotion, "metric") else profile.promotion[0]
+    metric = (
+        _field(promotion, "metric") if promotion is not None and _set(promotion, "metric") else profile.promotion[0]
+    )
     direction = metric_direction(metric) if isinstance(metric, str) else None
     out["promotion"] = _fill(promotion, {"metric": metric, "mode": direction or profile.promotion[1]}, promotion_cls)
     return out
@@ -214,19 +243,33 @@ def check_task(task: str, target: str, target_dtype: str, trainer: str, monitor:
     """
     profile = TASKS[task]
     if task == "regression" and target_dtype in ("str", "bool", "category"):
-        raise ValueError(f"task 'regression' needs a numeric target; column {target!r} is declared {target_dtype!r} (use task='classification')")
+        raise ValueError(
+            f"task 'regression' needs a numeric target; column {target!r} is declared {target_dtype!r} (use "
+            "task='classification')"
+        )
     known = KNOWN_METRICS.get(monitor)
     accepted = list(profile.logged[trainer])
     if known is not None and known[0] not in (None, task):
         more = "" if trainer == "gbt" else " (or another val_* metric the model logs)"
-        raise ValueError(f"model.monitor {monitor!r} is a {known[0]} metric, but the task is {task!r}; use one of {accepted}{more}")
+        raise ValueError(
+            f"model.monitor {monitor!r} is a {known[0]} metric, but the task is {task!r}; use one of {accepted}{more}"
+        )
     if known is not None and monitor_mode != known[1]:
         raise ValueError(f"model.monitor_mode {monitor_mode!r} does not fit monitor {monitor!r}, which is better when "
                          f"{'higher' if known[1] == 'max' else 'lower'}; use {known[1]!r}")
     if promotion_metric not in profile.evaluated[trainer]:
-        raise ValueError(f"promotion.metric {promotion_metric!r} is not measured for task {task!r} (trainer {trainer!r}); "
-                         f"use one of {list(profile.evaluated[trainer])}")
+        raise ValueError(
+            f"promotion.metric {promotion_metric!r} is not measured for task {task!r} (trainer {trainer!r}); "
+            f"use one of {list(profile.evaluated[trainer])}"
+        )
     objective = hparams.get("objective") if trainer == "gbt" else None
     fits = CLASSIFICATION_OBJECTIVES if task == "classification" else REGRESSION_OBJECTIVES
-    if objective is not None and objective in CLASSIFICATION_OBJECTIVES + REGRESSION_OBJECTIVES and objective not in fits:
-        raise ValueError(f"model.hparams.objective {objective!r} contradicts task {task!r}; use one of {list(fits)} or leave it unset")
+    if (
+        objective is not None
+        and objective in CLASSIFICATION_OBJECTIVES + REGRESSION_OBJECTIVES
+        and objective not in fits
+    ):
+        raise ValueError(
+            f"model.hparams.objective {objective!r} contradicts task {task!r}; use one of {list(fits)} or leave it "
+            "unset"
+        )

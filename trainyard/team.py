@@ -50,7 +50,9 @@ class TeamSpec(BaseModel):
         ...          pod={"cpu": "16", "memory": "96Gi", "node_selector": {"pool": "gpu"}})
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)  # an env value may be a credential
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, hide_input_in_errors=True
+    )  # an env value may be a credential
 
     name: str
     gpu_pool_limit: int = 2
@@ -65,7 +67,10 @@ class TeamSpec(BaseModel):
     @classmethod
     def _name(cls, v: str) -> str:
         if not _NAME.match(v):
-            raise ValueError(f"team name {v!r} is not valid; use 1-31 lowercase letters, digits or '_', starting with a letter (e.g. 'vision')")
+            raise ValueError(
+                f"team name {v!r} is not valid; use 1-31 lowercase letters, digits or '_', starting with a letter "
+                "(e.g. 'vision')"
+            )
         return v
 
     @field_validator("gpu_pool_limit")
@@ -73,7 +78,8 @@ class TeamSpec(BaseModel):
     def _limit(cls, v: int) -> int:
         if v < 1:
             raise ValueError(
-                f"gpu_pool_limit={v} would let no trial train; set it to the most trials the team may train at once (1 or more)"
+                f"gpu_pool_limit={v} would let no trial train; set it to the most trials the team may train at once "
+                "(1 or more)"
             )
         return v
 
@@ -94,7 +100,9 @@ class TeamSpec(BaseModel):
         if v not in names:
             short = f"trainyard-{v}" if f"trainyard-{v}" in names else None
             hint = f"did you mean {short!r}? " if short else ""
-            raise ValueError(f"priority_class {v!r} is not a platform PriorityClass; {hint}use one of {names} (highest first)")
+            raise ValueError(
+                f"priority_class {v!r} is not a platform PriorityClass; {hint}use one of {names} (highest first)"
+            )
         return v
 
     @field_validator("env")
@@ -108,8 +116,10 @@ class TeamSpec(BaseModel):
                 )
             if name in SECRET_ENV_VARS or url_has_credentials(v[name]):
                 raise ValueError(
-                    f"env {name!r} holds a credential, and team code is no place for one: set it in the code location's "
-                    "environment from a Secret (docs/operations.md, 'Credentials'); a URL here may name user and host only"
+                    f"env {name!r} holds a credential, and team code is no place for one: set it in the code "
+                    "location's "
+                    "environment from a Secret (docs/operations.md, 'Credentials'); a URL here may name user and host "
+                    "only"
                 )
         return v
 
@@ -119,7 +129,8 @@ class TeamSpec(BaseModel):
         return f"{self.name}_gpu"
 
     def environment(self, base: Optional[dict[str, str]] = None) -> dict[str, str]:
-        """The environment the team's resources are built from: `base` (default `os.environ`), the team's Kubernetes settings, then `env`.
+        """The environment the team's resources are built from: `base` (default `os.environ`), the team's Kubernetes
+        settings, then `env`.
 
         The team's `pod` is laid over the platform's pod configuration in
         `TRAINYARD_K8S_POD` (JSON, see `PodConfig.overlay`), which the Kubernetes
@@ -157,7 +168,10 @@ def check_pipelines(team: TeamSpec, pipelines: Iterable[PipelineSpec]) -> list[P
             )
         out.append(p if p.retrain is not None else p.model_copy(update={"retrain": team.retrain}))
     if not out:
-        raise ValueError(f"team {team.name!r}: team_definitions needs at least one pipeline, e.g. team_definitions(team, my_pipeline)")
+        raise ValueError(
+            f"team {team.name!r}: team_definitions needs at least one pipeline, e.g. team_definitions(team, "
+            "my_pipeline)"
+        )
     return out
 
 

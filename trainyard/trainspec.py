@@ -15,7 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from training.spec import DataSpec, Distribution, FaultInjection, ImportTarget, OptunaSpec, PrunerSpec, TrackerSpec, TrainSpec
+from training.spec import (
+    DataSpec,
+    Distribution,
+    FaultInjection,
+    ImportTarget,
+    OptunaSpec,
+    PrunerSpec,
+    TrackerSpec,
+    TrainSpec,
+)
 from trainyard.shardspec import TextShards
 from trainyard.spec import PipelineSpec
 from trainyard.values import ValidatedData

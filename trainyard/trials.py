@@ -31,7 +31,8 @@ def record_launch_failure(
 
 
 def count_failures(launches: Iterable[dict[str, Any]], preempted_cause: str) -> tuple[int, int]:
-    """(infrastructure failures, preemptions) in a launch ledger; a preemption is a failure whose cause is `preempted_cause`."""
+    """(infrastructure failures, preemptions) in a launch ledger; a preemption is a failure whose cause is
+    `preempted_cause`."""
     causes = [x["cause"] for x in launches]
     preemptions = sum(1 for c in causes if c == preempted_cause)
     return len(causes) - preemptions, preemptions
@@ -46,7 +47,9 @@ def best_single_objective(done: Sequence[Any], mode: Literal["max", "min"]) -> A
 def trials_markdown_table(rows: Sequence[Any], metrics: Sequence[str]) -> str:
     """A markdown table of trials in the given order: key, objective values, parameters."""
     head = f"| trial | {', '.join(metrics)} | params |\n|---|---|---|\n"
-    return head + "\n".join(f"| {trial_key(t.number)} | {', '.join(f'{v:.4f}' for v in t.values)} | {t.params} |" for t in rows)
+    return head + "\n".join(
+        f"| {trial_key(t.number)} | {', '.join(f'{v:.4f}' for v in t.values)} | {t.params} |" for t in rows
+    )
 
 
 def trial_comparison(store: FileStore, trials: Iterable[Any]) -> str:

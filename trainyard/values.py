@@ -137,7 +137,9 @@ def parse_value(asset: str, data: Any, where: str = "") -> Any:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        problems = "; ".join(f"field {'.'.join(str(p) for p in err['loc']) or '<value>'!r}: {err['msg']}" for err in e.errors())
+        problems = "; ".join(
+            f"field {'.'.join(str(p) for p in err['loc']) or '<value>'!r}: {err['msg']}" for err in e.errors()
+        )
         at = f" at {where}" if where else ""
         raise ValueMismatch(
             f"stored value of asset {asset!r}{at} does not match {model.__name__}: {problems}; "

@@ -22,7 +22,15 @@ from dagster import AssetExecutionContext, DagsterRun, Failure, MetadataValue, O
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from resources.sweeps import SweepStore, build_report, inert_pruner, objectives_of, report_metadata, study_directions
-from resources.sweeps.trial_runs import IN_PROCESS, PARTITION_TAG, create_trial_run, discard_runs, from_code_location, trials_to_start, why_not_start
+from resources.sweeps.trial_runs import (
+    IN_PROCESS,
+    PARTITION_TAG,
+    create_trial_run,
+    discard_runs,
+    from_code_location,
+    trials_to_start,
+    why_not_start,
+)
 from resources.tracking import Tracking
 from trainyard import naming
 from trainyard.spec import PipelineSpec
@@ -30,10 +38,16 @@ from trainyard.values import Sweep, ValidatedData
 
 
 def sweep_body(
-    context: AssetExecutionContext, spec: PipelineSpec, validated: ValidatedData, sweeps: SweepStore, store: ObjectStore, tracking: Tracking,
+    context: AssetExecutionContext,
+    spec: PipelineSpec,
+    validated: ValidatedData,
+    sweeps: SweepStore,
+    store: ObjectStore,
+    tracking: Tracking,
     launcher: Launcher,
 ) -> Iterator[Output[Sweep]]:
-    """Ask the study's first trials, add them as `trial_model` partitions, start their runs and report best parameters, history and importance.
+    """Ask the study's first trials, add them as `trial_model` partitions, start their runs and report best parameters,
+    history and importance.
 
     First `preflight`: what would fail every trial with a configuration error fails
     the asset instead, naming the columns, before a study or a trial exists.
@@ -63,11 +77,16 @@ def sweep_body(
     for key in stale:
         context.instance.delete_dynamic_partition(partitions, key)
     if stale:
-        context.log.info(f"{spec.key}: removed {len(stale)} trial partitions of an earlier study ({stale[0]} .. {stale[-1]}); study {name} has not asked them")
+        context.log.info(
+            f"{spec.key}: removed {len(stale)} trial partitions of an earlier study ({stale[0]} .. {stale[-1]}); "
+            f"study {name} has not asked them"
+        )
     report = build_report(sweeps, study, spec)
     if not report.status.done and launcher.prestart_warm():
         context.log.info(f"{spec.key}: starting the warm worker server in the background for the trials to come")
-    meta = report_metadata(report, store, naming.sweep_report_dir(store, spec.team, spec.name, name), objectives_of(spec))
+    meta = report_metadata(
+        report, store, naming.sweep_report_dir(store, spec.team, spec.name, name), objectives_of(spec)
+    )
     if report.status.stop_reason:
         context.log.warning(f"{spec.key}: sweep {name} stopped: {report.status.stop_reason}")
     pruning = inert_pruner(spec.search)
@@ -82,12 +101,23 @@ def sweep_body(
     try:
         yield Output(
             Sweep(study=name, trials=keys, data_md5=validated.md5),
-            metadata={"study": name, "storage": sweeps.shown_url(), "trials": len(keys), "new_partitions": len(new), "removed_partitions": len(stale),
-                      "started_trial_runs": len(runs), **meta, **({"pruner_inert": pruning} if pruning else {}), **wandb},
+            metadata={
+                "study": name,
+                "storage": sweeps.shown_url(),
+                "trials": len(keys),
+                "new_partitions": len(new),
+                "removed_partitions": len(stale),
+                "started_trial_runs": len(runs),
+                **meta,
+                **({"pruner_inert": pruning} if pruning else {}),
+                **wandb,
+            },
         )
         stored = True
     finally:
-        if runs and not stored:  # the output failed: no run made here may wait NOT_STARTED, holding its trial and a team slot
+        if (
+            runs and not stored
+        ):  # the output failed: no run made here may wait NOT_STARTED, holding its trial and a team slot
             discard_runs(context.instance, runs, context.log)
     _enqueue(context, spec, runs)
 
@@ -105,9 +135,13 @@ def preflight(spec: PipelineSpec, validated: ValidatedData, store: ObjectStore) 
     """
     if spec.preprocessing.enabled:
         return []
-    problems = [f"feature {c!r} is declared {spec.columns[c].dtype!r}, and preprocessing is off (PipelineSpec.preprocessing.enabled=False): "
-                "the model takes numbers only; turn preprocessing on or drop the column" for c in spec.features
-                if spec.columns[c].dtype in NON_NUMERIC]
+    problems = [
+        f"feature {c!r} is declared {spec.columns[c].dtype!r}, and preprocessing is off "
+        "(PipelineSpec.preprocessing.enabled=False): "
+        "the model takes numbers only; turn preprocessing on or drop the column"
+        for c in spec.features
+        if spec.columns[c].dtype in NON_NUMERIC
+    ]
     numeric = [c for c in spec.features if spec.columns[c].dtype not in NON_NUMERIC]
     try:
         import pyarrow.parquet as pq
@@ -124,19 +158,29 @@ def preflight(spec: PipelineSpec, validated: ValidatedData, store: ObjectStore) 
                     nulls[name] += chunk.statistics.null_count
     except Exception:  # statistics are a shortcut, not a requirement: the pod names the column if it comes to that
         return problems
-    problems += [f"feature {c!r} has {n} missing value(s) in the train split, and preprocessing is off: the model cannot take NaN; "
-                 "turn preprocessing on (it imputes) or fill the column" for c, n in nulls.items() if n]
+    problems += [
+        f"feature {c!r} has {n} missing value(s) in the train split, and preprocessing is off: the model cannot take "
+        "NaN; "
+        "turn preprocessing on (it imputes) or fill the column"
+        for c, n in nulls.items()
+        if n
+    ]
     return problems
 
 
-def _create_trial_runs(context: AssetExecutionContext, spec: PipelineSpec, study: str, trials: list[Any]) -> list[DagsterRun]:
-    """Create (NOT_STARTED) the trial runs the sweep sensor's next tick would request, when this run may start them (`why_not_start`)."""
+def _create_trial_runs(
+    context: AssetExecutionContext, spec: PipelineSpec, study: str, trials: list[Any]
+) -> list[DagsterRun]:
+    """Create (NOT_STARTED) the trial runs the sweep sensor's next tick would request, when this run may start them
+    (`why_not_start`)."""
     if not from_code_location(context.dagster_run):  # in process there is no repository definition to look at either
         context.log.debug(f"{spec.key}: not starting trial runs: {IN_PROCESS}")
         return []
     runs: list[DagsterRun] = []
     try:
-        why = why_not_start(context.instance, context.dagster_run, context.repository_def, naming.sweep_sensor_name(spec))
+        why = why_not_start(
+            context.instance, context.dagster_run, context.repository_def, naming.sweep_sensor_name(spec)
+        )
         if why is not None:
             context.log.info(f"{spec.key}: not starting trial runs: {why}")
             return []
@@ -146,15 +190,22 @@ def _create_trial_runs(context: AssetExecutionContext, spec: PipelineSpec, study
         for key in keys:
             runs.append(create_trial_run(context.instance, context.dagster_run, job, spec, study, key))
     except Exception as e:  # the sweep stands and the sweep sensor requests these trials at its next tick
-        context.log.warning(f"{spec.key}: could not create the trial runs of study {study} ({type(e).__name__}: {e}); "
-                            f"the sweep sensor requests them at its next tick" + (f"; the {len(runs)} created before it start now" if runs else ""))
+        context.log.warning(
+            f"{spec.key}: could not create the trial runs of study {study} ({type(e).__name__}: {e}); "
+            f"the sweep sensor requests them at its next tick"
+            + (f"; the {len(runs)} created before it start now" if runs else "")
+        )
         return runs
-    context.log.info(f"{spec.key}: created {len(runs)} trial run(s) of study {study} ({note}); they are enqueued once the sweep is stored")
+    context.log.info(
+        f"{spec.key}: created {len(runs)} trial run(s) of study {study} ({note}); they are enqueued once the sweep is "
+        "stored"
+    )
     return runs
 
 
 def _enqueue(context: AssetExecutionContext, spec: PipelineSpec, runs: list[DagsterRun]) -> None:
-    """Submit the created runs to the run queue; on a failure, discard those not enqueued (the sweep sensor requests their trials)."""
+    """Submit the created runs to the run queue; on a failure, discard those not enqueued (the sweep sensor requests
+    their trials)."""
     started: list[DagsterRun] = []
     try:
         for run in runs:
@@ -162,11 +213,17 @@ def _enqueue(context: AssetExecutionContext, spec: PipelineSpec, runs: list[Dags
             started.append(run)
     except Exception as e:  # the sweep stands and the sweep sensor requests these trials at its next tick
         left = runs[len(started):]
-        context.log.warning(f"{spec.key}: could not enqueue trial run {left[0].run_id} ({type(e).__name__}: {e}); discarding the "
-                            f"{len(left)} not enqueued ({', '.join(_partition(r) for r in left)}): the sweep sensor requests them at its next tick")
+        context.log.warning(
+            f"{spec.key}: could not enqueue trial run {left[0].run_id} ({type(e).__name__}: {e}); discarding the "
+            f"{len(left)} not enqueued ({', '.join(_partition(r) for r in left)}): the sweep sensor requests them at "
+            "its next tick"
+        )
         discard_runs(context.instance, left, context.log)
     if started:
-        context.log.info(f"{spec.key}: started {len(started)} trial run(s): " + ", ".join(f"{_partition(r)} {r.run_id}" for r in started))
+        context.log.info(
+            f"{spec.key}: started {len(started)} trial run(s): "
+            + ", ".join(f"{_partition(r)} {r.run_id}" for r in started)
+        )
 
 
 def _partition(run: DagsterRun) -> str:

@@ -1,4 +1,5 @@
-"""A trial run that hands on: it goes on with the sweep's next trials while they stay short, or starts the next trial's run as it ends.
+"""A trial run that hands on: it goes on with the sweep's next trials while they stay short, or starts the next trial's
+run as it ends.
 
 Split from `assets.sweeps.trials` (the trial's own body, which both use): how a run
 started by the sweep sensor keeps a sweep's slots busy without waiting for the
@@ -20,7 +21,14 @@ from resources.io_manager import ObjectStoreJsonIOManager
 from resources.launcher import Launcher
 from resources.storage import ObjectStore
 from resources.sweeps import SweepStore
-from resources.sweeps.trial_runs import IN_PROCESS, SUCCESSOR_TRIGGER, create_trial_run, discard_runs, from_code_location, why_not_start
+from resources.sweeps.trial_runs import (
+    IN_PROCESS,
+    SUCCESSOR_TRIGGER,
+    create_trial_run,
+    discard_runs,
+    from_code_location,
+    why_not_start,
+)
 from resources.tracking import Tracking
 from trainyard import naming
 from trainyard.naming import STUDY_TAG
@@ -54,8 +62,11 @@ class TrialContext:
         return getattr(self._context, name)
 
 
-def _may_hand_on(context: AssetExecutionContext, config: TrialConfig, spec: PipelineSpec, sweep: Sweep, trained: bool) -> Optional[str]:
-    """Why this trial run may neither go on with the sweep nor start its successor, whatever its trial took; None when it may."""
+def _may_hand_on(
+    context: AssetExecutionContext, config: TrialConfig, spec: PipelineSpec, sweep: Sweep, trained: bool
+) -> Optional[str]:
+    """Why this trial run may neither go on with the sweep nor start its successor, whatever its trial took; None when
+    it may."""
     if spec.search.reuse_run_under_seconds <= 0:
         return "reuse_run_under_seconds is 0"
     if context.run.tags.get(STUDY_TAG) != sweep.study:
@@ -67,8 +78,11 @@ def _may_hand_on(context: AssetExecutionContext, config: TrialConfig, spec: Pipe
     return None
 
 
-def goes_on(context: AssetExecutionContext, config: TrialConfig, spec: PipelineSpec, sweep: Sweep, trained: bool, seconds: float) -> Optional[str]:
-    """Why this trial run does not go on with the sweep's next trial, or None when it does (`SearchSpec.reuse_run_under_seconds`)."""
+def goes_on(
+    context: AssetExecutionContext, config: TrialConfig, spec: PipelineSpec, sweep: Sweep, trained: bool, seconds: float
+) -> Optional[str]:
+    """Why this trial run does not go on with the sweep's next trial, or None when it does
+    (`SearchSpec.reuse_run_under_seconds`)."""
     why = _may_hand_on(context, config, spec, sweep, trained)
     if why is None and seconds >= spec.search.reuse_run_under_seconds:
         return f"its trial took {seconds:.1f} s (reuse_run_under_seconds {spec.search.reuse_run_under_seconds:g})"
@@ -129,36 +143,56 @@ def continue_sweep(
                     view.retry_number += 1
                     time.sleep(retry.seconds_to_wait or 0)
         except Failure as failure:
-            context.log.warning(f"{key} failed in {context.partition_key}'s run: {failure.description}; the run stops going on with the sweep")
+            context.log.warning(
+                f"{key} failed in {context.partition_key}'s run: {failure.description}; the run stops going on with "
+                "the sweep"
+            )
             break
         seconds = time.monotonic() - started
         if isinstance(io_manager, ObjectStoreJsonIOManager):
             io_manager.write_value(context.asset_key, key, output.value)
         else:
-            context.log.warning(f"{key}: the io_manager is a {type(io_manager).__name__}, not the platform's; its value is kept only in the study and "
-                                "its result files, so an asset that takes trial_model as input cannot load this partition")
-        yield AssetMaterialization(asset_key=context.asset_key, partition=key, metadata={**output.metadata, "trained_in_run_of": context.partition_key})
+            context.log.warning(
+                f"{key}: the io_manager is a {type(io_manager).__name__}, not the platform's; its value is kept only "
+                "in the study and "
+                "its result files, so an asset that takes trial_model as input cannot load this partition"
+            )
+        yield AssetMaterialization(
+            asset_key=context.asset_key,
+            partition=key,
+            metadata={**output.metadata, "trained_in_run_of": context.partition_key},
+        )
         also.append(key)
-    else:  # the last trial took too long to go on with another: this run ends, and starts the run of the sweep's next trial
+    else:
+        # the last trial took too long to go on with another: this run ends, and starts the run of the sweep's next
+        # trial
         start_successor(context, spec, sweep, sweeps, seconds)
     if also:
         shown = ",".join(also) if len(also) <= 10 else f"{also[0]}..{also[-1]} ({len(also)})"
         context.instance.add_run_tags(context.run_id, {REUSED_RUN_TAG: shown})
-        context.log.info(f"{context.partition_key}'s run also trained {len(also)} more trial(s) of study {sweep.study}: {shown}")
+        context.log.info(
+            f"{context.partition_key}'s run also trained {len(also)} more trial(s) of study {sweep.study}: {shown}"
+        )
 
 
 def successor_blocked(context: AssetExecutionContext, spec: PipelineSpec) -> Optional[str]:
-    """Why this trial run leaves its successor's run to the sweep sensor (`why_not_start`), or None when it may start it."""
+    """Why this trial run leaves its successor's run to the sweep sensor (`why_not_start`), or None when it may start
+    it."""
     if not from_code_location(context.dagster_run):
         return IN_PROCESS
     try:
-        return why_not_start(context.instance, context.dagster_run, context.repository_def, naming.sweep_sensor_name(spec))
+        return why_not_start(
+            context.instance, context.dagster_run, context.repository_def, naming.sweep_sensor_name(spec)
+        )
     except Exception as e:  # the sensor starts it at its next tick
         return f"could not tell whether it may ({type(e).__name__}: {e})"
 
 
-def start_successor(context: AssetExecutionContext, spec: PipelineSpec, sweep: Sweep, sweeps: SweepStore, seconds: float) -> Optional[str]:
-    """Start the run of the sweep's next trial as this trial run ends after a long trial; its run id, or None when left to the sensor.
+def start_successor(
+    context: AssetExecutionContext, spec: PipelineSpec, sweep: Sweep, sweeps: SweepStore, seconds: float
+) -> Optional[str]:
+    """Start the run of the sweep's next trial as this trial run ends after a long trial; its run id, or None when left
+    to the sensor.
 
     Without it the slot this run frees waits for the sweep sensor's next tick
     (0-10 s) before a run is even requested. The trial is asked claimed by
@@ -189,11 +223,17 @@ def start_successor(context: AssetExecutionContext, spec: PipelineSpec, sweep: S
     why = successor_blocked(context, spec)
     if why is not None:  # in process (`trainyard demo`, tests) there is no sensor to start it either: nothing to tell
         log = context.log.debug if why == IN_PROCESS else context.log.info
-        log(f"{context.partition_key}: not starting the next trial's run: {why}; the sweep sensor starts it at its next tick")
+        log(
+            f"{context.partition_key}: not starting the next trial's run: {why}; the sweep sensor starts it at its "
+            "next tick"
+        )
         return None
     number = sweeps.ask_claimed(sweeps.load(sweep.study, spec.search), spec.search, run.run_id)
     if number is None:
-        context.log.debug(f"{context.partition_key}: the sweep has no slot or trial for this run to start (or its sampler asks only in the sensor)")
+        context.log.debug(
+            f"{context.partition_key}: the sweep has no slot or trial for this run to start (or its sampler asks only "
+            "in the sensor)"
+        )
         return None
     key = naming.trial_key(number)
     created: Optional[DagsterRun] = None
@@ -206,10 +246,18 @@ def start_successor(context: AssetExecutionContext, spec: PipelineSpec, sweep: S
         if created is not None:
             discard_runs(context.instance, [created], context.log)
         why = f"run {run.run_id} could not start its run ({type(e).__name__}: {e})"
-        sweeps.tell(sweep.study, number, None, {"error": why}, failed=True)  # it never trained: the sensor asks another in its place
-        context.log.warning(f"{context.partition_key}: could not start the run of {key}, the sweep's next trial ({type(e).__name__}: {e}); "
-                            f"{key} is failed untrained and the sweep sensor asks another trial in its place at its next tick")
+        sweeps.tell(
+            sweep.study, number, None, {"error": why}, failed=True
+        )  # it never trained: the sensor asks another in its place
+        context.log.warning(
+            f"{context.partition_key}: could not start the run of {key}, the sweep's next trial ({type(e).__name__}: "
+            f"{e}); "
+            f"{key} is failed untrained and the sweep sensor asks another trial in its place at its next tick"
+        )
         return None
-    context.log.info(f"{context.partition_key}: the last trial this run trained took {seconds:.1f} s (reuse_run_under_seconds "
-                     f"{spec.search.reuse_run_under_seconds:g}): this run ends and started run {created.run_id} for {key}, the sweep's next trial")
+    context.log.info(
+        f"{context.partition_key}: the last trial this run trained took {seconds:.1f} s (reuse_run_under_seconds "
+        f"{spec.search.reuse_run_under_seconds:g}): this run ends and started run {created.run_id} for {key}, the "
+        "sweep's next trial"
+    )
     return created.run_id

@@ -47,7 +47,14 @@ from trainyard.plots import markdown_image
 from trainyard.redact import redact_text
 from trainyard.spec import PipelineSpec
 from trainyard.trainspec import TrialInputs, build_train_spec, model_kwargs
-from trainyard.trials import best_single_objective, count_failures, model_bytes, record_launch_failure, trial_comparison, trials_markdown_table
+from trainyard.trials import (
+    best_single_objective,
+    count_failures,
+    model_bytes,
+    record_launch_failure,
+    trial_comparison,
+    trials_markdown_table,
+)
 from trainyard.values import BestModel, Sweep, TrialModel, ValidatedData
 
 
@@ -108,11 +115,22 @@ class TrialConfig(Config):
 
     def restarts_expected(self) -> bool:
         """Whether the drill should restart the trial at least once (a killed rank, a preemption or a hung rank)."""
-        return self.drill_kill_at_step is not None or self.drill_sigterm_at_step is not None or self.drill_hang_at_step is not None
+        return (
+            self.drill_kill_at_step is not None
+            or self.drill_sigterm_at_step is not None
+            or self.drill_hang_at_step is not None
+        )
 
 
 def handle_launch_error(
-    context: AssetExecutionContext, error: LaunchError, spec: PipelineSpec, store: ObjectStore, sweeps: SweepStore, study: str, number: int, output_uri: str,
+    context: AssetExecutionContext,
+    error: LaunchError,
+    spec: PipelineSpec,
+    store: ObjectStore,
+    sweeps: SweepStore,
+    study: str,
+    number: int,
+    output_uri: str,
     tell: bool = True,
 ) -> NoReturn:
     """Fail at once on user errors; re-launch on infrastructure errors and preemption within budget.
@@ -124,37 +142,57 @@ def handle_launch_error(
     """
     message = redact_text(str(error))  # a pod's output may hold what it should not have printed
     launches = record_launch_failure(
-        store, output_uri, retry_number=context.retry_number, cause=type(error).__name__, message=message, at=time.time()
+        store,
+        output_uri,
+        retry_number=context.retry_number,
+        cause=type(error).__name__,
+        message=message,
+        at=time.time(),
     )
     log_tail = MetadataValue.md(f"```\n{redact_text(error.log_tail)}\n```")
     if not error.retryable:
         config = isinstance(error, TrainingConfigError)
         if tell:
-            sweeps.tell(study, number, None, {"error": message[:2000], **({CONFIG_ERROR: True} if config else {})}, failed=True)
+            sweeps.tell(
+                study, number, None, {"error": message[:2000], **({CONFIG_ERROR: True} if config else {})}, failed=True
+            )
         if config:
-            # Deterministic: the sweep stops asking while no trial of the study has succeeded (resources.sweeps.rules.sweep_status).
+            # Deterministic: the sweep stops asking while no trial of the study has succeeded
+            # (resources.sweeps.rules.sweep_status).
             message += (f"\n(a configuration error: no retry, and the sweep sensor asks no new trial of study {study} "
                         "while none of its trials has succeeded; fix the pipeline definition)")
-        raise Failure(description=message, metadata={"log_tail": log_tail, "retried": False, "config_error": config}) from error
+        raise Failure(
+            description=message, metadata={"log_tail": log_tail, "retried": False, "config_error": config}
+        ) from error
     infra, preemptions = count_failures(launches, TrainingPreempted.__name__)
     budget = spec.retries
     if infra > budget.max_infra_retries or preemptions > budget.max_preemptions:
         if tell:
             sweeps.tell(study, number, None, {"error": message[:2000]}, failed=True)
         raise Failure(
-            description=f"{context.partition_key}: giving up after {infra} infrastructure failure(s) (budget {budget.max_infra_retries}) "
+            description=f"{context.partition_key}: giving up after {infra} infrastructure failure(s) (budget "
+                        f"{budget.max_infra_retries}) "
             f"and {preemptions} preemption(s) (budget {budget.max_preemptions}); last: {message}",
             metadata={"log_tail": log_tail, "launches": MetadataValue.json(launches)},
         ) from error
     context.log.warning(
         f"{context.partition_key}: {type(error).__name__}: {(message.splitlines() or [''])[0]} -- retrying "
-        f"(infrastructure failures {infra}/{budget.max_infra_retries}, preemptions {preemptions}/{budget.max_preemptions}); "
+        f"(infrastructure failures {infra}/{budget.max_infra_retries}, preemptions "
+        f"{preemptions}/{budget.max_preemptions}); "
         "the next attempt resumes from the newest committed checkpoint"
     )
     raise RetryRequested(max_retries=context.retry_number + 1, seconds_to_wait=budget.wait_seconds) from error
 
 
-def tell_result(context: AssetExecutionContext, spec: PipelineSpec, store: ObjectStore, sweeps: SweepStore, trial: TrialInputs, result: dict[str, Any], output_uri: str) -> None:
+def tell_result(
+    context: AssetExecutionContext,
+    spec: PipelineSpec,
+    store: ObjectStore,
+    sweeps: SweepStore,
+    trial: TrialInputs,
+    result: dict[str, Any],
+    output_uri: str,
+) -> None:
     """Tell the study how the trial ended (pruned, or its objective values); adds `status`/`objectives` to `result`."""
     attrs = {"result_uri": f"{output_uri}/result.json", "metrics": result["metrics"]}
     if result["status"] == "pruned" or sweeps.trial(trial.study, trial.number).state.name == "PRUNED":
@@ -225,16 +263,29 @@ def train_trial(
     for warning in plan.warnings:
         context.log.warning(f"{context.partition_key}: {warning}")
     train_spec = build_train_spec(
-        spec, trial, validated, output_uri=output_uri, distribution=plan.distribution, optuna_storage_url=sweeps.connect_url(),
+        spec,
+        trial,
+        validated,
+        output_uri=output_uri,
+        distribution=plan.distribution,
+        optuna_storage_url=sweeps.connect_url(),
         tracker=tracking.tracker_spec(
-            project=naming.tracker_project(spec), group=trial.study, name=trial.trial_id if tell else f"{trial.trial_id}-retrain", config=record
+            project=naming.tracker_project(spec),
+            group=trial.study,
+            name=trial.trial_id if tell else f"{trial.trial_id}-retrain",
+            config=record,
         ),
-        lineage=record, max_epochs=config.max_epochs, faults=config.faults(),
+        lineage=record,
+        max_epochs=config.max_epochs,
+        faults=config.faults(),
     )
     launched = time.time()
     try:
         # The spec names the storage's credentials by reference; a local launch hands them to its processes.
-        with sweeps.heartbeat(trial.study, trial.number) if tell else contextlib.nullcontext(), pod_environment(sweeps.pod_environment()):
+        with (
+            sweeps.heartbeat(trial.study, trial.number) if tell else contextlib.nullcontext(),
+            pod_environment(sweeps.pod_environment()),
+        ):
             outcome = launcher.launch(train_spec, context=context)
     except LaunchError as e:
         log_watchdog_events(context, output_uri, launched)
@@ -265,12 +316,17 @@ def log_watchdog_events(context: AssetExecutionContext, output_uri: str, since: 
             context.log.warning(message)
     if not events:
         return {}
-    return {"hangs": sum(e.get("kind") == "hang" for e in events), "stragglers": sum(e.get("kind") == "straggler" for e in events),
-            "avoid_nodes": nodes_to_avoid(events), "events": [{k: e.get(k) for k in ("kind", "rank", "pod", "node", "step", "stack")} for e in events]}
+    return {
+        "hangs": sum(e.get("kind") == "hang" for e in events),
+        "stragglers": sum(e.get("kind") == "straggler" for e in events),
+        "avoid_nodes": nodes_to_avoid(events),
+        "events": [{k: e.get(k) for k in ("kind", "rank", "pod", "node", "step", "stack")} for e in events],
+    }
 
 
 def curves_metadata(store: ObjectStore, result_uri: str, title: str) -> dict[str, Any]:
-    """The training curves kept beside a result (`curves.json`): a per-epoch table, and a plot once there are two epochs; empty when there are none.
+    """The training curves kept beside a result (`curves.json`): a per-epoch table, and a plot once there are two
+    epochs; empty when there are none.
 
     The same epochs were observations of the partition while it trained; these
     show the whole curve on the materialization, also when the result is reused.
@@ -282,7 +338,11 @@ def curves_metadata(store: ObjectStore, result_uri: str, title: str) -> dict[str
     rows = store.read_json(uri) if store.exists(uri) else []
     if not rows:
         return {}
-    plot = {"curves_plot": MetadataValue.md(markdown_image(curves_png(rows, title), "training curves"))} if len(rows) >= 2 else {}
+    plot = (
+        {"curves_plot": MetadataValue.md(markdown_image(curves_png(rows, title), "training curves"))}
+        if len(rows) >= 2
+        else {}
+    )
     return {"epochs_reported": len(rows), **plot, "curves": MetadataValue.md(curves_markdown(rows))}
 
 
@@ -306,7 +366,9 @@ def check_drill(partition_key: str, config: TrialConfig, world_size: int, record
     for name in ("drill_kill_at_step", "drill_sigterm_at_step", "drill_hang_at_step"):
         at = getattr(config, name)
         if at is not None and steps is not None and at > steps:
-            problems.append(f"{name}={at} is past the trial's last step (it trained {steps} steps); use a step in 1..{steps}")
+            problems.append(
+                f"{name}={at} is past the trial's last step (it trained {steps} steps); use a step in 1..{steps}"
+            )
     if problems:
         raise Failure(description=f"{partition_key}: the drill cannot run: {'; '.join(problems)}")
 
@@ -340,24 +402,42 @@ def retrain_trial(
     reason = "retrain requested" if config.retrain else "a drill on a finished trial retrains it"
     retrain_uri = f"{output_uri}/{RETRAIN_DIR_PREFIX}{context.run_id[:8]}"
     context.log.info(
-        f"{context.partition_key} is {state.lower()} in study {trial.study}; {reason}: training its recorded inputs again in {retrain_uri} "
+        f"{context.partition_key} is {state.lower()} in study {trial.study}; {reason}: training its recorded inputs "
+        f"again in {retrain_uri} "
         f"(the study keeps its record{'; drill ' + str(drill) if drill else ''})"
     )
     result = train_trial(context, config, spec, trial, validated, plan, record, retrain_uri, tell=False, **resources)
     restarts = (result.get("goodput") or {}).get("restarts")
     if config.restarts_expected() and restarts == 0:
-        raise Failure(description=f"{context.partition_key}: drill {drill} never fired: the retrain finished without a restart")
+        raise Failure(
+            description=f"{context.partition_key}: drill {drill} never fired: the retrain finished without a restart"
+        )
     monitor = spec.model.monitor
     meta: dict[str, Any] = {
-        "retrain": MetadataValue.json({"reason": reason, "study_state": state, "recorded_result": recorded_uri if recorded else None, "study_unchanged": True}),
+        "retrain": MetadataValue.json(
+            {
+                "reason": reason,
+                "study_state": state,
+                "recorded_result": recorded_uri if recorded else None,
+                "study_unchanged": True,
+            }
+        ),
         **({f"recorded_{monitor}": float(recorded["best_metric"])} if recorded else {}),
     }
     if drill:
         causes = (result.get("goodput") or {}).get("restart_causes", [])
-        meta.update({"drill": MetadataValue.json(drill), "drill_recovered": True, **({"drill_restarts": int(restarts)} if restarts is not None else {})})
+        meta.update(
+            {
+                "drill": MetadataValue.json(drill),
+                "drill_recovered": True,
+                **({"drill_restarts": int(restarts)} if restarts is not None else {}),
+            }
+        )
         context.log.info(
-            f"{context.partition_key}: drill {drill} recovered: {restarts if restarts is not None else 'unknown'} restart(s) {causes}, "
-            f"finished with {monitor}={result['best_metric']:.6g}" + (f" (recorded {recorded['best_metric']:.6g})" if recorded else "")
+            f"{context.partition_key}: drill {drill} recovered: {restarts if restarts is not None else 'unknown'} "
+            f"restart(s) {causes}, "
+            f"finished with {monitor}={result['best_metric']:.6g}"
+            + (f" (recorded {recorded['best_metric']:.6g})" if recorded else "")
         )
     return {**result, "result_uri": f"{retrain_uri}/result.json"}, meta
 
@@ -366,7 +446,8 @@ _CLASSES: dict[tuple[str, ...], int] = {}
 
 
 def classes_of(spec: PipelineSpec, validated: ValidatedData, store: ObjectStore) -> int:
-    """`planner.count_classes` of a split, read once per process (a split's files never change: their paths carry `split_id`)."""
+    """`planner.count_classes` of a split, read once per process (a split's files never change: their paths carry
+    `split_id`)."""
     key = (spec.target, validated.train, validated.val, validated.test)
     if key not in _CLASSES:
         _CLASSES[key] = planner.count_classes(spec, validated.model_dump(), store)
@@ -391,21 +472,32 @@ def trial_model_body(
     """
     number = naming.trial_number(context.partition_key)
     trial = sweeps.trial(sweep.study, number)
-    inputs = TrialInputs(context.partition_key, number, sweep.study, trial.params, accepts_reports=trial.state.name == "RUNNING")
+    inputs = TrialInputs(
+        context.partition_key, number, sweep.study, trial.params, accepts_reports=trial.state.name == "RUNNING"
+    )
     output_uri = naming.run_dir(store, spec.team, spec.name, sweep.study, context.partition_key)
-    record = lineage.record(spec, validated.md5, params=trial.params, seed=spec.model.seed, feast=read_lineage(store, spec, validated.md5))
+    record = lineage.record(
+        spec, validated.md5, params=trial.params, seed=spec.model.seed, feast=read_lineage(store, spec, validated.md5)
+    )
     record["max_epochs"] = config.max_epochs or spec.model.max_epochs  # run config overrides the spec
     # The capacity plan (strategy 'auto' resolved here, before any TrainSpec exists), shown for every trial.
     # The model is built by `training.describe` on a warm worker, so this run worker never imports torch to plan.
     describe = functools.partial(describe_model, warm=getattr(launcher, "warm_workers", True))
-    plan = planner.plan_trial(spec, model_kwargs(spec, trial.params), functools.partial(classes_of, spec, validated, store), launcher,
-                              describe=describe)
+    plan = planner.plan_trial(
+        spec,
+        model_kwargs(spec, trial.params),
+        functools.partial(classes_of, spec, validated, store),
+        launcher,
+        describe=describe,
+    )
     record["strategy"] = plan.distribution.strategy
     resources: dict[str, Any] = {"store": store, "launcher": launcher, "tracking": tracking, "sweeps": sweeps}
     extra: dict[str, Any] = {}
     result_uri = f"{output_uri}/result.json"
     if trial.state.is_finished() and (config.retrain or config.drill()):
-        result, extra = retrain_trial(context, config, spec, inputs, trial.state.name, validated, plan, record, output_uri, **resources)
+        result, extra = retrain_trial(
+            context, config, spec, inputs, trial.state.name, validated, plan, record, output_uri, **resources
+        )
         result_uri = result.pop("result_uri")
     elif trial.state.name in ("COMPLETE", "PRUNED") and store.exists(result_uri):
         context.log.info(
@@ -416,13 +508,16 @@ def trial_model_body(
     elif trial.state.name in ("FAIL", "PRUNED"):
         raise Failure(
             description=f"{context.partition_key}: trial {number} of study {sweep.study} is {trial.state.name} "
-            f"({failure_reason(trial) if trial.state.name == 'FAIL' else 'stopped early by the pruner'}) and has no result; "
+            f"({failure_reason(trial) if trial.state.name == 'FAIL' else 'stopped early by the pruner'}) and has no "
+            "result; "
             "finished trials are not trained again (the sweep asks a new trial in its place; "
             "run config `retrain: true` trains it again for debugging, without changing the study)"
         )
     else:
         changed = redefined(spec, sweep.study)
-        if changed is not None:  # asked before the definition changed: training it now would mix two definitions in one study
+        if (
+            changed is not None
+        ):  # asked before the definition changed: training it now would mix two definitions in one study
             sweeps.tell(sweep.study, number, None, {"error": f"not trained: {changed}"[:2000]}, failed=True)
             raise Failure(description=f"{context.partition_key}: not trained: {changed}")
         result = train_trial(context, config, spec, inputs, validated, plan, record, output_uri, **resources)
@@ -433,12 +528,18 @@ def trial_model_body(
     return Output(value, metadata={**trial_metadata(spec, value, record, plan), **curves, **extra})
 
 
-def best_model_body(context: AssetExecutionContext, spec: PipelineSpec, sweep: Sweep, sweeps: SweepStore, store: ObjectStore) -> Output[BestModel]:
-    """Pick the best finished trial (by the monitor, or from the Pareto front by `search.pick`) with its test metrics."""
+def best_model_body(
+    context: AssetExecutionContext, spec: PipelineSpec, sweep: Sweep, sweeps: SweepStore, store: ObjectStore
+) -> Output[BestModel]:
+    """Pick the best finished trial (by the monitor, or from the Pareto front by `search.pick`) with its test
+    metrics."""
     trials = sweeps.load(sweep.study).get_trials(deepcopy=False)
     done = [t for t in trials if t.state.name == "COMPLETE"]
     if not done:
-        raise Failure(description=f"{spec.key}: study {sweep.study} has no completed trial; materialize trial_model partitions first")
+        raise Failure(
+            description=f"{spec.key}: study {sweep.study} has no completed trial; materialize trial_model partitions "
+                        "first"
+        )
     objectives = objectives_of(spec)
     extra: dict[str, Any] = {}
     if spec.search.multi_objective:
@@ -447,7 +548,10 @@ def best_model_body(context: AssetExecutionContext, spec: PipelineSpec, sweep: S
             best, reason = pick_trial(front, objectives, spec.search.pick)
         except SweepError as e:
             raise Failure(description=f"{spec.key}: study {sweep.study}: {e}; relax search.pick.limits") from e
-        extra = {"pareto_front": MetadataValue.md(trials_markdown(front, objectives, limit=len(front))), "pareto_size": len(front)}
+        extra = {
+            "pareto_front": MetadataValue.md(trials_markdown(front, objectives, limit=len(front))),
+            "pareto_size": len(front),
+        }
     else:
         best = best_single_objective(done, spec.model.monitor_mode)
         reason = f"best {spec.model.monitor} ({spec.model.monitor_mode}) of {len(done)} completed trial(s)"

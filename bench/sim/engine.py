@@ -59,7 +59,9 @@ class _Sim(PlatformScheduling):
         # Pending ids in arrival order, (submit, id): per priority rank, and per (rank, gpus).
         self.queues: dict[int, list[tuple[float, str]]] = {r: [] for r in sorted(set(PRIORITIES.values()))}
         self.by_size: dict[tuple[int, int], list[tuple[float, str]]] = {}
-        self.by_team: dict[int, dict[tuple[str, int], list[tuple[float, str]]]] = {r: {} for r in self.queues}  # (team, gpus)
+        self.by_team: dict[int, dict[tuple[str, int], list[tuple[float, str]]]] = {
+            r: {} for r in self.queues
+        }  # (team, gpus)
         self._no_victims: set[tuple] = set()
         self._requeued: dict[str, Job] = {}  # jobs queued again (preempted) in the current pass
         self._costs: dict[int, tuple[float, float]] = {}  # victim costs in this pass
@@ -303,7 +305,9 @@ class _Sim(PlatformScheduling):
     def frees(self) -> list[int]:
         return list(self.free)
 
-    def place(self, gpus: int, free: Optional[list[int]] = None, avoid: frozenset[int] = frozenset()) -> Optional[dict[int, int]]:
+    def place(
+        self, gpus: int, free: Optional[list[int]] = None, avoid: frozenset[int] = frozenset()
+    ) -> Optional[dict[int, int]]:
         """Best fit for one node's worth, whole free nodes for a gang; nodes in `avoid` only as a last resort.
 
         `free` is a what-if list of free GPUs per node; None: the cluster as it is now.
@@ -422,7 +426,9 @@ class _Sim(PlatformScheduling):
             self._start_run(job, now, alloc)
 
 
-def simulate(jobs: list[Job], failures: list[Failure], cluster: Cluster, policy: Policy, horizon: float, warmup: float = 0.0) -> SimResult:
+def simulate(
+    jobs: list[Job], failures: list[Failure], cluster: Cluster, policy: Policy, horizon: float, warmup: float = 0.0
+) -> SimResult:
     """Replay `jobs` and node `failures` on `cluster` under `policy` until `horizon` hours.
 
     Utilization in the summary is measured over [warmup, horizon], and waits and

@@ -1,4 +1,5 @@
-"""One week-long training run on 256 GPUs under failures: how much of the week trains, with and without elastic mechanisms.
+"""One week-long training run on 256 GPUs under failures: how much of the week trains, with and without elastic
+mechanisms.
 
 The cluster simulator (`bench.sim.engine`) replays many jobs on a shared
 cluster; this model follows ONE gang (32 nodes x 8 GPUs, `RunConfig`) through
@@ -164,7 +165,10 @@ class RunConfig:
             if not 0 <= getattr(self, name) <= 1:
                 raise LongRunError(f"{name}={getattr(self, name)} must be in [0, 1]")
         if self.node_loss_share + self.hang_share > 1 + 1e-12:
-            raise LongRunError(f"node_loss_share + hang_share = {self.node_loss_share + self.hang_share} must be <= 1 (transients are the rest)")
+            raise LongRunError(
+                f"node_loss_share + hang_share = {self.node_loss_share + self.hang_share} must be <= 1 (transients "
+                "are the rest)"
+            )
         if self.checkpoint_hours is not None and not self.checkpoint_hours > 0:
             raise LongRunError(f"checkpoint_hours={self.checkpoint_hours} must be > 0 or None (Young/Daly)")
         if not self.save_seconds > 0:
@@ -180,7 +184,8 @@ class RunConfig:
         return math.inf if self.per_gpu_hour == 0 else 1.0 / (self.per_gpu_hour * self.gpus_per_node)
 
     def checkpoint_interval_hours(self, nodes: int) -> float:
-        """Training hours between saves at gang size `nodes`: Young/Daly sqrt(2 x save x node MTBF / nodes), or fixed."""
+        """Training hours between saves at gang size `nodes`: Young/Daly sqrt(2 x save x node MTBF / nodes), or
+        fixed."""
         if self.checkpoint_hours is not None:
             return self.checkpoint_hours
         if math.isinf(self.node_mtbf_hours):
@@ -278,12 +283,20 @@ def interruptions(cfg: RunConfig, seed: int) -> list[Interruption]:
         if t >= cfg.hours:
             break
         u_kind, strike, u_free, free, busy, u_silent, notice = (rng.random() for _ in range(7))
-        kind: Kind = "node_loss" if u_kind < cfg.node_loss_share else "hang" if u_kind < cfg.node_loss_share + cfg.hang_share else "transient"
+        kind: Kind = (
+            "node_loss"
+            if u_kind < cfg.node_loss_share
+            else "hang"
+            if u_kind < cfg.node_loss_share + cfg.hang_share
+            else "transient"
+        )
         if u_free < cfg.free_node_share:
             replacement = -math.log(1.0 - free) * cfg.free_node_minutes / 60.0
         else:
             replacement = cfg.busy_median_hours * math.exp(cfg.busy_sigma * _normal_quantile(busy))
-        out.append(Interruption(t, kind, strike, replacement, u_silent < cfg.silent_hang_share, notice * cfg.notice_hours))
+        out.append(
+            Interruption(t, kind, strike, replacement, u_silent < cfg.silent_hang_share, notice * cfg.notice_hours)
+        )
     return out
 
 
@@ -333,7 +346,20 @@ class _Gang:
         self.uncommitted = 0.0
         self.kept = 0.0
         self.hours = {k: 0.0 for k in ("lost", "smaller", "saving", "restarting", "waiting", "detecting", "hung")}
-        self.counts = {k: 0 for k in ("node_losses", "hangs", "silent_hangs", "transients", "saves", "restarts", "shrinks", "grows", "missed")}
+        self.counts = {
+            k: 0
+            for k in (
+                "node_losses",
+                "hangs",
+                "silent_hangs",
+                "transients",
+                "saves",
+                "restarts",
+                "shrinks",
+                "grows",
+                "missed",
+            )
+        }
         self.log: list[tuple[float, str, int, float]] = []
         self.queue: list[tuple[float, int, str, int, object]] = []
         self.seq = 0
@@ -451,10 +477,19 @@ class _Gang:
             if self.phase == "waiting":
                 self._decide()
             elif self.policy.continue_smaller and self.policy.grow == "at_once" and self.size < self.cfg.nodes:
-                self.push(self.t if self.up >= self.cfg.nodes else self.t + self.policy.bound_seconds / 3600.0, "grow", self.up)
+                self.push(
+                    self.t if self.up >= self.cfg.nodes else self.t + self.policy.bound_seconds / 3600.0,
+                    "grow",
+                    self.up,
+                )
         elif what == "grow":
             bigger = self._largest_size() if self.policy.continue_smaller else None
-            if self.phase == "running" and bigger is not None and bigger > self.size and (token == self.up or self.up >= self.cfg.nodes):
+            if (
+                self.phase == "running"
+                and bigger is not None
+                and bigger > self.size
+                and (token == self.up or self.up >= self.cfg.nodes)
+            ):
                 self._enter("saving")  # the checkpoint the larger gang resumes from
                 self.push(self.t + self.cfg.save_seconds / 3600.0, "saved", self.token)
         elif what == "bound":
@@ -503,7 +538,9 @@ class _Gang:
         self._close()
 
 
-def simulate(cfg: RunConfig, policy: Policy, seed: Optional[int] = None, events: Optional[Sequence[Interruption]] = None) -> RunResult:
+def simulate(
+    cfg: RunConfig, policy: Policy, seed: Optional[int] = None, events: Optional[Sequence[Interruption]] = None
+) -> RunResult:
     """One run of `cfg.hours` under `policy`: the interruptions of `seed` (`interruptions`), or the given `events`.
 
     The gang starts training at time 0 at full size. Progress made since the last committed checkpoint

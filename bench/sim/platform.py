@@ -57,7 +57,10 @@ class PlatformScheduling:
             if alloc is None:
                 st.no_fit.add(job.gpus)
         reserved: frozenset[int] = frozenset()  # nodes it may not take: it would still hold them at the reserved start
-        if st.reservation is not None and now + job.wall_hours(job.work - self.outcomes[job.id].done) > st.reservation[0]:
+        if (
+            st.reservation is not None
+            and now + job.wall_hours(job.work - self.outcomes[job.id].done) > st.reservation[0]
+        ):
             reserved = st.reservation[1]
             if alloc is not None and set(alloc) & reserved:
                 alloc = None  # would delay the reserved job
@@ -82,7 +85,8 @@ class PlatformScheduling:
         return True
 
     def _split(self, rank: int, start: dict[str, int]) -> tuple[list[_Queue], list[_Queue]]:
-        """(team, gpus, queue) of class `rank`: those within their team's quota (by usage `start`), and those borrowing."""
+        """(team, gpus, queue) of class `rank`: those within their team's quota (by usage `start`), and those
+        borrowing."""
         within: list[_Queue] = []
         borrowing: list[_Queue] = []
         for (team, gpus), q in self.by_team[rank].items():
@@ -111,7 +115,8 @@ class PlatformScheduling:
         return self._victims((team, rank, gpus, within, False), frozenset(), now) is None
 
     def _walk(self, lists: list[_Queue], rank: int, now: float, st: _Pass, can_preempt: bool) -> bool:
-        """The jobs of `lists` (queues of class `rank`) in arrival order, each as `_consider` decides; False: the pass ends.
+        """The jobs of `lists` (queues of class `rank`) in arrival order, each as `_consider` decides; False: the pass
+        ends.
 
         While a queue is stuck (`_stuck`), its jobs are counted as blocked in
         passing, without a look each: nothing changes between two jobs looked
@@ -203,13 +208,17 @@ class PlatformScheduling:
         v = run.job
         if v.priority in self.p.preemptible and self._no_victims:
             self._no_victims = {
-                k for k in self._no_victims
-                if not ((k[0] == v.team and k[1] > v.rank) or (run.borrowing and k[3] and k[0] != v.team and k[1] >= v.rank))
+                k
+                for k in self._no_victims
+                if not (
+                    (k[0] == v.team and k[1] > v.rank) or (run.borrowing and k[3] and k[0] != v.team and k[1] >= v.rank)
+                )
             }
 
     def _next(self, heap: list[tuple[tuple[float, str], int]], pushed: dict[int, tuple[float, str]],
               push: Callable[[int, Optional[tuple[float, str]]], None]) -> tuple[Optional[tuple[float, str]], int]:
-        """The next live entry of `_walk`'s heap and its queue, passing over jobs preempted in this pass; (None, -1) at the end."""
+        """The next live entry of `_walk`'s heap and its queue, passing over jobs preempted in this pass; (None, -1) at
+        the end."""
         while heap:
             key, i = heapq.heappop(heap)
             if pushed.get(i) != key:
@@ -221,8 +230,15 @@ class PlatformScheduling:
             return key, i
         return None, -1
 
-    def _passed(self, stuck: set[int], lists: list[_Queue], index: dict[tuple[str, int], int], rank: int,
-                after: Optional[tuple[float, str]], before: Optional[tuple[float, str]]) -> tuple[int, Optional[tuple[float, str]]]:
+    def _passed(
+        self,
+        stuck: set[int],
+        lists: list[_Queue],
+        index: dict[tuple[str, int], int],
+        rank: int,
+        after: Optional[tuple[float, str]],
+        before: Optional[tuple[float, str]],
+    ) -> tuple[int, Optional[tuple[float, str]]]:
         """(how many, the first) jobs of the `stuck` queues strictly between `after` and `before` (None: the start, the
         end), less those preempted in this pass."""
         count, first = 0, None
@@ -239,7 +255,12 @@ class PlatformScheduling:
                 first = q[lo]
         for v in self._requeued.values():
             entry = (v.submit, v.id)
-            if v.rank == rank and index.get((v.team, v.gpus), -1) in stuck and (after is None or entry > after) and (before is None or entry < before):
+            if (
+                v.rank == rank
+                and index.get((v.team, v.gpus), -1) in stuck
+                and (after is None or entry > after)
+                and (before is None or entry < before)
+            ):
                 count -= 1
         return count, first
 
@@ -290,7 +311,9 @@ class PlatformScheduling:
             return None  # a job just like it found no victims in this pass, and nothing that could change that happened
         pool = [(h, "priority") for h in self.victims_by_team.get(team, {}).values() if h.job.rank < rank]
         if within:  # reclaim: runs other teams were admitted beyond their quota
-            pool += [(h, "reclaim") for h in self.borrowing_victims.values() if h.job.team != team and h.job.rank <= rank]
+            pool += [
+                (h, "reclaim") for h in self.borrowing_victims.values() if h.job.team != team and h.job.rank <= rank
+            ]
         free = self.frees()
         for n in reserved:
             free[n] = -self.c.gpus * 2  # no victim's GPUs make a reserved node usable
@@ -300,7 +323,10 @@ class PlatformScheduling:
         for h, _ in pool:
             if h.id not in self._costs:
                 self._costs[h.id] = self._victim_cost(h, now)
-        ranked = [(h, self._costs[h.id][1], reason) for h, reason in sorted(pool, key=lambda c: (self._costs[c[0].id][0], -c[0].start, c[0].id))]
+        ranked = [
+            (h, self._costs[h.id][1], reason)
+            for h, reason in sorted(pool, key=lambda c: (self._costs[c[0].id][0], -c[0].start, c[0].id))
+        ]
         last = self._first_fit(gpus, free, [h.alloc for h, _, _ in ranked])
         assert last is not None
         return ranked, last, free

@@ -71,10 +71,14 @@ class SimResult:
         figures = {
             "effective_utilization": sum(o.useful_window for o in out) / capacity,
             "utilization": sum(o.allocated_window for o in out) / capacity,
-            "p95_completion_hours": nearest_rank([o.completion(self.horizon) for o in measured], 0.95) if measured else 0.0,
+            "p95_completion_hours": nearest_rank([o.completion(self.horizon) for o in measured], 0.95)
+            if measured
+            else 0.0,
             "p95_gang_start_hours": nearest_rank(gangs, 0.95) if gangs else 0.0,
             "gangs": float(len(gangs)),
-            "gangs_not_started": float(sum(1 for o in measured if o.job.gpus > self.cluster.gpus_per_node and o.first_start is None)),
+            "gangs_not_started": float(
+                sum(1 for o in measured if o.job.gpus > self.cluster.gpus_per_node and o.first_start is None)
+            ),
             "unfinished": float(sum(1 for o in measured if o.finished is None)),
             "preemptions": float(sum(self.preemptions.values())),
         }
@@ -120,7 +124,9 @@ class SimResult:
             "overhead_gpu_hours": round(sum(o.overhead for o in out), 3),
             "down_gpu_hours": round(self.down_gpu_hours, 3),
             "jobs": len(out),
-            "completed": {k: sum(1 for o in g if o.finished is not None) for k, g in _groups(out, lambda o: o.job.kind)},
+            "completed": {
+                k: sum(1 for o in g if o.finished is not None) for k, g in _groups(out, lambda o: o.job.kind)
+            },
             "never_started": sum(1 for o in out if o.first_start is None),
             "preemptions": sum(self.preemptions.values()),
             "preemptions_by_reason": dict(sorted(self.preemptions.items())),
@@ -140,7 +146,8 @@ def _groups(items: list[JobOutcome], key: Any) -> list[tuple[str, list[JobOutcom
 
 
 def nearest_rank(values: list[float], q: float) -> float:
-    """The nearest-rank `q` quantile (0 < q <= 1) of `values`: the smallest value with at least q of them at or below it."""
+    """The nearest-rank `q` quantile (0 < q <= 1) of `values`: the smallest value with at least q of them at or below
+    it."""
     if not values:
         raise ValueError("nearest_rank: no values")
     if not 0 < q <= 1:

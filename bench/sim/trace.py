@@ -47,7 +47,9 @@ class TraceConfig:
     nodes: int = 64
     gpus_per_node: int = 8
     load: float = 0.9
-    mix: dict[str, float] = field(default_factory=lambda: {"gang": 0.45, "sweep": 0.45, "interactive": 0.07, "gbt": 0.03})
+    mix: dict[str, float] = field(
+        default_factory=lambda: {"gang": 0.45, "sweep": 0.45, "interactive": 0.07, "gbt": 0.03}
+    )
     quotas: dict[str, int] = field(
         default_factory=lambda: {"language": 256, "vision": 96, "ranking": 64, "speech": 48, "tabular": 48}
     )
@@ -66,11 +68,19 @@ class TraceConfig:
     def __post_init__(self) -> None:
         if not self.load > 0:
             raise TraceError(f"trace: load must be > 0, got {self.load}")
-        if set(self.mix) != set(_TEAMS) or any(v < 0 for v in self.mix.values()) or not math.isclose(sum(self.mix.values()), 1.0):
-            raise TraceError(f"trace: mix must give a share >= 0 to each of {sorted(_TEAMS)}, summing to 1; got {self.mix}")
+        if (
+            set(self.mix) != set(_TEAMS)
+            or any(v < 0 for v in self.mix.values())
+            or not math.isclose(sum(self.mix.values()), 1.0)
+        ):
+            raise TraceError(
+                f"trace: mix must give a share >= 0 to each of {sorted(_TEAMS)}, summing to 1; got {self.mix}"
+            )
         for g in self.gang_gpus:
             if g <= self.gpus_per_node or g % self.gpus_per_node:
-                raise TraceError(f"trace: gang_gpus {g} must be a multiple of gpus_per_node {self.gpus_per_node} above it")
+                raise TraceError(
+                    f"trace: gang_gpus {g} must be a multiple of gpus_per_node {self.gpus_per_node} above it"
+                )
             if not any(self.quotas.get(t, 0) >= g for t in _TEAMS["gang"]):
                 raise TraceError(f"trace: no gang team ({sorted(_TEAMS['gang'])}) has a quota of gang_gpus {g}")
 
@@ -118,7 +128,9 @@ def _expected_gpu_hours(cfg: TraceConfig, kind: str) -> float:
         trials = sum(cfg.trials_per_sweep) / 2
         return trials * small * _clipped_lognormal_mean(cfg.trial_median_hours, _SIGMA["sweep"], _FLOOR["sweep"])
     if kind == "interactive":
-        return small * _clipped_lognormal_mean(cfg.interactive_median_hours, _SIGMA["interactive"], _FLOOR["interactive"])
+        return small * _clipped_lognormal_mean(
+            cfg.interactive_median_hours, _SIGMA["interactive"], _FLOOR["interactive"]
+        )
     sizes, weights = _gang_sizes(cfg)
     gpus = sum(s * w for s, w in zip(sizes, weights)) / sum(weights)
     lo, hi = cfg.gang_days
@@ -160,8 +172,20 @@ def synthetic_jobs(cfg: TraceConfig, seed: int) -> list[Job]:
             jobs.append(Job(f"sweep-{s:04d}-{k:02d}", team, "sweep", "sweep", t + 0.01 * k, gpus,
                             _lognormal(rng, "sweep", cfg.trial_median_hours), 0.5, 0.02, 0.05))
     for i, t in enumerate(_arrivals(rng, rates["interactive"], hours)):
-        jobs.append(Job(f"interactive-{i:04d}", _team(rng, "interactive"), "interactive", "interactive", t,
-                        rng.choice(_SMALL_GPUS), _lognormal(rng, "interactive", cfg.interactive_median_hours), None, 0.0, 0.02))
+        jobs.append(
+            Job(
+                f"interactive-{i:04d}",
+                _team(rng, "interactive"),
+                "interactive",
+                "interactive",
+                t,
+                rng.choice(_SMALL_GPUS),
+                _lognormal(rng, "interactive", cfg.interactive_median_hours),
+                None,
+                0.0,
+                0.02,
+            )
+        )
     sizes, weights = _gang_sizes(cfg)
     lo, hi = cfg.gang_days
     for i, t in enumerate(_arrivals(rng, rates["gang"], hours)):
@@ -171,7 +195,9 @@ def synthetic_jobs(cfg: TraceConfig, seed: int) -> list[Job]:
         nodes = gpus // cfg.gpus_per_node
         interval = cfg.gang_checkpoint_hours or young_daly_hours(cfg.gang_save_hours, cfg.node_mtbf_hours, nodes)
         days = lo * math.exp(rng.uniform(0.0, math.log(hi / lo)))
-        jobs.append(Job(f"gang-{i:03d}", team, "gang", "production", t, gpus, 24.0 * days, interval, cfg.gang_save_hours, 0.25))
+        jobs.append(
+            Job(f"gang-{i:03d}", team, "gang", "production", t, gpus, 24.0 * days, interval, cfg.gang_save_hours, 0.25)
+        )
     jobs.sort(key=lambda j: (j.submit, j.id))
     if cfg.exact_load and jobs:
         scale = cfg.load / offered_load(jobs, cfg.cluster(), hours)

@@ -50,8 +50,14 @@ def write_landing(store) -> str:
 
 
 def run(job_name: str, defs, instance, partition_key: str | None = None):
-    result = defs.resolve_job_def(job_name).execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False)
-    print(f"run {result.run_id[:8]} {job_name}{f' [{partition_key}]' if partition_key else ''}: {'ok' if result.success else 'FAILED'}", flush=True)
+    result = defs.resolve_job_def(job_name).execute_in_process(
+        instance=instance, partition_key=partition_key, raise_on_error=False
+    )
+    print(
+        f"run {result.run_id[:8]} {job_name}{f' [{partition_key}]' if partition_key else ''}: "
+        f"{'ok' if result.success else 'FAILED'}",
+        flush=True,
+    )
     for event in result.all_events:
         error = getattr(event.event_specific_data, "error", None) if event.is_failure else None
         if error is not None:
@@ -61,7 +67,10 @@ def run(job_name: str, defs, instance, partition_key: str | None = None):
 
 def main() -> int:
     if os.environ.get("TRAINYARD_ENV") != "cluster":
-        print("run_gang: set TRAINYARD_ENV=cluster and the cluster environment's variables (deploy/kind/e2e.sh does)", file=sys.stderr)
+        print(
+            "run_gang: set TRAINYARD_ENV=cluster and the cluster environment's variables (deploy/kind/e2e.sh does)",
+            file=sys.stderr,
+        )
         return 2
     pipeline = gang_pipeline()
     defs = team_definitions(team, pipeline)
@@ -79,7 +88,10 @@ def main() -> int:
     if not promote.success:
         return 1
     reg = promote.output_for_node(naming.node_name(pipeline, naming.REGISTERED_MODEL))
-    print(f"registered {reg.name} version {reg.version}; champion {reg.champion}; test accuracy {reg.metrics['test_acc']:.4f}")
+    print(
+        f"registered {reg.name} version {reg.version}; champion {reg.champion}; test accuracy "
+        f"{reg.metrics['test_acc']:.4f}"
+    )
     return 0 if reg.champion else 1
 
 

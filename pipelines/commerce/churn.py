@@ -12,7 +12,16 @@ would leak the label (see docs/data.md, "Feature store sources (Feast)").
 
 from __future__ import annotations
 
-from trainyard import ColumnSpec, FeastSourceSpec, FloatParam, IntParam, ModelSpec, PipelineSpec, PromotionSpec, SearchSpec
+from trainyard import (
+    ColumnSpec,
+    FeastSourceSpec,
+    FloatParam,
+    IntParam,
+    ModelSpec,
+    PipelineSpec,
+    PromotionSpec,
+    SearchSpec,
+)
 
 REPO = "feast/commerce"
 """The Feast repository, relative to the object store root (`<TRAINYARD_HOME>/store/feast/commerce` locally)."""
@@ -23,7 +32,8 @@ TARGET = "churned"
 churn = PipelineSpec(
     team="commerce",
     name="churn",
-    description="Customer churn from account statistics as known at each label's time (Feast), a LightGBM binary classifier.",
+    description="Customer churn from account statistics as known at each label's time (Feast), a LightGBM binary "
+                "classifier.",
     source=FeastSourceSpec(
         prefix=LANDING,
         pattern="*.csv",
@@ -34,7 +44,9 @@ churn = PipelineSpec(
     ),
     columns={
         "balance": ColumnSpec(dtype="float", min=0),
-        "txn_count_7d": ColumnSpec(dtype="int", min=0),  # Feast Int64: served as JSON integers (`long` in the signature)
+        "txn_count_7d": ColumnSpec(
+            dtype="int", min=0
+        ),  # Feast Int64: served as JSON integers (`long` in the signature)
         "tickets_30d": ColumnSpec(dtype="int", min=0),
         TARGET: ColumnSpec(dtype="int", domain=[0, 1]),
     },

@@ -29,7 +29,8 @@ def check_heads_split(heads: int, tensor_parallel_size: int) -> None:
     if heads % tensor_parallel_size:
         fits = [n for n in range(1, heads + 1) if heads % n == 0]
         raise StrategyConfigError(
-            f"heads={heads} cannot be split over tensor_parallel_size={tensor_parallel_size}: each rank needs whole heads; "
+            f"heads={heads} cannot be split over tensor_parallel_size={tensor_parallel_size}: each rank needs whole "
+            "heads; "
             f"use a tensor_parallel_size in {fits} or a multiple of {tensor_parallel_size} heads"
         )
 
@@ -69,7 +70,8 @@ class SelfAttention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(norm(x)), then x + down(gelu(up(norm(x)))); a decoder block with `causal`."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + down(gelu(up(norm(x)))); a decoder block with
+    `causal`."""
 
     def __init__(self, width: int, heads: int, expansion: int, causal: bool = False) -> None:
         super().__init__()
@@ -222,7 +224,10 @@ class DecoderLM(ParallelizableModule):
     ) -> None:
         super().__init__()
         if vocab_size < 2 or block_size < 1:
-            raise ValueError(f"DecoderLM needs vocab_size >= 2 and block_size >= 1, got vocab_size={vocab_size}, block_size={block_size}")
+            raise ValueError(
+                f"DecoderLM needs vocab_size >= 2 and block_size >= 1, got vocab_size={vocab_size}, "
+                f"block_size={block_size}"
+            )
         self.save_hyperparameters()
         self.embed = nn.Embedding(vocab_size, width)
         self.position = nn.Embedding(block_size, width)
@@ -250,7 +255,9 @@ class DecoderLM(ParallelizableModule):
         super().configure_model()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = x.contiguous().long()  # see SequenceTransformer.forward: a strided view makes torch.export guard on sizes
+        tokens = (
+            x.contiguous().long()
+        )  # see SequenceTransformer.forward: a strided view makes torch.export guard on sizes
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.embed(tokens) + self.position(positions)
         for block in self.blocks:
@@ -280,7 +287,8 @@ class DecoderLM(ParallelizableModule):
             totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         totals = self.trainer.strategy.reduce(totals, reduce_op="sum")  # every rank's tokens: exact over ranks
         loss = totals[0] / totals[1].clamp(min=1)
-        # Equal on every rank already; sync_dist only keeps Lightning's epoch-level check quiet (a mean of equal values).
+        # Equal on every rank already; sync_dist only keeps Lightning's epoch-level check quiet (a mean of equal
+        # values).
         self.log(f"{stage}_loss", loss.float(), sync_dist=True)
         self.log(f"{stage}_perplexity", loss.exp().float(), prog_bar=stage == "val", sync_dist=True)
 

@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainyard import CategoricalParam, ColumnSpec, Distribution, FloatParam, ModelSpec, PipelineSpec, SearchSpec, SourceSpec
+from trainyard import (
+    CategoricalParam,
+    ColumnSpec,
+    Distribution,
+    FloatParam,
+    ModelSpec,
+    PipelineSpec,
+    SearchSpec,
+    SourceSpec,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,7 +37,8 @@ TARGET = "first"
 precedence = PipelineSpec(
     team="language",
     name="precedence",
-    description="Which of four signal tokens occurs first in a 32-token sequence; a one-block transformer, FSDP2 on 2 processes.",
+    description="Which of four signal tokens occurs first in a 32-token sequence; a one-block transformer, FSDP2 on 2 "
+                "processes.",
     source=SourceSpec(prefix="landing/language/precedence", pattern="*.csv"),
     columns={
         # Token ids are integers (the registered signature takes them as longs); the model

@@ -26,10 +26,17 @@ PREFIX = "landing/language/stdlib_lm"
 stdlib_lm = PipelineSpec(
     team="language",
     name="stdlib_lm",
-    description="A small decoder-only transformer pretrained on the Python standard library's source (causal LM, FSDP2 on 2 processes).",
+    description="A small decoder-only transformer pretrained on the Python standard library's source (causal LM, "
+                "FSDP2 on 2 processes).",
     source=SourceSpec(prefix=PREFIX, pattern="*.py"),
-    shards=TextShards(tokenizer="bpe", vocab_size=1024, block_size=64, max_duplicate_rate=0.05, max_empty_rate=0.02,
-                      shard_bytes=1 << 18),
+    shards=TextShards(
+        tokenizer="bpe",
+        vocab_size=1024,
+        block_size=64,
+        max_duplicate_rate=0.05,
+        max_empty_rate=0.02,
+        shard_bytes=1 << 18,
+    ),
     min_rows=20,  # documents
     model=ModelSpec(
         path="pipelines.language.models:DecoderLM",
@@ -54,7 +61,8 @@ def stdlib_sources(count: int, *, start: int = 0, max_bytes: int = 40_000) -> li
 
 
 def land_stdlib(landing: Path, count: int, *, start: int = 0) -> list[Path]:
-    """Copy `count` standard-library modules into the landing directory `landing` (`<store>/landing/language/stdlib_lm`)."""
+    """Copy `count` standard-library modules into the landing directory `landing`
+    (`<store>/landing/language/stdlib_lm`)."""
     landing.mkdir(parents=True, exist_ok=True)
     landed = []
     for source in stdlib_sources(count, start=start):

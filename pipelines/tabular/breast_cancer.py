@@ -15,7 +15,18 @@ from trainyard import ColumnSpec, FloatParam, IntParam, ModelSpec, PipelineSpec,
 if TYPE_CHECKING:
     import pandas as pd
 
-MEASURES = ["radius", "texture", "perimeter", "area", "smoothness", "compactness", "concavity", "concave_points", "symmetry", "fractal_dimension"]
+MEASURES = [
+    "radius",
+    "texture",
+    "perimeter",
+    "area",
+    "smoothness",
+    "compactness",
+    "concavity",
+    "concave_points",
+    "symmetry",
+    "fractal_dimension",
+]
 FEATURES = [f"mean_{m}" for m in MEASURES] + [f"{m}_error" for m in MEASURES] + [f"worst_{m}" for m in MEASURES]
 TARGET = "benign"
 

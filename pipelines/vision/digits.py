@@ -9,7 +9,10 @@ digits = PipelineSpec(
     name="digits",
     description="Handwritten digit classifier (8x8 grey images), a two-layer MLP.",
     source=SourceSpec(prefix="landing/vision/digits", pattern="*.csv"),
-    columns={**{p: ColumnSpec(dtype="float", min=0, max=16) for p in PIXELS}, "label": ColumnSpec(dtype="int", domain=list(range(10)))},
+    columns={
+        **{p: ColumnSpec(dtype="float", min=0, max=16) for p in PIXELS},
+        "label": ColumnSpec(dtype="int", domain=list(range(10))),
+    },
     target="label",
     min_rows=500,
     model=ModelSpec(path="pipelines.vision.models:DigitsMLP", max_epochs=12, batch_size=64, monitor="val_acc"),

@@ -13,7 +13,8 @@ from training.parallel import ParallelizableModule
 
 
 class _DigitsClassifier(L.LightningModule):
-    """The steps (cross-entropy, `<stage>_loss` and `<stage>_acc`) and the Adam optimizer (`hparams.lr`) of the digit models.
+    """The steps (cross-entropy, `<stage>_loss` and `<stage>_acc`) and the Adam optimizer (`hparams.lr`) of the digit
+    models.
 
     A subclass calls `super().__init__()` then `self.save_hyperparameters()` in its own
     `__init__`: Lightning collects the arguments of the `__init__` frames that use `super()`.

@@ -71,11 +71,17 @@ def namespace(name: str, *, enforce: str = "restricted", warn: str = "restricted
 def service_account(name: str, namespace: str) -> dict[str, Any]:
     """A ServiceAccount whose token is not mounted unless a pod asks for it."""
     check_dns_subdomain("service_account", name)
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace, "labels": PART_OF},
-            "automountServiceAccountToken": False}
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": name, "namespace": namespace, "labels": PART_OF},
+        "automountServiceAccountToken": False,
+    }
 
 
-def _role_and_binding(name: str, namespace: str, rules: list[dict[str, Any]], subject: tuple[str, str]) -> list[dict[str, Any]]:
+def _role_and_binding(
+    name: str, namespace: str, rules: list[dict[str, Any]], subject: tuple[str, str]
+) -> list[dict[str, Any]]:
     return [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": name, "namespace": namespace, "labels": PART_OF}, "rules": rules},
@@ -189,7 +195,9 @@ def kueue_objects(teams: list[TeamQuota], cohort: str, flavor: str) -> list[dict
     return objs
 
 
-def rbac_objects(namespace: str, service_account_name: str, *, service_account_namespace: Optional[str] = None) -> list[dict[str, Any]]:
+def rbac_objects(
+    namespace: str, service_account_name: str, *, service_account_namespace: Optional[str] = None
+) -> list[dict[str, Any]]:
     """Least-privilege access for one team's launcher, in that team's namespace only.
 
     The launcher creates Jobs and their Services, reads and deletes them, lists

@@ -14,9 +14,26 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from trainyard.podconfig import Affinity, PodSettings, SecretKeyRef, Toleration, check_dns_subdomain, check_labels, check_quantity
+from trainyard.podconfig import (
+    Affinity,
+    PodSettings,
+    SecretKeyRef,
+    Toleration,
+    check_dns_subdomain,
+    check_labels,
+    check_quantity,
+)
 
-__all__ = ["Affinity", "K8sJobConfig", "PodSettings", "SecretKeyRef", "TeamQuota", "Toleration", "check_dns_subdomain", "check_quantity"]
+__all__ = [
+    "Affinity",
+    "K8sJobConfig",
+    "PodSettings",
+    "SecretKeyRef",
+    "TeamQuota",
+    "Toleration",
+    "check_dns_subdomain",
+    "check_quantity",
+]
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RESERVED_LABEL_PREFIXES = ("trainyard.io/", "kueue.x-k8s.io/", "batch.kubernetes.io/", "kubernetes.io/", "k8s.io/")
@@ -62,7 +79,9 @@ class K8sJobConfig(PodSettings):
     @classmethod
     def _namespace(cls, v: str) -> str:
         if len(v) > 63 or not _DNS_LABEL.match(v):
-            raise ValueError(f"namespace={v!r} is not a DNS label; accepted: lowercase letters, digits and '-', at most 63")
+            raise ValueError(
+                f"namespace={v!r} is not a DNS label; accepted: lowercase letters, digits and '-', at most 63"
+            )
         return v
 
     @field_validator("queue_name", "priority_class", "workload_priority_class")
@@ -76,13 +95,18 @@ class K8sJobConfig(PodSettings):
         check_labels("labels", v)
         for key in v:
             if key.startswith(_RESERVED_LABEL_PREFIXES):
-                raise ValueError(f"labels key {key!r} is reserved for the platform; accepted: keys outside {_RESERVED_LABEL_PREFIXES}")
+                raise ValueError(
+                    f"labels key {key!r} is reserved for the platform; accepted: keys outside "
+                    f"{_RESERVED_LABEL_PREFIXES}"
+                )
         return v
 
     @model_validator(mode="after")
     def _has_image(self) -> "K8sJobConfig":
         if self.image is None:
-            raise ValueError("image is not set; accepted: the trainer image, e.g. 'registry.example/trainer@sha256:<64 hex digits>'")
+            raise ValueError(
+                "image is not set; accepted: the trainer image, e.g. 'registry.example/trainer@sha256:<64 hex digits>'"
+            )
         return self
 
 

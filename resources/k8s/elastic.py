@@ -124,9 +124,12 @@ class Resizer:
         if waited < self.bound or not self.smallest <= placed < self.size:
             return
         first = min(unplaced, key=lambda p: p.index if p.index is not None else 1 << 30)
-        raise ResizeNeeded(placed, f"node lost: {len(unplaced)} of the gang's {self.size} pods could not be placed for "
-                                   f"{waited:.0f} s (bound {self.bound:.0f} s; pod {first.name}: {first.unschedulable}); "
-                                   f"{placed} nodes have room")
+        raise ResizeNeeded(
+            placed,
+            f"node lost: {len(unplaced)} of the gang's {self.size} pods could not be placed for "
+            f"{waited:.0f} s (bound {self.bound:.0f} s; pod {first.name}: {first.unschedulable}); "
+            f"{placed} nodes have room",
+        )
 
     def _grow(self, now: float) -> None:
         missing = self.full - self.size
@@ -144,19 +147,28 @@ class Resizer:
             self.probe_room, self.probe_since = room, now
         nodes = [p.node for p in running if p.node]
         if room >= missing or (room and now - self.probe_since >= self.bound):
-            raise ResizeNeeded(self.size + min(room, missing),
-                               f"capacity returned: {room} of {missing} capacity probe pods run (nodes {', '.join(sorted(nodes)) or '?'})")
+            raise ResizeNeeded(
+                self.size + min(room, missing),
+                f"capacity returned: {room} of {missing} capacity probe pods run (nodes "
+                f"{', '.join(sorted(nodes)) or '?'})",
+            )
 
     def _start_probe(self, pods: int) -> None:
         name = f"{self.gang}{PROBE_SUFFIX}"
-        body = capacity_probe_manifest(self.spec, self.cfg, name, pods, trial_labels(self.spec, self.attempt, self.run_id))
+        body = capacity_probe_manifest(
+            self.spec, self.cfg, name, pods, trial_labels(self.spec, self.attempt, self.run_id)
+        )
         try:
-            self.sup._api(f"create Job {name}", self.sup.batch.create_namespaced_job, self.sup.namespace, body, expect=(409,))
+            self.sup._api(
+                f"create Job {name}", self.sup.batch.create_namespaced_job, self.sup.namespace, body, expect=(409,)
+            )
         except ApiException:
             pass  # an earlier try went through
         self.probe = name
-        self.log.info(f"trial {self.spec.trial_id}: capacity probe Job {self.sup.namespace}/{name} holds {pods} placeholder "
-                      f"pod(s) shaped like the gang's; the gang grows back when they run")
+        self.log.info(
+            f"trial {self.spec.trial_id}: capacity probe Job {self.sup.namespace}/{name} holds {pods} placeholder "
+            f"pod(s) shaped like the gang's; the gang grows back when they run"
+        )
 
     def close(self) -> None:
         """Delete the capacity probe, if one was made, and wait (at most `delete_timeout`) until it is gone.
@@ -173,8 +185,18 @@ class Resizer:
         self.probe = None
 
 
-def run_elastic(sup: Any, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, log: Any, run_id: Optional[str],
-                tick: Callable[[], None], kind: str, bound: float) -> LaunchOutcome:
+def run_elastic(
+    sup: Any,
+    spec: TrainSpec,
+    spec_uri: str,
+    attempt: int,
+    cfg: K8sJobConfig,
+    log: Any,
+    run_id: Optional[str],
+    tick: Callable[[], None],
+    kind: str,
+    bound: float,
+) -> LaunchOutcome:
     """Run `spec`'s gang, relaunched at another size of its node range whenever a `Resizer` says so, until it ends.
 
     Every gang is `sup.run_gang` of the next generation; what ends the last one
@@ -197,11 +219,21 @@ def run_elastic(sup: Any, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8s
         except ResizeNeeded as r:
             spans.append((size, sup.clock() - began))
             verb = "continues smaller" if r.nodes < size else "grows back"
-            log.warning(f"trial {spec.trial_id}: the gang {verb}: {size} -> {r.nodes} nodes (range {dist.smallest}-{dist.nodes}; "
-                        f"{r.cause}); deleting {gang} and resuming from the newest committed checkpoint at world size "
-                        f"{r.nodes * dist.procs_per_node}")
-            resizes.append({"from_nodes": size, "to_nodes": r.nodes, "cause": r.cause, "at_seconds": round(sup.clock() - started, 3),
-                            "gang": gang})
+            log.warning(
+                f"trial {spec.trial_id}: the gang {verb}: {size} -> {r.nodes} nodes (range "
+                f"{dist.smallest}-{dist.nodes}; "
+                f"{r.cause}); deleting {gang} and resuming from the newest committed checkpoint at world size "
+                f"{r.nodes * dist.procs_per_node}"
+            )
+            resizes.append(
+                {
+                    "from_nodes": size,
+                    "to_nodes": r.nodes,
+                    "cause": r.cause,
+                    "at_seconds": round(sup.clock() - started, 3),
+                    "gang": gang,
+                }
+            )
             size, generation = r.nodes, generation + 1
             continue
         finally:
@@ -221,8 +253,11 @@ def write_result(output_uri: str, result: TrainResult) -> None:
     fs.mv(f"{path}.tmp", path)
 
 
-def account(outcome: LaunchOutcome, resizes: list[dict[str, Any]], spans: list[tuple[int, float]], procs_per_node: int) -> None:
-    """Put the size changes into the result's goodput block: what changed and why, seconds per size, device-hours over the sizes.
+def account(
+    outcome: LaunchOutcome, resizes: list[dict[str, Any]], spans: list[tuple[int, float]], procs_per_node: int
+) -> None:
+    """Put the size changes into the result's goodput block: what changed and why, seconds per size, device-hours over
+    the sizes.
 
     The pods' own `device_hours` multiply the trial's wall time by the last
     gang's world size; with resizes, each gang's time counts at its own size.

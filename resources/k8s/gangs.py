@@ -68,7 +68,8 @@ def describe(obj: Any) -> str:
 
 
 def list_gangs(gangs: GangApi, sel: str) -> list[GangView]:
-    """The JobSets and Jobs (not a JobSet's child Jobs) matching `sel`; no JobSets where the cluster has no JobSet API (404)."""
+    """The JobSets and Jobs (not a JobSet's child Jobs) matching `sel`; no JobSets where the cluster has no JobSet API
+    (404)."""
     out = [j for j in gangs.list("Job", sel) if not j.owned_by_jobset]
     try:
         out += gangs.list("JobSet", sel, expect=(404,))
@@ -135,7 +136,8 @@ class Collected:
 
 def collect_garbage(batch: Any, core: Any, namespace: str, run_status: Callable[[str], Optional[str]], *,
                     dry_run: bool = False, log: Callable[[str], None] = print, custom: Any = None) -> list[Collected]:
-    """Delete the unfinished gangs (Jobs, and JobSets when `custom` is given) in `namespace` whose Dagster run has ended, and those runs' Services.
+    """Delete the unfinished gangs (Jobs, and JobSets when `custom` is given) in `namespace` whose Dagster run has
+    ended, and those runs' Services.
 
     `run_status(run_id)` is the run's status name (e.g. "STARTED", "FAILURE"),
     or None when the instance does not know the run. A run has ended when its
@@ -145,7 +147,9 @@ def collect_garbage(batch: Any, core: Any, namespace: str, run_status: Callable[
     api = GangApi(batch, custom, namespace, lambda _what, fn, *a, expect=(), **kw: fn(*a, **kw))
     jobs = [j for j in (list_gangs(api, LABEL_RUN) if custom is not None else api.list("Job", LABEL_RUN))
             if _labels(j).get(LABEL_RUN) and not j.owned_by_jobset]
-    services = [s for s in core.list_namespaced_service(namespace, label_selector=LABEL_RUN).items if _labels(s).get(LABEL_RUN)]
+    services = [
+        s for s in core.list_namespaced_service(namespace, label_selector=LABEL_RUN).items if _labels(s).get(LABEL_RUN)
+    ]
     statuses: dict[str, str] = {}
     for run_id in sorted({_labels(o)[LABEL_RUN] for o in [*jobs, *services]}):
         status = run_status(run_id)

@@ -99,7 +99,9 @@ class CodeLocation(_Frozen):
     @classmethod
     def _priority(cls, v: str) -> str:
         if v not in priority_class_names():
-            raise ValueError(f"priority_class={v!r} is not a platform PriorityClass; accepted: {priority_class_names()}")
+            raise ValueError(
+                f"priority_class={v!r} is not a platform PriorityClass; accepted: {priority_class_names()}"
+            )
         return v
 
 
@@ -172,7 +174,8 @@ def location_config_map(loc: CodeLocation, platform: Platform) -> dict[str, Any]
 
 
 def run_container_context(loc: CodeLocation, platform: Platform) -> dict[str, Any]:
-    """The container context of `loc`'s runs: the launcher's account, the location's env and Secrets, restricted pods."""
+    """The container context of `loc`'s runs: the launcher's account, the location's env and Secrets, restricted
+    pods."""
     return {
         "k8s": {
             "namespace": platform.dagster_namespace,
@@ -211,11 +214,17 @@ def user_deployment(loc: CodeLocation, platform: Platform) -> dict[str, Any]:
 
 
 # The daemon's queue (`dagster.yaml`'s `run_coordinator.config`, as the chart writes a custom coordinator's).
-RUN_QUEUE = {"max_concurrent_runs": 50, "dequeue_interval_seconds": 1, "dequeue_use_threads": True, "dequeue_num_workers": 4}
+RUN_QUEUE = {
+    "max_concurrent_runs": 50,
+    "dequeue_interval_seconds": 1,
+    "dequeue_use_threads": True,
+    "dequeue_num_workers": 4,
+}
 
 
 def dagster_values(locations: list[CodeLocation], platform: Platform) -> dict[str, Any]:
-    """The values of the `dagster/dagster` chart: PostgreSQL storage, K8sRunLauncher, queued runs, one location per team."""
+    """The values of the `dagster/dagster` chart: PostgreSQL storage, K8sRunLauncher, queued runs, one location per
+    team."""
     names = [loc.name for loc in locations]
     if len(set(names)) != len(names) or not names:
         raise ManifestError(f"code locations {names} are empty or repeat a name; accepted: one CodeLocation per team")
@@ -234,8 +243,15 @@ def dagster_values(locations: list[CodeLocation], platform: Platform) -> dict[st
         "global": {"postgresqlSecretName": "dagster-postgresql-secret"},
         "runLauncher": {
             "type": "K8sRunLauncher",
-            "config": {"k8sRunLauncher": {"imagePullPolicy": "IfNotPresent", "loadInclusterConfig": True,
-                                          "envConfigMaps": [], "envSecrets": [], "envVars": []}},
+            "config": {
+                "k8sRunLauncher": {
+                    "imagePullPolicy": "IfNotPresent",
+                    "loadInclusterConfig": True,
+                    "envConfigMaps": [],
+                    "envSecrets": [],
+                    "envVars": [],
+                }
+            },
         },
         "dagsterDaemon": {
             "enabled": True,
@@ -247,13 +263,22 @@ def dagster_values(locations: list[CodeLocation], platform: Platform) -> dict[st
             # dequeue threads and run monitoring ask for it (Dagster's lazy `instance.run_launcher` is not
             # thread-safe): so the daemon, and the webserver that submits to the queue, run the orchestrator image.
             "image": chart_image(platform.orchestrator_image),
-            "runCoordinator": {"enabled": True, "type": "CustomRunCoordinator",
-                               "config": {"customRunCoordinator": {"module": "instance.run_queue", "class": "RunQueue",
-                                                                   "config": RUN_QUEUE}}},
+            "runCoordinator": {
+                "enabled": True,
+                "type": "CustomRunCoordinator",
+                "config": {
+                    "customRunCoordinator": {"module": "instance.run_queue", "class": "RunQueue", "config": RUN_QUEUE}
+                },
+            },
             # A run pod killed (node lost, evicted, OOM) is resumed: a new run worker for the same
             # run and attempt, whose launcher re-attaches to the trial's running gang (same name,
             # attempt and run id) instead of starting a second one (resources.k8s.gangs).
-            "runMonitoring": {"enabled": True, "startTimeoutSeconds": 300, "pollIntervalSeconds": 60, "maxResumeRunAttempts": 3},
+            "runMonitoring": {
+                "enabled": True,
+                "startTimeoutSeconds": 300,
+                "pollIntervalSeconds": 60,
+                "maxResumeRunAttempts": 3,
+            },
         },
         "dagsterWebserver": {"image": chart_image(platform.orchestrator_image)},
         "dagster-user-deployments": {

@@ -76,7 +76,11 @@ class GangView:
 def job_view(job: Any) -> GangView:
     """A `V1Job` (the client's model) as a gang."""
     meta, spec, status = job.metadata, job.spec, job.status
-    conds = {c.type: Condition(c.type, c.status, c.reason or "", c.message or "") for c in (status.conditions or [])} if status else {}
+    conds = (
+        {c.type: Condition(c.type, c.status, c.reason or "", c.message or "") for c in (status.conditions or [])}
+        if status
+        else {}
+    )
     owners = meta.owner_references or []
     return GangView(
         kind="Job", name=meta.name, uid=meta.uid, labels=dict(meta.labels or {}), suspended=bool(spec and spec.suspend),
@@ -91,12 +95,21 @@ def jobset_view(js: dict[str, Any]) -> GangView:
     conds = {c["type"]: Condition(c["type"], c.get("status", ""), c.get("reason") or "", c.get("message") or "")
              for c in status.get("conditions") or []}
     rjobs = spec.get("replicatedJobs") or []
-    wanted = sum(int(rj.get("replicas", 1)) * int(((rj.get("template") or {}).get("spec") or {}).get("parallelism", 1)) for rj in rjobs)
+    wanted = sum(
+        int(rj.get("replicas", 1)) * int(((rj.get("template") or {}).get("spec") or {}).get("parallelism", 1))
+        for rj in rjobs
+    )
     children = tuple(f"{meta.get('name')}-{rj['name']}-{i}" for rj in rjobs for i in range(int(rj.get("replicas", 1))))
     return GangView(
-        kind="JobSet", name=meta.get("name", ""), uid=meta.get("uid"), labels=dict(meta.get("labels") or {}),
-        suspended=bool(spec.get("suspend")), conditions=conds, pods_wanted=wanted or 1,
-        restarts=int(status.get("restarts") or 0), max_restarts=int((spec.get("failurePolicy") or {}).get("maxRestarts", 0)),
+        kind="JobSet",
+        name=meta.get("name", ""),
+        uid=meta.get("uid"),
+        labels=dict(meta.get("labels") or {}),
+        suspended=bool(spec.get("suspend")),
+        conditions=conds,
+        pods_wanted=wanted or 1,
+        restarts=int(status.get("restarts") or 0),
+        max_restarts=int((spec.get("failurePolicy") or {}).get("maxRestarts", 0)),
         children=children or (f"{meta.get('name')}-{JOBSET_REPLICATED_JOB}-0",),
     )
 
@@ -118,7 +131,9 @@ class GangApi:
     def create(self, kind: str, obj: dict[str, Any], **kw: Any) -> GangView:
         name = obj["metadata"]["name"]
         if kind == "Job":
-            return job_view(self.call(f"create Job {name}", self.batch.create_namespaced_job, self.namespace, obj, **kw))
+            return job_view(
+                self.call(f"create Job {name}", self.batch.create_namespaced_job, self.namespace, obj, **kw)
+            )
         created = self.call(f"create JobSet {name}", self.custom.create_namespaced_custom_object, JOBSET_GROUP,
                             JOBSET_VERSION, self.namespace, JOBSET_PLURAL, obj, **kw)
         if not isinstance(created, dict) or not created.get("metadata"):
@@ -148,5 +163,14 @@ class GangApi:
         if kind == "Job":
             self.call(f"delete Job {name}", self.batch.delete_namespaced_job, name, self.namespace, body=body, **kw)
         else:
-            self.call(f"delete JobSet {name}", self.custom.delete_namespaced_custom_object, JOBSET_GROUP, JOBSET_VERSION,
-                      self.namespace, JOBSET_PLURAL, name, body=body, **kw)
+            self.call(
+                f"delete JobSet {name}",
+                self.custom.delete_namespaced_custom_object,
+                JOBSET_GROUP,
+                JOBSET_VERSION,
+                self.namespace,
+                JOBSET_PLURAL,
+                name,
+                body=body,
+                **kw,
+            )

@@ -59,11 +59,15 @@ class PodsReadyPolicy:
         if self.backoff_limit_count < 0:
             raise ValueError(f"backoff_limit_count={self.backoff_limit_count!r}; accepted: 0 or more requeues")
         if self.backoff_base_seconds > self.backoff_max_seconds:
-            raise ValueError(f"backoff_base_seconds={self.backoff_base_seconds} > backoff_max_seconds={self.backoff_max_seconds}")
+            raise ValueError(
+                f"backoff_base_seconds={self.backoff_base_seconds} > backoff_max_seconds={self.backoff_max_seconds}"
+            )
 
     def worst_case_seconds(self) -> int:
         """Admitted-and-not-ready time plus requeue backoffs until Kueue deactivates the Workload."""
-        waits = sum(min(self.backoff_base_seconds * 2 ** n, self.backoff_max_seconds) for n in range(self.backoff_limit_count))
+        waits = sum(
+            min(self.backoff_base_seconds * 2**n, self.backoff_max_seconds) for n in range(self.backoff_limit_count)
+        )
         return self.timeout_seconds * (self.backoff_limit_count + 1) + waits
 
 
@@ -87,8 +91,15 @@ def kueue_configuration(policy: PodsReadyPolicy = PodsReadyPolicy()) -> dict[str
         "metrics": {"bindAddress": ":8443"},
         "webhook": {"port": 9443},
         "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
-        "controller": {"groupKindConcurrency": {"Job.batch": 5, "Workload.kueue.x-k8s.io": 10, "LocalQueue.kueue.x-k8s.io": 5,
-                                                 "ClusterQueue.kueue.x-k8s.io": 5, "ResourceFlavor.kueue.x-k8s.io": 1}},
+        "controller": {
+            "groupKindConcurrency": {
+                "Job.batch": 5,
+                "Workload.kueue.x-k8s.io": 10,
+                "LocalQueue.kueue.x-k8s.io": 5,
+                "ClusterQueue.kueue.x-k8s.io": 5,
+                "ResourceFlavor.kueue.x-k8s.io": 1,
+            }
+        },
         "clientConnection": {"qps": 50, "burst": 100},
         # Only Jobs that name a queue: other workloads in the cluster are not Kueue's business.
         "manageJobsWithoutQueueName": False,
@@ -114,7 +125,12 @@ def kueue_config_map(policy: PodsReadyPolicy = PodsReadyPolicy()) -> dict[str, A
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": KUEUE_CONFIG_MAP, "namespace": KUEUE_NAMESPACE,
-                     "labels": {"app.kubernetes.io/part-of": "trainyard", "app.kubernetes.io/name": "kueue"}},
-        "data": {KUEUE_CONFIG_KEY: yaml.safe_dump(kueue_configuration(policy), sort_keys=False, default_flow_style=False)},
+        "metadata": {
+            "name": KUEUE_CONFIG_MAP,
+            "namespace": KUEUE_NAMESPACE,
+            "labels": {"app.kubernetes.io/part-of": "trainyard", "app.kubernetes.io/name": "kueue"},
+        },
+        "data": {
+            KUEUE_CONFIG_KEY: yaml.safe_dump(kueue_configuration(policy), sort_keys=False, default_flow_style=False)
+        },
     }

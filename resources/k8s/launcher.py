@@ -50,7 +50,8 @@ def attempt_number(context: Any) -> int:
 
 
 def run_id_of(context: Any) -> Optional[str]:
-    """The Dagster run id of a launch (labels the gang; `trainyard k8s gc` asks the instance about it), None without one."""
+    """The Dagster run id of a launch (labels the gang; `trainyard k8s gc` asks the instance about it), None without
+    one."""
     run_id = getattr(context, "run_id", None) or getattr(getattr(context, "run", None), "run_id", None)
     return run_id if isinstance(run_id, str) and run_id else None
 
@@ -79,7 +80,8 @@ def _config_type(annotation: Any) -> Any:
 
 def config_of(model: type[BaseModel], base: type[Config] = Config, exclude: tuple[str, ...] = (),
               name: Optional[str] = None) -> type[Config]:
-    """A Dagster `Config` (or `base`, e.g. a resource) with `model`'s fields but `exclude`: same names, defaults and descriptions.
+    """A Dagster `Config` (or `base`, e.g. a resource) with `model`'s fields but `exclude`: same names, defaults and
+    descriptions.
 
     The fields are not declared again: a resource configured with them gets
     exactly the model's settings, and builds the model from them to check them.
@@ -93,21 +95,28 @@ def config_of(model: type[BaseModel], base: type[Config] = Config, exclude: tupl
             default = Field(description=info.description)
         elif info.default_factory is not None or isinstance(info.default, tuple):
             if info.get_default(call_default_factory=True):
-                raise TypeError(f"{model.__name__}.{field_name}: only an empty collection can be a Dagster config default")
+                raise TypeError(
+                    f"{model.__name__}.{field_name}: only an empty collection can be a Dagster config default"
+                )
             default = Field(default_factory=dict if get_origin(kind) is dict else list, description=info.description)
         else:
             default = Field(info.default, description=info.description)
         fields[field_name] = (kind, default)
-    return create_model(name or f"{model.__name__}Config", __base__=base, __module__=__name__, __doc__=model.__doc__, **fields)
+    return create_model(
+        name or f"{model.__name__}Config", __base__=base, __module__=__name__, __doc__=model.__doc__, **fields
+    )
 
 
 # The launcher's job settings: `K8sJobConfig`'s fields (the pods' `PodSettings` and the Job's own) but the
 # supervisor's `avoid_nodes`, generated, never declared here.
-_KubernetesLauncherSettings = config_of(K8sJobConfig, base=Launcher, exclude=("avoid_nodes",), name="_KubernetesLauncherSettings")
+_KubernetesLauncherSettings = config_of(
+    K8sJobConfig, base=Launcher, exclude=("avoid_nodes",), name="_KubernetesLauncherSettings"
+)
 
 
 def _platform_pod(s: Settings, env: Mapping[str, str]) -> PodConfig:
-    """The platform's pod settings (`TRAINYARD_TRAINER_IMAGE`, `TRAINYARD_K8S_*`, `AWS_ENDPOINT_URL` of `env`), under the team's `TRAINYARD_K8S_POD`."""
+    """The platform's pod settings (`TRAINYARD_TRAINER_IMAGE`, `TRAINYARD_K8S_*`, `AWS_ENDPOINT_URL` of `env`), under
+    the team's `TRAINYARD_K8S_POD`."""
     numbers: dict[str, Any] = {}
     if s.k8s_gpus_per_pod is not None:
         numbers["gpus_per_pod"] = s.k8s_gpus_per_pod
@@ -123,7 +132,8 @@ def _platform_pod(s: Settings, env: Mapping[str, str]) -> PodConfig:
 
 
 def _bounds(s: Settings) -> dict[str, Any]:
-    """The supervisor's bounds the platform sets (`TRAINYARD_K8S_*_SECONDS`); an unset one keeps `K8sJobConfig`'s default."""
+    """The supervisor's bounds the platform sets (`TRAINYARD_K8S_*_SECONDS`); an unset one keeps `K8sJobConfig`'s
+    default."""
     bounds = {"stuck_seconds": s.k8s_stuck_seconds, "unschedulable_seconds": s.k8s_unschedulable_seconds,
               "resize_after_seconds": s.k8s_resize_after_seconds}
     return {name: value for name, value in bounds.items() if value is not None}
@@ -151,7 +161,9 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
     """
 
     gang_kind: Literal["jobset", "job"] = Field(
-        "jobset", description="jobset (whole-gang restarts; needs the JobSet controller) or job (an Indexed Job and its Service)")
+        "jobset",
+        description="jobset (whole-gang restarts; needs the JobSet controller) or job (an Indexed Job and its Service)",
+    )
 
     api_url: Optional[str] = Field(None, description="explicit API server URL (tests, kubectl proxy)")
     in_cluster: bool = False
@@ -159,15 +171,23 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
     kube_context: Optional[str] = None
     kueue_version: str = "v1beta2"
     poll_interval_seconds: float = Field(10.0, gt=0)
-    run_timeout_seconds: float = Field(float(DEFAULT_ACTIVE_DEADLINE_SECONDS), gt=0,
-                                       description="running time after admission (default: the Job's default activeDeadlineSeconds)")
+    run_timeout_seconds: float = Field(
+        float(DEFAULT_ACTIVE_DEADLINE_SECONDS),
+        gt=0,
+        description="running time after admission (default: the Job's default activeDeadlineSeconds)",
+    )
     queue_timeout_seconds: float = Field(86400.0, gt=0, description="time waiting for Kueue admission")
     log_tail_lines: int = Field(40, ge=1)
-    stuck_seconds: float = Field(300.0, ge=0, description="admitted seconds an image pull error, crash loop or FailedCreate may last")
+    stuck_seconds: float = Field(
+        300.0, ge=0, description="admitted seconds an image pull error, crash loop or FailedCreate may last"
+    )
     unschedulable_seconds: float = Field(900.0, ge=0, description="admitted seconds a pod may stay Unschedulable")
     resize_after_seconds: float = Field(
-        120.0, gt=0, description="admitted seconds a gang with a node range waits for a lost node before it continues smaller "
-                                 "(and for part of its capacity to return before it grows back)")
+        120.0,
+        gt=0,
+        description="admitted seconds a gang with a node range waits for a lost node before it continues smaller "
+        "(and for part of its capacity to return before it grows back)",
+    )
     api_retries: int = Field(4, ge=0)
 
     @model_validator(mode="after")
@@ -183,7 +203,8 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
 
     @staticmethod
     def missing_settings(env: dict[str, str], pod: Optional[PodConfig] = None) -> list[str]:
-        """The required variables `env` lacks: the namespace, and the trainer image unless the pod configuration names one."""
+        """The required variables `env` lacks: the namespace, and the trainer image unless the pod configuration names
+        one."""
         s = settings(env)
         pod = pod if pod is not None else PodConfig.from_json(s.k8s_pod, source=POD_ENV)
         missing = [] if s.k8s_namespace else ["TRAINYARD_K8S_NAMESPACE"]
@@ -204,7 +225,8 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
         pod creation; default 300), TRAINYARD_K8S_UNSCHEDULABLE_SECONDS (default
         900), TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS (the Job's activeDeadlineSeconds,
         default 7 days; 0: none), TRAINYARD_K8S_RESIZE_AFTER_SECONDS (how long a gang
-        with a node range waits for a lost node before it continues smaller; default 120). TRAINYARD_K8S_GANG_KIND: jobset (default) or job.
+        with a node range waits for a lost node before it continues smaller; default 120). TRAINYARD_K8S_GANG_KIND:
+        jobset (default) or job.
         The pod settings among these (image, service account, GPUs, the deadline,
         AWS_ENDPOINT_URL, Secrets) are a `PodConfig`; then TRAINYARD_K8S_POD, a
         `PodConfig` as JSON (what `TeamSpec.environment` writes from the team's
@@ -219,7 +241,9 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
         missing = cls.missing_settings(env, pod)
         if missing:
             raise ValueError(f"the Kubernetes launcher needs {', '.join(missing)} to be set")
-        fields: dict[str, Any] = _platform_pod(s, env).overlay(pod).model_dump(mode="json", exclude_unset=True, by_alias=True)
+        fields: dict[str, Any] = (
+            _platform_pod(s, env).overlay(pod).model_dump(mode="json", exclude_unset=True, by_alias=True)
+        )
         fields.update(_bounds(s))
         if s.k8s_gang_kind:
             fields["gang_kind"] = s.k8s_gang_kind
@@ -242,12 +266,21 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
 
     def supervisor(self, api_client: k8s_client.ApiClient) -> JobSupervisor:
         return JobSupervisor(
-            k8s_client.BatchV1Api(api_client), k8s_client.CoreV1Api(api_client), k8s_client.CustomObjectsApi(api_client),
-            clock=time.monotonic, sleep=time.sleep, namespace=self.namespace,
-            poll_interval=self.poll_interval_seconds, run_timeout=self.run_timeout_seconds,
-            queue_timeout=self.queue_timeout_seconds, log_tail_lines=self.log_tail_lines,
-            api_retries=self.api_retries, kueue_version=self.kueue_version,
-            stuck_seconds=self.stuck_seconds, unschedulable_seconds=self.unschedulable_seconds, watch_pods=True,
+            k8s_client.BatchV1Api(api_client),
+            k8s_client.CoreV1Api(api_client),
+            k8s_client.CustomObjectsApi(api_client),
+            clock=time.monotonic,
+            sleep=time.sleep,
+            namespace=self.namespace,
+            poll_interval=self.poll_interval_seconds,
+            run_timeout=self.run_timeout_seconds,
+            queue_timeout=self.queue_timeout_seconds,
+            log_tail_lines=self.log_tail_lines,
+            api_retries=self.api_retries,
+            kueue_version=self.kueue_version,
+            stuck_seconds=self.stuck_seconds,
+            unschedulable_seconds=self.unschedulable_seconds,
+            watch_pods=True,
             resize_after=self.resize_after_seconds,
         )
 
@@ -260,7 +293,9 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
         (the Indexed Job, then its Service, which `launch` makes owned by the
         created Job) (`resources.k8s.manifests.trial_objects`).
         """
-        return build_trial_objects(spec, join(spec.output_uri, SPEC_FILE), attempt, self.job_config(), kind or self.gang_kind, run_id)
+        return build_trial_objects(
+            spec, join(spec.output_uri, SPEC_FILE), attempt, self.job_config(), kind or self.gang_kind, run_id
+        )
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         api_client = self._api_client()
@@ -270,14 +305,23 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
             if isinstance(context, (AssetExecutionContext, OpExecutionContext)):
                 return self._run_with_pipes(supervisor, spec, spec_uri, attempt, cfg, context)
             # No Dagster step (a script, `trainyard reproduce`, a test's stand-in with a log): no Pipes session.
-            return supervisor.run(spec, spec_uri, attempt, cfg, log=getattr(context, "log", logger), run_id=run_id_of(context),
-                                  kind=self.gang_kind)
+            return supervisor.run(
+                spec,
+                spec_uri,
+                attempt,
+                cfg,
+                log=getattr(context, "log", logger),
+                run_id=run_id_of(context),
+                kind=self.gang_kind,
+            )
         finally:
             api_client.close()
 
-    def _run_with_pipes(self, supervisor: JobSupervisor, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig,
-                        context: Any) -> LaunchOutcome:
-        """`supervisor.run` inside a Pipes session whose messages rank 0 writes under `<output>/pipes/<run id>-<attempt>`.
+    def _run_with_pipes(
+        self, supervisor: JobSupervisor, spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig, context: Any
+    ) -> LaunchOutcome:
+        """`supervisor.run` inside a Pipes session whose messages rank 0 writes under `<output>/pipes/<run
+        id>-<attempt>`.
 
         The folder is this run's and attempt's: a run worker resumed by run
         monitoring (same run, same attempt) re-attaches to the same Job and
@@ -288,12 +332,16 @@ class KubernetesLauncher(_KubernetesLauncherSettings):  # type: ignore[misc, val
         relay: Optional[ProgressRelay] = None
         try:
             with open_pipes_session(
-                context=context, context_injector=PipesEnvContextInjector(), message_reader=reader, extras={"trial_id": spec.trial_id}
+                context=context,
+                context_injector=PipesEnvContextInjector(),
+                message_reader=reader,
+                extras={"trial_id": spec.trial_id},
             ) as session:
                 relay = ProgressRelay(context, session.get_custom_messages)
                 piped = cfg.model_copy(update={"env": {**cfg.env, **session.get_bootstrap_env_vars()}})
-                outcome = supervisor.run(spec, spec_uri, attempt, piped, log=context.log, run_id=run_id, tick=relay.poll,
-                                         kind=self.gang_kind)
+                outcome = supervisor.run(
+                    spec, spec_uri, attempt, piped, log=context.log, run_id=run_id, tick=relay.poll, kind=self.gang_kind
+                )
         finally:
             # Closing the session read what rank 0 wrote last, of a failed launch too.
             if relay is not None:

@@ -60,7 +60,15 @@ from resources.k8s.names import (
     trial_labels,
 )
 from resources.launcher import torchrun_command
-from training.spec import EXIT_BAD_CONFIG, EXIT_INFRA, EXIT_PREEMPTED, EXIT_USER_ERROR, LAUNCH_ID_ENV, TRAINING_MALLOC_ENV, TrainSpec
+from training.spec import (
+    EXIT_BAD_CONFIG,
+    EXIT_INFRA,
+    EXIT_PREEMPTED,
+    EXIT_USER_ERROR,
+    LAUNCH_ID_ENV,
+    TRAINING_MALLOC_ENV,
+    TrainSpec,
+)
 from trainyard.podconfig import SCRATCH_DIR, TRAINER_HOME, TRAINER_UID, WRITABLE_ENV
 
 # The restricted Pod Security profile, and a read-only root filesystem on top.
@@ -88,7 +96,8 @@ def _pod_gpus(spec: TrainSpec, cfg: K8sJobConfig) -> int:
         if dist.accelerator == "gpu":
             raise ManifestError(
                 f"gpus_per_pod={cfg.gpus_per_pod} does not match distribution.procs_per_node={dist.procs_per_node}: "
-                f"one process drives one GPU, so a pod must request exactly procs_per_node GPUs; accepted: {wanted} or unset"
+                f"one process drives one GPU, so a pod must request exactly procs_per_node GPUs; accepted: {wanted} "
+                "or unset"
             )
         raise ManifestError(
             f"gpus_per_pod={cfg.gpus_per_pod} with distribution.accelerator='cpu' would hold GPUs nobody uses; "
@@ -117,13 +126,18 @@ def _env(cfg: K8sJobConfig) -> list[dict[str, Any]]:
         # The node rank. Recent Job controllers inject the same variable into
         # Indexed Job pods; declaring it here makes the $(JOB_COMPLETION_INDEX)
         # reference in the command resolvable from the manifest alone.
-        {"name": "JOB_COMPLETION_INDEX",
-         "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}}},
+        {
+            "name": "JOB_COMPLETION_INDEX",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX_ANNOTATION}']"}},
+        },
         # Unbuffered output so rank 0's log lines reach `kubectl logs` (and the
         # orchestrator's log stream) as they are printed.
         {"name": "PYTHONUNBUFFERED", "value": "1"},
         # One launch = one Job: attempt records and "fail at once" checks key on it.
-        {"name": LAUNCH_ID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+        {
+            "name": LAUNCH_ID_ENV,
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}},
+        },
         # The node, so the pod-side watchdog names where a hung or slow rank ran (`training.watchdog`).
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         # HOME, TMPDIR and the caches of torch, triton, W&B and matplotlib: inside
@@ -141,8 +155,14 @@ def _env(cfg: K8sJobConfig) -> list[dict[str, Any]]:
 def _volumes(cfg: K8sJobConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pod's volumes and the container's mounts: the writable places on a read-only root filesystem."""
     scratch: dict[str, Any] = {"sizeLimit": cfg.scratch_size} if cfg.scratch_size is not None else {}
-    volumes: list[dict[str, Any]] = [{"name": "home", "emptyDir": dict(scratch)}, {"name": "tmp", "emptyDir": dict(scratch)}]
-    mounts: list[dict[str, Any]] = [{"name": "home", "mountPath": TRAINER_HOME}, {"name": "tmp", "mountPath": SCRATCH_DIR}]
+    volumes: list[dict[str, Any]] = [
+        {"name": "home", "emptyDir": dict(scratch)},
+        {"name": "tmp", "emptyDir": dict(scratch)},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "home", "mountPath": TRAINER_HOME},
+        {"name": "tmp", "mountPath": SCRATCH_DIR},
+    ]
     if cfg.shm_size is not None:
         # DataLoader workers share batches through /dev/shm; the runtime's 64 MiB breaks them.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": cfg.shm_size}})
@@ -179,7 +199,13 @@ def _container(spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, *, master_addr
 
 
 def _pod_template(
-    spec: TrainSpec, spec_uri: str, cfg: K8sJobConfig, labels: dict[str, str], *, master_addr: str, subdomain: Optional[str]
+    spec: TrainSpec,
+    spec_uri: str,
+    cfg: K8sJobConfig,
+    labels: dict[str, str],
+    *,
+    master_addr: str,
+    subdomain: Optional[str],
 ) -> dict[str, Any]:
     container = _container(spec, spec_uri, cfg, master_addr=master_addr)
     volumes, container["volumeMounts"] = _volumes(cfg)
@@ -232,13 +258,18 @@ def avoiding(affinity: dict[str, Any], nodes: tuple[str, ...]) -> dict[str, Any]
     unusable, and a cluster with no other room must still place the gang.
 
     Example:
-        >>> avoiding({}, ("node-b",))["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
+        >>> preferred = avoiding({}, ("node-b",))["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+        >>> preferred[0]["preference"]
         {'matchExpressions': [{'key': 'kubernetes.io/hostname', 'operator': 'NotIn', 'values': ['node-b']}]}
     """
     if not nodes:
         return affinity
-    term = {"weight": AVOID_WEIGHT,
-            "preference": {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(nodes))}]}}
+    term = {
+        "weight": AVOID_WEIGHT,
+        "preference": {
+            "matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(nodes))}]
+        },
+    }
     node_affinity = dict(affinity.get("nodeAffinity", {}))
     node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
         *node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution", []), term]
@@ -249,7 +280,9 @@ def _exit_codes(*codes: int) -> dict[str, Any]:
     return {"containerName": CONTAINER_NAME, "operator": "In", "values": sorted(codes)}
 
 
-def _metadata(name: str, cfg: K8sJobConfig, labels: dict[str, str], annotations: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def _metadata(
+    name: str, cfg: K8sJobConfig, labels: dict[str, str], annotations: Optional[dict[str, str]] = None
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": cfg.namespace, "labels": labels}
     if annotations:
         meta["annotations"] = annotations
@@ -269,7 +302,9 @@ def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
     """An ownerReference to `job` (as the API returned it, with its uid): deleting the Job deletes the owned object."""
     meta = job["metadata"]
     if not meta.get("uid"):
-        raise ManifestError(f"{job.get('kind')} {meta.get('name')} has no uid yet; an owner must exist before what it owns")
+        raise ManifestError(
+            f"{job.get('kind')} {meta.get('name')} has no uid yet; an owner must exist before what it owns"
+        )
     # No blockOwnerDeletion: setting it needs `update` on jobs/finalizers, which the launcher's Role does not grant.
     return {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": meta["name"], "uid": meta["uid"]}
 
@@ -295,7 +330,9 @@ def service_manifest(name: str, cfg: K8sJobConfig, labels: Optional[Mapping[str,
             # Ranks rendezvous before any pod is Ready (there is no readiness
             # probe to pass), so records must exist as soon as pods have an IP.
             "publishNotReadyAddresses": True,
-            "ports": [{"name": "rendezvous", "port": cfg.master_port, "targetPort": cfg.master_port, "protocol": "TCP"}],
+            "ports": [
+                {"name": "rendezvous", "port": cfg.master_port, "targetPort": cfg.master_port, "protocol": "TCP"}
+            ],
         },
     }
 
@@ -335,21 +372,31 @@ USER_ERROR_PATTERN = f"failed with exit code ({EXIT_USER_ERROR}|{EXIT_BAD_CONFIG
 
 
 def _jobset_failure_policy(max_restarts: int) -> dict[str, Any]:
-    """What a failed child Job means to the JobSet; the first matching rule acts, no match restarts within `max_restarts`."""
+    """What a failed child Job means to the JobSet; the first matching rule acts, no match restarts within
+    `max_restarts`."""
     return {
         "maxRestarts": max_restarts,
         "rules": [
             # Exit EXIT_USER_ERROR or EXIT_BAD_CONFIG (`_gang_pod_failure_policy` rule 1): restarting cannot help.
             # First, so that a JobSet controller without onJobFailureMessagePatterns (before v0.10), whose API
             # server drops the field, fails every PodFailurePolicy failure instead of restarting user errors.
-            {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
-             "onJobFailureMessagePatterns": [USER_ERROR_PATTERN]},
+            {
+                "name": "user-or-config-error",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+                "onJobFailureMessagePatterns": [USER_ERROR_PATTERN],
+            },
             # The other FailJob rules, preempted or disrupted (rules 0 and 2): not the trial's fault; the whole
             # gang restarts from its preemption checkpoint without using up the budget.
-            {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"]},
+            {
+                "name": "disruption",
+                "action": "RestartJobSetAndIgnoreMaxRestarts",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            },
             # activeDeadlineSeconds: a hung or too-long trial would run as long again.
             {"name": "deadline", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
-            # No rule (BackoffLimitExceeded: exit EXIT_INFRA, a SIGKILL, OOM, a lost node): RestartJobSet within maxRestarts.
+            # No rule (BackoffLimitExceeded: exit EXIT_INFRA, a SIGKILL, OOM, a lost node): RestartJobSet within
+            # maxRestarts.
         ],
     }
 
@@ -400,7 +447,14 @@ def job_manifest(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfig
         "kind": "Job",
         "metadata": _metadata(name, cfg, {**labels, **_queue_labels(cfg)}, {ANNOTATION_SPEC_URI: spec_uri}),
         "spec": _job_spec(
-            spec, spec_uri, cfg, name, labels, master_addr=f"{name}-0.{name}", subdomain=name, suspend=cfg.queue_name is not None,
+            spec,
+            spec_uri,
+            cfg,
+            name,
+            labels,
+            master_addr=f"{name}-0.{name}",
+            subdomain=name,
+            suspend=cfg.queue_name is not None,
         ),
     }
 
@@ -477,8 +531,11 @@ def trial_objects(spec: TrainSpec, spec_uri: str, attempt: int, cfg: K8sJobConfi
 PROBE_COMMAND = ["python", "-c", "import signal; signal.pause()"]
 
 
-def capacity_probe_manifest(spec: TrainSpec, cfg: K8sJobConfig, name: str, pods: int, labels: Mapping[str, str]) -> dict[str, Any]:
-    """An Indexed Job of `pods` placeholder pods shaped like the gang's: the capacity a smaller gang would grow back into.
+def capacity_probe_manifest(
+    spec: TrainSpec, cfg: K8sJobConfig, name: str, pods: int, labels: Mapping[str, str]
+) -> dict[str, Any]:
+    """An Indexed Job of `pods` placeholder pods shaped like the gang's: the capacity a smaller gang would grow back
+    into.
 
     Each pod asks for what one of the gang's pods asks for (requests, GPUs, node
     selector, tolerations, affinity, the same Pod Security settings) and only
@@ -498,5 +555,11 @@ def capacity_probe_manifest(spec: TrainSpec, cfg: K8sJobConfig, name: str, pods:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _metadata(name, cfg, meta_labels),
-        "spec": {"completionMode": "Indexed", "completions": pods, "parallelism": pods, "backoffLimit": 6, "template": template},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": pods,
+            "parallelism": pods,
+            "backoffLimit": 6,
+            "template": template,
+        },
     }

@@ -91,8 +91,11 @@ def label_value(text: str) -> str:
     return value
 
 
-def gang_name(pipeline: str, trial_id: str, attempt: int, generation: int = 0, *, max_length: int = MAX_JOB_NAME) -> str:
-    """The name of an attempt's gang at resize `generation`: `job_name` for 0, else `<job_name>-g<generation>` of the same length bound.
+def gang_name(
+    pipeline: str, trial_id: str, attempt: int, generation: int = 0, *, max_length: int = MAX_JOB_NAME
+) -> str:
+    """The name of an attempt's gang at resize `generation`: `job_name` for 0, else `<job_name>-g<generation>` of the
+    same length bound.
 
     A gang with a node range that continues smaller or grows back is a new gang
     (a JobSet's replicatedJobs are immutable); each resize of the attempt takes

@@ -39,10 +39,20 @@ logger = logging.getLogger(__name__)
 FORBIDDEN = 403
 
 
-def watch_failed_pods(core: Any, namespace: str, name: str, seconds: float, found: Callable[[PodView], None], *,
-                      connect_timeout: float, stop: Callable[[], bool] = lambda: False,
-                      clock: Callable[[], float] = time.monotonic, opened: Callable[[Any], None] = lambda resp: None) -> bool:
-    """One watch of the pods labelled `LABEL_JOB=name`, for about `seconds`; `found` gets each pod seen `Failed`, as it comes.
+def watch_failed_pods(
+    core: Any,
+    namespace: str,
+    name: str,
+    seconds: float,
+    found: Callable[[PodView], None],
+    *,
+    connect_timeout: float,
+    stop: Callable[[], bool] = lambda: False,
+    clock: Callable[[], float] = time.monotonic,
+    opened: Callable[[Any], None] = lambda resp: None,
+) -> bool:
+    """One watch of the pods labelled `LABEL_JOB=name`, for about `seconds`; `found` gets each pod seen `Failed`, as it
+    comes.
 
     False when the API refuses the watch (403: a Role without `watch` on pods). A
     watch that breaks (the connection, another API error) just ends early.
@@ -108,8 +118,16 @@ class PodWatch:
     def _run(self) -> None:
         while not self._stopping.is_set():
             started = time.monotonic()
-            if not watch_failed_pods(self.core, self.namespace, self.name, self.window, self._kept.put,
-                                     connect_timeout=self.connect_timeout, stop=self._stopping.is_set, opened=self._opened):
+            if not watch_failed_pods(
+                self.core,
+                self.namespace,
+                self.name,
+                self.window,
+                self._kept.put,
+                connect_timeout=self.connect_timeout,
+                stop=self._stopping.is_set,
+                opened=self._opened,
+            ):
                 self.forbidden = True
                 logger.warning("the launcher may not watch pods in namespace %s (403); it names a failed pod only "
                                "when a poll lists it before the pod is deleted", self.namespace)

@@ -38,7 +38,9 @@ class PodView:
     @classmethod
     def of(cls, pod: Any) -> "PodView":
         meta, status = pod.metadata, pod.status
-        raw_index = (meta.annotations or {}).get(COMPLETION_INDEX_ANNOTATION) or (meta.labels or {}).get(COMPLETION_INDEX_ANNOTATION)
+        raw_index = (meta.annotations or {}).get(COMPLETION_INDEX_ANNOTATION) or (meta.labels or {}).get(
+            COMPLETION_INDEX_ANNOTATION
+        )
         view = cls(
             name=meta.name,
             index=int(raw_index) if raw_index is not None and str(raw_index).isdigit() else None,

@@ -58,7 +58,8 @@ class GangReports:
         note, deactivated = read_workload(found.get("items", []), name, kind=w.kind)
         if deactivated is not None:
             raise StuckGang(
-                f"trial {gang.labels.get(LABEL_TRIAL, name)}: {deactivated}; it is never admitted again: its pods did not all "
+                f"trial {gang.labels.get(LABEL_TRIAL, name)}: {deactivated}; it is never admitted again: its pods did "
+                "not all "
                 f"become Ready within waitForPodsReady's timeout on any of its admissions (see the log above for why). "
                 f"Deleted the {w.kind}.",
                 kind="deactivated",
@@ -71,9 +72,15 @@ class GangReports:
         for p in pods:
             if p.disrupted:
                 key, level = "disrupted", log.warning
-                text = (f"{p.describe()}; disruption, not a failure: "
-                        + ("the Job fails and the run retries the trial" if w.kind == "Job" else "the JobSet restarts or resumes the gang")
-                        + " from its checkpoint")
+                text = (
+                    f"{p.describe()}; disruption, not a failure: "
+                    + (
+                        "the Job fails and the run retries the trial"
+                        if w.kind == "Job"
+                        else "the JobSet restarts or resumes the gang"
+                    )
+                    + " from its checkpoint"
+                )
             elif p.phase == "Failed":
                 key, level = "failed", log.warning
                 w.blame(p)
@@ -92,8 +99,13 @@ class GangReports:
                     level(f"trial {spec.trial_id}: {text}")
 
     def _bounds(self) -> dict[str, float]:
-        return {"config": 0.0, "image": self.stuck_seconds, "crashloop": self.stuck_seconds, "create": self.stuck_seconds,
-                "unschedulable": self.unschedulable_seconds}
+        return {
+            "config": 0.0,
+            "image": self.stuck_seconds,
+            "crashloop": self.stuck_seconds,
+            "create": self.stuck_seconds,
+            "unschedulable": self.unschedulable_seconds,
+        }
 
     def _check_stuck(self, spec: TrainSpec, gang: GangView, pods: list[PodView], w: _Watch, log: Any) -> None:
         """Log what keeps admitted pods from starting; past its bound, fail (the caller deletes the gang)."""
@@ -111,12 +123,14 @@ class GangReports:
             waited = w.timers.waited(expired.kind, w.running_seconds)
             raise StuckGang(
                 f"trial {spec.trial_id}: {expired.describe()}; {expired.kind} for {waited:.0f} s of admitted time "
-                f"(bound {w.timers.bounds[expired.kind]:.0f} s): {HINTS[expired.kind]}. Deleted the gang, so it holds no quota.",
+                f"(bound {w.timers.bounds[expired.kind]:.0f} s): {HINTS[expired.kind]}. Deleted the gang, so it holds "
+                "no quota.",
                 kind=expired.kind,
             )
 
     def _create_problems(self, gang: GangView) -> list[Any]:
-        """FailedCreate events of the Job (of a JobSet: of its child Jobs, where the Job controller records them); [] when unreadable."""
+        """FailedCreate events of the Job (of a JobSet: of its child Jobs, where the Job controller records them); []
+        when unreadable."""
         out: list[Any] = []
         for name in gang.children:
             events = self._events("Job", name)

@@ -31,7 +31,9 @@ from typing import Any, Optional
 
 from resources.k8s.pods import PodView
 
-CONFIG_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "InvalidImageName", "ErrImageNeverPull"})
+CONFIG_REASONS = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "InvalidImageName", "ErrImageNeverPull"}
+)
 IMAGE_REASONS = frozenset({"ImagePullBackOff", "ErrImagePull"})
 CRASH_REASONS = frozenset({"CrashLoopBackOff"})
 
@@ -39,8 +41,10 @@ HINTS = {
     "config": "check that every Secret and ConfigMap the pod references exists and the image name is valid",
     "image": "check the image reference and that the nodes may pull it (imagePullSecrets, registry reachable)",
     "crashloop": "the container keeps exiting at start; see its log",
-    "create": "the API refused to create the Job's pods (ResourceQuota, LimitRange, Pod Security, an admission webhook)",
-    "unschedulable": "no node fits the pods (resources, nodeSelector, tolerations); check the node pool and the quota's flavor",
+    "create": "the API refused to create the Job's pods (ResourceQuota, LimitRange, Pod Security, an admission "
+              "webhook)",
+    "unschedulable": "no node fits the pods (resources, nodeSelector, tolerations); check the node pool and the "
+                     "quota's flavor",
 }
 
 
@@ -110,12 +114,19 @@ def restart_cause(events: list[Any], name: str, uid: Optional[str]) -> Optional[
     Events outlive the JobSet's RestartingJobSet condition, which the controller clears once the new Jobs are ready
     (and which older JobSet versions never set), so a launcher whose polls straddle that window still learns why.
     """
-    found = [e for e in events
-             if _get(e, "reason") in RESTART_EVENT_REASONS and _get(e, "involvedObject", "kind") == "JobSet"
-             and _get(e, "involvedObject", "name") == name and (not uid or _get(e, "involvedObject", "uid") in (None, "", uid))]
+    found = [
+        e
+        for e in events
+        if _get(e, "reason") in RESTART_EVENT_REASONS
+        and _get(e, "involvedObject", "kind") == "JobSet"
+        and _get(e, "involvedObject", "name") == name
+        and (not uid or _get(e, "involvedObject", "uid") in (None, "", uid))
+    ]
     if not found:
         return None
-    newest = max(found, key=lambda e: str(_get(e, "lastTimestamp") or _get(e, "eventTime") or _get(e, "firstTimestamp") or ""))
+    newest = max(
+        found, key=lambda e: str(_get(e, "lastTimestamp") or _get(e, "eventTime") or _get(e, "firstTimestamp") or "")
+    )
     return str(_get(newest, "message") or "") or None
 
 
@@ -150,7 +161,8 @@ class StuckTimers:
 
 
 def read_workload(workloads: list[dict[str, Any]], job: str, kind: str = "Job") -> tuple[str, Optional[str]]:
-    """From the Kueue Workloads listed for the Job (or JobSet, `kind`) `job`: (why it is not admitted, or ""; why it was deactivated, or None).
+    """From the Kueue Workloads listed for the Job (or JobSet, `kind`) `job`: (why it is not admitted, or ""; why it was
+    deactivated, or None).
 
     Kueue deactivates a Workload (`spec.active: false`) once it was requeued
     `waitForPodsReady.requeuingStrategy.backoffLimitCount` times; the Job then

@@ -1,4 +1,5 @@
-"""The waiter behind the Kubernetes launcher: submit a trial's gang (a JobSet, or an Indexed Job), watch it, bring back its result.
+"""The waiter behind the Kubernetes launcher: submit a trial's gang (a JobSet, or an Indexed Job), watch it, bring back
+its result.
 
 `JobSupervisor` takes its API objects, clock and sleep as arguments, so tests
 drive queueing, retries and timeouts without a cluster and without sleeping.
@@ -86,7 +87,8 @@ POD_WATCH_WINDOW_S = 60.0
 T = TypeVar("T")
 
 def avoid_reported_nodes(spec: TrainSpec, cfg: K8sJobConfig, log: Any) -> K8sJobConfig:
-    """`cfg` whose pods prefer other nodes than those where the trial's earlier gangs had a hung rank or an uncleared straggler.
+    """`cfg` whose pods prefer other nodes than those where the trial's earlier gangs had a hung rank or an uncleared
+    straggler.
 
     The pod-side agents write their reports under the trial's output
     (`training.watchdog`); every new gang (the next attempt, a resized
@@ -126,7 +128,8 @@ class JobSupervisor(GangReports, Outcomes):
         unschedulable_seconds: admitted seconds a pod may stay Unschedulable.
         delete_timeout: seconds, on top of the pods' termination grace period, to
             wait for a deleted gang of another attempt to be gone.
-        stream_tail_lines: log lines read from a pod of rank 0 seen for the first time (later reads take every new line).
+        stream_tail_lines: log lines read from a pod of rank 0 seen for the first time (later reads take every new
+        line).
         kueue_version: API version of Kueue's Workload resource.
         watch_pods: watch the gang's pods in a thread beside the polls (`resources.k8s.pod_events`),
             so a pod that fails and is deleted between two polls (a JobSet restart) is still named.
@@ -165,7 +168,8 @@ class JobSupervisor(GangReports, Outcomes):
             raise ValueError(f"api_retries={api_retries!r} is negative; accepted: 0 (no retry) or more")
         if not 0 <= api_backoff <= api_backoff_max:
             raise ValueError(
-                f"api_backoff={api_backoff!r}, api_backoff_max={api_backoff_max!r}; accepted: 0 <= api_backoff <= api_backoff_max"
+                f"api_backoff={api_backoff!r}, api_backoff_max={api_backoff_max!r}; accepted: 0 <= api_backoff <= "
+                "api_backoff_max"
             )
         self.batch = batch_api
         self.core = core_api
@@ -194,7 +198,15 @@ class JobSupervisor(GangReports, Outcomes):
 
     # -- API access -------------------------------------------------------------
 
-    def _api(self, what: str, fn: Callable[..., T], *args: Any, expect: Iterable[int] = (), retries: Optional[int] = None, **kwargs: Any) -> T:
+    def _api(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        expect: Iterable[int] = (),
+        retries: Optional[int] = None,
+        **kwargs: Any,
+    ) -> T:
         """Call the API; retry transient errors; terminal ones become `KubernetesAPIError`.
 
         An `ApiException` whose status is in `expect` (404, 409) is re-raised for
@@ -226,8 +238,15 @@ class JobSupervisor(GangReports, Outcomes):
 
         try:
             return retry_call(
-                attempt, retry_on=Transient, attempts=retries + 1, backoff_s=self.api_backoff,
-                max_backoff_s=self.api_backoff_max, sleep=self.sleep, clock=self.clock, on_retry=on_retry, describe=what,
+                attempt,
+                retry_on=Transient,
+                attempts=retries + 1,
+                backoff_s=self.api_backoff,
+                max_backoff_s=self.api_backoff_max,
+                sleep=self.sleep,
+                clock=self.clock,
+                on_retry=on_retry,
+                describe=what,
             )
         except RetriesExhausted as e:
             last = e.last
@@ -253,11 +272,17 @@ class JobSupervisor(GangReports, Outcomes):
 
     def _pods(self, name: str) -> list[PodView]:
         pods = self._api(
-            f"list pods of Job {name}", self.core.list_namespaced_pod, self.namespace, label_selector=f"{LABEL_JOB}={name}"
+            f"list pods of Job {name}",
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"{LABEL_JOB}={name}",
         )
         # Filter here as well: the selector is an optimisation, the label is the truth.
         views = [PodView.of(p) for p in pods.items if (p.metadata.labels or {}).get(LABEL_JOB) == name]
-        return sorted(views, key=lambda v: (v.index if v.index is not None else 1 << 30, v.created.timestamp() if v.created else 0.0))
+        return sorted(
+            views,
+            key=lambda v: (v.index if v.index is not None else 1 << 30, v.created.timestamp() if v.created else 0.0),
+        )
 
     def _read_log(self, pod: str, **kwargs: Any) -> str:
         resp = self._api(
@@ -287,20 +312,24 @@ class JobSupervisor(GangReports, Outcomes):
             )
 
     def _ensure_service(self, service: dict[str, Any], want: dict[str, str], w: _Watch, owner: Any) -> None:
-        """Create the Service, owned by the Job `owner` (as read back, with its uid), or adopt this attempt's existing one."""
+        """Create the Service, owned by the Job `owner` (as read back, with its uid), or adopt this attempt's existing
+        one."""
         name = service["metadata"]["name"]
         if owner.uid:  # every API server sets one
             service = {**service, "metadata": {**service["metadata"], "ownerReferences": [
                 {"apiVersion": "batch/v1", "kind": "Job", "name": owner.name, "uid": owner.uid}]}}
         try:
-            self._api(f"create Service {name}", self.core.create_namespaced_service, self.namespace, service, expect=(409,))
+            self._api(
+                f"create Service {name}", self.core.create_namespaced_service, self.namespace, service, expect=(409,)
+            )
         except ApiException:
             existing = self._api(f"read Service {name}", self.core.read_namespaced_service, name, self.namespace)
             self._verify(existing, want, "Service", name)
         w.owns_service = True
 
     def _create_gang(self, obj: dict[str, Any], want: dict[str, str], w: _Watch) -> tuple[bool, GangView]:
-        """Create the Job or JobSet: (True, it as created), or (False, it) when it already existed (a retried create went through)."""
+        """Create the Job or JobSet: (True, it as created), or (False, it) when it already existed (a retried create
+        went through)."""
         name, kind = obj["metadata"]["name"], obj["kind"]
         try:
             created = self.gangs.create(kind, obj, expect=(409,))
@@ -309,7 +338,9 @@ class JobSupervisor(GangReports, Outcomes):
         except ApiException as e:
             existing = self.get_gang(kind, name)
             if existing is None:
-                raise InfrastructureError(f"{kind} {self.namespace}/{name} was reported to exist (409) but cannot be read") from e
+                raise InfrastructureError(
+                    f"{kind} {self.namespace}/{name} was reported to exist (409) but cannot be read"
+                ) from e
             self._verify(existing, want, kind, name)
             w.owns_job = True
             return False, existing
@@ -330,7 +361,9 @@ class JobSupervisor(GangReports, Outcomes):
         # Foreground: the Job object stays until its pods are gone, so the same
         # name cannot be re-created while old pods still write to the trial's
         # checkpoint directory.
-        self._delete("Job", name, self.batch.delete_namespaced_job, log, body=V1DeleteOptions(propagation_policy="Foreground"))
+        self._delete(
+            "Job", name, self.batch.delete_namespaced_job, log, body=V1DeleteOptions(propagation_policy="Foreground")
+        )
 
     def delete_gang(self, kind: str, name: str, log: Any = logger) -> None:
         """Delete the Job or JobSet (`kind`) and, with it, its child Jobs, pods and owned Service (foreground)."""
@@ -361,8 +394,11 @@ class JobSupervisor(GangReports, Outcomes):
         """
         if spec.distribution.elastic and self.resize_after is not None:
             if self.resize_after >= self.unschedulable_seconds:
-                log.warning(f"trial {spec.trial_id}: resize_after {self.resize_after:g} s is not below the unschedulable bound "
-                            f"{self.unschedulable_seconds:g} s: a gang that lost a node fails as stuck before it can continue smaller")
+                log.warning(
+                    f"trial {spec.trial_id}: resize_after {self.resize_after:g} s is not below the unschedulable bound "
+                    f"{self.unschedulable_seconds:g} s: a gang that lost a node fails as stuck before it can continue "
+                    "smaller"
+                )
             return run_elastic(self, spec, spec_uri, attempt, cfg, log, run_id, tick, kind, self.resize_after)
         return self.run_gang(spec, spec_uri, attempt, cfg, log, run_id, tick, kind)
 
@@ -430,7 +466,9 @@ class JobSupervisor(GangReports, Outcomes):
                     self.delete_service(name, log)
             elif w.owns_job or w.owns_service:
                 if not w.resized:
-                    log.warning(f"trial {spec.trial_id}: leaving before {what} {self.namespace}/{name} finished; deleting it")
+                    log.warning(
+                        f"trial {spec.trial_id}: leaving before {what} {self.namespace}/{name} finished; deleting it"
+                    )
                 if w.owns_job:
                     self.delete_gang(what, name, log)
                 if w.owns_service:
@@ -447,7 +485,9 @@ class JobSupervisor(GangReports, Outcomes):
             if w.pod_watch is not None:
                 w.pod_watch.stop()
 
-    def _poll(self, spec: TrainSpec, name: str, started: float, w: _Watch, log: Any, tick: Callable[[], None]) -> LaunchOutcome:
+    def _poll(
+        self, spec: TrainSpec, name: str, started: float, w: _Watch, log: Any, tick: Callable[[], None]
+    ) -> LaunchOutcome:
         last = self.clock()
         while True:
             tick()
@@ -478,7 +518,9 @@ class JobSupervisor(GangReports, Outcomes):
             w.state = state
             if state == "queued":
                 self._explain_queue(gang, name, w, log)
-                if w.running_seconds:  # suspended again: its pods are stopping, say why (a disruption) while they are there
+                if (
+                    w.running_seconds
+                ):  # suspended again: its pods are stopping, say why (a disruption) while they are there
                     self._report_pods(spec, self._pods(name), w, log, now)
                 if w.queued_seconds > self.queue_timeout:
                     raise QueueTimeout(
@@ -488,7 +530,8 @@ class JobSupervisor(GangReports, Outcomes):
             else:
                 if w.running_seconds > self.run_timeout:
                     raise InfrastructureError(
-                        f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} ran {w.running_seconds:.0f} s, past the run "
+                        f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} ran {w.running_seconds:.0f} s, past "
+                        "the run "
                         f"timeout of {self.run_timeout:.0f} s; deleted it. Last log lines of rank 0:\n"
                         f"{self._log_tail(rank0_pod(self._pods(name)), self.log_tail_lines)}"
                     )
@@ -502,7 +545,8 @@ class JobSupervisor(GangReports, Outcomes):
 
     def _report_restart(self, spec: TrainSpec, gang: GangView, w: _Watch, log: Any) -> None:
         """Log a JobSet's whole-gang restart: its count against maxRestarts, why, and the pod that failed."""
-        # The condition while it holds; the controller's event once it is cleared (the new Jobs became ready between polls).
+        # The condition while it holds; the controller's event once it is cleared (the new Jobs became ready between
+        # polls).
         cause = ((gang.restarting.message if gang.restarting is not None else None)
                  or restart_cause(self._events("JobSet", gang.name) or [], gang.name, gang.uid) or "a child Job failed")
         # The pod that most likely failed the gang (its own death, not the SIGTERM its peers got after it).

@@ -62,7 +62,8 @@ class Watch:
             self.failed_since_restart.append(pod)
 
     def take_watched(self) -> None:
-        """Blame the failed pods the pod watch kept since the last poll (a disruption is not a failure, as in a poll)."""
+        """Blame the failed pods the pod watch kept since the last poll (a disruption is not a failure, as in a
+        poll)."""
         for pod in self.pod_watch.failed() if self.pod_watch is not None else []:
             if not pod.disrupted:
                 self.blame(pod)
@@ -99,7 +100,8 @@ class Outcomes:
         result = read_result(spec.output_uri)
         if result is None:
             raise InfrastructureError(
-                f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} completed but {join(spec.output_uri, RESULT_FILE)} "
+                f"trial {spec.trial_id}: {w.kind} {self.namespace}/{name} completed but "
+                f"{join(spec.output_uri, RESULT_FILE)} "
                 "does not exist (is output_uri shared storage the pods can write?)"
             )
         return LaunchOutcome(result=result, log_uri=log_uri, seconds=self.clock() - started)
@@ -119,7 +121,8 @@ class Outcomes:
         assert condition is not None
         child = None
         if gang.kind == "JobSet":
-            # The child Job that failed it: its reason (PodFailurePolicy, BackoffLimitExceeded, DeadlineExceeded) says why.
+            # The child Job that failed it: its reason (PodFailurePolicy, BackoffLimitExceeded, DeadlineExceeded) says
+            # why.
             for child_name in gang.children:
                 job = self._get_job(child_name)
                 failed = [c for c in ((job.status.conditions or []) if job is not None and job.status else [])
@@ -137,8 +140,11 @@ class Outcomes:
         if culprit is None and disrupted and not isinstance(err, (TrainingConfigError, TrainingCodeError)):
             # Only disruptions failed the gang's Job (the Indexed Job option fails on any pod failure): a preemption,
             # retried from the checkpoint the pods wrote on SIGTERM, under the run's preemption budget.
-            err = TrainingPreempted(f"trial {spec.trial_id}: {min(disrupted, key=blame_order).describe()}; a disruption, not a failure: "
-                                    "the run retries the trial from its last checkpoint", log_tail=tail)
+            err = TrainingPreempted(
+                f"trial {spec.trial_id}: {min(disrupted, key=blame_order).describe()}; a disruption, not a failure: "
+                "the run retries the trial from its last checkpoint",
+                log_tail=tail,
+            )
         if code == EXIT_BAD_CONFIG and not isinstance(err, TrainingConfigError):
             err = TrainingConfigError(
                 f"trial {spec.trial_id}: the entrypoint exited {EXIT_BAD_CONFIG} (bad config) without a failure record "
@@ -146,8 +152,10 @@ class Outcomes:
             )
         reason = child[1].reason if child is not None else condition.reason
         if reason == "DeadlineExceeded":  # killed by activeDeadlineSeconds: a retry would run as long
-            err = LaunchError(f"trial {spec.trial_id}: ran past the Job's activeDeadlineSeconds (a hung or too-long trial)",
-                              log_tail=tail)
+            err = LaunchError(
+                f"trial {spec.trial_id}: ran past the Job's activeDeadlineSeconds (a hung or too-long trial)",
+                log_tail=tail,
+            )
         details = [f"Kubernetes: {gang.kind} {self.namespace}/{name} failed ({condition.reason}: {condition.message})"]
         if gang.kind == "JobSet":
             details[0] += f" after {gang.restarts} whole-gang restart(s) of at most {gang.max_restarts}"

@@ -43,7 +43,8 @@ _RETRY_STATE = threading.local()
 
 
 class RegistryConnection(Protocol):
-    """What `retried` needs of the object whose method it wraps (`ModelRegistry`, a frozen resource: read-only members)."""
+    """What `retried` needs of the object whose method it wraps (`ModelRegistry`, a frozen resource: read-only
+    members)."""
 
     @property
     def tracking_uri(self) -> str: ...

@@ -413,8 +413,15 @@ class ModelRegistry(dg.ConfigurableResource):
             RegistryUnavailable: The process could not reach the registry or the
                 artifact store (retryable; says nothing about the model).
         """
-        return run_smoke_test(self.tracking_uri, model_uri, samples, timeout_s=timeout_s, blocked_modules=blocked_modules,
-                              params=params, generate=generate)
+        return run_smoke_test(
+            self.tracking_uri,
+            model_uri,
+            samples,
+            timeout_s=timeout_s,
+            blocked_modules=blocked_modules,
+            params=params,
+            generate=generate,
+        )
 
     # -- registration ------------------------------------------------------------
 

@@ -103,18 +103,24 @@ def validation_evidence(
         return ValidationEvidence(False, f"data version {data_version} is quarantined", data_version)
     event = instance.get_latest_materialization_event(validated_key)
     if event is None or event.asset_materialization is None:
-        return ValidationEvidence(False, f"no materialization of {validated_key.to_user_string()} is recorded", data_version)
+        return ValidationEvidence(
+            False, f"no materialization of {validated_key.to_user_string()} is recorded", data_version
+        )
     entry = event.asset_materialization.metadata.get("data_version")
     recorded = getattr(entry, "value", entry)
     if recorded != data_version:
         return ValidationEvidence(
-            False, f"the latest validated data is version {recorded}, the model was trained on {data_version}", data_version
+            False,
+            f"the latest validated data is version {recorded}, the model was trained on {data_version}",
+            data_version,
         )
     check_key = AssetCheckKey(validated_key, check_name)
     records = instance.event_log_storage.get_asset_check_execution_history(check_key, limit=100)
     record = next((r for r in records if r.run_id == event.run_id), None)
     if record is None or record.event is None or record.event.dagster_event is None:
-        return ValidationEvidence(False, f"no {check_name} check is recorded in run {event.run_id}", data_version, run_id=event.run_id)
+        return ValidationEvidence(
+            False, f"no {check_name} check is recorded in run {event.run_id}", data_version, run_id=event.run_id
+        )
     evaluation = record.event.dagster_event.event_specific_data
     meta = {k: getattr(v, "value", v) for k, v in (getattr(evaluation, "metadata", None) or {}).items()}
     return evidence_from_check(check_name, data_version, event.run_id, bool(getattr(evaluation, "passed", False)), meta)
@@ -175,17 +181,25 @@ def score_champion(
         return ChampionScore(champion.version, recorded, "recorded on this split")
     measured = champion.tags.get(TEST_SPLIT_TAG)
     if test_df is None or target is None:
-        return ChampionScore(champion.version, None, f"it was measured on split {measured} and no test data is available")
+        return ChampionScore(
+            champion.version, None, f"it was measured on split {measured} and no test data is available"
+        )
     if policy.metric not in SERVED_METRICS:
         return ChampionScore(
-            champion.version, None,
-            f"it was measured on another split and {policy.metric!r} cannot be re-evaluated (one of {list(SERVED_METRICS)} can)",
+            champion.version,
+            None,
+            f"it was measured on another split and {policy.metric!r} cannot be re-evaluated (one of "
+            f"{list(SERVED_METRICS)} can)",
         )
     output = registry.predict_output(champion.model_uri, test_df.drop(columns=[target]), params=params)
     try:
-        value = served_metric(policy.metric, output, test_df[target].tolist(), target=target, positive_label=positive_label)
+        value = served_metric(
+            policy.metric, output, test_df[target].tolist(), target=target, positive_label=positive_label
+        )
     except ValueError as e:
-        return ChampionScore(champion.version, None, f"it was measured on split {measured} and cannot be re-evaluated on this one: {e}")
+        return ChampionScore(
+            champion.version, None, f"it was measured on split {measured} and cannot be re-evaluated on this one: {e}"
+        )
     return ChampionScore(champion.version, value, "re-evaluated on this split", served=True)
 
 
@@ -209,10 +223,14 @@ GENERATED_TOKENS = 16
 
 
 def _prompt(test_df: Optional["pd.DataFrame"]) -> Optional[dict[str, Any]]:
-    """The prompt a language model's smoke test continues: the first `PROMPT_TOKENS` ids of the test sample's first row."""
+    """The prompt a language model's smoke test continues: the first `PROMPT_TOKENS` ids of the test sample's first
+    row."""
     if test_df is None or "tokens" not in test_df.columns or test_df.empty:
         return None
-    return {"prompt_tokens": [int(t) for t in list(test_df["tokens"].iloc[0])[:PROMPT_TOKENS]], "max_new_tokens": GENERATED_TOKENS}
+    return {
+        "prompt_tokens": [int(t) for t in list(test_df["tokens"].iloc[0])[:PROMPT_TOKENS]],
+        "max_new_tokens": GENERATED_TOKENS,
+    }
 
 
 # -- the decision ------------------------------------------------------------------
@@ -257,8 +275,16 @@ def decide(
     model = candidate.version.name
     ttl = lock_seconds(candidate.policy.smoke_test_timeout_s)
     with registry.lock(model, purpose=f"{action} v{candidate.version.version} by {decided_by}", ttl_s=ttl, wait_s=ttl):
-        return _decide_locked(registry, handoff, candidate, action=action, decided_by=decided_by, force=force, reason=reason,
-                              environment=environment)
+        return _decide_locked(
+            registry,
+            handoff,
+            candidate,
+            action=action,
+            decided_by=decided_by,
+            force=force,
+            reason=reason,
+            environment=environment,
+        )
 
 
 def _decide_locked(
@@ -302,8 +328,15 @@ def _decide_locked(
         champion = score_champion(registry, policy, current, candidate.split_id, candidate.test_df, candidate.target,
                                   candidate.positive_label, candidate.params)
     compared, _ = comparable_value(policy, value, champion, smoke_evidence)
-    lineage = check_lineage(policy, version.tags, environment=deciding_environment(environment), deployed_lock=lock_hash(),
-                            model=model, version=version.version, command="rollback" if action == "rollback" else "promote")
+    lineage = check_lineage(
+        policy,
+        version.tags,
+        environment=deciding_environment(environment),
+        deployed_lock=lock_hash(),
+        model=model,
+        version=version.version,
+        command="rollback" if action == "rollback" else "promote",
+    )
     checks = evaluate_policy(
         policy, value=value, compared=compared, champion=champion, split_id=candidate.split_id,
         validation=candidate.validation, smoke=smoke_chk, relative=action != "rollback", lineage=lineage,
@@ -346,10 +379,21 @@ def _already_champion(
     webhook = tags.get(HANDOFF_WEBHOOK_TAG)
     checks = tuple(Check(**c) for c in json.loads(tags.get(f"{PROMOTION_PREFIX}checks", "[]")))
     decision = Decision(
-        model=current.name, version=current.version, action=action, promoted=False, already_champion=True,
-        reason=f"version {current.version} is already {CHAMPION} ({tags.get(PROMOTION_REASON_TAG, 'promoted before trainyard recorded evidence')})",
-        checks=checks, metric=metric, value=value, decided_by=decided_by, at=now_iso(),
-        smoke=json.loads(tags.get(SMOKE_EVIDENCE_TAG, "{}")), handoff_uri=handoff_uri, webhook=webhook,
+        model=current.name,
+        version=current.version,
+        action=action,
+        promoted=False,
+        already_champion=True,
+        reason=f"version {current.version} is already {CHAMPION} "
+               f"({tags.get(PROMOTION_REASON_TAG, 'promoted before trainyard recorded evidence')})",
+        checks=checks,
+        metric=metric,
+        value=value,
+        decided_by=decided_by,
+        at=now_iso(),
+        smoke=json.loads(tags.get(SMOKE_EVIDENCE_TAG, "{}")),
+        handoff_uri=handoff_uri,
+        webhook=webhook,
     )
     if handoff_uri and webhook and not webhook.startswith("failed"):
         return decision
@@ -384,7 +428,9 @@ def _event(registry: ModelRegistry, decision: Decision, version: RegisteredVersi
     )
 
 
-def _publish(registry: ModelRegistry, handoff: HandoffPublisher, event: HandoffEvent, model: str, version: str) -> dict[str, Any]:
+def _publish(
+    registry: ModelRegistry, handoff: HandoffPublisher, event: HandoffEvent, model: str, version: str
+) -> dict[str, Any]:
     uri = handoff.event_uri(event)
     try:
         receipt = handoff.publish(event)
@@ -395,7 +441,9 @@ def _publish(registry: ModelRegistry, handoff: HandoffPublisher, event: HandoffE
     return {"handoff_uri": uri, "webhook": receipt.webhook}
 
 
-def _deliver(registry: ModelRegistry, handoff: HandoffPublisher, event: HandoffEvent, uri: str, model: str, version: str) -> dict[str, Any]:
+def _deliver(
+    registry: ModelRegistry, handoff: HandoffPublisher, event: HandoffEvent, uri: str, model: str, version: str
+) -> dict[str, Any]:
     try:
         receipt = handoff.deliver(event, uri)
     except HandoffDeliveryFailed as e:
@@ -503,5 +551,13 @@ def rollback(
             version = rollback_target(load_history(registry, model), current.version if current else None)
         info = registry.get_version(model, version)
         candidate = candidate_from_tags(registry, store, info)
-        return _decide_locked(registry, handoff, candidate, action="rollback", decided_by=actor, force=force, reason=reason,
-                              environment=environment)
+        return _decide_locked(
+            registry,
+            handoff,
+            candidate,
+            action="rollback",
+            decided_by=actor,
+            force=force,
+            reason=reason,
+            environment=environment,
+        )

@@ -126,7 +126,8 @@ def run_smoke_test(
     params: Optional[Mapping[str, Mapping[str, Any]]] = None,
     generate: Optional[Mapping[str, Any]] = None,
 ) -> SmokeResult:
-    """Runs `smoke.py` as `python -I` against `tracking_uri` and reads back what it did (`params`: per sample, `generate`:
+    """Runs `smoke.py` as `python -I` against `tracking_uri` and reads back what it did (`params`: per sample,
+    `generate`:
     a language model's prompt, see `smoke_request`).
 
     Returns:
@@ -139,7 +140,9 @@ def run_smoke_test(
     """
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="trainyard-smoke-") as scratch:
-        request = smoke_request(model_uri, samples, blocked_modules, os.path.join(scratch, "result.json"), params, generate)
+        request = smoke_request(
+            model_uri, samples, blocked_modules, os.path.join(scratch, "result.json"), params, generate
+        )
         request_path = os.path.join(scratch, "request.json")
         with open(request_path, "w", encoding="utf-8") as f:
             json.dump(request, f)
@@ -168,7 +171,9 @@ def run_smoke_test(
             )
     error = out.get("error")
     if error and _TRANSPORT_ERROR_NAMES.intersection(out.get("error_types", [])):
-        raise RegistryUnavailable(f"smoke test of {model_uri!r}: the serving process could not reach the registry: {error}")
+        raise RegistryUnavailable(
+            f"smoke test of {model_uri!r}: the serving process could not reach the registry: {error}"
+        )
     return SmokeResult(
         model_uri=model_uri,
         run_id=out.get("run_id"),

@@ -104,7 +104,8 @@ class FastMixture:
         return out
 
     def _rows(self, x: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        """Per distinct combination of the rows' discrete and categorical values, the components' terms; each row's combination."""
+        """Per distinct combination of the rows' discrete and categorical values, the components' terms; each row's
+        combination."""
         from optuna.samplers._tpe import _truncnorm
 
         if not self.discrete and not self.categorical:
@@ -154,7 +155,8 @@ class FastMixture:
 
 
 def sample_draws(mixtures: list[Any], rng: np.random.RandomState, draws: int, size: int) -> list[np.ndarray]:
-    """`draws` rounds of `mixture.sample(rng, size)` over `mixtures` in turn, as one computation; per mixture its samples, draw after draw.
+    """`draws` rounds of `mixture.sample(rng, size)` over `mixtures` in turn, as one computation; per mixture its
+    samples, draw after draw.
 
     Optuna's `_MixtureOfProductDistribution.sample` per call draws `size`
     component indices (`rng.choice`), a uniform per categorical parameter
@@ -180,7 +182,10 @@ def sample_draws(mixtures: list[Any], rng: np.random.RandomState, draws: int, si
         layout.append((total, n_cat, n_num))
         total += size * (1 + n_cat + (1 if n_num else 0) * n_num)
     uniforms = rng.random_sample(draws * total).reshape(draws, total)
-    return [_sample(mixture, uniforms[:, start:], n_cat, n_num, draws, size) for mixture, (start, n_cat, n_num) in zip(mixtures, layout)]
+    return [
+        _sample(mixture, uniforms[:, start:], n_cat, n_num, draws, size)
+        for mixture, (start, n_cat, n_num) in zip(mixtures, layout)
+    ]
 
 
 def _sample(mixture: Any, u: np.ndarray, n_cat: int, n_num: int, draws: int, size: int) -> np.ndarray:
@@ -189,7 +194,9 @@ def _sample(mixture: Any, u: np.ndarray, n_cat: int, n_num: int, draws: int, siz
     weights = np.asarray(mixture.weights, dtype=np.float64)
     cdf = weights.cumsum()
     cdf /= cdf[-1]
-    active = np.asarray(cdf.searchsorted(np.ascontiguousarray(u[:, :size]), side="right"), dtype=np.int64)  # (draws, size), as RandomState.choice
+    active = np.asarray(
+        cdf.searchsorted(np.ascontiguousarray(u[:, :size]), side="right"), dtype=np.int64
+    )  # (draws, size), as RandomState.choice
     ret = np.empty((draws, size, len(mixture.distributions)), dtype=float)
     column = size
     numerical = []
@@ -211,9 +218,13 @@ def _sample(mixture: Any, u: np.ndarray, n_cat: int, n_num: int, draws: int, siz
         a = (lows - mus) / sigmas
         b = (highs - mus) / sigmas
         groups = np.broadcast_to(np.arange(draws)[:, None, None], q.shape)
-        values = (_ppf(q.ravel(), a.ravel(), b.ravel(), groups.ravel(), n_num * size).reshape(q.shape) * sigmas + mus).transpose(0, 2, 1)
+        values = (
+            _ppf(q.ravel(), a.ravel(), b.ravel(), groups.ravel(), n_num * size).reshape(q.shape) * sigmas + mus
+        ).transpose(0, 2, 1)
         for j, (i, d) in enumerate(numerical):
-            column_values = np.ascontiguousarray(values[..., j])  # contiguous as Optuna's: a strided exp may round differently
+            column_values = np.ascontiguousarray(
+                values[..., j]
+            )  # contiguous as Optuna's: a strided exp may round differently
             if d.is_log:
                 column_values = np.exp(column_values)
             if d.step != 0.0:
@@ -223,21 +234,29 @@ def _sample(mixture: Any, u: np.ndarray, n_cat: int, n_num: int, draws: int, siz
 
 
 def _ppf(q: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray, chunk: int) -> np.ndarray:
-    """Optuna's `_truncnorm.ppf` of flat arrays holding several calls' values at once (`groups`: the call of each, `chunk` values each)."""
+    """Optuna's `_truncnorm.ppf` of flat arrays holding several calls' values at once (`groups`: the call of each,
+    `chunk` values each)."""
     from optuna.samplers._tpe import _truncnorm
 
     case_left = a < 0
     case_right = ~case_left
     # Optuna's erf takes another formula from 2,000 values on (math.erf below, a polynomial above), which differ in
     # the last bits: in pieces of one call's size, every value goes the way it goes when its own call computes it.
-    log_mass = np.concatenate([_truncnorm._log_gauss_mass(a[i:i + chunk], b[i:i + chunk]) for i in range(0, len(a), chunk)]) \
-        if len(a) else np.empty(0)
+    log_mass = (
+        np.concatenate(
+            [_truncnorm._log_gauss_mass(a[i : i + chunk], b[i : i + chunk]) for i in range(0, len(a), chunk)]
+        )
+        if len(a)
+        else np.empty(0)
+    )
     out = np.empty_like(q)
     if case_left.any():
         log_phi = _truncnorm._log_sum(_truncnorm._log_ndtr(a[case_left]), np.log(q[case_left]) + log_mass[case_left])
         out[case_left] = _ndtri_exp(log_phi, groups[case_left])
     if case_right.any():
-        log_phi = _truncnorm._log_sum(_truncnorm._log_ndtr(-b[case_right]), np.log1p(-q[case_right]) + log_mass[case_right])
+        log_phi = _truncnorm._log_sum(
+            _truncnorm._log_ndtr(-b[case_right]), np.log1p(-q[case_right]) + log_mass[case_right]
+        )
         out[case_right] = -_ndtri_exp(log_phi, groups[case_right])
     out[q == 0] = a[q == 0]
     out[q == 1] = b[q == 1]
@@ -246,7 +265,8 @@ def _ppf(q: np.ndarray, a: np.ndarray, b: np.ndarray, groups: np.ndarray, chunk:
 
 
 def _ndtri_exp(y: np.ndarray, groups: np.ndarray) -> np.ndarray:
-    """Optuna's `_truncnorm._ndtri_exp` with each group's Newton iterations stopping when that group's have converged."""
+    """Optuna's `_truncnorm._ndtri_exp` with each group's Newton iterations stopping when that group's have
+    converged."""
     from optuna.samplers._tpe import _truncnorm
 
     flipped = y > -1e-2

@@ -61,7 +61,9 @@ def _spaces(sampler: Any, study: Any, dists: dict[str, Any]) -> Optional[list[di
     return [dict(sorted(space.items()))]
 
 
-def tpe_batch(study: Any, sampler: Any, dists: dict[str, Any], n: int, deadline: Optional[float] = None) -> Optional[BatchParams]:
+def tpe_batch(
+    study: Any, sampler: Any, dists: dict[str, Any], n: int, deadline: Optional[float] = None
+) -> Optional[BatchParams]:
     """Up to `n` parameter sets drawn by `sampler` (a `TPESampler`) from one fit on `study`; None: ask one at a time.
 
     The sets come in draw order. The draws are computed together (tens of
@@ -117,7 +119,8 @@ def tpe_batch(study: Any, sampler: Any, dists: dict[str, Any], n: int, deadline:
 
 
 def one_write(study: Any) -> bool:
-    """Whether `study` is on the sweeps' own storage (`SweepRDBStorage` behind Optuna's cache), which creates a batch in one write."""
+    """Whether `study` is on the sweeps' own storage (`SweepRDBStorage` behind Optuna's cache), which creates a batch in
+    one write."""
     from optuna.storages._cached_storage import _CachedStorage
 
     from resources.sweeps.rdb import SweepRDBStorage
@@ -149,9 +152,13 @@ def create_running(study: Any, params: BatchParams, dists: dict[str, Any], **gua
             storage._add_trials_to_cache(study_id, created)
         return [t.number for t in created]
     if guarded:
-        raise ValueError(f"{sorted(guarded)} need the sweeps' own storage (SweepRDBStorage), which creates trials in one write")
+        raise ValueError(
+            f"{sorted(guarded)} need the sweeps' own storage (SweepRDBStorage), which creates trials in one write"
+        )
     numbers = []
     for p in params:
-        trial_id = storage.create_new_trial(study_id, template_trial=create_trial(state=TrialState.RUNNING, params=p, distributions=dists))
+        trial_id = storage.create_new_trial(
+            study_id, template_trial=create_trial(state=TrialState.RUNNING, params=p, distributions=dists)
+        )
         numbers.append(storage.get_trial_number_from_id(trial_id))
     return numbers

@@ -84,7 +84,8 @@ def _counted(write: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class SweepRDBStorage(RDBStorage):
-    """RDBStorage whose `_get_trials` (every bulk read of a study's trials) uses plain SELECTs and that creates a batch of running trials in one write.
+    """RDBStorage whose `_get_trials` (every bulk read of a study's trials) uses plain SELECTs and that creates a batch
+    of running trials in one write.
 
     Attributes:
         writes: how many writes this process has made through it (any study), for `SweepCachedStorage.reads_once`.
@@ -96,7 +97,8 @@ class SweepRDBStorage(RDBStorage):
         self, study_id: int, params: list[dict[str, Any]], dists: dict[str, distributions.BaseDistribution], *,
         user_attrs: Optional[dict[str, Any]] = None, max_running: Optional[int] = None, max_live: Optional[int] = None,
     ) -> list[FrozenTrial]:
-        """One RUNNING trial per parameter set (external values of `dists`), in one transaction; the new trials in order.
+        """One RUNNING trial per parameter set (external values of `dists`), in one transaction; the new trials in
+        order.
 
         What `create_new_trial` with a RUNNING template trial stores, and the
         same checks: each distribution must be compatible with the study's
@@ -128,20 +130,34 @@ class SweepRDBStorage(RDBStorage):
                 return []
             ids = []
             for _ in params:  # one INSERT per row: the ids come back on every backend, in order
-                result = session.execute(sqlalchemy.insert(_TRIALS).values(
-                    study_id=study_id, number=None, state=TrialState.RUNNING, datetime_start=start_utc, datetime_complete=None))
+                result = session.execute(
+                    sqlalchemy.insert(_TRIALS).values(
+                        study_id=study_id,
+                        number=None,
+                        state=TrialState.RUNNING,
+                        datetime_start=start_utc,
+                        datetime_complete=None,
+                    )
+                )
                 ids.append(result.inserted_primary_key[0])  # type: ignore[attr-defined]  # an INSERT's CursorResult
             before = session.execute(
                 sqlalchemy.select(sqlalchemy.func.count()).select_from(_TRIALS)
                 .where(_TRIALS.c.study_id == study_id, _TRIALS.c.trial_id < ids[0])
             ).scalar_one()
-            later = session.execute(
-                sqlalchemy.select(_TRIALS.c.trial_id).where(_TRIALS.c.study_id == study_id, _TRIALS.c.trial_id >= ids[0])
-                .order_by(_TRIALS.c.trial_id)
-            ).scalars().all()
+            later = (
+                session.execute(
+                    sqlalchemy.select(_TRIALS.c.trial_id)
+                    .where(_TRIALS.c.study_id == study_id, _TRIALS.c.trial_id >= ids[0])
+                    .order_by(_TRIALS.c.trial_id)
+                )
+                .scalars()
+                .all()
+            )
             number_of = {trial_id: before + i for i, trial_id in enumerate(later)}
             session.execute(
-                sqlalchemy.update(_TRIALS).where(_TRIALS.c.trial_id == sqlalchemy.bindparam("tid")).values(number=sqlalchemy.bindparam("num")),
+                sqlalchemy.update(_TRIALS)
+                .where(_TRIALS.c.trial_id == sqlalchemy.bindparam("tid"))
+                .values(number=sqlalchemy.bindparam("num")),
                 [{"tid": trial_id, "num": number_of[trial_id]} for trial_id in ids],
             )
             rows = [{"trial_id": trial_id, "param_name": name, "param_value": dists[name].to_internal_repr(value),
@@ -151,21 +167,41 @@ class SweepRDBStorage(RDBStorage):
                 session.execute(sqlalchemy.insert(_PARAMS), rows)
             attrs = dict(user_attrs or {})
             if attrs:
-                session.execute(sqlalchemy.insert(_USER), [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
-                                                           for trial_id in ids for key, value in attrs.items()])
+                session.execute(
+                    sqlalchemy.insert(_USER),
+                    [
+                        {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                        for trial_id in ids
+                        for key, value in attrs.items()
+                    ],
+                )
         return [
-            FrozenTrial(number=number_of[trial_id], state=TrialState.RUNNING, value=None, values=None, datetime_start=_local(start_utc),
-                        datetime_complete=None, params=dict(p), distributions={name: dists[name] for name in p}, user_attrs=dict(attrs),
-                        system_attrs={}, intermediate_values={}, trial_id=trial_id)
+            FrozenTrial(
+                number=number_of[trial_id],
+                state=TrialState.RUNNING,
+                value=None,
+                values=None,
+                datetime_start=_local(start_utc),
+                datetime_complete=None,
+                params=dict(p),
+                distributions={name: dists[name] for name in p},
+                user_attrs=dict(attrs),
+                system_attrs={},
+                intermediate_values={},
+                trial_id=trial_id,
+            )
             for trial_id, p in zip(ids, params)
         ]
 
     @staticmethod
     def _room(session: Any, study_id: int, wanted: int, max_running: Optional[int], max_live: Optional[int]) -> int:
-        """How many of `wanted` new RUNNING trials fit under `max_running` and `max_live` (read under the study's lock)."""
+        """How many of `wanted` new RUNNING trials fit under `max_running` and `max_live` (read under the study's
+        lock)."""
         room = wanted
-        for limit, states in ((max_running, [TrialState.RUNNING]),
-                              (max_live, [TrialState.RUNNING, TrialState.WAITING, TrialState.COMPLETE, TrialState.PRUNED])):
+        for limit, states in (
+            (max_running, [TrialState.RUNNING]),
+            (max_live, [TrialState.RUNNING, TrialState.WAITING, TrialState.COMPLETE, TrialState.PRUNED]),
+        ):
             if limit is None:
                 continue
             have = session.execute(
@@ -177,7 +213,8 @@ class SweepRDBStorage(RDBStorage):
 
     @staticmethod
     def _check_compatible(session: Any, study_id: int, dists: dict[str, distributions.BaseDistribution]) -> None:
-        """Each distribution against the study's first stored use of its name, as `set_trial_param` checks it (ValueError)."""
+        """Each distribution against the study's first stored use of its name, as `set_trial_param` checks it
+        (ValueError)."""
         for name, dist in dists.items():
             previous = session.execute(
                 sqlalchemy.select(_PARAMS.c.distribution_json).join(_TRIALS, _TRIALS.c.trial_id == _PARAMS.c.trial_id)
@@ -189,7 +226,9 @@ class SweepRDBStorage(RDBStorage):
             try:
                 distributions.check_distribution_compatibility(stored, dist)
             except ValueError as e:
-                raise ValueError(f"parameter {name!r}: the study stores it as {stored}, this batch asks {dist}: {e}") from e
+                raise ValueError(
+                    f"parameter {name!r}: the study stores it as {stored}, this batch asks {dist}: {e}"
+                ) from e
 
     def _get_trials(
         self,
@@ -223,30 +262,46 @@ class SweepRDBStorage(RDBStorage):
             return session.execute(query.order_by(table.c[order])).all()
 
         trials = session.execute(
-            sqlalchemy.select(_TRIALS.c.trial_id, _TRIALS.c.number, _TRIALS.c.state, _TRIALS.c.datetime_start, _TRIALS.c.datetime_complete)
-            .where(where).order_by(_TRIALS.c.trial_id)
+            sqlalchemy.select(
+                _TRIALS.c.trial_id,
+                _TRIALS.c.number,
+                _TRIALS.c.state,
+                _TRIALS.c.datetime_start,
+                _TRIALS.c.datetime_complete,
+            )
+            .where(where)
+            .order_by(_TRIALS.c.trial_id)
         ).all()
         dists: dict[str, Any] = {}
         params: dict[int, dict[str, Any]] = defaultdict(dict)
         param_dists: dict[int, dict[str, Any]] = defaultdict(dict)
-        for trial_id, name, value, dist_json in rows(_PARAMS, "param_name", "param_value", "distribution_json", order="param_id"):
+        for trial_id, name, value, dist_json in rows(
+            _PARAMS, "param_name", "param_value", "distribution_json", order="param_id"
+        ):
             dist = dists.get(dist_json)
             if dist is None:
                 dist = dists[dist_json] = distributions.json_to_distribution(dist_json)
             params[trial_id][name] = dist.to_external_repr(value)
             param_dists[trial_id][name] = dist
         values: dict[int, dict[int, float]] = defaultdict(dict)
-        for trial_id, objective, value, kind in rows(_VALUES, "objective", "value", "value_type", order="trial_value_id"):
+        for trial_id, objective, value, kind in rows(
+            _VALUES, "objective", "value", "value_type", order="trial_value_id"
+        ):
             values[trial_id][objective] = models.TrialValueModel.stored_repr_to_value(value, kind)
         attrs: dict[str, dict[int, dict[str, Any]]] = {}
-        for label, table, order in (("user", _USER, "trial_user_attribute_id"), ("system", _SYSTEM, "trial_system_attribute_id")):
+        for label, table, order in (
+            ("user", _USER, "trial_user_attribute_id"),
+            ("system", _SYSTEM, "trial_system_attribute_id"),
+        ):
             attrs[label] = defaultdict(dict)
             for trial_id, key, value_json in rows(table, "key", "value_json", order=order):
                 attrs[label][trial_id][key] = json.loads(value_json)
         intermediate: dict[int, dict[int, float]] = defaultdict(dict)
         for trial_id, step, value, kind in rows(_INTERMEDIATE, "step", "intermediate_value", "intermediate_value_type",
                                                order="trial_intermediate_value_id"):
-            intermediate[trial_id][step] = models.TrialIntermediateValueModel.stored_repr_to_intermediate_value(value, kind)
+            intermediate[trial_id][step] = models.TrialIntermediateValueModel.stored_repr_to_intermediate_value(
+                value, kind
+            )
         out = []
         for trial_id, number, state, start, complete in trials:
             by_objective = values.get(trial_id)
@@ -272,7 +327,8 @@ for _name in _WRITES:
 
 
 class SweepCachedStorage(_CachedStorage):
-    """Optuna's `_CachedStorage` over a `SweepRDBStorage`, whose `reads_once()` serves repeated reads from one (module docstring)."""
+    """Optuna's `_CachedStorage` over a `SweepRDBStorage`, whose `reads_once()` serves repeated reads from one (module
+    docstring)."""
 
     def __init__(self, backend: SweepRDBStorage) -> None:
         super().__init__(backend)
@@ -299,7 +355,9 @@ class SweepCachedStorage(_CachedStorage):
         finally:
             self._reads.held = None
 
-    def get_all_trials(self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+    def get_all_trials(
+        self, study_id: int, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
         held = getattr(self._reads, "held", None)
         if held is None:
             return super().get_all_trials(study_id, deepcopy=deepcopy, states=states)

@@ -38,9 +38,15 @@ def trials_markdown(trials: Sequence[Any], objectives: Sequence[Objective], limi
 
     if len(trials) <= limit:
         return header + "\n".join(row(t) for t in sorted(trials, key=lambda t: t.number))
-    done = sorted((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: tuple(-s * v for s, v in zip(signs, t.values)))
+    done = sorted(
+        (t for t in trials if t.state.name == "COMPLETE"), key=lambda t: tuple(-s * v for s, v in zip(signs, t.values))
+    )
     shown = done[:limit] + [t for t in trials if not t.state.is_finished()][:limit]
-    return f"showing the best {min(limit, len(done))} of {len(done)} completed trials and up to {limit} in flight\n\n" + header + "\n".join(row(t) for t in shown)
+    return (
+        f"showing the best {min(limit, len(done))} of {len(done)} completed trials and up to {limit} in flight\n\n"
+        + header
+        + "\n".join(row(t) for t in shown)
+    )
 
 
 def history_png(trials: Sequence[Any], objective: Objective) -> bytes:
@@ -52,7 +58,14 @@ def history_png(trials: Sequence[Any], objective: Objective) -> bytes:
     pruned = [t for t in done if t.state.name == "PRUNED"]
     ax.scatter([t.number for t in complete], [t.values[0] for t in complete], s=14, label="complete")
     if pruned:
-        ax.scatter([t.number for t in pruned], [t.values[0] for t in pruned], s=14, marker="x", color="grey", label="pruned (last report)")
+        ax.scatter(
+            [t.number for t in pruned],
+            [t.values[0] for t in pruned],
+            s=14,
+            marker="x",
+            color="grey",
+            label="pruned (last report)",
+        )
     best, xs, ys = None, [], []
     for t in complete:
         v = t.values[0]
@@ -77,7 +90,8 @@ def importance_method(completed: int) -> str:
 
 
 def importance(study: Any, objective: Objective) -> dict[str, float]:
-    """Parameter importances for the first objective (fANOVA, seeded; PED-ANOVA past 300 trials); needs 2+ completed trials.
+    """Parameter importances for the first objective (fANOVA, seeded; PED-ANOVA past 300 trials); needs 2+ completed
+    trials.
 
     Raises:
         SweepError: fewer than two completed trials, no searched parameter, every
@@ -94,7 +108,8 @@ def importance(study: Any, objective: Objective) -> dict[str, float]:
     scores = {t.values[0] for t in complete}
     if len(scores) == 1:
         raise SweepError(
-            f"every completed trial scored {objective.metric} = {scores.pop()}: no parameter explains a difference, so importance is undefined"
+            f"every completed trial scored {objective.metric} = {scores.pop()}: no parameter explains a difference, "
+            "so importance is undefined"
         )
     method = importance_method(len(complete))
     with warnings.catch_warnings():
@@ -105,7 +120,9 @@ def importance(study: Any, objective: Objective) -> dict[str, float]:
             else optuna.importance.PedAnovaImportanceEvaluator()
         )
         try:
-            found = optuna.importance.get_param_importances(study, evaluator=evaluator, target=lambda t: t.values[0], normalize=True)
+            found = optuna.importance.get_param_importances(
+                study, evaluator=evaluator, target=lambda t: t.values[0], normalize=True
+            )
         except (RuntimeError, ValueError, ZeroDivisionError, FloatingPointError) as e:
             raise SweepError(f"parameter importance could not be computed ({method}): {type(e).__name__}: {e}") from e
     return {k: float(v) for k, v in found.items()}
@@ -121,16 +138,27 @@ def importance_png(importances: dict[str, float], objective: Objective, method: 
     return figure_png(fig)
 
 
-def pareto_png(trials: Sequence[Any], front: Sequence[Any], objectives: Sequence[Objective], picked: Optional[Any] = None) -> bytes:
+def pareto_png(
+    trials: Sequence[Any], front: Sequence[Any], objectives: Sequence[Objective], picked: Optional[Any] = None
+) -> bytes:
     """The first two objectives of every completed trial, the Pareto front highlighted."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     done = [t for t in trials if t.state.name == "COMPLETE"]
     ax.scatter([t.values[0] for t in done], [t.values[1] for t in done], s=14, color="lightgrey", label="trials")
     ordered = sorted(front, key=lambda t: t.values[0])
-    ax.plot([t.values[0] for t in ordered], [t.values[1] for t in ordered], "o-", color="tab:blue", label="Pareto front")
+    ax.plot(
+        [t.values[0] for t in ordered], [t.values[1] for t in ordered], "o-", color="tab:blue", label="Pareto front"
+    )
     if picked is not None:
-        ax.scatter([picked.values[0]], [picked.values[1]], s=80, facecolors="none", edgecolors="tab:red", label=f"picked trial-{picked.number:04d}")
+        ax.scatter(
+            [picked.values[0]],
+            [picked.values[1]],
+            s=80,
+            facecolors="none",
+            edgecolors="tab:red",
+            label=f"picked trial-{picked.number:04d}",
+        )
     ax.set_xlabel(f"{objectives[0].metric} ({objectives[0].mode})")
     ax.set_ylabel(f"{objectives[1].metric} ({objectives[1].mode})")
     ax.legend(loc="best", fontsize=8)
@@ -185,7 +213,9 @@ def build_report(store: SweepStore, study: Any, spec: PipelineSpec) -> SweepRepo
         if front:
             picked, reason = pick_trial(front, objectives, spec.search.pick)
             best_params, best_values, best_trial = dict(picked.params), list(picked.values), picked.number
-            pareto_md = f"picked trial-{picked.number:04d}: {reason}\n\n" + trials_markdown(front, objectives, limit=len(front))
+            pareto_md = f"picked trial-{picked.number:04d}: {reason}\n\n" + trials_markdown(
+                front, objectives, limit=len(front)
+            )
             _plot(plots, problems, "pareto", lambda: pareto_png(trials, front, objectives, picked))
     elif status.complete:
         sign = 1.0 if objectives[0].mode == "max" else -1.0
@@ -198,7 +228,12 @@ def build_report(store: SweepStore, study: Any, spec: PipelineSpec) -> SweepRepo
     except SweepError as e:
         note = str(e)
     if importances:
-        _plot(plots, problems, "importance", lambda: importance_png(importances, objectives[0], importance_method(status.complete)))
+        _plot(
+            plots,
+            problems,
+            "importance",
+            lambda: importance_png(importances, objectives[0], importance_method(status.complete)),
+        )
     return SweepReport(
         status=status,
         best_params=best_params,

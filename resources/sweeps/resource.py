@@ -60,7 +60,8 @@ class SweepStore(ConfigurableResource):
 
     @classmethod
     def by_reference(cls, url: str, env: str = OPTUNA_URL_ENV, **fields: Any) -> "SweepStore":
-        """The store of `url`, configured with `url` without credentials and, when it had some, the variable `env` that holds it."""
+        """The store of `url`, configured with `url` without credentials and, when it had some, the variable `env` that
+        holds it."""
         stripped = strip_url_credentials(url)
         return cls(storage_url=stripped, storage_url_env=env if stripped != url else None, **fields)
 
@@ -75,7 +76,8 @@ class SweepStore(ConfigurableResource):
         value = os.environ.get(self.storage_url_env)
         if not value:
             raise SweepError(
-                f"the Optuna storage {redact_url(self.storage_url)} takes its credentials from the environment variable "
+                f"the Optuna storage {redact_url(self.storage_url)} takes its credentials from the environment "
+                "variable "
                 f"{self.storage_url_env}, which this process does not have; set it to the full URL"
             )
         if not same_database(value, self.storage_url):
@@ -115,7 +117,8 @@ class SweepStore(ConfigurableResource):
 
         modes = [direction] if isinstance(direction, str) else list(direction)
         wanted = [optuna_direction(m) for m in modes]
-        study = optuna.create_study(study_name=study_name, storage=study_storage(self.storage()), directions=wanted, load_if_exists=True)  # type: ignore[arg-type]
+        storage = study_storage(self.storage())
+        study = optuna.create_study(study_name=study_name, storage=storage, directions=wanted, load_if_exists=True)  # type: ignore[arg-type]
         have = [d.name.lower() for d in study.directions]
         if have != wanted:
             raise SweepError(f"study {study_name!r} exists with directions {have}; this sweep declares {wanted}")
@@ -175,7 +178,9 @@ class SweepStore(ConfigurableResource):
                 numbers.append(study.ask(dists).number)
         return numbers
 
-    def _ask_random(self, study: Any, search: SearchSpec, dists: dict[str, Any], n: int, deadline: Optional[float]) -> list[int]:
+    def _ask_random(
+        self, study: Any, search: SearchSpec, dists: dict[str, Any], n: int, deadline: Optional[float]
+    ) -> list[int]:
         from optuna.trial import TrialState, create_trial
 
         sampler = build_sampler(search, derive_seed(search.seed, len(study.get_trials(deepcopy=False))))
@@ -184,11 +189,14 @@ class SweepStore(ConfigurableResource):
         for _ in range(n):
             if deadline is not None and time.monotonic() >= deadline:
                 break
-            batch.append({name: sampler.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()})
+            batch.append(
+                {name: sampler.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()}
+            )
         return create_running(study, batch, dists)
 
     def ask_claimed(self, study: Any, search: SearchSpec, claim: str) -> Optional[int]:
-        """Ask one trial for the run `claim` to train next, within the sweep's window and budget; None when none may be asked.
+        """Ask one trial for the run `claim` to train next, within the sweep's window and budget; None when none may be
+        asked.
 
         The trial is created with its parameters and `CLAIMED_BY = claim` in
         one write, under the study's lock, and only while fewer than
@@ -224,7 +232,9 @@ class SweepStore(ConfigurableResource):
         if params is None:
             placeholder = create_trial(state=TrialState.RUNNING)
             params = [{name: source.sample_independent(study, placeholder, name, dist) for name, dist in dists.items()}]
-        created = create_running(study, params, dists, user_attrs={CLAIMED_BY: claim}, max_running=search.window, max_live=status.budget)
+        created = create_running(
+            study, params, dists, user_attrs={CLAIMED_BY: claim}, max_running=search.window, max_live=status.budget
+        )
         return created[0] if created else None
 
     def status(self, study: Any, search: SearchSpec, now: Optional[float] = None) -> SweepStatus:
@@ -279,7 +289,9 @@ class SweepStore(ConfigurableResource):
         try:
             study_id = storage.get_study_id_from_name(study_name)
         except KeyError as e:
-            raise SweepError(f"study {study_name!r} does not exist in {self.shown_url()}; materialize the sweep asset first") from e
+            raise SweepError(
+                f"study {study_name!r} does not exist in {self.shown_url()}; materialize the sweep asset first"
+            ) from e
         try:
             return storage.get_trial_id_from_study_id_trial_number(study_id, number)
         except KeyError as e:
@@ -359,6 +371,10 @@ def _keep_search_space(old: Any, new: Any, study: Any) -> None:
     if not (isinstance(old, TPESampler) and isinstance(new, TPESampler)):
         return
     space = getattr(old, "_search_space", None)
-    if (type(space) is IntersectionSearchSpace and type(getattr(new, "_search_space", None)) is IntersectionSearchSpace
-            and space._include_pruned == new._search_space._include_pruned and space._study_id in (None, study._study_id)):
+    if (
+        type(space) is IntersectionSearchSpace
+        and type(getattr(new, "_search_space", None)) is IntersectionSearchSpace
+        and space._include_pruned == new._search_space._include_pruned
+        and space._study_id in (None, study._study_id)
+    ):
         new._search_space = space

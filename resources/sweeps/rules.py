@@ -118,8 +118,12 @@ def inert_pruner(search: SearchSpec) -> Optional[str]:
     if seen >= needed:
         return None
     fix = f"set n_startup_trials to at most {seen}" if seen >= 1 else "it needs n_trials >= 2"
-    return (f"pruner 'median' prunes only after {needed} completed trial(s) (n_startup_trials={p.n_startup_trials}), and the last of this "
-            f"sweep's {search.n_trials} trial(s) sees at most {seen}: no trial can be pruned; {fix}, raise n_trials, or drop the pruner")
+    return (
+        f"pruner 'median' prunes only after {needed} completed trial(s) (n_startup_trials={p.n_startup_trials}), and "
+        "the last of this "
+        f"sweep's {search.n_trials} trial(s) sees at most {seen}: no trial can be pruned; {fix}, raise n_trials, or "
+        "drop the pruner"
+    )
 
 
 MODES = {"MAXIMIZE": "max", "MINIMIZE": "min"}
@@ -148,9 +152,12 @@ def redefined(spec: PipelineSpec, study_name: str) -> Optional[str]:
     recorded = study_name.rsplit(".", 1)[-1]
     if recorded == fingerprint:
         return None
-    return (f"the pipeline's definition changed since study {study_name} was made (its fingerprint {recorded}, the pipeline's "
-            f"now {fingerprint}): a study never mixes definitions, so it gets no more trials; the sweep asset "
-            f"(the prepare job) makes the new definition's study")
+    return (
+        f"the pipeline's definition changed since study {study_name} was made (its fingerprint {recorded}, the "
+        "pipeline's "
+        f"now {fingerprint}): a study never mixes definitions, so it gets no more trials; the sweep asset "
+        f"(the prepare job) makes the new definition's study"
+    )
 
 
 # -- status and stop rules -------------------------------------------------------------------
@@ -245,16 +252,30 @@ def sweep_status(
     if reason is None and counts["FAIL"] and not counts["COMPLETE"] and not counts["PRUNED"]:
         broken = next((t for t, name in zip(trials, names) if name == "FAIL" and t.user_attrs.get(CONFIG_ERROR)), None)
         if broken is not None:
-            reason = (f"{CONFIG_ERROR_STOP}: trial-{broken.number:04d} failed with a configuration error and no trial of this "
-                      f"definition has succeeded, so every trial would fail the same way: {failure_reason(broken)}; fix the "
-                      "pipeline (a changed definition starts a new study)")
+            reason = (
+                f"{CONFIG_ERROR_STOP}: trial-{broken.number:04d} failed with a configuration error and no trial of "
+                "this "
+                f"definition has succeeded, so every trial would fail the same way: {failure_reason(broken)}; fix the "
+                "pipeline (a changed definition starts a new study)"
+            )
     if (reason is None or reason.startswith(FAILURE_BUDGET_SPENT)) and counts["FAIL"] >= search.failure_budget:
         errors = [failure_reason(t) for t in trials if t.state.name == "FAIL"]
-        reason = f"{FAILURE_BUDGET_SPENT}: {counts['FAIL']} trials failed (max_failures {search.failure_budget}); last error: {errors[-1]}"
+        reason = (
+            f"{FAILURE_BUDGET_SPENT}: {counts['FAIL']} trials failed (max_failures {search.failure_budget}); last "
+            f"error: {errors[-1]}"
+        )
     if reason is None and search.target is not None and best is not None and sign * best >= sign * search.target:
         reason = f"target reached: best {best:.6g} {'>=' if sign > 0 else '<='} target {search.target:.6g}"
-    if reason is None and search.timeout_seconds is not None and created_at is not None and now - created_at >= search.timeout_seconds:
-        reason = f"time budget spent: {now - created_at:.0f} s since the sweep started (timeout_seconds {search.timeout_seconds:.0f})"
+    if (
+        reason is None
+        and search.timeout_seconds is not None
+        and created_at is not None
+        and now - created_at >= search.timeout_seconds
+    ):
+        reason = (
+            f"time budget spent: {now - created_at:.0f} s since the sweep started (timeout_seconds "
+            f"{search.timeout_seconds:.0f})"
+        )
     return SweepStatus(
         budget=budget,
         complete=counts["COMPLETE"],
@@ -278,7 +299,9 @@ def failure_reason(trial: Any) -> str:
 # -- multi-objective -------------------------------------------------------------------------
 
 
-def objective_values(result: dict[str, Any], objectives: Sequence[Objective], monitor: str, model_bytes: Optional[int] = None) -> list[float]:
+def objective_values(
+    result: dict[str, Any], objectives: Sequence[Objective], monitor: str, model_bytes: Optional[int] = None
+) -> list[float]:
     """The values a finished trial tells its study, one per objective.
 
     The monitor is the result's `best_metric`; other metrics come from
@@ -299,7 +322,17 @@ def objective_values(result: dict[str, Any], objectives: Sequence[Objective], mo
         else:
             v = result.get(o.metric)
         if v is None:
-            available = sorted({monitor, *result.get("metrics", {}), "model_bytes", "fit_seconds", "wall_seconds", "device_hours", "samples_per_second"})
+            available = sorted(
+                {
+                    monitor,
+                    *result.get("metrics", {}),
+                    "model_bytes",
+                    "fit_seconds",
+                    "wall_seconds",
+                    "device_hours",
+                    "samples_per_second",
+                }
+            )
             raise SweepError(f"objective {o.metric!r} is not in the trial's result; available: {available}")
         values.append(float(v))
     return values
@@ -337,7 +370,10 @@ def pick_trial(front: Sequence[Any], objectives: Sequence[Objective], pick: Pick
     signs = [1.0 if o.mode == "max" else -1.0 for o in objectives]
     within = []
     for t in front:
-        ok = all((t.values[index[m]] >= bound) if objectives[index[m]].mode == "max" else (t.values[index[m]] <= bound) for m, bound in pick.limits.items())
+        ok = all(
+            (t.values[index[m]] >= bound) if objectives[index[m]].mode == "max" else (t.values[index[m]] <= bound)
+            for m, bound in pick.limits.items()
+        )
         if ok:
             within.append(t)
     if not within:
@@ -347,7 +383,11 @@ def pick_trial(front: Sequence[Any], objectives: Sequence[Objective], pick: Pick
         first = index[pick.metric] if pick.metric else 0
         order = [first] + [i for i in range(len(objectives)) if i != first]
         best = min(within, key=lambda t: (*[-signs[i] * t.values[i] for i in order], t.number))
-        return best, f"best {objectives[first].metric} ({objectives[first].mode}) of {len(within)} Pareto-optimal trial(s){limits}"
+        return (
+            best,
+            f"best {objectives[first].metric} ({objectives[first].mode}) of {len(within)} Pareto-optimal "
+            f"trial(s){limits}",
+        )
     lows = [min(t.values[i] for t in within) for i in range(len(objectives))]
     highs = [max(t.values[i] for t in within) for i in range(len(objectives))]
 
@@ -360,5 +400,7 @@ def pick_trial(front: Sequence[Any], objectives: Sequence[Objective], pick: Pick
         return math.sqrt(total)
 
     best = min(within, key=lambda t: (distance(t), t.number))
-    return best, f"closest to the ideal point (distance {distance(best):.3f}) of {len(within)} Pareto-optimal trial(s){limits}"
-
+    return (
+        best,
+        f"closest to the ideal point (distance {distance(best):.3f}) of {len(within)} Pareto-optimal trial(s){limits}",
+    )

@@ -58,7 +58,10 @@ def cached_study(key: tuple, study_name: str, teller: bool = False) -> Any:
     try:
         study = optuna.load_study(study_name=study_name, storage=study_storage(open_storage(*key)), sampler=sampler)
     except KeyError as e:
-        raise SweepError(f"study {study_name!r} does not exist in {redact_url(key[0].split('?')[0])}; materialize the sweep asset first") from e
+        raise SweepError(
+            f"study {study_name!r} does not exist in {redact_url(key[0].split('?')[0])}; materialize the sweep asset "
+            "first"
+        ) from e
     with _LOCK:
         _keep(cache_key, study)
     return study
@@ -155,7 +158,8 @@ def _created(path: str) -> bool:
 
 
 def _create_storage(url: str, kwargs: dict[str, Any]) -> Any:
-    """An RDBStorage for `url` (with the fast bulk read of `resources.sweeps.rdb`); a server database whose schema another process is creating at the same moment is retried."""
+    """An RDBStorage for `url` (with the fast bulk read of `resources.sweeps.rdb`); a server database whose schema
+    another process is creating at the same moment is retried."""
     import optuna
     import sqlalchemy.exc
 

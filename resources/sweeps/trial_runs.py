@@ -47,10 +47,13 @@ RUN_KEY_TAG = "dagster/run_key"  # Dagster's RUN_KEY_TAG: the sensor daemon star
 SENSOR_NAME_TAG = "dagster/sensor_name"  # Dagster's SENSOR_NAME_TAG: the sensor a run counts as requested by
 ACTIVE = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING, DagsterRunStatus.STARTED]
 SWEEP_TRIGGER = "sweep materialized"  # `trainyard/trigger` of a trial run the `sweep` asset started
-SUCCESSOR_TRIGGER = "trial run ended"  # of a trial run started by the run of a long trial as it ended (`assets.sweeps.trial_handover.start_successor`)
+# of a trial run started by the run of a long trial as it ended (`assets.sweeps.trial_handover.start_successor`)
+SUCCESSOR_TRIGGER = "trial run ended"
 
 SENSOR_DAEMON = "SENSOR"  # Dagster's SensorDaemon.daemon_type()
-HEARTBEAT_INTERVAL_SECONDS = 30.0  # how often a daemon thread writes its heartbeat (Dagster's DEFAULT_HEARTBEAT_INTERVAL_SECONDS)
+HEARTBEAT_INTERVAL_SECONDS = (
+    30.0  # how often a daemon thread writes its heartbeat (Dagster's DEFAULT_HEARTBEAT_INTERVAL_SECONDS)
+)
 # Dagster's own tolerance on top is 30 minutes, far too long to say that a daemon that stopped is still there.
 HEARTBEAT_TOLERANCE_SECONDS = 60.0
 
@@ -109,11 +112,16 @@ def pending(trial: Any) -> bool:
 
 def count_in_flight(trials: Iterable[Any], trained: set[str], requested: Callable[[Any], bool]) -> int:
     """RUNNING trials that a run claimed, that an active run trains (`trained`) or whose run was `requested`."""
-    return sum(1 for t in trials if t.state.name == "RUNNING" and (claimed(t) or trial_key(t.number) in trained or requested(t)))
+    return sum(
+        1
+        for t in trials
+        if t.state.name == "RUNNING" and (claimed(t) or trial_key(t.number) in trained or requested(t))
+    )
 
 
 def free_slots(window: int, in_flight: int, team: str, limit: Optional[int], records: list[Any]) -> tuple[int, str]:
-    """How many trial runs may start: min(window - in flight, the team's free run slots), at least 0; and a note of the team's count.
+    """How many trial runs may start: min(window - in flight, the team's free run slots), at least 0; and a note of the
+    team's count.
 
     Args:
         limit: `team_run_limit` (None: the window alone bounds them).
@@ -137,11 +145,14 @@ def trial_run_tags(spec: PipelineSpec, study: str) -> dict[str, str]:
 
 
 def has_run(instance: DagsterInstance, run_key: str) -> bool:
-    """Whether any run carries this run key (one query on the key's tag, as the sensor daemon's `fetch_existing_runs` makes)."""
+    """Whether any run carries this run key (one query on the key's tag, as the sensor daemon's `fetch_existing_runs`
+    makes)."""
     return instance.get_runs_count(RunsFilter(tags={RUN_KEY_TAG: run_key})) > 0
 
 
-def trials_to_start(instance: DagsterInstance, spec: PipelineSpec, study: str, trials: list[Any], train_job: str) -> tuple[list[str], str]:
+def trials_to_start(
+    instance: DagsterInstance, spec: PipelineSpec, study: str, trials: list[Any], train_job: str
+) -> tuple[list[str], str]:
     """The trial keys the sweep sensor's next tick would request runs for, oldest first; and a note of the count.
 
     Pending trials (`pending`) that no active run trains and that never had a
@@ -176,11 +187,18 @@ def sensor_is_running(stored: Any, default_status: DefaultSensorStatus) -> bool:
 
 
 def sensor_daemon_alive(instance: DagsterInstance, now: Optional[float] = None) -> bool:
-    """Whether a sensor daemon wrote a heartbeat in the last `HEARTBEAT_INTERVAL_SECONDS` + `HEARTBEAT_TOLERANCE_SECONDS` (90 s)."""
+    """Whether a sensor daemon wrote a heartbeat in the last `HEARTBEAT_INTERVAL_SECONDS` +
+    `HEARTBEAT_TOLERANCE_SECONDS` (90 s)."""
     from dagster._daemon.controller import get_daemon_statuses
 
-    status = get_daemon_statuses(instance, [SENSOR_DAEMON], curr_time_seconds=time.time() if now is None else now, ignore_errors=True,
-                                 heartbeat_interval_seconds=HEARTBEAT_INTERVAL_SECONDS, heartbeat_tolerance_seconds=HEARTBEAT_TOLERANCE_SECONDS)[SENSOR_DAEMON]
+    status = get_daemon_statuses(
+        instance,
+        [SENSOR_DAEMON],
+        curr_time_seconds=time.time() if now is None else now,
+        ignore_errors=True,
+        heartbeat_interval_seconds=HEARTBEAT_INTERVAL_SECONDS,
+        heartbeat_tolerance_seconds=HEARTBEAT_TOLERANCE_SECONDS,
+    )[SENSOR_DAEMON]
     return bool(status.required and status.healthy)
 
 
@@ -189,11 +207,16 @@ def from_code_location(run: DagsterRun) -> bool:
     return run.remote_job_origin is not None and run.job_code_origin is not None
 
 
-IN_PROCESS = "this run executes in process (no code location origin): the sweep sensor starts trial runs under the daemon"
+IN_PROCESS = (
+    "this run executes in process (no code location origin): the sweep sensor starts trial runs under the daemon"
+)
 
 
-def why_not_start(instance: DagsterInstance, run: DagsterRun, repository: RepositoryDefinition, sensor_name: str) -> Optional[str]:
-    """Why the run `run` (e.g. the `sweep` asset's) leaves its trial runs to the sweep sensor `sensor_name`; None when it may start them.
+def why_not_start(
+    instance: DagsterInstance, run: DagsterRun, repository: RepositoryDefinition, sensor_name: str
+) -> Optional[str]:
+    """Why the run `run` (e.g. the `sweep` asset's) leaves its trial runs to the sweep sensor `sensor_name`; None when
+    it may start them.
 
     It may when the run came from a code location (it has both origins, so
     runs made like it launch the same way), the instance's run queue is
@@ -206,7 +229,10 @@ def why_not_start(instance: DagsterInstance, run: DagsterRun, repository: Reposi
     if run.remote_job_origin is None or run.job_code_origin is None:  # not from_code_location(run)
         return IN_PROCESS
     if not isinstance(instance.run_coordinator, QueuedRunCoordinator):
-        return f"the instance's run coordinator is {type(instance.run_coordinator).__name__}, not a run queue a daemon dequeues"
+        return (
+            f"the instance's run coordinator is {type(instance.run_coordinator).__name__}, not a run queue a daemon "
+            "dequeues"
+        )
     if not repository.has_sensor_def(sensor_name):
         return f"the repository has no sensor {sensor_name}"
     origin = RemoteInstigatorOrigin(run.remote_job_origin.repository_origin, sensor_name)
@@ -215,13 +241,23 @@ def why_not_start(instance: DagsterInstance, run: DagsterRun, repository: Reposi
         return f"sensor {sensor_name} is stopped"
     if not sensor_daemon_alive(instance):
         seconds = HEARTBEAT_INTERVAL_SECONDS + HEARTBEAT_TOLERANCE_SECONDS
-        return f"no sensor daemon is alive (no heartbeat in the last {seconds:.0f} s): queued runs might wait for nobody"
+        return (
+            f"no sensor daemon is alive (no heartbeat in the last {seconds:.0f} s): queued runs might wait for nobody"
+        )
     return None
 
 
-def create_trial_run(instance: DagsterInstance, origin_run: DagsterRun, job: JobDefinition, spec: PipelineSpec, study: str, key: str,
-                     trigger: str = SWEEP_TRIGGER) -> DagsterRun:
-    """Create (NOT_STARTED) the run of trial `key` that the sweep sensor would request, from the same code location as `origin_run`.
+def create_trial_run(
+    instance: DagsterInstance,
+    origin_run: DagsterRun,
+    job: JobDefinition,
+    spec: PipelineSpec,
+    study: str,
+    key: str,
+    trigger: str = SWEEP_TRIGGER,
+) -> DagsterRun:
+    """Create (NOT_STARTED) the run of trial `key` that the sweep sensor would request, from the same code location as
+    `origin_run`.
 
     Tags as the sensor daemon's `_create_sensor_run` makes them: the job's, the
     request's with its partition's, the sensor's name and the run key; plus
@@ -229,7 +265,9 @@ def create_trial_run(instance: DagsterInstance, origin_run: DagsterRun, job: Job
     Enqueue it with `instance.submit_run`.
     """
     if origin_run.remote_job_origin is None or origin_run.job_code_origin is None:
-        raise ValueError(f"run {origin_run.run_id} has no code location origin to start trial runs from (see why_not_start)")
+        raise ValueError(
+            f"run {origin_run.run_id} has no code location origin to start trial runs from (see why_not_start)"
+        )
     tags = {
         **job.run_tags,
         **trial_run_tags(spec, study),
@@ -250,9 +288,11 @@ def create_trial_run(instance: DagsterInstance, origin_run: DagsterRun, job: Job
 
 
 def discard_runs(instance: DagsterInstance, runs: list[DagsterRun], log: Any) -> None:
-    """Delete runs made here that never reached the queue (or failed to): as if never made, so their run keys stay free for the sensor.
+    """Delete runs made here that never reached the queue (or failed to): as if never made, so their run keys stay free
+    for the sensor.
 
-    A run that cannot be deleted is named in a warning on `log`: until it is, the sweep sensor counts its trial in flight.
+    A run that cannot be deleted is named in a warning on `log`: until it is, the sweep sensor counts its trial in
+    flight.
     """
     for run in runs:
         try:
@@ -260,5 +300,8 @@ def discard_runs(instance: DagsterInstance, runs: list[DagsterRun], log: Any) ->
             if current is not None and current.status in (DagsterRunStatus.NOT_STARTED, DagsterRunStatus.FAILURE):
                 instance.delete_run(run.run_id)
         except Exception as e:  # still starting runs: the sweep stands, but the run must be named
-            log.warning(f"{run.tags.get(PARTITION_TAG, '?')}: could not delete run {run.run_id} ({type(e).__name__}: {e}); until it is deleted "
-                        f"(`dagster run delete {run.run_id}`) the sweep sensor counts its trial in flight")
+            log.warning(
+                f"{run.tags.get(PARTITION_TAG, '?')}: could not delete run {run.run_id} ({type(e).__name__}: {e}); "
+                "until it is deleted "
+                f"(`dagster run delete {run.run_id}`) the sweep sensor counts its trial in flight"
+            )

@@ -56,7 +56,14 @@ from training.checkpointing.layout import FORMAT_VERSION, MANIFEST, PAYLOAD
 from training.checkpointing.reading import LoadedCheckpoint
 from training.checkpointing.rng import rng_state, set_rng_state
 from training.checkpointing.safe_load import CheckpointStateError, UnsafeCheckpointError, load_payload, unpickle_plain
-from training.checkpointing.sharding import DTENSOR, ShardSpec, is_dtensor_marker, localize_dtensors, merge_shards, shard_file
+from training.checkpointing.sharding import (
+    DTENSOR,
+    ShardSpec,
+    is_dtensor_marker,
+    localize_dtensors,
+    merge_shards,
+    shard_file,
+)
 from training.checkpointing.store import CheckpointStore
 from training.checkpointing.writer import (
     AsyncCheckpointWriter,

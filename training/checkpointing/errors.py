@@ -23,7 +23,9 @@ class CheckpointWriteError(CheckpointError):
     """
 
     def __init__(self, uri: str, attempts: int, cause: BaseException) -> None:
-        super().__init__(f"could not write checkpoint file {uri} after {attempts} attempts: {type(cause).__name__}: {cause}")
+        super().__init__(
+            f"could not write checkpoint file {uri} after {attempts} attempts: {type(cause).__name__}: {cause}"
+        )
         self.uri = uri
         self.attempts = attempts
 

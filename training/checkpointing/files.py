@@ -68,7 +68,9 @@ def tree_sha256(data: Any, leaf: int) -> str:
     pieces = [view[i:i + leaf] for i in range(0, view.nbytes, leaf)]
     if len(pieces) <= 1 or _HASH_THREADS == 1:
         return _root([hashlib.sha256(p).digest() for p in pieces])
-    with ThreadPoolExecutor(max_workers=min(_HASH_THREADS, len(pieces)), thread_name_prefix="checkpoint-verify") as pool:
+    with ThreadPoolExecutor(
+        max_workers=min(_HASH_THREADS, len(pieces)), thread_name_prefix="checkpoint-verify"
+    ) as pool:
         return _root(list(pool.map(lambda p: hashlib.sha256(p).digest(), pieces)))
 
 

@@ -29,7 +29,14 @@ def step_dir(step: int) -> str:
 
 
 def manifest_bytes(
-    *, step: int, epoch: int, created: float, metrics: dict[str, float], best: bool, files: dict[str, Any], world_size: Optional[int]
+    *,
+    step: int,
+    epoch: int,
+    created: float,
+    metrics: dict[str, float],
+    best: bool,
+    files: dict[str, Any],
+    world_size: Optional[int],
 ) -> bytes:
     """The manifest committing a checkpoint: its step, metrics and every file's hash and size.
 
@@ -73,7 +80,12 @@ def parse_manifest(data: bytes) -> dict[str, Any]:
         if "sha256_tree" in meta:
             leaf = meta.get("leaf_bytes")
             # A floor on the leaf keeps a doctored manifest from making verification slice a file byte by byte.
-            if not isinstance(meta["sha256_tree"], str) or not isinstance(leaf, int) or isinstance(leaf, bool) or leaf < 4096:
+            if (
+                not isinstance(meta["sha256_tree"], str)
+                or not isinstance(leaf, int)
+                or isinstance(leaf, bool)
+                or leaf < 4096
+            ):
                 raise ValueError("a sha256_tree needs a string digest and an integer leaf_bytes >= 4096")
         elif not isinstance(meta["sha256"], str):
             raise ValueError("each file needs a sha256_tree (or, format 1, a sha256) string")

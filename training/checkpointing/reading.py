@@ -67,14 +67,19 @@ def verified(fs: Any, directory: str, fname: str, meta: dict[str, Any]) -> bytes
     except FileNotFoundError as e:
         raise CheckpointUnusable(f"file {fname} listed in the manifest is missing") from e
     if len(data) != meta["size"]:
-        raise CheckpointUnusable(f"size mismatch for file {fname}: manifest says {meta['size']} bytes, found {len(data)}")
+        raise CheckpointUnusable(
+            f"size mismatch for file {fname}: manifest says {meta['size']} bytes, found {len(data)}"
+        )
     if not digest_matches(data, meta):
         raise CheckpointUnusable(f"checksum mismatch for file {fname}")
     return data
 
 
-def load_checkpoint(fs: Any, directory: str, uri: str, rank: Optional[int] = None, world_size: Optional[int] = None) -> LoadedCheckpoint:
-    """Verify and load the committed checkpoint at `directory` (URI `uri`); see `CheckpointStore.load` for `rank` and `world_size`."""
+def load_checkpoint(
+    fs: Any, directory: str, uri: str, rank: Optional[int] = None, world_size: Optional[int] = None
+) -> LoadedCheckpoint:
+    """Verify and load the committed checkpoint at `directory` (URI `uri`); see `CheckpointStore.load` for `rank` and
+    `world_size`."""
     manifest = read_manifest(fs, directory)
     world = manifest.get("world_size")
     if world is None:
@@ -112,7 +117,9 @@ def load_checkpoint(fs: Any, directory: str, uri: str, rank: Optional[int] = Non
     )
 
 
-def _reshard_view(fs: Any, directory: str, uri: str, manifest: dict[str, Any], rank: int, world_size: int) -> dict[str, Any]:
+def _reshard_view(
+    fs: Any, directory: str, uri: str, manifest: dict[str, Any], rank: int, world_size: int
+) -> dict[str, Any]:
     """A rank of a run at another world size: verify its share of the saved shards, return rank 0's state elided.
 
     Rank `r` of `world_size` verifies saved shards `r, r + world_size, ...`
@@ -135,7 +142,8 @@ def _reshard_view(fs: Any, directory: str, uri: str, manifest: dict[str, Any], r
 
 
 def iter_shards(fs: Any, directory: str, uri: str) -> Iterator[dict[str, Any]]:
-    """Every rank's state of the sharded checkpoint at `directory`, in rank order, each verified as it is read (one at a time).
+    """Every rank's state of the sharded checkpoint at `directory`, in rank order, each verified as it is read (one at a
+    time).
 
     Raises:
         CheckpointUnusable: a shard is missing or does not match its checksum.

@@ -71,7 +71,11 @@ class CheckpointStateError(ConfigError, TypeError):
 
 def _detail(error: BaseException) -> str:
     found = _DETAIL.search(str(error))
-    return found.group(0).strip() if found else f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    return (
+        found.group(0).strip()
+        if found
+        else f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    )
 
 
 def load_payload(data: bytes, source: str) -> Any:
@@ -148,7 +152,11 @@ def plain_data_problem(obj: Any, where: str = "state") -> Optional[str]:
     """
     t = type(obj)
     if isinstance(obj, torch.Tensor):
-        return None if t in (torch.Tensor, torch.nn.Parameter) else f"{where} is a {t.__module__}.{t.__qualname__} (a tensor subclass)"
+        return (
+            None
+            if t in (torch.Tensor, torch.nn.Parameter)
+            else f"{where} is a {t.__module__}.{t.__qualname__} (a tensor subclass)"
+        )
     if t in _LEAF_TYPES or t in SAFE_GLOBALS:
         return None
     if t in _CONTAINERS:
@@ -172,6 +180,7 @@ def check_plain(state: Any, uri: str) -> None:
     if problem:
         raise CheckpointStateError(
             f"cannot save checkpoint {uri}: {problem}, which a resume could not load (torch.load(weights_only=True) "
-            "refuses pickled objects other than tensors, containers, numbers and strings); keep checkpoint state plain, "
+            "refuses pickled objects other than tensors, containers, numbers and strings); keep checkpoint state "
+            "plain, "
             "e.g. pass JSON values to save_hyperparameters and store objects as their state_dict()"
         )

@@ -40,7 +40,12 @@ class ShardSpec:
 
     def __post_init__(self) -> None:
         check(is_int(self.world_size) and self.world_size >= 1, "world_size", self.world_size, "an integer >= 1")
-        check(is_int(self.rank) and 0 <= self.rank < self.world_size, "rank", self.rank, f"an integer in [0, {self.world_size})")
+        check(
+            is_int(self.rank) and 0 <= self.rank < self.world_size,
+            "rank",
+            self.rank,
+            f"an integer in [0, {self.world_size})",
+        )
         check(isinstance(self.token, str) and self.token != "", "token", self.token, "a non-empty string")
 
 
@@ -69,7 +74,9 @@ def localize_dtensors(obj: Any) -> Any:
         local = obj.to_local()
         shape, offset = region_of(obj)
         if tuple(local.shape) != tuple(shape):
-            raise CheckpointError(f"DTensor local shard has shape {tuple(local.shape)}, its placements say {tuple(shape)}")
+            raise CheckpointError(
+                f"DTensor local shard has shape {tuple(local.shape)}, its placements say {tuple(shape)}"
+            )
         return {DTENSOR: 1, "local": local, "global_shape": list(obj.shape), "offset": list(offset)}
     if isinstance(obj, dict):
         out = copy.copy(obj)
@@ -127,7 +134,10 @@ def merge_shards(shards: list[Any]) -> Any:
             out[k] = merge_shards([s[k] if isinstance(s, dict) and k in s else first[k] for s in shards])
         return out
     if isinstance(first, (list, tuple)) and not hasattr(first, "_fields"):
-        items = [merge_shards([s[i] if isinstance(s, (list, tuple)) and len(s) > i else first[i] for s in shards]) for i in range(len(first))]
+        items = [
+            merge_shards([s[i] if isinstance(s, (list, tuple)) and len(s) > i else first[i] for s in shards])
+            for i in range(len(first))
+        ]
         return items if isinstance(first, list) else tuple(items)
     return first
 
@@ -171,7 +181,11 @@ def region_of(like: Any) -> tuple[list[int], list[int]]:
 
 def fits_region(marker: dict[str, Any], shape: list[int], offset: list[int]) -> bool:
     """Whether a saved marker holds exactly the region `shape` at `offset` (same world size and mesh)."""
-    return not marker.get("elided") and list(marker["local"].shape) == list(shape) and list(marker["offset"]) == list(offset)
+    return (
+        not marker.get("elided")
+        and list(marker["local"].shape) == list(shape)
+        and list(marker["offset"]) == list(offset)
+    )
 
 
 class Region:
@@ -197,7 +211,9 @@ class Region:
         [1.0, 2.0]
     """
 
-    def __init__(self, global_shape: list[int], shape: list[int], offset: list[int], dtype: torch.dtype, where: str) -> None:
+    def __init__(
+        self, global_shape: list[int], shape: list[int], offset: list[int], dtype: torch.dtype, where: str
+    ) -> None:
         self.global_shape, self.offset, self.where = list(global_shape), list(offset), where
         self.tensor = torch.empty(list(shape), dtype=dtype)
         self.covered = 0
@@ -206,7 +222,9 @@ class Region:
     def add(self, marker: dict[str, Any]) -> None:
         """Copy the part of a saved piece that falls inside this region."""
         if list(marker["global_shape"]) != self.global_shape:
-            raise CheckpointLayoutError(f"checkpoint's {self.where} has shape {list(marker['global_shape'])}, the model's {self.global_shape}")
+            raise CheckpointLayoutError(
+                f"checkpoint's {self.where} has shape {list(marker['global_shape'])}, the model's {self.global_shape}"
+            )
         local, offset = marker["local"], [int(o) for o in marker["offset"]]
         key = (tuple(offset), tuple(local.shape))
         if key in self._seen:
@@ -235,7 +253,9 @@ class Region:
         return self.tensor
 
 
-def assemble_regions(regions: dict[tuple[Any, ...], Region], shards: Iterable[Any]) -> dict[tuple[Any, ...], torch.Tensor]:
+def assemble_regions(
+    regions: dict[tuple[Any, ...], Region], shards: Iterable[Any]
+) -> dict[tuple[Any, ...], torch.Tensor]:
     """Fill each region from the saved shards, read one at a time; returns `{path: tensor}`.
 
     `regions` is keyed by each marker's path in a shard's state (keys and list

@@ -16,7 +16,14 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import fsspec
 
 from common.retry import RetriesExhausted, retry_call
-from training.checkpointing.errors import CheckpointError, CheckpointUnusable, CheckpointWriteError, SkippedCheckpointWarning, check, is_int
+from training.checkpointing.errors import (
+    CheckpointError,
+    CheckpointUnusable,
+    CheckpointWriteError,
+    SkippedCheckpointWarning,
+    check,
+    is_int,
+)
 from training.checkpointing.files import HashingWriter, StagedFile, save_payload
 from training.checkpointing.layout import MANIFEST, PAYLOAD, STEP_DIR, manifest_bytes, step_dir
 from training.checkpointing.reading import LoadedCheckpoint, iter_shards, load_checkpoint, read_manifest
@@ -76,13 +83,20 @@ class CheckpointStore:
     ) -> None:
         check(isinstance(root_uri, str) and root_uri.strip("/") != "", "root_uri", root_uri, "a non-empty path or URI")
         check(is_int(keep_last) and keep_last >= 1, "keep_last", keep_last, "an integer >= 1")
-        check(is_int(max_write_attempts) and max_write_attempts >= 1, "max_write_attempts", max_write_attempts, "an integer >= 1")
+        check(
+            is_int(max_write_attempts) and max_write_attempts >= 1,
+            "max_write_attempts",
+            max_write_attempts,
+            "an integer >= 1",
+        )
         check(
             isinstance(retry_backoff_s, (int, float)) and not isinstance(retry_backoff_s, bool)
             and math.isfinite(retry_backoff_s) and retry_backoff_s >= 0,
             "retry_backoff_s", retry_backoff_s, "a finite number of seconds >= 0",
         )
-        check(is_int(fail_next_writes) and fail_next_writes >= 0, "fail_next_writes", fail_next_writes, "an integer >= 0")
+        check(
+            is_int(fail_next_writes) and fail_next_writes >= 0, "fail_next_writes", fail_next_writes, "an integer >= 0"
+        )
         self.root_uri = root_uri.rstrip("/")
         self.keep_last = keep_last
         self.max_write_attempts = max_write_attempts
@@ -181,7 +195,8 @@ class CheckpointStore:
         self._with_retries(f"{self.root_uri}/{name}/{MANIFEST}", uncommit)
 
     def _write_state(self, name: str, state: dict[str, Any], shard: Optional[ShardSpec]) -> dict[str, Any]:
-        """Write this process's payload (and, sharded, its sidecar); returns `{file: {size, sha256_tree, leaf_bytes}}`."""
+        """Write this process's payload (and, sharded, its sidecar); returns `{file: {size, sha256_tree,
+        leaf_bytes}}`."""
         directory = self._path(name)
         fname = PAYLOAD if shard is None else shard_file(shard.rank)
 
@@ -233,8 +248,12 @@ class CheckpointStore:
             if time.monotonic() > deadline:
                 missing = sorted(set(range(shard.world_size)) - set(found))
                 raise CheckpointWriteError(
-                    f"{self.root_uri}/{name}", 1,
-                    TimeoutError(f"rank(s) {missing} did not write their shard within {shard.commit_timeout_s:.0f} s; not committed"),
+                    f"{self.root_uri}/{name}",
+                    1,
+                    TimeoutError(
+                        f"rank(s) {missing} did not write their shard within {shard.commit_timeout_s:.0f} s; not "
+                        "committed"
+                    ),
                 )
             time.sleep(shard.poll_s)
 
@@ -242,7 +261,14 @@ class CheckpointStore:
         """`op()`, retried on transient storage errors with doubling waits from `retry_backoff_s`."""
 
         def warn(attempt: int, error: BaseException, delay: float) -> None:
-            log.warning("writing %s failed (attempt %d of %d): %s; retrying in %.2f s", uri, attempt, self.max_write_attempts, error, delay)
+            log.warning(
+                "writing %s failed (attempt %d of %d): %s; retrying in %.2f s",
+                uri,
+                attempt,
+                self.max_write_attempts,
+                error,
+                delay,
+            )
 
         try:
             return retry_call(

@@ -72,7 +72,12 @@ class HostBuffers:
         i = self._next
         self._next += 1
         buf = self.tensors[i] if i < len(self.tensors) else None
-        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype or (strides and buf.stride() != src.stride()):
+        if (
+            buf is None
+            or buf.shape != src.shape
+            or buf.dtype != src.dtype
+            or (strides and buf.stride() != src.stride())
+        ):
             return i, None
         return i, buf
 
@@ -187,7 +192,9 @@ def snapshot_to_cpu(
         out = copy.copy(obj)
         out.clear()
         for k, v in obj.items():
-            where = (f"{_where}.{k}" if _where else str(k)) if _deferred is not None else ""  # named only for a tear warning
+            where = (
+                (f"{_where}.{k}" if _where else str(k)) if _deferred is not None else ""
+            )  # named only for a tear warning
             out[k] = snapshot_to_cpu(v, memo, buffers, defer, _deferred, where)
     elif isinstance(obj, (list, tuple)):
         items = [snapshot_to_cpu(v, memo, buffers, defer, _deferred, f"{_where}[{i}]" if _deferred is not None else "")
@@ -255,8 +262,11 @@ class AsyncCheckpointWriter:
         """Whether a write has been submitted and not finished."""
         return self._pending is not None and not self._pending.done()
 
-    def submit(self, step: int, state: dict[str, Any], *, defer: Optional[frozenset[int]] = None, **kwargs: Any) -> None:
-        """Copy `state` to CPU (`defer`'s storages later) and save it in the background as `store.save(step, state, **kwargs)`.
+    def submit(
+        self, step: int, state: dict[str, Any], *, defer: Optional[frozenset[int]] = None, **kwargs: Any
+    ) -> None:
+        """Copy `state` to CPU (`defer`'s storages later) and save it in the background as `store.save(step, state,
+        **kwargs)`.
 
         Raises:
             CheckpointWriteError: The previous write failed; raised here so a
@@ -273,7 +283,10 @@ class AsyncCheckpointWriter:
                 self._buffers.start()
                 deferred = _Deferred(step) if defer and self.defer_allowed else None
                 snapshot = snapshot_to_cpu(
-                    state, buffers=self._buffers, defer=(lambda t: storage_key(t) in defer) if defer else None, _deferred=deferred,
+                    state,
+                    buffers=self._buffers,
+                    defer=(lambda t: storage_key(t) in defer) if defer else None,
+                    _deferred=deferred,
                 )
                 if deferred is not None and not deferred.copies:
                     deferred = None
@@ -308,7 +321,9 @@ class AsyncCheckpointWriter:
         if deferred.torn:
             self.defer_allowed = False
             self.dropped.append(deferred.step)
-            shown = ", ".join(deferred.torn[:5]) + (f" and {len(deferred.torn) - 5} more" if len(deferred.torn) > 5 else "")
+            shown = ", ".join(deferred.torn[:5]) + (
+                f" and {len(deferred.torn) - 5} more" if len(deferred.torn) > 5 else ""
+            )
             warnings.warn(
                 f"checkpoint of step {deferred.step} dropped: {shown} changed between the save and the next "
                 "optimizer step (outside the optimizer's step), so its copy could mix two steps; later checkpoints "
@@ -316,7 +331,9 @@ class AsyncCheckpointWriter:
             )
         deferred.released.set()
 
-    def _write(self, step: int, state: dict[str, Any], kwargs: dict[str, Any], deferred: Optional[_Deferred]) -> Optional[str]:
+    def _write(
+        self, step: int, state: dict[str, Any], kwargs: dict[str, Any], deferred: Optional[_Deferred]
+    ) -> Optional[str]:
         if deferred is not None:
             deferred.copy_all()
             deferred.released.wait()  # set by the fence, or at the interpreter's exit (_release_at_exit)

@@ -52,7 +52,13 @@ from trainyard.data.canonical import (
     to_canonical,
     write_parquet_deterministic,
 )
-from trainyard.data.checks import DEDUP_MEMORY_BYTES, FINITE_EXPECTATION, UNIQUE_IDS_EXPECTATION, UNIQUE_ROWS_EXPECTATION, row_hashes
+from trainyard.data.checks import (
+    DEDUP_MEMORY_BYTES,
+    FINITE_EXPECTATION,
+    UNIQUE_IDS_EXPECTATION,
+    UNIQUE_ROWS_EXPECTATION,
+    row_hashes,
+)
 from trainyard.data.drift_detection import (
     DRIFT_MIN_ROWS,
     PSI_ALERT,
@@ -67,9 +73,22 @@ from trainyard.data.drift_detection import (
     psi,
     schema_changes,
 )
-from trainyard.data.errors import DataQualityError, MalformedLandingFile, MissingLandingData, QuarantineError, SchemaMismatch, SplitError
+from trainyard.data.errors import (
+    DataQualityError,
+    MalformedLandingFile,
+    MissingLandingData,
+    QuarantineError,
+    SchemaMismatch,
+    SplitError,
+)
 from trainyard.data.expectations import UnsupportedExpectation
-from trainyard.data.profile import CATEGORY_LIMIT, PROFILE_DOMAIN_LIMIT, PROFILE_SAMPLE_ROWS, profile_snapshot, profile_to_suite
+from trainyard.data.profile import (
+    CATEGORY_LIMIT,
+    PROFILE_DOMAIN_LIMIT,
+    PROFILE_SAMPLE_ROWS,
+    profile_snapshot,
+    profile_to_suite,
+)
 from trainyard.data.quarantine import (
     QuarantineEntry,
     list_quarantine,

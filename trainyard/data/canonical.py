@@ -81,12 +81,14 @@ def canonical_schema(spec: PipelineSpec) -> pa.Schema:
 
 
 def reading_type(dtype: str) -> pa.DataType:
-    """The Arrow type a text reader (CSV, JSON) parses a column of `dtype` as: dates and times as text, parsed by `cast_values`."""
+    """The Arrow type a text reader (CSV, JSON) parses a column of `dtype` as: dates and times as text, parsed by
+    `cast_values`."""
     return pa.string() if dtype in ("date", "datetime") else ARROW_TYPES[dtype]
 
 
 def cast_values(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
-    """`values` cast safely to the canonical type `target`, parsing dates and times from text (see the module docstring).
+    """`values` cast safely to the canonical type `target`, parsing dates and times from text (see the module
+    docstring).
 
     Raises:
         pyarrow.ArrowInvalid, ArrowTypeError, ArrowNotImplementedError: A value does not cast.
@@ -107,7 +109,12 @@ def cast_values(values: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.A
         zoned_text = pc.if_else(zoned, values, pa.scalar(None, values.type))
         naive = naive_text.cast(pa.timestamp(target.unit), safe=True).cast(target)
         return pc.if_else(zoned, zoned_text.cast(target, safe=True), naive)
-    if pa.types.is_timestamp(target) and target.tz is not None and pa.types.is_timestamp(values.type) and values.type.tz is None:
+    if (
+        pa.types.is_timestamp(target)
+        and target.tz is not None
+        and pa.types.is_timestamp(values.type)
+        and values.type.tz is None
+    ):
         return values.cast(pa.timestamp(target.unit), safe=True).cast(target)  # naive: taken as UTC
     if pa.types.is_date32(target) and text:
         if isinstance(values, pa.ChunkedArray):
@@ -221,7 +228,9 @@ class CanonicalParquetWriter:
         self._commit = contextlib.ExitStack()
         self._tmp = self._commit.enter_context(atomic_path(self.path))
         options = {k: v for k, v in PARQUET_OPTIONS.items() if k != "row_group_size"}
-        self._writer: Any = pq.ParquetWriter(self._tmp, self.schema, use_dictionary=dictionary_columns(self.schema), **options)
+        self._writer: Any = pq.ParquetWriter(
+            self._tmp, self.schema, use_dictionary=dictionary_columns(self.schema), **options
+        )
 
     def write(self, batch: pa.RecordBatch | pa.Table) -> None:
         """Append rows (their schema must equal the writer's, metadata aside)."""
@@ -238,7 +247,8 @@ class CanonicalParquetWriter:
                 self._flush(self._group)
 
     def add_metadata(self, metadata: dict[str, str]) -> None:
-        """Record key-value metadata in the file's footer (e.g. where the rows came from); equal metadata gives equal bytes."""
+        """Record key-value metadata in the file's footer (e.g. where the rows came from); equal metadata gives equal
+        bytes."""
         self._writer.add_key_value_metadata(metadata)
 
     def _flush(self, rows: int) -> None:

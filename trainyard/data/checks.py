@@ -39,7 +39,8 @@ def id_key_columns(spec: PipelineSpec) -> list[str]:
 def warnings_of(results: Sequence[dict[str, Any]]) -> list[str]:
     """One line per warning-only platform result that found something (repeated ids)."""
     return [
-        f"{r['unexpected_count']} row(s) repeat the {r['observed_value']['key']} of an earlier row (a warning; e.g. {', '.join(map(str, r['unexpected_values']))})"
+        f"{r['unexpected_count']} row(s) repeat the {r['observed_value']['key']} of an earlier row (a warning; e.g. "
+        f"{', '.join(map(str, r['unexpected_values']))})"
         for r in results
         if r.get("severity") == WARNING and r["unexpected_count"]
     ]
@@ -53,7 +54,9 @@ def duplicate_policy(spec: PipelineSpec) -> str:
 def dropped_duplicates(results: Sequence[dict[str, Any]]) -> int:
     """Rows the duplicate check found under `keep_first`: repeats to drop, not failures."""
     return sum(
-        r["unexpected_count"] or 0 for r in results if r["expectation"] == UNIQUE_ROWS_EXPECTATION and r["success"] and r["unexpected_count"]
+        r["unexpected_count"] or 0
+        for r in results
+        if r["expectation"] == UNIQUE_ROWS_EXPECTATION and r["success"] and r["unexpected_count"]
     )
 
 
@@ -107,7 +110,13 @@ class FiniteCheck:
 
 
 def platform_result(
-    name: str, column: Optional[str], success: bool, observed: Any, unexpected: int, samples: list[Any], positions: list[int]
+    name: str,
+    column: Optional[str],
+    success: bool,
+    observed: Any,
+    unexpected: int,
+    samples: list[Any],
+    positions: list[int],
 ) -> dict[str, Any]:
     """A platform check's result, in the shape of `ValidationReport.results`; its failing rows can be set aside."""
     return {

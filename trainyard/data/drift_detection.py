@@ -48,7 +48,8 @@ delivery below it is judged only as part of the whole delivery.
 """
 
 NOT_MEASURED_DTYPES = ("date", "datetime")
-"""Dtypes whose features are not drift-measured: each delivery brings new dates, so any calendar binning flags every delivery."""
+"""Dtypes whose features are not drift-measured: each delivery brings new dates, so any calendar binning flags every
+delivery."""
 
 
 def psi(prev: pd.Series, cur: pd.Series, bins: int = 10, categories: Optional[Sequence[Any]] = None) -> float:
@@ -129,7 +130,9 @@ def _category_counts(
 ) -> tuple[np.ndarray, np.ndarray]:
     p_freq = prev.dropna().value_counts()
     c_freq = cur.dropna().value_counts()
-    known = list(dict.fromkeys([*p_freq.index, *c_freq.index])) if categories is None else list(dict.fromkeys(categories))
+    known = (
+        list(dict.fromkeys([*p_freq.index, *c_freq.index])) if categories is None else list(dict.fromkeys(categories))
+    )
 
     def counts(freq: pd.Series, series: pd.Series) -> np.ndarray:
         inside = [int(freq.get(k, 0)) for k in known]
@@ -153,7 +156,9 @@ def drift_report(prev_df: pd.DataFrame, cur_df: pd.DataFrame, spec: PipelineSpec
     for name in spec.features:
         for frame, label in ((prev_df, "previous"), (cur_df, "current")):
             if name not in frame.columns:
-                raise SchemaMismatch(f"feature column {name!r} not found in the {label} data; it has {list(frame.columns)}")
+                raise SchemaMismatch(
+                    f"feature column {name!r} not found in the {label} data; it has {list(frame.columns)}"
+                )
         report[name] = psi(prev_df[name], cur_df[name], categories=spec.columns[name].domain)
     return report
 
@@ -164,7 +169,16 @@ def _categorical(spec: PipelineSpec, name: str) -> bool:
 
 
 def _row(name: str, **over: Any) -> dict[str, Any]:
-    return {"column": name, "method": "none", "psi": None, "ks": None, "ks_pvalue": None, "drifted": False, "note": "", **over}
+    return {
+        "column": name,
+        "method": "none",
+        "psi": None,
+        "ks": None,
+        "ks_pvalue": None,
+        "drifted": False,
+        "note": "",
+        **over,
+    }
 
 
 def schema_changes(prev_profile: dict[str, Any], cur_profile: dict[str, Any]) -> list[dict[str, Any]]:
@@ -193,7 +207,11 @@ def schema_change_message(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def drift(
-    prev_profile: dict[str, Any], prev_sample: pa.Table, cur_profile: dict[str, Any], cur_sample: pa.Table, spec: PipelineSpec
+    prev_profile: dict[str, Any],
+    prev_sample: pa.Table,
+    cur_profile: dict[str, Any],
+    cur_sample: pa.Table,
+    spec: PipelineSpec,
 ) -> list[dict[str, Any]]:
     """Per-feature drift of a validated version against the previous one, from their profiles.
 
@@ -240,7 +258,9 @@ def drift(
             if prev_st.get("counts") is None or cur_st.get("counts") is None:
                 row["note"] = f"more than {CATEGORY_LIMIT} categories; not measured"
             else:
-                row["psi"] = _psi_of_profile_counts(prev_st, prev_profile["rows"], cur_st, cur_profile["rows"], spec.columns[name].domain)
+                row["psi"] = _psi_of_profile_counts(
+                    prev_st, prev_profile["rows"], cur_st, cur_profile["rows"], spec.columns[name].domain
+                )
         else:
             p = prev_sample.column(name).to_pandas().astype(float)
             c = cur_sample.column(name).to_pandas().astype(float)
@@ -265,7 +285,9 @@ def drift(
     return rows
 
 
-def _psi_of_profile_counts(prev: dict[str, Any], prev_rows: int, cur: dict[str, Any], cur_rows: int, domain: Optional[list[Any]]) -> float:
+def _psi_of_profile_counts(
+    prev: dict[str, Any], prev_rows: int, cur: dict[str, Any], cur_rows: int, domain: Optional[list[Any]]
+) -> float:
     def freq(st: dict[str, Any]) -> dict[Any, int]:
         return {_category_key(k): n for k, n in st["counts"]}
 
@@ -314,16 +336,30 @@ def drift_verdict(rows: Sequence[dict[str, Any]], spec: PipelineSpec) -> dict[st
     where = f" ({scope})" if scope else ""
     if drifted:
         level, columns = "drifted", drifted
-        message = f"drifted: {drifted} beyond the thresholds (PSI > {spec.max_drift_psi}, KS > {spec.max_drift_ks}); max PSI {top:.3f} on {column!r}{where}"
+        message = (
+            f"drifted: {drifted} beyond the thresholds (PSI > {spec.max_drift_psi}, KS > {spec.max_drift_ks}); max "
+            f"PSI {top:.3f} on {column!r}{where}"
+        )
     elif moderate:
         level, columns = "moderate", moderate
-        message = f"moderate shift (PSI >= {PSI_WARN}) in {moderate}; max PSI {top:.3f} on {column!r}{where}, below the threshold {spec.max_drift_psi}"
+        message = (
+            f"moderate shift (PSI >= {PSI_WARN}) in {moderate}; max PSI {top:.3f} on {column!r}{where}, below the "
+            f"threshold {spec.max_drift_psi}"
+        )
     else:
         level, columns = "stable", []
         message = f"stable: max PSI {top:.3f}" + (f" on {column!r}" if column else "") + f", below {PSI_WARN}{where}"
     if schema:
         message += f"; {schema}"
-    return {"level": level, "max_psi": top if measured else None, "column": column, "columns": columns, "scope": scope, "schema": schema, "message": message}
+    return {
+        "level": level,
+        "max_psi": top if measured else None,
+        "column": column,
+        "columns": columns,
+        "scope": scope,
+        "schema": schema,
+        "message": message,
+    }
 
 
 def drift_summary(d: dict[str, Any]) -> str:
@@ -358,7 +394,9 @@ def _number(value: Optional[float]) -> str:
     return "" if value is None else f"{value:.4f}"
 
 
-def delivery_files(store: FileStore, prev_raw_uri: Optional[str], cur_raw_uri: Optional[str]) -> Optional[list[dict[str, Any]]]:
+def delivery_files(
+    store: FileStore, prev_raw_uri: Optional[str], cur_raw_uri: Optional[str]
+) -> Optional[list[dict[str, Any]]]:
     """The files of the snapshot at `cur_raw_uri` that the one at `prev_raw_uri` did not have: the new delivery.
 
     Each snapshot keeps `manifest.json` beside its `data.parquet` with the
@@ -393,7 +431,9 @@ def delivery_files(store: FileStore, prev_raw_uri: Optional[str], cur_raw_uri: O
     return [r for r in cur if not same(r, before.get(r["uri"]))]
 
 
-def _profile_parts(store: FileStore, schema: pa.Schema, files: Sequence[dict[str, Any]]) -> list[tuple[str, int, dict[str, Any], pa.Table]]:
+def _profile_parts(
+    store: FileStore, schema: pa.Schema, files: Sequence[dict[str, Any]]
+) -> list[tuple[str, int, dict[str, Any], pa.Table]]:
     """Profile and sample of the whole delivery and of each of its files (one pass over their parts)."""
     import pyarrow.ipc as ipc
 
@@ -476,7 +516,9 @@ def delivery_drift(
             row["scope"] = f"{name}, {n} rows against {reference_name}"
             if n < DRIFT_MIN_ROWS and row["psi"] is not None:
                 row["drifted"], row["judged"] = False, False
-                row["note"] = (row["note"] + "; " if row["note"] else "") + f"{n} rows (< {DRIFT_MIN_ROWS}): too few to judge"
+                row["note"] = (
+                    row["note"] + "; " if row["note"] else ""
+                ) + f"{n} rows (< {DRIFT_MIN_ROWS}): too few to judge"
             old = best.get(row["column"])
             if old is None or _worse(row, old):
                 best[row["column"]] = row

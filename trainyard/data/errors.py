@@ -24,7 +24,8 @@ class SchemaMismatch(DataQualityError):
 
 
 class SplitError(DataQualityError):
-    """The rows cannot be split as the `SplitSpec` asks (fewer than three rows, or a class too rare to reach every part)."""
+    """The rows cannot be split as the `SplitSpec` asks (fewer than three rows, or a class too rare to reach every
+    part)."""
 
 
 class QuarantineError(DataQualityError):

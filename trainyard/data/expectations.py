@@ -126,7 +126,11 @@ class ArrowSuite:
     """
 
     def __init__(
-        self, expectations: Sequence[dict[str, Any]], schema: pa.Schema, name: str = "suite", partial: int = PARTIAL_UNEXPECTED_COUNT
+        self,
+        expectations: Sequence[dict[str, Any]],
+        schema: pa.Schema,
+        name: str = "suite",
+        partial: int = PARTIAL_UNEXPECTED_COUNT,
     ) -> None:
         great_expectations()
         from great_expectations.core.batch_spec import RuntimeDataBatchSpec
@@ -138,7 +142,9 @@ class ArrowSuite:
         self.schema = schema
         self.rows = 0
         self.partial = partial
-        self.runtime_configuration = {"result_format": {"result_format": "SUMMARY", "partial_unexpected_count": partial}}
+        self.runtime_configuration = {
+            "result_format": {"result_format": "SUMMARY", "partial_unexpected_count": partial}
+        }
         frame = pandas_frame_for(schema)
         self._engine = PandasExecutionEngine()
         batch_data, _ = self._engine.get_batch_data_and_markers(RuntimeDataBatchSpec(batch_data=frame))
@@ -153,7 +159,9 @@ class ArrowSuite:
             where = f"expectation {i} ({config.get('type')!r})"
             # Unknown types raise GE's own error; bad kwargs raise pydantic (v1) ValidationError, a ValueError.
             try:
-                expectation = ExpectationConfiguration(type=config["type"], kwargs=dict(config.get("kwargs") or {})).to_domain_obj()
+                expectation = ExpectationConfiguration(
+                    type=config["type"], kwargs=dict(config.get("kwargs") or {})
+                ).to_domain_obj()
             except (GreatExpectationsError, ValueError, TypeError, KeyError) as e:
                 raise UnsupportedExpectation(f"{where}: not a valid Great Expectations expectation: {e}") from e
             plan = {}
@@ -172,7 +180,11 @@ class ArrowSuite:
             ).get_metric_configurations()
             for mc in deps:
                 key, is_map = self._plan_metric(where, mc)
-                plan[mc.id] = (key, mc.metric_name, {k: v for k, v in mc.metric_value_kwargs.items() if k != "result_format"})
+                plan[mc.id] = (
+                    key,
+                    mc.metric_name,
+                    {k: v for k, v in mc.metric_value_kwargs.items() if k != "result_format"},
+                )
                 if is_map and key not in map_keys:
                     map_keys.append(key)
             # A map expectation also asks for the nonnull count (to report missing values); its own
@@ -193,7 +205,9 @@ class ArrowSuite:
             raise UnsupportedExpectation(f"{where}: row conditions are not supported")
         column = domain.pop("column", None)
         if domain:
-            raise UnsupportedExpectation(f"{where}: metric {name!r} over {sorted(domain)} is not supported (single columns only)")
+            raise UnsupportedExpectation(
+                f"{where}: metric {name!r} over {sorted(domain)} is not supported (single columns only)"
+            )
         if name in TABLE_METRICS:
             return "table", False
         if column is None or column not in self.schema.names:
@@ -215,11 +229,14 @@ class ArrowSuite:
                 kwargs = {k: v for k, v in mc.metric_value_kwargs.items() if k != "result_format"}
                 key = f"map:{column}:{body}:{_freeze(kwargs)}"
                 if key not in self._accumulators:
-                    self._accumulators[key] = MapCondition(column, body, kwargs, self.schema.field(column).type, self.partial)
+                    self._accumulators[key] = MapCondition(
+                        column, body, kwargs, self.schema.field(column).type, self.partial
+                    )
                 return key, True
         raise UnsupportedExpectation(
             f"{where}: needs metric {name!r}, which is not computed over batches; supported are table metrics, "
-            f"column map conditions {list(MAP_CONDITIONS)}, {sorted(STATS_METRICS)} and the column.distinct_values family"
+            f"column map conditions {list(MAP_CONDITIONS)}, {sorted(STATS_METRICS)} and the column.distinct_values "
+            "family"
         )
 
     def update(self, batch: pa.RecordBatch) -> None:
@@ -244,13 +261,19 @@ class ArrowSuite:
                         success=False,
                         expectation_config=expectation.configuration,
                         # Data Docs show the traceback; the message is all there is (no Python frame raised it).
-                        exception_info={"raised_exception": True, "exception_message": "; ".join(errors), "exception_traceback": "; ".join(errors)},
+                        exception_info={
+                            "raised_exception": True,
+                            "exception_message": "; ".join(errors),
+                            "exception_traceback": "; ".join(errors),
+                        },
                     )
                 )
                 continue
             metrics = {mid: self._accumulators[key].value(name, kwargs) for mid, (key, name, kwargs) in plan.items()}
             out.append(
-                expectation.metrics_validate(metrics, runtime_configuration=dict(self.runtime_configuration), execution_engine=self._engine)
+                expectation.metrics_validate(
+                    metrics, runtime_configuration=dict(self.runtime_configuration), execution_engine=self._engine
+                )
             )
         return out
 
@@ -264,7 +287,9 @@ class ArrowSuite:
         """Which rows of `batch` expectation `index` finds unexpected (it must have a `map_condition`)."""
         condition = self.map_condition(index)
         if condition is None:
-            raise ValueError(f"expectation {index} ({self.expectations[index].expectation_type}) does not judge single rows")
+            raise ValueError(
+                f"expectation {index} ({self.expectations[index].expectation_type}) does not judge single rows"
+            )
         return condition.unexpected(Masks(batch))
 
     def suite_json(self) -> dict[str, Any]:
@@ -290,7 +315,9 @@ def _without_ids(value: Any) -> Any:
     return value
 
 
-def render_data_docs(results: Sequence[Any], suite_name: str, run_name: str, meta: Optional[dict[str, Any]] = None) -> str:
+def render_data_docs(
+    results: Sequence[Any], suite_name: str, run_name: str, meta: Optional[dict[str, Any]] = None
+) -> str:
     """GE's Data Docs validation page for `results`, as standalone HTML.
 
     Args:

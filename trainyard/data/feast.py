@@ -1,4 +1,5 @@
-"""Training data from a Feast feature store: the point-in-time join, through the same canonical snapshot as landing files.
+"""Training data from a Feast feature store: the point-in-time join, through the same canonical snapshot as landing
+files.
 
 For a pipeline whose `source` is a `FeastSourceSpec`, `feast_snapshot`:
 
@@ -72,7 +73,8 @@ class FeastUnavailable(Exception):
 
 
 def _settings(env: Optional[Mapping[str, str]]) -> Settings:
-    """The `TRAINYARD_*` settings in `env` (default: this process's); a value that does not parse is `FeastUnavailable` (naming it)."""
+    """The `TRAINYARD_*` settings in `env` (default: this process's); a value that does not parse is `FeastUnavailable`
+    (naming it)."""
     try:
         return settings(env)
     except SettingsError as e:
@@ -122,7 +124,8 @@ def feast_python(env: Optional[Mapping[str, str]] = None) -> str:
     python = _settings(env).feast_python or str(project_dir(env) / ".venv-feast" / "bin" / "python")
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise FeastUnavailable(
-            f"no Feast interpreter at {python}: run `make install` (it creates .venv-feast from deploy/feast/constraints.txt) "
+            f"no Feast interpreter at {python}: run `make install` (it creates .venv-feast from "
+            "deploy/feast/constraints.txt) "
             f"or set {PYTHON_ENV} to a Python with feast installed"
         )
     return python
@@ -138,10 +141,15 @@ def store_config(env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
     registry = s.feast_registry
     if registry and url_has_credentials(registry):
         raise FeastUnavailable(
-            f"{REGISTRY_ENV}={redact_url(registry)} carries a password, which would be kept in run configuration and logs; "
-            "set it without one and give the password to the database driver by its own variable (PGPASSWORD for PostgreSQL)"
+            f"{REGISTRY_ENV}={redact_url(registry)} carries a password, which would be kept in run configuration and "
+            "logs; "
+            "set it without one and give the password to the database driver by its own variable (PGPASSWORD for "
+            "PostgreSQL)"
         )
-    return {"registry": registry, "offline_store": s.feast_offline_store}  # a JSON object with a 'type' (common.settings)
+    return {
+        "registry": registry,
+        "offline_store": s.feast_offline_store,
+    }  # a JSON object with a 'type' (common.settings)
 
 
 def repo_path(store: FileStore, source: FeastSourceSpec) -> str:
@@ -153,7 +161,10 @@ def repo_path(store: FileStore, source: FeastSourceSpec) -> str:
     if os.path.isabs(source.repo):
         return source.repo
     if store.is_s3:
-        raise FeastUnavailable(f"source.repo {source.repo!r} is relative to an s3:// store; a Feast repository is a local directory, give its absolute path")
+        raise FeastUnavailable(
+            f"source.repo {source.repo!r} is relative to an s3:// store; a Feast repository is a local directory, "
+            "give its absolute path"
+        )
     return store.uri(source.repo)
 
 
@@ -184,7 +195,9 @@ def run_featurestore(
                               text=True, cwd=cwd, env=child_env, timeout=timeout_s)
 
 
-def run_retrieve(request: dict[str, Any], env: Optional[Mapping[str, str]] = None, timeout_s: float = RETRIEVE_TIMEOUT_S) -> dict[str, Any]:
+def run_retrieve(
+    request: dict[str, Any], env: Optional[Mapping[str, str]] = None, timeout_s: float = RETRIEVE_TIMEOUT_S
+) -> dict[str, Any]:
     """Run `python -m featurestore.retrieve` in the Feast interpreter with `request`; its answer.
 
     Raises:
@@ -200,7 +213,9 @@ def run_retrieve(request: dict[str, Any], env: Optional[Mapping[str, str]] = Non
     try:
         answer: dict[str, Any] = json.loads(lines[-1])
     except (IndexError, json.JSONDecodeError) as e:
-        raise FeastFailed(f"featurestore.retrieve exited {proc.returncode} without an answer: {proc.stderr[-3000:]}") from e
+        raise FeastFailed(
+            f"featurestore.retrieve exited {proc.returncode} without an answer: {proc.stderr[-3000:]}"
+        ) from e
     if "error" in answer:
         raise FeastRefused(answer["error"]["kind"], answer["error"]["message"])
     if proc.returncode != 0:
@@ -209,7 +224,8 @@ def run_retrieve(request: dict[str, Any], env: Optional[Mapping[str, str]] = Non
 
 
 def provenance(answer: dict[str, Any], entity_md5: str) -> dict[str, Any]:
-    """What the snapshot's footer records: everything that decides the rows, nothing that changes without changing them (apply times)."""
+    """What the snapshot's footer records: everything that decides the rows, nothing that changes without changing them
+    (apply times)."""
     return {
         "entity_md5": entity_md5,
         "project": answer["project"],
@@ -229,7 +245,8 @@ def feast_snapshot(
     log: Optional[Callable[[str], None]] = None,
     timeout_s: float = RETRIEVE_TIMEOUT_S,
 ) -> FeastSnapshot:
-    """Ingest the entity files, retrieve their features as of each row's time and pin the canonical result (module docstring).
+    """Ingest the entity files, retrieve their features as of each row's time and pin the canonical result (module
+    docstring).
 
     Raises:
         MissingLandingData, IngestRejected, LandingFileChanged: As `ingest` does for the entity files.
@@ -243,7 +260,9 @@ def feast_snapshot(
         raise TypeError(f"{spec.key}: source is not a FeastSourceSpec")
     entities = ingest(store, landing_spec(spec), versioning, log=log)  # the landing files are the entity rows
     with tempfile.TemporaryDirectory(prefix="trainyard-feast-") as tmp:
-        entity_file, retrieved, local = (os.path.join(tmp, n) for n in ("entities.parquet", "retrieved.parquet", "data.parquet"))
+        entity_file, retrieved, local = (
+            os.path.join(tmp, n) for n in ("entities.parquet", "retrieved.parquet", "data.parquet")
+        )
         store.get_file(entities.snapshot.uri, entity_file)
         request = {
             "repo": repo_path(store, source), "project": source.project, **store_config(env),
@@ -269,13 +288,22 @@ def feast_snapshot(
             store.put_file(local, f"{base}/data.parquet")
             if dvc_file:
                 store.write_bytes(f"{base}/data.parquet.dvc", dvc_file.encode())
-    lineage = {**footer, "entity_uri": entities.snapshot.uri, "updated": {v["name"]: v.get("updated") for v in answer["feature_views"]}}
+    lineage = {
+        **footer,
+        "entity_uri": entities.snapshot.uri,
+        "updated": {v["name"]: v.get("updated") for v in answer["feature_views"]},
+    }
     if reused:
         existing = SnapshotRecord.model_validate(store.read_json(f"{base}/manifest.json")["snapshot"])
         return FeastSnapshot(existing, entities, lineage, True)
     snapshot = SnapshotRecord(
-        md5=md5, uri=f"{base}/data.parquet", rows=rows, files=entities.snapshot.files, key=f"feast:{entities.snapshot.md5}",
-        dvc_file=dvc_file, created_at=utc_now(),
+        md5=md5,
+        uri=f"{base}/data.parquet",
+        rows=rows,
+        files=entities.snapshot.files,
+        key=f"feast:{entities.snapshot.md5}",
+        dvc_file=dvc_file,
+        created_at=utc_now(),
     )
     store.write_json(f"{base}/manifest.json", {"snapshot": snapshot.model_dump(), "feast": lineage})
     store.write_json(f"{base}/{LINEAGE_FILE}", lineage)

@@ -97,7 +97,9 @@ class ProblemCollector:
                 if v not in problem.values and len(problem.values) < VALUES_SHOWN:
                     problem.values.append(v)
 
-    def check_types(self, batch: pa.RecordBatch, types: dict[str, pa.DataType], offset: int) -> tuple[pa.RecordBatch, dict[str, np.ndarray]]:
+    def check_types(
+        self, batch: pa.RecordBatch, types: dict[str, pa.DataType], offset: int
+    ) -> tuple[pa.RecordBatch, dict[str, np.ndarray]]:
         """Cast text columns to their declared types, recording the cells that do not fit; those become null.
 
         Returns:
@@ -169,7 +171,13 @@ def _value_rules(column: ColumnSpec) -> list[tuple[str, str, Callable[[pa.Array]
 
         rules.append(("domain", f"value(s) outside the domain {allowed}", outside))
     if floating and column.finite:
-        rules.append(("non_finite", "NaN or infinite value(s)", lambda a: pc.fill_null(pc.or_(pc.is_nan(a), pc.is_inf(a)), False)))
+        rules.append(
+            (
+                "non_finite",
+                "NaN or infinite value(s)",
+                lambda a: pc.fill_null(pc.or_(pc.is_nan(a), pc.is_inf(a)), False),
+            )
+        )
     return rules
 
 

@@ -65,7 +65,9 @@ from trainyard.data.errors import DataQualityError, MissingLandingData
 from trainyard.data.landing import READ_BLOCK_BYTES, FileIssue
 from trainyard.data.landing_parts import LandingFileChanged, ingest_file, iter_part, schema_key, vanished
 from trainyard.data.quarantine import resolve_file_entry, utc_now
-from trainyard.data.records import MANIFEST_VERSION as MANIFEST_VERSION  # re-exported: ingest's records and their tables
+from trainyard.data.records import (
+    MANIFEST_VERSION as MANIFEST_VERSION,
+)  # re-exported: ingest's records and their tables
 from trainyard.data.records import FileRecord, IngestResult, Manifest, SnapshotRecord, missing_counts
 from trainyard.data.records import missing_markdown as missing_markdown
 from trainyard.data.records import records_markdown as records_markdown
@@ -95,7 +97,9 @@ def landing_patterns(store: FileStore, source: SourceSpec) -> list[str]:
     return [store.uri(prefix, g) for g in source.globs]
 
 
-def list_landing(store: FileStore, source: SourceSpec, skipped: Optional[list[tuple[str, str]]] = None) -> list[FileInfo]:
+def list_landing(
+    store: FileStore, source: SourceSpec, skipped: Optional[list[tuple[str, str]]] = None
+) -> list[FileInfo]:
     """Landing files matching any of the source's globs, sorted by URI, with size/mtime/etag.
 
     Names starting with `.` or `_` (`.crc` files, `_SUCCESS` markers) are left out.
@@ -215,14 +219,17 @@ class LandingScan:
     unchanged: int = 0
 
     def duplicate(self, manifest: Manifest, info: FileInfo, key: str, digest: str, original: FileRecord) -> None:
-        """Record `info`, which has the bytes of the already ingested `original`: a duplicate delivery that adds nothing."""
+        """Record `info`, which has the bytes of the already ingested `original`: a duplicate delivery that adds
+        nothing."""
         record = FileRecord(
             uri=info.uri, size=info.size, mtime=info.mtime, etag=info.etag, status="duplicate", schema_key=key,
             ingested_at=utc_now(), content_hash=digest, duplicate_of=original.uri,
         )
         manifest.files[info.uri] = record
         self.duplicates.append(record)
-        self.warnings.append(f"{info.uri} has the same bytes as {original.uri}, already ingested: a duplicate delivery, it adds nothing")
+        self.warnings.append(
+            f"{info.uri} has the same bytes as {original.uri}, already ingested: a duplicate delivery, it adds nothing"
+        )
 
 
 def ingest(
@@ -257,12 +264,16 @@ def ingest(
     """
     skipped: list[tuple[str, str]] = []
     files = list_landing(store, spec.source, skipped)
-    not_files = [f"{uri} is not read: it is {why} (only regular files, or symbolic links to them, are landing files)" for uri, why in sorted(set(skipped))]
+    not_files = [
+        f"{uri} is not read: it is {why} (only regular files, or symbolic links to them, are landing files)"
+        for uri, why in sorted(set(skipped))
+    ]
     manifest = load_manifest(store, spec)
     if not files:
         raise MissingLandingData(
             f"no landing files match prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r} "
-            f"(looked for {', '.join(landing_patterns(store, spec.source))})" + "".join(f"; {line}" for line in not_files)
+            f"(looked for {', '.join(landing_patterns(store, spec.source))})"
+            + "".join(f"; {line}" for line in not_files)
         )
     scan = _scan_landing(store, spec, files, manifest, block_bytes)
     scan.warnings += not_files
@@ -277,11 +288,14 @@ def ingest(
         if scan.rejected:
             reasons = "; ".join(i.message for r in scan.rejected for i in r.issues)
             raise IngestRejected(
-                f"{len(scan.rejected)} landing file(s) rejected (on_bad_data='reject'); each is kept in quarantine with a report: {reasons}",
+                f"{len(scan.rejected)} landing file(s) rejected (on_bad_data='reject'); each is kept in quarantine "
+                f"with a report: {reasons}",
                 scan.rejected,
             )
         raise LandingFileChanged("; ".join(w for w in scan.warnings if "changed while being read" in w))
-    accepted = sorted((r for r in manifest.files.values() if r.status == "accepted" and r.uri in landing), key=lambda r: r.uri)
+    accepted = sorted(
+        (r for r in manifest.files.values() if r.status == "accepted" and r.uri in landing), key=lambda r: r.uri
+    )
     if not accepted:
         raise MissingLandingData(
             f"no usable landing files under prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r}: "
@@ -292,7 +306,17 @@ def ingest(
     reused = current is not None and current.key == snapshot_key and store.exists(current.uri)
     if current is None or not reused:
         current = _new_snapshot(store, spec, manifest, accepted, snapshot_key, versioning)
-    return IngestResult(current, reused, scan.ingested, scan.rejected, scan.changing, scan.unchanged, removed, scan.warnings, scan.duplicates)
+    return IngestResult(
+        current,
+        reused,
+        scan.ingested,
+        scan.rejected,
+        scan.changing,
+        scan.unchanged,
+        removed,
+        scan.warnings,
+        scan.duplicates,
+    )
 
 
 def _outcome(record: FileRecord, issue: FileIssue) -> str:
@@ -322,11 +346,15 @@ def _forget_removed(store: FileStore, spec: PipelineSpec, manifest: Manifest, la
 
 def removed_files_of(manifest: Manifest, landing: set[str]) -> list[str]:
     """The files `removed_files` names, for a manifest and the set of landing URIs."""
-    counted = set(manifest.snapshot.files if manifest.snapshot else []) | {u for u, r in manifest.files.items() if r.status == "rejected"}
+    counted = set(manifest.snapshot.files if manifest.snapshot else []) | {
+        u for u, r in manifest.files.items() if r.status == "rejected"
+    }
     return sorted(counted - landing)
 
 
-def _unchanged(store: FileStore, known: Optional[FileRecord], info: FileInfo, key: str, by_hash: dict[str, FileRecord]) -> bool:
+def _unchanged(
+    store: FileStore, known: Optional[FileRecord], info: FileInfo, key: str, by_hash: dict[str, FileRecord]
+) -> bool:
     """Whether the manifest's record of `info` still holds: same state, and its part (or its original) still there."""
     if known is None or not known.same_state(info, key):
         return False
@@ -336,7 +364,9 @@ def _unchanged(store: FileStore, known: Optional[FileRecord], info: FileInfo, ke
     return known.status == "rejected" or _part_exists(store, known)
 
 
-def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest: Manifest, block_bytes: int) -> LandingScan:
+def _scan_landing(
+    store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest: Manifest, block_bytes: int
+) -> LandingScan:
     """Ingest every landing file the manifest does not know in its current state; updates `manifest.files`.
 
     Files are taken in URI order; a file with the bytes of an accepted file
@@ -380,10 +410,16 @@ def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], m
             continue
         was_accepted = known is not None and known.status == "accepted" and _part_exists(store, known)
         if known is not None and was_accepted and record.status == "accepted":
-            scan.warnings.append(f"{info.uri} was replaced since it was ingested (size {known.size} -> {info.size}); the new content replaces the old in the snapshot")
+            scan.warnings.append(
+                f"{info.uri} was replaced since it was ingested (size {known.size} -> {info.size}); the new content "
+                "replaces the old in the snapshot"
+            )
         if known is not None and was_accepted and record.status == "rejected":
             # Keep what was accepted: a bad replacement must not take good data out of the snapshot.
-            scan.warnings.append(f"{info.uri} was replaced by content that is rejected; the snapshot keeps the version ingested at {known.ingested_at}")
+            scan.warnings.append(
+                f"{info.uri} was replaced by content that is rejected; the snapshot keeps the version ingested at "
+                f"{known.ingested_at}"
+            )
         else:
             manifest.files[info.uri] = record
             if record.status == "accepted" and digest not in by_hash:
@@ -394,7 +430,12 @@ def _scan_landing(store: FileStore, spec: PipelineSpec, files: list[FileInfo], m
 
 
 def _new_snapshot(
-    store: FileStore, spec: PipelineSpec, manifest: Manifest, accepted: list[FileRecord], snapshot_key: str, versioning: Optional[DataPinner]
+    store: FileStore,
+    spec: PipelineSpec,
+    manifest: Manifest,
+    accepted: list[FileRecord],
+    snapshot_key: str,
+    versioning: Optional[DataPinner],
 ) -> SnapshotRecord:
     """Write the accepted files' parts as the new snapshot, pin it, store it with its manifest, and make it current."""
     schema = canonical_schema(spec)
@@ -412,7 +453,13 @@ def _new_snapshot(
     if dvc_file:
         store.write_bytes(f"{base}/data.parquet.dvc", dvc_file.encode())
     snapshot = SnapshotRecord(
-        md5=md5, uri=f"{base}/data.parquet", rows=rows, files=[r.uri for r in accepted], key=snapshot_key, dvc_file=dvc_file, created_at=utc_now(),
+        md5=md5,
+        uri=f"{base}/data.parquet",
+        rows=rows,
+        files=[r.uri for r in accepted],
+        key=snapshot_key,
+        dvc_file=dvc_file,
+        created_at=utc_now(),
         missing=missing_counts(accepted, list(spec.stored_columns)),
     )
     store.write_json(

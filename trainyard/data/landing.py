@@ -39,11 +39,31 @@ PARQUET_BATCH_ROWS = 64 * 1024
 MISSING_LOOKALIKES = frozenset({"n/a", "na", "nan", "null", "none", "nil", "-", "--", "?", "missing", "#n/a", "n.a."})
 """Texts that often mean "missing" in exports; a value among them that does not fit its column's type gets a hint."""
 
-EXTENSIONS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl"}
+EXTENSIONS = {
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+}
 
 IssueKind = Literal[
-    "corrupt", "encoding", "ragged_rows", "empty", "columns_added", "columns_missing", "columns_renamed", "columns_duplicated",
-    "type", "format", "nulls", "range", "domain", "non_finite", "missing_lookalike",
+    "corrupt",
+    "encoding",
+    "ragged_rows",
+    "empty",
+    "columns_added",
+    "columns_missing",
+    "columns_renamed",
+    "columns_duplicated",
+    "type",
+    "format",
+    "nulls",
+    "range",
+    "domain",
+    "non_finite",
+    "missing_lookalike",
 ]
 
 
@@ -91,7 +111,9 @@ class BadFile(Exception):
 _CSV_CELL = re.compile(r"In CSV column #(\d+): Row #(\d+): ")
 
 
-def _classify(e: BaseException, uri: str, fmt: str, header: Optional[list[str]] = None, encoding: str = "utf8") -> FileIssue:
+def _classify(
+    e: BaseException, uri: str, fmt: str, header: Optional[list[str]] = None, encoding: str = "utf8"
+) -> FileIssue:
     text = str(e)
     if isinstance(e, UnicodeDecodeError) or "UTF8" in text or "UTF-8" in text:
         where = _CSV_CELL.search(text)
@@ -159,7 +181,11 @@ class FileReader:
         uri = self.info.uri
         if self.fmt is None:
             raise BadFile(
-                FileIssue(kind="format", message=f"{uri}: cannot tell the format from the extension; use one of {sorted(EXTENSIONS)}", fatal=True)
+                FileIssue(
+                    kind="format",
+                    message=f"{uri}: cannot tell the format from the extension; use one of {sorted(EXTENSIONS)}",
+                    fatal=True,
+                )
             )
         if self.info.size == 0:
             raise BadFile(FileIssue(kind="empty", message=f"{uri} is empty (0 bytes)", fatal=True))
@@ -183,7 +209,8 @@ class FileReader:
             self.issues.append(FileIssue(kind="empty", message=f"{uri} has a header but no rows", fatal=False))
 
     def _fatal(self) -> Optional[FileIssue]:
-        """Report what was collected; the issue that makes the file unusable (a missing column, else a bad value), if any."""
+        """Report what was collected; the issue that makes the file unusable (a missing column, else a bad value), if
+        any."""
         first = self._report_problems()
         if self._columns_issue is None:
             return first
@@ -192,7 +219,8 @@ class FileReader:
         return self._columns_issue
 
     def _typed(self, batch: pa.RecordBatch) -> pa.RecordBatch:
-        """One batch of the file's stored columns in their canonical types; counts missing cells and records every problem."""
+        """One batch of the file's stored columns in their canonical types; counts missing cells and records every
+        problem."""
         batch = batch.select(self.columns)
         if self.fmt != "csv":  # CSV text is checked by its reader, which names the line
             self._check_utf8(batch)
@@ -206,7 +234,8 @@ class FileReader:
         return typed
 
     def _lookalikes(self, batch: pa.RecordBatch) -> None:
-        """Note text cells that look like a missing-value token (`n/a`) but are kept as text: open text columns, CSV only."""
+        """Note text cells that look like a missing-value token (`n/a`) but are kept as text: open text columns, CSV
+        only."""
         import numpy as np
         import pyarrow.compute as pc
 
@@ -218,10 +247,18 @@ class FileReader:
             values = batch.column(name)
             mask = pc.fill_null(pc.is_in(pc.utf8_lower(pc.utf8_trim_whitespace(values)), value_set=tokens), False)
             what = (
-                f"text value(s) that often mean missing, kept as text (only {self.spec.source.missing_values!r} are missing; "
+                f"text value(s) that often mean missing, kept as text (only {self.spec.source.missing_values!r} are "
+                "missing; "
                 "list them in source.missing_values if they mean missing)"
             )
-            self.problems.add("missing_lookalike", name, what, np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool), values, self.rows)
+            self.problems.add(
+                "missing_lookalike",
+                name,
+                what,
+                np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool),
+                values,
+                self.rows,
+            )
 
     def _where(self) -> tuple[str, int]:
         """The unit rows are counted in and the line of the first row: CSV has a header line, Parquet no lines."""
@@ -258,8 +295,12 @@ class FileReader:
             elif p.kind == "type" and self.fmt == "jsonl":
                 message += " (in JSON lines a missing value is null; source.missing_values applies to CSV text only)"
             if p.kind == "non_finite" and self.fmt == "csv":
-                message += " (CSV text 'NaN'/'inf' is the float; if 'NaN' means missing, add it to source.missing_values)"
-            issue = FileIssue(kind=p.kind, message=message, fatal=p.kind == "type", column=p.column, lines=lines, count=p.count)
+                message += (
+                    " (CSV text 'NaN'/'inf' is the float; if 'NaN' means missing, add it to source.missing_values)"
+                )
+            issue = FileIssue(
+                kind=p.kind, message=message, fatal=p.kind == "type", column=p.column, lines=lines, count=p.count
+            )
             if p.kind == "type" and first is None:
                 first = issue
             else:
@@ -272,16 +313,21 @@ class FileReader:
         if not tokens:
             return ""
         return (
-            f" ({', '.join(repr(t) for t in tokens)} read as text: only {self.spec.source.missing_values!r} mean missing; "
+            f" ({', '.join(repr(t) for t in tokens)} read as text: only {self.spec.source.missing_values!r} mean "
+            "missing; "
             "if these mean missing too, add them to source.missing_values)"
         )
 
     def _convert_options(self, types: dict[str, pa.DataType]) -> Any:
-        """CSV conversion: the given column types, and exactly the source's missing-value tokens as nulls (text columns too)."""
+        """CSV conversion: the given column types, and exactly the source's missing-value tokens as nulls (text columns
+        too)."""
         import pyarrow.csv as pacsv
 
         return pacsv.ConvertOptions(
-            column_types=types, include_columns=self.columns, null_values=list(self.spec.source.missing_values), strings_can_be_null=True
+            column_types=types,
+            include_columns=self.columns,
+            null_values=list(self.spec.source.missing_values),
+            strings_can_be_null=True,
         )
 
     def _diagnose_csv(self) -> None:
@@ -296,7 +342,9 @@ class FileReader:
         with self.store.open(self.info.uri, "rb") as f:
             reader = pacsv.open_csv(
                 f,
-                read_options=pacsv.ReadOptions(block_size=self.block_bytes, encoding=self.spec.source.encoding, use_threads=False),
+                read_options=pacsv.ReadOptions(
+                    block_size=self.block_bytes, encoding=self.spec.source.encoding, use_threads=False
+                ),
                 parse_options=pacsv.ParseOptions(invalid_row_handler=self._invalid_row),
                 convert_options=self._convert_options({c: pa.string() for c in self.columns}),
             )
@@ -304,7 +352,8 @@ class FileReader:
                 self._typed(batch)
 
     def _diagnose_jsonl(self) -> None:
-        """Read the JSON lines again, as text, to name each value that does not fit its declared type by line and column.
+        """Read the JSON lines again, as text, to name each value that does not fit its declared type by line and
+        column.
 
         pyarrow's JSON reader stops at the first value whose JSON type differs from the
         column's (a string in a number column), naming a 0-based row of its block;
@@ -328,7 +377,9 @@ class FileReader:
 
         def flush() -> None:
             if chunk[self.columns[0]] if self.columns else False:
-                self._typed(pa.record_batch([pa.array(chunk[c], pa.string()) for c in self.columns], names=self.columns))
+                self._typed(
+                    pa.record_batch([pa.array(chunk[c], pa.string()) for c in self.columns], names=self.columns)
+                )
                 for c in self.columns:
                     chunk[c].clear()
 
@@ -339,8 +390,14 @@ class FileReader:
                 try:
                     record = json.loads(raw)
                 except ValueError as e:
-                    raise BadFile(FileIssue(kind="corrupt", message=f"{self.info.uri}: line {number} is not valid JSON ({e})",
-                                            fatal=True, lines=[number])) from e
+                    raise BadFile(
+                        FileIssue(
+                            kind="corrupt",
+                            message=f"{self.info.uri}: line {number} is not valid JSON ({e})",
+                            fatal=True,
+                            lines=[number],
+                        )
+                    ) from e
                 if not isinstance(record, dict):
                     record = {}
                 for c in self.columns:
@@ -350,7 +407,8 @@ class FileReader:
         flush()
 
     def _check_utf8(self, batch: pa.RecordBatch) -> None:
-        """Raise `BadFile` naming the line (row) and the column, by name and from 1, of the first text that is not UTF-8."""
+        """Raise `BadFile` naming the line (row) and the column, by name and from 1, of the first text that is not
+        UTF-8."""
         for index, (name, column) in enumerate(zip(batch.schema.names, batch.columns)):
             if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
                 try:
@@ -363,7 +421,8 @@ class FileReader:
                     raise BadFile(
                         FileIssue(
                             kind="encoding",
-                            message=f"{self.info.uri}: {at}column {position} ({name!r}) holds text that is not valid UTF-8",
+                            message=f"{self.info.uri}: {at}column {position} ({name!r}) holds text that is not valid "
+                                    "UTF-8",
                             fatal=True,
                             column=name,
                             lines=[] if bad is None else [self.rows + bad + start],
@@ -383,15 +442,20 @@ class FileReader:
         missing = [c for c in stored if c not in found]
         extra = [c for c in dict.fromkeys(found) if c not in self.spec.columns]
         uri = self.info.uri
-        repeated = {c: [i + 1 for i, f in enumerate(found) if f == c] for c in dict.fromkeys(found) if found.count(c) > 1}
+        repeated = {
+            c: [i + 1 for i, f in enumerate(found) if f == c] for c in dict.fromkeys(found) if found.count(c) > 1
+        }
         self.columns = [c for c in stored if c in found and c not in repeated]
         checked = " (the file's other columns are checked all the same; see the other issues)" if self.columns else ""
         duplicated = None
         if repeated:
-            names = "; ".join(f"{c!r} at positions {', '.join(map(str, at[:-1]))} and {at[-1]}" for c, at in repeated.items())
+            names = "; ".join(
+                f"{c!r} at positions {', '.join(map(str, at[:-1]))} and {at[-1]}" for c, at in repeated.items()
+            )
             duplicated = FileIssue(
                 kind="columns_duplicated",
-                message=f"{uri}: the file names a column more than once (positions counted from 1): {names}; which one is meant "
+                message=f"{uri}: the file names a column more than once (positions counted from 1): {names}; which "
+                        "one is meant "
                 f"cannot be told, so neither is read and the file is not used: rename or drop the copies{checked}",
                 fatal=True,
                 column=next(iter(repeated)),
@@ -402,12 +466,15 @@ class FileReader:
             hint = f"; renamed? {', '.join(hints)}" if hints else ""
             self._columns_issue = FileIssue(
                 kind="columns_renamed",
-                message=f"{uri}: declared column(s) {missing} not found and undeclared column(s) {extra} found{hint}; the file has {found}{checked}",
+                message=f"{uri}: declared column(s) {missing} not found and undeclared column(s) {extra} found{hint}; "
+                        f"the file has {found}{checked}",
                 fatal=True,
             )
         elif missing:
             self._columns_issue = FileIssue(
-                kind="columns_missing", message=f"{uri}: declared column(s) {missing} not found; the file has {found}{checked}", fatal=True
+                kind="columns_missing",
+                message=f"{uri}: declared column(s) {missing} not found; the file has {found}{checked}",
+                fatal=True,
             )
         if duplicated is not None:
             if self._columns_issue is None:
@@ -418,7 +485,12 @@ class FileReader:
             raise BadFile(self._columns_issue)
         if extra and self._columns_issue is None:
             self.issues.append(
-                FileIssue(kind="columns_added", message=f"{uri}: undeclared column(s) {extra} are not ingested (declare them in columns to keep them)", fatal=False)
+                FileIssue(
+                    kind="columns_added",
+                    message=f"{uri}: undeclared column(s) {extra} are not ingested (declare them in columns to keep "
+                            "them)",
+                    fatal=False,
+                )
             )
         return self.columns
 
@@ -466,7 +538,9 @@ class FileReader:
         import pyarrow.json as pajson
 
         with self.store.open(self.info.uri, "rb") as f:
-            found = pajson.open_json(f, read_options=pajson.ReadOptions(block_size=min(self.block_bytes, 1 << 20))).schema.names
+            found = pajson.open_json(
+                f, read_options=pajson.ReadOptions(block_size=min(self.block_bytes, 1 << 20))
+            ).schema.names
         columns = self._columns(found)
         schema = pa.schema([pa.field(c, reading_type(self.spec.columns[c].dtype)) for c in columns])
         with self.store.open(self.info.uri, "rb") as f:

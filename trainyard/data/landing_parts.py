@@ -1,4 +1,5 @@
-"""One landing file read into its *part*: the file's rows cast to the declared columns, as an Arrow IPC file in the store.
+"""One landing file read into its *part*: the file's rows cast to the declared columns, as an Arrow IPC file in the
+store.
 
 `ingest_file` streams a landing file (pyarrow readers, one block at a time),
 writes its part, checks that the file did not change while it was read
@@ -37,7 +38,8 @@ def schema_key(spec: PipelineSpec) -> str:
     declarations are re-read."""
     key = str(canonical_schema(landing_spec(spec)))
     if spec.shards is not None:
-        # How a sharded pipeline's files are read: its kind, the JSON lines' fields, the labels (trainyard.data.shard_landing).
+        # How a sharded pipeline's files are read: its kind, the JSON lines' fields, the labels
+        # (trainyard.data.shard_landing).
         key += "\0shards=" + repr(spec.shards.model_dump(include={"kind", "text_field", "tokens_field", "labels"}))
     if spec.source.missing_values != [""]:
         key += f"\0missing={spec.source.missing_values!r}"
@@ -69,7 +71,11 @@ def iter_part(store: FileStore, uri: str) -> Iterator[pa.RecordBatch]:
 
 
 def ingest_file(
-    store: FileStore, spec: PipelineSpec, info: FileInfo, block_bytes: int = READ_BLOCK_BYTES, digest: Optional[str] = None
+    store: FileStore,
+    spec: PipelineSpec,
+    info: FileInfo,
+    block_bytes: int = READ_BLOCK_BYTES,
+    digest: Optional[str] = None,
 ) -> FileRecord:
     """Read one landing file into a part in the object store, or decide why it cannot be.
 
@@ -133,15 +139,19 @@ def ingest_file(
 
 
 def vanished(store: FileStore, info: FileInfo, error: StorageError) -> Exception:
-    """`LandingFileChanged` (retryable) when the file was removed or replaced since it was listed; else `error` itself."""
+    """`LandingFileChanged` (retryable) when the file was removed or replaced since it was listed; else `error`
+    itself."""
     try:
         after = store.stat(info.uri) if store.exists(info.uri) else None
     except StorageError:
         after = None
     if after is None:
         return LandingFileChanged(
-            f"{info.uri} changed while being read: it was removed after the landing area was listed; the next run sees the landing area without it"
+            f"{info.uri} changed while being read: it was removed after the landing area was listed; the next run "
+            "sees the landing area without it"
         )
     if after.identity != info.identity:
-        return LandingFileChanged(f"{info.uri} changed while being read ({error}); it is ingested once it stops changing")
+        return LandingFileChanged(
+            f"{info.uri} changed while being read ({error}); it is ingested once it stops changing"
+        )
     return error

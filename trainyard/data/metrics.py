@@ -161,7 +161,9 @@ class MapCondition(Accumulator):
         kwargs: The condition's value kwargs (e.g. `min_value`).
     """
 
-    def __init__(self, column: str, condition: str, kwargs: dict[str, Any], column_type: pa.DataType, partial: int) -> None:
+    def __init__(
+        self, column: str, condition: str, kwargs: dict[str, Any], column_type: pa.DataType, partial: int
+    ) -> None:
         self.column = column
         self.condition = condition
         self.kwargs = kwargs

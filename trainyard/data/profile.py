@@ -92,7 +92,9 @@ class Profiler:
             st = dict(self.stats[f.name])
             counts = self._counts.get(f.name)
             if counts is not None:
-                st["counts"] = sorted(([jsonable(k), v] for k, v in counts.items()), key=lambda kv: (-kv[1], str(kv[0])))
+                st["counts"] = sorted(
+                    ([jsonable(k), v] for k, v in counts.items()), key=lambda kv: (-kv[1], str(kv[0]))
+                )
                 st["distinct"] = sorted(jsonable(k) for k in counts) if len(counts) <= PROFILE_DOMAIN_LIMIT else None
             else:
                 st["counts"] = None
@@ -106,7 +108,9 @@ class Profiler:
         return pa.Table.from_batches(self._sample, schema=self.schema) if self._sample else self.schema.empty_table()
 
 
-def profile_to_suite(profile: dict[str, Any], name: str, *, row_margin: float = 0.5, range_margin: float = 0.0) -> dict[str, Any]:
+def profile_to_suite(
+    profile: dict[str, Any], name: str, *, row_margin: float = 0.5, range_margin: float = 0.0
+) -> dict[str, Any]:
     """A Great Expectations suite describing a trusted snapshot's profile, to be reviewed and edited.
 
     Expectations: the row count within `row_margin` (a share) of the
@@ -128,7 +132,10 @@ def profile_to_suite(profile: dict[str, Any], name: str, *, row_margin: float = 
     expectations: list[dict[str, Any]] = [
         {
             "type": "expect_table_row_count_to_be_between",
-            "kwargs": {"min_value": max(1, math.floor(rows * (1 - row_margin))), "max_value": math.ceil(rows * (1 + row_margin))},
+            "kwargs": {
+                "min_value": max(1, math.floor(rows * (1 - row_margin))),
+                "max_value": math.ceil(rows * (1 + row_margin)),
+            },
         },
         {"type": "expect_table_columns_to_match_ordered_list", "kwargs": {"column_list": list(profile["columns"])}},
     ]
@@ -139,7 +146,12 @@ def profile_to_suite(profile: dict[str, Any], name: str, *, row_margin: float = 
     for column, st in profile["columns"].items():
         kind = kinds.get(st["type"])
         if kind is not None:
-            expectations.append({"type": "expect_column_values_to_be_in_type_list", "kwargs": {"column": column, "type_list": GX_TYPE_NAMES[kind]}})
+            expectations.append(
+                {
+                    "type": "expect_column_values_to_be_in_type_list",
+                    "kwargs": {"column": column, "type_list": GX_TYPE_NAMES[kind]},
+                }
+            )
         if st["nulls"] == 0:
             expectations.append({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": column}})
         if kind in ("int", "float") and st["min"] is not None and st["max"] is not None:
@@ -147,9 +159,16 @@ def profile_to_suite(profile: dict[str, Any], name: str, *, row_margin: float = 
             low, high = st["min"] - pad, st["max"] + pad
             if kind == "int":
                 low, high = math.floor(low), math.ceil(high)
-            expectations.append({"type": "expect_column_values_to_be_between", "kwargs": {"column": column, "min_value": low, "max_value": high}})
+            expectations.append(
+                {
+                    "type": "expect_column_values_to_be_between",
+                    "kwargs": {"column": column, "min_value": low, "max_value": high},
+                }
+            )
         if kind in ("int", "str", "bool") and st.get("distinct") is not None:
-            expectations.append({"type": "expect_column_values_to_be_in_set", "kwargs": {"column": column, "value_set": st["distinct"]}})
+            expectations.append(
+                {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": column, "value_set": st["distinct"]}}
+            )
     for e in expectations:
         e["meta"] = {"generated_from": "profile"}
     return {"name": name, "expectations": expectations, "meta": {"profiled_rows": rows}}

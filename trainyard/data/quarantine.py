@@ -28,7 +28,13 @@ def utc_now() -> str:
 
 
 def quarantine_snapshot(
-    store: FileStore, team: str, name: str, md5: str, snapshot_uri: str, report: dict[str, Any], docs_uri: Optional[str] = None
+    store: FileStore,
+    team: str,
+    name: str,
+    md5: str,
+    snapshot_uri: str,
+    report: dict[str, Any],
+    docs_uri: Optional[str] = None,
 ) -> str:
     """Keep a rejected snapshot: a copy of its data and its report under `quarantine/<team>/<name>/<md5>/`.
 
@@ -43,7 +49,15 @@ def quarantine_snapshot(
         store.copy(snapshot_uri, f"{where}/data.parquet")
     store.write_json(
         f"{where}/report.json",
-        {"kind": "snapshot", "pipeline": f"{team}/{name}", "md5": md5, "quarantined_at": utc_now(), "data": f"{where}/data.parquet", "data_docs": docs_uri, **report},
+        {
+            "kind": "snapshot",
+            "pipeline": f"{team}/{name}",
+            "md5": md5,
+            "quarantined_at": utc_now(),
+            "data": f"{where}/data.parquet",
+            "data_docs": docs_uri,
+            **report,
+        },
     )
     return where
 
@@ -58,7 +72,14 @@ def quarantine_rows(store: FileStore, team: str, name: str, md5: str, rows_file:
     store.put_file(rows_file, f"{where}/rows.parquet")
     store.write_json(
         f"{where}/report.json",
-        {"kind": "rows", "pipeline": f"{team}/{name}", "md5": md5, "quarantined_at": utc_now(), "data": f"{where}/rows.parquet", **report},
+        {
+            "kind": "rows",
+            "pipeline": f"{team}/{name}",
+            "md5": md5,
+            "quarantined_at": utc_now(),
+            "data": f"{where}/rows.parquet",
+            **report,
+        },
     )
     return where
 
@@ -69,7 +90,12 @@ def file_entry_id(uri: str) -> str:
 
 
 def quarantine_file(
-    store: FileStore, spec: PipelineSpec, info: FileInfo, issues: list[dict[str, Any]], status: str, digest: Optional[str]
+    store: FileStore,
+    spec: PipelineSpec,
+    info: FileInfo,
+    issues: list[dict[str, Any]],
+    status: str,
+    digest: Optional[str],
 ) -> str:
     """Keep a landing file with issues: its bytes and a report listing every issue, under `files/<id>/`.
 
@@ -84,7 +110,9 @@ def quarantine_file(
     name = info.uri.rsplit("/", 1)[-1]
     report_uri = f"{where}/report.json"
     previous = store.read_json(report_uri) if store.exists(report_uri) else None
-    if info.size and (previous is None or previous.get("content_hash") != digest or not store.exists(f"{where}/{name}")):
+    if info.size and (
+        previous is None or previous.get("content_hash") != digest or not store.exists(f"{where}/{name}")
+    ):
         store.copy(info.uri, f"{where}/{name}")
     superseded = [] if previous is None else [
         *previous.get("superseded", []),
@@ -102,7 +130,9 @@ def quarantine_file(
             "status": status,
             "policy": spec.on_bad_data,
             "issues": issues,
-            "reasons": [i["message"] for i in sorted(issues, key=lambda i: not i["fatal"])],  # every problem, fatal ones first
+            "reasons": [
+                i["message"] for i in sorted(issues, key=lambda i: not i["fatal"])
+            ],  # every problem, fatal ones first
             "copy": f"{where}/{name}" if info.size else None,
             "content_hash": digest,
             "quarantined_at": utc_now(),
@@ -184,7 +214,10 @@ def _entry_dir(store: FileStore, pipeline: str, entry_id: str) -> str:
     team, _, name = pipeline.partition("/")
     if not team or not name or "/" in name:
         raise QuarantineError(f"pipeline {pipeline!r} must be '<team>/<name>', e.g. 'vision/digits'")
-    for where in [naming.quarantine_dir(store, team, name, entry_id), *(naming.quarantine_dir(store, team, name, sub, entry_id) for sub in _SUBDIRS)]:
+    for where in [
+        naming.quarantine_dir(store, team, name, entry_id),
+        *(naming.quarantine_dir(store, team, name, sub, entry_id) for sub in _SUBDIRS),
+    ]:
         if entry_id not in _SUBDIRS and store.exists(f"{where}/report.json"):
             return where
     known = [e.id for e in list_quarantine(store, pipeline)]
@@ -203,7 +236,9 @@ def read_quarantine(store: FileStore, pipeline: str, entry_id: str) -> dict[str,
     return {**report, "uri": where, "release": store.read_json(release_uri) if store.exists(release_uri) else None}
 
 
-def release_quarantine(store: FileStore, pipeline: str, md5: str, reason: str, by: str, at: Optional[str] = None) -> dict[str, Any]:
+def release_quarantine(
+    store: FileStore, pipeline: str, md5: str, reason: str, by: str, at: Optional[str] = None
+) -> dict[str, Any]:
     """Record that a person accepts a quarantined snapshot; the next `validated_data` run lets it through.
 
     The data stays in quarantine (nothing is moved or deleted); the release
@@ -226,21 +261,38 @@ def release_quarantine(store: FileStore, pipeline: str, md5: str, reason: str, b
             from an accepted version, was already released, or the reason is blank.
     """
     if not reason or not reason.strip():
-        raise QuarantineError("release needs a reason: say why this data may be used (e.g. --reason 'outliers checked with the data owner')")
+        raise QuarantineError(
+            "release needs a reason: say why this data may be used (e.g. --reason 'outliers checked with the data "
+            "owner')"
+        )
     if not by or not by.strip():
         raise QuarantineError("release needs the name of who releases it")
     where = _entry_dir(store, pipeline, md5)
     report = store.read_json(f"{where}/report.json")
     kind = report.get("kind", "snapshot")
     if kind == "file":
-        raise QuarantineError(f"{md5!r} is a rejected landing file, which cannot be used as it is; fix or replace the file in the landing area")
+        raise QuarantineError(
+            f"{md5!r} is a rejected landing file, which cannot be used as it is; fix or replace the file in the "
+            "landing area"
+        )
     if kind != "snapshot":
-        raise QuarantineError(f"{md5!r} holds rows set aside from an accepted version, not a rejected version; nothing to release")
+        raise QuarantineError(
+            f"{md5!r} holds rows set aside from an accepted version, not a rejected version; nothing to release"
+        )
     release_uri = f"{where}/release.json"
     if store.exists(release_uri):
         previous = store.read_json(release_uri)
-        raise QuarantineError(f"{pipeline} {md5} was already released by {previous['released_by']} at {previous['released_at']}: {previous['reason']}")
-    record = {"pipeline": pipeline, "md5": md5, "released_by": by.strip(), "released_at": at or utc_now(), "reason": reason.strip()}
+        raise QuarantineError(
+            f"{pipeline} {md5} was already released by {previous['released_by']} at {previous['released_at']}: "
+            f"{previous['reason']}"
+        )
+    record = {
+        "pipeline": pipeline,
+        "md5": md5,
+        "released_by": by.strip(),
+        "released_at": at or utc_now(),
+        "reason": reason.strip(),
+    }
     store.write_json(release_uri, record)
     return record
 

@@ -72,7 +72,11 @@ class ValidationReport(BaseModel):
             lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
         gaps = {c: n for c, n in self.missing.items() if n}
         if self.missing:
-            lines += ["", "**missing values** per column (null cells): " + (", ".join(f"`{c}` {n} ({100.0 * n / max(1, self.rows):.1f} %)" for c, n in gaps.items()) or "none")]
+            lines += [
+                "",
+                "**missing values** per column (null cells): "
+                + (", ".join(f"`{c}` {n} ({100.0 * n / max(1, self.rows):.1f} %)" for c, n in gaps.items()) or "none"),
+            ]
         return "\n".join(lines) + "\n"
 
     def failing_rows_markdown(self, max_columns: int = 12) -> str:

@@ -66,7 +66,11 @@ class _Problems:
             named = [n for n in lines if n][:MAX_LINES_NAMED]
             where = f" line{'s' if len(named) > 1 else ''} {', '.join(map(str, named))}" if named else ""
             more = f" (and {len(lines) - len(named)} more)" if len(lines) > len(named) and named else ""
-            out.append(FileIssue(kind=kind, message=f"{self.uri}{where}{more}: {reason}", fatal=True, lines=named, count=len(lines)))
+            out.append(
+                FileIssue(
+                    kind=kind, message=f"{self.uri}{where}{more}: {reason}", fatal=True, lines=named, count=len(lines)
+                )
+            )
         return out
 
 
@@ -84,7 +88,11 @@ def _line_document(line: bytes, number: int, shards: TextShards, problems: _Prob
         problems.add("format", f"not a JSON object ({getattr(e, 'msg', e)})", number)
         return None
     if not isinstance(value, dict):
-        problems.add("format", f"a JSON {type(value).__name__}, not an object with {shards.text_field!r} or {shards.tokens_field!r}", number)
+        problems.add(
+            "format",
+            f"a JSON {type(value).__name__}, not an object with {shards.text_field!r} or {shards.tokens_field!r}",
+            number,
+        )
         return None
     if isinstance(value.get(shards.text_field), str):
         text = value[shards.text_field]
@@ -96,19 +104,26 @@ def _line_document(line: bytes, number: int, shards: TextShards, problems: _Prob
             problems.add("type", f"token id {outside[0]} does not fit a 32-bit integer", number)
             return None
         return Document(number, None, ids, _sha1(b"ids:" + np.asarray(ids, dtype=np.int32).tobytes()))
-    problems.add("format", f"needs a text field {shards.text_field!r} (a string) or a tokens field {shards.tokens_field!r} (a list of integers)", number)
+    problems.add(
+        "format",
+        f"needs a text field {shards.text_field!r} (a string) or a tokens field {shards.tokens_field!r} (a list of "
+        "integers)",
+        number,
+    )
     return None
 
 
 def check_text_file(store: FileStore, uri: str, shards: TextShards) -> tuple[list[FileIssue], int]:
-    """Every issue of a text landing file, and its number of documents, found by reading it once (one line at a time)."""
+    """Every issue of a text landing file, and its number of documents, found by reading it once (one line at a
+    time)."""
     problems = _Problems(uri)
     count = sum(1 for _ in _text_documents(store, uri, shards, problems))
     return problems.issues(), count
 
 
 def text_documents(store: FileStore, uri: str, shards: TextShards) -> Iterator[Document]:
-    """The documents of a text landing file, read one line (or the one whole-file document) at a time; lines with issues are skipped."""
+    """The documents of a text landing file, read one line (or the one whole-file document) at a time; lines with issues
+    are skipped."""
     return _text_documents(store, uri, shards, _Problems(uri))
 
 
@@ -158,11 +173,14 @@ def decode_image(data: bytes, uri: str) -> Union[np.ndarray, str]:
 
 
 def read_image_file(store: FileStore, uri: str, shards: ImageShards) -> tuple[list[FileIssue], Optional[Image]]:
-    """An image landing file decoded, or the issues that keep it from being used (undecodable, or a directory naming no label)."""
+    """An image landing file decoded, or the issues that keep it from being used (undecodable, or a directory naming no
+    label)."""
     problems = _Problems(uri)
     label = label_of(uri, shards)
     if label is None:
-        problems.add("format", f"its directory names no label; an image lies in a directory named for one of {shards.labels}")
+        problems.add(
+            "format", f"its directory names no label; an image lies in a directory named for one of {shards.labels}"
+        )
     data = store.read_bytes(uri)
     array = decode_image(data, uri)
     if isinstance(array, str):

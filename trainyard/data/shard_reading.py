@@ -55,7 +55,9 @@ def _provenance(local: str) -> Iterator[tuple[int, str, int, str]]:
     """(index, file, record, sha1) of each item of a split, in order, a batch at a time."""
     import pyarrow.parquet as pq
 
-    for batch in pq.ParquetFile(os.path.join(local, shard_format.DOCUMENTS_FILE)).iter_batches(columns=["index", "file", "record", "sha1"]):
+    for batch in pq.ParquetFile(os.path.join(local, shard_format.DOCUMENTS_FILE)).iter_batches(
+        columns=["index", "file", "record", "sha1"]
+    ):
         yield from zip(*(batch.column(i).to_pylist() for i in range(4)))
 
 
@@ -65,7 +67,9 @@ class Tally:
 
     shards: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     hashes: list[np.ndarray] = dataclasses.field(default_factory=list)
-    places: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)  # (split, file, record) per item, only of kept items
+    places: list[tuple[str, str, int]] = dataclasses.field(
+        default_factory=list
+    )  # (split, file, record) per item, only of kept items
     shard_of: list[int] = dataclasses.field(default_factory=list)
     items: int = 0
     empty: list[str] = dataclasses.field(default_factory=list)
@@ -83,7 +87,9 @@ def _hash64(sha1: str) -> int:
     return int(sha1[:16], 16)
 
 
-def _checked_chunks(local: str, split: str, meta: dict[str, Any], problems: Problems) -> Iterator[tuple[str, int, Optional[bytes]]]:
+def _checked_chunks(
+    local: str, split: str, meta: dict[str, Any], problems: Problems
+) -> Iterator[tuple[str, int, Optional[bytes]]]:
     """(name, items, bytes or None when damaged) of each shard of the split, in index order, checksums verified."""
     index_path = os.path.join(local, shard_format.INDEX_FILE)
     if not meta["items"]:
@@ -109,24 +115,45 @@ def _checked_chunks(local: str, split: str, meta: dict[str, Any], problems: Prob
             data = f.read()
         actual = hashlib.sha256(data).hexdigest()
         if expected != actual:
-            problems.add(f"{split}/{name}: sha256 {actual[:16]} is not the {str(expected)[:16]} written at ingest: the shard was altered in the store")
+            problems.add(
+                f"{split}/{name}: sha256 {actual[:16]} is not the {str(expected)[:16]} written at ingest: the shard "
+                "was altered in the store"
+            )
             yield name, size, None
             continue
         yield name, size, data
 
 
-def _damaged_items(split: str, name: str, prov: Iterator[tuple[int, str, int, str]], size: int, problems: Problems) -> None:
+def _damaged_items(
+    split: str, name: str, prov: Iterator[tuple[int, str, int, str]], size: int, problems: Problems
+) -> None:
     files = sorted({next(prov)[1] for _ in range(size)})
-    problems.add(f"{split}/{name}: holds {size} item(s) from {', '.join(files[:5])}{' and more' if len(files) > 5 else ''}")
+    problems.add(
+        f"{split}/{name}: holds {size} item(s) from {', '.join(files[:5])}{' and more' if len(files) > 5 else ''}"
+    )
 
 
-def _text_split(local: str, split: str, shards: TextShards, tally: Tally, new_files: Optional[set[str]], problems: Problems) -> None:
+def _text_split(
+    local: str, split: str, shards: TextShards, tally: Tally, new_files: Optional[set[str]], problems: Problems
+) -> None:
     meta = shard_format.read_meta(local)
     vocab, eos = shards.vocabulary, int(meta["eos_id"])
     prov = _provenance(local)
     for name, size, data in _checked_chunks(local, split, meta, problems):
-        row: dict[str, Any] = {"split": split, "shard": name, "items": size, "tokens": 0, "mean_tokens": 0.0, "max_tokens": 0, "empty": 0, "long": 0,
-               "duplicates": 0, "out_of_vocab": 0, "checksum_ok": data is not None, "decodes": data is not None}
+        row: dict[str, Any] = {
+            "split": split,
+            "shard": name,
+            "items": size,
+            "tokens": 0,
+            "mean_tokens": 0.0,
+            "max_tokens": 0,
+            "empty": 0,
+            "long": 0,
+            "duplicates": 0,
+            "out_of_vocab": 0,
+            "checksum_ok": data is not None,
+            "decodes": data is not None,
+        }
         tally.shards.append(row)
         if data is None:
             _damaged_items(split, name, prov, size, problems)
@@ -155,7 +182,9 @@ def _text_split(local: str, split: str, shards: TextShards, tally: Tally, new_fi
                 problems.add(f"{where(file, record)}: token id {int(bad[0])} outside the vocabulary ({vocab}){more}")
             if n < shards.min_tokens:
                 row["empty"] += 1
-                tally.empty.append(f"{where(file, record)}: empty document ({n} tokens, fewer than min_tokens {shards.min_tokens})")
+                tally.empty.append(
+                    f"{where(file, record)}: empty document ({n} tokens, fewer than min_tokens {shards.min_tokens})"
+                )
             if shards.max_tokens is not None and n > shards.max_tokens:
                 row["long"] += 1
                 tally.long.append(f"{where(file, record)}: {n} tokens, more than max_tokens {shards.max_tokens}")
@@ -165,7 +194,11 @@ def _text_split(local: str, split: str, shards: TextShards, tally: Tally, new_fi
             if new_files is None or file in new_files:
                 tally.new_counts = counts if tally.new_counts is None else tally.new_counts + counts
                 tally.new_items += 1
-        row.update(tokens=int(sum(lengths)), mean_tokens=float(np.mean(lengths)) if lengths else 0.0, max_tokens=int(max(lengths, default=0)))
+        row.update(
+            tokens=int(sum(lengths)),
+            mean_tokens=float(np.mean(lengths)) if lengths else 0.0,
+            max_tokens=int(max(lengths, default=0)),
+        )
     tally.items += int(meta["items"])
 
 
@@ -177,14 +210,30 @@ def _index_config(local: str) -> dict[str, Any]:
         return {}
 
 
-def _image_split(local: str, split: str, shards: ImageShards, tally: Tally, new_files: Optional[set[str]], problems: Problems) -> None:
+def _image_split(
+    local: str, split: str, shards: ImageShards, tally: Tally, new_files: Optional[set[str]], problems: Problems
+) -> None:
     meta = shard_format.read_meta(local)
     config = _index_config(local)
     prov = _provenance(local)
     labels = len(shards.labels)
     for name, size, data in _checked_chunks(local, split, meta, problems):
-        row: dict[str, Any] = {"split": split, "shard": name, "items": size, "bad_shape": 0, "bad_dtype": 0, "out_of_range": 0, "bad_label": 0,
-               "duplicates": 0, "mean": 0.0, "std": 0.0, "min": 0.0, "max": 0.0, "checksum_ok": data is not None, "decodes": data is not None}
+        row: dict[str, Any] = {
+            "split": split,
+            "shard": name,
+            "items": size,
+            "bad_shape": 0,
+            "bad_dtype": 0,
+            "out_of_range": 0,
+            "bad_label": 0,
+            "duplicates": 0,
+            "mean": 0.0,
+            "std": 0.0,
+            "min": 0.0,
+            "max": 0.0,
+            "checksum_ok": data is not None,
+            "decodes": data is not None,
+        }
         tally.shards.append(row)
         if data is None:
             _damaged_items(split, name, prov, size, problems)
@@ -202,7 +251,9 @@ def _image_split(local: str, split: str, shards: ImageShards, tally: Tally, new_
             tally.hashes.append(np.array([_hash64(sha1)], dtype=np.uint64))
             tally.places.append((split, file, record))
             tally.shard_of.append(len(tally.shards) - 1)
-            if list(image.shape) != list(shards.shape) and not (len(shards.shape) == 2 and list(image.shape) == [*shards.shape, 1]):
+            if list(image.shape) != list(shards.shape) and not (
+                len(shards.shape) == 2 and list(image.shape) == [*shards.shape, 1]
+            ):
                 row["bad_shape"] += 1
                 problems.add(f"{where(file, record)}: shape {list(image.shape)}, not the declared {shards.shape}")
             if str(image.dtype) != shards.dtype:
@@ -211,7 +262,10 @@ def _image_split(local: str, split: str, shards: ImageShards, tally: Tally, new_
             lo, hi = (float(image.min()), float(image.max())) if image.size else (0.0, 0.0)
             if lo < shards.min or hi > shards.max:
                 row["out_of_range"] += 1
-                problems.add(f"{where(file, record)}: values {lo:g}..{hi:g} outside the declared range {shards.min:g}..{shards.max:g}")
+                problems.add(
+                    f"{where(file, record)}: values {lo:g}..{hi:g} outside the declared range "
+                    f"{shards.min:g}..{shards.max:g}"
+                )
             if not 0 <= label < labels:
                 row["bad_label"] += 1
                 problems.add(f"{where(file, record)}: label index {label} outside the {labels} declared labels")
@@ -228,7 +282,12 @@ def _image_split(local: str, split: str, shards: ImageShards, tally: Tally, new_
                     tally.new_means.append(mean)
         if stats:
             s = np.array(stats)
-            row.update(mean=float(s[:, 0].mean()), std=float(s[:, 1].mean()), min=float(s[:, 2].min()), max=float(s[:, 3].max()))
+            row.update(
+                mean=float(s[:, 0].mean()),
+                std=float(s[:, 1].mean()),
+                min=float(s[:, 2].min()),
+                max=float(s[:, 3].max()),
+            )
     tally.items += int(meta["items"])
 
 
@@ -249,8 +308,11 @@ def _litdata_reads(local: str, split: str, spec: PipelineSpec, problems: Problem
     return True
 
 
-def read_version(store: FileStore, spec: PipelineSpec, raw_uri: str, new_files: Optional[set[str]], problems: Problems) -> Tally:
-    """Read every split of the version at `raw_uri` once, one shard at a time: its problems into `problems`, the rest tallied
+def read_version(
+    store: FileStore, spec: PipelineSpec, raw_uri: str, new_files: Optional[set[str]], problems: Problems
+) -> Tally:
+    """Read every split of the version at `raw_uri` once, one shard at a time: its problems into `problems`, the rest
+    tallied
     (`new_files`: the delivery's new landing files, whose items drift is measured on; None: every file)."""
     tally = Tally()
     with tempfile.TemporaryDirectory(prefix="trainyard-shard-check-") as tmp:

@@ -60,7 +60,8 @@ from trainyard.store import FileStore
 DRIFT_BUCKETS = 20
 """Frequency buckets of the reference's tokens the unigram PSI is measured over (equal shares of its tokens)."""
 DRIFT_MIN_TOKENS = 2000
-"""Fewest tokens a delivery needs for its unigram PSI to be judged (measured and shown below it, never called drifted)."""
+"""Fewest tokens a delivery needs for its unigram PSI to be judged (measured and shown below it, never called
+drifted)."""
 DRIFT_MIN_IMAGES = 200
 """Fewest images a delivery needs for its pixel drift to be judged."""
 PIXEL_BINS = 10
@@ -95,7 +96,8 @@ class ShardVersionOutcome:
 
 
 def _duplicates(tally: Tally, limit: float, problems: Problems) -> list[dict[str, Any]]:
-    """Mark repeated items (all but the first of each content) in the shard rows; their lines are problems beyond `limit`."""
+    """Mark repeated items (all but the first of each content) in the shard rows; their lines are problems beyond
+    `limit`."""
     if not tally.hashes:
         return []
     hashes = np.concatenate(tally.hashes)
@@ -108,14 +110,33 @@ def _duplicates(tally: Tally, limit: float, problems: Problems) -> list[dict[str
         for i in repeated:
             split, file, record = tally.places[i]
             problems.add(f"{where(file, record)}: repeats an earlier item ({split} split)")
-    return [_platform("trainyard_duplicate_rate", rate, limit, len(repeated), [where(tally.places[i][1], tally.places[i][2]) for i in repeated[:5]])]
+    return [
+        _platform(
+            "trainyard_duplicate_rate",
+            rate,
+            limit,
+            len(repeated),
+            [where(tally.places[i][1], tally.places[i][2]) for i in repeated[:5]],
+        )
+    ]
 
 
-def _platform(name: str, observed: float, limit: float, count: int, samples: Sequence[str], success: Optional[bool] = None) -> dict[str, Any]:
+def _platform(
+    name: str, observed: float, limit: float, count: int, samples: Sequence[str], success: Optional[bool] = None
+) -> dict[str, Any]:
     return {
-        "expectation": name, "column": None, "kwargs": {"max_value": limit}, "success": observed <= limit if success is None else success,
-        "observed_value": round(observed, 6), "unexpected_count": count, "unexpected_values": list(samples)[:5],
-        "unexpected_index_list": [], "exception": None, "source": PLATFORM_CHECK, "row_level": False, "sample_rows": [],
+        "expectation": name,
+        "column": None,
+        "kwargs": {"max_value": limit},
+        "success": observed <= limit if success is None else success,
+        "observed_value": round(observed, 6),
+        "unexpected_count": count,
+        "unexpected_values": list(samples)[:5],
+        "unexpected_index_list": [],
+        "exception": None,
+        "source": PLATFORM_CHECK,
+        "row_level": False,
+        "sample_rows": [],
     }
 
 
@@ -134,8 +155,15 @@ def suite_for(spec: PipelineSpec) -> list[dict[str, Any]]:
         {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "checksum_ok", "value_set": [True]}},
         {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "decodes", "value_set": [True]}},
     ]
-    zero = ["out_of_vocab"] if isinstance(spec.shards, TextShards) else ["bad_shape", "bad_dtype", "out_of_range", "bad_label"]
-    out += [{"type": "expect_column_values_to_be_between", "kwargs": {"column": c, "min_value": 0, "max_value": 0}} for c in zero]
+    zero = (
+        ["out_of_vocab"]
+        if isinstance(spec.shards, TextShards)
+        else ["bad_shape", "bad_dtype", "out_of_range", "bad_label"]
+    )
+    out += [
+        {"type": "expect_column_values_to_be_between", "kwargs": {"column": c, "min_value": 0, "max_value": 0}}
+        for c in zero
+    ]
     if isinstance(spec.shards, ImageShards):
         out += [{"type": "expect_column_min_to_be_between", "kwargs": {"column": "min", "min_value": spec.shards.min}},
                 {"type": "expect_column_max_to_be_between", "kwargs": {"column": "max", "max_value": spec.shards.max}}]
@@ -156,7 +184,9 @@ def _report(spec: PipelineSpec, tally: Tally, platform: list[dict[str, Any]]) ->
     else:
         results.insert(0, _platform("expect_table_row_count_to_be_between", 0, 1, 0, [], success=False))
     failed = sum(1 for r in results if not r["success"])
-    return ValidationReport(success=failed == 0, evaluated=len(results), failed=failed, results=results, suite=suite_json, rows=tally.items)
+    return ValidationReport(
+        success=failed == 0, evaluated=len(results), failed=failed, results=results, suite=suite_json, rows=tally.items
+    )
 
 
 # --------------------------------------------------------------------------- drift
@@ -184,66 +214,107 @@ def unigram_psi(reference: np.ndarray, current: np.ndarray, buckets: int = DRIFT
     share = np.cumsum(ref[order]) / max(ref.sum(), 1)
     bucket_of = np.minimum((np.concatenate([[0.0], share[:-1]]) * buckets).astype(int), buckets - 1)
     bucket_of[ref[order] == 0] = buckets - 1
-    return _psi(np.bincount(bucket_of, weights=ref[order], minlength=buckets), np.bincount(bucket_of, weights=cur[order], minlength=buckets))
+    return _psi(
+        np.bincount(bucket_of, weights=ref[order], minlength=buckets),
+        np.bincount(bucket_of, weights=cur[order], minlength=buckets),
+    )
 
 
-def _drift_row(column: str, method: str, psi: float, judged: bool, spec: PipelineSpec, scope: str, note: str) -> dict[str, Any]:
+def _drift_row(
+    column: str, method: str, psi: float, judged: bool, spec: PipelineSpec, scope: str, note: str
+) -> dict[str, Any]:
     limit = spec.max_drift_psi
     return {"column": column, "method": method, "psi": psi, "ks": None, "ks_pvalue": None, "judged": judged,
             "drifted": bool(judged and limit is not None and psi > limit), "note": note, "scope": scope}
 
 
-def _drift(spec: PipelineSpec, tally: Tally, reference: Optional[dict[str, Any]], new_files: Optional[set[str]]) -> list[dict[str, Any]]:
+def _drift(
+    spec: PipelineSpec, tally: Tally, reference: Optional[dict[str, Any]], new_files: Optional[set[str]]
+) -> list[dict[str, Any]]:
     if reference is None:
         return []
-    scope = (f"the new delivery ({len(new_files)} file(s), {tally.new_items} item(s))" if new_files else "the whole version") + \
-        f" against version {reference['md5'][:12]}"
+    scope = (
+        f"the new delivery ({len(new_files)} file(s), {tally.new_items} item(s))" if new_files else "the whole version"
+    ) + f" against version {reference['md5'][:12]}"
     if isinstance(spec.shards, TextShards):
         current = tally.new_counts if tally.new_counts is not None else np.zeros(spec.shards.vocabulary)
         ref = np.asarray(reference["counts"], dtype=np.float64)
         tokens = int(current.sum())
-        return [_drift_row("tokens", "unigram-psi", unigram_psi(ref, current), tokens >= DRIFT_MIN_TOKENS, spec, scope,
-                           f"{DRIFT_BUCKETS} frequency buckets; {tokens} tokens measured" + ("" if tokens >= DRIFT_MIN_TOKENS else f", fewer than {DRIFT_MIN_TOKENS}: not judged"))]
+        return [
+            _drift_row(
+                "tokens",
+                "unigram-psi",
+                unigram_psi(ref, current),
+                tokens >= DRIFT_MIN_TOKENS,
+                spec,
+                scope,
+                f"{DRIFT_BUCKETS} frequency buckets; {tokens} tokens measured"
+                + ("" if tokens >= DRIFT_MIN_TOKENS else f", fewer than {DRIFT_MIN_TOKENS}: not judged"),
+            )
+        ]
     judged = tally.new_items >= DRIFT_MIN_IMAGES
     edges = np.asarray(reference["mean_edges"], dtype=np.float64)
     cur_means = np.asarray(tally.new_means, dtype=np.float64)
     ref_hist = np.asarray(reference["mean_counts"], dtype=np.float64)
-    cur_hist = np.bincount(np.clip(np.searchsorted(edges, cur_means, side="right") - 1, 0, len(ref_hist) - 1), minlength=len(ref_hist))
+    cur_hist = np.bincount(
+        np.clip(np.searchsorted(edges, cur_means, side="right") - 1, 0, len(ref_hist) - 1), minlength=len(ref_hist)
+    )
     labels_now = tally.new_labels if tally.new_labels is not None else np.zeros(len(reference["labels"]))
     note = f"{tally.new_items} image(s) measured" + ("" if judged else f", fewer than {DRIFT_MIN_IMAGES}: not judged")
-    return [_drift_row("pixel_mean", "psi-quantiles", _psi(ref_hist, cur_hist), judged, spec, scope, note),
-            _drift_row("label", "psi-categories", _psi(np.asarray(reference["labels"], dtype=np.float64), labels_now), judged, spec, scope, note)]
+    return [
+        _drift_row("pixel_mean", "psi-quantiles", _psi(ref_hist, cur_hist), judged, spec, scope, note),
+        _drift_row(
+            "label",
+            "psi-categories",
+            _psi(np.asarray(reference["labels"], dtype=np.float64), labels_now),
+            judged,
+            spec,
+            scope,
+            note,
+        ),
+    ]
 
 
 def _profile(spec: PipelineSpec, tally: Tally) -> dict[str, Any]:
-    """What the next version's drift is measured against: unigram counts, or pixel-mean quantile bins and label counts."""
+    """What the next version's drift is measured against: unigram counts, or pixel-mean quantile bins and label
+    counts."""
     if isinstance(spec.shards, TextShards):
         counts = tally.counts if tally.counts is not None else np.zeros(spec.shards.vocabulary, dtype=np.int64)
         return {"kind": "text", "counts": counts.astype(int).tolist()}
     means = np.asarray(tally.means, dtype=np.float64)
     edges = np.unique(np.quantile(means, np.linspace(0, 1, PIXEL_BINS + 1))) if len(means) else np.array([0.0, 1.0])
     edges[0], edges[-1] = -np.inf, np.inf
-    hist = np.bincount(np.clip(np.searchsorted(edges, means, side="right") - 1, 0, len(edges) - 2), minlength=len(edges) - 1)
+    hist = np.bincount(
+        np.clip(np.searchsorted(edges, means, side="right") - 1, 0, len(edges) - 2), minlength=len(edges) - 1
+    )
     labels = tally.labels if tally.labels is not None else np.zeros(len(spec.shards.labels) if spec.shards else 0)
-    return {"kind": "image", "mean_edges": [float(e) if np.isfinite(e) else (-1e300 if e < 0 else 1e300) for e in edges],
-            "mean_counts": hist.astype(int).tolist(), "labels": np.asarray(labels).astype(int).tolist()}
+    return {
+        "kind": "image",
+        "mean_edges": [float(e) if np.isfinite(e) else (-1e300 if e < 0 else 1e300) for e in edges],
+        "mean_counts": hist.astype(int).tolist(),
+        "labels": np.asarray(labels).astype(int).tolist(),
+    }
 
 
 # --------------------------------------------------------------------------- the version
 
 
 def _new_files(store: FileStore, raw_uri: str, reference: Optional[dict[str, Any]]) -> Optional[set[str]]:
-    """Landing files of this version (relative to the store, as shards name them) that the reference version did not have
+    """Landing files of this version (relative to the store, as shards name them) that the reference version did not
+    have
     in the same content (None: no reference, or no file is new)."""
     if reference is None or not store.exists(f"{reference['raw_uri']}/manifest.json"):
         return None
-    before = {(f["uri"], f.get("content_hash")) for f in store.read_json(f"{reference['raw_uri']}/manifest.json")["files"]}
+    before = {
+        (f["uri"], f.get("content_hash")) for f in store.read_json(f"{reference['raw_uri']}/manifest.json")["files"]
+    }
     now = store.read_json(f"{raw_uri}/manifest.json")["files"]
     return {store_relative(store, f["uri"]) for f in now if (f["uri"], f.get("content_hash")) not in before} or None
 
 
 def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) -> ShardVersionOutcome:
-    """Validate one shard version, measure drift, apply the policy, and quarantine it or make it the latest accepted one.
+    """Validate one shard version, measure drift, apply the policy, and quarantine it or make it the latest accepted
+    one.
 
     Args:
         store: The object store.
@@ -255,7 +326,12 @@ def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, 
     latest_uri = naming.validated_latest(store, spec.team, spec.name)
     latest = store.read_json(latest_uri) if store.exists(latest_uri) else None
     reference = None
-    if latest is not None and latest["md5"] != md5 and latest.get("profile_uri") and store.exists(latest["profile_uri"]):
+    if (
+        latest is not None
+        and latest["md5"] != md5
+        and latest.get("profile_uri")
+        and store.exists(latest["profile_uri"])
+    ):
         reference = {**store.read_json(latest["profile_uri"]), "md5": latest["md5"], "raw_uri": latest["raw_uri"]}
     new_files = _new_files(store, raw_uri, reference)
     problems = Problems()
@@ -263,14 +339,19 @@ def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, 
     enough = _platform("trainyard_min_items", tally.items, spec.min_rows, 0, [], success=tally.items >= spec.min_rows)
     platform = [{**enough, "kwargs": {"min_value": spec.min_rows}}]
     if isinstance(spec.shards, TextShards):
-        platform.append(_rate_check("trainyard_empty_document_rate", tally.empty, tally.items, spec.shards.max_empty_rate, problems))
-        platform.append(_rate_check("trainyard_long_document_rate", tally.long, tally.items, spec.shards.max_long_rate, problems))
+        platform.append(
+            _rate_check("trainyard_empty_document_rate", tally.empty, tally.items, spec.shards.max_empty_rate, problems)
+        )
+        platform.append(
+            _rate_check("trainyard_long_document_rate", tally.long, tally.items, spec.shards.max_long_rate, problems)
+        )
     platform += _duplicates(tally, spec.shards.max_duplicate_rate, problems)
     if tally.items < spec.min_rows:
         problems.add(f"{tally.items} item(s), fewer than min_rows {spec.min_rows}")
     report = _report(spec, tally, platform)
     if problems.count and report.success:
-        # A problem no expectation covers (a split without items, a document without its end id) still fails the version.
+        # A problem no expectation covers (a split without items, a document without its end id) still fails the
+        # version.
         extra = _platform("trainyard_no_problems", problems.count, 0, problems.count, problems.lines[:5])
         report = ValidationReport(success=False, evaluated=report.evaluated + 1, failed=report.failed + 1,
                                   results=[*report.results, extra], suite=report.suite, rows=report.rows)
@@ -280,7 +361,9 @@ def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, 
     verdict = decide(report, drift_rows, spec, release_of(store, spec.team, spec.name, md5))
     if not verdict.accepted:
         kept = _quarantine(store, spec, raw, verdict, report, problems, tally, drift_rows)
-        return ShardVersionOutcome(verdict, report, problems.lines, problems.count, tally.shards, drift_rows, kept, None)
+        return ShardVersionOutcome(
+            verdict, report, problems.lines, problems.count, tally.shards, drift_rows, kept, None
+        )
     split_id = f"{md5}-{spec.fingerprint()}"
     base = naming.validated_dir(store, spec.team, spec.name, split_id)
     store.write_json(f"{base}/profile.json", _profile(spec, tally))
@@ -291,23 +374,54 @@ def validate_shard_version(store: FileStore, spec: PipelineSpec, raw: dict[str, 
     items = {s: 0 for s in shard_format.SPLITS}
     for row in tally.shards:
         items[row["split"]] += row["items"]
-    value = {"md5": md5, "split_id": split_id, **{s: f"{raw_uri}/{s}" for s in shard_format.SPLITS}, "rows": items, "set_aside": 0,
-             "profile": f"{base}/profile.json"}
+    value = {
+        "md5": md5,
+        "split_id": split_id,
+        **{s: f"{raw_uri}/{s}" for s in shard_format.SPLITS},
+        "rows": items,
+        "set_aside": 0,
+        "profile": f"{base}/profile.json",
+    }
     return ShardVersionOutcome(verdict, report, problems.lines, problems.count, tally.shards, drift_rows, None, value)
 
 
-def _quarantine(store: FileStore, spec: PipelineSpec, raw: dict[str, Any], verdict: Verdict, report: ValidationReport, problems: Problems,
-                tally: Tally, drift_rows: list[dict[str, Any]]) -> str:
-    """Keep the rejected version's report under `quarantine/<team>/<name>/<md5>/` (its shards stay where they are, immutable);
+def _quarantine(
+    store: FileStore,
+    spec: PipelineSpec,
+    raw: dict[str, Any],
+    verdict: Verdict,
+    report: ValidationReport,
+    problems: Problems,
+    tally: Tally,
+    drift_rows: list[dict[str, Any]],
+) -> str:
+    """Keep the rejected version's report under `quarantine/<team>/<name>/<md5>/` (its shards stay where they are,
+    immutable);
     a version whose shards were altered is marked damaged so the next ingest writes it again."""
     where_ = naming.quarantine_dir(store, spec.team, spec.name, raw["md5"])
     if any(not row["checksum_ok"] for row in tally.shards):
-        store.write_json(f"{raw['uri']}/{DAMAGED}", {"at": utc_now(), "shards": [f"{r['split']}/{r['shard']}" for r in tally.shards if not r["checksum_ok"]]})
-    store.write_json(f"{where_}/report.json", {
-        "kind": "snapshot", "pipeline": spec.key, "md5": raw["md5"], "quarantined_at": utc_now(), "data": raw["uri"], "raw": raw,
-        "policy": spec.on_bad_data, "reasons": verdict.reasons, "problems": problems.lines, "problem_count": problems.count,
-        "shards": tally.shards, "validation": report.model_dump(mode="json"), "drift": drift_rows,
-    })
+        store.write_json(
+            f"{raw['uri']}/{DAMAGED}",
+            {"at": utc_now(), "shards": [f"{r['split']}/{r['shard']}" for r in tally.shards if not r["checksum_ok"]]},
+        )
+    store.write_json(
+        f"{where_}/report.json",
+        {
+            "kind": "snapshot",
+            "pipeline": spec.key,
+            "md5": raw["md5"],
+            "quarantined_at": utc_now(),
+            "data": raw["uri"],
+            "raw": raw,
+            "policy": spec.on_bad_data,
+            "reasons": verdict.reasons,
+            "problems": problems.lines,
+            "problem_count": problems.count,
+            "shards": tally.shards,
+            "validation": report.model_dump(mode="json"),
+            "drift": drift_rows,
+        },
+    )
     return where_
 
 

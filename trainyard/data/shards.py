@@ -82,7 +82,8 @@ _TOKENIZE_BATCH = 256
 
 @dataclasses.dataclass
 class ShardIngestResult(IngestResult):
-    """`IngestResult` of a sharded pipeline, with per-split counts (`items`, `tokens`) and the tokenizer's digest ("" for images)."""
+    """`IngestResult` of a sharded pipeline, with per-split counts (`items`, `tokens`) and the tokenizer's digest (""
+    for images)."""
 
     splits: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     tokenizer: str = ""
@@ -99,7 +100,14 @@ def tokenizer_uri(store: FileStore, spec: PipelineSpec) -> str:
 def _part_uri(store: FileStore, spec: PipelineSpec, digest: str, tokenizer: Tokenizer) -> str:
     assert isinstance(spec.shards, TextShards)
     key = f"{digest}\0{tokenizer.digest}\0{spec.shards.text_field}\0{spec.shards.tokens_field}"
-    return store.uri(naming.DATA, spec.team, spec.name, "ingest", "shard_parts", hashlib.sha256(key.encode()).hexdigest()[:24] + ".arrow")
+    return store.uri(
+        naming.DATA,
+        spec.team,
+        spec.name,
+        "ingest",
+        "shard_parts",
+        hashlib.sha256(key.encode()).hexdigest()[:24] + ".arrow",
+    )
 
 
 def store_relative(store: FileStore, uri: str) -> str:
@@ -162,7 +170,11 @@ def _scan(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest:
             by_hash.setdefault(r.content_hash, r)
     for info in files:
         known = manifest.files.get(info.uri)
-        if known is not None and known.same_state(info, key) and (known.status != "duplicate" or known.duplicate_of in landing):
+        if (
+            known is not None
+            and known.same_state(info, key)
+            and (known.status != "duplicate" or known.duplicate_of in landing)
+        ):
             scan.unchanged += 1
             if known.status == "rejected":
                 scan.rejected.append(known)
@@ -183,7 +195,10 @@ def _scan(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest:
             scan.warnings.append(str(gone))
             continue
         if known is not None and known.status == "accepted" and record.status == "rejected":
-            scan.warnings.append(f"{info.uri} was replaced by content that is rejected; the version keeps what was accepted at {known.ingested_at}")
+            scan.warnings.append(
+                f"{info.uri} was replaced by content that is rejected; the version keeps what was accepted at "
+                f"{known.ingested_at}"
+            )
         else:
             manifest.files[info.uri] = record
             if record.status == "accepted":
@@ -196,7 +211,9 @@ def _scan(store: FileStore, spec: PipelineSpec, files: list[FileInfo], manifest:
 # --------------------------------------------------------------------------- tokenizer and parts
 
 
-def pipeline_tokenizer(store: FileStore, spec: PipelineSpec, accepted: list[FileRecord], log: Callable[[str], None]) -> Tokenizer:
+def pipeline_tokenizer(
+    store: FileStore, spec: PipelineSpec, accepted: list[FileRecord], log: Callable[[str], None]
+) -> Tokenizer:
     """The pipeline's frozen tokenizer; a `bpe` one is trained on the accepted documents the first time and stored."""
     assert isinstance(spec.shards, TextShards)
     if spec.shards.tokenizer == "bytes":
@@ -209,12 +226,16 @@ def pipeline_tokenizer(store: FileStore, spec: PipelineSpec, accepted: list[File
     trained = train_bpe(texts, shards.vocab_size)
     store.write_bytes(uri, trained)
     tokenizer = load_tokenizer(trained)
-    log(f"trained a byte-level BPE of {tokenizer.vocab_size} ids on {len(accepted)} file(s); frozen at {uri} (digest {tokenizer.digest})")
+    log(
+        f"trained a byte-level BPE of {tokenizer.vocab_size} ids on {len(accepted)} file(s); frozen at {uri} (digest "
+        f"{tokenizer.digest})"
+    )
     return tokenizer
 
 
 def _write_part(store: FileStore, spec: PipelineSpec, record: FileRecord, tokenizer: Tokenizer, uri: str) -> None:
-    """Tokenize one landing file into a part: an Arrow IPC file of (record, sha1, ids), a batch of documents at a time."""
+    """Tokenize one landing file into a part: an Arrow IPC file of (record, sha1, ids), a batch of documents at a
+    time."""
     import pyarrow as pa
     import pyarrow.ipc as ipc
 
@@ -225,12 +246,23 @@ def _write_part(store: FileStore, spec: PipelineSpec, record: FileRecord, tokeni
         texts = [d.text for d in docs if d.text is not None]
         encoded = iter(tokenizer.encode_batch(texts))
         ids = [np.asarray(d.ids, dtype=np.int32) if d.text is None else next(encoded) for d in docs]
-        writer.write_batch(pa.record_batch([pa.array([d.record for d in docs], pa.int64()), pa.array([d.sha1 for d in docs]),
-                                            pa.array(ids, pa.list_(pa.int32()))], schema=schema))
+        writer.write_batch(
+            pa.record_batch(
+                [
+                    pa.array([d.record for d in docs], pa.int64()),
+                    pa.array([d.sha1 for d in docs]),
+                    pa.array(ids, pa.list_(pa.int32())),
+                ],
+                schema=schema,
+            )
+        )
 
     with tempfile.TemporaryDirectory(prefix="trainyard-shard-part-") as tmp:
         local = os.path.join(tmp, "part.arrow")
-        with local_writes("write the tokenized part of", local), ipc.new_file(local, schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer:
+        with (
+            local_writes("write the tokenized part of", local),
+            ipc.new_file(local, schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer,
+        ):
             batch: list[Any] = []
             for doc in text_documents(store, record.uri, spec.shards):
                 batch.append(doc)
@@ -241,7 +273,9 @@ def _write_part(store: FileStore, spec: PipelineSpec, record: FileRecord, tokeni
                 flush(writer, batch)
         after = store.stat(record.uri)
         if (after.size, after.mtime, after.etag) != (record.size, record.mtime, record.etag):
-            raise LandingFileChanged(f"{record.uri} changed while being tokenized; it is ingested once it stops changing")
+            raise LandingFileChanged(
+                f"{record.uri} changed while being tokenized; it is ingested once it stops changing"
+            )
         store.put_file(local, uri)
 
 
@@ -290,33 +324,60 @@ def version_key(spec: PipelineSpec, accepted: list[FileRecord], tokenizer_digest
     """What a version is made of: the accepted files (URI and content), the tokenizer, the shard kind and the split."""
     h = hashlib.sha256()
     assert spec.shards is not None
-    h.update(json.dumps({"format": shard_format.FORMAT_VERSION, "shards": spec.shards.model_dump(mode="json"),
-                         "split": spec.split.model_dump(mode="json"), "tokenizer": tokenizer_digest}, sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {
+                "format": shard_format.FORMAT_VERSION,
+                "shards": spec.shards.model_dump(mode="json"),
+                "split": spec.split.model_dump(mode="json"),
+                "tokenizer": tokenizer_digest,
+            },
+            sort_keys=True,
+        ).encode()
+    )
     for r in accepted:
         h.update(f"{r.uri}\0{r.content_hash}\n".encode())
     return h.hexdigest()[:32]
 
 
-def _write_text_splits(store: FileStore, spec: PipelineSpec, accepted: list[FileRecord], tokenizer: Tokenizer, tmp: str) -> dict[str, dict[str, Any]]:
+def _write_text_splits(
+    store: FileStore, spec: PipelineSpec, accepted: list[FileRecord], tokenizer: Tokenizer, tmp: str
+) -> dict[str, dict[str, Any]]:
     assert isinstance(spec.shards, TextShards)
     writers = {
-        name: shard_format.TextSplitWriter(os.path.join(tmp, name), vocab_size=spec.shards.vocabulary, eos_id=tokenizer.eos_id,
-                                           tokenizer_json=tokenizer.json_bytes, shard_bytes=spec.shards.shard_bytes)
+        name: shard_format.TextSplitWriter(
+            os.path.join(tmp, name),
+            vocab_size=spec.shards.vocabulary,
+            eos_id=tokenizer.eos_id,
+            tokenizer_json=tokenizer.json_bytes,
+            shard_bytes=spec.shards.shard_bytes,
+        )
         for name in shard_format.SPLITS
     }
     for record in accepted:
         assert record.part is not None
         for number, sha1, ids in _part_documents(store, record.part):
-            writers[split_of(sha1, spec)].add(ids, shard_format.Provenance(store_relative(store, record.uri), number, sha1))
+            writers[split_of(sha1, spec)].add(
+                ids, shard_format.Provenance(store_relative(store, record.uri), number, sha1)
+            )
     return {name: w.close() for name, w in writers.items()}
 
 
-def _write_image_splits(store: FileStore, spec: PipelineSpec, accepted: list[FileRecord], tmp: str) -> dict[str, dict[str, Any]]:
+def _write_image_splits(
+    store: FileStore, spec: PipelineSpec, accepted: list[FileRecord], tmp: str
+) -> dict[str, dict[str, Any]]:
     shards = spec.shards
     assert isinstance(shards, ImageShards)
     writers = {
-        name: shard_format.ImageSplitWriter(os.path.join(tmp, name), shape=shards.shape, dtype=shards.dtype, min=shards.min, max=shards.max,
-                                            labels=shards.labels, shard_bytes=shards.shard_bytes)
+        name: shard_format.ImageSplitWriter(
+            os.path.join(tmp, name),
+            shape=shards.shape,
+            dtype=shards.dtype,
+            min=shards.min,
+            max=shards.max,
+            labels=shards.labels,
+            shard_bytes=shards.shard_bytes,
+        )
         for name in shard_format.SPLITS
     }
     root = landing_root(store, spec)
@@ -324,22 +385,37 @@ def _write_image_splits(store: FileStore, spec: PipelineSpec, accepted: list[Fil
         issues, image = read_image_file(store, record.uri, shards)
         after = store.stat(record.uri)
         if image is None or (after.size, after.mtime, after.etag) != (record.size, record.mtime, record.etag):
-            raise LandingFileChanged(f"{record.uri} changed since it was checked ({'; '.join(i.message for i in issues) or 'other bytes'}); "
-                                     "it is ingested once it stops changing")
+            raise LandingFileChanged(
+                f"{record.uri} changed since it was checked ({'; '.join(i.message for i in issues) or 'other bytes'}); "
+                "it is ingested once it stops changing"
+            )
         relative = record.uri[len(root):].lstrip("/")
-        writers[split_of(image.sha1, spec)].add(image.array, image.label, shard_format.image_id(relative),
-                                                shard_format.Provenance(store_relative(store, record.uri), 0, image.sha1))
+        writers[split_of(image.sha1, spec)].add(
+            image.array,
+            image.label,
+            shard_format.image_id(relative),
+            shard_format.Provenance(store_relative(store, record.uri), 0, image.sha1),
+        )
     return {name: w.close() for name, w in writers.items()}
 
 
 def deterministic_tar(local_root: str, out: str) -> None:
-    """Tar every file under `local_root` in sorted path order, with zeroed times and owners: equal files give equal bytes."""
+    """Tar every file under `local_root` in sorted path order, with zeroed times and owners: equal files give equal
+    bytes."""
     paths = sorted(os.path.relpath(os.path.join(d, f), local_root) for d, _, fs in os.walk(local_root) for f in fs)
     with tarfile.open(out, "w", format=tarfile.GNU_FORMAT) as tar:
         for rel in paths:
             full = os.path.join(local_root, rel)
             info = tarfile.TarInfo(rel.replace(os.sep, "/"))
-            info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = os.path.getsize(full), 0, 0o644, 0, 0, "", ""
+            info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = (
+                os.path.getsize(full),
+                0,
+                0o644,
+                0,
+                0,
+                "",
+                "",
+            )
             with open(full, "rb") as f:
                 tar.addfile(info, f)
 
@@ -348,7 +424,8 @@ def _new_version(
     store: FileStore, spec: PipelineSpec, manifest: Manifest, accepted: list[FileRecord], key: str,
     tokenizer: Optional[Tokenizer], versioning: Optional[DataPinner],
 ) -> tuple[SnapshotRecord, dict[str, dict[str, int]]]:
-    """Write the splits, pin their tar, store them under `raw/<md5>/` with the pin and a manifest, and make the version current."""
+    """Write the splits, pin their tar, store them under `raw/<md5>/` with the pin and a manifest, and make the version
+    current."""
     with tempfile.TemporaryDirectory(prefix="trainyard-shards-") as tmp:
         splits_dir = os.path.join(tmp, "splits")
         with local_writes("write the shards", splits_dir):
@@ -368,7 +445,10 @@ def _new_version(
             store.put_dir(os.path.join(splits_dir, name), f"{base}/{name}")
     if dvc_file:
         store.write_bytes(f"{base}/{TAR_NAME}.dvc", dvc_file.encode())
-    counts = {name: {"items": int(m["items"]), **({"tokens": int(m["tokens"])} if "tokens" in m else {})} for name, m in metas.items()}
+    counts = {
+        name: {"items": int(m["items"]), **({"tokens": int(m["tokens"])} if "tokens" in m else {})}
+        for name, m in metas.items()
+    }
     snapshot = SnapshotRecord(
         md5=md5, uri=base, rows=sum(c["items"] for c in counts.values()), files=[r.uri for r in accepted], key=key,
         dvc_file=dvc_file, created_at=utc_now(),
@@ -385,7 +465,11 @@ def _new_version(
 
 
 def ingest_shards(
-    store: FileStore, spec: PipelineSpec, versioning: Optional[DataPinner] = None, *, log: Optional[Callable[[str], None]] = None,
+    store: FileStore,
+    spec: PipelineSpec,
+    versioning: Optional[DataPinner] = None,
+    *,
+    log: Optional[Callable[[str], None]] = None,
 ) -> ShardIngestResult:
     """Bring the pipeline's shard set up to date with its landing area (see the module docstring).
 
@@ -409,14 +493,18 @@ def ingest_shards(
         StorageError: The object store failed.
     """
     if spec.shards is None:
-        raise ValueError(f"{spec.key} is not a sharded pipeline (spec.shards is unset); use trainyard.data.ingest.ingest")
+        raise ValueError(
+            f"{spec.key} is not a sharded pipeline (spec.shards is unset); use trainyard.data.ingest.ingest"
+        )
     say = log or (lambda line: None)
     skipped: list[tuple[str, str]] = []
     files = list_landing(store, spec.source, skipped)
     manifest = load_manifest(store, spec)
     if not files:
-        raise MissingLandingData(f"no landing files match prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r} "
-                                 f"(looked for {', '.join(landing_patterns(store, spec.source))})")
+        raise MissingLandingData(
+            f"no landing files match prefix {spec.source.prefix!r} with pattern {spec.source.pattern!r} "
+            f"(looked for {', '.join(landing_patterns(store, spec.source))})"
+        )
     scan = _scan(store, spec, files, manifest)
     scan.warnings += [f"{uri} is not read: it is {why}" for uri, why in sorted(set(skipped))]
     landing = {f.uri for f in files}
@@ -427,14 +515,21 @@ def ingest_shards(
     _save_manifest(store, spec, manifest)
     if spec.on_bad_data == "reject" and scan.rejected:
         reasons = "; ".join(i.message for r in scan.rejected for i in r.issues)
-        raise IngestRejected(f"{len(scan.rejected)} landing file(s) rejected (on_bad_data='reject'); each is kept in quarantine with a report: {reasons}",
-                             scan.rejected)
+        raise IngestRejected(
+            f"{len(scan.rejected)} landing file(s) rejected (on_bad_data='reject'); each is kept in quarantine with a "
+            f"report: {reasons}",
+            scan.rejected,
+        )
     if spec.on_bad_data == "reject" and scan.changing:
         raise LandingFileChanged("; ".join(w for w in scan.warnings if "changed while being read" in w))
-    accepted = sorted((r for r in manifest.files.values() if r.status == "accepted" and r.uri in landing), key=lambda r: r.uri)
+    accepted = sorted(
+        (r for r in manifest.files.values() if r.status == "accepted" and r.uri in landing), key=lambda r: r.uri
+    )
     if not accepted:
-        raise MissingLandingData(f"no usable landing files under prefix {spec.source.prefix!r}: {len(scan.rejected)} rejected, "
-                                 f"{len(scan.duplicates)} duplicate(s), {len(scan.changing)} still changing")
+        raise MissingLandingData(
+            f"no usable landing files under prefix {spec.source.prefix!r}: {len(scan.rejected)} rejected, "
+            f"{len(scan.duplicates)} duplicate(s), {len(scan.changing)} still changing"
+        )
     tokenizer = pipeline_tokenizer(store, spec, accepted, say) if isinstance(spec.shards, TextShards) else None
     if tokenizer is not None:
         made = ensure_parts(store, spec, accepted, tokenizer)
@@ -450,8 +545,19 @@ def ingest_shards(
         counts = store.read_json(f"{current.uri}/manifest.json")["splits"]
     else:
         current, counts = _new_version(store, spec, manifest, accepted, key, tokenizer, versioning)
-    return ShardIngestResult(current, reused, scan.ingested, scan.rejected, scan.changing, scan.unchanged, removed, scan.warnings,
-                             scan.duplicates, splits=counts, tokenizer=tokenizer.digest if tokenizer else "")
+    return ShardIngestResult(
+        current,
+        reused,
+        scan.ingested,
+        scan.rejected,
+        scan.changing,
+        scan.unchanged,
+        removed,
+        scan.warnings,
+        scan.duplicates,
+        splits=counts,
+        tokenizer=tokenizer.digest if tokenizer else "",
+    )
 
 
 def markdown_splits(counts: dict[str, dict[str, int]]) -> str:

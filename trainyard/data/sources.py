@@ -15,12 +15,14 @@ from trainyard.spec import ColumnSpec, PipelineSpec
 
 
 def entity_columns(source: FeastSourceSpec, spec: PipelineSpec) -> dict[str, ColumnSpec]:
-    """The entity files' columns: keys, the event time (read as text or epoch seconds, parsed by the feature store side), the label."""
+    """The entity files' columns: keys, the event time (read as text or epoch seconds, parsed by the feature store
+    side), the label."""
     return {**source.keys, source.timestamp: ColumnSpec(dtype="str"), spec.target: spec.columns[spec.target]}
 
 
 def landing_spec(spec: PipelineSpec) -> PipelineSpec:
-    """The spec the landing files are read with: `spec` itself, or for a Feast source the same pipeline over its entity columns.
+    """The spec the landing files are read with: `spec` itself, or for a Feast source the same pipeline over its entity
+    columns.
 
     The copy is not validated again (its columns hold no features on purpose);
     it is only given to ingestion, never built into assets.

@@ -52,7 +52,8 @@ _NULL = "N"  # a missing key value; a present one is "<length>:<text>", so the t
 
 
 def key_columns(spec: PipelineSpec, available: Sequence[str]) -> list[str]:
-    """The columns a row's part is hashed from: the `id` columns when the pipeline declares any, else the stored columns.
+    """The columns a row's part is hashed from: the `id` columns when the pipeline declares any, else the stored
+    columns.
 
     Raises:
         SchemaMismatch: A declared id column is not in the data.
@@ -61,14 +62,17 @@ def key_columns(spec: PipelineSpec, available: Sequence[str]) -> list[str]:
     if ids:
         missing = [c for c in ids if c not in available]
         if missing:
-            raise SchemaMismatch(f"id column(s) {missing} not found; the split hashes them; the data has columns {list(available)}")
+            raise SchemaMismatch(
+                f"id column(s) {missing} not found; the split hashes them; the data has columns {list(available)}"
+            )
         return ids
     stored = [c for c in spec.stored_columns if c in available]
     return stored or list(available)
 
 
 def _key_text(values: pa.Array | pa.ChunkedArray, dtype: Optional[str]) -> pa.Array:
-    """Each value as `<length>:<text>` of its canonical type (nulls `N`), so equal values encode equally in memory and on disk."""
+    """Each value as `<length>:<text>` of its canonical type (nulls `N`), so equal values encode equally in memory and
+    on disk."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     if dtype is not None:
@@ -100,7 +104,8 @@ def split_hashes(table: pa.Table | pa.RecordBatch, columns: Sequence[str], spec:
 
 
 def parts_of(u: np.ndarray, spec: PipelineSpec) -> np.ndarray:
-    """The part of each hash value: 2 test below test_fraction, 1 val below test_fraction + val_fraction, else 0 train (int8)."""
+    """The part of each hash value: 2 test below test_fraction, 1 val below test_fraction + val_fraction, else 0 train
+    (int8)."""
     t, v = spec.split.test_fraction, spec.split.val_fraction
     parts = np.zeros(len(u), dtype=np.int8)
     parts[u < t + v] = 1
@@ -126,7 +131,9 @@ class _Classes:
         if pa.types.is_dictionary(labels.type):
             labels = labels.cast(labels.type.value_type)
         encoded = pc.dictionary_encode(labels, null_encoding="encode")
-        local = np.array([self._code.setdefault(v, len(self._code)) for v in encoded.dictionary.to_pylist()], dtype=np.int64)
+        local = np.array(
+            [self._code.setdefault(v, len(self._code)) for v in encoded.dictionary.to_pylist()], dtype=np.int64
+        )
         self.values = list(self._code)
         return local[encoded.indices.to_numpy(zero_copy_only=False)] if len(local) else np.zeros(0, dtype=np.int64)
 
@@ -174,7 +181,8 @@ def _assign(u: np.ndarray, codes: np.ndarray, classes: Optional[_Classes], spec:
     asked = f"val_fraction={fractions.val_fraction}, test_fraction={fractions.test_fraction}"
     if n < 3:
         raise SplitError(
-            f"cannot split {n} rows {how} with {asked}: train, val and test each need at least one row, so at least 3 rows"
+            f"cannot split {n} rows {how} with {asked}: train, val and test each need at least one row, so at least 3 "
+            "rows"
         )
     if classes is not None:
         freq = np.bincount(codes, minlength=len(classes.values))
@@ -200,7 +208,8 @@ def _stratify(spec: PipelineSpec) -> bool:
 
 
 def shuffle_positions(labels: Optional[np.ndarray], n: int, spec: PipelineSpec) -> np.ndarray:
-    """The parts of `SplitSpec(method="shuffle")`: the split of versions validated before the hash split (0 train, 1 val, 2 test).
+    """The parts of `SplitSpec(method="shuffle")`: the split of versions validated before the hash split (0 train, 1
+    val, 2 test).
 
     The test share is taken first, then the validation share of the rest, both
     shuffled with `spec.split.seed` and stratified on `labels` when given:
@@ -242,7 +251,8 @@ def shuffle_positions(labels: Optional[np.ndarray], n: int, spec: PipelineSpec) 
 
 
 def _stratify_shuffled(spec: PipelineSpec) -> bool:
-    """The shuffled split stratified on int, str and bool targets and declared domains (not `category`, which came later)."""
+    """The shuffled split stratified on int, str and bool targets and declared domains (not `category`, which came
+    later)."""
     declared = spec.columns[spec.target]
     return declared.dtype in ("int", "str", "bool") or declared.domain is not None
 
@@ -291,7 +301,9 @@ def split(df: pd.DataFrame, spec: PipelineSpec) -> tuple[pd.DataFrame, pd.DataFr
     return tuple(df.iloc[np.flatnonzero(parts == k)].reset_index(drop=True) for k in range(3))
 
 
-def split_snapshot(store: FileStore, uri: str, spec: PipelineSpec, out_dir: str, batch_rows: int = BATCH_ROWS) -> dict[str, int]:
+def split_snapshot(
+    store: FileStore, uri: str, spec: PipelineSpec, out_dir: str, batch_rows: int = BATCH_ROWS
+) -> dict[str, int]:
     """Write the split of a Parquet snapshot to `out_dir/{train,val,test}.parquet` in canonical form.
 
     Two passes over record batches of `batch_rows`: the first reads the key
@@ -317,7 +329,9 @@ def split_snapshot(store: FileStore, uri: str, spec: PipelineSpec, out_dir: str,
         columns = key_columns(spec, schema.names)
         classes = _Classes() if _stratify(spec) else None
         hashes, codes = [], []
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=list(dict.fromkeys(columns + [spec.target])), use_threads=True):
+        for batch in pf.iter_batches(
+            batch_size=batch_rows, columns=list(dict.fromkeys(columns + [spec.target])), use_threads=True
+        ):
             hashes.append(split_hashes(batch, columns, spec))
             if classes is not None:
                 codes.append(classes.codes(batch.column(spec.target)))

@@ -44,7 +44,10 @@ def expectation_configs(spec: PipelineSpec) -> list[dict[str, Any]]:
         {'type': 'expect_table_row_count_to_be_between', 'kwargs': {'min_value': 10, 'max_value': None}}
     """
     configs: list[dict[str, Any]] = [
-        {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": spec.min_rows, "max_value": spec.max_rows}},
+        {
+            "type": "expect_table_row_count_to_be_between",
+            "kwargs": {"min_value": spec.min_rows, "max_value": spec.max_rows},
+        },
         {"type": "expect_table_columns_to_match_ordered_list", "kwargs": {"column_list": list(spec.stored_columns)}},
     ]
     for name, column in spec.stored_columns.items():
@@ -52,7 +55,9 @@ def expectation_configs(spec: PipelineSpec) -> list[dict[str, Any]]:
         if column.dtype == "int" and column.nullable:
             types.append("float64")
         configs.append({"type": "expect_column_to_exist", "kwargs": {"column": name}})
-        configs.append({"type": "expect_column_values_to_be_in_type_list", "kwargs": {"column": name, "type_list": types}})
+        configs.append(
+            {"type": "expect_column_values_to_be_in_type_list", "kwargs": {"column": name, "type_list": types}}
+        )
         if not column.nullable or column.role == "id":
             configs.append({"type": "expect_column_values_to_not_be_null", "kwargs": {"column": name}})
         if column.min is not None or column.max is not None:
@@ -63,7 +68,12 @@ def expectation_configs(spec: PipelineSpec) -> list[dict[str, Any]]:
                 }
             )
         if column.domain is not None:
-            configs.append({"type": "expect_column_values_to_be_in_set", "kwargs": {"column": name, "value_set": list(column.domain)}})
+            configs.append(
+                {
+                    "type": "expect_column_values_to_be_in_set",
+                    "kwargs": {"column": name, "value_set": list(column.domain)},
+                }
+            )
     return configs
 
 

@@ -51,7 +51,12 @@ from trainyard.promotion.evidence import (
     validation_now,
 )
 from trainyard.promotion.history import next_history, parse_history, rollback_target
-from trainyard.promotion.lineage_gate import CLEAN_LINEAGE_DEFAULTS, check_lineage, clean_lineage_required, lineage_findings
+from trainyard.promotion.lineage_gate import (
+    CLEAN_LINEAGE_DEFAULTS,
+    check_lineage,
+    clean_lineage_required,
+    lineage_findings,
+)
 from trainyard.promotion.records import (
     CHALLENGER,
     CHAMPION,

@@ -13,7 +13,12 @@ from trainyard.shardspec import ImageShards, TextShards
 
 
 def model_card(
-    spec: Any, best: dict[str, Any], validated: dict[str, Any], validation: ValidationEvidence, *, deployed_lock: Optional[str] = None
+    spec: Any,
+    best: dict[str, Any],
+    validated: dict[str, Any],
+    validation: ValidationEvidence,
+    *,
+    deployed_lock: Optional[str] = None,
 ) -> str:
     """The version description: what it is for, how it did, what data and code made it, how it was validated.
 
@@ -22,7 +27,8 @@ def model_card(
         best: The `best_model` value (trial, study, params, metrics, lineage).
         validated: The `validated_data` value (split id, row counts).
         validation: Data validation evidence of the training data.
-        deployed_lock: The deploying orchestrator's dependency lock hash (default: this process's, `lineage.lock_hash()`).
+        deployed_lock: The deploying orchestrator's dependency lock hash (default: this process's,
+        `lineage.lock_hash()`).
     """
     rec = best["lineage"]
     deployed = lineage.lock_hash() if deployed_lock is None else deployed_lock
@@ -36,7 +42,7 @@ def model_card(
         f"# {spec.model_name}\n\n{spec.description or 'Trained by trainyard.'}\n\n"
         f"## Intended use\n"
         f"{_intended_use(spec, features, shown)} "
-        f"Load the promoted version with `mlflow.pyfunc.load_model(\"models:/{spec.model_name}@{CHAMPION}\")`; "
+        f'Load the promoted version with `mlflow.pyfunc.load_model("models:/{spec.model_name}@{CHAMPION}")`; '
         f"it needs mlflow, torch, numpy and pandas only. Inputs outside the validated ranges of the training data "
         f"are out of scope.\n\n"
         f"## Metrics (held-out test split {validated['split_id']})\n{metrics}\n\n"
@@ -44,15 +50,18 @@ def model_card(
         f"- rows: train {rows.get('train')}, val {rows.get('val')}, test {rows.get('test')}\n\n"
         f"## Validation\n- result: {'passed' if validation.passed else 'FAILED'}\n- {validation.detail}\n\n"
         f"## Training\n- trial: {best['trial']} of study {best['study']}\n- params: {best['params']}\n"
-        f"- code: {rec['code_version']}{' (dirty)' if rec['code_dirty'] else ''}\n- dependency lock: {rec['lock_hash']}\n"
+        f"- code: {rec['code_version']}{' (dirty)' if rec['code_dirty'] else ''}\n- dependency lock: "
+        f"{rec['lock_hash']}\n"
         f"- seed {rec.get('seed')}, world size {rec.get('world_size')}, strategy {rec.get('strategy')}\n"
         f"- {_lineage_line(rec, deployed)}\n\n"
         f"## Promotion policy\n- metric: {policy.metric} ({policy.mode}), threshold: {threshold}, "
         f"must beat the champion by more than {policy.min_improvement} on the same test split\n"
-        f"- it must beat the trivial baseline (baseline_{policy.metric}: the train split's prior or mean for every row)\n"
+        f"- it must beat the trivial baseline (baseline_{policy.metric}: the train split's prior or mean for every "
+        "row)\n"
         f"- data validation must pass; a serving-only process must load it and reproduce {policy.metric} "
         f"within {policy.served_metric_tolerance}\n"
-        f"- clean lineage (committed code, the deployed dependency lock): {_requirement(policy.require_clean_lineage)}\n"
+        "- clean lineage (committed code, the deployed dependency lock): "
+        f"{_requirement(policy.require_clean_lineage)}\n"
     )
 
 
@@ -60,15 +69,21 @@ def _intended_use(spec: Any, features: list[str], shown: str) -> str:
     """What the model predicts from what, and what serving takes and returns."""
     shards = getattr(spec, "shards", None)
     if isinstance(shards, TextShards):
-        return (f"A causal language model of the corpus of pipeline `{spec.key}` (vocabulary {shards.vocabulary}, context "
-                f"{shards.block_size} tokens). Input: a table with one column `tokens`, a list of token ids per row (the "
-                f"tokenizer ships with the model as `tokenizer.json`); output: the next token's logits of each row, or with "
-                f"params {{\"output\": \"token_nll\"}} each row's mean next-token loss.")
+        return (
+            f"A causal language model of the corpus of pipeline `{spec.key}` (vocabulary {shards.vocabulary}, context "
+            f"{shards.block_size} tokens). Input: a table with one column `tokens`, a list of token ids per row (the "
+            "tokenizer ships with the model as `tokenizer.json`); output: the next token's logits of each row, or "
+            "with "
+            f'params {{"output": "token_nll"}} each row\'s mean next-token loss.'
+        )
     if isinstance(shards, ImageShards):
         shape = "x".join(str(d) for d in shards.shape)
-        return (f"Classifies {shape} images of pipeline `{spec.key}` into {len(shards.labels)} classes. Input: a table with "
-                f"one column `image`, each row's pixel values flattened in row-major order, raw ({shards.dtype}, "
-                f"{shards.min:g}..{shards.max:g}); output: a table with `label` per row{_probabilities(spec)}.")
+        return (
+            f"Classifies {shape} images of pipeline `{spec.key}` into {len(shards.labels)} classes. Input: a table "
+            "with "
+            f"one column `image`, each row's pixel values flattened in row-major order, raw ({shards.dtype}, "
+            f"{shards.min:g}..{shards.max:g}); output: a table with `label` per row{_probabilities(spec)}."
+        )
     return (f"Predicts `{spec.target}` from {len(features)} features ({shown}) of pipeline `{spec.key}`. "
             f"Input: a table with those columns, raw (any other columns are ignored); output: a table with "
             f"{_kept(spec)}`{spec.target}` per row{_probabilities(spec)}.")
@@ -80,11 +95,19 @@ def _kept(spec: Any) -> str:
 
 
 def _probabilities(spec: Any) -> str:
-    return ", and `proba_<label>`, the probability of each class" if getattr(spec, "task", None) == "classification" else ""
+    return (
+        ", and `proba_<label>`, the probability of each class"
+        if getattr(spec, "task", None) == "classification"
+        else ""
+    )
 
 
 def _lineage_line(rec: dict[str, Any], deployed_lock: str) -> str:
-    tags = {CODE_VERSION_TAG: str(rec.get("code_version")), CODE_DIRTY_TAG: str(rec.get("code_dirty")), LOCK_HASH_TAG: str(rec.get("lock_hash"))}
+    tags = {
+        CODE_VERSION_TAG: str(rec.get("code_version")),
+        CODE_DIRTY_TAG: str(rec.get("code_dirty")),
+        LOCK_HASH_TAG: str(rec.get("lock_hash")),
+    }
     findings = lineage_findings(tags, deployed_lock)
     if not findings:
         return f"lineage: clean (committed code, the deployed dependency lock {deployed_lock})"

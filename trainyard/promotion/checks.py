@@ -73,7 +73,8 @@ def check_beats_champion(
 
 def check_beats_baseline(policy: PromotionSpec, value: Optional[float], baseline: Optional[float]) -> Check:
     """The trivial-baseline bound: `metric` strictly better than `baseline_<metric>`, the same metric of always
-    answering the train split's class prior (majority class), mean, or unigram token frequencies, on the same test split.
+    answering the train split's class prior (majority class), mean, or unigram token frequencies, on the same test
+    split.
 
     A model whose test accuracy equals answering "no" for every customer passes a
     threshold and beats a champion as weak as itself; it is no model. Versions
@@ -82,13 +83,19 @@ def check_beats_baseline(policy: PromotionSpec, value: Optional[float], baseline
     """
     name = f"baseline_{policy.metric}"
     if baseline is None or math.isnan(baseline):
-        return Check("beats_baseline", True, f"skipped: the trial reported no {name} (trained before baselines were reported)")
+        return Check(
+            "beats_baseline", True, f"skipped: the trial reported no {name} (trained before baselines were reported)"
+        )
     if value is None or math.isnan(value):
         return Check("beats_baseline", False, f"{policy.metric} was not measured for this version")
     ok = _better(policy, value, baseline, 0.0)
     verdict = "beats" if ok else "does not beat"
-    return Check("beats_baseline", ok, f"{policy.metric}={value:.4f} {verdict} the trivial baseline's {baseline:.4f} ({name}: "
-                                       f"{_baseline_kind(policy.metric)}; {policy.mode})")
+    return Check(
+        "beats_baseline",
+        ok,
+        f"{policy.metric}={value:.4f} {verdict} the trivial baseline's {baseline:.4f} ({name}: "
+        f"{_baseline_kind(policy.metric)}; {policy.mode})",
+    )
 
 
 def _baseline_kind(metric: str) -> str:
@@ -166,7 +173,9 @@ def check_smoke(
             return fail(f"served {len(served)} predictions for {len(test_labels)} test rows")
         evidence["test_rows"] = len(test_labels)
         detail += f" and {len(test_labels)} test rows"
-        name = next((m for m in (policy.metric, *SERVED_METRICS) if m in SERVED_METRICS and m in training_metrics), None)
+        name = next(
+            (m for m in (policy.metric, *SERVED_METRICS) if m in SERVED_METRICS and m in training_metrics), None
+        )
         if name is not None and test_labels:
             try:
                 value = served_metric(name, served, test_labels, target=target, positive_label=positive_label,
@@ -177,7 +186,9 @@ def check_smoke(
             evidence.update(served_metric=name, served_value=value, training_value=trained)
             if sample_note:
                 evidence.update(passed=True, sample=sample_note)
-                return Check("serving_smoke_test", True, detail + f" (served {name} {value:.6f} on {sample_note})"), evidence
+                return Check(
+                    "serving_smoke_test", True, detail + f" (served {name} {value:.6f} on {sample_note})"
+                ), evidence
             tolerance = policy.served_metric_tolerance * max(1.0, abs(trained))
             if abs(value - trained) > tolerance:
                 return fail(
@@ -222,7 +233,13 @@ def evaluate_policy(
         beats = check_beats_champion(policy, against, champion, split_id)
     else:
         beats = Check("beats_champion", True, "not applied: a rollback restores an earlier version on purpose")
-    checks = (check_threshold(policy, value), beats, check_beats_baseline(policy, value, baseline), check_validation(validation), smoke)
+    checks = (
+        check_threshold(policy, value),
+        beats,
+        check_beats_baseline(policy, value, baseline),
+        check_validation(validation),
+        smoke,
+    )
     return checks if lineage is None else (*checks, lineage)
 
 

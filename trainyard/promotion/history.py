@@ -8,7 +8,9 @@ from typing import Any, Optional
 from trainyard.promotion.records import LOG_LIMIT, Action, PromotionError
 
 
-def next_history(history: dict[str, Any], *, action: Action, version: str, current: Optional[str], entry: dict[str, Any]) -> dict[str, Any]:
+def next_history(
+    history: dict[str, Any], *, action: Action, version: str, current: Optional[str], entry: dict[str, Any]
+) -> dict[str, Any]:
     """The champion history after `version` becomes champion.
 
     The stack holds champions in order; a promotion pushes, a rollback to a

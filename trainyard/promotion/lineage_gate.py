@@ -59,18 +59,29 @@ def lineage_findings(tags: Mapping[str, str], deployed_lock: str) -> list[str]:
     commit = tags.get(CODE_VERSION_TAG, "")
     dirty = tags.get(CODE_DIRTY_TAG)
     if commit in UNKNOWN:
-        findings.append(f"the code it was trained from is unknown ({CODE_VERSION_TAG}={commit or 'missing'}: not trained from a git checkout)")
+        findings.append(
+            f"the code it was trained from is unknown ({CODE_VERSION_TAG}={commit or 'missing'}: not trained from a "
+            "git checkout)"
+        )
     elif dirty == "True":
-        findings.append(f"it was trained from uncommitted (dirty) code on top of commit {commit} ({CODE_DIRTY_TAG}=True)")
+        findings.append(
+            f"it was trained from uncommitted (dirty) code on top of commit {commit} ({CODE_DIRTY_TAG}=True)"
+        )
     elif dirty != "False":
         findings.append(f"it records no code state ({CODE_DIRTY_TAG}={dirty or 'missing'})")
     lock = tags.get(LOCK_HASH_TAG, "")
     if lock in UNKNOWN:
         findings.append(f"it records no dependency lock ({LOCK_HASH_TAG}={lock or 'missing'})")
     elif deployed_lock in UNKNOWN:
-        findings.append(f"its dependency lock {lock} cannot be compared: the deploying orchestrator has no lock file (constraints.txt)")
+        findings.append(
+            f"its dependency lock {lock} cannot be compared: the deploying orchestrator has no lock file "
+            "(constraints.txt)"
+        )
     elif lock != deployed_lock:
-        findings.append(f"its dependency lock {lock} ({LOCK_HASH_TAG}) differs from the deployed lock {deployed_lock} (the orchestrator's constraints.txt)")
+        findings.append(
+            f"its dependency lock {lock} ({LOCK_HASH_TAG}) differs from the deployed lock {deployed_lock} (the "
+            "orchestrator's constraints.txt)"
+        )
     return findings
 
 
@@ -100,13 +111,28 @@ def check_lineage(
     findings = lineage_findings(tags, deployed_lock)
     if not findings:
         commit = tags.get(CODE_VERSION_TAG)
-        return Check("clean_lineage", True, f"trained from committed code {commit} with the deployed dependency lock {deployed_lock}")
+        return Check(
+            "clean_lineage",
+            True,
+            f"trained from committed code {commit} with the deployed dependency lock {deployed_lock}",
+        )
     required, why = clean_lineage_required(policy, environment)
     found = "; ".join(findings)
     if not required:
-        return Check("clean_lineage", True, f"WARNING: {found}; not blocking: clean lineage is not required by {why}", warning=True)
-    override = f"trainyard registry {command} {model or '<model>'} --version {version or '<version>'} --force --reason \"...\""
-    relax = "" if policy.require_clean_lineage is not None else "; a team relaxes it per pipeline with PromotionSpec(require_clean_lineage=False)"
+        return Check(
+            "clean_lineage",
+            True,
+            f"WARNING: {found}; not blocking: clean lineage is not required by {why}",
+            warning=True,
+        )
+    override = (
+        f'trainyard registry {command} {model or "<model>"} --version {version or "<version>"} --force --reason "..."'
+    )
+    relax = (
+        ""
+        if policy.require_clean_lineage is not None
+        else "; a team relaxes it per pipeline with PromotionSpec(require_clean_lineage=False)"
+    )
     return Check(
         "clean_lineage",
         False,

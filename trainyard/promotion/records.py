@@ -19,9 +19,17 @@ Action = Literal["register", "promote", "rollback"]
 
 LOG_LIMIT = 50
 """Champion changes kept in the model's history tag (MLflow caps a tag's length)."""
-CHECK_NAMES = ("threshold", "beats_champion", "beats_baseline", "data_validation", "serving_smoke_test", "clean_lineage")
+CHECK_NAMES = (
+    "threshold",
+    "beats_champion",
+    "beats_baseline",
+    "data_validation",
+    "serving_smoke_test",
+    "clean_lineage",
+)
 POSITIVE_LABEL_TAG = "trainyard.positive_label"
-"""Version tag: the binary target's positive class as JSON (`PipelineSpec.positive_label`); absent: the second sorted label."""
+"""Version tag: the binary target's positive class as JSON (`PipelineSpec.positive_label`); absent: the second sorted
+label."""
 MAX_SMOKE_TIMEOUT_S = 1800.0
 WARNINGS_TAG = f"{PROMOTION_PREFIX}warnings"
 """Version tag: JSON list of the warnings a decision recorded (a check that passed with a warning)."""

@@ -34,7 +34,9 @@ from trainyard.tasks import TASKS
 PROBA_PREFIX = "proba_"
 """A served class probability column: `proba_<label>`."""
 
-SERVED_METRICS: tuple[str, ...] = tuple(dict.fromkeys(m for p in TASKS.values() for ms in p.evaluated.values() for m in ms))
+SERVED_METRICS: tuple[str, ...] = tuple(
+    dict.fromkeys(m for p in TASKS.values() for ms in p.evaluated.values() for m in ms)
+)
 """Test metrics computed from served predictions: every promotion metric a task accepts (`test_acc` first)."""
 
 LM_PARAMS: dict[str, str] = {"output": "token_nll"}
@@ -61,7 +63,9 @@ class ServedOutput:
     proba: Optional[np.ndarray] = None
 
 
-def served_output(output: Any, target: Optional[str] = None, probabilities: Optional[Mapping[str, Sequence[float]]] = None) -> ServedOutput:
+def served_output(
+    output: Any, target: Optional[str] = None, probabilities: Optional[Mapping[str, Sequence[float]]] = None
+) -> ServedOutput:
     """The labels (or values) and class probabilities of a served `predict` output.
 
     Args:
@@ -88,17 +92,23 @@ def served_output(output: Any, target: Optional[str] = None, probabilities: Opti
         return _from_columns(names, {c: [r.get(c) for r in rows] for c in names}, target)
     if probabilities:
         label = target or "label"
-        return _from_columns([label, *probabilities], {label: rows, **{str(c): list(v) for c, v in probabilities.items()}}, label)
+        return _from_columns(
+            [label, *probabilities], {label: rows, **{str(c): list(v) for c, v in probabilities.items()}}, label
+        )
     return ServedOutput(values=rows)
 
 
 def _from_columns(names: list[str], by_column: dict[str, list[Any]], target: Optional[str]) -> ServedOutput:
     probas = [c for c in names if c.startswith(PROBA_PREFIX)]
-    label = target if target in by_column else next((c for c in reversed(names) if not c.startswith(PROBA_PREFIX)), None)
+    label = (
+        target if target in by_column else next((c for c in reversed(names) if not c.startswith(PROBA_PREFIX)), None)
+    )
     if label is None:
         raise ValueError(f"the served output has no label column (columns {names})")
     proba = np.column_stack([np.asarray(by_column[c], dtype="float64") for c in probas]) if probas else None
-    return ServedOutput(values=list(by_column[label]), classes=tuple(c[len(PROBA_PREFIX):] for c in probas), proba=proba)
+    return ServedOutput(
+        values=list(by_column[label]), classes=tuple(c[len(PROBA_PREFIX) :] for c in probas), proba=proba
+    )
 
 
 def lm_metric(metric: str, losses: Any, tokens: Sequence[Any]) -> float:
@@ -146,7 +156,11 @@ def served_metric(name: str, predictions: Any, labels: Sequence[Any], *, target:
     if not labels or len(values) != len(labels):
         raise ValueError(f"{len(values)} predictions for {len(labels)} labels")
     if metric in pod_metrics.REGRESSION:
-        return float(pod_metrics.regression_metrics(np.asarray(labels, dtype="float64"), np.asarray(values, dtype="float64"))[metric])
+        return float(
+            pod_metrics.regression_metrics(np.asarray(labels, dtype="float64"), np.asarray(values, dtype="float64"))[
+                metric
+            ]
+        )
     if metric not in pod_metrics.CLASSIFICATION:
         raise ValueError(f"metric {name!r} cannot be recomputed from predictions; use one of {list(SERVED_METRICS)}")
     if served.proba is None:
@@ -157,10 +171,14 @@ def served_metric(name: str, predictions: Any, labels: Sequence[Any], *, target:
     index = {c: i for i, c in enumerate(served.classes)}
     unknown = sorted({str(y) for y in labels} - set(index))
     if unknown:
-        raise ValueError(f"the served model has no class for the true label(s) {unknown[:5]} (its classes: {list(served.classes)})")
+        raise ValueError(
+            f"the served model has no class for the true label(s) {unknown[:5]} (its classes: {list(served.classes)})"
+        )
     served_unknown = sorted({str(p) for p in values} - set(index))
     if served_unknown:
-        raise ValueError(f"the served labels {served_unknown[:5]} are not among its probability columns {list(served.classes)}")
+        raise ValueError(
+            f"the served labels {served_unknown[:5]} are not among its probability columns {list(served.classes)}"
+        )
     y = np.asarray([index[str(v)] for v in labels], dtype="int64")
     predicted = np.asarray([index[str(v)] for v in values], dtype="int64")
     positive = index.get(str(positive_label), 1) if positive_label is not None else 1
