@@ -9,3 +9,6 @@ cd "$(dirname "$0")/.."
 PY="${PY:-.venv/bin/python}"
 nvidia-smi --query-gpu=name,memory.total --format=csv
 "$PY" -m bench.gpu_smoke "$@"
+# NCCL between GPU ranks forked from one warm server, against torchrun's ranks (bench/gpu_forked_nccl.py):
+# until this passes, LocalLauncher starts trials of several GPU ranks cold. Needs two GPUs; else "not run".
+case " $* " in *" --dry-run "*) ;; *) "$PY" -m bench.gpu_forked_nccl ;; esac

@@ -225,6 +225,9 @@ class LocalLauncher(Launcher):
             interpreter, or `TRAINYARD_WARM_WORKERS=0`, uses torchrun.
         warm_idle_seconds: a warm server started by this launcher exits after this long without a launch.
         warm_start_timeout_seconds: how long a warm server may take to start before the trial runs cold.
+        warm_multi_gpu: start a trial of several GPU ranks on warm workers too. Off: until a GPU run proves NCCL
+            from ranks forked off one server (`bench/gpu_forked_nccl.py`, run by `bench/gpu_smoke.sh`), such
+            trials start cold with torchrun; one-GPU and CPU trials start warm.
     """
 
     # `default=` by name: a type checker reads a Dagster resource's defaults from it (PEP 681), not from a positional one.
@@ -235,6 +238,7 @@ class LocalLauncher(Launcher):
     warm_workers: bool = True
     warm_idle_seconds: float = Field(default=300.0, gt=0)
     warm_start_timeout_seconds: float = Field(default=180.0, gt=0)
+    warm_multi_gpu: bool = False
 
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         spec_uri = join(spec.output_uri, SPEC_FILE)
@@ -329,11 +333,14 @@ class LocalLauncher(Launcher):
                         start_timeout=self.warm_start_timeout_seconds)
 
     def _warm(self, spec: TrainSpec) -> bool:
-        """Whether `spec` runs on warm workers: one node, warm workers on (field and environment), this interpreter."""
+        """Whether `spec` runs on warm workers: one node, warm workers on (field and environment), this interpreter, and
+        not several GPU ranks unless `warm_multi_gpu` (NCCL from forked ranks has not run on a GPU yet: `bench.gpu_forked_nccl`)."""
+        d = spec.distribution
         return (
             self.warm_workers
             and warm_workers_enabled(os.environ)
-            and spec.distribution.nodes == 1
+            and d.nodes == 1
+            and (d.accelerator != "gpu" or d.procs_per_node == 1 or self.warm_multi_gpu)
             and same_interpreter(self.python, sys.executable)  # a server is keyed on, and runs, this process's interpreter
         )
 

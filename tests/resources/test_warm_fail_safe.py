@@ -399,3 +399,16 @@ def test_the_zygote_forks_with_one_thread_and_its_run_workers_get_the_environmen
     finally:
         location.stop()
         location.instance.dispose()
+
+
+def test_trials_of_several_gpu_ranks_start_cold_until_forked_nccl_is_proven(tmp_path: Path) -> None:
+    """bench/gpu_forked_nccl.py is the GPU run that would prove NCCL from forked ranks; until then they take torchrun."""
+    from training.spec import Distribution
+
+    def spec(procs: int, accelerator: str) -> Any:
+        return make_spec(tmp_path / f"{accelerator}{procs}", distribution=Distribution(procs_per_node=procs, accelerator=accelerator))
+
+    launcher = LocalLauncher()
+    assert launcher._warm(spec(1, "gpu")) and launcher._warm(spec(2, "cpu"))
+    assert not launcher._warm(spec(2, "gpu"))
+    assert LocalLauncher(warm_multi_gpu=True)._warm(spec(2, "gpu"))
