@@ -311,18 +311,7 @@ def evaluate_sweep(
         free = min(free, max_asks_per_tick)
 
         tags = trial_run_tags(spec, study_name)
-        requested: list[int] = []
-        for t in trials:
-            if t.number < state.next:
-                continue
-            if not pending(t) or trial_key(t.number) in trained:
-                state.next = t.number + 1  # finished, claimed, or a run started elsewhere already trains it
-                continue
-            if len(requested) >= free:
-                break
-            requested.append(t.number)
-            state.next = t.number + 1
-
+        requested = _waiting_trials(trials, state, trained, free)
         asked: list[int] = []
         slots = free - len(requested)
         if slots > 0 and status.remaining > 0 and all(t.number < state.next for t in trials if t.state.name == "RUNNING"):
@@ -340,15 +329,39 @@ def evaluate_sweep(
             finals, promote_note = final_requests(spec, study_name, after, tags, prepare_job, promote_job, promoted)
             requests += finals
             state.reported = after.finished
-        message = (
-            f"{spec.key} study {study_name}: {after.summary()}; requested {len(keys)} trial run(s) "
-            f"({len(asked)} newly asked), {in_flight + len(keys)} in flight of parallelism {search.window}{team_note}{promote_note}{carry_note}"
-        )
-        if failed:
-            message += f"; failed {[trial_key(n) for n in failed]} (stale heartbeat or run ended without a result)"
+        notes = f"{team_note}{promote_note}{carry_note}"
+        message = _tick_message(spec, study_name, after, keys, asked, in_flight, search.window, notes, failed)
         return SweepTick(
             run_requests=requests, partitions=keys, cursor=state, message=message, asked=asked, failed=failed, seconds=time.monotonic() - started
         )
+
+
+def _waiting_trials(trials: list[Any], state: SweepCursor, trained: set[str], free: int) -> list[int]:
+    """Trials at or past the cursor still waiting for a run, at most `free` of them; moves `state.next` past those looked at."""
+    requested: list[int] = []
+    for t in trials:
+        if t.number < state.next:
+            continue
+        if not pending(t) or trial_key(t.number) in trained:
+            state.next = t.number + 1  # finished, claimed, or a run started elsewhere already trains it
+            continue
+        if len(requested) >= free:
+            break
+        requested.append(t.number)
+        state.next = t.number + 1
+    return requested
+
+
+def _tick_message(spec: PipelineSpec, study_name: str, after: Any, keys: list[str], asked: list[int], in_flight: int, window: int,
+                  notes: str, failed: list[int]) -> str:
+    """What a sweep tick did, for the sensor's log: the study's state, the runs requested and in flight, and the trials failed."""
+    message = (
+        f"{spec.key} study {study_name}: {after.summary()}; requested {len(keys)} trial run(s) "
+        f"({len(asked)} newly asked), {in_flight + len(keys)} in flight of parallelism {window}{notes}"
+    )
+    if failed:
+        message += f"; failed {[trial_key(n) for n in failed]} (stale heartbeat or run ended without a result)"
+    return message
 
 
 def _redefined_tick(
