@@ -167,6 +167,29 @@ def _tail_text(lines: list[str], rank: Optional[int]) -> str:
     return f"last {len(lines)} log lines of {who}:\n" + "\n".join(lines) if lines else f"(no log lines of {who})"
 
 
+def _blamed_tail(rank_tails: dict[int, list[str]], log_tail: str, rank: Optional[int]) -> tuple[str, str]:
+    """The log tail to keep with the error and the text to show: `rank`'s own last lines when known, else the launch's."""
+    lines = rank_tails.get(rank, []) if rank is not None else []
+    text = "\n".join(lines) if lines else log_tail
+    return text, _tail_text(text.splitlines(), rank if lines else None)
+
+
+def _silent_death(trial_id: str, silent: list[WorkerExit], failures: list[dict[str, Any]], stopped_untold: list[WorkerExit],
+                  tail: tuple[str, str]) -> InfrastructureError:
+    """Workers that died without a record (`silent`, the first is blamed): the root cause; the peers that recorded a
+    failure, or were stopped by torchrun without one (`stopped_untold`), lost it. `tail`: the blamed rank's (`_blamed_tail`)."""
+    culprit = silent[0].rank
+    peers = [f"rank {f['rank']} then lost its peer ({f['error'][:200]})" for f in sorted(failures, key=lambda r: r.get("time", 0.0))]
+    peers += [f"rank {e.rank} then lost its peer (stopped by torchrun with SIGTERM after rank {culprit} died)" for e in stopped_untold]
+    deaths = "; ".join(e.describe() for e in silent)
+    kept, shown = tail
+    return InfrastructureError(
+        f"trial {trial_id}: {deaths} without reporting an error (out of memory, a lost node or a kill from outside)"
+        + "".join(f"; {p}" for p in peers) + f"\n{shown}",
+        log_tail=kept, rank=culprit,
+    )
+
+
 def outcome_error(
     returncode: int,
     failures: list[dict[str, Any]],
@@ -204,9 +227,7 @@ def outcome_error(
     rank_tails = rank_tails or {}
 
     def tail_of(rank: Optional[int]) -> tuple[str, str]:
-        lines = rank_tails.get(rank, []) if rank is not None else []
-        text = "\n".join(lines) if lines else log_tail
-        return text, _tail_text(text.splitlines(), rank if lines else None)
+        return _blamed_tail(rank_tails, log_tail, rank)
 
     if "config" in by_category:
         f = by_category["config"]
@@ -235,21 +256,17 @@ def outcome_error(
     recorded = {f["rank"] for f in failures}
     silent = [e for e in (causes or exits) if e.rank not in recorded]
     if silent:
-        culprit = silent[0].rank
-        peers = [f"rank {f['rank']} then lost its peer ({f['error'][:200]})" for f in sorted(failures, key=lambda r: r.get("time", 0.0))]
-        peers += [f"rank {e.rank} then lost its peer (stopped by torchrun with SIGTERM after rank {culprit} died)"
-                  for e in exits if e.rank in stopped and e.rank not in recorded]
-        deaths = "; ".join(e.describe() for e in silent)
-        tail, shown = tail_of(culprit)
-        return InfrastructureError(
-            f"trial {trial_id}: {deaths} without reporting an error (out of memory, a lost node or a kill from outside)"
-            + "".join(f"; {p}" for p in peers) + f"\n{shown}",
-            log_tail=tail, rank=culprit,
-        )
+        return _silent_death(trial_id, silent, failures, [e for e in exits if e.rank in stopped and e.rank not in recorded],
+                             tail_of(silent[0].rank))
     if "infra" in by_category:
         f = by_category["infra"]
         tail, shown = tail_of(f["rank"])
         return InfrastructureError(f"trial {trial_id}: rank {f['rank']} lost a dependency: {f['error']}\n{shown}", log_tail=tail, rank=f["rank"])
+    return _exit_status_error(trial_id, returncode, log_tail)
+
+
+def _exit_status_error(trial_id: str, returncode: int, log_tail: str) -> LaunchError:
+    """A failed launch that neither a record nor torchrun's summary explains: its exit status says what it can."""
     if returncode == EXIT_BAD_CONFIG:
         # `training.gang` refused the command itself (its reason is in the tail): it cannot work.
         return TrainingConfigError(f"trial {trial_id}: the launch exited {returncode} (bad config)\n{_tail_text(log_tail.splitlines(), None)}",
