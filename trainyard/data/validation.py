@@ -336,6 +336,43 @@ def _load_profile(store: FileStore, latest: dict[str, Any]) -> tuple[dict[str, A
     return profile_snapshot(store, latest["raw_uri"])  # versions validated before profiles were kept
 
 
+def _drift_rows(store: FileStore, spec: PipelineSpec, raw: dict[str, Any], validation: SnapshotValidation,
+                latest: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The drift of version `raw` against the latest accepted one (`latest`, its `latest.json`; none for the first version).
+
+    A new version: its delivery's rows against the previous accepted version (`trainyard.data.drift_detection.delivery_drift`).
+    The latest version again: the drift measured when it was new.
+    """
+    if latest is not None and latest["md5"] != raw["md5"]:
+        return delivery_drift(
+            store, spec, _load_profile(store, latest), latest.get("raw_uri"), raw["uri"], (validation.profile, validation.sample)
+        )
+    if latest is not None and latest.get("drift_uri") and store.exists(latest["drift_uri"]):
+        return store.read_json(latest["drift_uri"])
+    return []
+
+
+def _quarantine_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any], verdict: Verdict, validation: SnapshotValidation,
+                        drift_rows: list[dict[str, Any]], docs_uri: str) -> str:
+    """Quarantine the rejected snapshot with why (`quarantine_snapshot`); returns where it is kept."""
+    return quarantine_snapshot(
+        store,
+        spec.team,
+        spec.name,
+        raw["md5"],
+        raw["uri"],
+        {
+            "raw": raw,
+            "policy": spec.on_bad_data,
+            "reasons": verdict.reasons,
+            "validation": validation.report.model_dump(mode="json"),
+            "drift": drift_rows,
+            "profile": validation.profile,
+        },
+        docs_uri,
+    )
+
+
 def validate_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) -> VersionOutcome:
     """Validate one raw snapshot, measure drift, apply the policy, and quarantine or split it.
 
@@ -360,32 +397,10 @@ def validate_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) 
     store.write_bytes(docs_uri, validation.docs_html.encode("utf-8"))
     latest_uri = naming.validated_latest(store, spec.team, spec.name)
     latest = store.read_json(latest_uri) if store.exists(latest_uri) else None
-    drift_rows: list[dict[str, Any]] = []
-    if latest is not None and latest["md5"] != md5:
-        # The new delivery's rows against the previous accepted version (trainyard.data.drift_detection.delivery_drift).
-        drift_rows = delivery_drift(
-            store, spec, _load_profile(store, latest), latest.get("raw_uri"), raw["uri"], (validation.profile, validation.sample)
-        )
-    elif latest is not None and latest.get("drift_uri") and store.exists(latest["drift_uri"]):
-        drift_rows = store.read_json(latest["drift_uri"])  # this version again: the drift measured when it was new
+    drift_rows = _drift_rows(store, spec, raw, validation, latest)
     verdict = decide(validation.report, drift_rows, spec, release_of(store, spec.team, spec.name, md5))
     if not verdict.accepted:
-        kept = quarantine_snapshot(
-            store,
-            spec.team,
-            spec.name,
-            md5,
-            raw["uri"],
-            {
-                "raw": raw,
-                "policy": spec.on_bad_data,
-                "reasons": verdict.reasons,
-                "validation": validation.report.model_dump(mode="json"),
-                "drift": drift_rows,
-                "profile": validation.profile,
-            },
-            docs_uri,
-        )
+        kept = _quarantine_version(store, spec, raw, verdict, validation, drift_rows, docs_uri)
         return VersionOutcome(verdict, validation, drift_rows, docs_uri, kept, None)
     split_id = f"{md5}-{spec.fingerprint()}" + (f"-{suite_hash(spec)}" if verdict.set_aside else "")
     base = naming.validated_dir(store, spec.team, spec.name, split_id)
