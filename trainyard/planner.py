@@ -23,6 +23,7 @@ from trainyard.capacity import (
     Optimizer,
     Plan,
     Sizing,
+    Strategy,
     TransformerShape,
     bytes_per_param,
     memory_per_device,
@@ -226,26 +227,43 @@ def plan_distribution(
     except NothingFitsError as e:
         nothing = e
     if distribution.strategy == "auto":
-        if chosen is None:
-            raise NothingFitsError(
-                f"distribution.strategy='auto': no strategy fits {_size(usable)} usable per device "
-                f"(device memory {device_memory_gb:.1f} GiB from {device_memory_source or 'the caller'}): {nothing}. "
-                f"Add devices (distribution.procs_per_node / distribution.nodes), set a larger device memory "
-                f"({DEVICE_MEMORY_ENV}), or make the model smaller"
-            ) from nothing
-        resolved = Distribution(**{**distribution.model_dump(), "strategy": chosen.strategy,
-                                   "tensor_parallel_size": chosen.tensor_parallel_size})
-        steps = []
-        for tried in _order(estimates, chosen):
-            if tried.total_gb > usable:
-                steps.append(f"{_label(tried)} needs {_size(tried.total_gb)} > {_size(usable)}")
-            else:
-                steps.append(f"{_label(tried)} fits: {_size(tried.total_gb)} of {_size(usable)} usable per device")
-        reasoning = ("; ".join(steps) + f". Chosen by the planner as the first that fits in the order ddp, fsdp, fsdp x tp "
-                     f"(each step adds communication). Inputs: {facts}.")
-        return TrialPlan(resolved, "planner", reasoning, **inputs)
+        return _planner_choice(distribution, chosen, nothing, estimates, usable, device_memory_gb, device_memory_source, facts, inputs)
+    return _user_choice(distribution, distribution.strategy, chosen, estimates, usable, common, facts, inputs)
+
+
+def _planner_choice(distribution: Distribution, chosen: Optional[Plan], nothing: Optional[NothingFitsError], estimates: list[MemoryEstimate],
+                    usable: float, device_memory_gb: float, device_memory_source: str, facts: str, inputs: _TrialInputs) -> TrialPlan:
+    """Strategy 'auto': the planner's choice (`chosen`), with each strategy it tried in order and why.
+
+    Raises:
+        NothingFitsError: nothing fits (`nothing`, the planner's own error, is chained).
+    """
+    if chosen is None:
+        raise NothingFitsError(
+            f"distribution.strategy='auto': no strategy fits {_size(usable)} usable per device "
+            f"(device memory {device_memory_gb:.1f} GiB from {device_memory_source or 'the caller'}): {nothing}. "
+            f"Add devices (distribution.procs_per_node / distribution.nodes), set a larger device memory "
+            f"({DEVICE_MEMORY_ENV}), or make the model smaller"
+        ) from nothing
+    resolved = Distribution(**{**distribution.model_dump(), "strategy": chosen.strategy,
+                               "tensor_parallel_size": chosen.tensor_parallel_size})
+    steps = []
+    for tried in _order(estimates, chosen):
+        if tried.total_gb > usable:
+            steps.append(f"{_label(tried)} needs {_size(tried.total_gb)} > {_size(usable)}")
+        else:
+            steps.append(f"{_label(tried)} fits: {_size(tried.total_gb)} of {_size(usable)} usable per device")
+    reasoning = ("; ".join(steps) + f". Chosen by the planner as the first that fits in the order ddp, fsdp, fsdp x tp "
+                 f"(each step adds communication). Inputs: {facts}.")
+    return TrialPlan(resolved, "planner", reasoning, **inputs)
+
+
+def _user_choice(distribution: Distribution, strategy: Strategy, chosen: Optional[Plan], estimates: list[MemoryEstimate], usable: float,
+                 common: Sizing, facts: str, inputs: _TrialInputs) -> TrialPlan:
+    """A strategy fixed by the pipeline (`strategy`, the distribution's): kept, with whether it fits and what 'auto' would choose;
+    a warning when it may not fit."""
     # A fixed tensor parallel size may span nodes, which the planner never tries: estimate it on its own.
-    fixed = memory_per_device(distribution.strategy, tensor_parallel_size=distribution.tensor_parallel_size, **common)
+    fixed = memory_per_device(strategy, tensor_parallel_size=distribution.tensor_parallel_size, **common)
     if fixed not in estimates:
         estimates.append(fixed)
         inputs["estimates"] = tuple(estimates)
