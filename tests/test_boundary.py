@@ -36,6 +36,7 @@ ALLOWED_DAGSTER_PACKAGES = {"dagster_pipes"}
 # `resources/`, `trainyard/` and `pipelines/` but team model code) never imports it.
 TRAINING_FOR_ORCHESTRATION = {
     "training.spec",  # the contract: TrainSpec, TrainResult, the exit codes
+    "training.spec_policies",  # the contract's checkpoint, watchdog and fault-injection settings (training.spec re-exports them)
     "training.shard_format",  # the shards' on-disk format, which landing writes and the pod reads
     "training.metrics",  # the metrics the pod reports, computed the same way on served predictions (trainyard.promotion)
 }
