@@ -13,7 +13,7 @@ from typing import Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from trainyard.spec import ColumnSpec, SourceSpec
+from trainyard.dataspec import ColumnSpec, SourceSpec
 
 FEATURE_REF = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*:[A-Za-z_][A-Za-z0-9_]*$")
 
