@@ -19,8 +19,8 @@ from instance.storage_connections import evaluation_resources
 from pipelines.environments import local_resources
 from pipelines.factory import build_definitions
 from resources.sweeps import SweepStore
-from tests.pipelines.pipeline_fixtures import small_spec
 from tests.instance.test_storage_connections import sessions_opened
+from tests.pipelines.pipeline_fixtures import small_spec
 from trainyard.spec import RetrainPolicy
 
 
