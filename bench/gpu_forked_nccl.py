@@ -27,7 +27,9 @@ from bench.harness import Target, write_result
 
 TOLERANCE = 0.02  # relative difference of the final val_loss
 STEPS_ROWS = 64 * 2 * 200  # 200 steps of 64 rows a rank
-WARM_WORKER = re.compile(r"worker pid \d+ started \(restart 0\) by supervisor pid \d+ of warm server pid (\d+) \(rank (\d) of 2\)")
+WARM_WORKER = re.compile(
+    r"worker pid \d+ started \(restart 0\) by supervisor pid \d+ of warm server pid (\d+) \(rank (\d) of 2\)"
+)
 
 
 def _write_data(directory: Path, rows: int, features: int = 64, classes: int = 10) -> list[str]:
@@ -51,11 +53,25 @@ def _trial(directory: Path, names: list[str], warm: bool) -> dict[str, Any]:
 
     how = "warm" if warm else "cold"
     spec = TrainSpec(
-        pipeline="bench/gpu-forked-nccl", trial_id=f"trial-{how}",
-        model=ImportTarget(path="training.parallel:MLPClassifier", kwargs={"n_features": len(names), "n_classes": 10, "width": 256}),
-        data=DataSpec(train_uri=str(directory / "train.parquet"), val_uri=str(directory / "val.parquet"),
-                      test_uri=str(directory / "test.parquet"), features=names, target="label", version="synthetic"),
-        output_uri=str(directory / how), max_epochs=2, batch_size=64, seed=0, deterministic=True, precision="bf16-mixed",
+        pipeline="bench/gpu-forked-nccl",
+        trial_id=f"trial-{how}",
+        model=ImportTarget(
+            path="training.parallel:MLPClassifier", kwargs={"n_features": len(names), "n_classes": 10, "width": 256}
+        ),
+        data=DataSpec(
+            train_uri=str(directory / "train.parquet"),
+            val_uri=str(directory / "val.parquet"),
+            test_uri=str(directory / "test.parquet"),
+            features=names,
+            target="label",
+            version="synthetic",
+        ),
+        output_uri=str(directory / how),
+        max_epochs=2,
+        batch_size=64,
+        seed=0,
+        deterministic=True,
+        precision="bf16-mixed",
         distribution=Distribution(procs_per_node=2, strategy="ddp", accelerator="gpu"),
     )
     outcome = LocalLauncher(timeout_seconds=900, warm_multi_gpu=warm, warm_workers=warm).launch(spec)
@@ -71,14 +87,21 @@ def main() -> dict[str, Any]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus < 2:
         print(f"gpu_forked_nccl: not run: {gpus} GPU(s) here, two are needed", file=sys.stderr)
-        return write_result("gpu_forked_nccl", 0.0, "passed", None, {"run": False, "why": f"{gpus} GPU(s); two are needed"})
+        return write_result(
+            "gpu_forked_nccl", 0.0, "passed", None, {"run": False, "why": f"{gpus} GPU(s); two are needed"}
+        )
     with tempfile.TemporaryDirectory(prefix="gpu-forked-nccl-") as tmp:
         directory = Path(tmp)
         names = _write_data(directory, STEPS_ROWS)
         cold, warm = _trial(directory, names, warm=False), _trial(directory, names, warm=True)
     close = (cold["val_loss"] is not None and warm["val_loss"] is not None
              and abs(warm["val_loss"] - cold["val_loss"]) <= TOLERANCE * abs(cold["val_loss"]))
-    passed = warm["forked_ranks"] == [0, 1] and not cold["forked_ranks"] and cold["world_size"] == warm["world_size"] == 2 and close
+    passed = (
+        warm["forked_ranks"] == [0, 1]
+        and not cold["forked_ranks"]
+        and cold["world_size"] == warm["world_size"] == 2
+        and close
+    )
     return write_result("gpu_forked_nccl", 1.0 if passed else 0.0, "passed", None,
                         {"run": True, "gpus": gpus, "device": torch.cuda.get_device_name(0), "cold": cold, "warm": warm,
                          "tolerance": TOLERANCE},

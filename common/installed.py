@@ -1,4 +1,5 @@
-"""What is installed on a set of import paths, cheaply: one entry per distribution's metadata, for warm processes to key on.
+"""What is installed on a set of import paths, cheaply: one entry per distribution's metadata, for warm processes to key
+on.
 
 A warm process (the trial server, the run-worker zygote) keeps the code it imported; after a `pip install` or `uv pip
 install` of a changed library it would go on forking old code. The installers always replace a distribution's
@@ -20,7 +21,8 @@ Snapshot = dict[str, tuple[int, int]]
 
 
 def snapshot(paths: Iterable[str]) -> Snapshot:
-    """(inode, mtime_ns) of every distribution metadata entry in the directories `paths` (missing ones skipped), by path."""
+    """(inode, mtime_ns) of every distribution metadata entry in the directories `paths` (missing ones skipped), by
+    path."""
     entries: Snapshot = {}
     for directory in dict.fromkeys(os.path.realpath(p) for p in paths if p):
         try:

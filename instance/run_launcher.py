@@ -92,15 +92,28 @@ WORKER_TAG = "trainyard/run_worker"  # {"pid": ..., "host": ..., "zygote": ...} 
 RETRY_AFTER_SECONDS = 300.0  # a zygote that failed to start is tried again after this long
 START_TIMEOUT_SECONDS = 120.0  # a zygote not serving after this long is given up
 REQUEST_TIMEOUT_SECONDS = 30.0
-LOCAL_ORIGINS = ("ManagedGrpcPythonEnvCodeLocationOrigin", "InProcessCodeLocationOrigin")  # code servers Dagster starts here
-LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")  # and a gRPC server on this host (`dagster dev` serves its locations so)
+LOCAL_ORIGINS = (
+    "ManagedGrpcPythonEnvCodeLocationOrigin",
+    "InProcessCodeLocationOrigin",
+)  # code servers Dagster starts here
+LOCAL_HOSTS = (
+    "localhost",
+    "127.0.0.1",
+    "::1",
+)  # and a gRPC server on this host (`dagster dev` serves its locations so)
 # What a platform run worker imports only while it runs (the study's SQL storage: Optuna, SQLAlchemy, Alembic;
 # the PostgreSQL driver; the object store's paths; Dagster's in-process step execution): 178 modules, 0.22 s of
 # every trial run when imported after the fork (bench.sweep_throughput), imported once here instead. Absent
 # modules are skipped.
 RUN_PRELOAD = (
-    "resources.sweeps.rdb", "psycopg2", "upath", "fsspec.implementations.local", "dagster._core.execution.plan.active",
-    "dagster._core.executor.in_process", "dagster._core.system_config.composite_descent", "dagster._core.instance.factory",
+    "resources.sweeps.rdb",
+    "psycopg2",
+    "upath",
+    "fsspec.implementations.local",
+    "dagster._core.execution.plan.active",
+    "dagster._core.executor.in_process",
+    "dagster._core.system_config.composite_descent",
+    "dagster._core.instance.factory",
 )
 
 
@@ -109,7 +122,8 @@ def _host() -> str:
 
 
 def run_temp_dir(run_id: str) -> str:
-    """The temporary folder of a forked run worker: its `TMPDIR`, removed when the run ends or its worker is found dead."""
+    """The temporary folder of a forked run worker: its `TMPDIR`, removed when the run ends or its worker is found
+    dead."""
     return os.path.join(tempfile.gettempdir(), f"trainyard-run-{run_id}")
 
 
@@ -133,7 +147,11 @@ def _process_state(pid: int, not_before: Optional[float]) -> str:
         return "zombie"
     if not_before is not None:
         with contextlib.suppress(OSError, ValueError, IndexError):
-            boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+            boot = next(
+                float(line.split()[1])
+                for line in Path("/proc/stat").read_text().splitlines()
+                if line.startswith("btime ")
+            )
             started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
             if started > not_before + 5.0:
                 return "reused"
@@ -141,7 +159,8 @@ def _process_state(pid: int, not_before: Optional[float]) -> str:
 
 
 def _worker_pid(instance: Any, run: Any) -> tuple[Optional[int], Optional[str]]:
-    """The pid and host of a run's worker: the launcher's tag on a forked run, else the worker's "Started process" event."""
+    """The pid and host of a run's worker: the launcher's tag on a forked run, else the worker's "Started process"
+    event."""
     if WORKER_TAG in run.tags:
         worker = json.loads(run.tags[WORKER_TAG])
         return int(worker["pid"]), worker.get("host")
@@ -198,7 +217,8 @@ class _Zygote:
         return False
 
     def fork(self, run_id: str) -> dict[str, Any]:
-        """Ask for a run worker for `run_id` (on the instance the zygote was started for): {"pid": ...} or {"stale": file} or {"error": ...}."""
+        """Ask for a run worker for `run_id` (on the instance the zygote was started for): {"pid": ...} or {"stale":
+        file} or {"error": ...}."""
         request = json.dumps({"run_id": run_id}).encode() + b"\n"
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(REQUEST_TIMEOUT_SECONDS)
@@ -246,7 +266,9 @@ class WarmRunLauncher(DefaultRunLauncher):
             outcome = self._fork(key, run)
             if outcome is None:
                 return
-            self._instance.report_engine_event(f"Starting a run worker the default way: {outcome}", run, cls=self.__class__)
+            self._instance.report_engine_event(
+                f"Starting a run worker the default way: {outcome}", run, cls=self.__class__
+            )
         super().launch_run(context)
 
     def _key(self, run: Any) -> Optional[str]:
@@ -257,17 +279,21 @@ class WarmRunLauncher(DefaultRunLauncher):
             return None
         location = run.remote_job_origin.repository_origin.code_location_origin
         if type(location).__name__ not in LOCAL_ORIGINS and not (
-            type(location).__name__ == "GrpcServerCodeLocationOrigin" and (location.socket or location.host in LOCAL_HOSTS)
+            type(location).__name__ == "GrpcServerCodeLocationOrigin"
+            and (location.socket or location.host in LOCAL_HOSTS)
         ):
             return None
         origin = run.job_code_origin.repository_origin
         working_directory = getattr(origin.code_pointer, "working_directory", None)
-        if not os.path.exists(origin.executable_path or sys.executable) or (working_directory and not os.path.isdir(working_directory)):
+        if not os.path.exists(origin.executable_path or sys.executable) or (
+            working_directory and not os.path.isdir(working_directory)
+        ):
             return None  # a server on this host whose code is not (a container's port, say)
         return hashlib.sha256(serialize_value(origin).encode()).hexdigest()[:16]
 
     def _fork(self, key: str, run: Any) -> Optional[str]:
-        """Fork a worker for `run` from its location's zygote: None when done, else why not (the default way goes on)."""
+        """Fork a worker for `run` from its location's zygote: None when done, else why not (the default way goes
+        on)."""
         with self._lock:
             zygote = self._zygotes.get(key)
             if zygote is not None and zygote.failed and time.monotonic() - zygote.started > RETRY_AFTER_SECONDS:
@@ -282,12 +308,17 @@ class WarmRunLauncher(DefaultRunLauncher):
             except OSError as e:
                 answer = {"error": f"{type(e).__name__}: {e}"}
             if "pid" in answer:
-                self._instance.add_run_tags(run.run_id, {WORKER_TAG: json.dumps({"pid": answer["pid"], "host": _host(), "zygote": zygote.process.pid})})
+                self._instance.add_run_tags(
+                    run.run_id,
+                    {WORKER_TAG: json.dumps({"pid": answer["pid"], "host": _host(), "zygote": zygote.process.pid})},
+                )
                 return None
             zygote.close()
             self._zygotes[key] = _Zygote(key, run.job_code_origin.repository_origin, self._instance.get_ref())
             if "stale" in answer:
-                return f"{answer['stale']} changed since the warm run worker process loaded it (a fresh one is starting)"
+                return (
+                    f"{answer['stale']} changed since the warm run worker process loaded it (a fresh one is starting)"
+                )
             return f"the warm run worker process failed: {answer.get('error')} (a fresh one is starting)"
 
     @property
@@ -313,10 +344,13 @@ class WarmRunLauncher(DefaultRunLauncher):
         if state == "alive":
             return CheckRunHealthResult(WorkerStatus.RUNNING)
         shutil.rmtree(run_temp_dir(run.run_id), ignore_errors=True)
-        why = {"gone": "is gone", "zombie": "has exited", "reused": "is gone (its pid now belongs to another process)"}[state]
+        why = {"gone": "is gone", "zombie": "has exited", "reused": "is gone (its pid now belongs to another process)"}[
+            state
+        ]
         return CheckRunHealthResult(
             WorkerStatus.FAILED,
-            f"the run worker (pid {pid}) {why} without recording the run's end: killed (SIGKILL, out of memory) or crashed",
+            f"the run worker (pid {pid}) {why} without recording the run's end: killed (SIGKILL, out of memory) or "
+            "crashed",
         )
 
     def terminate(self, run_id: str) -> bool:
@@ -330,7 +364,9 @@ class WarmRunLauncher(DefaultRunLauncher):
         try:
             os.kill(int(worker["pid"]), signal.SIGINT)  # what the code server's cancellation sends a spawned worker
         except ProcessLookupError:
-            self._instance.report_engine_event(f"The run worker (pid {worker['pid']}) is gone; nothing to terminate.", run, cls=self.__class__)
+            self._instance.report_engine_event(
+                f"The run worker (pid {worker['pid']}) is gone; nothing to terminate.", run, cls=self.__class__
+            )
             return False
         return True
 
@@ -402,7 +438,11 @@ def _child(run_id: str, instance_ref: Any, premade: Any = None) -> int:
     os.environ["TMPDIR"] = tempfile.tempdir = scratch
     try:
         with capture_interrupts():
-            with get_instance_for_cli(instance_ref=instance_ref) if premade is None else _premade(premade, logging.getLogger("dagster")) as instance:
+            with (
+                get_instance_for_cli(instance_ref=instance_ref)
+                if premade is None
+                else _premade(premade, logging.getLogger("dagster")) as instance
+            ):
                 hold_connections(instance)  # before the run's first query
                 return _execute_run_command_body(run_id, instance, lambda event: None, set_exit_code_on_failure=False)
     finally:
@@ -411,7 +451,8 @@ def _child(run_id: str, instance_ref: Any, premade: Any = None) -> int:
 
 @contextlib.contextmanager
 def _premade(instance: Any, logger: Any) -> Iterator[Any]:
-    """`get_instance_for_cli` for an instance made before the fork: the `.env` variables around it, disposed at the end."""
+    """`get_instance_for_cli` for an instance made before the fork: the `.env` variables around it, disposed at the
+    end."""
     from dagster._cli.utils import _inject_local_env_file
 
     with _inject_local_env_file(logger), instance:
@@ -419,7 +460,8 @@ def _premade(instance: Any, logger: Any) -> Iterator[Any]:
 
 
 def _make_instance(ref: Any) -> Any:
-    """The instance of `ref`, made in the zygote for its forked workers; None when it cannot be (each run then makes its own)."""
+    """The instance of `ref`, made in the zygote for its forked workers; None when it cannot be (each run then makes its
+    own)."""
     import logging
 
     from dagster import DagsterInstance
@@ -435,7 +477,8 @@ def _make_instance(ref: Any) -> Any:
 
 
 def _warm(directory: Path) -> tuple[dict[str, tuple[int, int]], Any, Any]:
-    """Import what a run worker of this location imports: Dagster's run path, the storages, the location's definitions."""
+    """Import what a run worker of this location imports: Dagster's run path, the storages, the location's
+    definitions."""
     import importlib
 
     import dagster._cli.api  # the run worker's entry point
@@ -446,7 +489,13 @@ def _warm(directory: Path) -> tuple[dict[str, tuple[int, int]], Any, Any]:
     from dagster._utils.hosted_user_process import recon_repository_from_origin
 
     ref = deserialize_value((directory / "instance.json").read_text(), InstanceRef)
-    for data in (ref.run_storage_data, ref.event_storage_data, ref.schedule_storage_data, ref.compute_logs_data, ref.local_artifact_storage_data):
+    for data in (
+        ref.run_storage_data,
+        ref.event_storage_data,
+        ref.schedule_storage_data,
+        ref.compute_logs_data,
+        ref.local_artifact_storage_data,
+    ):
         if data is not None:
             importlib.import_module(data.module_name)
     origin = deserialize_value((directory / "origin.json").read_text(), RepositoryPythonOrigin)
@@ -466,7 +515,8 @@ def _stale(files: dict[str, tuple[int, int]], distributions: installed.Snapshot,
 
 
 def serve(directory: Path) -> None:
-    """Load, then fork a run worker per request on `<directory>/sock` until the parent goes (see the module docstring)."""
+    """Load, then fork a run worker per request on `<directory>/sock` until the parent goes (see the module
+    docstring)."""
     parent = os.getppid()
     try:
         files, instance_ref, instance = _warm(directory)
@@ -474,7 +524,9 @@ def serve(directory: Path) -> None:
         distributions = installed.snapshot(paths)
         threads = thread_names()  # native threads too (OpenBLAS's pool, jemalloc's purger), as the trial server checks
         if len(threads) != 1:  # a fork copies no thread but every lock they hold: refuse rather than deadlock a run
-            raise RuntimeError(f"loading the code location left threads running ({threads[1:]}); runs are started the default way")
+            raise RuntimeError(
+                f"loading the code location left threads running ({threads[1:]}); runs are started the default way"
+            )
         _restore_environ(directory)
     except BaseException as e:  # the launcher reads why and starts runs the default way
         (directory / "error.txt").write_text(f"{type(e).__name__}: {e}")
@@ -504,7 +556,8 @@ def serve(directory: Path) -> None:
                     try:
                         listener.close()
                         conn.close()
-                        os.setsid()  # its own session, as a spawned worker: a signal to the zygote's group does not reach it
+                        # its own session, as a spawned worker: a signal to the zygote's group does not reach it
+                        os.setsid()
                         restore_thread_counts(os.environ)  # what a spawned worker's BLAS and OpenMP pools would have
                         code = _child(request["run_id"], instance_ref, instance)
                     except BaseException:
@@ -516,11 +569,14 @@ def serve(directory: Path) -> None:
                 conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
     finally:
         listener.close()
-        shutil.rmtree(directory, ignore_errors=True)  # its socket and files: the launcher starts a fresh one in a new directory
+        shutil.rmtree(
+            directory, ignore_errors=True
+        )  # its socket and files: the launcher starts a fresh one in a new directory
 
 
 def _restore_environ(directory: Path) -> None:
-    """Put back the variables the zygote was started without (`environ.json`), for its run workers and their children."""
+    """Put back the variables the zygote was started without (`environ.json`), for its run workers and their
+    children."""
     try:
         original = json.loads((directory / "environ.json").read_text())
     except FileNotFoundError:

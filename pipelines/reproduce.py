@@ -83,8 +83,13 @@ class Report:
         }
 
     def to_markdown(self) -> str:
-        lines = [f"# Reproduction of {self.model} version {self.version}: {'REPRODUCED' if self.reproduced else 'NOT REPRODUCED'}", "",
-                 "| check | result | detail |", "|---|---|---|"]
+        lines = [
+            f"# Reproduction of {self.model} version {self.version}: "
+            f"{'REPRODUCED' if self.reproduced else 'NOT REPRODUCED'}",
+            "",
+            "| check | result | detail |",
+            "|---|---|---|",
+        ]
         for c in self.checks:
             verdict = "ok" if c.ok else ("warning" if c.warning else "FAILED")
             lines.append(f"| {c.name} | {verdict} | {c.detail} |")
@@ -95,7 +100,9 @@ def parse_ref(ref: str) -> tuple[str, Optional[str], Optional[str]]:
     """`name@champion` -> (name, None, 'champion'); `name@3` -> (name, '3', None)."""
     name, sep, selector = ref.partition("@")
     if not sep or not name or not selector:
-        raise ReproductionError(f"model reference {ref!r} must be '<model>@<version>' or '<model>@<alias>', e.g. 'vision.digits@champion'")
+        raise ReproductionError(
+            f"model reference {ref!r} must be '<model>@<version>' or '<model>@<alias>', e.g. 'vision.digits@champion'"
+        )
     return (name, selector, None) if selector.isdigit() else (name, None, selector)
 
 
@@ -121,7 +128,8 @@ def _verify(ref: str, *args: str) -> dict[str, Any]:
 
 
 GBT_MODEL_FILES = ("model.txt", "preprocessing.json")
-"""What a LightGBM trial's served model is made of (`training/gbt.py`): the booster (best iteration) and the fitted preprocessing."""
+"""What a LightGBM trial's served model is made of (`training/gbt.py`): the booster (best iteration) and the fitted
+preprocessing."""
 
 
 def _same_model_files(store: ObjectStore, original: str, rebuilt: str) -> tuple[bool, str]:
@@ -140,7 +148,11 @@ def _same_model_files(store: ObjectStore, original: str, rebuilt: str) -> tuple[
     if not compared and not missing:
         return False, f"no LightGBM model file under {original}"
     if missing or differing:
-        return False, f"the rebuilt model differs: {', '.join([*(f'{n} differs' for n in differing), *(f'{n} missing' for n in missing)])}"
+        return (
+            False,
+            "the rebuilt model differs: "
+            f"{', '.join([*(f'{n} differs' for n in differing), *(f'{n} missing' for n in missing)])}",
+        )
     return True, f"byte-identical LightGBM model ({', '.join(compared)}), so identical predictions"
 
 
@@ -172,11 +184,20 @@ def _check_code_and_environment(ref: str, report: Report, recorded_lineage: Line
     report.add("dependency lock", lock_ok, f"recorded {recorded_lineage.lock_hash}, here {lock}", warning=not strict)
 
 
-def _restored_splits(store: ObjectStore, versioning: DataVersioning, pipeline: PipelineSpec, spec: TrainSpec, md5: str, tmp: str,
-                     report: Report) -> dict[str, str]:
-    """The pinned snapshot `md5`, restored by DVC into `tmp` and split as the pipeline splits; the splits' paths by part.
+def _restored_splits(
+    store: ObjectStore,
+    versioning: DataVersioning,
+    pipeline: PipelineSpec,
+    spec: TrainSpec,
+    md5: str,
+    tmp: str,
+    report: Report,
+) -> dict[str, str]:
+    """The pinned snapshot `md5`, restored by DVC into `tmp` and split as the pipeline splits; the splits' paths by
+    part.
 
-    Reports whether the restored snapshot is the recorded version and whether its splits equal the files the trial trained on.
+    Reports whether the restored snapshot is the recorded version and whether its splits equal the files the trial
+    trained on.
     """
     dvc_text = store.read_bytes(f"{naming.raw_dir(store, pipeline.team, pipeline.name, md5)}/data.parquet.dvc").decode()
     pinned_md5, _, rel = parse_dvc_file(dvc_text)
@@ -201,13 +222,20 @@ def _restored_splits(store: ObjectStore, versioning: DataVersioning, pipeline: P
             same.append(_sha(copy.name) == _sha(uris[part]))
         else:
             same.append(False)
-    report.add("training data", all(same),
-               "the files the trial trained on equal the re-split of the pinned snapshot" if all(same)
-               else f"data mismatch: split files that differ from the pinned snapshot's re-split: {[p for p, s in zip(('train', 'val', 'test'), same) if not s]}")
+    report.add(
+        "training data",
+        all(same),
+        "the files the trial trained on equal the re-split of the pinned snapshot"
+        if all(same)
+        else "data mismatch: split files that differ from the pinned snapshot's re-split: "
+             f"{[p for p, s in zip(('train', 'val', 'test'), same) if not s]}",
+    )
     return uris
 
 
-def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipeline: Optional[PipelineSpec] = None) -> Report:
+def reproduce(
+    ref: str, resources: dict[str, Any], strict: bool = False, pipeline: Optional[PipelineSpec] = None
+) -> Report:
     """Rebuild `ref` and compare; `pipeline` defaults to the team definition named by its lineage."""
     registry: ModelRegistry = resources["registry"]
     store: ObjectStore = resources["store"]
@@ -221,11 +249,15 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
     except LineageError as e:
         raise ReproductionError(f"{ref}: version {version.version}: {e}") from e
     if recorded_lineage.checkpoint_uri is None:
-        raise ReproductionError(f"{ref}: version {version.version} has no {CHECKPOINT_URI_TAG} tag; it was not registered by trainyard")
+        raise ReproductionError(
+            f"{ref}: version {version.version} has no {CHECKPOINT_URI_TAG} tag; it was not registered by trainyard"
+        )
     report = Report(name, version.version)
     trial_dir = recorded_lineage.checkpoint_uri.rstrip("/").rsplit("/", 2)[0]
     spec = TrainSpec.from_json(store.read_bytes(f"{trial_dir}/{SPEC_FILE}").decode())
-    pipeline = split_as_recorded(pipeline or find_pipeline(recorded_lineage.pipeline), recorded_lineage.pipeline_fingerprint)
+    pipeline = split_as_recorded(
+        pipeline or find_pipeline(recorded_lineage.pipeline), recorded_lineage.pipeline_fingerprint
+    )
 
     _check_code_and_environment(ref, report, recorded_lineage, strict)
 
@@ -258,7 +290,9 @@ def reproduce(ref: str, resources: dict[str, Any], strict: bool = False, pipelin
     for key, value in result.metrics.items():
         recorded_metric = recorded_lineage.metrics.get(key)
         if recorded_metric is not None:
-            report.add(f"metric {key}", recorded_metric == value, f"recorded {recorded_metric:.6f}, rebuilt {value:.6f}")
+            report.add(
+                f"metric {key}", recorded_metric == value, f"recorded {recorded_metric:.6f}, rebuilt {value:.6f}"
+            )
     report.report_uri = f"{out}/report.json"
     store.write_json(report.report_uri, report.to_dict())
     store.write_bytes(f"{out}/report.md", report.to_markdown().encode())

@@ -101,9 +101,30 @@ from trainyard.naming import PIPELINE_TAG, STUDY_TAG, TEAM_TAG, TRIGGER_TAG, job
 from trainyard.spec import PipelineSpec
 
 __all__ = [
-    "ACTIVE", "MAX_ASKS_PER_TICK", "MINIMUM_INTERVAL_SECONDS", "PARTITION_TAG", "PIPELINE_TAG", "STUDY_TAG", "TEAM_TAG", "TICK_BUDGET_SECONDS",
-    "TRIGGER_TAG", "SweepCursor", "SweepTick", "active_runs", "active_team_runs", "claimed", "evaluate_sweep", "final_requests", "latest_study",
-    "promoted_by", "run_tick", "sweep_sensor", "sweep_sensors", "team_run_limit", "trained_partitions", "with_sweep_sensors",
+    "ACTIVE",
+    "MAX_ASKS_PER_TICK",
+    "MINIMUM_INTERVAL_SECONDS",
+    "PARTITION_TAG",
+    "PIPELINE_TAG",
+    "STUDY_TAG",
+    "TEAM_TAG",
+    "TICK_BUDGET_SECONDS",
+    "TRIGGER_TAG",
+    "SweepCursor",
+    "SweepTick",
+    "active_runs",
+    "active_team_runs",
+    "claimed",
+    "evaluate_sweep",
+    "final_requests",
+    "latest_study",
+    "promoted_by",
+    "run_tick",
+    "sweep_sensor",
+    "sweep_sensors",
+    "team_run_limit",
+    "trained_partitions",
+    "with_sweep_sensors",
 ]
 
 ENDED_UNTOLD = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
@@ -161,7 +182,11 @@ def _latest_sweep(instance: DagsterInstance, spec: PipelineSpec) -> Optional[Eve
 
 
 def _study_of(event: Optional[EventLogEntry]) -> Optional[str]:
-    entry = None if event is None or event.asset_materialization is None else event.asset_materialization.metadata.get("study")
+    entry = (
+        None
+        if event is None or event.asset_materialization is None
+        else event.asset_materialization.metadata.get("study")
+    )
     return None if entry is None else str(entry.value)
 
 
@@ -176,7 +201,9 @@ def _run_created(instance: DagsterInstance, event: EventLogEntry) -> float:
     return min(event.timestamp, record.create_timestamp.timestamp()) if record is not None else event.timestamp
 
 
-def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, study_name: str, since: float) -> list[int]:
+def _fail_untold(
+    instance: DagsterInstance, sweeps: SweepStore, job_name: str, study_name: str, since: float
+) -> list[int]:
     """Fail trials whose run ended (failed or canceled) without telling the study, unless another run has taken over.
 
     A run's trials are its partition's and those it claimed (`claimed`): to go on with, or to start the run of as it
@@ -203,10 +230,18 @@ def _fail_untold(instance: DagsterInstance, sweeps: SweepStore, job_name: str, s
         for number in numbers:
             if sweeps.trial(study_name, number).state.name != "RUNNING":
                 continue
-            if instance.get_runs_count(RunsFilter(job_name=job_name, statuses=ACTIVE, tags={PARTITION_TAG: trial_key(number)})):
+            if instance.get_runs_count(
+                RunsFilter(job_name=job_name, statuses=ACTIVE, tags={PARTITION_TAG: trial_key(number)})
+            ):
                 continue
             status = record.dagster_run.status.value
-            sweeps.tell(study_name, number, None, {"error": f"run {run_id} ended {status} without reporting the trial"}, failed=True)
+            sweeps.tell(
+                study_name,
+                number,
+                None,
+                {"error": f"run {run_id} ended {status} without reporting the trial"},
+                failed=True,
+            )
             failed.append(number)
     return failed
 
@@ -225,7 +260,12 @@ def promoted_by(instance: DagsterInstance, spec: PipelineSpec, study_name: str, 
 
 
 def final_requests(
-    spec: PipelineSpec, study_name: str, status: SweepStatus, tags: dict[str, str], prepare_job: str, promote_job: Optional[str],
+    spec: PipelineSpec,
+    study_name: str,
+    status: SweepStatus,
+    tags: dict[str, str],
+    prepare_job: str,
+    promote_job: Optional[str],
     promoted: Optional[str] = None,
 ) -> tuple[list[RunRequest], str]:
     """The runs that close a finished study: its final report and, when wanted and not yet made, its promotion decision.
@@ -248,7 +288,11 @@ def final_requests(
     if promoted is not None:
         return requests, f"; not promoting: run {promoted} already promoted study {study_name}"
     requests.append(
-        RunRequest(run_key=f"{study_name}/promote/{status.finished}", job_name=promote_job, tags={**tags, TRIGGER_TAG: "sweep finished"})
+        RunRequest(
+            run_key=f"{study_name}/promote/{status.finished}",
+            job_name=promote_job,
+            tags={**tags, TRIGGER_TAG: "sweep finished"},
+        )
     )
     return requests, f"; study finished, requested {promote_job} (the promotion decision)"
 
@@ -265,7 +309,8 @@ def evaluate_sweep(
     max_asks_per_tick: int = MAX_ASKS_PER_TICK,
     tick_budget_seconds: float = TICK_BUDGET_SECONDS,
 ) -> SweepTick:
-    """One tick of the sweep sensor (see the module docstring); bounded by `max_asks_per_tick` and `tick_budget_seconds`.
+    """One tick of the sweep sensor (see the module docstring); bounded by `max_asks_per_tick` and
+    `tick_budget_seconds`.
 
     Args:
         promote_job: the job to start once the study is done (None: nobody promotes automatically).
@@ -286,7 +331,8 @@ def evaluate_sweep(
     if changed is not None:
         return _redefined_tick(spec, instance, state, study_name, changed, carried, carry_note, prepare_job)
     if state.study != study_name:
-        # The `sweep` asset may have started trial runs of the new study before this first look (assets.sweeps.sweep): runs
+        # The `sweep` asset may have started trial runs of the new study before this first look (assets.sweeps.sweep):
+        # runs
         # that ended since its run was created are looked at, so one that ended untold still fails its trial.
         state = SweepCursor(study=study_name, checked=_run_created(instance, event), raw=state.raw)
     with sweeps.reads_once(study_name):  # one read of the trials per write, not one per look (resources.sweeps.rdb)
@@ -302,10 +348,14 @@ def evaluate_sweep(
         trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
         limit = team_run_limit(instance, spec.team)
         waiting = any(pending(t) for t in trials if t.number >= state.next)
-        records = active_runs(instance) if limit is not None or waiting else []  # one read of the active runs, when needed
+        records = (
+            active_runs(instance) if limit is not None or waiting else []
+        )  # one read of the active runs, when needed
         trained = trained_partitions(records, train_job) if waiting else set()
-        # In flight, never requested here: a trial requested by an earlier tick (below the cursor), claimed by a run that
-        # goes on with the sweep, or trained by a run started elsewhere (the `sweep` asset's first window, the UI, a backfill).
+        # In flight, never requested here: a trial requested by an earlier tick (below the cursor), claimed by a run
+        # that
+        # goes on with the sweep, or trained by a run started elsewhere (the `sweep` asset's first window, the UI, a
+        # backfill).
         in_flight = count_in_flight(trials, trained, lambda t: t.number < state.next)
         free, team_note = free_slots(search.window, in_flight, spec.team, limit, records)
         free = min(free, max_asks_per_tick)
@@ -314,14 +364,21 @@ def evaluate_sweep(
         requested = _waiting_trials(trials, state, trained, free)
         asked: list[int] = []
         slots = free - len(requested)
-        if slots > 0 and status.remaining > 0 and all(t.number < state.next for t in trials if t.state.name == "RUNNING"):
+        if (
+            slots > 0
+            and status.remaining > 0
+            and all(t.number < state.next for t in trials if t.state.name == "RUNNING")
+        ):
             asked = sweeps.ask(study, search, min(slots, status.remaining), deadline=deadline)
             requested += asked
             if asked:
                 state.next = max(asked) + 1
 
         keys = [trial_key(n) for n in requested]
-        requests = carried + [RunRequest(partition_key=k, run_key=trial_run_key(study_name, k), job_name=train_job, tags=tags) for k in keys]
+        requests = carried + [
+            RunRequest(partition_key=k, run_key=trial_run_key(study_name, k), job_name=train_job, tags=tags)
+            for k in keys
+        ]
         after = sweeps.status(study, search) if asked or failed else status
         promote_note = ""
         if after.done and after.finished != state.reported:
@@ -332,12 +389,19 @@ def evaluate_sweep(
         notes = f"{team_note}{promote_note}{carry_note}"
         message = _tick_message(spec, study_name, after, keys, asked, in_flight, search.window, notes, failed)
         return SweepTick(
-            run_requests=requests, partitions=keys, cursor=state, message=message, asked=asked, failed=failed, seconds=time.monotonic() - started
+            run_requests=requests,
+            partitions=keys,
+            cursor=state,
+            message=message,
+            asked=asked,
+            failed=failed,
+            seconds=time.monotonic() - started,
         )
 
 
 def _waiting_trials(trials: list[Any], state: SweepCursor, trained: set[str], free: int) -> list[int]:
-    """Trials at or past the cursor still waiting for a run, at most `free` of them; moves `state.next` past those looked at."""
+    """Trials at or past the cursor still waiting for a run, at most `free` of them; moves `state.next` past those
+    looked at."""
     requested: list[int] = []
     for t in trials:
         if t.number < state.next:
@@ -352,9 +416,19 @@ def _waiting_trials(trials: list[Any], state: SweepCursor, trained: set[str], fr
     return requested
 
 
-def _tick_message(spec: PipelineSpec, study_name: str, after: Any, keys: list[str], asked: list[int], in_flight: int, window: int,
-                  notes: str, failed: list[int]) -> str:
-    """What a sweep tick did, for the sensor's log: the study's state, the runs requested and in flight, and the trials failed."""
+def _tick_message(
+    spec: PipelineSpec,
+    study_name: str,
+    after: Any,
+    keys: list[str],
+    asked: list[int],
+    in_flight: int,
+    window: int,
+    notes: str,
+    failed: list[int],
+) -> str:
+    """What a sweep tick did, for the sensor's log: the study's state, the runs requested and in flight, and the trials
+    failed."""
     message = (
         f"{spec.key} study {study_name}: {after.summary()}; requested {len(keys)} trial run(s) "
         f"({len(asked)} newly asked), {in_flight + len(keys)} in flight of parallelism {window}{notes}"
@@ -365,10 +439,17 @@ def _tick_message(spec: PipelineSpec, study_name: str, after: Any, keys: list[st
 
 
 def _redefined_tick(
-    spec: PipelineSpec, instance: DagsterInstance, state: SweepCursor, study_name: str, changed: str, carried: list[RunRequest],
-    carry_note: str, prepare_job: str,
+    spec: PipelineSpec,
+    instance: DagsterInstance,
+    state: SweepCursor,
+    study_name: str,
+    changed: str,
+    carried: list[RunRequest],
+    carry_note: str,
+    prepare_job: str,
 ) -> SweepTick:
-    """A tick whose latest study is of an earlier definition: no trial of it is asked or requested; `prepare` makes the new one.
+    """A tick whose latest study is of an earlier definition: no trial of it is asked or requested; `prepare` makes the
+    new one.
 
     An automatic pipeline gets one run of `validated_data` and `sweep` (run key
     `<old study>/redefined/<fingerprint>`: Dagster drops a repeat) unless a
@@ -376,19 +457,27 @@ def _redefined_tick(
     """
     head = f"{spec.key}: {changed}"
     if carried:
-        return SweepTick(run_requests=carried, cursor=state, message=f"{head}; waiting for the prepare run requested{carry_note}")
+        return SweepTick(
+            run_requests=carried, cursor=state, message=f"{head}; waiting for the prepare run requested{carry_note}"
+        )
     active = instance.get_runs_count(RunsFilter(job_name=prepare_job, statuses=ACTIVE))
     if active:
         return SweepTick(cursor=state, message=f"{head}; waiting for the {prepare_job} run in progress")
     if not spec.retrain_policy.automatic:
-        return SweepTick(cursor=state, message=f"{head}; run the {prepare_job} job to start it (the pipeline is not automatic)")
+        return SweepTick(
+            cursor=state, message=f"{head}; run the {prepare_job} job to start it (the pipeline is not automatic)"
+        )
     request = RunRequest(
         run_key=f"{study_name}/redefined/{spec.fingerprint()}",
         job_name=prepare_job,
         asset_selection=[AssetKey(naming.asset_path(spec, n)) for n in (naming.VALIDATED_DATA, naming.SWEEP)],
         tags={PIPELINE_TAG: spec.key, TRIGGER_TAG: "definition changed"},
     )
-    return SweepTick(run_requests=[request], cursor=state, message=f"{head}; requested {prepare_job} (validated_data, sweep) for the new study")
+    return SweepTick(
+        run_requests=[request],
+        cursor=state,
+        message=f"{head}; requested {prepare_job} (validated_data, sweep) for the new study",
+    )
 
 
 def sweep_sensor(
@@ -402,7 +491,8 @@ def sweep_sensor(
     tick_budget_seconds: float = TICK_BUDGET_SECONDS,
     default_status: Optional[DefaultSensorStatus] = None,
 ) -> SensorDefinition:
-    """The sweep sensor of one pipeline, targeting its `train` job (`prepare` for report and continuation runs, `promote` at the end).
+    """The sweep sensor of one pipeline, targeting its `train` job (`prepare` for report and continuation runs,
+    `promote` at the end).
 
     With `RetrainPolicy.automatic` (the default) it starts running, so a
     materialized `sweep` trains to its budget and ends in a `promote` run with
@@ -428,15 +518,23 @@ def sweep_sensor(
         jobs=[train_job, prepare_job, *([promote_job] if promote_job is not None else [])],
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        description=f"Keeps {spec.search.window} trial(s) of the {spec.key} sweep in flight until {spec.search.n_trials} finish"
+        description=f"Keeps {spec.search.window} trial(s) of the {spec.key} sweep in flight until "
+                    f"{spec.search.n_trials} finish"
         + (f", then starts {promote_name} (the promotion decision)" if promote_name else ""),
     )
     def sweep_trials(context: SensorEvaluationContext) -> SensorResult:
         try:
             with evaluation_resources(context, "sweeps") as resources:
                 tick = evaluate_sweep(
-                    spec, evaluation_instance(context), resources.sweeps, context.cursor, train_job=train_name, prepare_job=prepare_name,
-                    promote_job=promote_name, max_asks_per_tick=max_asks_per_tick, tick_budget_seconds=tick_budget_seconds,
+                    spec,
+                    evaluation_instance(context),
+                    resources.sweeps,
+                    context.cursor,
+                    train_job=train_name,
+                    prepare_job=prepare_name,
+                    promote_job=promote_name,
+                    max_asks_per_tick=max_asks_per_tick,
+                    tick_budget_seconds=tick_budget_seconds,
                 )
         except SweepError as e:
             return SensorResult(skip_reason=f"{spec.key}: {e}", cursor=context.cursor)
@@ -462,7 +560,10 @@ def sweep_sensors(defs: Definitions, *specs: PipelineSpec, **options: Any) -> li
         names = job_names(spec)
         missing = [n for n in (names["train"], names["prepare"]) if n not in jobs]
         if missing:
-            raise ValueError(f"pipeline {spec.key!r}: Definitions has no job {missing}; build them with pipelines.factory.build_definitions")
+            raise ValueError(
+                f"pipeline {spec.key!r}: Definitions has no job {missing}; build them with "
+                "pipelines.team.team_definitions (or pipelines.factory.build_definitions, which it calls)"
+            )
         promote = jobs.get(names["promote"]) if spec.retrain_policy.automatic else None
         out.append(sweep_sensor(spec, jobs[names["train"]], jobs[names["prepare"]], promote, **options))
     return out

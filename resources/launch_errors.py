@@ -94,7 +94,9 @@ def nodes_to_avoid(events: list[dict[str, Any]]) -> list[str]:
         node = str(e.get("node"))
         if e.get("kind") in ("hang", "straggler"):
             avoid[node] = True
-        elif e.get("kind") == "straggler_cleared" and not any(x.get("kind") == "hang" and x.get("node") == node for x in events):
+        elif e.get("kind") == "straggler_cleared" and not any(
+            x.get("kind") == "hang" and x.get("node") == node for x in events
+        ):
             avoid.pop(node, None)
     return sorted(avoid)
 
@@ -158,7 +160,9 @@ def parse_worker_exits(torchrun_output: str) -> list[WorkerExit]:
     others = [m for m in entries if m.start() < cause_at]
     exits: dict[int, WorkerExit] = {}
     for m in root_cause + others:
-        exits.setdefault(int(m.group(1)), WorkerExit(rank=int(m.group(1)), exitcode=int(m.group(2)), pid=int(m.group(3))))
+        exits.setdefault(
+            int(m.group(1)), WorkerExit(rank=int(m.group(1)), exitcode=int(m.group(2)), pid=int(m.group(3)))
+        )
     return list(exits.values())
 
 
@@ -168,19 +172,32 @@ def _tail_text(lines: list[str], rank: Optional[int]) -> str:
 
 
 def _blamed_tail(rank_tails: dict[int, list[str]], log_tail: str, rank: Optional[int]) -> tuple[str, str]:
-    """The log tail to keep with the error and the text to show: `rank`'s own last lines when known, else the launch's."""
+    """The log tail to keep with the error and the text to show: `rank`'s own last lines when known, else the
+    launch's."""
     lines = rank_tails.get(rank, []) if rank is not None else []
     text = "\n".join(lines) if lines else log_tail
     return text, _tail_text(text.splitlines(), rank if lines else None)
 
 
-def _silent_death(trial_id: str, silent: list[WorkerExit], failures: list[dict[str, Any]], stopped_untold: list[WorkerExit],
-                  tail: tuple[str, str]) -> InfrastructureError:
+def _silent_death(
+    trial_id: str,
+    silent: list[WorkerExit],
+    failures: list[dict[str, Any]],
+    stopped_untold: list[WorkerExit],
+    tail: tuple[str, str],
+) -> InfrastructureError:
     """Workers that died without a record (`silent`, the first is blamed): the root cause; the peers that recorded a
-    failure, or were stopped by torchrun without one (`stopped_untold`), lost it. `tail`: the blamed rank's (`_blamed_tail`)."""
+    failure, or were stopped by torchrun without one (`stopped_untold`), lost it. `tail`: the blamed rank's
+    (`_blamed_tail`)."""
     culprit = silent[0].rank
-    peers = [f"rank {f['rank']} then lost its peer ({f['error'][:200]})" for f in sorted(failures, key=lambda r: r.get("time", 0.0))]
-    peers += [f"rank {e.rank} then lost its peer (stopped by torchrun with SIGTERM after rank {culprit} died)" for e in stopped_untold]
+    peers = [
+        f"rank {f['rank']} then lost its peer ({f['error'][:200]})"
+        for f in sorted(failures, key=lambda r: r.get("time", 0.0))
+    ]
+    peers += [
+        f"rank {e.rank} then lost its peer (stopped by torchrun with SIGTERM after rank {culprit} died)"
+        for e in stopped_untold
+    ]
     deaths = "; ".join(e.describe() for e in silent)
     kept, shown = tail
     return InfrastructureError(
@@ -231,18 +248,26 @@ def outcome_error(
 
     if "config" in by_category:
         f = by_category["config"]
-        return TrainingConfigError(f"trial {trial_id}: bad config (rank {f['rank']}): {f['error']}", log_tail=log_tail, rank=f["rank"])
+        return TrainingConfigError(
+            f"trial {trial_id}: bad config (rank {f['rank']}): {f['error']}", log_tail=log_tail, rank=f["rank"]
+        )
     if "user" in by_category:
         f = by_category["user"]
         return TrainingCodeError(
-            f"trial {trial_id}: rank {f['rank']} raised {f['error']}\n{f['traceback']}", log_tail=log_tail, rank=f["rank"]
+            f"trial {trial_id}: rank {f['rank']} raised {f['error']}\n{f['traceback']}",
+            log_tail=log_tail,
+            rank=f["rank"],
         )
     hangs = [f for f in failures if f.get("kind") == "hang"]
     if hangs:
         # The agent killed every worker of a hung gang (SIGKILL): their exits say nothing, the record names the rank.
-        f = min(hangs, key=lambda r: (bool(r.get("consequence")), r.get("time", 0.0)))  # a pod whose ranks all waited comes last
+        f = min(
+            hangs, key=lambda r: (bool(r.get("consequence")), r.get("time", 0.0))
+        )  # a pod whose ranks all waited comes last
         tail, shown = tail_of(f["rank"])
-        return InfrastructureError(f"trial {trial_id}: {f['error']}\n{f.get('traceback', '')}\n{shown}", log_tail=tail, rank=f["rank"])
+        return InfrastructureError(
+            f"trial {trial_id}: {f['error']}\n{f.get('traceback', '')}\n{shown}", log_tail=tail, rank=f["rank"]
+        )
     exits = parse_worker_exits(log_tail if torchrun_output is None else torchrun_output)
     # A worker that ended otherwise than on SIGTERM means torchrun stopped the others after it died:
     # their SIGTERM exits (and what they recorded while stopping, even a preemption checkpoint) are consequences.
@@ -251,17 +276,28 @@ def outcome_error(
     preempted = [f for f in failures if f["category"] == "preempted" and f["rank"] not in stopped]
     if preempted or (returncode == EXIT_PREEMPTED and not causes):
         detail = min(preempted, key=lambda r: r.get("time", 0.0))["error"] if preempted else "SIGTERM"
-        return TrainingPreempted(f"trial {trial_id}: preempted ({detail}); will resume from its last checkpoint", log_tail=log_tail)
+        return TrainingPreempted(
+            f"trial {trial_id}: preempted ({detail}); will resume from its last checkpoint", log_tail=log_tail
+        )
     failures = [f for f in failures if f["category"] != "preempted"]
     recorded = {f["rank"] for f in failures}
     silent = [e for e in (causes or exits) if e.rank not in recorded]
     if silent:
-        return _silent_death(trial_id, silent, failures, [e for e in exits if e.rank in stopped and e.rank not in recorded],
-                             tail_of(silent[0].rank))
+        return _silent_death(
+            trial_id,
+            silent,
+            failures,
+            [e for e in exits if e.rank in stopped and e.rank not in recorded],
+            tail_of(silent[0].rank),
+        )
     if "infra" in by_category:
         f = by_category["infra"]
         tail, shown = tail_of(f["rank"])
-        return InfrastructureError(f"trial {trial_id}: rank {f['rank']} lost a dependency: {f['error']}\n{shown}", log_tail=tail, rank=f["rank"])
+        return InfrastructureError(
+            f"trial {trial_id}: rank {f['rank']} lost a dependency: {f['error']}\n{shown}",
+            log_tail=tail,
+            rank=f["rank"],
+        )
     return _exit_status_error(trial_id, returncode, log_tail)
 
 
@@ -269,8 +305,10 @@ def _exit_status_error(trial_id: str, returncode: int, log_tail: str) -> LaunchE
     """A failed launch that neither a record nor torchrun's summary explains: its exit status says what it can."""
     if returncode == EXIT_BAD_CONFIG:
         # `training.gang` refused the command itself (its reason is in the tail): it cannot work.
-        return TrainingConfigError(f"trial {trial_id}: the launch exited {returncode} (bad config)\n{_tail_text(log_tail.splitlines(), None)}",
-                                   log_tail=log_tail)
+        return TrainingConfigError(
+            f"trial {trial_id}: the launch exited {returncode} (bad config)\n{_tail_text(log_tail.splitlines(), None)}",
+            log_tail=log_tail,
+        )
     return InfrastructureError(
         f"trial {trial_id}: workers exited with status {returncode} without reporting an error "
         f"(killed, out of memory or lost)\n{_tail_text(log_tail.splitlines(), None)}",

@@ -78,7 +78,8 @@ def torchrun_command(
     master_port: int = 29500,
     log_dir: Optional[str] = None,
 ) -> list[str]:
-    """The command every node runs, locally and as a pod's container command: torchrun's agent around `training.entrypoint`.
+    """The command every node runs, locally and as a pod's container command: torchrun's agent around
+    `training.entrypoint`.
 
     It runs `training.gang` with torchrun's arguments: the wrapper runs the
     agent and exits with the classified status of the first failing worker
@@ -164,7 +165,9 @@ class ProgressRelay:
         for message in messages[self.seen:]:
             point = epoch_point(message)
             if point is not None and self.asset_key is not None:
-                self.context.log_event(AssetObservation(asset_key=self.asset_key, partition=self.partition, metadata=point))
+                self.context.log_event(
+                    AssetObservation(asset_key=self.asset_key, partition=self.partition, metadata=point)
+                )
                 self.emitted += 1
         self.seen = len(messages)
 
@@ -205,7 +208,8 @@ class Launcher(ConfigurableResource):
         raise NotImplementedError
 
     def prestart_warm(self) -> bool:
-        """Get ready for trials that are coming (the `sweep` asset calls it); whether a start was begun. Nothing here."""
+        """Get ready for trials that are coming (the `sweep` asset calls it); whether a start was begun. Nothing
+        here."""
         return False
 
 
@@ -230,7 +234,8 @@ class LocalLauncher(Launcher):
             trials start cold with torchrun; one-GPU and CPU trials start warm.
     """
 
-    # `default=` by name: a type checker reads a Dagster resource's defaults from it (PEP 681), not from a positional one.
+    # `default=` by name: a type checker reads a Dagster resource's defaults from it (PEP 681), not from a positional
+    # one.
     timeout_seconds: float = Field(default=3600.0, gt=0)
     log_tail_lines: int = Field(default=40, ge=1)
     python: str = Field(default_factory=lambda: sys.executable)
@@ -263,7 +268,9 @@ class LocalLauncher(Launcher):
         outcome.progress = [m for m in session.get_custom_messages() if isinstance(m, dict)]
         return outcome
 
-    def _run(self, spec: TrainSpec, spec_uri: str, extra_env: Mapping[str, str], tick: Callable[[], None] = lambda: None) -> LaunchOutcome:
+    def _run(
+        self, spec: TrainSpec, spec_uri: str, extra_env: Mapping[str, str], tick: Callable[[], None] = lambda: None
+    ) -> LaunchOutcome:
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="trainyard-launch-") as tmp:
             log_path = os.path.join(tmp, "launcher.log")
@@ -302,7 +309,8 @@ class LocalLauncher(Launcher):
         log_tail = "\n".join(output.tail)
         if timed_out:
             raise InfrastructureError(
-                f"trial {spec.trial_id}: no result after {self.timeout_seconds:.0f} s; stopped.\n{_tail_text(list(output.tail), None)}",
+                f"trial {spec.trial_id}: no result after {self.timeout_seconds:.0f} s; "
+                f"stopped.\n{_tail_text(list(output.tail), None)}",
                 log_tail=log_tail,
             )
         if isinstance(proc, WarmProcess) and proc.lost is not None:
@@ -334,20 +342,24 @@ class LocalLauncher(Launcher):
 
     def _warm(self, spec: TrainSpec) -> bool:
         """Whether `spec` runs on warm workers: one node, warm workers on (field and environment), this interpreter, and
-        not several GPU ranks unless `warm_multi_gpu` (NCCL from forked ranks has not run on a GPU yet: `bench.gpu_forked_nccl`)."""
+        not several GPU ranks unless `warm_multi_gpu` (NCCL from forked ranks has not run on a GPU yet:
+        `bench.gpu_forked_nccl`)."""
         d = spec.distribution
         return (
             self.warm_workers
             and warm_workers_enabled(os.environ)
             and d.nodes == 1
             and (d.accelerator != "gpu" or d.procs_per_node == 1 or self.warm_multi_gpu)
-            and same_interpreter(self.python, sys.executable)  # a server is keyed on, and runs, this process's interpreter
+            and same_interpreter(
+                self.python, sys.executable
+            )  # a server is keyed on, and runs, this process's interpreter
         )
 
     def _start(
         self, spec: TrainSpec, spec_uri: str, env: dict[str, str], ranks_dir: str, log_file: Any, output: LaunchOutput
     ) -> tuple[subprocess.Popen | WarmProcess, IO[str]]:
-        """Start the launch, warm when `_warm` allows and a server takes it, else torchrun; (process, its output stream).
+        """Start the launch, warm when `_warm` allows and a server takes it, else torchrun; (process, its output
+        stream).
 
         A warm start that fails before the worker started leaves one warning line in the launch output and falls
         back to torchrun.
@@ -356,12 +368,21 @@ class LocalLauncher(Launcher):
             read_end, write_end = os.pipe()
             try:
                 proc = launch_warm(
-                    env, spec_uri, spec.distribution.max_restarts, write_end, nprocs=spec.distribution.procs_per_node,
-                    python=self.python, idle_seconds=self.warm_idle_seconds, start_timeout=self.warm_start_timeout_seconds,
+                    env,
+                    spec_uri,
+                    spec.distribution.max_restarts,
+                    write_end,
+                    nprocs=spec.distribution.procs_per_node,
+                    python=self.python,
+                    idle_seconds=self.warm_idle_seconds,
+                    start_timeout=self.warm_start_timeout_seconds,
                 )
             except WarmUnavailable as e:
                 os.close(read_end)
-                line = f"[trainyard.launcher] WARNING: warm workers unavailable, starting this trial cold with torchrun: {e}\n"
+                line = (
+                    "[trainyard.launcher] WARNING: warm workers unavailable, starting this trial cold with torchrun: "
+                    f"{e}\n"
+                )
                 log_file.write(line)
                 output.add(line)
             else:
@@ -369,7 +390,9 @@ class LocalLauncher(Launcher):
             finally:
                 os.close(write_end)  # the supervisor holds its own copy; the pipe ends when it exits
         cmd = torchrun_command(spec, spec_uri, python=self.python, log_dir=ranks_dir)
-        popen = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        popen = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         assert popen.stdout is not None
         return popen, popen.stdout
 
@@ -445,7 +468,8 @@ def wait_ticking(proc: subprocess.Popen | WarmProcess, timeout: float, tick: Cal
 
 
 def _stop(proc: subprocess.Popen | WarmProcess, grace: float = 30.0) -> None:
-    """SIGTERM the launch (`training.gang` or a warm supervisor forwards it to the workers), then SIGKILL what is left."""
+    """SIGTERM the launch (`training.gang` or a warm supervisor forwards it to the workers), then SIGKILL what is
+    left."""
     if isinstance(proc, WarmProcess):
         proc.stop(grace)
         return

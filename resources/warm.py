@@ -1,4 +1,5 @@
-"""Warm workers: the launcher's side of `training.warm`, the fork server that starts one-node trials without a cold start.
+"""Warm workers: the launcher's side of `training.warm`, the fork server that starts one-node trials without a cold
+start.
 
 `LocalLauncher` hands a one-node trial to a server on this machine instead
 of starting `training.gang` and torchrun: `launch_warm` finds the server for
@@ -19,7 +20,8 @@ preload), and the launch's variables that only a process's start reads
 `MKL_*`, `OPENBLAS_*`, `ARROW_*`, torch's logging switches ...; thread counts
 aside, which each worker applies after the fork), which a forked worker would
 otherwise take from the server. A changed `training/`,
-interpreter, set of installed packages or start-time variable gets a new server; the old one exits when idle. A lock file serializes start-up so
+interpreter, set of installed packages or start-time variable gets a new server; the old one exits when idle. A lock
+file serializes start-up so
 that concurrent launches start one server; each server logs to `<key>.log`
 beside its socket and writes its pid to `<key>.pid`.
 """
@@ -50,7 +52,9 @@ from trainyard.project import package_dir
 WARM_DIR_ENV = "TRAINYARD_WARM_DIR"
 WARM_WORKERS_ENV = "TRAINYARD_WARM_WORKERS"
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path on Linux, less the terminating NUL
-WORKER_START_SECONDS = 30.0  # from the request to the last worker's fork: the server forks the supervisor, it the workers
+WORKER_START_SECONDS = (
+    30.0  # from the request to the last worker's fork: the server forks the supervisor, it the workers
+)
 SUPERVISOR_EXIT_SECONDS = 5.0  # from the supervisor's exit event to its exit: it only returns and exits
 
 
@@ -122,7 +126,8 @@ LOAD_DEFAULTS = {"OMP_NUM_THREADS": "1"}
 
 
 def training_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` with the platform's defaults for training processes (`TRAINING_MALLOC_ENV`, `LOAD_DEFAULTS`) where it sets none.
+    """`environ` with the platform's defaults for training processes (`TRAINING_MALLOC_ENV`, `LOAD_DEFAULTS`) where it
+    sets none.
 
     Every process that starts a server for trials passes its environment through this (launches, the planner's model
     descriptions, the prestart), so they all key on, and share, the one server.
@@ -144,7 +149,8 @@ def server_key(python: str, root: Path, env: Optional[Mapping[str, str]] = None)
         python: the interpreter's path (this process's own, `sys.executable`).
         root: the directory that holds the `training` package.
         env: the launch's environment (default: this process's): its start-time variables (`startup_env`) are part
-            of the key, so a launch that sets `MALLOC_ARENA_MAX` or `OMP_PROC_BIND`, say, runs on a server started with it.
+            of the key, so a launch that sets `MALLOC_ARENA_MAX` or `OMP_PROC_BIND`, say, runs on a server started with
+            it.
     """
     h = hashlib.sha256()
     for part in (python, sys.version, str(root), installed.fingerprint(install_dirs())):
@@ -186,7 +192,8 @@ def _log_tail(path: Path, lines: int = 5) -> str:
 
 def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, start_timeout: float,
             env: Optional[Mapping[str, str]] = None) -> socket.socket:
-    """A connection to the server for `python`, `root` and `env`'s start-time variables, starting it (once, under a lock) when there is none.
+    """A connection to the server for `python`, `root` and `env`'s start-time variables, starting it (once, under a
+    lock) when there is none.
 
     Args:
         directory: where servers live (`warm_dir`).
@@ -206,7 +213,9 @@ def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, st
     key = server_key(python, root, env)
     path = directory / f"{key}.sock"
     if len(os.fsencode(path)) > SUN_PATH_MAX:
-        raise WarmUnavailable(f"the socket path {path} is longer than {SUN_PATH_MAX} bytes; set {WARM_DIR_ENV} to a shorter directory")
+        raise WarmUnavailable(
+            f"the socket path {path} is longer than {SUN_PATH_MAX} bytes; set {WARM_DIR_ENV} to a shorter directory"
+        )
     with contextlib.suppress(FileNotFoundError, ConnectionRefusedError):
         return _connect(path)
     with exclusive_lock(str(directory / f"{key}.lock")):
@@ -215,22 +224,32 @@ def connect(directory: Path, *, python: str, root: Path, idle_seconds: float, st
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a dead server's socket
         log = directory / f"{key}.log"
-        _start_server(path, log, python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout, env=env)
+        _start_server(
+            path, log, python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout, env=env
+        )
         try:
             return _connect(path)
         except OSError as e:
-            raise WarmUnavailable(f"the warm worker server at {path} started but refused the connection ({e}); log {log}") from e
+            raise WarmUnavailable(
+                f"the warm worker server at {path} started but refused the connection ({e}); log {log}"
+            ) from e
 
 
 def _start_server(path: Path, log: Path, *, python: str, root: Path, idle_seconds: float, start_timeout: float,
                   env: Mapping[str, str]) -> None:
-    """Start `python -m training.warm serve` detached, with `env`'s start-time variables, and wait until its socket is in place.
+    """Start `python -m training.warm serve` detached, with `env`'s start-time variables, and wait until its socket is
+    in place.
 
     Raises:
         WarmUnavailable: it exited or took longer than `start_timeout` (then it is killed).
     """
     own = startup_env(os.environ)
-    env = {**{k: v for k, v in os.environ.items() if k not in own}, **startup_env(env), **SERVER_THREAD_ENV, "PYTHONUNBUFFERED": "1"}
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in own},
+        **startup_env(env),
+        **SERVER_THREAD_ENV,
+        "PYTHONUNBUFFERED": "1",
+    }
     cmd = [python, "-m", "training.warm", "serve", "--socket", str(path), "--idle-seconds", f"{idle_seconds:g}"]
     with open(log, "w") as out:
         # Its own session: a signal to the launcher's process group (a run being stopped) leaves it serving others.
@@ -239,11 +258,15 @@ def _start_server(path: Path, log: Path, *, python: str, root: Path, idle_second
     deadline = time.monotonic() + start_timeout
     while not path.exists():
         if proc.poll() is not None:
-            raise WarmUnavailable(f"the warm worker server exited {proc.returncode} while starting ({_log_tail(log)}); log {log}")
+            raise WarmUnavailable(
+                f"the warm worker server exited {proc.returncode} while starting ({_log_tail(log)}); log {log}"
+            )
         if time.monotonic() > deadline:
             proc.kill()
             proc.wait()
-            raise WarmUnavailable(f"the warm worker server did not listen within {start_timeout:.0f} s; killed; log {log}")
+            raise WarmUnavailable(
+                f"the warm worker server did not listen within {start_timeout:.0f} s; killed; log {log}"
+            )
         time.sleep(0.05)
 
 
@@ -326,7 +349,9 @@ class WarmProcess:
             while len(self.workers) < n:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise WarmUnavailable(f"the warm worker server started {len(self.workers)} of {n} workers within {timeout:.0f} s")
+                    raise WarmUnavailable(
+                        f"the warm worker server started {len(self.workers)} of {n} workers within {timeout:.0f} s"
+                    )
                 if not self._read(left):
                     raise WarmUnavailable(f"the warm worker server closed the connection before starting the workers "
                                           f"({self.lost or 'no reason given'})")
@@ -381,7 +406,8 @@ class WarmProcess:
             self.wait()
 
     def kill_workers(self, wait: float = 5.0) -> None:
-        """Make sure no worker of this launch still runs: allow `wait` seconds to die with their supervisor, then SIGKILL.
+        """Make sure no worker of this launch still runs: allow `wait` seconds to die with their supervisor, then
+        SIGKILL.
 
         A worker is named by pid and start time, so a pid the kernel gave to a new process is left alone.
         """
@@ -426,11 +452,20 @@ def launch_warm(
         WarmUnavailable: nothing started; the trial may run cold.
     """
     root = root or training_root()
-    conn = connect(warm_dir(env), python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout, env=env)
+    conn = connect(
+        warm_dir(env), python=python, root=root, idle_seconds=idle_seconds, start_timeout=start_timeout, env=env
+    )
     launch = settings(env).launch_id
     run_id = f"warm-{time.time_ns() if launch is None else launch}"
-    request = {"env": dict(env), "cwd": os.getcwd(), "spec_uri": spec_uri, "max_restarts": max_restarts, "run_id": run_id,
-               "entry": entry, "nprocs": nprocs}
+    request = {
+        "env": dict(env),
+        "cwd": os.getcwd(),
+        "spec_uri": spec_uri,
+        "max_restarts": max_restarts,
+        "run_id": run_id,
+        "entry": entry,
+        "nprocs": nprocs,
+    }
     data = (json.dumps(request) + "\n").encode()
     try:
         sent = socket.send_fds(conn, [data], [output_fd])
@@ -471,7 +506,8 @@ def stop_servers(directory: Path, timeout: float = 10.0) -> list[int]:
 
 
 def prestart(env: Mapping[str, str], *, python: str, idle_seconds: float, start_timeout: float) -> bool:
-    """Have the server for `python` and this checkout start in the background, unless one listens; the caller does not wait.
+    """Have the server for `python` and this checkout start in the background, unless one listens; the caller does not
+    wait.
 
     For the run that knows trials are coming (the `sweep` asset): the server's
     imports (7-8 s here) then overlap the sweep sensor's tick and the trial
@@ -491,9 +527,25 @@ def prestart(env: Mapping[str, str], *, python: str, idle_seconds: float, start_
     with contextlib.suppress(OSError):
         _connect(warm_dir(env) / f"{server_key(python, root, env)}.sock").close()
         return False
-    cmd = [python, "-m", "resources.warm", "prestart", "--idle-seconds", f"{idle_seconds:g}", "--start-timeout", f"{start_timeout:g}"]
-    subprocess.Popen(cmd, cwd=root, env=dict(env), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True)
+    cmd = [
+        python,
+        "-m",
+        "resources.warm",
+        "prestart",
+        "--idle-seconds",
+        f"{idle_seconds:g}",
+        "--start-timeout",
+        f"{start_timeout:g}",
+    ]
+    subprocess.Popen(
+        cmd,
+        cwd=root,
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     return True
 
 
@@ -503,7 +555,9 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m resources.warm")
     commands = parser.add_subparsers(dest="command", required=True)
-    start = commands.add_parser("prestart", help="start the warm worker server for this interpreter and checkout, if none listens")
+    start = commands.add_parser(
+        "prestart", help="start the warm worker server for this interpreter and checkout, if none listens"
+    )
     start.add_argument("--idle-seconds", type=float, required=True)
     start.add_argument("--start-timeout", type=float, required=True)
     args = parser.parse_args(argv)

@@ -137,7 +137,9 @@ def earlier_terminal_failure(output_uri: str) -> Optional[dict[str, Any]]:
     return None
 
 
-def write_failure(spec_uri: str, output_uri: Optional[str], category: str, exc: BaseException, *, consequence: bool = False) -> None:
+def write_failure(
+    spec_uri: str, output_uri: Optional[str], category: str, exc: BaseException, *, consequence: bool = False
+) -> None:
     record = {
         "rank": _rank(),
         "launch": settings().launch_id,
@@ -151,7 +153,9 @@ def write_failure(spec_uri: str, output_uri: Optional[str], category: str, exc: 
     if output_uri is None:
         output_uri = spec_uri.rsplit("/", 1)[0]
     # Atomic: the agent stops the survivors of a failed rank with SIGTERM, often while they write this record.
-    write_atomic(join(output_uri, FAILURE_DIR, f"rank-{record['rank']}.json"), json.dumps(record, indent=2).encode(), fsync=False)
+    write_atomic(
+        join(output_uri, FAILURE_DIR, f"rank-{record['rank']}.json"), json.dumps(record, indent=2).encode(), fsync=False
+    )
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -169,7 +173,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         spec = load_spec(args.spec)
         earlier = earlier_terminal_failure(spec.output_uri)
         if earlier is not None:
-            log.error("an earlier worker group of this launch failed on rank %s (%s); not training again", earlier["rank"], earlier["error"])
+            log.error(
+                "an earlier worker group of this launch failed on rank %s (%s); not training again",
+                earlier["rank"],
+                earlier["error"],
+            )
             return EXIT_CODES[earlier["category"]]
         result = train(spec)
     except Exception as e:

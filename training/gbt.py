@@ -106,7 +106,8 @@ def probabilities(pred: np.ndarray) -> np.ndarray:
 
 
 def metric_value(name: str, pred: np.ndarray, y: np.ndarray, positive: int = 1) -> float:
-    """`acc`, `logloss`, `roc_auc`, `pr_auc`, `f1`, `balanced_acc`, `rmse` or `mae` of predictions `pred` (as `Booster.predict` returns them)."""
+    """`acc`, `logloss`, `roc_auc`, `pr_auc`, `f1`, `balanced_acc`, `rmse` or `mae` of predictions `pred` (as
+    `Booster.predict` returns them)."""
     if name == "acc":
         return float((predict_labels(pred) == y).mean())
     if name == "logloss":
@@ -124,7 +125,8 @@ def metric_value(name: str, pred: np.ndarray, y: np.ndarray, positive: int = 1) 
 
 
 def evaluate(booster: Any, splits: Splits, iteration: int) -> dict[str, float]:
-    """The platform's metrics (`training.metrics`) on the full validation and test splits, and the train prior's beside them."""
+    """The platform's metrics (`training.metrics`) on the full validation and test splits, and the train prior's beside
+    them."""
     out = {}
     for split in ("val", "test"):
         pred = booster.predict(splits.x[split], num_iteration=iteration)
@@ -132,7 +134,9 @@ def evaluate(booster: Any, splits: Splits, iteration: int) -> dict[str, float]:
         if splits.task == "classification":
             values = metrics.classification_metrics(y, probabilities(pred), splits.classes, splits.positive)
             baseline = metrics.baseline_classification(y, splits.y["train"], splits.classes, splits.positive)
-            values.update({n: metric_value(n, pred, y) for n in ("acc", "logloss")})  # exactly as before the other metrics
+            values.update(
+                {n: metric_value(n, pred, y) for n in ("acc", "logloss")}
+            )  # exactly as before the other metrics
         else:
             values = metrics.regression_metrics(y, pred)
             baseline = metrics.baseline_regression(y, splits.y["train"])
@@ -158,7 +162,11 @@ class ModelFileCheckpoint:
         text = booster.model_to_string(num_iteration=-1)
         write_atomic(self.model_uri, text.encode())
         # The state lags the model on a crash between the two writes; `load` re-scores the gap.
-        state = {"iterations": booster.current_iteration(), "history": history, "model_sha256": hashlib.sha256(text.encode()).hexdigest()}
+        state = {
+            "iterations": booster.current_iteration(),
+            "history": history,
+            "model_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        }
         write_atomic(self.state_uri, json.dumps(state).encode())
         self.blocking_seconds += time.perf_counter() - started
         self.saves += 1
@@ -185,7 +193,8 @@ class ModelFileCheckpoint:
 
 
 class OptunaReporter:
-    """Reports the monitored value to the spec's Optuna trial and asks its declared pruner (single process: no broadcast).
+    """Reports the monitored value to the spec's Optuna trial and asks its declared pruner (single process: no
+    broadcast).
 
     Made only when the pipeline declares a pruner (`spec.pruner.enabled`), as for Lightning trials: the
     study is loaded with that pruner, never Optuna's default `MedianPruner`.
@@ -201,9 +210,13 @@ class OptunaReporter:
         study_name, number = spec.study_name, spec.trial_number
         storage = open_trial_storage(storage_url)
         try:
-            self.study = optuna.load_study(study_name=study_name, storage=storage, pruner=build_pruner(spec.pruner, max_rounds))
+            self.study = optuna.load_study(
+                study_name=study_name, storage=storage, pruner=build_pruner(spec.pruner, max_rounds)
+            )
         except KeyError as e:
-            raise ConfigError(f"optuna study {study_name!r} does not exist in {redact_url(storage_url.split('?')[0])}") from e
+            raise ConfigError(
+                f"optuna study {study_name!r} does not exist in {redact_url(storage_url.split('?')[0])}"
+            ) from e
         self.number = number
         trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study_name), number)
         self.active = not storage.get_trial(trial_id).state.is_finished()
@@ -221,8 +234,16 @@ class _Loop:
 
     order = 100  # after LightGBM's own callbacks
 
-    def __init__(self, spec: TrainSpec, patience: int, history: list[float], ckpt: ModelFileCheckpoint, attempt: AttemptLog,
-                 reporter: Reporter, optuna: Optional[OptunaReporter]) -> None:
+    def __init__(
+        self,
+        spec: TrainSpec,
+        patience: int,
+        history: list[float],
+        ckpt: ModelFileCheckpoint,
+        attempt: AttemptLog,
+        reporter: Reporter,
+        optuna: Optional[OptunaReporter],
+    ) -> None:
         self.markers = FaultMarkers(spec.output_uri)
         self.spec = spec
         self.patience = patience
@@ -269,7 +290,9 @@ class _Loop:
         stop = it - best_i >= self.patience
         if self.optuna is not None and not stop and it % REPORT_EVERY == 0 and self.optuna.should_prune(value, it):
             self.pruned_at = it
-            self.reporter.info(f"trial {self.spec.trial_id}: pruned at iteration {it} ({self.spec.monitor}={value:.4f})")
+            self.reporter.info(
+                f"trial {self.spec.trial_id}: pruned at iteration {it} ({self.spec.monitor}={value:.4f})"
+            )
             stop = True
         if self.preempt_requested:
             self._save(env.model, it)
@@ -282,7 +305,9 @@ class _Loop:
         self._tick = time.perf_counter()
         if stop:
             assert best_v is not None  # `_observe(value)` above recorded at least one value
-            raise lgb.callback.EarlyStopException(best_i - 1, [("val", self.spec.monitor, best_v, self.spec.monitor_mode == "max")])
+            raise lgb.callback.EarlyStopException(
+                best_i - 1, [("val", self.spec.monitor, best_v, self.spec.monitor_mode == "max")]
+            )
 
     def _save_due(self, it: int) -> bool:
         if self.policy.every_n_steps is not None:
@@ -311,7 +336,11 @@ class _Loop:
         if f.sigterm_at_step == it and not self.markers.fired("sigterm"):
             self.markers.mark("sigterm")
             agent = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
-            log.warning("fault injection: SIGTERM %s at iteration %d", "the launcher agent" if agent != os.getpid() else "this process", it)
+            log.warning(
+                "fault injection: SIGTERM %s at iteration %d",
+                "the launcher agent" if agent != os.getpid() else "this process",
+                it,
+            )
             os.kill(agent, signal.SIGTERM)
             deadline = time.monotonic() + 5.0
             while not self.preempt_requested and time.monotonic() < deadline:
@@ -323,7 +352,9 @@ def _replay(booster: Any, history: list[float], score_at: Callable[[Any, int], f
     return history + [score_at(booster, i) for i in range(len(history) + 1, booster.current_iteration() + 1)]
 
 
-def export_model(booster: Any, best_iteration: int, spec: TrainSpec, splits: Splits, objective: str, dest_uri: str) -> None:
+def export_model(
+    booster: Any, best_iteration: int, spec: TrainSpec, splits: Splits, objective: str, dest_uri: str
+) -> None:
     """Write `model.txt` (best iteration only) and `meta.json` for `training/serving_model.py`."""
     meta: dict[str, Any] = {
         "format": SERVING_FORMAT,
@@ -387,12 +418,21 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
     attempt = AttemptLog(out, attempt_id(started_wall), started_wall, every=HEARTBEAT_SECONDS)
     done = 0
     if init_model is not None:
-        history = _replay(init_model, history, lambda booster, i: val_metric(booster.predict(splits.x["val"], num_iteration=i)))
+        history = _replay(
+            init_model, history, lambda booster, i: val_metric(booster.predict(splits.x["val"], num_iteration=i))
+        )
         done = init_model.current_iteration()
         attempt.record.update(resumed_from=ckpt.model_uri, resumed_from_step=done)
     # Raw data is kept: continuing from a model file scores it with that model first.
-    train_set = lgb.Dataset(splits.x["train"], label=splits.y["train"], weight=splits.weights, feature_name=splits.feature_names,
-                            categorical_feature=splits.categorical or "auto", params=params, free_raw_data=False)
+    train_set = lgb.Dataset(
+        splits.x["train"],
+        label=splits.y["train"],
+        weight=splits.weights,
+        feature_name=splits.feature_names,
+        categorical_feature=splits.categorical or "auto",
+        params=params,
+        free_raw_data=False,
+    )
     val_set = lgb.Dataset(splits.x["val"], label=splits.y["val"], reference=train_set, free_raw_data=False)
     optuna = OptunaReporter(spec.optuna, spec.max_epochs) if spec.optuna and spec.optuna.pruner.enabled else None
     tracker = _tracker(spec)
@@ -407,9 +447,22 @@ def run_gbt(spec: TrainSpec) -> TrainResult:
         export_model(fit.booster, best_i, spec, splits, params["objective"], model_uri)
         attempt.update(force=True, status="completed", last_step=fit.booster.current_iteration())
         tracker_run = _finish_tracker(tracker, metrics, loop.pruned_at)
-        reporter.info(f"trial {spec.trial_id}: done after {fit.booster.current_iteration()} iterations (best {best_i}), {metrics}")
-        return _result(spec, fit, loop, attempt, len(splits.y["train"]), started,
-                       metrics=metrics, best_value=best_v, model_uri=model_uri, tracker_run=tracker_run, resumed=done > 0)
+        reporter.info(
+            f"trial {spec.trial_id}: done after {fit.booster.current_iteration()} iterations (best {best_i}), {metrics}"
+        )
+        return _result(
+            spec,
+            fit,
+            loop,
+            attempt,
+            len(splits.y["train"]),
+            started,
+            metrics=metrics,
+            best_value=best_v,
+            model_uri=model_uri,
+            tracker_run=tracker_run,
+            resumed=done > 0,
+        )
 
 
 def _val_metric(spec: TrainSpec, splits: Splits) -> Callable[[np.ndarray], float]:
@@ -451,13 +504,23 @@ def _fit(spec: TrainSpec, params: dict[str, Any], train_set: lgb.Dataset, val_se
         if init_model is not None and finished:
             booster = init_model
         else:
-            reporter.info(f"trial {spec.trial_id}: LightGBM {params['objective']}, up to {spec.max_epochs} rounds on data {spec.data.version[:12]}")
+            reporter.info(
+                f"trial {spec.trial_id}: LightGBM {params['objective']}, up to {spec.max_epochs} rounds on data "
+                f"{spec.data.version[:12]}"
+            )
             loop.start()
             try:
-                booster = lgb.train(params, train_set, num_boost_round=spec.max_epochs - done, valid_sets=[val_set], valid_names=["val"],
-                                    feval=lambda pred, data: (spec.monitor, val_metric(pred), spec.monitor_mode == "max"),
-                                    init_model=init_model, callbacks=[loop],
-                                    keep_training_booster=True)  # the whole model, not cut at the best iteration
+                booster = lgb.train(
+                    params,
+                    train_set,
+                    num_boost_round=spec.max_epochs - done,
+                    valid_sets=[val_set],
+                    valid_names=["val"],
+                    feval=lambda pred, data: (spec.monitor, val_metric(pred), spec.monitor_mode == "max"),
+                    init_model=init_model,
+                    callbacks=[loop],
+                    keep_training_booster=True,
+                )  # the whole model, not cut at the best iteration
             except lgb.basic.LightGBMError as e:
                 raise ConfigError(f"LightGBM rejected the data or parameters {params}: {e}") from e
     except BaseException as e:
@@ -479,8 +542,20 @@ def _finish_tracker(tracker: Any, metrics: dict[str, float], pruned_at: Optional
     return run
 
 
-def _result(spec: TrainSpec, fit: _Fit, loop: _Loop, attempt: AttemptLog, train_rows: int, started: float, *,
-            metrics: dict[str, float], best_value: Optional[float], model_uri: str, tracker_run: Optional[str], resumed: bool) -> TrainResult:
+def _result(
+    spec: TrainSpec,
+    fit: _Fit,
+    loop: _Loop,
+    attempt: AttemptLog,
+    train_rows: int,
+    started: float,
+    *,
+    metrics: dict[str, float],
+    best_value: Optional[float],
+    model_uri: str,
+    tracker_run: Optional[str],
+    resumed: bool,
+) -> TrainResult:
     """The trial's `TrainResult`, with goodput over every attempt so far."""
     iterations = fit.booster.current_iteration()
     trained = attempt.record["steps"]

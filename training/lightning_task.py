@@ -49,7 +49,13 @@ from training.checkpointing import CheckpointError, CheckpointStore
 from training.data import fit_preprocessing
 from training.distributed import init_process_group
 from training.errors import ConfigError, StrategyConfigError
-from training.lightning_eval import EVALUATION_METRIC, check_output_fits_task, export_model, final_metrics, prediction_task
+from training.lightning_eval import (
+    EVALUATION_METRIC,
+    check_output_fits_task,
+    export_model,
+    final_metrics,
+    prediction_task,
+)
 from training.lightning_resume import open_checkpointing
 from training.pruning import OptunaPruning, pruning_callback
 from training.reporting import Reporter
@@ -113,8 +119,12 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
         dm_kwargs.setdefault("task", task)
     if "preprocessing" in dm_params and "preprocessing" not in dm_kwargs and task != "causal_lm":
         dm_kwargs["preprocessing"] = fit_preprocessing(
-            {"train": spec.data.train_uri, "val": spec.data.val_uri, "test": spec.data.test_uri}, list(spec.data.features),
-            dict(spec.data.feature_types), dict(spec.data.domains), spec.preprocessing.model_dump())
+            {"train": spec.data.train_uri, "val": spec.data.val_uri, "test": spec.data.test_uri},
+            list(spec.data.features),
+            dict(spec.data.feature_types),
+            dict(spec.data.domains),
+            spec.preprocessing.model_dump(),
+        )
     try:
         dm = dm_cls(**dm_kwargs)
     except TypeError as e:
@@ -132,11 +142,19 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
             kwargs[name] = int(size)
     if task == "classification" and "n_classes" in params and "n_classes" not in kwargs:
         kwargs["n_classes"] = len(dm.classes())
-    if task == "classification" and spec.data.positive_label is not None and hasattr(dm, "classes") and len(dm.classes()) == 2:
+    if (
+        task == "classification"
+        and spec.data.positive_label is not None
+        and hasattr(dm, "classes")
+        and len(dm.classes()) == 2
+    ):
         try:
             preprocessing.positive_index(list(dm.classes()), spec.data.positive_label)
         except ValueError as e:
-            raise ConfigError(f"{e} of target {spec.data.target!r}; set the pipeline's positive_label to one of them or leave it unset") from e
+            raise ConfigError(
+                f"{e} of target {spec.data.target!r}; set the pipeline's positive_label to one of them or leave it "
+                "unset"
+            ) from e
     if spec.class_weight == "balanced":
         kwargs["class_weights"] = _class_weights(spec, dm, params, kwargs)
     try:
@@ -147,18 +165,30 @@ def build(spec: TrainSpec) -> tuple[Any, Any]:
 
 
 def _class_weights(spec: TrainSpec, dm: Any, params: Any, kwargs: dict[str, Any]) -> torch.Tensor:
-    """`class_weight="balanced"`: n_rows / (n_classes * rows of the class) per class of the train split, as a float tensor."""
+    """`class_weight="balanced"`: n_rows / (n_classes * rows of the class) per class of the train split, as a float
+    tensor."""
     if prediction_task(spec) != "classification":
-        raise ConfigError(f"class_weight={spec.class_weight!r} weighs classes, but this is a {prediction_task(spec)} task; leave it unset")
+        raise ConfigError(
+            f"class_weight={spec.class_weight!r} weighs classes, but this is a {prediction_task(spec)} task; leave it "
+            "unset"
+        )
     if "class_weights" not in params and not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        raise ConfigError(f"class_weight='balanced' needs a model that weighs its loss by class, but model {spec.model.path!r} takes no "
-                          "`class_weights` argument; add `class_weights: Optional[torch.Tensor] = None` to its constructor "
-                          "(e.g. `nn.CrossEntropyLoss(weight=class_weights)`, or `pos_weight` from it for one logit) or unset class_weight")
+        raise ConfigError(
+            f"class_weight='balanced' needs a model that weighs its loss by class, but model {spec.model.path!r} "
+            "takes no "
+            "`class_weights` argument; add `class_weights: Optional[torch.Tensor] = None` to its constructor "
+            "(e.g. `nn.CrossEntropyLoss(weight=class_weights)`, or `pos_weight` from it for one logit) or unset "
+            "class_weight"
+        )
     if "class_weights" in kwargs:
-        raise ConfigError("model.kwargs sets class_weights, and class_weight='balanced' computes them; use one or the other")
+        raise ConfigError(
+            "model.kwargs sets class_weights, and class_weight='balanced' computes them; use one or the other"
+        )
     if not hasattr(dm, "class_counts"):
-        raise ConfigError(f"class_weight='balanced' needs the train split's class counts, which datamodule {spec.datamodule.path!r} "
-                          "does not give (a `class_counts()` method); use training.data:ParquetDataModule or unset class_weight")
+        raise ConfigError(
+            f"class_weight='balanced' needs the train split's class counts, which datamodule {spec.datamodule.path!r} "
+            "does not give (a `class_counts()` method); use training.data:ParquetDataModule or unset class_weight"
+        )
     counts = torch.tensor(dm.class_counts(), dtype=torch.float64)
     weights = torch.where(counts > 0, counts.sum() / (len(counts) * counts.clamp(min=1)), torch.zeros_like(counts))
     return weights.float()
@@ -248,8 +278,12 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
     check_output_fits_task(model, dm, spec)
     built = time.perf_counter() - started
     strategy_kwargs = _trainer_kwargs(spec)
-    # Longer than any hang timeout, so the agent's watchdog names a hung rank before a collective fails (WatchdogPolicy).
-    init_process_group("gloo" if spec.distribution.accelerator == "cpu" else "nccl", spec.checkpoint.watchdog.collective_timeout_seconds)
+    # Longer than any hang timeout, so the agent's watchdog names a hung rank before a collective fails
+    # (WatchdogPolicy).
+    init_process_group(
+        "gloo" if spec.distribution.accelerator == "cpu" else "nccl",
+        spec.checkpoint.watchdog.collective_timeout_seconds,
+    )
     caveats = determinism.apply(
         spec.deterministic, spec.distribution.accelerator, getattr(dm, "num_workers", 0), spec.distribution.world_size
     )
@@ -266,8 +300,10 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
         if logger and rank == 0:
             _open_run(logger, spec.trial_id)
         trainer = _trainer(spec, dm, strategy_kwargs, callbacks, ckpt.plugins, logger, ckpt.accumulate_grad_batches)
-        reporter.info(f"trial {spec.trial_id}: training {spec.model.path} on data {spec.data.version[:12]} (start-up: model "
-                      f"{built:.2f}s, process group, checkpoints and trainer {time.perf_counter() - started - built:.2f}s)")
+        reporter.info(
+            f"trial {spec.trial_id}: training {spec.model.path} on data {spec.data.version[:12]} (start-up: model "
+            f"{built:.2f}s, process group, checkpoints and trainer {time.perf_counter() - started - built:.2f}s)"
+        )
         fit_started = time.perf_counter()
         try:
             trainer.fit(model, datamodule=dm, ckpt_path=ckpt.resume_path)
@@ -294,7 +330,9 @@ def run_lightning(spec: TrainSpec, rank: int) -> Optional[TrainResult]:
             trial_id=spec.trial_id,
             status="pruned" if pruning is not None and pruning.pruned else "completed",
             metrics=metrics,
-            best_metric=best_score if best_score is not None else metrics[f"val_{EVALUATION_METRIC[prediction_task(spec)]}"],
+            best_metric=best_score
+            if best_score is not None
+            else metrics[f"val_{EVALUATION_METRIC[prediction_task(spec)]}"],
             epochs=trainer.current_epoch,
             global_step=trainer.global_step,
             train_samples=progress.train_samples,
@@ -341,22 +379,46 @@ def _evaluate_and_export(spec: TrainSpec, model: Any, dm: Any, store: Checkpoint
     return best_uri, metrics, model_uri, finish
 
 
-def _callbacks(spec: TrainSpec, progress: ProgressCallback, pruning: Optional[OptunaPruning], markers: FaultMarkers, rank: int) -> list[Any]:
-    """Progress first (the agent's progress record, when it watches), then pruning and the step-fault drills the spec asks
+def _callbacks(
+    spec: TrainSpec, progress: ProgressCallback, pruning: Optional[OptunaPruning], markers: FaultMarkers, rank: int
+) -> list[Any]:
+    """Progress first (the agent's progress record, when it watches), then pruning and the step-fault drills the spec
+    asks
     for (checkpointing is added last)."""
     recorder = ProgressRecorder.from_env(rank, spec.checkpoint.watchdog.straggler_window_steps)
     callbacks: list[Any] = [progress, *([recorder] if recorder is not None else [])]
     if pruning is not None:
         callbacks.append(pruning)
     faults = spec.faults
-    if faults.raise_at_step is not None or faults.nan_at_step is not None or faults.hang_rank is not None or faults.slow_rank is not None:
-        callbacks.append(FaultInjectionCallback(faults.raise_at_step, faults.nan_at_step, hang_rank=faults.hang_rank, hang_at_step=faults.hang_at_step,
-                                                slow_rank=faults.slow_rank, slow_seconds=faults.slow_seconds, markers=markers))
+    if (
+        faults.raise_at_step is not None
+        or faults.nan_at_step is not None
+        or faults.hang_rank is not None
+        or faults.slow_rank is not None
+    ):
+        callbacks.append(
+            FaultInjectionCallback(
+                faults.raise_at_step,
+                faults.nan_at_step,
+                hang_rank=faults.hang_rank,
+                hang_at_step=faults.hang_at_step,
+                slow_rank=faults.slow_rank,
+                slow_seconds=faults.slow_seconds,
+                markers=markers,
+            )
+        )
     return callbacks
 
 
-def _trainer(spec: TrainSpec, dm: Any, strategy_kwargs: dict[str, Any], callbacks: list[Any], plugins: list[Any], logger: Any,
-             accumulate_grad_batches: int = 1) -> L.Trainer:
+def _trainer(
+    spec: TrainSpec,
+    dm: Any,
+    strategy_kwargs: dict[str, Any],
+    callbacks: list[Any],
+    plugins: list[Any],
+    logger: Any,
+    accumulate_grad_batches: int = 1,
+) -> L.Trainer:
     """The Trainer: Lightning's own checkpointing is off, the committed store (a plugin or the strategy) does it.
 
     `accumulate_grad_batches` is 1 except in a run resuming a checkpoint

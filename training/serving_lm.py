@@ -42,15 +42,18 @@ class CausalLM:
         self._tokenizer: Optional[Tokenizer] = None
 
     def rows(self, model_input: Any, shortest: int, longest: Optional[int]) -> list[np.ndarray]:
-        """Each row's token ids (int64), checked: `shortest`..`longest` (None: any number of) tokens, ids inside the vocabulary.
+        """Each row's token ids (int64), checked: `shortest`..`longest` (None: any number of) tokens, ids inside the
+        vocabulary.
 
         Raises:
             ValueError: naming the 1-based row, what it holds and what is accepted.
         """
         if isinstance(model_input, pd.DataFrame):
             if "tokens" not in model_input.columns:
-                raise ValueError(f"a language model's input is a DataFrame with a 'tokens' column (a list of token ids per row), "
-                                 f"got columns {list(model_input.columns)}")
+                raise ValueError(
+                    f"a language model's input is a DataFrame with a 'tokens' column (a list of token ids per row), "
+                    f"got columns {list(model_input.columns)}"
+                )
             cells = list(model_input["tokens"])
         else:
             cells = list(np.asarray(model_input)) if not isinstance(model_input, list) else model_input
@@ -60,8 +63,10 @@ class CausalLM:
             if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer) or ids.size == 0):
                 raise ValueError(f"row {i}: expected a list of integer token ids, got {str(cell)[:100]}")
             if len(ids) < shortest or (longest is not None and len(ids) > longest):
-                raise ValueError(f"row {i} holds {len(ids)} tokens; this output reads {shortest} to {longest or 'any number of'} "
-                                 f"tokens (block_size {self.block_size})")
+                raise ValueError(
+                    f"row {i} holds {len(ids)} tokens; this output reads {shortest} to {longest or 'any number of'} "
+                    f"tokens (block_size {self.block_size})"
+                )
             bad = ids[(ids < 0) | (ids >= self.vocab_size)]
             if bad.size:
                 raise ValueError(f"row {i}: token id {int(bad[0])} is outside the vocabulary 0..{self.vocab_size - 1}")
@@ -70,11 +75,15 @@ class CausalLM:
 
     def _logits(self, batch: np.ndarray) -> np.ndarray:
         """Logits `[N, T, V]` (float32) of equal-length rows, `LM_BATCH_ROWS` at a time."""
-        parts = [np.asarray(self._run(np.ascontiguousarray(batch[s:s + LM_BATCH_ROWS]))) for s in range(0, len(batch), LM_BATCH_ROWS)]
+        parts = [
+            np.asarray(self._run(np.ascontiguousarray(batch[s : s + LM_BATCH_ROWS])))
+            for s in range(0, len(batch), LM_BATCH_ROWS)
+        ]
         return np.concatenate(parts).astype(np.float32, copy=False)
 
     def predict(self, model_input: Any, params: Optional[dict[str, Any]] = None) -> np.ndarray:
-        """The last position's logits `[N, V]`, or with `params={"output": "token_nll"}` each row's mean next-token loss `[N]`.
+        """The last position's logits `[N, V]`, or with `params={"output": "token_nll"}` each row's mean next-token loss
+        `[N]`.
 
         Rows are run in groups of equal length (a request may mix lengths).
 
@@ -85,8 +94,14 @@ class CausalLM:
         if output not in LM_OUTPUTS:
             raise ValueError(f"params output={output!r}; a language model serves {list(LM_OUTPUTS)}")
         nll = output == "token_nll"
-        rows = self.rows(model_input, 2, self.block_size + 1) if nll else [r[-self.block_size:] for r in self.rows(model_input, 1, None)]
-        result = np.zeros(len(rows), dtype=np.float64) if nll else np.zeros((len(rows), self.vocab_size), dtype=np.float32)
+        rows = (
+            self.rows(model_input, 2, self.block_size + 1)
+            if nll
+            else [r[-self.block_size :] for r in self.rows(model_input, 1, None)]
+        )
+        result = (
+            np.zeros(len(rows), dtype=np.float64) if nll else np.zeros((len(rows), self.vocab_size), dtype=np.float32)
+        )
         for length in sorted({len(r) for r in rows}):
             where = [i for i, r in enumerate(rows) if len(r) == length]
             batch = np.stack([rows[i] for i in where])
@@ -108,14 +123,17 @@ class CausalLM:
         """
         if self._tokenizer is None:
             if self._tokenizer_path is None:
-                raise ValueError("this language model was exported without a tokenizer (meta.json 'tokenizer' is empty); "
-                                 "it serves token ids only")
+                raise ValueError(
+                    "this language model was exported without a tokenizer (meta.json 'tokenizer' is empty); "
+                    "it serves token ids only"
+                )
             with open(self._tokenizer_path, encoding="utf-8") as f:
                 self._tokenizer = Tokenizer(f.read())
         return self._tokenizer
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 32) -> str:
-        """The greedy continuation of `prompt` (text, or token ids as they are): the most likely next token, `max_new_tokens`
+        """The greedy continuation of `prompt` (text, or token ids as they are): the most likely next token,
+        `max_new_tokens`
         times or until end-of-document, each step reading the last `block_size` tokens. Returns the new text only.
 
         Raises:
@@ -139,14 +157,17 @@ class CausalLM:
 
 class Tokenizer:
     """A model's tokenizer from its `tokenizer.json`: the `tokenizers` library's JSON (needs that package),
-    or `{"type": "bytes", ...}`: the UTF-8 bytes are the ids (ids of 256 and above, such as end-of-document, decode to nothing)."""
+    or `{"type": "bytes", ...}`: the UTF-8 bytes are the ids (ids of 256 and above, such as end-of-document, decode to
+    nothing)."""
 
     def __init__(self, text: str) -> None:
         spec = json.loads(text)
         self._bytes = isinstance(spec, dict) and spec.get("type") == "bytes"
         self._library: Any = None
         if not self._bytes:
-            from tokenizers import Tokenizer as LibraryTokenizer  # only for a BPE model's text; predicting needs no tokenizer
+            from tokenizers import (
+                Tokenizer as LibraryTokenizer,
+            )  # only for a BPE model's text; predicting needs no tokenizer
 
             self._library = LibraryTokenizer.from_str(text)
 

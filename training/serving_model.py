@@ -90,7 +90,10 @@ META_FILE = "meta.json"
 DEFAULT_FORMAT = "torch_export"
 MODEL_FILES = {"torch_export": "model.pt2", "lightgbm": "model.txt"}
 """The model file of each serving format."""
-SUPPORTED_TASKS = {"torch_export": ("classification", "regression", "causal_lm"), "lightgbm": ("classification", "regression")}
+SUPPORTED_TASKS = {
+    "torch_export": ("classification", "regression", "causal_lm"),
+    "lightgbm": ("classification", "regression"),
+}
 """Serving signature per task: `classification` predicts one label of `classes` per row, `regression` one float per row,
 `causal_lm` the next token's logits per row of token ids."""
 SUPPORTED_INPUT_DTYPES = ("float32", "float64", "int64")
@@ -137,7 +140,9 @@ def read_meta(model_dir: str) -> dict[str, Any]:
     if task == "causal_lm":
         for field in ("vocab_size", "block_size"):
             if not isinstance(meta.get(field), int) or isinstance(meta.get(field), bool) or meta[field] < 1:
-                raise ValueError(f"{path}: field {field!r} must be a positive integer for task 'causal_lm', got {meta.get(field)!r}")
+                raise ValueError(
+                    f"{path}: field {field!r} must be a positive integer for task 'causal_lm', got {meta.get(field)!r}"
+                )
     if meta.get("input_kind") == "image":
         _preprocessing_module().check_image_meta(meta, path)
     if not os.path.isfile(os.path.join(model_dir, MODEL_FILES[fmt])):
@@ -220,7 +225,10 @@ class ExportedModel(PythonModel):
             model_input = pd.DataFrame(model_input)
         missing = [c for c in features if c not in model_input.columns]
         if missing:
-            raise ValueError(f"model input is missing feature columns {missing}; expected all of {features}, got {list(model_input.columns)}")
+            raise ValueError(
+                f"model input is missing feature columns {missing}; expected all of {features}, got "
+                f"{list(model_input.columns)}"
+            )
         if self._image_batch is not None:
             values = self._image_batch(model_input[features[0]], self._meta["shape"], *self._meta["scale"])
         elif self._state is not None and self._transform is not None:
@@ -245,7 +253,9 @@ class ExportedModel(PythonModel):
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 32) -> str:
         """The greedy continuation of `prompt`, text or token ids (language models only; see `CausalLM.generate`)."""
         if self._lm is None:
-            raise ValueError(f"generate needs a language model (task 'causal_lm'); this one is {(self._meta or {}).get('task')!r}")
+            raise ValueError(
+                f"generate needs a language model (task 'causal_lm'); this one is {(self._meta or {}).get('task')!r}"
+            )
         return self._lm.generate(prompt, max_new_tokens)
 
 
@@ -286,8 +296,10 @@ def class_probabilities(raw: np.ndarray, n_classes: int, fmt: str) -> np.ndarray
             return raw
         shifted = np.exp(raw - raw.max(axis=1, keepdims=True))
         return shifted / shifted.sum(axis=1, keepdims=True)
-    raise ValueError(f"model returned output of shape {tuple(raw.shape)}; expected [batch, {n_classes}] (or one value per row "
-                     f"for two classes) for {n_classes} classes")
+    raise ValueError(
+        f"model returned output of shape {tuple(raw.shape)}; expected [batch, {n_classes}] (or one value per row "
+        f"for two classes) for {n_classes} classes"
+    )
 
 
 def _shipped(name: str, *attributes: str) -> Any:
@@ -321,8 +333,10 @@ class UnsafeModelError(ValueError):
     """
 
     def __init__(self, path: str, detail: str) -> None:
-        super().__init__(f"model file {path} was refused: {detail}. An exported model holds only a graph of torch operators, "
-                         "raw weights and plain sample inputs; this one was not written by trainyard or has been tampered with")
+        super().__init__(
+            f"model file {path} was refused: {detail}. An exported model holds only a graph of torch operators, "
+            "raw weights and plain sample inputs; this one was not written by trainyard or has been tampered with"
+        )
         self.path = path
         self.detail = detail
 
@@ -355,7 +369,8 @@ _EXPR_NODES = (ast.Expression, ast.Call, ast.Name, ast.Load, ast.Constant, ast.k
 
 
 def _check_expr(expr: str, path: str) -> None:
-    """A symbolic shape expression (sympy evaluates it with `eval`): calls of sympy's own functions on numbers and names only."""
+    """A symbolic shape expression (sympy evaluates it with `eval`): calls of sympy's own functions on numbers and names
+    only."""
     import torch.utils._sympy.functions as shape_functions
 
     allowed = _SYMPY_NAMES | set(shape_functions.__all__)
@@ -366,25 +381,32 @@ def _check_expr(expr: str, path: str) -> None:
     for node in nodes:
         if (not isinstance(node, _EXPR_NODES) or (isinstance(node, ast.Call) and not isinstance(node.func, ast.Name))
                 or (isinstance(node, ast.Name) and node.id not in allowed and not _SYMBOL.fullmatch(node.id))):
-            raise UnsafeModelError(path, f"its graph holds the shape expression {expr[:200]!r}, which is more than arithmetic on sizes")
+            raise UnsafeModelError(
+                path, f"its graph holds the shape expression {expr[:200]!r}, which is more than arithmetic on sizes"
+            )
 
 
 def _check_graph(obj: Any, path: str) -> None:
-    """Every call in the serialised program (nested graphs too) is a torch operator; every shape expression is arithmetic."""
+    """Every call in the serialised program (nested graphs too) is a torch operator; every shape expression is
+    arithmetic."""
     if isinstance(obj, list):
         for item in obj:
             _check_graph(item, path)
         return
     if not isinstance(obj, dict):
         return
-    calls = [obj[k] for k in ("target", "as_operator") if isinstance(obj.get(k), str)]  # a node's call, an operator argument
+    calls = [
+        obj[k] for k in ("target", "as_operator") if isinstance(obj.get(k), str)
+    ]  # a node's call, an operator argument
     for target in calls:
         if not _OPERATOR.fullmatch(target) or "__" in target:
             raise UnsafeModelError(path, f"its graph calls {target[:200]!r}, which is not a torch operator")
     if isinstance(obj.get("expr_str"), str):
         _check_expr(obj["expr_str"], path)
     if obj.get("guards_code"):  # unlifting the program would exec() them
-        raise UnsafeModelError(path, f"its program holds guard code, which loading would execute: {str(obj['guards_code'])[:200]}")
+        raise UnsafeModelError(
+            path, f"its program holds guard code, which loading would execute: {str(obj['guards_code'])[:200]}"
+        )
     for key, value in obj.items():
         if key == "range_constraints" and isinstance(value, dict):
             for expr in value:

@@ -43,7 +43,9 @@ EXIT_INFRA = 75  # EX_TEMPFAIL: storage or another dependency failed; a retry ma
 LAUNCH_ID_ENV = "TRAINYARD_LAUNCH_ID"  # set by launchers, one value per launch
 # A listening socket rank 0's TCPStore serves instead of binding MASTER_PORT itself (set by the warm supervisor).
 STORE_LISTEN_FD_ENV = "TRAINYARD_STORE_LISTEN_FD"
-WANDB_SERVICE_ENV = "WANDB_SERVICE"  # W&B's own variable naming a running service to connect to (a warm server's shared one)
+WANDB_SERVICE_ENV = (
+    "WANDB_SERVICE"  # W&B's own variable naming a running service to connect to (a warm server's shared one)
+)
 # glibc malloc settings every launcher gives a training process unless its environment sets them. By default glibc
 # serves a large block (a 10 MB activation, gradient or optimizer temporary) with a fresh mmap, unmaps it when it is
 # freed, and keeps adapting its thresholds (and trimming the heap) as it goes, so a step that allocates and frees the
@@ -56,8 +58,15 @@ TRAINING_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 * 2**20), "MALLOC_TRIM_T
 # The thread counts the OpenMP and BLAS runtimes (and numexpr) read when they load, each library its own first
 # (OpenBLAS: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, then OMP_NUM_THREADS; MKL: MKL_NUM_THREADS, then OMP_NUM_THREADS).
 # A warm server starts with one of each; the entrypoint applies the launch's (`training.threads.apply_thread_counts`).
-THREAD_COUNT_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "BLIS_NUM_THREADS",
-                    "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+THREAD_COUNT_ENV = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 OPTUNA_URL_ENV = "TRAINYARD_OPTUNA_URL"  # the Optuna storage URL with its credentials, in the pod's environment
 RESULT_FILE = "result.json"
 SPEC_FILE = "spec.json"
@@ -76,7 +85,17 @@ PredictionTask = Literal["classification", "regression", "causal_lm"]
 """What a model predicts: a class label per row, a number per row, or the next token of a text (see docs/tasks.md)."""
 # LightGBM objectives by the task they train; the orchestrator checks a declared objective against the pipeline's task.
 CLASSIFICATION_OBJECTIVES = ("binary", "multiclass", "multiclassova")
-REGRESSION_OBJECTIVES = ("regression", "regression_l1", "huber", "fair", "poisson", "quantile", "mape", "gamma", "tweedie")
+REGRESSION_OBJECTIVES = (
+    "regression",
+    "regression_l1",
+    "huber",
+    "fair",
+    "poisson",
+    "quantile",
+    "mape",
+    "gamma",
+    "tweedie",
+)
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$")
 
@@ -122,7 +141,10 @@ class DataSpec(_Strict):
     domains: dict[str, list[Any]] = Field(default_factory=dict)
     keep: list[str] = Field(default_factory=list)
     positive_label: Optional[Any] = Field(
-        None, description="the positive class of a binary target (None: the second of the sorted labels, e.g. 1, True or 'yes')")
+        None,
+        description="the positive class of a binary target (None: the second of the sorted labels, e.g. 1, True or "
+                    "'yes')",
+    )
 
     @field_validator("features")
     @classmethod
@@ -197,25 +219,33 @@ class Distribution(_Strict):
     def _mesh_fits(self) -> "Distribution":
         tp = self.tensor_parallel_size
         if self.strategy == "auto" and tp != 1:
-            raise ValueError(f"tensor_parallel_size={tp} with strategy 'auto': the planner picks the size; leave it at 1")
+            raise ValueError(
+                f"tensor_parallel_size={tp} with strategy 'auto': the planner picks the size; leave it at 1"
+            )
         if self.strategy in ("ddp", "fsdp") and tp != 1:
             raise ValueError(f"tensor_parallel_size={tp} needs strategy 'tp'; strategy {self.strategy!r} takes 1")
         if self.min_nodes is not None and self.min_nodes > self.nodes:
-            raise ValueError(f"min_nodes={self.min_nodes} is above nodes={self.nodes}; accepted: 1 <= min_nodes <= nodes")
+            raise ValueError(
+                f"min_nodes={self.min_nodes} is above nodes={self.nodes}; accepted: 1 <= min_nodes <= nodes"
+            )
         if self.strategy == "tp":
             if tp < 2:
                 raise ValueError("strategy 'tp' needs tensor_parallel_size >= 2")
             if self.world_size % tp:
                 raise ValueError(
                     f"tensor_parallel_size={tp} does not divide world size {self.world_size} "
-                    f"({self.nodes} nodes x {self.procs_per_node} processes); mesh sizes must multiply to the world size"
+                    f"({self.nodes} nodes x {self.procs_per_node} processes); mesh sizes must multiply to the world "
+                    "size"
                 )
             bad = [n for n in range(self.smallest, self.nodes) if (n * self.procs_per_node) % tp]
             if bad:
                 raise ValueError(
-                    f"tensor_parallel_size={tp} does not divide the world size at {bad[0]} nodes ({bad[0] * self.procs_per_node} "
-                    f"processes) of the node range [{self.smallest}, {self.nodes}]; every size in the range must keep the mesh "
-                    f"valid: raise min_nodes, or pick a tensor_parallel_size that divides procs_per_node={self.procs_per_node}"
+                    f"tensor_parallel_size={tp} does not divide the world size at {bad[0]} nodes "
+                    f"({bad[0] * self.procs_per_node} "
+                    f"processes) of the node range [{self.smallest}, {self.nodes}]; every size in the range must keep "
+                    "the mesh "
+                    "valid: raise min_nodes, or pick a tensor_parallel_size that divides "
+                    f"procs_per_node={self.procs_per_node}"
                 )
         return self
 
@@ -269,13 +299,17 @@ class PrunerSpec(_Strict):
     def _settings_fit(self) -> "PrunerSpec":
         if self.kind == "threshold":
             if self.lower is None and self.upper is None:
-                raise ValueError("pruner 'threshold' needs lower or upper (or both), e.g. PrunerSpec(kind='threshold', lower=0.2)")
+                raise ValueError(
+                    "pruner 'threshold' needs lower or upper (or both), e.g. PrunerSpec(kind='threshold', lower=0.2)"
+                )
             if self.lower is not None and self.upper is not None and not self.lower < self.upper:
                 raise ValueError(f"pruner 'threshold': lower {self.lower} must be below upper {self.upper}")
         elif self.lower is not None or self.upper is not None:
             raise ValueError(f"lower/upper apply to pruner 'threshold' only; this pruner is {self.kind!r}")
         if self.kind == "hyperband" and self.max_resource is not None and self.max_resource <= self.min_resource:
-            raise ValueError(f"pruner 'hyperband': max_resource {self.max_resource} must exceed min_resource {self.min_resource}")
+            raise ValueError(
+                f"pruner 'hyperband': max_resource {self.max_resource} must exceed min_resource {self.min_resource}"
+            )
         return self
 
     @property
@@ -303,7 +337,9 @@ class OptunaSpec(_Strict):
     """
 
     storage_url: str = Field(description="the study's storage, without credentials")
-    storage_url_env: Optional[str] = Field(None, description="environment variable holding `storage_url` with its credentials")
+    storage_url_env: Optional[str] = Field(
+        None, description="environment variable holding `storage_url` with its credentials"
+    )
     study_name: str
     trial_number: int = Field(ge=0)
     pruner: PrunerSpec = PrunerSpec()
@@ -324,7 +360,10 @@ class OptunaSpec(_Strict):
     @classmethod
     def _env_name(cls, v: Optional[str]) -> Optional[str]:
         if v is not None and not _ENV_NAME.match(v):
-            raise ValueError(f"storage_url_env {v!r} is not an environment variable name; use letters, digits and '_' (e.g. {OPTUNA_URL_ENV!r})")
+            raise ValueError(
+                f"storage_url_env {v!r} is not an environment variable name; use letters, digits and '_' (e.g. "
+                f"{OPTUNA_URL_ENV!r})"
+            )
         return v
 
     @classmethod
@@ -334,7 +373,8 @@ class OptunaSpec(_Strict):
         return cls(storage_url=stripped, storage_url_env=env if stripped != url else None, **fields)
 
     def connect_url(self, environ: Optional[Mapping[str, str]] = None) -> str:
-        """The URL to connect with: `storage_url`, or the full URL from `storage_url_env` (`environ`, default `os.environ`).
+        """The URL to connect with: `storage_url`, or the full URL from `storage_url_env` (`environ`, default
+        `os.environ`).
 
         Raises:
             ValueError: the variable is not set, or names another database than `storage_url`.
@@ -345,12 +385,14 @@ class OptunaSpec(_Strict):
         if not value:
             raise ValueError(
                 f"the Optuna storage {self.storage_url} needs its credentials from the environment variable "
-                f"{self.storage_url_env}, which this process does not have: on Kubernetes, put the full URL under that key "
+                f"{self.storage_url_env}, which this process does not have: on Kubernetes, put the full URL under "
+                "that key "
                 "in a Secret listed in the team's env_from_secrets; a local launch sets it from the SweepStore resource"
             )
         if not same_database(value, self.storage_url):
             raise ValueError(
-                f"{self.storage_url_env} points to {redact_url(value)}, but the trial's study is in {self.storage_url}; "
+                f"{self.storage_url_env} points to {redact_url(value)}, but the trial's study is in "
+                f"{self.storage_url}; "
                 f"set {self.storage_url_env} to the orchestrator's Optuna storage"
             )
         return value
@@ -398,7 +440,8 @@ class TrainSpec(_Strict):
     prediction_task: Optional[PredictionTask] = Field(
         None,
         description="classification or regression (the pipeline's `task`; `task` above names the trainer). "
-        "None, as in specs written before the field: lightning trials classify, gbt trials infer it from the target column",
+        "None, as in specs written before the field: lightning trials classify, gbt trials infer it from the target "
+        "column",
     )
     model: ImportTarget
     datamodule: ImportTarget = ImportTarget(path="training.data:ParquetDataModule")
@@ -421,8 +464,11 @@ class TrainSpec(_Strict):
     lineage: dict[str, Any] = Field(default_factory=dict)
     preprocessing: Preprocessing = Preprocessing()
     class_weight: Optional[Literal["balanced"]] = Field(
-        None, description="'balanced': each class weighs n_rows / (n_classes * its rows) in the training loss (gbt: sample weights; "
-        "lightning: a `class_weights` tensor for a model whose constructor takes one)")
+        None,
+        description="'balanced': each class weighs n_rows / (n_classes * its rows) in the training loss (gbt: sample "
+                    "weights; "
+        "lightning: a `class_weights` tensor for a model whose constructor takes one)",
+    )
 
     @field_validator("pipeline")
     @classmethod
@@ -436,8 +482,10 @@ class TrainSpec(_Strict):
     @model_validator(mode="after")
     def _strategy_fits(self) -> "TrainSpec":
         if self.distribution.strategy == "auto":
-            raise ValueError("distribution.strategy 'auto' must be resolved by trainyard.planner.plan_trial before launch; "
-                             "a TrainSpec takes 'ddp', 'fsdp' or 'tp'")
+            raise ValueError(
+                "distribution.strategy 'auto' must be resolved by trainyard.planner.plan_trial before launch; "
+                "a TrainSpec takes 'ddp', 'fsdp' or 'tp'"
+            )
         if self.task == "gbt" and self.distribution.world_size != 1:
             raise ValueError(
                 f"distribution: gbt tasks run in one process, got world size {self.distribution.world_size}"
@@ -456,7 +504,9 @@ class TrainResult(_Strict):
     """What a finished training process writes to `<output_uri>/result.json`."""
 
     trial_id: str
-    status: Literal["completed", "pruned"] = Field("completed", description="pruned: stopped early by the sweep's pruner")
+    status: Literal["completed", "pruned"] = Field(
+        "completed", description="pruned: stopped early by the sweep's pruner"
+    )
     metrics: dict[str, float]
     best_metric: float
     epochs: int
@@ -479,4 +529,6 @@ class TrainResult(_Strict):
         default_factory=dict, description="rank 0's time after the last step: load_best, evaluate, export (seconds)"
     )
     watchdog: dict[str, Any] = Field(
-        default_factory=dict, description="what the pod-side agents found (hung ranks, stragglers, `avoid_nodes`); set by the orchestrator")
+        default_factory=dict,
+        description="what the pod-side agents found (hung ranks, stragglers, `avoid_nodes`); set by the orchestrator",
+    )

@@ -26,7 +26,8 @@ HANG_ACTION_SECONDS = 60.0
 
 
 class WatchdogPolicy(StrictModel):
-    """When the pod-side agent (`training.gang`) declares a rank hung or a straggler (docs/operations.md, "Hung and slow ranks").
+    """When the pod-side agent (`training.gang`) declares a rank hung or a straggler (docs/operations.md, "Hung and slow
+    ranks").
 
     A rank that made no progress (a training or validation batch) for
     max(`hang_floor_seconds`, `hang_step_multiple` x its recent mean step time)
@@ -46,7 +47,9 @@ class WatchdogPolicy(StrictModel):
 
     enabled: bool = True
     hang_floor_seconds: float = Field(300.0, gt=0, description="the shortest hang timeout, whatever the step time")
-    hang_step_multiple: float = Field(20.0, ge=1, description="the hang timeout in mean step times, when above the floor")
+    hang_step_multiple: float = Field(
+        20.0, ge=1, description="the hang timeout in mean step times, when above the floor"
+    )
     hang_startup_seconds: Optional[float] = Field(None, gt=0, description="bound before the first step (None: none)")
     collective_timeout_seconds: float = Field(1800.0, gt=0, description="the process group's collective timeout")
     straggler_factor: float = Field(1.5, gt=1, description="how much slower than the others' median a straggler is")
@@ -57,15 +60,18 @@ class WatchdogPolicy(StrictModel):
         if self.collective_timeout_seconds < self.hang_floor_seconds + HANG_ACTION_SECONDS:
             raise ValueError(
                 f"collective_timeout_seconds={self.collective_timeout_seconds:g} must be at least hang_floor_seconds "
-                f"({self.hang_floor_seconds:g}) + {HANG_ACTION_SECONDS:g} s: a collective that times out before the hang "
-                "timeout leaves every rank recording a lost peer and nothing naming the hung rank")
+                f"({self.hang_floor_seconds:g}) + {HANG_ACTION_SECONDS:g} s: a collective that times out before the "
+                "hang "
+                "timeout leaves every rank recording a lost peer and nothing naming the hung rank"
+            )
         return self
 
     def hang_timeout(self, mean_step_seconds: Optional[float]) -> Optional[float]:
         """Seconds without progress after which a rank is hung; `mean_step_seconds` None: before its first step.
 
         Example:
-            >>> WatchdogPolicy().hang_timeout(0.5), WatchdogPolicy().hang_timeout(30.0), WatchdogPolicy().hang_timeout(None)
+            >>> policy = WatchdogPolicy()
+            >>> policy.hang_timeout(0.5), policy.hang_timeout(30.0), policy.hang_timeout(None)
             (300.0, 600.0, None)
         """
         if mean_step_seconds is None:
@@ -102,13 +108,19 @@ class FaultInjection(StrictModel):
     raise_at_step: Optional[int] = Field(None, ge=0, description="raise in training on every rank at this step")
     kill_rank: Optional[int] = Field(None, ge=0, description="SIGKILL this rank at kill_at_step")
     kill_at_step: Optional[int] = Field(None, ge=1)
-    sigterm_at_step: Optional[int] = Field(None, ge=1, description="SIGTERM the launcher agent (a preemption) at this step")
+    sigterm_at_step: Optional[int] = Field(
+        None, ge=1, description="SIGTERM the launcher agent (a preemption) at this step"
+    )
     corrupt_latest_checkpoint: bool = Field(False, description="corrupt the newest checkpoint before resuming")
     fail_storage_writes: int = Field(0, ge=0, description="the next n checkpoint writes fail transiently")
     nan_at_step: Optional[int] = Field(None, ge=1, description="make the loss NaN at this step")
-    hang_rank: Optional[int] = Field(None, ge=0, description="this rank blocks forever before hang_at_step's gradient all-reduce")
+    hang_rank: Optional[int] = Field(
+        None, ge=0, description="this rank blocks forever before hang_at_step's gradient all-reduce"
+    )
     hang_at_step: Optional[int] = Field(None, ge=1)
-    slow_rank: Optional[int] = Field(None, ge=0, description="this rank sleeps slow_seconds in every step (a straggler)")
+    slow_rank: Optional[int] = Field(
+        None, ge=0, description="this rank sleeps slow_seconds in every step (a straggler)"
+    )
     slow_seconds: float = Field(0.0, ge=0)
 
     @model_validator(mode="after")
@@ -118,5 +130,8 @@ class FaultInjection(StrictModel):
         if (self.hang_rank is None) != (self.hang_at_step is None):
             raise ValueError("hang_rank and hang_at_step are set together")
         if (self.slow_rank is None) != (self.slow_seconds == 0):
-            raise ValueError(f"slow_rank and slow_seconds (> 0) are set together, got slow_rank={self.slow_rank}, slow_seconds={self.slow_seconds}")
+            raise ValueError(
+                f"slow_rank and slow_seconds (> 0) are set together, got slow_rank={self.slow_rank}, "
+                f"slow_seconds={self.slow_seconds}"
+            )
         return self

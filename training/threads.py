@@ -45,7 +45,8 @@ def _cgroup_quota(path: str) -> Optional[int]:
 
 
 def trial_threads(env: Optional[Mapping[str, str]] = None) -> int:
-    """This rank's threads: `OMP_NUM_THREADS` when set to a positive integer, else its CPUs shared among the node's ranks.
+    """This rank's threads: `OMP_NUM_THREADS` when set to a positive integer, else its CPUs shared among the node's
+    ranks.
 
     `env`: the process's environment (default `os.environ`); `LOCAL_WORLD_SIZE` is the node's ranks.
     """
@@ -68,7 +69,8 @@ def _count(env: Mapping[str, str], *names: str) -> Optional[int]:
 
 
 def apply_thread_counts(env: Optional[Mapping[str, str]] = None) -> dict[str, int]:
-    """Give every thread pool already loaded in this process the counts `env` names, as a process started with `env` has.
+    """Give every thread pool already loaded in this process the counts `env` names, as a process started with `env`
+    has.
 
     For a worker forked from the warm server: the server loaded torch, numpy's OpenBLAS, LightGBM's OpenMP and Arrow
     with one thread each (a fork server must have no thread pool), and those libraries read their variables only then.
@@ -96,7 +98,9 @@ def apply_thread_counts(env: Optional[Mapping[str, str]] = None) -> dict[str, in
         sys.modules["torch"].set_num_threads(threads)
         applied["torch"] = threads
     if "pyarrow" in sys.modules and _count(env, "OMP_NUM_THREADS") is not None:
-        sys.modules["pyarrow"].set_cpu_count(threads)  # Arrow's CPU pool takes OMP_NUM_THREADS when set, as it does at load
+        sys.modules["pyarrow"].set_cpu_count(
+            threads
+        )  # Arrow's CPU pool takes OMP_NUM_THREADS when set, as it does at load
         applied["arrow"] = threads
     numexpr_threads = _count(env, "NUMEXPR_NUM_THREADS")
     if "numexpr" in sys.modules and numexpr_threads is not None:

@@ -195,8 +195,11 @@ class Server:
         if not self.children:
             say(f"server pid {os.getpid()}: {why}; exiting")
             return
-        say(f"server pid {os.getpid()}: {why}; forwarding SIGTERM to {len(self.children)} launch(es) in flight "
-            f"(supervisor pid {', '.join(map(str, sorted(self.children)))}) and waiting up to {self.stop_grace_seconds:g} s")
+        say(
+            f"server pid {os.getpid()}: {why}; forwarding SIGTERM to {len(self.children)} launch(es) in flight "
+            f"(supervisor pid {', '.join(map(str, sorted(self.children)))}) and waiting up to "
+            f"{self.stop_grace_seconds:g} s"
+        )
         for pid in self.children:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -240,7 +243,10 @@ def serve(path: str, idle_seconds: float, stop_grace_seconds: float = STOP_GRACE
         return EXIT_INFRA
     keeper, service = start_keeper()
     shared = f"W&B service {service} (keeper pid {keeper})" if SERVICE else f"no shared W&B service: {service}"
-    say(f"server pid {os.getpid()}: imported {', '.join(loaded)} in {time.monotonic() - started:.1f} s; {shared}; listening on {path}")
+    say(
+        f"server pid {os.getpid()}: imported {', '.join(loaded)} in {time.monotonic() - started:.1f} s; {shared}; "
+        f"listening on {path}"
+    )
     Server(path, idle_seconds, stop_grace_seconds).serve()
     return EXIT_OK
 
@@ -249,10 +255,18 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.warm", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="preload the trial's modules and fork a worker per launch")
-    serve_cmd.add_argument("--socket", required=True, help="unix socket path to listen on (created; must not be in use)")
-    serve_cmd.add_argument("--idle-seconds", type=float, default=300.0, help="exit after this long without a launch (default 300)")
-    serve_cmd.add_argument("--stop-grace-seconds", type=float, default=STOP_GRACE_SECONDS,
-                           help=f"on SIGTERM, wait this long for the launches in flight to checkpoint (default {STOP_GRACE_SECONDS:g})")
+    serve_cmd.add_argument(
+        "--socket", required=True, help="unix socket path to listen on (created; must not be in use)"
+    )
+    serve_cmd.add_argument(
+        "--idle-seconds", type=float, default=300.0, help="exit after this long without a launch (default 300)"
+    )
+    serve_cmd.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=STOP_GRACE_SECONDS,
+        help=f"on SIGTERM, wait this long for the launches in flight to checkpoint (default {STOP_GRACE_SECONDS:g})",
+    )
     args = parser.parse_args(argv)
     if args.idle_seconds <= 0:
         parser.error(f"--idle-seconds must be > 0, got {args.idle_seconds:g}")

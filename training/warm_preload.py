@@ -32,22 +32,52 @@ from common.proc import thread_names
 
 # What a trial imports before its first step; `resources.warm` keys servers on the text of `training/`, so a change
 # here starts a new server. Optional modules are skipped when absent.
-PRELOAD = ("torch", "lightning", "pandas", "pyarrow", "training.entrypoint", "training.lightning_task", "training.gbt", "training.describe")
+PRELOAD = (
+    "torch",
+    "lightning",
+    "pandas",
+    "pyarrow",
+    "training.entrypoint",
+    "training.lightning_task",
+    "training.gbt",
+    "training.describe",
+)
 # Also what a trial imports only at run time, each found to cost a forked worker tenths of a second to a second
 # (gbt_overhead): W&B's init imports its launch inputs; the sweep's pruner and a GBT trial's reporter open Optuna's
 # SQL storage (SQLAlchemy, its SQLite dialect, Alembic's migration check; psycopg2 for a PostgreSQL study).
 PRELOAD_OPTIONAL = (
-    "lightgbm", "wandb", "wandb.sdk.launch.inputs.internal", "optuna", "optuna.storages._rdb.storage",
-    "alembic.migration", "alembic.script", "sqlalchemy.dialects.sqlite", "psycopg2",
+    "lightgbm",
+    "wandb",
+    "wandb.sdk.launch.inputs.internal",
+    "optuna",
+    "optuna.storages._rdb.storage",
+    "alembic.migration",
+    "alembic.script",
+    "sqlalchemy.dialects.sqlite",
+    "psycopg2",
     # what Optuna's RDBStorage still imported lazily in a forked worker: its ORM models, SQLAlchemy's ORM and Alembic's
     # command API for the schema check (0.11 s of the pruner's first storage open, 0.04 s with them)
-    "optuna.storages._rdb.models", "sqlalchemy.orm", "alembic.command", "alembic.config",
+    "optuna.storages._rdb.models",
+    "sqlalchemy.orm",
+    "alembic.command",
+    "alembic.config",
     # the export of the trained model (torch.export's tracer, AOT autograd, the pt2 archive) and the data module's
     # and reporting's run-time imports: 0.4 s of every one-epoch digits trial (sweep_throughput)
-    "torch.export._trace", "torch._functorch.aot_autograd", "torch._functorch.partitioners", "torch._export.serde.serialize",
-    "torch.export.pt2_archive._package", "pyarrow.dataset", "pyarrow.pandas_compat", "dagster_pipes", "training.pipes_store",
-    "omegaconf", "wandb.wandb_run", "torch._export.passes.replace_set_grad_with_hop_pass",
-    "torch._export.passes.replace_autocast_with_hop_pass", "torch._inductor.ir", "torch.fx.experimental.validator",
+    "torch.export._trace",
+    "torch._functorch.aot_autograd",
+    "torch._functorch.partitioners",
+    "torch._export.serde.serialize",
+    "torch.export.pt2_archive._package",
+    "pyarrow.dataset",
+    "pyarrow.pandas_compat",
+    "dagster_pipes",
+    "training.pipes_store",
+    "omegaconf",
+    "wandb.wandb_run",
+    "torch._export.passes.replace_set_grad_with_hop_pass",
+    "torch._export.passes.replace_autocast_with_hop_pass",
+    "torch._inductor.ir",
+    "torch.fx.experimental.validator",
     # torch._dynamo's exit callback (`dump_compile_times`, run by every worker's exit) imports tabulate to format a log
     # line: 30-60 ms of each worker's exit, which on a recovery holds the restart while the surviving ranks stop
     "tabulate",
@@ -60,7 +90,8 @@ SERVER_EXIT_CALLBACKS: list[Callable[..., Any]] = []
 
 @contextlib.contextmanager
 def recording_exit_callbacks() -> Iterator[None]:
-    """Record in `SERVER_EXIT_CALLBACKS` what `atexit.register` is called with inside the block (modules call it at import)."""
+    """Record in `SERVER_EXIT_CALLBACKS` what `atexit.register` is called with inside the block (modules call it at
+    import)."""
     register = atexit.register
 
     def recording(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
@@ -76,7 +107,9 @@ def recording_exit_callbacks() -> Iterator[None]:
 
 def disown_server_exit_work() -> None:
     """In a forked worker: set the server's exit-time finalizers and recorded temporary-directory cleanups aside."""
-    for finalizer in list(getattr(weakref.finalize, "_registry", {})):  # CPython's registry of live finalizers (since 3.4)
+    for finalizer in list(
+        getattr(weakref.finalize, "_registry", {})
+    ):  # CPython's registry of live finalizers (since 3.4)
         finalizer.atexit = False
     for func in SERVER_EXIT_CALLBACKS:
         if isinstance(getattr(func, "__self__", None), tempfile.TemporaryDirectory):
@@ -84,14 +117,16 @@ def disown_server_exit_work() -> None:
 
 
 def run_server_exit_work() -> None:
-    """In the server, at its exit: its exit-time finalizers, as a normal exit runs them (they remove its temporary directories)."""
+    """In the server, at its exit: its exit-time finalizers, as a normal exit runs them (they remove its temporary
+    directories)."""
     exit_func = getattr(weakref.finalize, "_exitfunc", None)
     if exit_func is not None:
         exit_func()
 
 
 def threads() -> list[str]:
-    """The names of this process's threads, native ones included (`common.proc.thread_names`: the run-worker zygote's check too)."""
+    """The names of this process's threads, native ones included (`common.proc.thread_names`: the run-worker zygote's
+    check too)."""
     return thread_names()
 
 

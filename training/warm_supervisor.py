@@ -97,7 +97,8 @@ def store_listener(nprocs: int) -> socket.socket:
     return listener
 
 
-# The server's shared W&B service (`training.warm_wandb`): its `WANDB_SERVICE` value, set before any supervisor is forked.
+# The server's shared W&B service (`training.warm_wandb`): its `WANDB_SERVICE` value, set before any supervisor is
+# forked.
 SERVICE_VAR = WANDB_SERVICE_ENV
 SWITCH_ENV = "TRAINYARD_WARM_WANDB_SERVICE"
 UNIX_TOKEN = re.compile(r"\d+-\d+-unix-(.+)")
@@ -111,7 +112,8 @@ def launch_of(env: dict[str, str], default: str) -> str:
 
 
 def service_env(env: dict[str, str]) -> dict[str, str]:
-    """`{WANDB_SERVICE: value}` for a worker whose launch environment `env` names no service, while the shared one's socket exists."""
+    """`{WANDB_SERVICE: value}` for a worker whose launch environment `env` names no service, while the shared one's
+    socket exists."""
     value = SERVICE.get(SERVICE_VAR)
     if not value or SERVICE_VAR in env or not settings(env).warm_wandb_service:
         return {}
@@ -119,18 +121,31 @@ def service_env(env: dict[str, str]) -> dict[str, str]:
     return {SERVICE_VAR: value} if match and os.path.exists(match.group(1)) else {}
 
 
-def worker_env(request: Request, restart: int, master_port: int, rank: int = 0, store_fd: Optional[int] = None) -> dict[str, str]:
-    """The environment torchrun's agent gives local rank `rank` of a one-node launch of `request.nprocs`, over the request's.
+def worker_env(
+    request: Request, restart: int, master_port: int, rank: int = 0, store_fd: Optional[int] = None
+) -> dict[str, str]:
+    """The environment torchrun's agent gives local rank `rank` of a one-node launch of `request.nprocs`, over the
+    request's.
 
     `store_fd`: rank 0's inherited listening socket for its TCPStore (`store_listener`).
     """
     n = str(request.nprocs)
     return {
         **request.env,
-        **service_env(request.env),  # the server's shared W&B service, unless the launch names one (training.warm_wandb)
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank), "ROLE_NAME": "default",
-        "WORLD_SIZE": n, "LOCAL_WORLD_SIZE": n, "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": n,
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(master_port),
+        **service_env(
+            request.env
+        ),  # the server's shared W&B service, unless the launch names one (training.warm_wandb)
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": n,
+        "LOCAL_WORLD_SIZE": n,
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_WORLD_SIZE": n,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
         "TORCHELASTIC_RESTART_COUNT": str(restart),
         "TORCHELASTIC_MAX_RESTARTS": str(request.max_restarts),
         "TORCHELASTIC_RUN_ID": request.run_id,
@@ -143,7 +158,8 @@ def worker_env(request: Request, restart: int, master_port: int, rank: int = 0, 
 
 
 def worker_path(cwd: str, env: dict[str, str], base: list[str]) -> list[str]:
-    """`sys.path` of `python -m training.entrypoint` started in `cwd` with `env`: cwd, PYTHONPATH, the interpreter's own."""
+    """`sys.path` of `python -m training.entrypoint` started in `cwd` with `env`: cwd, PYTHONPATH, the interpreter's
+    own."""
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     return [cwd, *extra, *(p for p in base if p not in extra and p != cwd)]
 
@@ -256,7 +272,8 @@ class Supervisor:
             self.client_gone = True
 
     def run_once(self, restart: int) -> int:
-        """Fork round `restart`'s workers and follow them to the end; the group's status (the first failure's, else 0)."""
+        """Fork round `restart`'s workers and follow them to the end; the group's status (the first failure's, else
+        0)."""
         self.workers, self.failures = [], []
         with store_listener(self.request.nprocs) as listener:  # rank 0 keeps it; the others and this process close it
             self._fork_round(restart, listener)
@@ -273,14 +290,21 @@ class Supervisor:
             others = [x for w in self.workers for x in (w.read_end, *((w.exited,) if w.exited is not None else ()))]
             pid = os.fork()
             if pid == 0:
-                run_worker(self.request, env, supervisor=self.pid, out=write_end,
-                           close=[read_end, self.out, self.conn.fileno(), *others, *([listener.fileno()] if rank else [])])
+                run_worker(
+                    self.request,
+                    env,
+                    supervisor=self.pid,
+                    out=write_end,
+                    close=[read_end, self.out, self.conn.fileno(), *others, *([listener.fileno()] if rank else [])],
+                )
             os.close(write_end)
             w = Worker(rank, pid, read_end, _pidfd(pid))
             self.workers.append(w)
             if self.signalled is not None:  # arrived while forking
                 os.kill(pid, self.signalled)
-            self.send({"event": "worker", "pid": pid, "rank": rank, "restart": restart, "start_ticks": start_ticks(pid)})
+            self.send(
+                {"event": "worker", "pid": pid, "rank": rank, "restart": restart, "start_ticks": start_ticks(pid)}
+            )
             say(f"launch {launch_of(self.request.env, '?')} (spec {self.request.spec_uri}): worker pid {pid} started "
                 f"(restart {restart}) by supervisor pid {self.pid} of warm server pid {os.getppid()} "
                 f"(rank {rank} of {self.request.nprocs})", self.out)
@@ -291,7 +315,12 @@ class Supervisor:
         drain_until: Optional[float] = None
         watched_at = time.monotonic()
         while True:
-            if self.watchdog is not None and not self.failures and self.signalled is None and time.monotonic() - watched_at >= WATCH_SECONDS:
+            if (
+                self.watchdog is not None
+                and not self.failures
+                and self.signalled is None
+                and time.monotonic() - watched_at >= WATCH_SECONDS
+            ):
                 watched_at = time.monotonic()
                 try:
                     self.watchdog.poll()  # a hung group is SIGKILLed here, and reaped below as failed
@@ -315,8 +344,12 @@ class Supervisor:
             running = [w for w in self.workers if w.status is None]
             if running and (self.failures or self.client_gone):
                 if stop_sent is None:
-                    why = "the launcher disconnected" if not self.failures else \
-                        f"rank {self.failures[0].rank} (pid {self.failures[0].pid}) exited with status {self.failures[0].status}"
+                    why = (
+                        "the launcher disconnected"
+                        if not self.failures
+                        else f"rank {self.failures[0].rank} (pid {self.failures[0].pid}) exited with status "
+                             f"{self.failures[0].status}"
+                    )
                     say(f"{why}; stopping the other workers ({', '.join(f'pid {w.pid}' for w in running)})", self.out)
                 stop_sent = self._stop(running, stop_sent)
             if not running:
@@ -372,8 +405,13 @@ class Supervisor:
         if early and self.signalled is None:
             self.signalled = early[0]
         progress = tempfile.mkdtemp(prefix="trainyard-progress-")
-        self.watchdog = GangWatchdog(progress, watchdog_policy(self.request.spec_uri), output_uri_of(self.request.spec_uri),
-                                     launch_of(self.request.env, ""), lambda m: say(m, self.out))
+        self.watchdog = GangWatchdog(
+            progress,
+            watchdog_policy(self.request.spec_uri),
+            output_uri_of(self.request.spec_uri),
+            launch_of(self.request.env, ""),
+            lambda m: say(m, self.out),
+        )
         try:
             status = 0
             for restart in range(self.request.max_restarts + 1):
@@ -395,7 +433,9 @@ class Supervisor:
         if status != 0:
             self._write(failure_summary(self.failures).encode())
             try:
-                records = launch_records(output_uri_of(self.request.spec_uri), launch_of(self.request.env, ""), self.started)
+                records = launch_records(
+                    output_uri_of(self.request.spec_uri), launch_of(self.request.env, ""), self.started
+                )
             except Exception as e:  # store unreachable, credentials: never the user-error status (as in training.gang)
                 say(f"cannot read the failure records ({type(e).__name__}: {e}); classifying without them", self.out)
         verdict = classify(records, status, self.signalled)
@@ -420,7 +460,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def start_ticks(pid: int) -> int:
-    """Process `pid`'s start time in clock ticks since boot (`/proc/<pid>/stat` field 22): a pid plus this names one process."""
+    """Process `pid`'s start time in clock ticks since boot (`/proc/<pid>/stat` field 22): a pid plus this names one
+    process."""
     with open(f"/proc/{pid}/stat") as f:
         return int(f.read().rsplit(")", 1)[1].split()[19])
 
@@ -440,7 +481,8 @@ def _entry(w: Worker) -> str:
 
 
 def failure_summary(failures: list[Worker]) -> str:
-    """The `ChildFailedError` block torchrun prints for a failed group, for `resources.launch_errors.parse_worker_exits`.
+    """The `ChildFailedError` block torchrun prints for a failed group, for
+    `resources.launch_errors.parse_worker_exits`.
 
     `failures`: the workers that exited non-zero, the first observed first (the root cause); the others, those
     stopped after it among them, are listed under "Failures:".

@@ -34,7 +34,8 @@ START_TIMEOUT_SECONDS = 20.0
 
 
 def start_keeper(timeout: float = START_TIMEOUT_SECONDS) -> tuple[Optional[int], str]:
-    """Fork the keeper and wait for its service; (the keeper's pid or None, the service's `WANDB_SERVICE` value or why none).
+    """Fork the keeper and wait for its service; (the keeper's pid or None, the service's `WANDB_SERVICE` value or why
+    none).
 
     Sets `SERVICE` for the workers forked after it.
     """
@@ -80,7 +81,11 @@ def _keep(server: int, write: int) -> None:
 
             wandb.setup()
             value = os.environ.get(SERVICE_VAR, "")
-            message = f"token {value}" if UNIX_TOKEN.fullmatch(value) else f"error W&B set up no unix-socket service ({value!r})"
+            message = (
+                f"token {value}"
+                if UNIX_TOKEN.fullmatch(value)
+                else f"error W&B set up no unix-socket service ({value!r})"
+            )
         except Exception as e:  # W&B missing or broken: trials start their own service, as without a keeper
             message = f"error {type(e).__name__}: {e}"
         os.write(write, (message.replace("\n", " ") + "\n").encode())

@@ -90,7 +90,9 @@ class SourceSpec(StrictSpec):
         return [self.pattern] if isinstance(self.pattern, str) else list(self.pattern)
 
     def check_columns(self, columns: dict[str, "ColumnSpec"], target: str) -> None:
-        """Check the pipeline's declared columns against this source (landing files carry them all: nothing to check)."""
+        """Check the pipeline's declared columns against this source (landing files carry them all: nothing to
+        check)."""
+
 
 class ColumnSpec(StrictSpec):
     """One declared column: its role, type, nulls, range, categorical domain, finiteness.
@@ -136,7 +138,9 @@ class ColumnSpec(StrictSpec):
         if (self.min is not None or self.max is not None) and self.dtype not in ("int", "float"):
             raise ValueError(f"min/max apply to int and float columns only; this column's dtype is {self.dtype!r}")
         if self.domain is not None and self.dtype in ("float", "date", "datetime"):
-            raise ValueError(f"domain applies to int, str, bool and category columns; this column's dtype is {self.dtype!r}")
+            raise ValueError(
+                f"domain applies to int, str, bool and category columns; this column's dtype is {self.dtype!r}"
+            )
         if self.role == "timestamp" and self.dtype not in ("date", "datetime"):
             raise ValueError(f"role 'timestamp' needs dtype 'date' or 'datetime', got {self.dtype!r}")
         if self.role == "id" and self.dtype not in ("int", "str", "category"):

@@ -82,7 +82,8 @@ class TrialPlan:
         return f"tp (tensor_parallel_size={d.tensor_parallel_size})" if d.strategy == "tp" else d.strategy
 
     def table_markdown(self) -> str:
-        """Per-device memory of each strategy: weights, gradients, optimizer states, buffers, activations, total vs usable."""
+        """Per-device memory of each strategy: weights, gradients, optimizer states, buffers, activations, total vs
+        usable."""
         if not self.estimates:
             return ""
         per = bytes_per_param(self.dtype_bytes, self.optimizer)
@@ -92,7 +93,10 @@ class TrialPlan:
         for e in self.estimates:
             share = e.model_states_gb / per  # GiB per byte-per-parameter of model state
             name = _label(e)
-            if (e.strategy, e.tensor_parallel_size) == (self.distribution.strategy, self.distribution.tensor_parallel_size):
+            if (e.strategy, e.tensor_parallel_size) == (
+                self.distribution.strategy,
+                self.distribution.tensor_parallel_size,
+            ):
                 name = f"**{name}** ({'chosen' if self.chosen_by == 'planner' else 'fixed'})"
             cells = [name, _size(share * self.dtype_bytes), _size(share * self.dtype_bytes),
                      _size(share * (per - 2 * self.dtype_bytes)), _size(e.buffers_gb), _size(e.activations_gb),
@@ -134,7 +138,9 @@ def _size(gib: float) -> str:
     return f"{gib * 1024 * 1024:.1f} KiB"
 
 
-def device_memory(distribution: Distribution, launcher: Any = None, environ: Optional[Mapping[str, str]] = None) -> tuple[float, str]:
+def device_memory(
+    distribution: Distribution, launcher: Any = None, environ: Optional[Mapping[str, str]] = None
+) -> tuple[float, str]:
     """Memory of one device (GPU, or one CPU process's share of its machine) in GiB, and where the number came from.
 
     First that applies: the `TRAINYARD_DEVICE_MEMORY_GB` environment variable; a
@@ -202,7 +208,8 @@ def plan_distribution(
             `distribution.strategy`, each estimate and how many devices would do.
 
     Example:
-        >>> p = plan_distribution(Distribution(procs_per_node=2, strategy="auto"), params=4_810, dtype_bytes=4, device_memory_gb=16)
+        >>> p = plan_distribution(Distribution(procs_per_node=2, strategy="auto"), params=4_810, dtype_bytes=4,
+        ...                       device_memory_gb=16)
         >>> p.distribution.strategy, p.chosen_by
         ('ddp', 'planner')
     """
@@ -211,13 +218,25 @@ def plan_distribution(
                      activation_gb=activation_gb, shape=shape, fsdp_units=fsdp_units)
     per_node = devices // nodes
     estimates = [memory_per_device("ddp", **common), memory_per_device("fsdp", **common)]
-    estimates += [memory_per_device("tp", tensor_parallel_size=t, **common) for t in range(2, per_node + 1) if per_node % t == 0]
+    estimates += [
+        memory_per_device("tp", tensor_parallel_size=t, **common) for t in range(2, per_node + 1) if per_node % t == 0
+    ]
     usable = device_memory_gb * usable_fraction
-    inputs = _TrialInputs(params=params, dtype_bytes=dtype_bytes, optimizer=optimizer, device_memory_gb=device_memory_gb,
-                          device_memory_source=device_memory_source, usable_gb=usable, estimates=tuple(estimates))
-    facts = (f"{params:,} parameters, {dtype_bytes}-byte weights and {optimizer} = {bytes_per_param(dtype_bytes, optimizer)} "
-             f"bytes per parameter of model state, on {devices} device(s) ({nodes} node(s)) with "
-             f"{_size(usable)} usable of {_size(device_memory_gb)} each ({device_memory_source or 'given'})")
+    inputs = _TrialInputs(
+        params=params,
+        dtype_bytes=dtype_bytes,
+        optimizer=optimizer,
+        device_memory_gb=device_memory_gb,
+        device_memory_source=device_memory_source,
+        usable_gb=usable,
+        estimates=tuple(estimates),
+    )
+    facts = (
+        f"{params:,} parameters, {dtype_bytes}-byte weights and {optimizer} = "
+        f"{bytes_per_param(dtype_bytes, optimizer)} "
+        f"bytes per parameter of model state, on {devices} device(s) ({nodes} node(s)) with "
+        f"{_size(usable)} usable of {_size(device_memory_gb)} each ({device_memory_source or 'given'})"
+    )
     if activation_gb is None and shape is None:
         facts += "; activations not estimated for this model"
     chosen: Optional[Plan] = None
@@ -227,12 +246,23 @@ def plan_distribution(
     except NothingFitsError as e:
         nothing = e
     if distribution.strategy == "auto":
-        return _planner_choice(distribution, chosen, nothing, estimates, usable, device_memory_gb, device_memory_source, facts, inputs)
+        return _planner_choice(
+            distribution, chosen, nothing, estimates, usable, device_memory_gb, device_memory_source, facts, inputs
+        )
     return _user_choice(distribution, distribution.strategy, chosen, estimates, usable, common, facts, inputs)
 
 
-def _planner_choice(distribution: Distribution, chosen: Optional[Plan], nothing: Optional[NothingFitsError], estimates: list[MemoryEstimate],
-                    usable: float, device_memory_gb: float, device_memory_source: str, facts: str, inputs: _TrialInputs) -> TrialPlan:
+def _planner_choice(
+    distribution: Distribution,
+    chosen: Optional[Plan],
+    nothing: Optional[NothingFitsError],
+    estimates: list[MemoryEstimate],
+    usable: float,
+    device_memory_gb: float,
+    device_memory_source: str,
+    facts: str,
+    inputs: _TrialInputs,
+) -> TrialPlan:
     """Strategy 'auto': the planner's choice (`chosen`), with each strategy it tried in order and why.
 
     Raises:
@@ -258,9 +288,18 @@ def _planner_choice(distribution: Distribution, chosen: Optional[Plan], nothing:
     return TrialPlan(resolved, "planner", reasoning, **inputs)
 
 
-def _user_choice(distribution: Distribution, strategy: Strategy, chosen: Optional[Plan], estimates: list[MemoryEstimate], usable: float,
-                 common: Sizing, facts: str, inputs: _TrialInputs) -> TrialPlan:
-    """A strategy fixed by the pipeline (`strategy`, the distribution's): kept, with whether it fits and what 'auto' would choose;
+def _user_choice(
+    distribution: Distribution,
+    strategy: Strategy,
+    chosen: Optional[Plan],
+    estimates: list[MemoryEstimate],
+    usable: float,
+    common: Sizing,
+    facts: str,
+    inputs: _TrialInputs,
+) -> TrialPlan:
+    """A strategy fixed by the pipeline (`strategy`, the distribution's): kept, with whether it fits and what 'auto'
+    would choose;
     a warning when it may not fit."""
     # A fixed tensor parallel size may span nodes, which the planner never tries: estimate it on its own.
     fixed = memory_per_device(strategy, tensor_parallel_size=distribution.tensor_parallel_size, **common)
@@ -269,14 +308,27 @@ def _user_choice(distribution: Distribution, strategy: Strategy, chosen: Optiona
         inputs["estimates"] = tuple(estimates)
     warnings: tuple[str, ...] = ()
     if fixed.total_gb <= usable:
-        reasoning = f"{_label(fixed)} (fixed by the pipeline) fits: {_size(fixed.total_gb)} of {_size(usable)} usable per device"
-        if chosen is not None and (chosen.strategy, chosen.tensor_parallel_size) != (fixed.strategy, fixed.tensor_parallel_size):
+        reasoning = (
+            f"{_label(fixed)} (fixed by the pipeline) fits: {_size(fixed.total_gb)} of {_size(usable)} usable per "
+            "device"
+        )
+        if chosen is not None and (chosen.strategy, chosen.tensor_parallel_size) != (
+            fixed.strategy,
+            fixed.tensor_parallel_size,
+        ):
             reasoning += f"; strategy 'auto' would choose {_label(chosen.estimates[chosen.strategy])}"
     else:
-        instead = (f"strategy 'auto' would choose {_label(chosen.estimates[chosen.strategy])} "
-                   f"({_size(chosen.per_device_gb[chosen.strategy])})" if chosen is not None else "no strategy fits these devices")
-        reasoning = (f"{_label(fixed)} (fixed by the pipeline) needs {_size(fixed.total_gb)} > {_size(usable)} usable per device "
-                     f"and may run out of memory; {instead}")
+        instead = (
+            f"strategy 'auto' would choose {_label(chosen.estimates[chosen.strategy])} "
+            f"({_size(chosen.per_device_gb[chosen.strategy])})"
+            if chosen is not None
+            else "no strategy fits these devices"
+        )
+        reasoning = (
+            f"{_label(fixed)} (fixed by the pipeline) needs {_size(fixed.total_gb)} > {_size(usable)} usable per "
+            "device "
+            f"and may run out of memory; {instead}"
+        )
         warnings = (f"distribution.strategy={distribution.strategy!r} may not fit: {reasoning}",)
     return TrialPlan(distribution, "user", f"{reasoning}. Inputs: {facts}.", warnings=warnings, **inputs)
 
@@ -359,7 +411,11 @@ def input_width_bound(spec: PipelineSpec) -> int:
     for name in spec.features:
         column = spec.columns[name]
         if column.categorical:
-            width += 1 if pre.categorical == "index" else min(pre.max_categories, len(column.domain or ()) or pre.max_categories) + 1
+            width += (
+                1
+                if pre.categorical == "index"
+                else min(pre.max_categories, len(column.domain or ()) or pre.max_categories) + 1
+            )
         elif column.dtype in ("date", "datetime"):
             width += len([p for p in pre.date_parts if p != "hour" or column.dtype == "datetime"])
         else:
@@ -406,15 +462,25 @@ def plan_trial(
     dist = spec.distribution
     if spec.model.task == "gbt":
         resolved = dist if dist.strategy != "auto" else Distribution(**{**dist.model_dump(), "strategy": "ddp"})
-        return TrialPlan(resolved, "skipped", "gbt task: LightGBM trains in one process, there is no distribution to plan.")
+        return TrialPlan(
+            resolved, "skipped", "gbt task: LightGBM trains in one process, there is no distribution to plan."
+        )
     if precision not in PRECISION_BYTES:
         raise ValueError(f"precision={precision!r} must be one of {sorted(PRECISION_BYTES)}")
     memory_gb, source = device_memory(dist, launcher, environ)
     chosen_by: Literal["planner", "user"] = "planner" if dist.strategy == "auto" else "user"
     try:
         data_kwargs = spec.shards.model_inputs() if spec.shards is not None else {}
-        model = describe(ModelQuery(spec.model.path, dict(hparams), input_width_bound(spec), spec.task == "classification", n_classes,
-                                    data_kwargs))
+        model = describe(
+            ModelQuery(
+                spec.model.path,
+                dict(hparams),
+                input_width_bound(spec),
+                spec.task == "classification",
+                n_classes,
+                data_kwargs,
+            )
+        )
         result = plan_distribution(dist, model.params, PRECISION_BYTES[precision], memory_gb, optimizer,
                                    fsdp_units=model.fsdp_units, device_memory_source=source)
         if result.chosen_by == "planner":
@@ -430,17 +496,20 @@ class TrialPlanError(ValueError):
 
 
 def _check_supports(model: ModelFacts, strategy: str) -> None:
-    """What `training.strategies.check_model_supports` requires, told by the model's methods (orchestration imports no pod code)."""
+    """What `training.strategies.check_model_supports` requires, told by the model's methods (orchestration imports no
+    pod code)."""
     if strategy == "ddp":
         return
     if not model.parallel:
         raise TrialPlanError(
-            f"distribution.strategy='auto' chose {strategy!r} (ddp does not fit), but model {model.name} does not support strategy "
+            f"distribution.strategy='auto' chose {strategy!r} (ddp does not fit), but model {model.name} does not "
+            "support strategy "
             f"{strategy!r}: inherit training.parallel.ParallelizableModule, or add devices so that ddp fits"
         )
     if strategy == "tp" and not model.tp_plan:
         raise TrialPlanError(
-            f"distribution.strategy='auto' chose 'tp' (ddp and fsdp do not fit), but model {model.name} does not support strategy "
+            f"distribution.strategy='auto' chose 'tp' (ddp and fsdp do not fit), but model {model.name} does not "
+            "support strategy "
             "'tp': tensor_parallel_plan() is empty; return {submodule FQN: ColwiseParallel() | RowwiseParallel()}"
         )
 

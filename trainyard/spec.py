@@ -1,7 +1,8 @@
 """The team-facing, declarative pipeline definition.
 
-A team describes *what* to train; `pipelines.factory.build_definitions` turns it
-into the six-asset lineage graph. Everything here is validated when the team
+A team describes *what* to train in its `TeamSpec` module; the team's code
+location (`pipelines.team.team_definitions`, as README's "Write your own
+pipeline" shows) turns each pipeline into the six-asset lineage graph. Everything here is validated when the team
 module is imported, so a mistake fails before any compute is spent, with a
 message naming the field, the value and what would be accepted.
 
@@ -34,11 +35,23 @@ from typing import Any, Literal, Optional, Union
 from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from training.spec import CheckpointPolicy, Distribution, ImportTarget, PredictionTask, Preprocessing
-from trainyard.dataspec import ColumnSpec, SourceSpec, SplitSpec  # public here too: `from trainyard.spec import SourceSpec`
+from trainyard.dataspec import (
+    ColumnSpec,
+    SourceSpec,
+    SplitSpec,
+)  # public here too: `from trainyard.spec import SourceSpec`
 from trainyard.policies import PromotionSpec, RetrainPolicy
 from trainyard.project import project_dir
 from trainyard.search import SWEEP_CONTROL_FIELDS, SearchSpec, StrictSpec
-from trainyard.shardspec import IMAGE_FEATURE, IMAGE_TARGET, TEXT_FEATURE, TEXT_TARGET, ImageShards, ShardSpec, TextShards
+from trainyard.shardspec import (
+    IMAGE_FEATURE,
+    IMAGE_TARGET,
+    TEXT_FEATURE,
+    TEXT_TARGET,
+    ImageShards,
+    ShardSpec,
+    TextShards,
+)
 from trainyard.tasks import GBT_METRICS, GBT_MONITORS, check_task, fill_task_defaults, infer_task, metric_direction
 
 STREAMING_DATAMODULE = "training.streaming:StreamingShardDataModule"
@@ -115,11 +128,17 @@ class ModelSpec(StrictSpec):
     @classmethod
     def _importable(cls, v: str, info: ValidationInfo) -> str:
         if info.field_name == "path" and not v:
-            raise ValueError("a lightning model needs `path`, its LightningModule's import path (e.g. 'pipelines.myteam.models:ChurnNet'); "
-                             "task 'gbt' needs none")
+            raise ValueError(
+                "a lightning model needs `path`, its LightningModule's import path (e.g. "
+                "'pipelines.myteam.models:ChurnNet'); "
+                "task 'gbt' needs none"
+            )
         if info.field_name == "path" and info.data.get("task") == "gbt":
             if v != GBT_MODEL_PATH:
-                raise ValueError(f"task 'gbt' trains LightGBM and takes no model path; leave path unset (or {GBT_MODEL_PATH!r}), got {v!r}")
+                raise ValueError(
+                    f"task 'gbt' trains LightGBM and takes no model path; leave path unset (or {GBT_MODEL_PATH!r}), "
+                    f"got {v!r}"
+                )
             return v
         ImportTarget(path=v)  # raises on a malformed path
         check_import_path(v)
@@ -131,7 +150,10 @@ class ModelSpec(StrictSpec):
             if self.monitor not in GBT_MONITORS:
                 raise ValueError(f"monitor {self.monitor!r} is not a gbt metric; use one of {sorted(GBT_MONITORS)}")
             if self.monitor_mode != GBT_MONITORS[self.monitor]:
-                raise ValueError(f"monitor_mode {self.monitor_mode!r} does not fit monitor {self.monitor!r}; use {GBT_MONITORS[self.monitor]!r}")
+                raise ValueError(
+                    f"monitor_mode {self.monitor_mode!r} does not fit monitor {self.monitor!r}; use "
+                    f"{GBT_MONITORS[self.monitor]!r}"
+                )
         return self
 
     @property
@@ -181,8 +203,15 @@ def load_suite_file(path: str) -> dict[str, Any]:
     if not isinstance(expectations, list) or not expectations:
         raise ValueError(f"suite {path!r}: expected a JSON object with a non-empty 'expectations' list")
     for i, entry in enumerate(expectations):
-        if not isinstance(entry, dict) or not isinstance(entry.get("type"), str) or not entry["type"].startswith("expect_"):
-            raise ValueError(f"suite {path!r}: expectations[{i}] needs a 'type' like 'expect_column_values_to_be_between', got {entry!r}")
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("type"), str)
+            or not entry["type"].startswith("expect_")
+        ):
+            raise ValueError(
+                f"suite {path!r}: expectations[{i}] needs a 'type' like 'expect_column_values_to_be_between', got "
+                f"{entry!r}"
+            )
         if not isinstance(entry.get("kwargs", {}), dict):
             raise ValueError(f"suite {path!r}: expectations[{i}].kwargs must be an object, got {entry['kwargs']!r}")
     return doc
@@ -296,33 +325,50 @@ class PipelineSpec(StrictSpec):
         if self.shards is not None:
             return self._consistent_shards()
         if self.task == "causal_lm":
-            raise ValueError("task 'causal_lm' trains on a text corpus: set shards=TextShards(...) (docs/data.md, \"Shards\")")
+            raise ValueError(
+                "task 'causal_lm' trains on a text corpus: set shards=TextShards(...) (docs/data.md, \"Shards\")"
+            )
         if not self.columns or not self.target:
             raise ValueError("a tabular pipeline declares its columns and its target (a sharded one sets shards=...)")
         if self.target not in self.columns:
             raise ValueError(f"target {self.target!r} is not one of the declared columns {sorted(self.columns)}")
         target = self.columns[self.target]
         if target.role != "feature":
-            raise ValueError(f"target {self.target!r} has role {target.role!r}; the target is the label, so leave its role unset")
+            raise ValueError(
+                f"target {self.target!r} has role {target.role!r}; the target is the label, so leave its role unset"
+            )
         if target.dtype in ("date", "datetime"):
-            raise ValueError(f"target {self.target!r} has dtype {target.dtype!r}; a target is a label (int, str, bool, category) or a number (float)")
+            raise ValueError(
+                f"target {self.target!r} has dtype {target.dtype!r}; a target is a label (int, str, bool, category) "
+                "or a number (float)"
+            )
         if self.model.class_weight is not None and self.task == "regression":
-            raise ValueError(f"model.class_weight={self.model.class_weight!r} weighs classes, but the task is 'regression'; leave it unset")
+            raise ValueError(
+                f"model.class_weight={self.model.class_weight!r} weighs classes, but the task is 'regression'; leave "
+                "it unset"
+            )
         if self.positive_label is not None and target.domain is not None and self.positive_label not in target.domain:
             raise ValueError(f"positive_label {self.positive_label!r} is not in the target's domain {target.domain}")
         if self.positive_label is not None and target.domain is not None and len(target.domain) > 2:
-            raise ValueError(f"positive_label applies to a binary target; {self.target!r} has {len(target.domain)} classes "
-                             f"{target.domain} (its roc_auc, pr_auc and f1 are macro averages over them)")
+            raise ValueError(
+                f"positive_label applies to a binary target; {self.target!r} has {len(target.domain)} classes "
+                f"{target.domain} (its roc_auc, pr_auc and f1 are macro averages over them)"
+            )
         self.source.check_columns(self.columns, self.target)
         if not self.features:
             raise ValueError("columns must declare at least one feature besides the target")
         if self.max_rows is not None and self.max_rows < self.min_rows:
             raise ValueError(f"max_rows {self.max_rows} is below min_rows {self.min_rows}")
         if self.model.task == "gbt" and self.distribution.world_size != 1:
-            raise ValueError(f"distribution: task 'gbt' trains in one process; got world size {self.distribution.world_size} (leave distribution unset)")
+            raise ValueError(
+                f"distribution: task 'gbt' trains in one process; got world size {self.distribution.world_size} "
+                "(leave distribution unset)"
+            )
         if self.model.gbt_metrics and self.promotion.metric not in self.model.gbt_metrics:
-            raise ValueError(f"promotion.metric {self.promotion.metric!r} is not reported by this gbt model; use one of "
-                             f"{[m for m in self.model.gbt_metrics if m.startswith('test_')]}")
+            raise ValueError(
+                f"promotion.metric {self.promotion.metric!r} is not reported by this gbt model; use one of "
+                f"{[m for m in self.model.gbt_metrics if m.startswith('test_')]}"
+            )
         if self.task is not None:
             check_task(self.task, self.target, self.columns[self.target].dtype, self.model.task, self.model.monitor,
                        self.model.monitor_mode, self.promotion.metric, self.model.hparams)
@@ -337,15 +383,21 @@ class PipelineSpec(StrictSpec):
     def _consistent_shards(self) -> "PipelineSpec":
         assert self.shards is not None
         if self.columns or self.target:
-            raise ValueError(f"a sharded pipeline ({self.shards.kind}) declares no columns or target: its kind fixes them "
-                             f"(model input {self.features[0]!r}, target {self.target_name!r})")
+            raise ValueError(
+                f"a sharded pipeline ({self.shards.kind}) declares no columns or target: its kind fixes them "
+                f"(model input {self.features[0]!r}, target {self.target_name!r})"
+            )
         if self.model.task != "lightning":
-            raise ValueError(f"model.task {self.model.task!r} trains on tables; a sharded pipeline trains a Lightning model")
+            raise ValueError(
+                f"model.task {self.model.task!r} trains on tables; a sharded pipeline trains a Lightning model"
+            )
         expected = "causal_lm" if isinstance(self.shards, TextShards) else "classification"
         if self.task != expected:
             raise ValueError(f"task {self.task!r} does not fit shards of kind {self.shards.kind!r}; use {expected!r}")
         if self.positive_label is not None or self.suite is not None or self.preprocessing != Preprocessing():
-            raise ValueError("positive_label, suite and preprocessing apply to tables; a sharded pipeline leaves them unset")
+            raise ValueError(
+                "positive_label, suite and preprocessing apply to tables; a sharded pipeline leaves them unset"
+            )
         check_task(self.task, self.target_name, "int", self.model.task, self.model.monitor, self.model.monitor_mode,
                    self.promotion.metric, self.model.hparams)
         self.search.check_objectives(self.model.monitor)
@@ -371,7 +423,8 @@ class PipelineSpec(StrictSpec):
 
     @property
     def gpu_pool(self) -> str:
-        """The Dagster pool of this team's trial steps; its limit is `TeamSpec.gpu_pool_limit` (set by `trainyard init`)."""
+        """The Dagster pool of this team's trial steps; its limit is `TeamSpec.gpu_pool_limit` (set by `trainyard
+        init`)."""
         return f"{self.team}_gpu"
 
     @property
@@ -403,8 +456,11 @@ class PipelineSpec(StrictSpec):
 
     def fingerprint(self) -> str:
         """Hash of everything that changes what a trial trains (not the data)."""
-        payload = self.model_dump(mode="json", include={"columns", "target", "split", "model", "search", "distribution"})
-        # The shuffled split hashes as it did before `method` existed, so versions split that way keep their split ids and studies.
+        payload = self.model_dump(
+            mode="json", include={"columns", "target", "split", "model", "search", "distribution"}
+        )
+        # The shuffled split hashes as it did before `method` existed, so versions split that way keep their split ids
+        # and studies.
         if payload["split"]["method"] == "shuffle":
             payload["split"].pop("method")
         # Fields added after studies existed enter the hash only when set away from their default: old studies resume.

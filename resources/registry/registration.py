@@ -31,7 +31,8 @@ SERVING_MODEL_PATH = package_file("training", "serving_model.py")
 PREPROCESSING_PATH = package_file("training", "preprocessing.py")
 """The platform's preprocessing, shipped with every version (`code_paths`): the pyfunc imports it as `preprocessing`."""
 SERVING_LM_PATH = package_file("training", "serving_lm.py")
-"""A language model's serving (`CausalLM`, its tokenizer), shipped with every version (`code_paths`): the pyfunc imports it as `serving_lm`."""
+"""A language model's serving (`CausalLM`, its tokenizer), shipped with every version (`code_paths`): the pyfunc imports
+it as `serving_lm`."""
 CODE_PATHS = (PREPROCESSING_PATH, SERVING_LM_PATH)
 """The files of `training` every version ships beside the pyfunc (MLflow `code_paths`)."""
 
@@ -175,7 +176,9 @@ def preprocessing_state(model_dir: str, meta: Optional[Mapping[str, Any]]) -> Op
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise ValueError(f"model_dir={model_dir!r}: meta.json names preprocessing state {name!r}, which cannot be read: {e}") from e
+        raise ValueError(
+            f"model_dir={model_dir!r}: meta.json names preprocessing state {name!r}, which cannot be read: {e}"
+        ) from e
     if not isinstance(state, dict):
         raise ValueError(f"model_dir={model_dir!r}: {name} is not a JSON object")
     return state
@@ -190,7 +193,11 @@ def loose_input_columns(meta: Optional[Mapping[str, Any]], state: Optional[Mappi
     if not meta or not meta.get("preprocessing"):
         return []
     passthrough = bool(state and state.get("passthrough"))
-    loose = [] if passthrough else [c for c, dtype in (meta.get("feature_types") or {}).items() if dtype in LOOSE_INPUT_DTYPES]
+    loose = (
+        []
+        if passthrough
+        else [c for c, dtype in (meta.get("feature_types") or {}).items() if dtype in LOOSE_INPUT_DTYPES]
+    )
     # Id and timestamp columns are echoed back, never read by the model: whatever type the caller has passes.
     return loose + [c for c in meta.get("keep") or () if c not in loose]
 
@@ -204,8 +211,12 @@ def relax_signature(model_uri: str, columns: list[str]) -> None:
     signature = mlflow.models.get_model_info(model_uri).signature
     if signature is None or signature.inputs is None:
         return
-    inputs = [ColSpec(AnyType(), c.name, required=c.required) if c.name in columns else c for c in signature.inputs.inputs]
-    mlflow.models.set_signature(model_uri, ModelSignature(inputs=Schema(inputs), outputs=signature.outputs, params=signature.params))
+    inputs = [
+        ColSpec(AnyType(), c.name, required=c.required) if c.name in columns else c for c in signature.inputs.inputs
+    ]
+    mlflow.models.set_signature(
+        model_uri, ModelSignature(inputs=Schema(inputs), outputs=signature.outputs, params=signature.params)
+    )
 
 
 def abort(tracking_uri: str, model_name: str, run_id: str, status: str) -> None:
@@ -243,7 +254,8 @@ def localize(model_dir: str, scratch: str) -> str:
 
 def input_example_of(input_example: "pd.DataFrame", features: list[str], keep: Any = ()) -> "pd.DataFrame":
     """The first rows of the kept (id, timestamp) columns the example holds and of the feature columns,
-    with the dtypes the logged signature should have: raw text and dates stay as they are (the model preprocesses them)."""
+    with the dtypes the logged signature should have: raw text and dates stay as they are (the model preprocesses
+    them)."""
     import pandas as pd
 
     if not isinstance(input_example, pd.DataFrame) or input_example.empty:
@@ -261,13 +273,22 @@ def input_example_of(input_example: "pd.DataFrame", features: list[str], keep: A
     # float64 pass); the pyfunc casts to the model's float32 itself.
     columns = [c for c in keep if c in input_example.columns and c not in features] + list(features)
     example = input_example[columns].head(INPUT_EXAMPLE_ROWS).reset_index(drop=True)
-    # MLflow infers no signature at all from a zone-aware datetime column (only a warning): the example carries UTC as naive.
+    # MLflow infers no signature at all from a zone-aware datetime column (only a warning): the example carries UTC as
+    # naive.
     for c in columns:
         if isinstance(example[c].dtype, pd.DatetimeTZDtype):
             example[c] = example[c].dt.tz_convert("UTC").dt.tz_localize(None)
-    numeric = [c for c in columns if pd.api.types.is_numeric_dtype(example[c]) or pd.api.types.is_bool_dtype(example[c])]
-    return example.astype({c: "int64" if pd.api.types.is_integer_dtype(example[c]) and not pd.api.types.is_bool_dtype(example[c]) else "float64"
-                           for c in numeric})
+    numeric = [
+        c for c in columns if pd.api.types.is_numeric_dtype(example[c]) or pd.api.types.is_bool_dtype(example[c])
+    ]
+    return example.astype(
+        {
+            c: "int64"
+            if pd.api.types.is_integer_dtype(example[c]) and not pd.api.types.is_bool_dtype(example[c])
+            else "float64"
+            for c in numeric
+        }
+    )
 
 
 def model_metadata_of(model_metadata: Optional[Mapping[str, Any]]) -> Optional[dict[str, Any]]:

@@ -68,12 +68,20 @@ class SnapshotValidation:
 
 
 def _validate_batches(
-    batches: Iterable[pa.RecordBatch], schema: pa.Schema, total_rows: int, spec: PipelineSpec, workdir: str, run_name: Optional[str], seed: int = 0
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    total_rows: int,
+    spec: PipelineSpec,
+    workdir: str,
+    run_name: Optional[str],
+    seed: int = 0,
 ) -> tuple[ValidationReport, dict[str, Any], pa.Table, str, ArrowSuite, np.ndarray]:
     """One pass of suite, platform checks and profiler; Data Docs only when `run_name` is given."""
     suite = ArrowSuite(suite_expectations(spec), schema, name=spec.key)
     floats = [
-        n for n, c in spec.stored_columns.items() if c.dtype == "float" and c.finite and n in schema.names and pa.types.is_floating(schema.field(n).type)
+        n
+        for n, c in spec.stored_columns.items()
+        if c.dtype == "float" and c.finite and n in schema.names and pa.types.is_floating(schema.field(n).type)
     ]
     finite = FiniteCheck(floats)
     policy = duplicate_policy(spec)
@@ -107,7 +115,13 @@ def _validate_batches(
         results.append(ids.result())
     failed = sum(1 for r in results if not r["success"])
     report = ValidationReport(
-        success=failed == 0, evaluated=len(results), failed=failed, results=results, suite=suite.suite_json(), rows=offset, missing=missing
+        success=failed == 0,
+        evaluated=len(results),
+        failed=failed,
+        results=results,
+        suite=suite.suite_json(),
+        rows=offset,
+        missing=missing,
     )
     docs = render_data_docs(ge_results, spec.key, run_name=run_name, meta={"rows": offset}) if run_name else ""
     return report, profiler.profile(), profiler.sample(), docs, suite, duplicates
@@ -130,7 +144,9 @@ def validate(df: pd.DataFrame, spec: PipelineSpec) -> ValidationReport:
     """
     table = pa.Table.from_pandas(df, preserve_index=False).replace_schema_metadata(None)
     with tempfile.TemporaryDirectory(prefix="trainyard-validate-") as work:
-        report, *_ = _validate_batches(table.to_batches(max_chunksize=BATCH_ROWS), table.schema, table.num_rows, spec, work, None)
+        report, *_ = _validate_batches(
+            table.to_batches(max_chunksize=BATCH_ROWS), table.schema, table.num_rows, spec, work, None
+        )
     positions = {p for r in report.failures() for p in r["unexpected_index_list"] if r["row_level"]}
     if not positions:
         return report
@@ -182,7 +198,9 @@ def validate_snapshot(
     positions = {p for r in report.failures() if r["row_level"] for p in r["unexpected_index_list"]}
     if positions:
         report = _with_sample_rows(report, read_rows(store, uri, positions))
-    return SnapshotValidation(report=report, profile=profile, sample=sample, docs_html=docs, suite=suite, duplicate_positions=dups)
+    return SnapshotValidation(
+        report=report, profile=profile, sample=sample, docs_html=docs, suite=suite, duplicate_positions=dups
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,7 +231,12 @@ def _summary(r: dict[str, Any]) -> str:
     return f"{r['expectation']}{where}{count}{seen}"
 
 
-def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec: PipelineSpec, release: Optional[dict[str, Any]] = None) -> Verdict:
+def decide(
+    report: ValidationReport,
+    drift_rows: Sequence[dict[str, Any]],
+    spec: PipelineSpec,
+    release: Optional[dict[str, Any]] = None,
+) -> Verdict:
     """Apply the pipeline's `on_bad_data` policy to validation and drift results.
 
     - Everything passed: accepted; repeated rows found under
@@ -238,7 +261,11 @@ def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec:
     problems += [f"drift above threshold in {[d['column'] for d in drifted]}"] if drifted else []
     details = [_summary(r) for r in failures] + [drift_summary(d) for d in drifted]
     dropped = dropped_duplicates(report.results)
-    dedup = [f"{dropped} repeated row(s) dropped, the first of each kept (source.duplicates='keep_first')"] if dropped else []
+    dedup = (
+        [f"{dropped} repeated row(s) dropped, the first of each kept (source.duplicates='keep_first')"]
+        if dropped
+        else []
+    )
     dedup += warnings_of(report.results)
     if not failures and not drifted:
         return Verdict(accepted=True, set_aside=bool(dropped), reasons=[], warnings=[*dedup, *shift])
@@ -249,12 +276,20 @@ def decide(report: ValidationReport, drift_rows: Sequence[dict[str, Any]], spec:
     if spec.on_bad_data == "warn" and not table_level:
         rows = sum(r["unexpected_count"] or 0 for r in failures)
         aside = [f"{rows} failing value(s) set aside in quarantine"] if failures else []
-        return Verdict(accepted=True, set_aside=bool(failures or dropped), reasons=[], warnings=[*aside, *dedup, *details, *shift])
+        return Verdict(
+            accepted=True, set_aside=bool(failures or dropped), reasons=[], warnings=[*aside, *dedup, *details, *shift]
+        )
     return Verdict(accepted=False, set_aside=False, reasons=problems + details, warnings=[])
 
 
 def set_aside_rows(
-    store: FileStore, uri: str, validation: SnapshotValidation, spec: PipelineSpec, accepted_path: str, rejected_path: str, batch_rows: int = BATCH_ROWS
+    store: FileStore,
+    uri: str,
+    validation: SnapshotValidation,
+    spec: PipelineSpec,
+    accepted_path: str,
+    rejected_path: str,
+    batch_rows: int = BATCH_ROWS,
 ) -> tuple[int, int]:
     """Split a snapshot into the rows that pass every row-level check and those that do not.
 
@@ -270,10 +305,14 @@ def set_aside_rows(
     failing = [i for i, r in enumerate(validation.report.results) if not r["success"] and r["row_level"]]
     suite_checks = [i for i in failing if validation.report.results[i]["source"] == SUITE_CHECK]
     finite_columns = [
-        validation.report.results[i]["column"] for i in failing if validation.report.results[i]["expectation"] == FINITE_EXPECTATION
+        validation.report.results[i]["column"]
+        for i in failing
+        if validation.report.results[i]["expectation"] == FINITE_EXPECTATION
     ]
     # Failing repeats (`duplicates="reject"`) and repeats to drop (`"keep_first"`) leave the same way.
-    duplicates = any(r["expectation"] == UNIQUE_ROWS_EXPECTATION and r["unexpected_count"] for r in validation.report.results)
+    duplicates = any(
+        r["expectation"] == UNIQUE_ROWS_EXPECTATION and r["unexpected_count"] for r in validation.report.results
+    )
     dup_positions = validation.duplicate_positions if duplicates else np.zeros(0, dtype=np.int64)
     import pyarrow.parquet as pq
 
@@ -282,7 +321,10 @@ def set_aside_rows(
         pf = pq.ParquetFile(f)
         schema = pf.schema_arrow.remove_metadata()
         rejected_schema = schema.append(pa.field("_row", pa.int64()))
-        with CanonicalParquetWriter(accepted_path, schema) as good, CanonicalParquetWriter(rejected_path, rejected_schema) as bad:
+        with (
+            CanonicalParquetWriter(accepted_path, schema) as good,
+            CanonicalParquetWriter(rejected_path, rejected_schema) as bad,
+        ):
             for batch in pf.iter_batches(batch_size=batch_rows, use_threads=True):
                 batch = batch.replace_schema_metadata(None)
                 n = batch.num_rows
@@ -299,7 +341,9 @@ def set_aside_rows(
                 if mask.any():
                     where = np.flatnonzero(mask)
                     rows = batch.filter(pa.array(mask))
-                    bad.write(pa.RecordBatch.from_arrays([*rows.columns, pa.array(where + offset)], schema=rejected_schema))
+                    bad.write(
+                        pa.RecordBatch.from_arrays([*rows.columns, pa.array(where + offset)], schema=rejected_schema)
+                    )
                 offset += n
         return good.rows, bad.rows
 
@@ -338,22 +382,36 @@ def _load_profile(store: FileStore, latest: dict[str, Any]) -> tuple[dict[str, A
 
 def _drift_rows(store: FileStore, spec: PipelineSpec, raw: dict[str, Any], validation: SnapshotValidation,
                 latest: Optional[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The drift of version `raw` against the latest accepted one (`latest`, its `latest.json`; none for the first version).
+    """The drift of version `raw` against the latest accepted one (`latest`, its `latest.json`; none for the first
+    version).
 
-    A new version: its delivery's rows against the previous accepted version (`trainyard.data.drift_detection.delivery_drift`).
+    A new version: its delivery's rows against the previous accepted version
+    (`trainyard.data.drift_detection.delivery_drift`).
     The latest version again: the drift measured when it was new.
     """
     if latest is not None and latest["md5"] != raw["md5"]:
         return delivery_drift(
-            store, spec, _load_profile(store, latest), latest.get("raw_uri"), raw["uri"], (validation.profile, validation.sample)
+            store,
+            spec,
+            _load_profile(store, latest),
+            latest.get("raw_uri"),
+            raw["uri"],
+            (validation.profile, validation.sample),
         )
     if latest is not None and latest.get("drift_uri") and store.exists(latest["drift_uri"]):
         return store.read_json(latest["drift_uri"])
     return []
 
 
-def _quarantine_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any], verdict: Verdict, validation: SnapshotValidation,
-                        drift_rows: list[dict[str, Any]], docs_uri: str) -> str:
+def _quarantine_version(
+    store: FileStore,
+    spec: PipelineSpec,
+    raw: dict[str, Any],
+    verdict: Verdict,
+    validation: SnapshotValidation,
+    drift_rows: list[dict[str, Any]],
+    docs_uri: str,
+) -> str:
     """Quarantine the rejected snapshot with why (`quarantine_snapshot`); returns where it is kept."""
     return quarantine_snapshot(
         store,
@@ -417,7 +475,13 @@ def validate_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) 
                 spec.name,
                 md5,
                 bad,
-                {"raw": raw, "policy": spec.on_bad_data, "reasons": verdict.warnings, "rows": set_aside, "validation": validation.report.model_dump(mode="json")},
+                {
+                    "raw": raw,
+                    "policy": spec.on_bad_data,
+                    "reasons": verdict.warnings,
+                    "rows": set_aside,
+                    "validation": validation.report.model_dump(mode="json"),
+                },
             )
         parts = split_snapshot(store, source, spec, os.path.join(tmp, "split"))
         uris = {}
@@ -440,5 +504,12 @@ def validate_version(store: FileStore, spec: PipelineSpec, raw: dict[str, Any]) 
             "drift_uri": f"{base}/drift.json",
         },
     )
-    value = {"md5": md5, "split_id": split_id, **uris, "rows": parts, "set_aside": set_aside, "profile": f"{base}/profile.json"}
+    value = {
+        "md5": md5,
+        "split_id": split_id,
+        **uris,
+        "rows": parts,
+        "set_aside": set_aside,
+        "profile": f"{base}/profile.json",
+    }
     return VersionOutcome(verdict, validation, drift_rows, docs_uri, where, value)
