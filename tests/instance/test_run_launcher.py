@@ -18,7 +18,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from instance.run_launcher import WORKER_TAG, WarmRunLauncher, _changed, _loaded_files
+from instance.run_launcher import WORKER_TAG, WarmRunLauncher
+from instance.zygote import _changed, _loaded_files
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
