@@ -135,11 +135,18 @@ def training_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {**training.spec.TRAINING_MALLOC_ENV, **LOAD_DEFAULTS, **environ}
 
 
+# Set by libraries themselves when imported (scikit-learn's and joblib's `__init__`, with `setdefault`): a launching
+# process gains them after its first such import; keyed, they made a launch after that import miss the server a
+# prestart had started before it. Workers still get them: a worker takes the launch's environment as given.
+IMPORT_SET_ENV = frozenset({"KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"})
+
+
 def startup_env(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of `env` read only when a process starts or a preloaded library loads (`STARTUP_ENV_*`), thread
-    counts aside; a server is started with, and keyed on, them."""
+    counts and what libraries set on import (`IMPORT_SET_ENV`) aside; a server is started with, and keyed on, them."""
     return {k: v for k, v in env.items()
-            if (k in STARTUP_ENV_NAMES or k.startswith(STARTUP_ENV_PREFIXES)) and k not in SERVER_THREAD_ENV}
+            if (k in STARTUP_ENV_NAMES or k.startswith(STARTUP_ENV_PREFIXES))
+            and k not in SERVER_THREAD_ENV and k not in IMPORT_SET_ENV}
 
 
 def server_key(python: str, root: Path, env: Optional[Mapping[str, str]] = None) -> str:
