@@ -254,7 +254,8 @@ def tinylib(tmp_path: Path) -> Iterator[TinyLib]:
         lib.uninstall()
 
 
-@pytest.mark.slow
+@pytest.mark.extended(reason="pip-installs into the shared venv: the warm servers' keys and the zygotes' install check "
+                      "change for every test running beside it on other xdist workers; make test-all runs it")
 def test_a_pip_install_between_two_trials_is_picked_up_by_the_second(warm_dir: Path, tmp_path: Path, tinylib: TinyLib) -> None:
     seen = {}
     for version, value in (("1.0", "v1"), ("2.0", "v2")):
@@ -278,7 +279,8 @@ def forked_run(location: Any, tries: int = 5) -> Any:
     raise AssertionError(f"no run of {tries} was forked from a zygote:\n{location.log()}")
 
 
-@pytest.mark.slow
+@pytest.mark.extended(reason="pip-installs into the shared venv: the warm servers' keys and the zygotes' install check "
+                      "change for every test running beside it on other xdist workers; make test-all runs it")
 def test_a_pip_install_between_two_runs_is_picked_up_by_the_run_worker_zygote(tmp_path: Path, tinylib: TinyLib) -> None:
     """The zygote imported the code location, which imports an installed library: a pip upgrade makes it stale."""
     from tests.instance.test_run_launcher import Location, forked, until
