@@ -76,7 +76,8 @@ def churn_export(rows: int, seed: int = 0, start_id: int = 0, charges_shift: flo
 
 
 def land_export(landing: Path, frame: Any, stem: str = "export", csv_parts: int = 3) -> list[Path]:
-    """Write `frame` as the warehouse does: `csv_parts` CSV files (dates as text) and one Parquet file (a date column)."""
+    """Write `frame` as the warehouse does: `csv_parts` CSV files (dates as text) and one Parquet file (a date
+    column)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -96,7 +96,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 CPU_LOG_ENV = "TRAINYARD_TEST_CPU_LOG"
-"""A file to append each test's CPU seconds to (its own and its reaped child processes'), its wall time, xdist worker and end time: one JSON line a test."""
+"""A file to append each test's CPU seconds to (its own and its reaped child processes'), its wall time, xdist worker
+and end time: one JSON line a test."""
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -117,14 +118,25 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: Any) -> Iterator[None]:
     yield
     after = cpu()
     with open(path, "a") as f:
-        f.write(json.dumps({"test": item.nodeid, "wall": round(time.monotonic() - started, 2), "own": round(after[0] - before[0], 2),
-                            "children": round(after[1] - before[1], 2), "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
-                            "end": round(time.time(), 1)}) + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "test": item.nodeid,
+                    "wall": round(time.monotonic() - started, 2),
+                    "own": round(after[0] - before[0], 2),
+                    "children": round(after[1] - before[1], 2),
+                    "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                    "end": round(time.time(), 1),
+                }
+            )
+            + "\n"
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _warm_worker_servers() -> Iterator[None]:
-    """Warm worker servers (`resources.warm`) of this session (an xdist worker's own) live in a directory of its own and stop with it.
+    """Warm worker servers (`resources.warm`) of this session (an xdist worker's own) live in a directory of its own and
+    stop with it.
 
     A short directory under /tmp: a unix socket path must stay under 108 bytes.
     """

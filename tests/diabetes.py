@@ -1,4 +1,5 @@
-"""Tiny deterministic regression data and model for tests: scikit-learn's bundled diabetes table, split and written as Parquet."""
+"""Tiny deterministic regression data and model for tests: scikit-learn's bundled diabetes table, split and written as
+Parquet."""
 
 from __future__ import annotations
 
@@ -31,7 +32,11 @@ def write_splits(directory: str) -> dict[str, str]:
     df = diabetes_frame()
     n = len(df)
     os.makedirs(directory, exist_ok=True)
-    parts = {"train": df.iloc[: int(n * 0.7)], "val": df.iloc[int(n * 0.7) : int(n * 0.85)], "test": df.iloc[int(n * 0.85) :]}
+    parts = {
+        "train": df.iloc[: int(n * 0.7)],
+        "val": df.iloc[int(n * 0.7) : int(n * 0.85)],
+        "test": df.iloc[int(n * 0.85) :],
+    }
     paths = {}
     for name, part in parts.items():
         paths[name] = os.path.join(directory, f"{name}.parquet")
@@ -40,7 +45,8 @@ def write_splits(directory: str) -> dict[str, str]:
 
 
 class TinyRegressor(L.LightningModule):
-    """A user's regression model as the README's "Write your own pipeline" shows it: one output, MSE loss, logs `val_rmse`."""
+    """A user's regression model as the README's "Write your own pipeline" shows it: one output, MSE loss, logs
+    `val_rmse`."""
 
     def __init__(self, n_features: int = 10, hidden: int = 16, lr: float = 0.05) -> None:
         super().__init__()

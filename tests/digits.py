@@ -21,7 +21,11 @@ def write_splits(directory: str, n: int = 600) -> dict[str, str]:
     """Write train/val/test Parquet files; returns their paths and the feature list."""
     df = digits_frame(n)
     os.makedirs(directory, exist_ok=True)
-    parts = {"train": df.iloc[: int(n * 0.7)], "val": df.iloc[int(n * 0.7) : int(n * 0.85)], "test": df.iloc[int(n * 0.85) :]}
+    parts = {
+        "train": df.iloc[: int(n * 0.7)],
+        "val": df.iloc[int(n * 0.7) : int(n * 0.85)],
+        "test": df.iloc[int(n * 0.85) :],
+    }
     paths = {}
     for name, part in parts.items():
         path = os.path.join(directory, f"{name}.parquet")

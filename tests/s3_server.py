@@ -55,7 +55,13 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Endpoint
         mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
         mp.setenv("AWS_CONFIG_FILE", str(empty))
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-        for name in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        for name in (
+            "AWS_SESSION_TOKEN",
+            "AWS_SECURITY_TOKEN",
+            "AWS_PROFILE",
+            "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_S3",
+        ):
             mp.delenv(name, raising=False)
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()

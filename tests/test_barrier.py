@@ -39,7 +39,9 @@ def test_opens_when_two_are_inside_and_counts_the_peak(tmp_path: Path) -> None:
 
 def test_a_lone_trial_times_out_on_the_injected_clock(tmp_path: Path) -> None:
     now = [0.0]
-    barrier = FileBarrier(tmp_path, parties=2, timeout=5, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    barrier = FileBarrier(
+        tmp_path, parties=2, timeout=5, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+    )
     with pytest.raises(BarrierTimeout, match=r"a: barrier .* waited 5 s for 2 trials at once; inside: \['a'\]"):
         with barrier.inside("a"):
             pass

@@ -2,7 +2,8 @@
 
 Pod-side `training/` never imports the orchestrator; the orchestrator imports only
 the modules of it that `TRAINING_FOR_ORCHESTRATION` allows (the contract, the shards' format and the metrics); the
-shared utilities (retry, atomic writes, settings) are not pod-side: they live in `common/`, below both. Team model code (whatever a `ModelSpec.path` or
+shared utilities (retry, atomic writes, settings) are not pod-side: they live in `common/`, below both. Team model code
+(whatever a `ModelSpec.path` or
 `datamodule` of a code location's pipeline names) is pod-side: it runs in the
 trainer image, so it must import with Dagster absent. (tests/deploy/test_trainer_image.py
 checks the same code against the trainer image's declared requirements and trains it
@@ -32,13 +33,16 @@ ORCHESTRATION = {"dagster", "assets", "resources", "instance", "pipelines"}
 ALLOWED_DAGSTER_PACKAGES = {"dagster_pipes"}
 # What the orchestrator may use of `training/`: the contract, the shards' format and the metrics. The shared utilities
 # (retry, atomic writes, settings) are in `common/`, the bottom package both sides import, not here.
-# An allow-list: a module of `training/` not named here is pod-side, and the orchestrator (every module of `assets/`, `instance/`,
+# An allow-list: a module of `training/` not named here is pod-side, and the orchestrator (every module of `assets/`,
+# `instance/`,
 # `resources/`, `trainyard/` and `pipelines/` but team model code) never imports it.
 TRAINING_FOR_ORCHESTRATION = {
     "training.spec",  # the contract: TrainSpec, TrainResult, the exit codes
-    "training.spec_policies",  # the contract's checkpoint, watchdog and fault-injection settings (training.spec re-exports them)
+    # the contract's checkpoint, watchdog and fault-injection settings (training.spec re-exports them)
+    "training.spec_policies",
     "training.shard_format",  # the shards' on-disk format, which landing writes and the pod reads
-    "training.metrics",  # the metrics the pod reports, computed the same way on served predictions (trainyard.promotion)
+    # the metrics the pod reports, computed the same way on served predictions (trainyard.promotion)
+    "training.metrics",
 }
 
 # Run in a fresh interpreter: a meta-path finder that refuses Dagster (every
@@ -83,7 +87,11 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from training import shard_format` imports the module training.shard_format
             package = ROOT / node.module.replace(".", "/")
-            subs = [f"{node.module}.{a.name}" for a in node.names if (package / f"{a.name}.py").exists() or (package / a.name).is_dir()]
+            subs = [
+                f"{node.module}.{a.name}"
+                for a in node.names
+                if (package / f"{a.name}.py").exists() or (package / a.name).is_dir()
+            ]
             found += [(node.lineno, m) for m in subs] or [(node.lineno, node.module)]
     return found
 
@@ -101,7 +109,8 @@ def violations(package: Path) -> list[str]:
 
 
 def team_locations() -> dict[str, str]:
-    """Code locations that serve a team's pipelines (their definitions call `team_definitions`): location name -> team package."""
+    """Code locations that serve a team's pipelines (their definitions call `team_definitions`): location name -> team
+    package."""
     out = {}
     for entry in yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"]:
         module = entry["python_module"]["module_name"]

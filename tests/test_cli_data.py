@@ -20,7 +20,11 @@ def make_spec(**over) -> PipelineSpec:
         team="vision",
         name="digits",
         source=SourceSpec(prefix="landing/vision/digits"),
-        columns={"x": ColumnSpec(dtype="float", min=0, max=10), "s": ColumnSpec(dtype="str", domain=["a", "b"]), "label": ColumnSpec(dtype="int", domain=[0, 1])},
+        columns={
+            "x": ColumnSpec(dtype="float", min=0, max=10),
+            "s": ColumnSpec(dtype="str", domain=["a", "b"]),
+            "label": ColumnSpec(dtype="int", domain=[0, 1]),
+        },
         target="label",
         min_rows=4,
         model=ModelSpec(path="pipelines.vision.models:DigitsMLP"),
@@ -87,7 +91,9 @@ def test_inspect_shows_failing_expectations_with_rows(home, store, capsys) -> No
     assert main(["data", "inspect", "vision/digits", md5, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["md5"] == md5
     assert main(["data", "inspect", "vision/digits", "f" * 32]) == 2
-    assert f"no quarantine entry '{'f' * 32}' for pipeline 'vision/digits'; entries: ['{md5}']" in capsys.readouterr().err
+    assert (
+        f"no quarantine entry '{'f' * 32}' for pipeline 'vision/digits'; entries: ['{md5}']" in capsys.readouterr().err
+    )
 
 
 def test_release_needs_a_reason_and_records_who_when_why(home, store, capsys) -> None:
@@ -110,7 +116,12 @@ def test_release_needs_a_reason_and_records_who_when_why(home, store, capsys) ->
     main(["data", "list"])
     assert "yes" in capsys.readouterr().out.splitlines()[1].split()
     # the release is honoured by the next validation of that version
-    raw = {"uri": store.uri("data", "vision", "digits", "raw", md5, "data.parquet"), "md5": md5, "rows": 21, "dvc_file": ""}
+    raw = {
+        "uri": store.uri("data", "vision", "digits", "raw", md5, "data.parquet"),
+        "md5": md5,
+        "rows": 21,
+        "dvc_file": "",
+    }
     assert dq.validate_version(store, make_spec(), raw).verdict.accepted
 
 

@@ -31,7 +31,9 @@ def test_demo_registers_champion_once(tmp_path: Path) -> None:
 
     from resources.registry import ModelRegistry
 
-    registry = ModelRegistry(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "store" / "mlflow-artifacts"))
+    registry = ModelRegistry(
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "store" / "mlflow-artifacts")
+    )
     champion = registry.get_alias("vision.digits", "champion")
     assert champion is not None and champion.version == "1"
     for tag in ("trainyard.data_version", "trainyard.code_version", "trainyard.trial", "trainyard.lock_hash"):

@@ -19,7 +19,13 @@ def dry_run(target: str, env: dict[str, str]) -> list[list[str]]:
     """The commands `make <target>` would run, split into words (the install step is taken as done)."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("TRAINYARD_", "DAGSTER_", "MLFLOW_"))}
     out = subprocess.run(
-        ["make", "-s", "-n", "-o", ".venv/.installed", target], cwd=ROOT, env={**clean, **env}, capture_output=True, text=True, check=True, timeout=60
+        ["make", "-s", "-n", "-o", ".venv/.installed", target],
+        cwd=ROOT,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     ).stdout
     return [shlex.split(line) for line in out.splitlines() if line.strip()]
 

@@ -31,7 +31,7 @@ NOT_SHIPPED = {
 """Top-level packages of the repository that the wheel leaves out, each with its reason."""
 
 FILE_USES = {
-    ("instance/run_launcher.py", 'getattr(module, "__file__", None)'):
+    ("instance/zygote.py", 'getattr(module, "__file__", None)'):
         "the warm run launcher watches every loaded module's file for edits (to fall back to a fresh process); "
         "it reads files, it finds no root",
     ("resources/registry/smoke.py", "SCRIPT = os.path.abspath(__file__)"):

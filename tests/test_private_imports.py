@@ -20,25 +20,55 @@ OURS = {"pipelines", "assets", "resources", "instance", "trainyard", "training",
 KNOWN: dict[str, set[str]] = {
     # Dagster: the pool-slot accounting patch of the event-log storage, the warm run worker's run body, the sweep
     # sensor's daemon-side evaluation, the run queue's and storage pool's serialized instance references.
-    "instance/pool_slots.py": {"dagster._core.storage.event_log.schema", "dagster._core.storage.event_log.sql_event_log",
-                                "dagster._core.storage.sqlalchemy_compat", "dagster._utils.concurrency"},
+    "instance/pool_slots.py": {
+        "dagster._core.storage.event_log.schema",
+        "dagster._core.storage.event_log.sql_event_log",
+        "dagster._core.storage.sqlalchemy_compat",
+        "dagster._utils.concurrency",
+    },
     "instance/run_launcher.py": {"dagster._core.launcher.base", "dagster._serdes"},
-    "instance/zygote.py": {"dagster._cli.api", "dagster._cli.api._execute_run_command_body", "dagster._cli.utils",
-                           "dagster._cli.utils._inject_local_env_file", "dagster._core.execution.api", "dagster._core.instance.ref",
-                           "dagster._core.origin", "dagster._serdes", "dagster._utils.hosted_user_process",
-                           "dagster._utils.interrupts"},
+    "instance/zygote.py": {
+        "dagster._cli.api",
+        "dagster._cli.api._execute_run_command_body",
+        "dagster._cli.utils",
+        "dagster._cli.utils._inject_local_env_file",
+        "dagster._core.execution.api",
+        "dagster._core.instance.ref",
+        "dagster._core.origin",
+        "dagster._serdes",
+        "dagster._utils.hosted_user_process",
+        "dagster._utils.interrupts",
+    },
     "instance/run_queue.py": {"dagster._serdes"},
     "instance/storage_connections.py": {"dagster._core.execution.resources_init", "dagster._serdes"},
-    "resources/sweeps/trial_runs.py": {"dagster._core.remote_origin", "dagster._core.scheduler.instigation", "dagster._daemon.controller"},
+    "resources/sweeps/trial_runs.py": {
+        "dagster._core.remote_origin",
+        "dagster._core.scheduler.instigation",
+        "dagster._daemon.controller",
+    },
     # Optuna: the batched TPE (its Parzen estimators and trial split) and the RDB storage's batched writes.
-    "resources/sweeps/acquisition.py": {"optuna.samplers._tpe", "optuna.samplers._tpe._truncnorm", "optuna.samplers._tpe.probability_distributions",
-                                        "optuna.samplers._tpe.probability_distributions._BatchedCategoricalDistributions",
-                                        "optuna.samplers._tpe.probability_distributions._unique_inverse_2d"},
-    "resources/sweeps/batch.py": {"optuna.distributions._get_single_value", "optuna.samplers._tpe.sampler", "optuna.samplers._tpe.sampler._split_trials",
-                                  "optuna.storages._cached_storage", "optuna.storages._cached_storage._CachedStorage",
-                                  "optuna.storages._cached_storage._StudyInfo"},
-    "resources/sweeps/rdb.py": {"optuna.storages._cached_storage", "optuna.storages._cached_storage._CachedStorage", "optuna.storages._rdb",
-                                "optuna.storages._rdb.storage", "optuna.storages._rdb.storage._create_scoped_session"},
+    "resources/sweeps/acquisition.py": {
+        "optuna.samplers._tpe",
+        "optuna.samplers._tpe._truncnorm",
+        "optuna.samplers._tpe.probability_distributions",
+        "optuna.samplers._tpe.probability_distributions._BatchedCategoricalDistributions",
+        "optuna.samplers._tpe.probability_distributions._unique_inverse_2d",
+    },
+    "resources/sweeps/batch.py": {
+        "optuna.distributions._get_single_value",
+        "optuna.samplers._tpe.sampler",
+        "optuna.samplers._tpe.sampler._split_trials",
+        "optuna.storages._cached_storage",
+        "optuna.storages._cached_storage._CachedStorage",
+        "optuna.storages._cached_storage._StudyInfo",
+    },
+    "resources/sweeps/rdb.py": {
+        "optuna.storages._cached_storage",
+        "optuna.storages._cached_storage._CachedStorage",
+        "optuna.storages._rdb",
+        "optuna.storages._rdb.storage",
+        "optuna.storages._rdb.storage._create_scoped_session",
+    },
     # torch: one adapter each (training.checkpointing.sharding.region_of; the exported model's symbolic shapes).
     "training/checkpointing/sharding.py": {"torch.distributed.tensor._utils"},
     "training/serving_model.py": {"torch.utils._sympy.functions"},
@@ -48,7 +78,8 @@ KNOWN: dict[str, set[str]] = {
 
 
 def private_imports() -> dict[str, set[str]]:
-    """Every private module or name of a dependency that our packages import, by file (imports inside functions included)."""
+    """Every private module or name of a dependency that our packages import, by file (imports inside functions
+    included)."""
     found: dict[str, set[str]] = defaultdict(set)
     for package in sorted(OURS - {"__future__"}):
         for path in sorted((ROOT / package).rglob("*.py")):

@@ -1,4 +1,5 @@
-"""Training hands off to serving: handoff events, `trainyard registry`, serving-only processes, HTTP serving, the cluster registry.
+"""Training hands off to serving: handoff events, `trainyard registry`, serving-only processes, HTTP serving, the
+cluster registry.
 
 Fast tests cover the handoff publisher (with a webhook served by a thread) and
 the CLI's input handling. Slow tests start real processes: the serving smoke
@@ -74,7 +75,10 @@ def test_handoff_webhook_retries_transient_answers_only(tmp_path: Path, webhook:
     assert (receipt.webhook, receipt.attempts) == ("delivered", 3)
 
     webhook.statuses = [400]
-    with pytest.raises(HandoffDeliveryFailed, match=r"did not accept handoff event ev-5 \(vision.digits v5\) after 1 attempt\(s\): HTTP 400: refused") as caught:
+    with pytest.raises(
+        HandoffDeliveryFailed,
+        match=r"did not accept handoff event ev-5 \(vision.digits v5\) after 1 attempt\(s\): HTTP 400: refused",
+    ) as caught:
         handoff.publish(event("5"))
     assert caught.value.status == 400
     assert Path(caught.value.uri).is_file()  # the record is the source of truth; only the notification failed
@@ -142,7 +146,9 @@ def test_resolve_model_by_name_path_or_unique_suffix() -> None:
     assert resolve_model(Fake(), "mnist") == "vision.mnist"
     with pytest.raises(LookupError, match="model 'digits' is ambiguous: tabular.digits, vision.digits"):
         resolve_model(Fake(), "digits")
-    with pytest.raises(LookupError, match="no registered model 'x'; registered models: tabular.digits, vision.digits, vision.mnist"):
+    with pytest.raises(
+        LookupError, match="no registered model 'x'; registered models: tabular.digits, vision.digits, vision.mnist"
+    ):
         resolve_model(Fake(), "x")
 
 
@@ -262,7 +268,9 @@ def test_lightgbm_version_serves(tmp_path: Path) -> None:
     }))
     expected = np.where(booster.predict(frame.to_numpy()) > 0.5, "yes", "no")
     registry = ModelRegistry(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "a"))
-    info = registry.register("gbt", str(model_dir), trial_key="g/0", tags={}, metrics={}, description="", input_example=frame)
+    info = registry.register(
+        "gbt", str(model_dir), trial_key="g/0", tags={}, metrics={}, description="", input_example=frame
+    )
     np.testing.assert_array_equal(registry.predict(info.model_uri, frame), expected)
     result = registry.smoke_test(info.model_uri, {"test": frame})
     assert result.passed, result.error
@@ -311,7 +319,9 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
 
     monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", s3_endpoint.url)
     port = free_port()
-    argv = tracking_server_command(postgres_db, s3_endpoint.root("mlflow-artifacts"), host="127.0.0.1", port=port, workers=1)
+    argv = tracking_server_command(
+        postgres_db, s3_endpoint.root("mlflow-artifacts"), host="127.0.0.1", port=port, workers=1
+    )
     argv[0] = str(Path(sys.executable).parent / "mlflow")
     log = tmp_path / "server.log"
     with open(log, "w") as out:
@@ -335,14 +345,19 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
         model = torch.nn.Linear(4, 3).eval()
         frame = pd.DataFrame(np.random.default_rng(0).normal(size=(30, 4)), columns=FEATURES)
         with torch.no_grad():
-            frame["label"] = np.asarray(CLASSES)[model(torch.tensor(frame[FEATURES].to_numpy(), dtype=torch.float32)).argmax(1).numpy()]
+            frame["label"] = np.asarray(CLASSES)[
+                model(torch.tensor(frame[FEATURES].to_numpy(), dtype=torch.float32)).argmax(1).numpy()
+            ]
         s3 = s3_endpoint.client()
         local = export_model(model, tmp_path / "trial", FEATURES, CLASSES)
         for name in ("model.pt2", "meta.json"):
             s3.upload_file(str(local / name), s3_endpoint.bucket, f"runs/trial-0000/model/{name}")
 
-        registry = ModelRegistry(tracking_uri=f"http://127.0.0.1:{port}", artifact_root=s3_endpoint.root("mlflow-artifacts"),
-                                 retry_backoff_s=0.2)
+        registry = ModelRegistry(
+            tracking_uri=f"http://127.0.0.1:{port}",
+            artifact_root=s3_endpoint.root("mlflow-artifacts"),
+            retry_backoff_s=0.2,
+        )
         info = registry.register("cluster.digits", s3_endpoint.root("runs/trial-0000/model"), trial_key="s/trial-0000",
                                  tags={"trainyard.test_split": "split1"}, metrics={"test_acc": 1.0}, description="card",
                                  input_example=frame[FEATURES])
@@ -353,7 +368,9 @@ def test_cluster_registry_tracking_server_on_postgres_with_s3_artifacts(
 
         handoff = HandoffPublisher(store=ObjectStore(root=s3_endpoint.root("store"), endpoint_url=s3_endpoint.url))
         validation = ValidationEvidence(True, "passed", "md5")
-        candidate = Candidate(info, PromotionSpec(threshold=0.9), {"test_acc": 1.0}, "split1", frame, "label", validation)
+        candidate = Candidate(
+            info, PromotionSpec(threshold=0.9), {"test_acc": 1.0}, "split1", frame, "label", validation
+        )
         decision = promotion.decide(registry, handoff, candidate, action="register", decided_by="test")
         assert decision.outcome == "champion", decision.reason
         assert (decision.smoke["served_metric"], decision.smoke["served_value"]) == ("test_acc", 1.0)
@@ -404,7 +421,11 @@ def test_pipeline_champion_is_shown_with_lineage_and_evidence(
     card = harness.resources["registry"].get_version("test.digits", "1")
     from mlflow import MlflowClient
 
-    description = MlflowClient(tracking_uri=harness.resources["registry"].tracking_uri).get_model_version("test.digits", "1").description
+    description = (
+        MlflowClient(tracking_uri=harness.resources["registry"].tracking_uri)
+        .get_model_version("test.digits", "1")
+        .description
+    )
     assert "## Intended use" in description and "## Validation\n- result: passed" in description
     assert card.tags["trainyard.validation"] == "passed"
     events = harness.resources["handoff"].list_events("test.digits")

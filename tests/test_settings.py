@@ -1,4 +1,5 @@
-"""One settings object for every `TRAINYARD_*` variable (`common.settings`), and one table of them (docs/configuration.md).
+"""One settings object for every `TRAINYARD_*` variable (`common.settings`), and one table of them
+(docs/configuration.md).
 
 tests/test_settings_reads.py holds that no production module reads a variable anywhere else.
 """
@@ -32,7 +33,9 @@ def test_every_variable_is_in_the_documentation_table_and_the_table_names_no_oth
 
 def test_the_documentation_table_is_the_models_own() -> None:
     """Type, default, meaning and reader as declared: regenerate with `python -m common.settings`."""
-    assert _documented() == markdown_table(), "docs/configuration.md's table differs: paste `python -m common.settings` over it"
+    assert _documented() == markdown_table(), (
+        "docs/configuration.md's table differs: paste `python -m common.settings` over it"
+    )
 
 
 def test_the_environment_is_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +49,8 @@ def test_the_environment_is_read_at_each_call(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_one_set_of_values_is_validated_once() -> None:
-    """The hot paths (the warm fork, a worker's start) pay dictionary look-ups, not a validation: the same object comes back."""
+    """The hot paths (the warm fork, a worker's start) pay dictionary look-ups, not a validation: the same object comes
+    back."""
     env = {"TRAINYARD_LAUNCH_ID": "job-a", "TRAINYARD_K8S_SECRETS": "aws"}
     assert settings(env) is settings(dict(env))
     assert settings({**env, "TRAINYARD_LAUNCH_ID": "job-b"}).launch_id == "job-b"
@@ -77,10 +81,19 @@ def test_every_bad_variable_is_named_at_once() -> None:
 
 
 def test_values_parse_as_the_readers_did() -> None:
-    s = settings({"TRAINYARD_K8S_SECRETS": " aws, wandb ,,", "TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS": "0",
-                  "TRAINYARD_CODE_VERSION": " abc123-dirty \n", "TRAINYARD_FEAST_OFFLINE_STORE": '{"type": "duckdb"}',
-                  "TRAINYARD_WARM_RUN_WORKERS": "0", "TRAINYARD_WARM_WANDB_SERVICE": "1", "TRAINYARD_STORE_LISTEN_FD": "7",
-                  "TRAINYARD_HOME": "/srv/ty", "TRAINYARD_LAUNCH_ID": ""})
+    s = settings(
+        {
+            "TRAINYARD_K8S_SECRETS": " aws, wandb ,,",
+            "TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS": "0",
+            "TRAINYARD_CODE_VERSION": " abc123-dirty \n",
+            "TRAINYARD_FEAST_OFFLINE_STORE": '{"type": "duckdb"}',
+            "TRAINYARD_WARM_RUN_WORKERS": "0",
+            "TRAINYARD_WARM_WANDB_SERVICE": "1",
+            "TRAINYARD_STORE_LISTEN_FD": "7",
+            "TRAINYARD_HOME": "/srv/ty",
+            "TRAINYARD_LAUNCH_ID": "",
+        }
+    )
     assert s.k8s_secrets == ("aws", "wandb") and s.k8s_active_deadline_seconds == 0  # 0: no deadline, not unset
     assert s.code_version == "abc123-dirty" and s.feast_offline_store == {"type": "duckdb"}
     assert (s.warm_run_workers, s.warm_wandb_service, s.store_listen_fd) == (False, True, 7)

@@ -29,8 +29,13 @@ EXEMPT = {
 
 def _holds_name(node: ast.AST) -> bool:
     """A literal `TRAINYARD_*` string, or a tuple/list holding one at any depth."""
-    return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith(PREFIX) and len(n.value) > len(PREFIX)
-               for n in ast.walk(node))
+    return any(
+        isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and n.value.startswith(PREFIX)
+        and len(n.value) > len(PREFIX)
+        for n in ast.walk(node)
+    )
 
 
 def _constants(paths: list[Path]) -> set[str]:
@@ -45,7 +50,8 @@ def _constants(paths: list[Path]) -> set[str]:
 
 
 def _loop_names(target: ast.AST, iterable: ast.AST, constants: set[str]) -> set[str]:
-    """The loop variables that take a `TRAINYARD_*` name: `for var in (...)`, or the matching place of `for var, field in ((...), ...)`."""
+    """The loop variables that take a `TRAINYARD_*` name: `for var in (...)`, or the matching place of `for var, field
+    in ((...), ...)`."""
     if isinstance(iterable, ast.Name) and iterable.id in constants and isinstance(target, ast.Name):
         return {target.id}
     if not isinstance(iterable, (ast.Tuple, ast.List)):
@@ -59,7 +65,8 @@ def _loop_names(target: ast.AST, iterable: ast.AST, constants: set[str]) -> set[
 
 
 def reads_outside_settings() -> list[str]:
-    """'path:line: code' for every read of a `TRAINYARD_*` variable in the production packages but `common/settings.py`."""
+    """'path:line: code' for every read of a `TRAINYARD_*` variable in the production packages but
+    `common/settings.py`."""
     paths = sorted(p for package in PRODUCTION for p in (ROOT / package).rglob("*.py") if p != SETTINGS_MODULE)
     constants = _constants(paths)
     found = []
@@ -91,7 +98,11 @@ def reads_outside_settings() -> list[str]:
                     read = node
             elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and names_variable(node.slice):
                 read = node
-            elif isinstance(node, ast.Compare) and names_variable(node.left) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            elif (
+                isinstance(node, ast.Compare)
+                and names_variable(node.left)
+                and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+            ):
                 read = node
             if read is not None:
                 found.append(f"{relative}:{read.lineno}: {ast.unparse(read)}")

@@ -32,7 +32,9 @@ def oversized(path: Path) -> list[str]:
             length = (node.end_lineno or node.lineno) - node.lineno + 1
             reason = "lines because" in (ast.get_docstring(node) or "")
             if length > MAX_FUNCTION_LINES and not reason:
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines (at most {MAX_FUNCTION_LINES})")
+                found.append(
+                    f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines (at most {MAX_FUNCTION_LINES})"
+                )
     return found
 
 

@@ -20,7 +20,9 @@ QUERY = "{ assetNodes { assetKey { path } dependencyKeys { path } } }"
 
 def graphql(port: int, query: str) -> dict:
     req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/graphql", data=json.dumps({"query": query}).encode(), headers={"Content-Type": "application/json"}
+        f"http://127.0.0.1:{port}/graphql",
+        data=json.dumps({"query": query}).encode(),
+        headers={"Content-Type": "application/json"},
     )
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.loads(resp.read())

@@ -25,7 +25,9 @@ def test_the_check_shows_the_drift_verdict_with_thresholds_on_by_default() -> No
     assert spec.max_drift_psi == dq.PSI_ALERT == 0.25
     report = dq.ValidationReport(success=True, evaluated=1, failed=0, results=[], suite={}, rows=10)
     row = {"column": "x", "method": "psi-quantiles+ks", "ks": 0.1, "ks_pvalue": 0.5, "note": ""}
-    outcome = SimpleNamespace(validation=SimpleNamespace(report=report), drift=[{**row, "psi": 0.17, "drifted": False}], docs_uri="/docs")
+    outcome = SimpleNamespace(
+        validation=SimpleNamespace(report=report), drift=[{**row, "psi": 0.17, "drifted": False}], docs_uri="/docs"
+    )
     meta = check_metadata(outcome, spec)  # type: ignore[arg-type]
     assert meta["drift_verdict"] == "moderate" and meta["max_psi"] == 0.17
     assert meta["drift_summary"].startswith("moderate shift (PSI >= 0.1) in ['x']")

@@ -1,4 +1,5 @@
-"""A business export (strings, a text date, an id, gaps, rare "yes") through real `raw_data` and `validated_data` runs (issue 49)."""
+"""A business export (strings, a text date, an id, gaps, rare "yes") through real `raw_data` and `validated_data` runs
+(issue 49)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,11 @@ def test_raw_and_validated_data_take_the_export_as_it_is_and_show_missing_values
     [raw] = [m.materialization for m in run.get_asset_materialization_events() if m.asset_key == keys[0]]
     missing = raw.metadata["missing_values"].value
     assert "| customer_id | 0 |" in missing and "| country |" in missing and "| country | 0 |" not in missing
-    [check] = [e.event_specific_data for e in run.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION" and e.event_specific_data.check_name == "expectations"]
+    [check] = [
+        e.event_specific_data
+        for e in run.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION" and e.event_specific_data.check_name == "expectations"
+    ]
     assert check.passed and "| monthly_charges |" in check.metadata["missing_values"].value
     validated = run.output_for_node(harness.node("validated_data"))
     for part in ("train", "val", "test"):

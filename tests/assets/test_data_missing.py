@@ -19,7 +19,9 @@ def test_the_check_shows_missing_values_per_column() -> None:
         target="label",
         model=ModelSpec(path="pipelines.vision.models:DigitsMLP"),
     )
-    report = dq.ValidationReport(success=True, evaluated=1, failed=0, results=[], suite={}, rows=40, missing={"x": 3, "label": 0})
+    report = dq.ValidationReport(
+        success=True, evaluated=1, failed=0, results=[], suite={}, rows=40, missing={"x": 3, "label": 0}
+    )
     meta = check_metadata(SimpleNamespace(validation=SimpleNamespace(report=report), drift=[], docs_uri="/docs"), spec)  # type: ignore[arg-type]
     table = meta["missing_values"].value
     assert "| x | 3 | 7.50 % |" in table and "| label | 0 | 0.00 % |" in table

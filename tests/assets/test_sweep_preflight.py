@@ -1,4 +1,5 @@
-"""What fails every trial is found before the sweep asks one: the sweep asset fails naming the columns, with no study made."""
+"""What fails every trial is found before the sweep asks one: the sweep asset fails naming the columns, with no study
+made."""
 
 from __future__ import annotations
 
@@ -20,8 +21,14 @@ from trainyard.values import ValidatedData
 
 def validated(tmp_path: Path, frame: pd.DataFrame) -> ValidatedData:
     frame.to_parquet(tmp_path / "train.parquet", index=False)
-    return ValidatedData(md5="a" * 32, split_id="a" * 32 + "-f", train=str(tmp_path / "train.parquet"), val="v", test="t",
-                         rows={"train": len(frame), "val": 0, "test": 0})
+    return ValidatedData(
+        md5="a" * 32,
+        split_id="a" * 32 + "-f",
+        train=str(tmp_path / "train.parquet"),
+        val="v",
+        test="t",
+        rows={"train": len(frame), "val": 0, "test": 0},
+    )
 
 
 def test_preprocessing_off_with_text_or_gaps_is_named_before_any_trial(tmp_path: Path) -> None:
@@ -34,22 +41,34 @@ def test_preprocessing_off_with_text_or_gaps_is_named_before_any_trial(tmp_path:
     assert problems[0].startswith("feature 'plan' is declared 'category', and preprocessing is off")
     assert problems[1].startswith("feature 'px0_3' has 1 missing value(s) in the train split, and preprocessing is off")
     assert len(problems) == 2
-    assert preflight(small_spec(columns=columns), validated(tmp_path, frame), Store(root=str(tmp_path))) == []  # preprocessing handles both
+    assert (
+        preflight(small_spec(columns=columns), validated(tmp_path, frame), Store(root=str(tmp_path))) == []
+    )  # preprocessing handles both
 
 
 def test_the_sweep_asset_fails_before_making_a_study(tmp_path: Path) -> None:
     base = small_spec()
-    spec = small_spec(columns={**base.columns, "plan": ColumnSpec(dtype="str")}, preprocessing=Preprocessing(enabled=False))
+    spec = small_spec(
+        columns={**base.columns, "plan": ColumnSpec(dtype="str")}, preprocessing=Preprocessing(enabled=False)
+    )
     resources = drill_resources(tmp_path, TrivialLauncher())
     instance = open_instance(tmp_path)
     prepared_data(tmp_path, spec, resources)
     from dagster import AssetKey
 
-    result = build_definitions(spec, resources=resources).resolve_job_def(job_names(spec)["prepare"]).execute_in_process(
-        instance=instance, asset_selection=[AssetKey([spec.team, spec.name, "sweep"])], raise_on_error=False)
+    result = (
+        build_definitions(spec, resources=resources)
+        .resolve_job_def(job_names(spec)["prepare"])
+        .execute_in_process(
+            instance=instance, asset_selection=[AssetKey([spec.team, spec.name, "sweep"])], raise_on_error=False
+        )
+    )
     assert not result.success
     failure = next(e for e in result.all_events if e.event_type_value == "STEP_FAILURE")
-    assert "the sweep cannot train: feature 'plan' is declared 'str', and preprocessing is off" in failure.event_specific_data.error.message
+    assert (
+        "the sweep cannot train: feature 'plan' is declared 'str', and preprocessing is off"
+        in failure.event_specific_data.error.message
+    )
     import optuna
 
     assert optuna.get_all_study_names(resources["sweeps"].storage()) == []

@@ -1,4 +1,5 @@
-"""The `sweep` asset starts its first window's trial runs itself under the daemon with the sweep sensor on, and only then.
+"""The `sweep` asset starts its first window's trial runs itself under the daemon with the sweep sensor on, and only
+then.
 
 The sweep runs here as a run worker runs it (`dagster._core.execution.api.execute_run`)
 from a run record with both origins, as the daemon makes one from a code location: this
@@ -17,7 +18,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from dagster import AssetKey, DagsterInstance, DagsterRun, DagsterRunStatus, DefaultSensorStatus, Definitions, RunRequest, RunsFilter
+from dagster import (
+    AssetKey,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    Definitions,
+    RunRequest,
+    RunsFilter,
+)
 
 from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import SweepCursor, run_tick
@@ -32,7 +42,8 @@ TRIGGER = "trainyard/trigger"
 
 
 def location() -> Definitions:
-    """The code location the runs here come from: the drill pipeline (4 trials, 2 in flight), its home from `SWEEP_START_HOME`."""
+    """The code location the runs here come from: the drill pipeline (4 trials, 2 in flight), its home from
+    `SWEEP_START_HOME`."""
     return build_definitions(spec(), resources=drill_resources(Path(os.environ[HOME_ENV]), TrivialLauncher()))
 
 
@@ -45,7 +56,10 @@ def queued_instance(home: Path, team_limit: Optional[int] = None) -> DagsterInst
     (home / "dagster").mkdir(parents=True)
     text = "telemetry:\n  enabled: false\nrun_queue:\n  max_concurrent_runs: 10\n"
     if team_limit is not None:
-        text += f"  tag_concurrency_limits:\n    - key: trainyard/team\n      value:\n        applyLimitPerUniqueValue: true\n      limit: {team_limit}\n"
+        text += (
+            "  tag_concurrency_limits:\n    - key: trainyard/team\n      value:\n        applyLimitPerUniqueValue: "
+            f"true\n      limit: {team_limit}\n"
+        )
     (home / "dagster" / "dagster.yaml").write_text(text)
     return DagsterInstance.from_config(str(home / "dagster"))
 
@@ -58,32 +72,48 @@ def sensor_daemon_beats(instance: DagsterInstance, age: float = 0.0) -> None:
 
 
 def origins(job_name: str) -> tuple[Any, Any]:
-    """The reconstructable job (its python origin) and the remote origin a daemon gives a run of `job_name` from `location`."""
+    """The reconstructable job (its python origin) and the remote origin a daemon gives a run of `job_name` from
+    `location`."""
     from dagster._core.definitions.reconstruct import ReconstructableRepository
-    from dagster._core.remote_origin import ManagedGrpcPythonEnvCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.remote_origin import (
+        ManagedGrpcPythonEnvCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
     recon = ReconstructableRepository.for_module(__name__, "location", str(ROOT)).get_reconstructable_job(job_name)
-    target = LoadableTargetOrigin(executable_path=sys.executable, module_name=__name__, attribute="location", working_directory=str(ROOT))
-    repository = RemoteRepositoryOrigin(ManagedGrpcPythonEnvCodeLocationOrigin(target, location_name="sweep_start"), "__repository__")
+    target = LoadableTargetOrigin(
+        executable_path=sys.executable, module_name=__name__, attribute="location", working_directory=str(ROOT)
+    )
+    repository = RemoteRepositoryOrigin(
+        ManagedGrpcPythonEnvCodeLocationOrigin(target, location_name="sweep_start"), "__repository__"
+    )
     return recon, RemoteJobOrigin(repository, job_name)
 
 
 def write_validated(home: Path) -> Any:
-    """The pipeline's resources, with the `validated_data` value the sweep reads written (not the sweep materialized)."""
+    """The pipeline's resources, with the `validated_data` value the sweep reads written (not the sweep
+    materialized)."""
     resources = drill_resources(home, TrivialLauncher())
     prepared_data(home, spec(), resources)
     return resources
 
 
 def sweep_from_location(home: Path, instance: DagsterInstance, monkeypatch: pytest.MonkeyPatch) -> DagsterRun:
-    """Materialize `sweep` in a run made as the daemon makes a queued run of `prepare` (both origins), executed as a run worker executes it."""
+    """Materialize `sweep` in a run made as the daemon makes a queued run of `prepare` (both origins), executed as a run
+    worker executes it."""
     from dagster._core.execution.api import execute_run
 
     monkeypatch.setenv(HOME_ENV, str(home))
     recon, remote = origins(job_names(spec())["prepare"])
-    run = instance.create_run_for_job(recon.get_definition(), asset_selection={AssetKey(["test", "digits", "sweep"])}, status=DagsterRunStatus.NOT_STARTED,
-                                      remote_job_origin=remote, job_code_origin=recon.get_python_origin())
+    run = instance.create_run_for_job(
+        recon.get_definition(),
+        asset_selection={AssetKey(["test", "digits", "sweep"])},
+        status=DagsterRunStatus.NOT_STARTED,
+        remote_job_origin=remote,
+        job_code_origin=recon.get_python_origin(),
+    )
     assert execute_run(recon, run, instance).success
     done = instance.get_run_by_id(run.run_id)
     assert done is not None and done.status == DagsterRunStatus.SUCCESS
@@ -91,11 +121,15 @@ def sweep_from_location(home: Path, instance: DagsterInstance, monkeypatch: pyte
 
 
 def sweep_metadata(instance: DagsterInstance) -> dict:
-    return instance.get_latest_materialization_event(AssetKey(["test", "digits", "sweep"])).asset_materialization.metadata
+    return instance.get_latest_materialization_event(
+        AssetKey(["test", "digits", "sweep"])
+    ).asset_materialization.metadata
 
 
 def train_runs(instance: DagsterInstance) -> list[DagsterRun]:
-    return sorted(instance.get_runs(RunsFilter(job_name=job_names(spec())["train"])), key=lambda r: r.tags["dagster/partition"])
+    return sorted(
+        instance.get_runs(RunsFilter(job_name=job_names(spec())["train"])), key=lambda r: r.tags["dagster/partition"]
+    )
 
 
 def logged(instance: DagsterInstance, run_id: str, text: str) -> list[str]:
@@ -104,10 +138,14 @@ def logged(instance: DagsterInstance, run_id: str, text: str) -> list[str]:
 
 def tick(instance: DagsterInstance, resources: dict, cursor: Optional[str] = None) -> Any:
     names = job_names(spec())
-    return run_tick(spec(), instance, resources["sweeps"], cursor, train_job=names["train"], prepare_job=names["prepare"])
+    return run_tick(
+        spec(), instance, resources["sweeps"], cursor, train_job=names["train"], prepare_job=names["prepare"]
+    )
 
 
-def test_under_the_daemon_the_sweep_starts_the_first_window_and_the_sensor_takes_them_as_in_flight(tmp_path: Path, monkeypatch) -> None:
+def test_under_the_daemon_the_sweep_starts_the_first_window_and_the_sensor_takes_them_as_in_flight(
+    tmp_path: Path, monkeypatch
+) -> None:
     instance = queued_instance(tmp_path)
     resources = write_validated(tmp_path)
     sensor_daemon_beats(instance)
@@ -119,11 +157,19 @@ def test_under_the_daemon_the_sweep_starts_the_first_window_and_the_sensor_takes
     assert [r.tags["dagster/partition"] for r in runs] == ["trial-0000", "trial-0001"]
     for run in runs:
         key = run.tags["dagster/partition"]
-        # what the sensor daemon puts on the sweep sensor's run: the job's tags, the request's, its partition's, the sensor and the run key
-        assert run.tags == {"trainyard/team": "test", "trainyard/study": study, "trainyard/pipeline": "test/digits", "dagster/partition": key,
-                            "dagster/partition_set": "test__digits__train_partition_set", "dagster/sensor_name": sweep_sensor_name(spec()),
-                            "dagster/run_key": f"{study}/{key}", TRIGGER: "sweep materialized",
-                            "dagster/code_location": "sweep_start"}  # Dagster's create_run adds it for a run with a remote origin
+        # what the sensor daemon puts on the sweep sensor's run: the job's tags, the request's, its partition's, the
+        # sensor and the run key
+        assert run.tags == {
+            "trainyard/team": "test",
+            "trainyard/study": study,
+            "trainyard/pipeline": "test/digits",
+            "dagster/partition": key,
+            "dagster/partition_set": "test__digits__train_partition_set",
+            "dagster/sensor_name": sweep_sensor_name(spec()),
+            "dagster/run_key": f"{study}/{key}",
+            TRIGGER: "sweep materialized",
+            "dagster/code_location": "sweep_start",
+        }  # Dagster's create_run adds it for a run with a remote origin
         assert run.status == DagsterRunStatus.QUEUED  # enqueued for the daemon to dequeue: nothing launched here
         # the same code location and repository as the sweep's run: the daemon's run-key check matches it to the sensor
         assert run.remote_job_origin.repository_origin == prepare.remote_job_origin.repository_origin
@@ -142,15 +188,25 @@ def test_under_the_daemon_the_sweep_starts_the_first_window_and_the_sensor_takes
 
     keys = ["trial-0000", "trial-0001"]
     requests = [RunRequest(partition_key=k, run_key=f"{study}/{k}", job_name=job_names(spec())["train"]) for k in keys]
-    assert {k: r.run_id for k, r in fetch_existing_runs(instance, TickedSensor(), requests).items()} == {f"{study}/{r.tags['dagster/partition']}": r.run_id for r in runs}
+    assert {k: r.run_id for k, r in fetch_existing_runs(instance, TickedSensor(), requests).items()} == {
+        f"{study}/{r.tags['dagster/partition']}": r.run_id for r in runs
+    }
     # The sensor's first tick counts both in flight and requests nothing: no run twice, no third trial in a window of 2.
     first = tick(instance, resources)
-    assert first.run_requests == [] and first.asked == [] and "0 trial run(s)" in first.message and "2 in flight of parallelism 2" in first.message
+    assert (
+        first.run_requests == []
+        and first.asked == []
+        and "0 trial run(s)" in first.message
+        and "2 in flight of parallelism 2" in first.message
+    )
     assert SweepCursor.parse(first.cursor.dump()).next == 2
     again = tick(instance, resources, first.cursor.dump())
     assert again.run_requests == [] and again.asked == []
     assert [r.run_id for r in train_runs(instance)] == [r.run_id for r in runs]
-    assert [(t.number, t.state.name) for t in resources["sweeps"].load(study).get_trials()] == [(0, "RUNNING"), (1, "RUNNING")]
+    assert [(t.number, t.state.name) for t in resources["sweeps"].load(study).get_trials()] == [
+        (0, "RUNNING"),
+        (1, "RUNNING"),
+    ]
 
 
 def test_the_sweep_starts_no_more_than_the_teams_free_run_slots(tmp_path: Path, monkeypatch) -> None:
@@ -159,17 +215,26 @@ def test_the_sweep_starts_no_more_than_the_teams_free_run_slots(tmp_path: Path, 
     instance = queued_instance(tmp_path, team_limit=2)
     resources = write_validated(tmp_path)
     sensor_daemon_beats(instance)
-    instance.add_run(DagsterRun(job_name="other", run_id=make_new_run_id(), status=DagsterRunStatus.STARTED, tags={"trainyard/team": "test"}))
+    instance.add_run(
+        DagsterRun(
+            job_name="other", run_id=make_new_run_id(), status=DagsterRunStatus.STARTED, tags={"trainyard/team": "test"}
+        )
+    )
     prepare = sweep_from_location(tmp_path, instance, monkeypatch)
     assert sweep_metadata(instance)["started_trial_runs"].value == 1
     assert [r.tags["dagster/partition"] for r in train_runs(instance)] == ["trial-0000"]
-    assert logged(instance, prepare.run_id, "0 in flight of parallelism 2, team test 1/2 runs")  # counted before its run
+    assert logged(
+        instance, prepare.run_id, "0 in flight of parallelism 2, team test 1/2 runs"
+    )  # counted before its run
     first = tick(instance, resources)
     assert first.run_requests == [] and "1 in flight of parallelism 2, team test 2/2 runs" in first.message
 
 
-def test_a_trial_run_that_ended_untold_before_the_sensors_first_look_still_fails_its_trial(tmp_path: Path, monkeypatch) -> None:
-    """The sensor's first look at a study reads runs that ended since the sweep's run was created, not only since that look."""
+def test_a_trial_run_that_ended_untold_before_the_sensors_first_look_still_fails_its_trial(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """The sensor's first look at a study reads runs that ended since the sweep's run was created, not only since that
+    look."""
     instance = queued_instance(tmp_path)
     resources = write_validated(tmp_path)
     sensor_daemon_beats(instance)
@@ -180,13 +245,22 @@ def test_a_trial_run_that_ended_untold_before_the_sensors_first_look_still_fails
     assert first.failed == [0]
     assert resources["sweeps"].trial(sweep_metadata(instance)["study"].value, 0).user_attrs["error"] == (
         f"run {crashed.run_id} ended FAILURE without reporting the trial")
-    assert [r.partition_key for r in first.run_requests] == ["trial-0002"] and first.asked == [2]  # its replacement; trial-0001 is in flight
+    assert [r.partition_key for r in first.run_requests] == ["trial-0002"] and first.asked == [
+        2
+    ]  # its replacement; trial-0001 is in flight
 
 
 @pytest.mark.parametrize("why", ["no heartbeat", "stale heartbeat", "sensor stopped"])
-def test_without_a_sensor_daemon_or_with_the_sensor_stopped_the_sweep_starts_nothing(tmp_path: Path, monkeypatch, why: str) -> None:
+def test_without_a_sensor_daemon_or_with_the_sensor_stopped_the_sweep_starts_nothing(
+    tmp_path: Path, monkeypatch, why: str
+) -> None:
     from dagster._core.remote_origin import RemoteInstigatorOrigin
-    from dagster._core.scheduler.instigation import InstigatorState, InstigatorStatus, InstigatorType, SensorInstigatorData
+    from dagster._core.scheduler.instigation import (
+        InstigatorState,
+        InstigatorStatus,
+        InstigatorType,
+        SensorInstigatorData,
+    )
 
     instance = queued_instance(tmp_path)
     resources = write_validated(tmp_path)
@@ -195,17 +269,24 @@ def test_without_a_sensor_daemon_or_with_the_sensor_stopped_the_sweep_starts_not
     if why == "sensor stopped":  # what `dagster sensor stop` stores for a sensor without a state
         _, remote = origins(job_names(spec())["prepare"])
         origin = RemoteInstigatorOrigin(remote.repository_origin, sweep_sensor_name(spec()))
-        instance.add_instigator_state(InstigatorState(origin, InstigatorType.SENSOR, InstigatorStatus.STOPPED, SensorInstigatorData(min_interval=9)))
+        instance.add_instigator_state(
+            InstigatorState(
+                origin, InstigatorType.SENSOR, InstigatorStatus.STOPPED, SensorInstigatorData(min_interval=9)
+            )
+        )
     prepare = sweep_from_location(tmp_path, instance, monkeypatch)
     assert sweep_metadata(instance)["started_trial_runs"].value == 0 and train_runs(instance) == []
-    expected = f"sensor {sweep_sensor_name(spec())} is stopped" if why == "sensor stopped" else "no sensor daemon is alive"
+    expected = (
+        f"sensor {sweep_sensor_name(spec())} is stopped" if why == "sensor stopped" else "no sensor daemon is alive"
+    )
     assert logged(instance, prepare.run_id, "not starting trial runs: " + expected)
     first = tick(instance, resources)  # as before: the sensor's tick requests the first window
     assert [r.partition_key for r in first.run_requests] == ["trial-0000", "trial-0001"]
 
 
 def test_in_process_the_sweep_starts_nothing(tmp_path: Path) -> None:
-    """`trainyard demo` and in-process tests: no origins, so nothing changes, even with a run queue and a live sensor daemon."""
+    """`trainyard demo` and in-process tests: no origins, so nothing changes, even with a run queue and a live sensor
+    daemon."""
     instance = queued_instance(tmp_path)
     sensor_daemon_beats(instance)
     resources = drill_resources(tmp_path, TrivialLauncher())
@@ -236,7 +317,9 @@ def test_a_failure_to_start_a_run_leaves_it_to_the_sensor_and_the_sweep_stands(t
     assert sweep_metadata(instance)["started_trial_runs"].value == 1
     warning = logged(instance, prepare.run_id, "could not create the trial runs")
     assert warning and "ConnectionError: injected: the run storage went away" in warning[0]
-    assert [(r.tags["dagster/partition"], r.status) for r in train_runs(instance)] == [("trial-0000", DagsterRunStatus.QUEUED)]
+    assert [(r.tags["dagster/partition"], r.status) for r in train_runs(instance)] == [
+        ("trial-0000", DagsterRunStatus.QUEUED)
+    ]
     first = tick(instance, resources)
     assert [r.partition_key for r in first.run_requests] == ["trial-0001"] and first.asked == []
 
@@ -257,8 +340,12 @@ def test_a_run_the_queue_refused_is_discarded_for_the_sensor_and_the_sweep_stand
     monkeypatch.setattr(instance, "submit_run", second_refused)
     prepare = sweep_from_location(tmp_path, instance, monkeypatch)
     warning = logged(instance, prepare.run_id, "could not enqueue trial run")
-    assert warning and "ConnectionError: injected: the event log went away" in warning[0] and "(trial-0001)" in warning[0]
-    assert [(r.tags["dagster/partition"], r.status) for r in train_runs(instance)] == [("trial-0000", DagsterRunStatus.QUEUED)]
+    assert (
+        warning and "ConnectionError: injected: the event log went away" in warning[0] and "(trial-0001)" in warning[0]
+    )
+    assert [(r.tags["dagster/partition"], r.status) for r in train_runs(instance)] == [
+        ("trial-0000", DagsterRunStatus.QUEUED)
+    ]
     assert instance.get_run_by_id(calls[1]) is None  # discarded, so its run key is free for the sensor's request
     assert logged(instance, prepare.run_id, "started 1 trial run(s): trial-0000")
     first = tick(instance, resources)
@@ -274,7 +361,9 @@ def test_a_sensor_runs_as_its_stored_state_says_else_as_its_code_says() -> None:
 
     on, off = DefaultSensorStatus.RUNNING, DefaultSensorStatus.STOPPED
     assert sensor_is_running(None, on) and not sensor_is_running(None, off)
-    assert sensor_is_running(Stored(InstigatorStatus.DECLARED_IN_CODE), on) and not sensor_is_running(Stored(InstigatorStatus.DECLARED_IN_CODE), off)
+    assert sensor_is_running(Stored(InstigatorStatus.DECLARED_IN_CODE), on) and not sensor_is_running(
+        Stored(InstigatorStatus.DECLARED_IN_CODE), off
+    )
     assert not sensor_is_running(Stored(InstigatorStatus.STOPPED), on)  # stopped by a person
     assert sensor_is_running(Stored(InstigatorStatus.RUNNING), off)  # started by a person
 
@@ -293,11 +382,16 @@ def test_in_flight_and_free_slots() -> None:
 
     trials = [Trial(0, "COMPLETE"), Trial(1), Trial(2, claim="run-a"), Trial(3), Trial(4)]
     assert count_in_flight(trials, set(), lambda t: False) == 1  # claimed
-    assert count_in_flight(trials, {"trial-0000", "trial-0003"}, lambda t: False) == 2  # a finished trial's partition counts nothing
+    assert (
+        count_in_flight(trials, {"trial-0000", "trial-0003"}, lambda t: False) == 2
+    )  # a finished trial's partition counts nothing
     assert count_in_flight(trials, {"trial-0003"}, lambda t: t.number == 1) == 3
     assert free_slots(4, 3, "test", None, []) == (1, "")
     assert free_slots(2, 3, "test", None, []) == (0, "")
-    team = [type("R", (), {"dagster_run": DagsterRun(job_name="x", run_id=f"r{i}", tags={"trainyard/team": t})}) for i, t in enumerate(["test", "test", "b"])]
+    team = [
+        type("R", (), {"dagster_run": DagsterRun(job_name="x", run_id=f"r{i}", tags={"trainyard/team": t})})
+        for i, t in enumerate(["test", "test", "b"])
+    ]
     assert free_slots(4, 1, "test", 3, team) == (1, ", team test 2/3 runs")
 
 

@@ -38,7 +38,9 @@ class RecordingLauncher(TrivialLauncher):
         if self.drill_restarts is None:
             return outcome
         restarts = self.drill_restarts if drilled else 0
-        result = outcome.result.model_copy(update={"goodput": {"restarts": restarts, "restart_causes": ["lost (process killed)"] * restarts}})
+        result = outcome.result.model_copy(
+            update={"goodput": {"restarts": restarts, "restart_causes": ["lost (process killed)"] * restarts}}
+        )
         (Path(spec.output_uri) / "result.json").write_text(result.model_dump_json())
         return LaunchOutcome(result=result, log_uri=outcome.log_uri, seconds=outcome.seconds)
 
@@ -49,7 +51,13 @@ class CurvesLauncher(TrivialLauncher):
     def launch(self, spec: TrainSpec, context: Any = None) -> LaunchOutcome:
         outcome = super().launch(spec, context)
         outcome.progress = [
-            {"type": "progress", "epoch": e, "max_epochs": 2, "step": e + 1, "metrics": {"val_acc": 0.4 + 0.2 * e, "val_loss": 1.0 - 0.3 * e}}
+            {
+                "type": "progress",
+                "epoch": e,
+                "max_epochs": 2,
+                "step": e + 1,
+                "metrics": {"val_acc": 0.4 + 0.2 * e, "val_loss": 1.0 - 0.3 * e},
+            }
             for e in range(2)
         ]
         return outcome
@@ -72,7 +80,10 @@ class Trials:
     def train(self, key: str = "trial-0000", **config: Any):
         defs = build_definitions(self.spec, resources=self.resources)
         return defs.resolve_job_def(job_names(self.spec)["train"]).execute_in_process(
-            instance=self.instance, partition_key=key, raise_on_error=False, run_config={"ops": {NODE: {"config": config}}} if config else None
+            instance=self.instance,
+            partition_key=key,
+            raise_on_error=False,
+            run_config={"ops": {NODE: {"config": config}}} if config else None,
         )
 
     def trial(self, number: int = 0) -> Any:
@@ -99,7 +110,10 @@ def test_trial_model_shows_its_training_curves_also_when_reused(tmp_path: Path) 
     meta = metadata(result)
     assert meta["epochs_reported"] == 2
     assert meta["curves_plot"].startswith("![training curves](data:image/png;base64,iVBORw0KGgo")  # an embedded PNG
-    assert meta["curves"] == "| epoch | step | val_acc | val_loss |\n|---|---|---|---|\n| 0 | 1 | 0.4 | 1 |\n| 1 | 2 | 0.6 | 0.7 |"
+    assert (
+        meta["curves"]
+        == "| epoch | step | val_acc | val_loss |\n|---|---|---|---|\n| 0 | 1 | 0.4 | 1 |\n| 1 | 2 | 0.6 | 0.7 |"
+    )
     assert (Path(result.output_for_node(NODE).result_uri).parent / "curves.json").exists()
     again = trials.train()  # reused as stored: the curves come from beside the result
     assert again.success and metadata(again)["curves"] == meta["curves"]
@@ -110,7 +124,9 @@ def test_one_reported_epoch_is_a_table_without_a_plot(tmp_path: Path) -> None:
     from resources.storage import ObjectStore
 
     store = ObjectStore(root=str(tmp_path))
-    store.write_json(store.uri("run", "curves.json"), [{"epoch": 20, "step": 20, "val_logloss": 0.25}])  # a GBT trial's one report
+    store.write_json(
+        store.uri("run", "curves.json"), [{"epoch": 20, "step": 20, "val_logloss": 0.25}]
+    )  # a GBT trial's one report
     meta = curves_metadata(store, store.uri("run", "result.json"), "t")
     assert list(meta) == ["epochs_reported", "curves"]  # no plot of a single marker
     assert meta["epochs_reported"] == 1
@@ -138,7 +154,12 @@ def test_retrain_config_retrains_one_finished_trial_and_leaves_the_study_alone(t
     assert (after.state.name, after.value, after.user_attrs["result_uri"]) == ("COMPLETE", recorded.value, recorded_uri)
     assert Path(recorded_uri).read_bytes() == recorded_bytes
     meta = metadata(result)
-    assert meta["retrain"] == {"reason": "retrain requested", "study_state": "COMPLETE", "recorded_result": recorded_uri, "study_unchanged": True}
+    assert meta["retrain"] == {
+        "reason": "retrain requested",
+        "study_state": "COMPLETE",
+        "recorded_result": recorded_uri,
+        "study_unchanged": True,
+    }
     assert meta["recorded_val_acc"] == recorded.value and "drill" not in meta
 
 
@@ -149,7 +170,9 @@ def test_drill_on_a_finished_trial_retrains_it_and_reports_the_recovery(tmp_path
     result = trials.train(drill_kill_rank=0, drill_kill_at_step=1)
     assert result.success, failure_text(result)
     specs = launched(tmp_path)
-    assert len(specs) == 2 and specs[1].faults.kill_rank == 0 and specs[1].faults.kill_at_step == 1  # the drill reached the pod
+    assert (
+        len(specs) == 2 and specs[1].faults.kill_rank == 0 and specs[1].faults.kill_at_step == 1
+    )  # the drill reached the pod
     assert Path(specs[1].output_uri).name.startswith("retrain-")
     meta = metadata(result)
     assert meta["drill"] == {"kill_rank": 0, "kill_at_step": 1}
@@ -174,7 +197,10 @@ def test_drill_that_never_restarted_the_trial_fails(tmp_path: Path) -> None:
     assert trials.train().success
     result = trials.train(drill_sigterm_at_step=1)
     assert not result.success
-    assert "trial-0000: drill {'sigterm_at_step': 1} never fired: the retrain finished without a restart" in failure_text(result)
+    assert (
+        "trial-0000: drill {'sigterm_at_step': 1} never fired: the retrain finished without a restart"
+        in failure_text(result)
+    )
 
 
 def test_a_failed_trial_can_be_retrained_for_debugging_and_stays_failed(tmp_path: Path) -> None:
@@ -206,7 +232,9 @@ def test_kill_drill_on_a_finished_real_trial_retrains_and_recovers(tmp_path: Pat
     first = harness.run("train", "trial-0000")
     assert first.success, failure_text(first)
     recorded = first.output_for_node(NODE)
-    drill = harness.run("train", "trial-0000", run_config={"ops": {NODE: {"config": {"drill_kill_rank": 1, "drill_kill_at_step": 3}}}})
+    drill = harness.run(
+        "train", "trial-0000", run_config={"ops": {NODE: {"config": {"drill_kill_rank": 1, "drill_kill_at_step": 3}}}}
+    )
     assert drill.success, failure_text(drill)
     value = drill.output_for_node(NODE)
     assert Path(value.result_uri).parent.name.startswith("retrain-")
@@ -214,11 +242,15 @@ def test_kill_drill_on_a_finished_real_trial_retrains_and_recovers(tmp_path: Pat
     assert value.goodput["restarts"] >= 1 and value.resumed_from
     meta = metadata(drill)
     assert meta["drill_recovered"] is True and meta["drill_restarts"] >= 1
-    assert json.loads(Path(recorded.result_uri).read_text())["best_metric"] == recorded.best_metric  # the recorded result is untouched
+    assert (
+        json.loads(Path(recorded.result_uri).read_text())["best_metric"] == recorded.best_metric
+    )  # the recorded result is untouched
 
 
 @pytest.mark.slow
-def test_the_sweep_starts_the_warm_server_for_its_trials_in_the_background(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sweep_starts_the_warm_server_for_its_trials_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A sweep with trials to run on this machine starts the warm server while the first trial run is on its way."""
     import shutil
     import tempfile

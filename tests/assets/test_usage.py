@@ -20,7 +20,12 @@ def write_run(root: Path, key: str, device_hours: float, accelerator: Optional[s
               wait: Optional[float], launched: float = T0) -> Path:
     d = root / "runs" / key
     d.mkdir(parents=True)
-    result = {"world_size": 2, "device_hours": device_hours, "wall_seconds": device_hours * 1800, "goodput": {} if goodput is None else {"goodput": goodput}}
+    result = {
+        "world_size": 2,
+        "device_hours": device_hours,
+        "wall_seconds": device_hours * 1800,
+        "goodput": {} if goodput is None else {"goodput": goodput},
+    }
     (d / "result.json").write_text(json.dumps(result))
     if accelerator is not None:
         (d / "spec.json").write_text(json.dumps({"distribution": {"accelerator": accelerator}}))
@@ -46,7 +51,10 @@ CONFIG = UsageConfig(price_per_gpu_hour=2.0, price_per_cpu_hour=0.1, capacity_de
 def test_runs_are_read_with_team_accelerator_goodput_and_wait(store: ObjectStore) -> None:
     runs = collect_runs(store)
     assert [(r.team, r.pipeline, r.study, r.trial) for r in runs] == [
-        ("tabular", "bc", "s2", "trial-0000"), ("vision", "digits", "s1", "trial-0000"), ("vision", "digits", "s1", "trial-0001")]
+        ("tabular", "bc", "s2", "trial-0000"),
+        ("vision", "digits", "s1", "trial-0000"),
+        ("vision", "digits", "s1", "trial-0001"),
+    ]
     assert [r.accelerator for r in runs] == ["cpu", "gpu", "gpu"]
     assert [r.queue_wait_seconds for r in runs] == [2.0, 30.0, None]  # the wait of the last launch
     assert [r.goodput for r in runs] == [0.5, 0.8, None]
@@ -62,15 +70,18 @@ def test_summary_numbers_are_exact(store: ObjectStore) -> None:
     assert vision["cost"] == pytest.approx(1.5) and tabular["cost"] == pytest.approx(0.01)
     assert total["runs"] == 3 and total["device_hours"] == pytest.approx(0.85) and total["cost"] == pytest.approx(1.51)
     assert total["mean_queue_wait_seconds"] == pytest.approx(16.0)
-    assert s["capacity"] == pytest.approx({"devices": 4, "window_hours": 10.0, "device_hours": 40.0, "idle_device_hours": 39.15,
-                                           "utilization": 0.85 / 40})
+    assert s["capacity"] == pytest.approx(
+        {"devices": 4, "window_hours": 10.0, "device_hours": 40.0, "idle_device_hours": 39.15, "utilization": 0.85 / 40}
+    )
     table = team_table(s)
     assert "| vision | 2 | 0.7500 | 0.7500 | 0.6500 | 0.867 | 30.0 | 1.50 |" in table
     assert "| **total** | 3 | 0.8500 |" in table
 
 
 def test_a_team_price_overrides_the_gpu_price_for_that_team_only(store: ObjectStore) -> None:
-    config = UsageConfig(price_per_gpu_hour=2.0, price_per_cpu_hour=0.1, team_gpu_prices={"vision": 1.2, "tabular": 9.0})
+    config = UsageConfig(
+        price_per_gpu_hour=2.0, price_per_cpu_hour=0.1, team_gpu_prices={"vision": 1.2, "tabular": 9.0}
+    )
     s = summarize(collect_runs(store), config)
     assert s["teams"]["vision"]["cost"] == pytest.approx(0.75 * 1.2)
     assert s["teams"]["tabular"]["cost"] == pytest.approx(0.01)  # its run is on CPU: the CPU price applies
@@ -85,15 +96,25 @@ def test_no_runs_summarize_to_zero(tmp_path: Path) -> None:
 
 
 def _materialize(store: ObjectStore, config: dict[str, Any]) -> dict[str, Any]:
-    result = materialize([gpu_usage], resources={"store": store}, run_config={"ops": {"platform__gpu_usage": {"config": config}}})
+    result = materialize(
+        [gpu_usage], resources={"store": store}, run_config={"ops": {"platform__gpu_usage": {"config": config}}}
+    )
     assert result.success
     (event,) = result.get_asset_materialization_events()
     return {k: v.value for k, v in event.materialization.metadata.items()}
 
 
 def test_asset_reports_table_plot_and_cost(store: ObjectStore, tmp_path: Path) -> None:
-    meta = _materialize(store, {"price_per_gpu_hour": 2.0, "price_per_cpu_hour": 0.1, "capacity_devices": 4, "window_hours": 10.0,
-                                "team_gpu_prices": {"tabular": 3.0}})
+    meta = _materialize(
+        store,
+        {
+            "price_per_gpu_hour": 2.0,
+            "price_per_cpu_hour": 0.1,
+            "capacity_devices": 4,
+            "window_hours": 10.0,
+            "team_gpu_prices": {"tabular": 3.0},
+        },
+    )
     assert meta["runs"] == 3 and meta["device_hours"] == pytest.approx(0.85) and meta["cost_usd"] == pytest.approx(1.51)
     assert meta["idle_device_hours"] == pytest.approx(39.15) and meta["team_gpu_prices"] == {"tabular": 3.0}
     assert "| tabular | 1 |" in meta["teams"] and "trial-0001" in meta["per_run"]
@@ -135,7 +156,9 @@ def test_usage_matches_real_trials(tmp_path: Path) -> None:
     assert all(r.accelerator == "cpu" and r.queue_wait_seconds is not None and r.queue_wait_seconds >= 0 for r in runs)
     meta = _materialize(store, {"price_per_cpu_hour": 0.5})
     assert meta["device_hours"] == pytest.approx(sum(r["device_hours"] for r in results), rel=1e-12)
-    assert meta["productive_device_hours"] == pytest.approx(sum(r["device_hours"] * r["goodput"]["goodput"] for r in results), rel=1e-12)
+    assert meta["productive_device_hours"] == pytest.approx(
+        sum(r["device_hours"] * r["goodput"]["goodput"] for r in results), rel=1e-12
+    )
     assert meta["cost_usd"] == pytest.approx(0.5 * sum(r["device_hours"] for r in results), rel=1e-12)
 
 
@@ -146,7 +169,10 @@ def test_platform_is_its_own_code_location_with_a_daily_schedule() -> None:
     from pipelines.platform.definitions import defs
 
     root = Path(__file__).resolve().parents[2]
-    locations = {e["python_module"]["location_name"]: e["python_module"]["module_name"] for e in yaml.safe_load((root / "workspace.yaml").read_text())["load_from"]}
+    locations = {
+        e["python_module"]["location_name"]: e["python_module"]["module_name"]
+        for e in yaml.safe_load((root / "workspace.yaml").read_text())["load_from"]
+    }
     assert locations["platform"] == "pipelines.platform.definitions"
     assert USAGE_KEY in defs.resolve_asset_graph().get_all_asset_keys()
     assert defs.resolve_schedule_def("platform__usage_schedule").cron_schedule == "0 6 * * *"

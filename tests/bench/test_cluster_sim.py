@@ -12,7 +12,18 @@ import pytest
 
 import bench.sim.engine as engine
 from bench.cluster_sim import METRICS, aggregate, nominal_figures, policies, run, targets
-from bench.sim import Cluster, Failure, Job, Policy, TraceConfig, TraceError, node_failures, simulate, synthetic_jobs, young_daly_hours
+from bench.sim import (
+    Cluster,
+    Failure,
+    Job,
+    Policy,
+    TraceConfig,
+    TraceError,
+    node_failures,
+    simulate,
+    synthetic_jobs,
+    young_daly_hours,
+)
 from bench.sim.result import _stats, nearest_rank
 from bench.sim.stats import paired_difference, t_interval
 from bench.sim.trace import offered_load
@@ -21,7 +32,9 @@ FIFO = Policy("fifo")
 
 
 def platform(quotas: dict[str, int], **over) -> Policy:
-    return dataclasses.replace(Policy("platform", order="priority", backfill=True, preemption=True, quotas=quotas), **over)
+    return dataclasses.replace(
+        Policy("platform", order="priority", backfill=True, preemption=True, quotas=quotas), **over
+    )
 
 
 def job(id: str, submit: float, gpus: int, work: float, priority: str = "production", team: str = "t", **kw) -> Job:
@@ -44,17 +57,27 @@ def test_fifo_blocks_behind_the_head_and_backfill_does_not() -> None:
     cluster = Cluster(2, 4)
     fifo = simulate(_blocking_trace(1.0), [], cluster, FIFO, 20.0).outcomes
     assert (fifo["b"].first_start, fifo["c"].first_start) == (4.0, 5.0)
-    no_backfill = simulate(_blocking_trace(1.0), [], cluster, platform({}, backfill=False, preemption=False), 20.0).outcomes
+    no_backfill = simulate(
+        _blocking_trace(1.0), [], cluster, platform({}, backfill=False, preemption=False), 20.0
+    ).outcomes
     assert no_backfill["c"].first_start == 5.0
     backfill = simulate(_blocking_trace(1.0), [], cluster, platform({}, preemption=False), 20.0).outcomes
-    assert (backfill["b"].first_start, backfill["c"].first_start) == (4.0, 2.0)  # c ends at 3, before b's reservation at 4
+    assert (backfill["b"].first_start, backfill["c"].first_start) == (
+        4.0,
+        2.0,
+    )  # c ends at 3, before b's reservation at 4
 
 
 def test_backfill_never_delays_the_reserved_job() -> None:
     out = simulate(_blocking_trace(3.0), [], Cluster(2, 4), platform({}, preemption=False), 20.0).outcomes
     assert (out["b"].first_start, out["c"].first_start) == (4.0, 5.0)  # c would end at 5, after b's start
-    unreserved = simulate(_blocking_trace(3.0), [], Cluster(2, 4), platform({}, preemption=False, reserve=False), 20.0).outcomes
-    assert (unreserved["c"].first_start, unreserved["b"].first_start) == (2.0, 5.0)  # without a reservation c goes first
+    unreserved = simulate(
+        _blocking_trace(3.0), [], Cluster(2, 4), platform({}, preemption=False, reserve=False), 20.0
+    ).outcomes
+    assert (unreserved["c"].first_start, unreserved["b"].first_start) == (
+        2.0,
+        5.0,
+    )  # without a reservation c goes first
 
 
 def _preemption_trace() -> list[Job]:
@@ -137,13 +160,19 @@ def test_work_in_progress_at_the_horizon_counts_and_waits_are_censored() -> None
 @pytest.mark.parametrize(
     ("build", "message"),
     [
-        (lambda: simulate([job("g", 0, 6, 1.0)], [], Cluster(2, 4), FIFO, 1.0), "a gang of 6 gpus must use whole nodes of 4"),
+        (
+            lambda: simulate([job("g", 0, 6, 1.0)], [], Cluster(2, 4), FIFO, 1.0),
+            "a gang of 6 gpus must use whole nodes of 4",
+        ),
         (lambda: simulate([job("g", 0, 16, 1.0)], [], Cluster(2, 4), FIFO, 1.0), "needs 16 gpus, the cluster has 8"),
         (lambda: simulate([], [Failure(1.0, 5)], Cluster(2, 4), FIFO, 1.0), "node 5 is not in 0..1"),
         (lambda: job("x", 0, 1, 1.0, priority="urgent"), "priority 'urgent' is not one of"),
         (lambda: job("x", 0, 1, 0.0), "work must be > 0 hours"),
         (lambda: Policy("p", backfill=True), "backfill and preemption need order 'priority'"),
-        (lambda: simulate([job("a", 0, 1, 1.0), job("a", 1, 1, 1.0)], [], Cluster(1, 4), FIFO, 1.0), "job id 'a' appears twice"),
+        (
+            lambda: simulate([job("a", 0, 1, 1.0), job("a", 1, 1, 1.0)], [], Cluster(1, 4), FIFO, 1.0),
+            "job id 'a' appears twice",
+        ),
     ],
 )
 def test_malformed_traces_name_the_field(build, message: str) -> None:
@@ -159,8 +188,17 @@ def test_stats_use_nearest_rank_percentiles() -> None:
     assert _stats([4.0, 1.0, 3.0, 2.0]) == {"n": 4, "mean": 2.5, "p50": 2.0, "p95": 4.0, "max": 4.0}
 
 
-SMALL = TraceConfig(days=3, nodes=4, gpus_per_node=4, quotas={"language": 8, "vision": 4, "ranking": 2, "speech": 1, "tabular": 1},
-                    trials_per_sweep=(2, 4), gang_gpus=(8,), gang_days=(1.0, 1.0), node_mtbf_hours=50.0, repair_hours=2.0)
+SMALL = TraceConfig(
+    days=3,
+    nodes=4,
+    gpus_per_node=4,
+    quotas={"language": 8, "vision": 4, "ranking": 2, "speech": 1, "tabular": 1},
+    trials_per_sweep=(2, 4),
+    gang_gpus=(8,),
+    gang_days=(1.0, 1.0),
+    node_mtbf_hours=50.0,
+    repair_hours=2.0,
+)
 
 
 def test_synthetic_traces_are_deterministic_per_seed() -> None:
@@ -274,16 +312,29 @@ def _reference_walk(self, lists, rank, now, st, can_preempt) -> bool:
     return True
 
 
-MEDIUM = TraceConfig(days=5, nodes=16, quotas={"language": 64, "vision": 24, "ranking": 16, "speech": 16, "tabular": 8}, gang_gpus=(16, 32, 64),
-                     node_mtbf_hours=300.0)
+MEDIUM = TraceConfig(
+    days=5,
+    nodes=16,
+    quotas={"language": 64, "vision": 24, "ranking": 16, "speech": 16, "tabular": 8},
+    gang_gpus=(16, 32, 64),
+    node_mtbf_hours=300.0,
+)
 
 
-@pytest.mark.parametrize(("cfg", "seed", "over"), [
-    (dataclasses.replace(SMALL, load=1.2, days=4), 5, {}), (dataclasses.replace(SMALL, load=0.8, days=4), 7, {"backfill": False}),
-    (dataclasses.replace(MEDIUM, load=0.7), 0, {}), (dataclasses.replace(MEDIUM, load=1.0), 2, {"max_blocked": 5}),
-    (dataclasses.replace(MEDIUM, load=1.3), 1, {}), (dataclasses.replace(MEDIUM, load=1.1), 3, {"reserve": False}),
-])
-def test_the_pass_shortcut_decides_like_a_look_at_every_job(monkeypatch: pytest.MonkeyPatch, cfg: TraceConfig, seed: int, over: dict) -> None:
+@pytest.mark.parametrize(
+    ("cfg", "seed", "over"),
+    [
+        (dataclasses.replace(SMALL, load=1.2, days=4), 5, {}),
+        (dataclasses.replace(SMALL, load=0.8, days=4), 7, {"backfill": False}),
+        (dataclasses.replace(MEDIUM, load=0.7), 0, {}),
+        (dataclasses.replace(MEDIUM, load=1.0), 2, {"max_blocked": 5}),
+        (dataclasses.replace(MEDIUM, load=1.3), 1, {}),
+        (dataclasses.replace(MEDIUM, load=1.1), 3, {"reserve": False}),
+    ],
+)
+def test_the_pass_shortcut_decides_like_a_look_at_every_job(
+    monkeypatch: pytest.MonkeyPatch, cfg: TraceConfig, seed: int, over: dict
+) -> None:
     jobs, failures = synthetic_jobs(cfg, seed), node_failures(cfg.nodes, cfg.node_mtbf_hours, cfg.horizon, seed)
     policy = platform(dict(cfg.quotas), **over)
     fast = simulate(jobs, failures, cfg.cluster(), policy, cfg.horizon)
@@ -305,7 +356,9 @@ def test_trace_rates_give_the_offered_load_asked_for() -> None:
         assert sum(realised) / len(realised) == pytest.approx(load, rel=0.1)
         assert len({round(r, 6) for r in realised}) == 4
         exact = dataclasses.replace(c, exact_load=True)
-        assert [offered_load(synthetic_jobs(exact, seed), c.cluster(), c.horizon) for seed in range(4)] == pytest.approx([load] * 4)
+        assert [
+            offered_load(synthetic_jobs(exact, seed), c.cluster(), c.horizon) for seed in range(4)
+        ] == pytest.approx([load] * 4)
     with pytest.raises(TraceError, match="mix must give a share"):
         TraceConfig(mix={"gang": 1.0})
     with pytest.raises(TraceError, match="no gang team"):
@@ -354,10 +407,15 @@ def test_benchmark_on_a_tiny_cluster_with_two_seeds() -> None:
             assert s["per_seed"] == per_seed and s["mean"] == pytest.approx(t_interval(per_seed)["mean"])
             assert s["ci_low"] == pytest.approx(t_interval(per_seed)["ci_low"])
     diff = at["vs_best_effort_fifo"]["platform"]["effective_utilization"]
-    assert diff == paired_difference(*[[r["policies"][p]["effective_utilization"] for r in runs] for p in ("platform", "best_effort_fifo")])
+    assert diff == paired_difference(
+        *[[r["policies"][p]["effective_utilization"] for r in runs] for p in ("platform", "best_effort_fifo")]
+    )
     figures = nominal_figures(by_load)
     goals = targets(figures)
-    assert [g["metric"] for g in goals] == ["details.nominal.platform_effective_utilization", "details.nominal.effective_utilization_gain_ci_low",
-                                           "details.nominal.p95_gang_start_change_hours_ci_high"]
+    assert [g["metric"] for g in goals] == [
+        "details.nominal.platform_effective_utilization",
+        "details.nominal.effective_utilization_gain_ci_low",
+        "details.nominal.p95_gang_start_change_hours_ci_high",
+    ]
     assert goals[1]["value"] == diff["ci_low"] and goals[1]["met"] == (diff["ci_low"] >= 0)
     assert goals[0]["met"] == (figures["platform_effective_utilization"] >= 0.9)

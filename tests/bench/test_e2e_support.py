@@ -1,4 +1,5 @@
-"""The end-to-end benchmarks' accounting: a run's phases from its events, the landing -> first step breakdown, the instance config."""
+"""The end-to-end benchmarks' accounting: a run's phases from its events, the landing -> first step breakdown, the
+instance config."""
 
 from __future__ import annotations
 

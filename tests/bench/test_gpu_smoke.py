@@ -1,4 +1,5 @@
-"""The GPU smoke benchmark: its steady-state window on synthetic clocks, and its code path on CPU (never needs a GPU)."""
+"""The GPU smoke benchmark: its steady-state window on synthetic clocks, and its code path on CPU (never needs a
+GPU)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import pytest
 from bench.gpu_smoke import WindowClock, peak_flops, steady_window
 
 
-def _clock(n: int, writing: tuple[int, ...] = (), epoch_at: int | None = None, sync_every: int = 1, period: float = 1.0) -> dict[str, Any]:
-    """A clock of `n` stamps `period` apart; writes in flight at `writing`; epoch 1 from `epoch_at`; synced every `sync_every`."""
+def _clock(
+    n: int, writing: tuple[int, ...] = (), epoch_at: int | None = None, sync_every: int = 1, period: float = 1.0
+) -> dict[str, Any]:
+    """A clock of `n` stamps `period` apart; writes in flight at `writing`; epoch 1 from `epoch_at`; synced every
+    `sync_every`."""
     return {
         "batch_end": [k * period for k in range(n)],
         "writing": [k in writing for k in range(n)],
@@ -77,7 +81,10 @@ def test_gpu_smoke_dry_run_on_cpu() -> None:
         assert details[side]["window"]["end"] < details[side]["steps"] and details[side]["window"]["steps"] < DRY_STEPS
     assert details["ddp"]["steps"] == DRY_STEPS * DRY_EPOCHS and details["parameters"] > 0 and 0 < details["ddp"]["mfu"]
     # the baseline is bare Lightning (issue 16's reference); the bare loop rides along
-    assert record["baseline"] == details["bare_lightning"]["samples_per_second"] and details["bare_lightning"]["steps"] == DRY_STEPS
+    assert (
+        record["baseline"] == details["bare_lightning"]["samples_per_second"]
+        and details["bare_lightning"]["steps"] == DRY_STEPS
+    )
     assert record["ratio"] == pytest.approx(record["value"] / record["baseline"])
     assert set(details["ddp"]["finish_seconds"]) == {"load_best", "evaluate", "export"}
 
@@ -95,4 +102,6 @@ def test_gpu_step_breakdown_dry_run_on_cpu() -> None:
     variants = ("bare_resident", "bare_loader", "bare_loader_pinned", "lightning_pageable", "lightning_pinned")
     assert all(out[v] > 0 for v in variants)
     assert set(out["excess_ms_over_bare_resident"]) == set(variants[1:])
-    assert out["excess_ms_over_bare_resident"]["lightning_pageable"] == pytest.approx(out["lightning_pageable"] - out["bare_resident"])
+    assert out["excess_ms_over_bare_resident"]["lightning_pageable"] == pytest.approx(
+        out["lightning_pageable"] - out["bare_resident"]
+    )

@@ -57,8 +57,13 @@ def main():
 def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     modules = tmp_path / "modules"
     modules.mkdir()
-    for name, text in {"bench_meets": MEETS, "bench_misses": MISSES, "bench_undeclared": UNDECLARED, "bench_argparse": ARGPARSE,
-                       "bench_broken": "def main():\n    raise RuntimeError('broken benchmark')\n"}.items():
+    for name, text in {
+        "bench_meets": MEETS,
+        "bench_misses": MISSES,
+        "bench_undeclared": UNDECLARED,
+        "bench_argparse": ARGPARSE,
+        "bench_broken": "def main():\n    raise RuntimeError('broken benchmark')\n",
+    }.items():
         (modules / f"{name}.py").write_text(text)
     results = tmp_path / "results"
     monkeypatch.setenv("PYTHONPATH", str(modules))
@@ -81,7 +86,14 @@ def test_a_missed_target_fails_the_run_and_the_table_says_which(fakes: Path, cap
     assert rows == [
         ["fake_meets", "0.5", "x", "ratio", "<=", "0.6", "yes"],
         ["fake_meets", "4", "widgets", "details.extra", ">=", "3", "yes"],
-        ["fake_misses", "0.8", "utilization", ">=", "0.9", "no"],  # no unit; the benchmark's own "met: true" is not trusted
+        [
+            "fake_misses",
+            "0.8",
+            "utilization",
+            ">=",
+            "0.9",
+            "no",
+        ],  # no unit; the benchmark's own "met: true" is not trusted
         ["fake_misses", "0.5", "x", "ratio", ">=", "0.98", "no"],
     ]
     assert "targets missed or not declared: fake_misses" in captured.err
@@ -90,8 +102,14 @@ def test_a_missed_target_fails_the_run_and_the_table_says_which(fakes: Path, cap
     assert {"name", "value", "unit", "baseline", "ratio", "details"} <= set(record)
     assert record["value"] == 1.0 and record["ratio"] == 0.5  # the median of the runs, over the baseline
     d, p, r = record["details"], record["details"]["provenance"], record["details"]["repeats"]
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip())
+    sha = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     assert p["commit"] == sha and p["dirty"] is dirty
     started, finished = datetime.fromisoformat(p["started_utc"]), datetime.fromisoformat(p["finished_utc"])
     assert before <= started <= finished <= datetime.now(UTC)
@@ -115,7 +133,9 @@ def test_every_target_met_exits_zero(fakes: Path, capsys: pytest.CaptureFixture)
     assert [row[-1] for row in _table(out)] == ["yes", "yes"]
 
 
-def test_failed_and_undeclared_benchmarks_fail_the_run_and_the_rest_still_run(fakes: Path, capfd: pytest.CaptureFixture) -> None:
+def test_failed_and_undeclared_benchmarks_fail_the_run_and_the_rest_still_run(
+    fakes: Path, capfd: pytest.CaptureFixture
+) -> None:
     assert runner.main(["bench_broken", "bench_undeclared", "bench_meets"]) == 1
     captured = capfd.readouterr()  # the benchmark's own traceback goes to the shared stderr
     rows = _table(captured.out)

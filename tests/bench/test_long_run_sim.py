@@ -1,4 +1,5 @@
-"""The week-long 256-GPU run model on hand-made interruptions whose outcomes are worked out exactly, and the benchmark."""
+"""The week-long 256-GPU run model on hand-made interruptions whose outcomes are worked out exactly, and the
+benchmark."""
 
 from __future__ import annotations
 
@@ -10,13 +11,32 @@ import pytest
 
 from bench import long_run_sim
 from bench.harness import RESULTS_ENV
-from bench.sim.long_run import LLAMA3_PER_GPU_HOUR, Interruption, LongRunError, Policy, RunConfig, interruptions, policies, simulate
+from bench.sim.long_run import (
+    LLAMA3_PER_GPU_HOUR,
+    Interruption,
+    LongRunError,
+    Policy,
+    RunConfig,
+    interruptions,
+    policies,
+    simulate,
+)
 from bench.sim.trace import young_daly_hours
 
 # 4 nodes, a day, round costs: save 0.1 h every 1 h of training, relaunch 0.2 h, load 0.1 h, reshard 0.05 h,
 # a lost node noticed after 0.1 h, a hang timeout of 0.1 h (watchdog) or 600 s (process group).
-SMALL = RunConfig(nodes=4, hours=24.0, checkpoint_hours=1.0, save_seconds=360, relaunch_seconds=720, in_job_restart_seconds=180,
-                  load_seconds=360, reshard_seconds=180, node_notready_seconds=360, hang_floor_seconds=360)
+SMALL = RunConfig(
+    nodes=4,
+    hours=24.0,
+    checkpoint_hours=1.0,
+    save_seconds=360,
+    relaunch_seconds=720,
+    in_job_restart_seconds=180,
+    load_seconds=360,
+    reshard_seconds=180,
+    node_notready_seconds=360,
+    hang_floor_seconds=360,
+)
 WAIT = Policy("wait_and_timeout", min_nodes=2, bound_seconds=360)
 SMALLER = Policy("continue_smaller_only", continue_smaller=True, min_nodes=2, bound_seconds=360)
 DETECT = Policy("hang_detection_only", hang_detection=True, min_nodes=2)
@@ -42,14 +62,18 @@ def test_without_failures_the_ratio_is_one_minus_the_checkpoint_overhead() -> No
 def test_a_lost_node_worked_out_exactly_waiting_and_continuing_smaller() -> None:
     loss = [Interruption(5.35, "node_loss", strike=0.0, replacement_hours=3.0)]
     wait = simulate(SMALL, WAIT, events=loss)
-    # 4 committed hours, 0.95 h lost at 5.35; noticed 5.45; waits to 8.35; restarts 0.3 h; then 13 cycles and 1 h from 8.65
+    # 4 committed hours, 0.95 h lost at 5.35; noticed 5.45; waits to 8.35; restarts 0.3 h; then 13 cycles and 1 h from
+    # 8.65
     assert wait.hours["progress"] == pytest.approx(18.0)
     assert (wait.hours["lost"], wait.hours["waiting"], wait.hours["restarting"]) == pytest.approx((0.95, 2.9, 0.3))
     smaller = simulate(SMALL, SMALLER, events=loss)
     # bound ends 5.55; resumes at 3 nodes (0.35 h with the reshard) at 5.90; at 3/4 (two saves) until the replacement
-    # at 8.35, when a checkpoint is written (to 8.45) and the gang grows back (0.35 h) at 8.80; 13 cycles and 0.9 h to 24
+    # at 8.35, when a checkpoint is written (to 8.45) and the gang grows back (0.35 h) at 8.80; 13 cycles and 0.9 h to
+    # 24
     assert smaller.hours["progress"] == pytest.approx(4 + 0.75 * 2.25 + 13.9)
-    assert (smaller.hours["smaller"], smaller.hours["waiting"], smaller.hours["restarting"]) == pytest.approx((0.25 * 2.25, 0.1, 0.7))
+    assert (smaller.hours["smaller"], smaller.hours["waiting"], smaller.hours["restarting"]) == pytest.approx(
+        (0.25 * 2.25, 0.1, 0.7)
+    )
     assert (smaller.counts["shrinks"], smaller.counts["grows"]) == (1, 1)
     assert [size for _, what, size, _ in smaller.log if what == "training"] == [3, 4]
     at_save = simulate(SMALL, dataclasses.replace(SMALLER, grow="next_save"), events=loss)
@@ -62,10 +86,15 @@ def test_a_lost_node_worked_out_exactly_waiting_and_continuing_smaller() -> None
 
 def test_checkpoints_follow_the_young_daly_interval_of_the_current_size() -> None:
     cfg = dataclasses.replace(SMALL, hours=168.0, checkpoint_hours=None, save_seconds=60.0)
-    assert cfg.checkpoint_interval_hours(4) == pytest.approx(young_daly_hours(60 / 3600, cfg.node_mtbf_hours, 4))  # 7.3 h
+    assert cfg.checkpoint_interval_hours(4) == pytest.approx(
+        young_daly_hours(60 / 3600, cfg.node_mtbf_hours, 4)
+    )  # 7.3 h
     assert cfg.checkpoint_interval_hours(2) == pytest.approx(cfg.checkpoint_interval_hours(4) * math.sqrt(2))
     # two nodes lost for good: 5 saves at 4 nodes before 40 h, then 3 nodes for an hour, then 2 nodes to the end
-    loss = [Interruption(40.0, "node_loss", strike=0.0, replacement_hours=200.0), Interruption(41.0, "node_loss", strike=0.0, replacement_hours=200.0)]
+    loss = [
+        Interruption(40.0, "node_loss", strike=0.0, replacement_hours=200.0),
+        Interruption(41.0, "node_loss", strike=0.0, replacement_hours=200.0),
+    ]
     result = simulate(cfg, SMALLER, events=loss)
     assert [size for _, what, size, _ in result.log if what == "training"] == [3, 2]
     for size in (4, 2):
@@ -79,7 +108,9 @@ def test_a_silent_hang_waits_for_a_person_without_detection_and_for_the_watchdog
     hang = [Interruption(2.5, "hang", strike=0.0, silent=True, notice_hours=5.0)]
     wait, detect = simulate(SMALL, WAIT, events=hang), simulate(SMALL, DETECT, events=hang)
     assert wait.hours["hung"] == pytest.approx(5.0) and wait.hours["restarting"] == pytest.approx(0.3)  # a relaunch
-    assert detect.hours["hung"] == pytest.approx(0.1) and detect.hours["restarting"] == pytest.approx(0.15)  # in the job
+    assert detect.hours["hung"] == pytest.approx(0.1) and detect.hours["restarting"] == pytest.approx(
+        0.15
+    )  # in the job
     assert wait.counts["silent_hangs"] == detect.counts["silent_hangs"] == 1
     assert detect.ratio - wait.ratio > 4.5 / 24
     loud = [dataclasses.replace(hang[0], silent=False)]
@@ -87,7 +118,13 @@ def test_a_silent_hang_waits_for_a_person_without_detection_and_for_the_watchdog
 
 
 def test_with_instant_replacements_and_no_hangs_every_policy_agrees() -> None:
-    cfg = RunConfig(per_gpu_hour=4 * LLAMA3_PER_GPU_HOUR, hang_share=0.0, free_node_share=1.0, free_node_minutes=0.0, hang_floor_seconds=340)
+    cfg = RunConfig(
+        per_gpu_hour=4 * LLAMA3_PER_GPU_HOUR,
+        hang_share=0.0,
+        free_node_share=1.0,
+        free_node_minutes=0.0,
+        hang_floor_seconds=340,
+    )
     fired = 0
     for seed in range(30):
         ratios = {name: simulate(cfg, p, seed=seed).ratio for name, p in policies().items()}

@@ -16,11 +16,23 @@ def test_hooks_are_charged_to_the_steady_periods_they_fall_in(tmp_path: Path) ->
     ends = [0.1 * k for k in range(n)]
     writing = [WARMUP + 5 <= k <= WARMUP + 6 for k in range(n)]  # a write in flight at two batch ends
     # 1 ms of FaultTolerance per step, 100 ms at the step whose end saw the write start, 5 ms of logging every 50 steps
-    hooks = [{"FaultTolerance": 0.1 if k == WARMUP + 5 else 0.001, **({"logger:WandbLogger": 0.005} if k % 50 == 0 else {})}
-             for k in range(n)]
+    hooks = [
+        {"FaultTolerance": 0.1 if k == WARMUP + 5 else 0.001, **({"logger:WandbLogger": 0.005} if k % 50 == 0 else {})}
+        for k in range(n)
+    ]
     path = tmp_path / "clock.json"
-    path.write_text(json.dumps({"first_step_start_wall": 1.0, "last_step_end_wall": 2.0, "batch_end": ends, "writing": writing,
-                                "hooks": hooks, "world_size": 2}))
+    path.write_text(
+        json.dumps(
+            {
+                "first_step_start_wall": 1.0,
+                "last_step_end_wall": 2.0,
+                "batch_end": ends,
+                "writing": writing,
+                "hooks": hooks,
+                "world_size": 2,
+            }
+        )
+    )
     clock = _clock(path)
     steady = n - 1 - WARMUP - 3  # periods touching batch ends WARMUP+5 and WARMUP+6 are a write's
     assert clock["steady_periods"] == steady
@@ -32,8 +44,17 @@ def test_hooks_are_charged_to_the_steady_periods_they_fall_in(tmp_path: Path) ->
 
 def test_a_clock_without_hooks_reads_as_none_spent(tmp_path: Path) -> None:
     path = tmp_path / "clock.json"
-    path.write_text(json.dumps({"first_step_start_wall": 1.0, "last_step_end_wall": 2.0, "batch_end": [0.1 * k for k in range(STEPS)],
-                                "writing": [False] * STEPS, "world_size": 2}))
+    path.write_text(
+        json.dumps(
+            {
+                "first_step_start_wall": 1.0,
+                "last_step_end_wall": 2.0,
+                "batch_end": [0.1 * k for k in range(STEPS)],
+                "writing": [False] * STEPS,
+                "world_size": 2,
+            }
+        )
+    )
     assert _clock(path)["hooks_ms"] == 0.0
 
 
@@ -41,7 +62,8 @@ def test_cpu_and_phases_are_read_from_the_steady_periods_only(tmp_path: Path) ->
     n = STEPS
     ends = [0.1 * k for k in range(n)]
     writing = [k == WARMUP + 5 for k in range(n)]
-    # per step (wall, main-thread cpu) at batch start, before backward, after backward, before optimizer step, batch end:
+    # per step (wall, main-thread cpu) at batch start, before backward, after backward, before optimizer step, batch
+    # end:
     # the main thread runs half the wall time, 50 ms a 100 ms step, 10x that in the write's step
     phases, main = [], 0.0
     for k in range(n):
@@ -54,8 +76,19 @@ def test_cpu_and_phases_are_read_from_the_steady_periods_only(tmp_path: Path) ->
     # busy cores of 2 per 100 ms step
     cpu = [[phases[k][-1] + 0.02 * k, 0.0001 * k, 15.0 * k, 20.0 * k] for k in range(n)]
     path = tmp_path / "clock.json"
-    path.write_text(json.dumps({"first_step_start_wall": 1.0, "last_step_end_wall": 2.0, "batch_end": ends, "writing": writing,
-                                "cpu": cpu, "phases": phases, "world_size": 2}))
+    path.write_text(
+        json.dumps(
+            {
+                "first_step_start_wall": 1.0,
+                "last_step_end_wall": 2.0,
+                "batch_end": ends,
+                "writing": writing,
+                "cpu": cpu,
+                "phases": phases,
+                "world_size": 2,
+            }
+        )
+    )
     c = _clock(path)["cpu"]
     assert abs(c["rank0_main_thread_cpu_ms_per_step"] - 50.0) < 1e-6  # the write's step is not a steady one
     assert abs(c["rank0_other_threads_cpu_ms_per_step"] - 20.0) < 1e-6
@@ -80,8 +113,15 @@ def test_a_real_lightning_fit_stamps_phases_that_tile_its_step_periods(tmp_path:
     data = TensorDataset(torch.randn(4 * STEPS, 8), torch.arange(4 * STEPS) % 3)
     path = tmp_path / "clock.json"
     model = TimedMLP(clock_path=str(path), n_features=8, n_classes=3, width=16, blocks=1, expansion=2)
-    L.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-              enable_model_summary=False).fit(model, DataLoader(data, batch_size=4))
+    L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    ).fit(model, DataLoader(data, batch_size=4))
     clock = _clock(path)
     wall, cpu = clock["cpu"]["phase_wall_ms_per_step"], clock["cpu"]["phase_cpu_ms_per_step"]
     assert all(wall[p] >= 0 and cpu[p] >= 0 for p in PHASES), (wall, cpu)
@@ -89,20 +129,44 @@ def test_a_real_lightning_fit_stamps_phases_that_tile_its_step_periods(tmp_path:
     assert wall["backward"] > 0 and wall["optimizer"] > 0 and clock["cpu"]["rank0_main_thread_cpu_ms_per_step"] > 0
     # The process trained between the two snapshots, so it used CPU; faults and switches are counted, never negative.
     assert clock["cpu"]["ranks_cores"] > 0 and clock["cpu"]["other_processes_cores"] >= 0
-    assert all(clock["cpu"][f"rank0_{n}_per_step"] >= 0 for n in ("minor_faults", "involuntary_switches", "main_thread_voluntary_switches"))
+    assert all(
+        clock["cpu"][f"rank0_{n}_per_step"] >= 0
+        for n in ("minor_faults", "involuntary_switches", "main_thread_voluntary_switches")
+    )
 
 
 def test_the_cores_other_processes_used_are_told_apart_from_the_ranks(tmp_path: Path) -> None:
     """`_processes`: between the snapshots, ranks' ticks and everyone else's, per second of the window."""
     hz = os.sysconf("SC_CLK_TCK")
-    before = {"10": [0, "python rank"], "11": [0, "python rank"], "12": [5, "wandb-core"], "13": [7, "launcher"], "14": [1, "gone"]}
-    after = {"10": [2 * hz, "python rank"], "11": [2 * hz, "python rank"], "12": [5 + hz // 10, "wandb-core"], "13": [7, "launcher"],
-             "15": [hz, "born in the window"]}
+    before = {
+        "10": [0, "python rank"],
+        "11": [0, "python rank"],
+        "12": [5, "wandb-core"],
+        "13": [7, "launcher"],
+        "14": [1, "gone"],
+    }
+    after = {
+        "10": [2 * hz, "python rank"],
+        "11": [2 * hz, "python rank"],
+        "12": [5 + hz // 10, "wandb-core"],
+        "13": [7, "launcher"],
+        "15": [hz, "born in the window"],
+    }
     n, steps = STEPS, WARMUP
     path = tmp_path / "clock.json"
-    path.write_text(json.dumps({"first_step_start_wall": 1.0, "last_step_end_wall": 2.0, "batch_end": [0.1 * k for k in range(n)],
-                                "writing": [False] * n, "world_size": 2, "rank_pids": [10, 11],
-                                "processes": {str(steps): {"wall": 100.0, "ticks": before}, str(n): {"wall": 102.0, "ticks": after}}}))
+    path.write_text(
+        json.dumps(
+            {
+                "first_step_start_wall": 1.0,
+                "last_step_end_wall": 2.0,
+                "batch_end": [0.1 * k for k in range(n)],
+                "writing": [False] * n,
+                "world_size": 2,
+                "rank_pids": [10, 11],
+                "processes": {str(steps): {"wall": 100.0, "ticks": before}, str(n): {"wall": 102.0, "ticks": after}},
+            }
+        )
+    )
     c = _clock(path)["cpu"]
     assert c["ranks_cores"] == pytest.approx(2.0)
     # wandb-core's tenth of a second over 2 s; the idle launcher and the processes not in both snapshots count nothing
@@ -129,7 +193,9 @@ def test_the_paired_added_time_says_whether_the_repetitions_resolve_the_target()
     assert _paired_added(runs(100.5), runs(100.0))["verdict"].startswith("not resolved")
 
 
-def test_the_four_sides_rotate_and_the_a_a_control_compares_two_copies_of_the_same_side(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_four_sides_rotate_and_the_a_a_control_compares_two_copies_of_the_same_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Each side runs in each position equally often; the A/A control reads bare_allocator against its second copy."""
     import bench.overhead as overhead
 
@@ -139,13 +205,30 @@ def test_the_four_sides_rotate_and_the_a_a_control_compares_two_copies_of_the_sa
     def run(side: str, out: Path) -> dict[str, float]:
         order.append(side)
         assert out.name == f"{side}-{(len(order) - 1) // len(overhead.SIDES)}"
-        return {"step_ms_mean": step[side], "samples_per_second": 32e3 / step[side], "other_callbacks_and_loggers_ms_per_step": 0.5,
-                "step_ms_mean_incl_writes": step[side], "launch_to_first_step_s": 1.0, "last_step_to_result_s": 1.0, "wall_s": 10.0}
+        return {
+            "step_ms_mean": step[side],
+            "samples_per_second": 32e3 / step[side],
+            "other_callbacks_and_loggers_ms_per_step": 0.5,
+            "step_ms_mean_incl_writes": step[side],
+            "launch_to_first_step_s": 1.0,
+            "last_step_to_result_s": 1.0,
+            "wall_s": 10.0,
+        }
 
     monkeypatch.setattr(overhead, "_data", lambda directory: ["f0"])
     monkeypatch.setattr(overhead, "platform", lambda data, features, out: run("platform", out))
-    monkeypatch.setattr(overhead, "bare", lambda data, out, allocator=False: run("bare_allocator" if allocator and "again" not in out.name
-                                                                                  else "bare_allocator_again" if allocator else "bare", out))
+    monkeypatch.setattr(
+        overhead,
+        "bare",
+        lambda data, out, allocator=False: run(
+            "bare_allocator"
+            if allocator and "again" not in out.name
+            else "bare_allocator_again"
+            if allocator
+            else "bare",
+            out,
+        ),
+    )
     monkeypatch.setattr(overhead, "write_result", lambda name, value, unit, baseline, details, **kw: details)
     details = overhead.main()
     n = len(overhead.SIDES)
@@ -157,4 +240,6 @@ def test_the_four_sides_rotate_and_the_a_a_control_compares_two_copies_of_the_sa
     assert like["added_ms_per_step"] == pytest.approx(2.0)
     assert like["a_a_control"]["added_ms_per_step"] == pytest.approx(1.0)
     assert like["a_a_control"]["added_ms_per_step_paired"]["differences_ms"] == pytest.approx([1.0] * overhead.REPEATS)
-    assert like["a_a_control"]["added_ms_per_step_paired"]["what"].startswith("per repetition, bare_allocator_again - bare_allocator")
+    assert like["a_a_control"]["added_ms_per_step_paired"]["what"].startswith(
+        "per repetition, bare_allocator_again - bare_allocator"
+    )

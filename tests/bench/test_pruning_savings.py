@@ -10,7 +10,13 @@ from bench import pruning_savings as ps
 
 
 def _trial(acc: float, seconds: float, status: str = "completed", epochs: int = 12, params: dict | None = None) -> dict:
-    return {"best_val_acc": acc, "device_seconds": seconds, "status": status, "epochs": epochs, "params": params or {"lr": acc}}
+    return {
+        "best_val_acc": acc,
+        "device_seconds": seconds,
+        "status": status,
+        "epochs": epochs,
+        "params": params or {"lr": acc},
+    }
 
 
 def test_spent_to_counts_every_trial_up_to_the_first_reach() -> None:
@@ -58,12 +64,17 @@ def test_the_sweeps_are_the_digits_pipeline_with_default_sampler_and_pruner() ->
         assert spec.model == digits.model and spec.distribution == digits.distribution
         assert spec.search.n_trials == 8 and spec.search.parallelism == 1
     assert not full.search.pruner.enabled
-    assert cut.search.pruner.kind == "median" and cut.search.pruner.n_startup_trials == 5 and cut.search.pruner.n_warmup_steps == 0
+    assert (
+        cut.search.pruner.kind == "median"
+        and cut.search.pruner.n_startup_trials == 5
+        and cut.search.pruner.n_warmup_steps == 0
+    )
 
 
 @pytest.mark.slow
 def test_a_trial_below_the_median_is_pruned_through_the_launcher_and_charged(tmp_path: Path) -> None:
-    """Five finished trials at val_acc 1.0 every epoch: the median pruner stops the next real trial after its first epoch."""
+    """Five finished trials at val_acc 1.0 every epoch: the median pruner stops the next real trial after its first
+    epoch."""
     from optuna.distributions import FloatDistribution, IntDistribution
     from optuna.trial import create_trial
 

@@ -1,4 +1,5 @@
-"""The streaming benchmarks (`bench.stream_throughput`, `bench.data_memory`, `bench.lm_throughput`): their verdicts, clocks and tiny runs."""
+"""The streaming benchmarks (`bench.stream_throughput`, `bench.data_memory`, `bench.lm_throughput`): their verdicts,
+clocks and tiny runs."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def test_steady_periods_skip_the_warm_up_and_checkpoint_writes(tmp_path: Path) -
     (tmp_path / "clock.json").write_text(json.dumps({"batch_end": ends, "writing": writing}))
     s = steady(str(tmp_path / "clock.json"), warmup=2)
     assert s["steady_periods"] == 4 and s["write_periods"] == 2 and s["step_ms_mean"] == pytest.approx(100.0)
-    assert s["tokens_per_s"] == pytest.approx(BATCH * BLOCK / 0.1) and s["step_ms_mean_incl_writes"] == pytest.approx(1e3 / 6)
+    assert s["tokens_per_s"] == pytest.approx(BATCH * BLOCK / 0.1) and s["step_ms_mean_incl_writes"] == pytest.approx(
+        1e3 / 6
+    )
 
 
 def test_stream_throughput_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,12 +50,18 @@ def test_stream_throughput_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     r = main(["--tokens", "100000", "--pairs", "2"])
     assert r["name"] == "stream_throughput" and r["value"] > 0 and r["baseline"] > 0
     assert len(r["details"]["paired"]["pair_ratios"]) == 2 and r["details"]["targets"][0]["metric"] == "ratio"
-    assert len(set(r["details"]["samples_per_epoch"].values())) == 1 and len(r["details"]["like_for_like"]["pair_ratios"]) == 2
+    assert (
+        len(set(r["details"]["samples_per_epoch"].values())) == 1
+        and len(r["details"]["like_for_like"]["pair_ratios"]) == 2
+    )
     assert json.loads((tmp_path / "stream_throughput.json").read_text())["ratio"] == pytest.approx(r["ratio"])
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(os.environ.get("CI")), reason="four fresh training processes (~1 min): run with --slow or `make bench`, not in CI")
+@pytest.mark.skipif(
+    bool(os.environ.get("CI")),
+    reason="four fresh training processes (~1 min): run with --slow or `make bench`, not in CI",
+)
 def test_data_memory_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.data_memory import main
 
@@ -63,7 +72,10 @@ def test_data_memory_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(bool(os.environ.get("CI")), reason="two pairs of training processes (~1 min): run with --slow or `make bench`, not in CI")
+@pytest.mark.skipif(
+    bool(os.environ.get("CI")),
+    reason="two pairs of training processes (~1 min): run with --slow or `make bench`, not in CI",
+)
 def test_lm_throughput_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bench.lm_throughput import main
 

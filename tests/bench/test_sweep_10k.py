@@ -1,4 +1,5 @@
-"""The sweep_10k benchmark's accounting: tick statistics, the registration figure, and tiny real sweeps with run records."""
+"""The sweep_10k benchmark's accounting: tick statistics, the registration figure, and tiny real sweeps with run
+records."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from bench import sweep_10k as sb
 
 def test_tick_stats() -> None:
     stats = sb.tick_stats([0.5, 3.0, 1.0])
-    assert stats == {"ticks": 3, "slowest_tick_seconds": 3.0, "median_tick_seconds": 1.0, "slowest_tick_share_of_timeout": 0.05}
+    assert stats == {
+        "ticks": 3,
+        "slowest_tick_seconds": 3.0,
+        "median_tick_seconds": 1.0,
+        "slowest_tick_share_of_timeout": 0.05,
+    }
     with pytest.raises(ValueError, match="no ticks"):
         sb.tick_stats([])
 
@@ -21,7 +27,9 @@ def test_registration_value_is_measured_when_the_full_sweep_ran_and_a_lower_boun
     seeded = {"tick_seconds": [9.0, 4.0, 6.0, 1.0], "asked_per_tick": [64, 64, 64, 10]}
     curve = {"n1000": {"full": {"registration_seconds": 100.0}, "seeded": seeded}, "n10000": {"full": None}}
     value, said = sb.registration_value(curve, 10_000)
-    assert value == 100.0 + math.ceil(9000 / 64) * 4.0 and said.startswith("lower bound")  # 1.0 asked only 10: not a full tick
+    assert value == 100.0 + math.ceil(9000 / 64) * 4.0 and said.startswith(
+        "lower bound"
+    )  # 1.0 asked only 10: not a full tick
     curve["n10000"]["full"] = {"registration_seconds": 700.0}
     assert sb.registration_value(curve, 10_000) == (700.0, "measured: a full 10000-trial sweep")
     value, said = sb.registration_value({"n50000": {"full": None, "seeded": seeded}}, 10_000)
@@ -64,7 +72,9 @@ def captured_sweeps(monkeypatch: pytest.MonkeyPatch) -> list[sb.Sweep]:
 
 
 @pytest.mark.slow
-def test_a_tiny_full_sweep_registers_every_trial_with_a_run_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tiny_full_sweep_registers_every_trial_with_a_run_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(sb, "REAL_RUNS", 4)  # 4 runs the real way, the rest copied
     made = captured_sweeps(monkeypatch)
     full = sb.full_sweep(tmp_path, 12, None)
@@ -77,7 +87,9 @@ def test_a_tiny_full_sweep_registers_every_trial_with_a_run_record(tmp_path: Pat
 
 
 @pytest.mark.slow
-def test_ticks_on_a_seeded_study_see_every_seeded_trial_and_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ticks_on_a_seeded_study_see_every_seeded_trial_and_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     made = captured_sweeps(monkeypatch)
     seeded = sb.seeded_ticks(tmp_path, 100, None, ticks=2)
     assert seeded["ticks"] == 2 and len(seeded["tick_seconds"]) == 2

@@ -39,7 +39,9 @@ def test_gives_up_after_attempts_with_the_last_error_chained():
     clock = FakeClock()
     fn, calls = failing(10)
     with pytest.raises(RetriesExhausted, match="gave up after 3 attempt") as info:
-        retry_call(fn, retry_on=ConnectionError, attempts=3, backoff_s=1, sleep=clock.sleep, clock=clock, describe="ping")
+        retry_call(
+            fn, retry_on=ConnectionError, attempts=3, backoff_s=1, sleep=clock.sleep, clock=clock, describe="ping"
+        )
     assert len(calls) == 3 and clock.waits == [1, 2]
     assert isinstance(info.value.__cause__, ConnectionError) and "failure 3" in str(info.value.__cause__)
 
@@ -56,7 +58,16 @@ def test_deadline_stops_before_a_wait_that_would_pass_it():
     clock = FakeClock()
     fn, calls = failing(100)
     with pytest.raises(RetriesExhausted):
-        retry_call(fn, retry_on=ConnectionError, attempts=None, deadline_s=10, backoff_s=1, max_backoff_s=4, sleep=clock.sleep, clock=clock)
+        retry_call(
+            fn,
+            retry_on=ConnectionError,
+            attempts=None,
+            deadline_s=10,
+            backoff_s=1,
+            max_backoff_s=4,
+            sleep=clock.sleep,
+            clock=clock,
+        )
     assert clock.waits == [1, 2, 4] and clock.now <= 10
 
 

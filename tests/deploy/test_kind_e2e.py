@@ -1,4 +1,5 @@
-"""`make kind-e2e` (deploy/kind/e2e.sh): skipped with its reason where no Docker daemon runs; its driver's gang is two nodes.
+"""`make kind-e2e` (deploy/kind/e2e.sh): skipped with its reason where no Docker daemon runs; its driver's gang is two
+nodes.
 
 The end-to-end run itself needs Docker, kind and the internet, which no build machine
 of this project has; what can be checked here is checked: the script's skip path
@@ -28,7 +29,9 @@ CLUSTER_ENV = {
 
 
 def _run(path: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "PATH": path}, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(SCRIPT)], env={**os.environ, "PATH": path}, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_without_a_docker_daemon_it_says_so_and_exits_0(tmp_path: Path) -> None:
@@ -45,18 +48,24 @@ def test_without_a_docker_daemon_it_says_so_and_exits_0(tmp_path: Path) -> None:
 def test_without_docker_at_all_it_says_so(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    bash_dir = Path(subprocess.run(["bash", "-c", "command -v dirname"], capture_output=True, text=True).stdout.strip()).parent
+    bash_dir = Path(
+        subprocess.run(["bash", "-c", "command -v dirname"], capture_output=True, text=True).stdout.strip()
+    ).parent
     if (bash_dir / "docker").exists():
         pytest.skip(f"docker is installed next to bash in {bash_dir}: no PATH without docker but with bash")
     done = _run(f"{empty}:{bash_dir}")
-    assert done.returncode == 0 and done.stdout.strip() == "kind-e2e: skipped: no docker command", done.stdout + done.stderr
+    assert done.returncode == 0 and done.stdout.strip() == "kind-e2e: skipped: no docker command", (
+        done.stdout + done.stderr
+    )
 
 
 def test_the_script_parses() -> None:
     subprocess.run(["bash", "-n", str(SCRIPT)], check=True, timeout=30)
 
 
-def test_the_driver_trains_digits_as_one_trial_on_two_nodes_in_the_cluster_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_driver_trains_digits_as_one_trial_on_two_nodes_in_the_cluster_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     for key, value in CLUSTER_ENV.items():
         monkeypatch.setenv(key, value)
     spec = importlib.util.spec_from_file_location("run_gang", ROOT / "deploy" / "kind" / "run_gang.py")

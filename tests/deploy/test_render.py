@@ -29,7 +29,13 @@ from kubernetes.client import ApiClient
 
 from resources.k8s.cluster import LAUNCHER_RULES, TRIAL_SERVICE_ACCOUNT
 from resources.k8s.helm import CODE_SERVER_SECRETS, RUN_SECRETS, TRIAL_SECRETS
-from resources.k8s.kueue_config import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP, KUEUE_NAMESPACE, PodsReadyPolicy, kueue_configuration
+from resources.k8s.kueue_config import (
+    KUEUE_CONFIG_KEY,
+    KUEUE_CONFIG_MAP,
+    KUEUE_NAMESPACE,
+    PodsReadyPolicy,
+    kueue_configuration,
+)
 from resources.k8s.launcher import KubernetesLauncher
 from resources.k8s.manifests import job_manifest, jobset_manifest
 from tests.support.k8s import (
@@ -73,13 +79,24 @@ def _of(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
 
 
 def test_rendered_files_are_current_and_valid(render: ModuleType, objects: list[dict[str, Any]]) -> None:
-    assert render.on_disk() == render.render(), "deploy/k8s or deploy/helm/values.yaml is stale: run `.venv/bin/python deploy/render.py`"
+    assert render.on_disk() == render.render(), (
+        "deploy/k8s or deploy/helm/values.yaml is stale: run `.venv/bin/python deploy/render.py`"
+    )
     assert render.main(["--check"]) == 0
     schemas = load_crd_schemas()
     for obj in objects:
         validate_any(obj, schemas)
-    assert {"Namespace", "PriorityClass", "ClusterQueue", "LocalQueue", "ResourceFlavor", "Role", "RoleBinding", "ServiceAccount",
-            "ConfigMap"} <= {o["kind"] for o in objects}
+    assert {
+        "Namespace",
+        "PriorityClass",
+        "ClusterQueue",
+        "LocalQueue",
+        "ResourceFlavor",
+        "Role",
+        "RoleBinding",
+        "ServiceAccount",
+        "ConfigMap",
+    } <= {o["kind"] for o in objects}
 
 
 def test_the_check_sees_a_stale_file(render: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +147,9 @@ def test_each_service_account_is_bound_only_where_it_belongs(render: ModuleType,
     assert all(sa["automountServiceAccountToken"] is False for sa in accounts.values())
     for role in roles.values():
         for rule in role["rules"]:
-            assert "secrets" not in rule["resources"] and "*" not in rule["resources"] + rule["verbs"] + rule["apiGroups"], role
+            assert (
+                "secrets" not in rule["resources"] and "*" not in rule["resources"] + rule["verbs"] + rule["apiGroups"]
+            ), role
 
 
 def test_images_are_pinned_by_digest(render: ModuleType, values: dict[str, Any]) -> None:
@@ -148,23 +167,37 @@ def test_images_are_pinned_by_digest(render: ModuleType, values: dict[str, Any])
         assert render.check_images() == []
 
 
-def test_a_tag_is_rendered_with_a_warning(render: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_tag_is_rendered_with_a_warning(
+    render: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     tagged = render.PLATFORM.model_copy(update={"trainer_image": "registry.example.com/trainyard/trainer:0.1.0"})
     monkeypatch.setattr(render, "PLATFORM", tagged)
-    with pytest.warns(UnpinnedImageWarning, match="trainer_image='registry.example.com/trainyard/trainer:0.1.0' is not pinned by digest"):
+    with pytest.warns(
+        UnpinnedImageWarning,
+        match="trainer_image='registry.example.com/trainyard/trainer:0.1.0' is not pinned by digest",
+    ):
         assert render.check_images() == ["trainer_image"]
-    assert "TRAINYARD_TRAINER_IMAGE: registry.example.com/trainyard/trainer:0.1.0" in render.render()["deploy/k8s/40-code-locations.yaml"]
+    assert (
+        "TRAINYARD_TRAINER_IMAGE: registry.example.com/trainyard/trainer:0.1.0"
+        in render.render()["deploy/k8s/40-code-locations.yaml"]
+    )
     monkeypatch.setattr(render, "OUT_DIR", Path("/nonexistent"))  # --check only reads; nothing is written
     render.main(["--check"])
-    assert "warning: trainer_image='registry.example.com/trainyard/trainer:0.1.0' is not pinned by digest" in capsys.readouterr().err
+    assert (
+        "warning: trainer_image='registry.example.com/trainyard/trainer:0.1.0' is not pinned by digest"
+        in capsys.readouterr().err
+    )
 
 
 def _location(objects: list[dict[str, Any]], name: str) -> dict[str, str]:
     return next(c["data"] for c in _of(objects, "ConfigMap") if c["metadata"]["name"] == f"trainyard-location-{name}")
 
 
-def test_trial_pods_of_every_location_are_restricted_and_isolated(render: ModuleType, objects: list[dict[str, Any]], tmp_path: Path) -> None:
-    """The launcher each location builds (its ConfigMap's environment) renders trial pods in the team's namespace only."""
+def test_trial_pods_of_every_location_are_restricted_and_isolated(
+    render: ModuleType, objects: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """The launcher each location builds (its ConfigMap's environment) renders trial pods in the team's namespace
+    only."""
     spec = make_spec(tmp_path, distribution=Distribution(nodes=2, procs_per_node=2))
     schemas = load_crd_schemas()
     for loc in render.LOCATIONS:
@@ -174,14 +207,19 @@ def test_trial_pods_of_every_location_are_restricted_and_isolated(render: Module
             trial = spec.model_copy(update={"distribution": Distribution(nodes=2, procs_per_node=4, accelerator="gpu")})
         else:
             trial = spec
-        manifests = [job_manifest(trial, "s3://b/spec.json", 0, cfg), jobset_manifest(trial, "s3://b/spec.json", 0, cfg)]
+        manifests = [
+            job_manifest(trial, "s3://b/spec.json", 0, cfg),
+            jobset_manifest(trial, "s3://b/spec.json", 0, cfg),
+        ]
         for obj in manifests:
             validate_any(obj, schemas)
             assert obj["metadata"]["namespace"] == loc.namespace
             for where, pod, pod_annotations in pod_specs(obj):
                 assert restricted_violations(pod, pod_annotations) == [], (loc.name, where)
                 assert read_only_root_violations(pod) == [], (loc.name, where)
-                assert pod["serviceAccountName"] == TRIAL_SERVICE_ACCOUNT and pod["automountServiceAccountToken"] is False
+                assert (
+                    pod["serviceAccountName"] == TRIAL_SERVICE_ACCOUNT and pod["automountServiceAccountToken"] is False
+                )
                 assert pod["containers"][0]["envFrom"] == [{"secretRef": {"name": s}} for s in TRIAL_SECRETS]
                 assert pod["containers"][0]["image"] == render.PLATFORM.trainer_image
 
@@ -190,12 +228,26 @@ def _run_pod(deployment: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     """The run pod the K8sRunLauncher would start for this location: built by dagster_k8s from its container context."""
     env = {e["name"]: e["value"] for e in deployment["env"]}
     context = K8sContainerContext.create_from_config(json.loads(env["DAGSTER_CONTAINER_CONTEXT"]))
-    launcher = type("RunLauncher", (), {"job_image": None, "dagster_home": "/opt/dagster/dagster_home",
-                                         "instance_config_map": "dagster-instance", "postgres_password_secret": "dagster-postgresql-secret"})()
+    launcher = type(
+        "RunLauncher",
+        (),
+        {
+            "job_image": None,
+            "dagster_home": "/opt/dagster/dagster_home",
+            "instance_config_map": "dagster-instance",
+            "postgres_password_secret": "dagster-postgresql-secret",
+        },
+    )()
     image = f"{deployment['image']['repository']}:{deployment['image']['tag']}"
     job_config: DagsterK8sJobConfig = context.get_k8s_job_config(job_image=image, run_launcher=launcher)
-    job = construct_dagster_k8s_job(job_config, args=["dagster", "api", "execute_run", "{}"], job_name="dagster-run-0123",
-                                    user_defined_k8s_config=context.run_k8s_config, pod_name="dagster-run-0123", component="run_worker")
+    job = construct_dagster_k8s_job(
+        job_config,
+        args=["dagster", "api", "execute_run", "{}"],
+        job_name="dagster-run-0123",
+        user_defined_k8s_config=context.run_k8s_config,
+        pod_name="dagster-run-0123",
+        component="run_worker",
+    )
     return ApiClient().sanitize_for_serialization(job), {"namespace": context.namespace}
 
 
@@ -212,17 +264,23 @@ def test_run_pods_run_as_their_teams_launcher(render: ModuleType, values: dict[s
         assert [e["secretRef"]["name"] for e in env_from if "secretRef" in e] == list(RUN_SECRETS)
 
 
-def test_code_servers_have_no_api_access_and_only_the_secrets_they_need(render: ModuleType, values: dict[str, Any]) -> None:
+def test_code_servers_have_no_api_access_and_only_the_secrets_they_need(
+    render: ModuleType, values: dict[str, Any]
+) -> None:
     chart = values["dagster-user-deployments"]
     assert chart["serviceAccount"]["name"] == "trainyard-code-server"
     for d in chart["deployments"]:
         # The account has no RoleBinding (test above); no W&B key, which only runs and trials use.
         assert d["serviceAccount"] == {"create": False, "name": "trainyard-code-server", "annotations": {}}
-        assert [s["name"] for s in d["envSecrets"]] == list(CODE_SERVER_SECRETS) and "trainyard-tracking" not in CODE_SERVER_SECRETS
+        assert [s["name"] for s in d["envSecrets"]] == list(
+            CODE_SERVER_SECRETS
+        ) and "trainyard-tracking" not in CODE_SERVER_SECRETS
         assert d["includeConfigInLaunchedRuns"] == {"enabled": False}
         # The chart's Deployment template puts these on the code server's pod and its one container.
-        pod = {"securityContext": d["podSecurityContext"],
-               "containers": [{"name": "dagster-user-deployments", "image": "x", "securityContext": d["securityContext"]}]}
+        pod = {
+            "securityContext": d["podSecurityContext"],
+            "containers": [{"name": "dagster-user-deployments", "image": "x", "securityContext": d["securityContext"]}],
+        }
         assert restricted_violations(pod) == [], d["name"]
 
 
@@ -260,7 +318,8 @@ def test_the_kueue_configuration_check_rejects_what_kueue_would(bad: dict[str, A
 
 
 def test_run_monitoring_resumes_a_killed_run_pod(values: dict[str, Any]) -> None:
-    """A run pod that dies is resumed (same run, same attempt: its launcher re-attaches to the trial's gang), not left STARTED."""
+    """A run pod that dies is resumed (same run, same attempt: its launcher re-attaches to the trial's gang), not left
+    STARTED."""
     from dagster_k8s import K8sRunLauncher
 
     monitoring = values["dagsterDaemon"]["runMonitoring"]
@@ -273,12 +332,19 @@ def test_run_monitoring_resumes_a_killed_run_pod(values: dict[str, Any]) -> None
     custom = coordinator["config"]["customRunCoordinator"]
     assert (custom["module"], custom["class"]) == ("instance.run_queue", "RunQueue")
     queue = custom["config"]
-    assert queue["dequeue_interval_seconds"] == 1 and queue["dequeue_use_threads"] is True and queue["dequeue_num_workers"] >= 2
+    assert (
+        queue["dequeue_interval_seconds"] == 1
+        and queue["dequeue_use_threads"] is True
+        and queue["dequeue_num_workers"] >= 2
+    )
 
 
 def test_the_daemon_and_the_webserver_run_the_orchestrator_image_that_has_the_queue(values: dict[str, Any]) -> None:
-    """The queue class is ours, so every process that makes it (the daemon, the webserver that submits) runs our image."""
-    locations = {d["image"]["repository"] + ":" + d["image"]["tag"] for d in values["dagster-user-deployments"]["deployments"]}
+    """The queue class is ours, so every process that makes it (the daemon, the webserver that submits) runs our
+    image."""
+    locations = {
+        d["image"]["repository"] + ":" + d["image"]["tag"] for d in values["dagster-user-deployments"]["deployments"]
+    }
     assert len(locations) == 1
     for part in ("dagsterDaemon", "dagsterWebserver"):
         image = values[part]["image"]

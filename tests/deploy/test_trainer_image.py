@@ -63,14 +63,17 @@ def first_party(root: Path = ROOT) -> set[str]:
 
 
 def declared_requirements(path: Path = REQUIREMENTS) -> list[str]:
-    """The distribution names of the trainer's requirement file, canonical, in file order (names only: the lock pins them)."""
+    """The distribution names of the trainer's requirement file, canonical, in file order (names only: the lock pins
+    them)."""
     names = []
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", line):
-            raise ValueError(f"{path.name}:{number}: {line!r} is not a bare distribution name; versions belong in constraints.txt")
+            raise ValueError(
+                f"{path.name}:{number}: {line!r} is not a bare distribution name; versions belong in constraints.txt"
+            )
         names.append(canonicalize_name(line))
     return names
 
@@ -120,7 +123,17 @@ def copied_sources(path: Path) -> list[str]:
     return [src.rstrip("/") for sources, _ in copies(path) for src in sources]
 
 
-_OPTIONS_WITH_VALUE = {"-r", "--requirement", "-c", "--constraint", "-i", "--index-url", "--extra-index-url", "-f", "--find-links"}
+_OPTIONS_WITH_VALUE = {
+    "-r",
+    "--requirement",
+    "-c",
+    "--constraint",
+    "-i",
+    "--index-url",
+    "--extra-index-url",
+    "-f",
+    "--find-links",
+}
 
 
 def pip_installs(path: Path) -> list[tuple[dict[str, list[str]], list[str]]]:
@@ -199,7 +212,8 @@ def _module_file(root: Path, module: str) -> Optional[Path]:
 
 
 def _imports(path: Path, module: str) -> Iterator[tuple[int, str, bool]]:
-    """(line, absolute module name, must exist) of every import in `path`, also inside functions and TYPE_CHECKING blocks.
+    """(line, absolute module name, must exist) of every import in `path`, also inside functions and TYPE_CHECKING
+    blocks.
 
     `from a import b` yields `a` (must exist) and `a.b` (a submodule, or just a name in `a`).
     """
@@ -220,7 +234,8 @@ def _imports(path: Path, module: str) -> Iterator[tuple[int, str, bool]]:
 def pod_side(roots: Iterable[str], root: Path = ROOT) -> PodSide:
     """Follow the imports of the modules `roots` (and of their parent packages) through first-party code.
 
-    Import targets of specs are `module:attr`; a target in a third-party module (`lightgbm:train`) counts as an import of it.
+    Import targets of specs are `module:attr`; a target in a third-party module (`lightgbm:train`) counts as an import
+    of it.
     """
     ours = first_party(root)
     found = PodSide()
@@ -254,10 +269,15 @@ def pod_side(roots: Iterable[str], root: Path = ROOT) -> PodSide:
 
 def training_modules(root: Path = ROOT) -> list[str]:
     """Every module of the `training` package: the image runs the entrypoint, which may load any of them."""
-    return sorted(".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__") for p in (root / "training").rglob("*.py"))
+    return sorted(
+        ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+        for p in (root / "training").rglob("*.py")
+    )
 
 
-def undeclared(found: PodSide, declared: Iterable[str], providers: Optional[dict[str, list[str]]] = None) -> dict[str, str]:
+def undeclared(
+    found: PodSide, declared: Iterable[str], providers: Optional[dict[str, list[str]]] = None
+) -> dict[str, str]:
     """Third-party packages the pod side imports that no declared distribution provides: package -> why, with where."""
     providers = packages_distributions() if providers is None else providers
     wanted = set(declared)
@@ -290,7 +310,9 @@ def pod_side_of_every_pipeline() -> tuple[dict[str, PipelineSpec], PodSide]:
 def test_pod_side_imports_only_declared_packages_and_copied_code() -> None:
     specs, found = pod_side_of_every_pipeline()
     assert {"vision/digits", "tabular/breast_cancer", "language/precedence"} <= set(specs)
-    assert {"pipelines.language.models", "pipelines.vision.models", "training.entrypoint", "training.gbt"} <= set(found.modules)
+    assert {"pipelines.language.models", "pipelines.vision.models", "training.entrypoint", "training.gbt"} <= set(
+        found.modules
+    )
     assert {"torch", "lightning", "lightgbm", "optuna", "wandb", "dagster_pipes"} <= set(found.third_party)
     assert found.unresolved == []
     assert undeclared(found, declared_requirements()) == {}
@@ -314,7 +336,9 @@ def test_trainer_dockerfile_installs_exactly_the_declared_set() -> None:
     # Nothing is named inline but torch's CUDA build and the torchvision built with it (litdata requires it),
     # each at the lock's version, from TORCH_INDEX_URL.
     inline = [req for _, positional in installs for req in positional]
-    assert inline and all(re.fullmatch(r"torch(vision)?==\$\{?TORCH(VISION)?_VERSION\}?", req) for req in inline), inline
+    assert inline and all(re.fullmatch(r"torch(vision)?==\$\{?TORCH(VISION)?_VERSION\}?", req) for req in inline), (
+        inline
+    )
     assert len(inline) == 2, inline
 
 
@@ -327,7 +351,11 @@ def test_every_base_image_is_pinned_by_digest() -> None:
 def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text('[tool.setuptools.packages.find]\ninclude = ["training*", "trainyard*"]\n')
     for package, files in {
-        "training": {"__init__.py": "", "a.py": "import sklearn\nfrom . import b\n", "b.py": "import lightgbm\nfrom trainyard.x import y\n"},
+        "training": {
+            "__init__.py": "",
+            "a.py": "import sklearn\nfrom . import b\n",
+            "b.py": "import lightgbm\nfrom trainyard.x import y\n",
+        },
         "trainyard": {"__init__.py": "", "x.py": "import yaml\nfrom .z import w\n"},
     }.items():
         (tmp_path / package).mkdir()
@@ -340,7 +368,11 @@ def test_the_checks_catch_what_they_look_for(tmp_path: Path) -> None:
     assert sorted(undeclared(found, ["lightgbm"], providers)) == ["sklearn", "yaml"]
     assert not_copied(found, ["training"], root=tmp_path) == ["trainyard", "trainyard.x"]
     dockerfile = tmp_path / "x.Dockerfile"
-    dockerfile.write_text("ARG PY=3.11\nFROM python:${PY}-slim\nFROM python:3.11-slim@${D}\nARG D\nFROM python:3.11-slim@sha256:" + "a" * 64 + " AS ok\nFROM ok\n")
+    dockerfile.write_text(
+        "ARG PY=3.11\nFROM python:${PY}-slim\nFROM python:3.11-slim@${D}\nARG D\nFROM python:3.11-slim@sha256:"
+        + "a" * 64
+        + " AS ok\nFROM ok\n"
+    )
     assert [line.split(": ", 1)[1] for line in unpinned_bases(dockerfile)] == [
         "FROM python:${PY}-slim (pin it: name:tag@sha256:<digest>)",
         "FROM python:3.11-slim@${D} (pin it: name:tag@sha256:<digest>)",
@@ -359,7 +391,13 @@ def venv_key() -> str:
     """What the trainer venv is built from: the requirement set, the lock, the interpreter and the machine."""
     digest = hashlib.sha256()
     recipe = b"litdata --no-deps"  # how `trainer_venv` installs them: change it when that changes
-    for part in (REQUIREMENTS.read_bytes(), CONSTRAINTS.read_bytes(), sys.version.encode(), platform.machine().encode(), recipe):
+    for part in (
+        REQUIREMENTS.read_bytes(),
+        CONSTRAINTS.read_bytes(),
+        sys.version.encode(),
+        platform.machine().encode(),
+        recipe,
+    ):
         digest.update(hashlib.sha256(part).digest())
     return digest.hexdigest()[:16]
 
@@ -374,7 +412,8 @@ def trainer_venv() -> tuple[Path, Optional[float]]:
 
     A fresh venv, then `pip install -r trainer-requirements.txt -c constraints.txt` from
     the package index, as the Dockerfile installs them (the lock's torch is the CPU build,
-    from local disk here; litdata without its requirements, see below). Built once per `venv_key` under a file lock; one left half-built
+    from local disk here; litdata without its requirements, see below). Built once per `venv_key` under a file lock; one
+    left half-built
     is built again, and other keys' venvs unused for a day are removed.
     """
     from filelock import FileLock
@@ -388,7 +427,9 @@ def trainer_venv() -> tuple[Path, Optional[float]]:
             built.touch()  # in use: not pruned
             return venv, None
         torch = locked_versions().get("torch", "")
-        assert torch.endswith("+cpu"), f"constraints.txt pins torch {torch!r}, not a CPU build: this test never installs a CUDA build"
+        assert torch.endswith("+cpu"), (
+            f"constraints.txt pins torch {torch!r}, not a CPU build: this test never installs a CUDA build"
+        )
         shutil.rmtree(venv, ignore_errors=True)
         start = time.monotonic()
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300, env=_outside_environ())
@@ -397,22 +438,41 @@ def trainer_venv() -> tuple[Path, Optional[float]]:
             # --no-compile: pip byte-compiles every installed module (torch's thousands) otherwise, most of the
             # build's time; the trials below compile what they import. What installs, and from where, is the same.
             # The image installs torchvision (litdata's requirement) from TORCH_INDEX_URL beside torch's CUDA build; the
-            # package index's torchvision is a CUDA build that breaks `import lightning` on the CPU torch here, and no CPU
+            # package index's torchvision is a CUDA build that breaks `import lightning` on the CPU torch here, and no
+            # CPU
             # build of it is on disk, so litdata comes in as `make install` brings it: without its requirements.
             requirements = venv / "trainer-requirements.txt"
-            requirements.write_text("".join(line for line in REQUIREMENTS.read_text().splitlines(keepends=True) if line.strip() != "litdata"))
+            requirements.write_text(
+                "".join(
+                    line for line in REQUIREMENTS.read_text().splitlines(keepends=True) if line.strip() != "litdata"
+                )
+            )
             python = [str(venv / "bin" / "python"), "-m", "pip", "install", "--no-input", "--no-compile"]
-            code = subprocess.run([*python, "-r", str(requirements), "-c", str(CONSTRAINTS)], env=_outside_environ(), stdout=out,
-                                  stderr=subprocess.STDOUT, timeout=3000).returncode
+            code = subprocess.run(
+                [*python, "-r", str(requirements), "-c", str(CONSTRAINTS)],
+                env=_outside_environ(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=3000,
+            ).returncode
             if code == 0:
-                code = subprocess.run([*python, "--no-deps", "litdata", "-c", str(CONSTRAINTS)], env=_outside_environ(), stdout=out,
-                                      stderr=subprocess.STDOUT, timeout=600).returncode
+                code = subprocess.run(
+                    [*python, "--no-deps", "litdata", "-c", str(CONSTRAINTS)],
+                    env=_outside_environ(),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    timeout=600,
+                ).returncode
         assert code == 0, f"pip could not install the trainer requirements (log: {log}):\n{log.read_text()[-4000:]}"
         seconds = time.monotonic() - start
         built.write_text(json.dumps({"seconds": round(seconds, 1), "requirements": declared_requirements()}))
         for other in cache.iterdir():  # only venvs of other keys (names like ours), unused for a day
             used = other / BUILT if (other / BUILT).is_file() else other
-            if re.fullmatch(r"[0-9a-f]{16}", other.name) and other != venv and time.time() - used.stat().st_mtime > 86400:
+            if (
+                re.fullmatch(r"[0-9a-f]{16}", other.name)
+                and other != venv
+                and time.time() - used.stat().st_mtime > 86400
+            ):
                 shutil.rmtree(other, ignore_errors=True)
     return venv, seconds
 
@@ -485,7 +545,8 @@ def column_values(column: ColumnSpec, rows: int, rng: Any) -> Any:
 
 
 def write_split(spec: PipelineSpec, directory: Path, rows: int = 240) -> ValidatedData:
-    """A train/val/test split of `rows` synthetic rows of the pipeline's declared columns, as `validated_data` points to one."""
+    """A train/val/test split of `rows` synthetic rows of the pipeline's declared columns, as `validated_data` points to
+    one."""
     import numpy as np
     import pandas as pd
 
@@ -514,10 +575,19 @@ def write_shard_split(spec: PipelineSpec, directory: Path) -> ValidatedData:
     shards = spec.shards
     assert shards is not None
     if isinstance(shards, TextShards):
-        paths = write_splits(str(directory), "text", n_docs=40, vocab_size=shards.vocabulary, block_size=shards.block_size,
-                             doc_tokens=(shards.block_size, 4 * shards.block_size), chunk_bytes=1 << 16)
+        paths = write_splits(
+            str(directory),
+            "text",
+            n_docs=40,
+            vocab_size=shards.vocabulary,
+            block_size=shards.block_size,
+            doc_tokens=(shards.block_size, 4 * shards.block_size),
+            chunk_bytes=1 << 16,
+        )
     else:
-        assert shards.labels == list(range(10)) and (shards.min, shards.max) == (0, 255), "write_image_split writes labels 0..9, 0..255"
+        assert shards.labels == list(range(10)) and (shards.min, shards.max) == (0, 255), (
+            "write_image_split writes labels 0..9, 0..255"
+        )
         paths = write_splits(str(directory), "image", n=120, digits=False, shape=tuple(shards.shape))
     rows = {split: json.loads((Path(path) / "meta.json").read_text())["items"] for split, path in paths.items()}
     md5 = hashlib.md5(json.dumps(rows, sort_keys=True).encode()).hexdigest()
@@ -567,24 +637,50 @@ def run_trial(spec: PipelineSpec, venv: Path, app: Path, work: Path) -> TrialRun
         classes = int(pd.read_parquet(data.train, columns=[spec.target])[spec.target].nunique())
     plan = plan_trial(spec, model_kwargs(spec, trial.params), lambda: classes, describe=describe_model)
     assert plan.error is None, f"{spec.key}: {plan.error}"
-    tracker = TrackerSpec(kind="wandb", mode="offline", project=f"{spec.team}-{spec.name}", group=study_name, name=trial.trial_id, dir=str(work / "wandb"))
+    tracker = TrackerSpec(
+        kind="wandb",
+        mode="offline",
+        project=f"{spec.team}-{spec.name}",
+        group=study_name,
+        name=trial.trial_id,
+        dir=str(work / "wandb"),
+    )
     built = build_train_spec(
-        spec, trial, data, output_uri=str(work / "run"), distribution=plan.distribution.model_copy(update={"max_restarts": 0}),
-        tracker=tracker, optuna_storage_url=sweeps.storage_url, lineage={"test": "trainer image"}, max_epochs=1,
+        spec,
+        trial,
+        data,
+        output_uri=str(work / "run"),
+        distribution=plan.distribution.model_copy(update={"max_restarts": 0}),
+        tracker=tracker,
+        optuna_storage_url=sweeps.storage_url,
+        lineage={"test": "trainer image"},
+        max_epochs=1,
     )
     train_spec = TrainSpec.model_validate({**built.model_dump(), "limit_train_batches": 1})
     spec_uri = str(work / "run" / "spec.json")
     prepare_output(train_spec, spec_uri)
     (work / "wandb").mkdir()
     pipes_context = {
-        "asset_keys": [f"{spec.team}/{spec.name}/trial_model"], "code_version_by_asset_key": None, "provenance_by_asset_key": None,
-        "partition_key": trial.trial_id, "partition_key_range": None, "partition_time_window": None,
-        "run_id": "trainer-image-test", "job_name": None, "retry_number": 0, "extras": {},
+        "asset_keys": [f"{spec.team}/{spec.name}/trial_model"],
+        "code_version_by_asset_key": None,
+        "provenance_by_asset_key": None,
+        "partition_key": trial.trial_id,
+        "partition_key_range": None,
+        "partition_time_window": None,
+        "run_id": "trainer-image-test",
+        "job_name": None,
+        "retry_number": 0,
+        "extras": {},
     }
     messages = work / "pipes-messages.jsonl"
     environ = pod_environ(
-        venv, app, work, **{LAUNCH_ID_ENV: "trainer-image-test"}, **sweeps.pod_environment(),
-        DAGSTER_PIPES_CONTEXT=encode_env_var({"data": pipes_context}), DAGSTER_PIPES_MESSAGES=encode_env_var({"path": str(messages)}),
+        venv,
+        app,
+        work,
+        **{LAUNCH_ID_ENV: "trainer-image-test"},
+        **sweeps.pod_environment(),
+        DAGSTER_PIPES_CONTEXT=encode_env_var({"data": pipes_context}),
+        DAGSTER_PIPES_MESSAGES=encode_env_var({"path": str(messages)}),
     )
     command = torchrun_command(train_spec, spec_uri, python=str(venv / "bin" / "python"))
     proc = subprocess.run(command, cwd=app, env=environ, capture_output=True, text=True, timeout=900)
@@ -599,9 +695,16 @@ def trial_problems(key: str, run: TrialRun) -> list[str]:
         return [f"{key}: exit {run.returncode}, failures {run.failures}\n{run.log}"]
     problems = []
     if (run.result.global_step, run.result.world_size) != (1, run.world_size):
-        problems.append(f"{key}: trained {run.result.global_step} steps on {run.result.world_size} processes, not 1 on {run.world_size}")
+        problems.append(
+            f"{key}: trained {run.result.global_step} steps on {run.result.world_size} processes, not 1 on "
+            f"{run.world_size}"
+        )
     methods = [m["method"] for m in run.messages]
-    progress = [m["params"]["payload"] for m in run.messages if m["method"] == "report_custom_message" and m["params"]["payload"].get("type") == "progress"]
+    progress = [
+        m["params"]["payload"]
+        for m in run.messages
+        if m["method"] == "report_custom_message" and m["params"]["payload"].get("type") == "progress"
+    ]
     if methods[:1] != ["opened"] or methods[-1:] != ["closed"] or not progress or progress[-1]["step"] != 1:
         problems.append(f"{key}: Dagster Pipes got {methods}, progress {progress}")
     if not run.result.tracker_run or not list(run.tracker_dir.glob("**/offline-run-*")):
@@ -614,11 +717,17 @@ def trial_problems(key: str, run: TrialRun) -> list[str]:
 def test_trainer_environment_imports_and_trains_every_pipeline(tmp_path: Path) -> None:
     specs, found = pod_side_of_every_pipeline()
     venv, build_seconds = trainer_venv()
-    print(f"trainer venv {venv}: " + (f"built in {build_seconds:.0f} s" if build_seconds is not None else "from the cache"))
+    print(
+        f"trainer venv {venv}: "
+        + (f"built in {build_seconds:.0f} s" if build_seconds is not None else "from the cache")
+    )
     app = tmp_path / "opt-trainyard"
     lay_out_app(TRAINER_DOCKERFILE, app)
     # Every model and datamodule, and every third-party package the pod side imports (many only inside functions).
-    targets = sorted({t for spec in specs.values() for t in (spec.model.path, spec.model.datamodule)} | {f"{top}:__name__" for top in found.third_party})
+    targets = sorted(
+        {t for spec in specs.values() for t in (spec.model.path, spec.model.datamodule)}
+        | {f"{top}:__name__" for top in found.third_party}
+    )
     (tmp_path / "home").mkdir()
     check = subprocess.run([str(venv / "bin" / "python"), "-c", _CHECK_SCRIPT, json.dumps(targets)], cwd=app,
                            env=pod_environ(venv, app, tmp_path / "home"), capture_output=True, text=True, timeout=600)
@@ -631,7 +740,9 @@ def test_trainer_environment_imports_and_trains_every_pipeline(tmp_path: Path) -
     # The lock's CPU build of torch: this machine has no GPU, and a CUDA build would download gigabytes.
     assert report["torch"] == locked_versions()["torch"] and report["cuda"] is None, (report["torch"], report["cuda"])
     assert sorted(n for n in installed if n.startswith("nvidia-")) == []
-    assert {"dagster_pipes", "lightgbm", "lightning", "mlflow", "optuna", "s3fs", "wandb", "psycopg2"} <= set(report["imported"])
+    assert {"dagster_pipes", "lightgbm", "lightning", "mlflow", "optuna", "s3fs", "wandb", "psycopg2"} <= set(
+        report["imported"]
+    )
 
     # The pipelines' trials side by side, as a cluster would run them: most of each is start-up.
     def one(key: str, spec: PipelineSpec) -> list[str]:

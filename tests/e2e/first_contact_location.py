@@ -41,7 +41,9 @@ team = TeamSpec(name="contact", gpu_pool_limit=2)
 
 
 def _search() -> SearchSpec:
-    return SearchSpec(params={"lr": FloatParam(low=0.02, high=0.05, log=True)}, n_trials=2, parallelism=2, sampler="random", seed=3)
+    return SearchSpec(
+        params={"lr": FloatParam(low=0.02, high=0.05, log=True)}, n_trials=2, parallelism=2, sampler="random", seed=3
+    )
 
 
 blobs = PipelineSpec(
@@ -52,7 +54,12 @@ blobs = PipelineSpec(
     columns={**{f: ColumnSpec(dtype="float") for f in FEATURES}, "label": ColumnSpec(dtype="int", domain=[0, 1, 2])},
     target="label",
     min_rows=200,
-    model=ModelSpec(path="training.parallel:MLPClassifier", hparams={"width": 16, "blocks": 1, "expansion": 2}, max_epochs=3, batch_size=32),
+    model=ModelSpec(
+        path="training.parallel:MLPClassifier",
+        hparams={"width": 16, "blocks": 1, "expansion": 2},
+        max_epochs=3,
+        batch_size=32,
+    ),
     search=_search(),
     distribution=Distribution(procs_per_node=1),
 )
@@ -65,7 +72,12 @@ linear = PipelineSpec(
     columns={**{f: ColumnSpec(dtype="float") for f in FEATURES}, "y": ColumnSpec(dtype="float")},
     target="y",
     min_rows=200,
-    model=ModelSpec(path="training.parallel:MLPRegressor", hparams={"width": 16, "blocks": 1, "expansion": 2, "target_scale": 5.0}, max_epochs=2, batch_size=32),
+    model=ModelSpec(
+        path="training.parallel:MLPRegressor",
+        hparams={"width": 16, "blocks": 1, "expansion": 2, "target_scale": 5.0},
+        max_epochs=2,
+        batch_size=32,
+    ),
     search=_search(),
     distribution=Distribution(procs_per_node=1),
     retrain=RetrainPolicy(on_new_data=False),
@@ -103,9 +115,17 @@ def write_landing(trainyard_home: Path, spec: PipelineSpec, frame: pd.DataFrame,
 
 def definitions() -> Definitions:
     full = team_definitions(team, *PIPELINES)
-    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=full.executor)
-    landing = [build_landing_sensor(s, job_names(s)["prepare"], minimum_interval_seconds=TICK_S) for s in PIPELINES if s.retrain_policy.on_new_data]
-    return Definitions.merge(with_sweep_sensors(bare, *PIPELINES, minimum_interval_seconds=TICK_S), Definitions(sensors=landing))
+    bare = Definitions(
+        assets=list(full.assets or []), jobs=list(full.jobs or []), resources=full.resources, executor=full.executor
+    )
+    landing = [
+        build_landing_sensor(s, job_names(s)["prepare"], minimum_interval_seconds=TICK_S)
+        for s in PIPELINES
+        if s.retrain_policy.on_new_data
+    ]
+    return Definitions.merge(
+        with_sweep_sensors(bare, *PIPELINES, minimum_interval_seconds=TICK_S), Definitions(sensors=landing)
+    )
 
 
 defs = definitions()

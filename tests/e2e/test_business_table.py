@@ -80,8 +80,11 @@ def _check_champion(harness: Harness, spec: PipelineSpec, out: dict[str, Any], m
     import pandas as pd
 
     # New customers as a user has them: read back from an export CSV (dates as text, gaps as empty cells).
-    (exported,) = [p for p in land_export(harness.home / "new", churn_export(300, seed=99, start_id=900_000), csv_parts=1)
-                   if p.suffix == ".csv"]
+    (exported,) = [
+        p
+        for p in land_export(harness.home / "new", churn_export(300, seed=99, start_id=900_000), csv_parts=1)
+        if p.suffix == ".csv"
+    ]
     fresh = pd.read_csv(exported)
     served = _served(harness, spec, fresh)
     assert list(served["customer_id"]) == list(fresh["customer_id"])  # ids come back with every prediction
@@ -104,7 +107,11 @@ def test_a_lightning_one_logit_model_reaches_a_champion_that_serves_probabilitie
 def _validate_only(harness: Harness) -> dict[str, Any]:
     """raw_data + validated_data of the prepare job; the expectations check's metadata as plain values."""
     spec = harness.spec
-    keys = [k for k in harness.defs.resolve_all_asset_keys() if k.path[-1] in ("raw_data", "validated_data") and k.path[:2] == [spec.team, spec.name]]
+    keys = [
+        k
+        for k in harness.defs.resolve_all_asset_keys()
+        if k.path[-1] in ("raw_data", "validated_data") and k.path[:2] == [spec.team, spec.name]
+    ]
     run = harness.defs.resolve_job_def(harness.names["prepare"]).execute_in_process(
         instance=harness.instance, asset_selection=keys, raise_on_error=False)
     assert run.success
@@ -113,7 +120,9 @@ def _validate_only(harness: Harness) -> dict[str, Any]:
 
 
 @pytest.mark.slow
-def test_a_gbt_champion_then_a_second_delivery_retrains_under_every_metric_and_a_drifted_one_is_flagged(tmp_path: Path) -> None:
+def test_a_gbt_champion_then_a_second_delivery_retrains_under_every_metric_and_a_drifted_one_is_flagged(
+    tmp_path: Path,
+) -> None:
     import pandas as pd
 
     from resources.registry.promotion import score_champion
@@ -124,7 +133,9 @@ def test_a_gbt_champion_then_a_second_delivery_retrains_under_every_metric_and_a
     harness = Harness(tmp_path, spec)
     _land(tmp_path, spec, churn_export(4000, seed=1), "export-2026-11")
     first = harness.run_all()
-    _check_champion(harness, spec, first, spec.promotion.metric)  # promoted on test_pr_auc, the prior beaten, served with ids
+    _check_champion(
+        harness, spec, first, spec.promotion.metric
+    )  # promoted on test_pr_auc, the prior beaten, served with ids
     registry = harness.resources["registry"]
     v1 = registry.get_alias(spec.model_name, "champion")
 
@@ -134,7 +145,9 @@ def test_a_gbt_champion_then_a_second_delivery_retrains_under_every_metric_and_a
     second = harness.run_all()
     assert second["registered"]["created"] and second["registered"]["version"] != v1.version
     split = second["best"]["lineage"]["data_version"] + "-" + spec.fingerprint()
-    test_df = pd.read_parquet(harness.resources["store"].uri("data", spec.team, spec.name, "validated", split, "test.parquet"))
+    test_df = pd.read_parquet(
+        harness.resources["store"].uri("data", spec.team, spec.name, "validated", split, "test.parquet")
+    )
     accepted = [m for m in SERVED_METRICS if KNOWN_METRICS[m][0] == "classification"]
     assert {"test_acc", "test_logloss", "test_roc_auc", "test_pr_auc", "test_f1", "test_balanced_acc"} <= set(accepted)
     for metric in accepted:

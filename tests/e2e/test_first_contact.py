@@ -1,4 +1,5 @@
-"""First contact, end to end: a new team's pipelines go from landing files to a champion through a running `dagster dev`.
+"""First contact, end to end: a new team's pipelines go from landing files to a champion through a running `dagster
+dev`.
 
 Starts `dagster dev` (webserver and daemon) on `tests/e2e/first_contact_location.py`
 with its homes in a temporary folder, and acts only as a user would, through
@@ -92,7 +93,9 @@ class Server:
 
     def graphql(self, query: str, variables: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         body = json.dumps({"query": query, "variables": variables or {}}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/graphql", data=body, headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/graphql", data=body, headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             answer = json.loads(resp.read())
         if answer.get("errors"):
@@ -134,20 +137,31 @@ class Server:
             for e in events:
                 if e["__typename"] == "ExecutionStepFailureEvent":
                     lines.append(f"  step {e['stepKey']}: {(e.get('error') or {}).get('message', '').strip()[:2000]}")
-                elif e["__typename"] == "RunFailureEvent" or (e["__typename"] == "EngineEvent" and (e.get("error") or "exit" in e.get("message", ""))):
+                elif e["__typename"] == "RunFailureEvent" or (
+                    e["__typename"] == "EngineEvent" and (e.get("error") or "exit" in e.get("message", ""))
+                ):
                     error = (e.get("error") or {}).get("message", "").strip()
                     lines.append(f"  {e.get('message', '')[:500]}" + (f": {error[:2000]}" if error else ""))
         return "\n".join(lines) or "(no failed runs)"
 
     def summary(self) -> str:
-        """One line per run (job, status, trigger) and the dagster dev log's last error lines: short enough for a CI excerpt."""
+        """One line per run (job, status, trigger) and the dagster dev log's last error lines: short enough for a CI
+        excerpt."""
         try:
-            runs = [f"{r['jobName']} {r['status']} {r['tags'].get('trainyard/trigger', '')}".rstrip() for r in reversed(self.runs())]
+            runs = [
+                f"{r['jobName']} {r['status']} {r['tags'].get('trainyard/trigger', '')}".rstrip()
+                for r in reversed(self.runs())
+            ]
         except Exception as e:  # the webserver may be what broke
             runs = [f"(could not list runs: {e!r})"]
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
         errors = [line[:300] for line in text.splitlines() if " - ERROR - " in line or "Error:" in line][-12:]
-        return "; runs, oldest first: " + " | ".join(runs) + "\nlast error lines of the dagster dev log:\n" + "\n".join(errors or ["(none)"])
+        return (
+            "; runs, oldest first: "
+            + " | ".join(runs)
+            + "\nlast error lines of the dagster dev log:\n"
+            + "\n".join(errors or ["(none)"])
+        )
 
     def diagnostics(self) -> str:
         tail = self.log.read_text(errors="replace")[-8000:] if self.log.exists() else "(no log)"
@@ -167,7 +181,8 @@ def server(tmp_path: Path) -> Iterator[Server]:
     (dagster_home / "dagster.yaml").write_text((ROOT / "deploy" / "local" / "dagster.yaml").read_text())
     workspace = tmp_path / "workspace.yaml"
     workspace.write_text(
-        f"load_from:\n  - python_module:\n      module_name: tests.e2e.first_contact_location\n      location_name: {LOCATION}\n      working_directory: {ROOT}\n"
+        "load_from:\n  - python_module:\n      module_name: tests.e2e.first_contact_location\n      location_name: "
+        f"{LOCATION}\n      working_directory: {ROOT}\n"
     )
     port, log = free_port(), tmp_path / "dagster-dev.log"
     env = {**os.environ, "DAGSTER_HOME": str(dagster_home), "TRAINYARD_HOME": str(trainyard_home)}
@@ -180,7 +195,11 @@ def server(tmp_path: Path) -> Iterator[Server]:
     try:
         expected = len(naming.ASSETS) * len(PIPELINES)
         try:
-            wait_for(lambda: len(srv.graphql("{ assetNodes { id } }")["assetNodes"]) == expected, SERVER_TIMEOUT_S, "the webserver serving the assets")
+            wait_for(
+                lambda: len(srv.graphql("{ assetNodes { id } }")["assetNodes"]) == expected,
+                SERVER_TIMEOUT_S,
+                "the webserver serving the assets",
+            )
         except BaseException:
             sys.stderr.write(srv.diagnostics())
             raise
@@ -203,8 +222,16 @@ def champion(trainyard_home: Path, model_name: str) -> Optional[Any]:
 
 def asset_job(srv: Server) -> str:
     """The location's implicit asset job, what the UI launches for Materialize."""
-    query = "query ($s: RepositorySelector!) { repositoryOrError(repositorySelector: $s) { ... on Repository { jobs { name } } } }"
-    jobs = [j["name"] for j in srv.graphql(query, {"s": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}})["repositoryOrError"]["jobs"]]
+    query = (
+        "query ($s: RepositorySelector!) { repositoryOrError(repositorySelector: $s) { ... on Repository { jobs { "
+        "name } } } }"
+    )
+    jobs = [
+        j["name"]
+        for j in srv.graphql(query, {"s": {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY}})[
+            "repositoryOrError"
+        ]["jobs"]
+    ]
     implicit = [j for j in jobs if j.startswith("__ASSET_JOB")]
     assert implicit, f"no implicit asset job among {jobs}"
     return implicit[0]
@@ -230,20 +257,29 @@ def test_a_new_team_reaches_champions_recovers_from_a_bad_file_and_drills(server
 
 
 def _materialize_raw_data_in_the_graph(srv: Server, page: Any, spec: Any) -> str:
-    """In the browser: open the pipeline's lineage graph, select `raw_data` alone, click Materialize; returns the run's id."""
-    page.goto(f"http://127.0.0.1:{srv.port}/locations/{LOCATION}/asset-groups/{naming.group_name(spec)}/lineage", wait_until="networkidle")
+    """In the browser: open the pipeline's lineage graph, select `raw_data` alone, click Materialize; returns the run's
+    id."""
+    page.goto(
+        f"http://127.0.0.1:{srv.port}/locations/{LOCATION}/asset-groups/{naming.group_name(spec)}/lineage",
+        wait_until="networkidle",
+    )
     for name in naming.ASSETS:
         page.get_by_text(name, exact=True).wait_for(state="visible")
     screenshot(page, "lineage")
     page.get_by_text(naming.RAW_DATA, exact=True).click()
     page.get_by_role("button", name="Materialize selected").click()
     page.get_by_text("Launched run").wait_for(state="visible")
-    run = wait_for(lambda: next((r for r in srv.runs() if r["tags"].get("dagster/from_ui") == "true"), None), 60, "the run launched from the UI")
+    run = wait_for(
+        lambda: next((r for r in srv.runs() if r["tags"].get("dagster/from_ui") == "true"), None),
+        60,
+        "the run launched from the UI",
+    )
     return run["runId"]
 
 
 def _champion_in_the_ui(srv: Server, page: Any, spec: Any) -> None:
-    """In the browser: the first trial's metrics on its partition, the champion's decision on registered_model's page."""
+    """In the browser: the first trial's metrics on its partition, the champion's decision on registered_model's
+    page."""
     base = f"http://127.0.0.1:{srv.port}"
     page.goto(f"{base}/runs", wait_until="networkidle")
     page.get_by_text(job_names(spec)["promote"]).filter(visible=True).first.wait_for(state="visible")
@@ -255,7 +291,10 @@ def _champion_in_the_ui(srv: Server, page: Any, spec: Any) -> None:
     screenshot(page, "trial_partitions")
     page.goto(f"{base}/assets/{'/'.join(naming.asset_path(spec, naming.REGISTERED_MODEL))}", wait_until="networkidle")
     rows = wait_for_rows(page, "decision", "champion", "registered_model's metadata table")
-    assert (rows["champion"], rows["version"]) == ("true", str(champion(srv.trainyard_home, spec.model_name).version)), rows
+    assert (rows["champion"], rows["version"]) == (
+        "true",
+        str(champion(srv.trainyard_home, spec.model_name).version),
+    ), rows
     page.get_by_text("Metadata", exact=True).first.evaluate("e => e.scrollIntoView({block: 'start'})")
     screenshot(page, "champion")
 
@@ -270,11 +309,18 @@ def _journey(srv: Server, page: Optional[Any]) -> None:
     else:  # no browser here (outside CI): what the graph's button launches, through GraphQL
         user_run = srv.launch(asset_job(srv), assets=[naming.asset_path(linear, naming.RAW_DATA)])
 
-    wait_for(lambda: champion(home, blobs.model_name) and champion(home, linear.model_name), CHAMPION_TIMEOUT_S, "a champion of both pipelines", interval=5,
-             context=srv.summary)
+    wait_for(
+        lambda: champion(home, blobs.model_name) and champion(home, linear.model_name),
+        CHAMPION_TIMEOUT_S,
+        "a champion of both pipelines",
+        interval=5,
+        context=srv.summary,
+    )
     runs = srv.runs()
     followed = [r for r in runs if r["tags"].get("trainyard/raw_data_run") == user_run]
-    assert [r["status"] for r in followed] == ["SUCCESS"], f"the rest of prepare after the user's raw_data run: {followed}"
+    assert [r["status"] for r in followed] == ["SUCCESS"], (
+        f"the rest of prepare after the user's raw_data run: {followed}"
+    )
     for spec in (blobs, linear):
         promotes = [r for r in runs if r["jobName"] == job_names(spec)["promote"]]
         assert promotes and all(r["tags"].get("trainyard/trigger") == "sweep finished" for r in promotes), promotes
@@ -291,16 +337,31 @@ def _journey(srv: Server, page: Optional[Any]) -> None:
     bad.loc[7, "f1"] = "not-a-number"
     bad_path = write_landing(home, blobs, bad, "part-1.csv")
 
-    rejected = wait_for(lambda: ended(srv, lambda r: "part-1.csv" in r["tags"].get("trainyard/new_file_names", "")), LEG_TIMEOUT_S, "the prepare run of the bad file", context=srv.summary)
+    rejected = wait_for(
+        lambda: ended(srv, lambda r: "part-1.csv" in r["tags"].get("trainyard/new_file_names", "")),
+        LEG_TIMEOUT_S,
+        "the prepare run of the bad file",
+        context=srv.summary,
+    )
     quarantined = list((home / "store").rglob("quarantine/**/*"))
     assert rejected["status"] == "FAILURE" or quarantined, f"the bad file was accepted: {rejected}"
     bad_path.unlink()
-    unblocked = wait_for(lambda: ended(srv, lambda r: r["tags"].get("trainyard/removed_files") == "1"), LEG_TIMEOUT_S, "the prepare run after deleting the bad file", context=srv.summary)
+    unblocked = wait_for(
+        lambda: ended(srv, lambda r: r["tags"].get("trainyard/removed_files") == "1"),
+        LEG_TIMEOUT_S,
+        "the prepare run after deleting the bad file",
+        context=srv.summary,
+    )
     assert unblocked["status"] == "SUCCESS", f"deleting the bad file did not unblock {blobs.key}: {unblocked}"
     validated_after = {m["runId"] for m in srv.materializations(blobs, naming.VALIDATED_DATA)}
     assert unblocked["runId"] in validated_after - validated_before
 
-    status = wait_for(lambda: next((r["status"] for r in srv.runs() if r["runId"] == drill_run and r["status"] in DONE), None), LEG_TIMEOUT_S, "the drill run", context=srv.summary)
+    status = wait_for(
+        lambda: next((r["status"] for r in srv.runs() if r["runId"] == drill_run and r["status"] in DONE), None),
+        LEG_TIMEOUT_S,
+        "the drill run",
+        context=srv.summary,
+    )
     assert status == "SUCCESS", f"the drill run ended {status}"
     meta = next(m for m in srv.materializations(blobs, naming.TRIAL_MODEL) if m["runId"] == drill_run)
     entries = {e["label"]: e for e in meta["metadataEntries"]}
@@ -318,7 +379,8 @@ def _texts(materialization: dict[str, Any]) -> dict[str, Any]:
 
 
 def _redelivery_and_a_tie(srv: Server) -> None:
-    """Every trigger on: an identical re-delivery changes nothing; new data ends in a promotion decision, and a tie keeps the champion."""
+    """Every trigger on: an identical re-delivery changes nothing; new data ends in a promotion decision, and a tie
+    keeps the champion."""
     home = srv.trainyard_home
     first = champion(home, blobs.model_name)
     studies_before = [_texts(m)["study"] for m in srv.materializations(blobs, naming.SWEEP)]
@@ -326,14 +388,21 @@ def _redelivery_and_a_tie(srv: Server) -> None:
     promotes_before = {r["runId"] for r in srv.runs() if r["jobName"] == promotes}
 
     write_landing(home, blobs, blobs_frame(), "part-0-again.csv")  # the same bytes as part-0.csv, under a new name
-    again = wait_for(lambda: ended(srv, lambda r: "part-0-again.csv" in r["tags"].get("trainyard/new_file_names", "")), LEG_TIMEOUT_S, "the prepare run of the re-delivery", context=srv.summary)
+    again = wait_for(
+        lambda: ended(srv, lambda r: "part-0-again.csv" in r["tags"].get("trainyard/new_file_names", "")),
+        LEG_TIMEOUT_S,
+        "the prepare run of the re-delivery",
+        context=srv.summary,
+    )
     assert again["status"] == "SUCCESS", f"the re-delivery's prepare run: {again}"
     sweep = next(m for m in srv.materializations(blobs, naming.SWEEP) if m["runId"] == again["runId"])
     assert _texts(sweep)["study"] == studies_before[0] and _texts(sweep)["new_partitions"] == 0, _texts(sweep)
 
     write_landing(home, blobs, blobs_frame(150, seed=11), "part-2.csv")  # new rows, as separable: the challenger ties
     decided = wait_for(
-        lambda: ended(srv, lambda r: r["jobName"] == promotes and r["runId"] not in promotes_before), CHAMPION_TIMEOUT_S, "the promotion decision on the new data",
+        lambda: ended(srv, lambda r: r["jobName"] == promotes and r["runId"] not in promotes_before),
+        CHAMPION_TIMEOUT_S,
+        "the promotion decision on the new data",
         context=srv.summary,
     )
     assert decided["status"] == "SUCCESS" and decided["tags"].get("trainyard/trigger") == "sweep finished", decided

@@ -31,7 +31,9 @@ def _champion(harness: Harness, name: str) -> Any:
 
 
 @pytest.mark.slow
-def test_the_code_model_reaches_a_champion_that_continues_a_prompt_and_a_second_delivery_retrains(tmp_path: Path) -> None:
+def test_the_code_model_reaches_a_champion_that_continues_a_prompt_and_a_second_delivery_retrains(
+    tmp_path: Path,
+) -> None:
     spec = stdlib_lm
     landing = tmp_path / "store" / spec.source.prefix
     land_stdlib(landing, 40)
@@ -56,7 +58,9 @@ def test_the_code_model_reaches_a_champion_that_continues_a_prompt_and_a_second_
         f"mlflow.set_tracking_uri({harness.resources['registry'].tracking_uri!r})\n"
         f"print(json.dumps(generate({champion.model_uri!r}, 'def ', 12)))\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2]
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     text = json.loads(done.stdout.strip().splitlines()[-1])  # the continuation alone
     assert isinstance(text, str) and text, text

@@ -32,9 +32,18 @@ def _with_features(refs: list[str]) -> PipelineSpec:
 @pytest.mark.parametrize(
     ("refs", "kind", "message"),
     [
-        (["customer_stats:balance", "customer_stats:refunds"], "unknown_feature",
-         "feature reference 'customer_stats:refunds': feature view 'customer_stats' has no feature 'refunds'; its features are ['balance', 'txn_count_7d', 'tickets_30d']"),
-        (["orders:refunds"], "unknown_feature_view", "feature reference 'orders:refunds': no feature view 'orders' in project 'commerce'; its views are ['customer_stats']"),
+        (
+            ["customer_stats:balance", "customer_stats:refunds"],
+            "unknown_feature",
+            "feature reference 'customer_stats:refunds': feature view 'customer_stats' has no feature 'refunds'; its "
+            "features are ['balance', 'txn_count_7d', 'tickets_30d']",
+        ),
+        (
+            ["orders:refunds"],
+            "unknown_feature_view",
+            "feature reference 'orders:refunds': no feature view 'orders' in project 'commerce'; its views are "
+            "['customer_stats']",
+        ),
     ],
 )
 def test_unknown_feature_reference_is_refused_by_name(store: Store, refs: list[str], kind: str, message: str) -> None:
@@ -55,7 +64,8 @@ def test_entity_rows_missing_keys_or_times_are_named(store: Store) -> None:
         feast.feast_snapshot(store, churn.model_copy(update={"on_bad_data": "warn"}))
     assert info.value.kind == "entity_rows"
     assert str(info.value) == (
-        "entity key 'customer_id' is missing in 1 row(s) at [2]; event time 'event_timestamp' is missing in 1 row(s) at [4]; "
+        "entity key 'customer_id' is missing in 1 row(s) at [2]; event time 'event_timestamp' is missing in 1 row(s) "
+        "at [4]; "
         "event time 'event_timestamp' is not ISO 8601 or epoch seconds in 1 row(s) at [5], e.g. ['yesterday']"
     )
 
@@ -71,6 +81,9 @@ def test_registry_with_a_password_is_refused_without_showing_it() -> None:
     with pytest.raises(feast.FeastUnavailable) as info:
         feast.store_config({feast.REGISTRY_ENV: "postgresql://feast:s3cret@db:5432/registry"})
     assert "s3cret" not in str(info.value) and "PGPASSWORD" in str(info.value)
-    assert feast.store_config({feast.REGISTRY_ENV: "postgresql://feast@db/registry", feast.OFFLINE_STORE_ENV: '{"type": "duckdb"}'}) == {
-        "registry": "postgresql://feast@db/registry", "offline_store": {"type": "duckdb"},
+    assert feast.store_config(
+        {feast.REGISTRY_ENV: "postgresql://feast@db/registry", feast.OFFLINE_STORE_ENV: '{"type": "duckdb"}'}
+    ) == {
+        "registry": "postgresql://feast@db/registry",
+        "offline_store": {"type": "duckdb"},
     }

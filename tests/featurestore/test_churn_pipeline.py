@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_commerce_is_a_code_location_with_the_six_asset_chain() -> None:
     from pipelines.commerce.definitions import defs
 
-    locations = {e["python_module"]["location_name"]: e["python_module"]["module_name"] for e in yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"]}
+    locations = {
+        e["python_module"]["location_name"]: e["python_module"]["module_name"]
+        for e in yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"]
+    }
     assert locations["commerce"] == "pipelines.commerce.definitions"
     names = ["raw_data", "validated_data", "sweep", "trial_model", "best_model", "registered_model"]
     assert {AssetKey(["commerce", "churn", n]) for n in names} <= set(defs.resolve_asset_graph().get_all_asset_keys())
@@ -48,23 +51,37 @@ def test_churn_chain_trains_on_point_in_time_features_and_registers_a_champion(t
     from mlflow import MlflowClient
 
     registry = harness.resources["registry"]
-    card = MlflowClient(tracking_uri=registry.tracking_uri).get_model_version("commerce.churn", champion.version).description
+    card = (
+        MlflowClient(tracking_uri=registry.tracking_uri)
+        .get_model_version("commerce.churn", champion.version)
+        .description
+    )
     assert "## Features (Feast)" in card and "`customer_stats:balance`" in card and "churn_features" in card
 
     # The registered model itself tells serving which online features to fetch, for which signature column.
     with fluent_uris(registry.tracking_uri):
         info = mlflow.models.get_model_info(champion.model_uri)
     inputs = [(c.name, c.type.name) for c in info.signature.inputs.inputs]
-    assert inputs == [("balance", "double"), ("txn_count_7d", "long"), ("tickets_30d", "long")]  # Feast Float64, Int64, Int64
+    assert inputs == [
+        ("balance", "double"),
+        ("txn_count_7d", "long"),
+        ("tickets_30d", "long"),
+    ]  # Feast Float64, Int64, Int64
     served = info.metadata["feast"]
     assert served["features"] == {name: f"customer_stats:{name}" for name, _ in inputs}
     assert sorted(served["features"].values()) == sorted(refs.split(","))
     assert served["feature_service"] == "churn_features" and served["entity_keys"] == ["customer_id"]
-    assert served["project"] == "commerce" and served["feature_views"] == champion.tags["trainyard.feast.feature_views"].split(",")
+    assert served["project"] == "commerce" and served["feature_views"] == champion.tags[
+        "trainyard.feast.feature_views"
+    ].split(",")
 
     # The trial's lineage record, its W&B run config and the version's tags carry the same Feast fields.
     feast = out["best"]["lineage"]["feast"]
-    assert {f"trainyard.feast.{k}": v for k, v in feast.items()} == {k: v for k, v in champion.tags.items() if k.startswith("trainyard.feast.")}
+    assert {f"trainyard.feast.{k}": v for k, v in feast.items()} == {
+        k: v for k, v in champion.tags.items() if k.startswith("trainyard.feast.")
+    }
     assert set(feast) == {"features", "feature_service", "feature_views", "time_range", "entity_md5"}
     runs = list((harness.home / "wandb").rglob("run-*.wandb"))
-    assert runs and all(feast["feature_views"].encode() in p.read_bytes() and refs.encode() in p.read_bytes() for p in runs)
+    assert runs and all(
+        feast["feature_views"].encode() in p.read_bytes() and refs.encode() in p.read_bytes() for p in runs
+    )

@@ -1,4 +1,5 @@
-"""A Feast source's training set: point-in-time correct, pinned like landing data, a new version when a definition changes.
+"""A Feast source's training set: point-in-time correct, pinned like landing data, a new version when a definition
+changes.
 
 Real Feast in its own interpreter (`.venv-feast`), real files: the example
 churn repository (`featurestore.example`), where a churned account is closed
@@ -33,7 +34,8 @@ def made(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _joins(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(entity rows, expected point-in-time values, naive latest values), computed here with pandas from the raw files."""
+    """(entity rows, expected point-in-time values, naive latest values), computed here with pandas from the raw
+    files."""
     events = pd.read_csv(root / LANDING / "events.csv")
     events["t"] = pd.to_datetime(events["event_timestamp"], utc=True)
     stats = pd.read_parquet(root / REPO / "data" / "customer_stats.parquet")
@@ -41,7 +43,11 @@ def _joins(root: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     ttl = pd.Timedelta(days=30)
     known = []
     for row in events.itertuples():
-        rows = stats[(stats.customer_id == row.customer_id) & (stats.event_timestamp <= row.t) & (stats.event_timestamp >= row.t - ttl)]
+        rows = stats[
+            (stats.customer_id == row.customer_id)
+            & (stats.event_timestamp <= row.t)
+            & (stats.event_timestamp >= row.t - ttl)
+        ]
         known.append(rows.sort_values("event_timestamp").iloc[-1][FEATURES])
     latest = stats.sort_values("event_timestamp").groupby("customer_id").last()
     naive = latest.loc[events.customer_id, FEATURES].reset_index(drop=True)
@@ -71,9 +77,14 @@ def test_snapshot_is_pinned_with_what_it_was_retrieved_from(made) -> None:
     assert footer["entity_md5"] == result.entities.snapshot.md5 != result.snapshot.md5
     assert footer["features"] == [f"customer_stats:{f}" for f in FEATURES]
     assert footer["feature_service"]["name"] == "churn_features"
-    assert [v["name"] for v in footer["feature_views"]] == ["customer_stats"] and footer["feature_views"][0]["ttl_s"] == 30 * 86400
+    assert [v["name"] for v in footer["feature_views"]] == ["customer_stats"] and footer["feature_views"][0][
+        "ttl_s"
+    ] == 30 * 86400
     assert footer["time_range"][0].startswith("2024-") and footer["time_range"][0] < footer["time_range"][1]
-    assert feast.read_lineage(store, churn, result.snapshot.md5)["feature_views"][0]["definition"] == footer["feature_views"][0]["definition"]
+    assert (
+        feast.read_lineage(store, churn, result.snapshot.md5)["feature_views"][0]["definition"]
+        == footer["feature_views"][0]["definition"]
+    )
     # The entity rows went through ingestion: the landing manifest knows the file.
     assert result.entities.snapshot.files == [str(Path(store.root) / LANDING / "events.csv")]
 

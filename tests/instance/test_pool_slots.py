@@ -41,7 +41,8 @@ def race(storage: Any, claim: Callable[..., Any], pool: str) -> tuple[set[str], 
 
 
 def open_storage(tmp_path: Path, postgres_url: str | None) -> Any:
-    """An instance's event log storage: PostgreSQL at `postgres_url`, or the default SQLite one under `tmp_path` (None)."""
+    """An instance's event log storage: PostgreSQL at `postgres_url`, or the default SQLite one under `tmp_path`
+    (None)."""
     storage = f"storage:\n  postgres:\n    postgres_url: {postgres_url}\n" if postgres_url else ""
     (tmp_path / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\n{storage}")
     return DagsterInstance.from_config(str(tmp_path))
@@ -59,7 +60,9 @@ def test_the_fixed_claim_holds_on_the_local_sqlite_instance_too(tmp_path: Path) 
     with open_storage(tmp_path, None) as instance:
         for n in range(5):
             told, held = race(instance.event_log_storage, SqlEventLogStorage._claim_concurrency_slot, f"local_gpu_{n}")
-            assert len(told) == SLOTS and told == held, f"round {n}: told CLAIMED {sorted(told)}, slot rows hold {sorted(held)}"
+            assert len(told) == SLOTS and told == held, (
+                f"round {n}: told CLAIMED {sorted(told)}, slot rows hold {sorted(held)}"
+            )
 
 
 def test_every_slot_goes_to_exactly_one_of_many_simultaneous_claimers(storage: Any) -> None:
@@ -67,11 +70,14 @@ def test_every_slot_goes_to_exactly_one_of_many_simultaneous_claimers(storage: A
     assert pool_slots.installed()
     for n in range(ROUNDS):
         told, held = race(storage, SqlEventLogStorage._claim_concurrency_slot, f"team_gpu_{n}")
-        assert len(told) == SLOTS and told == held, f"round {n}: told CLAIMED {sorted(told)}, slot rows hold {sorted(held)}"
+        assert len(told) == SLOTS and told == held, (
+            f"round {n}: told CLAIMED {sorted(told)}, slot rows hold {sorted(held)}"
+        )
 
 
 def test_the_stock_claim_gives_one_slot_to_two_steps(storage: Any) -> None:
-    """The harness catches the race the fix closes; if this fails, Dagster's claim no longer races: drop instance/pool_slots.py."""
+    """The harness catches the race the fix closes; if this fails, Dagster's claim no longer races: drop
+    instance/pool_slots.py."""
     stock = pool_slots.STOCK_CLAIM
     over = [n for n in range(ROUNDS) if len(race(storage, stock, f"stock_gpu_{n}")[0]) > SLOTS]
     assert over, f"the stock claim never over-claimed in {ROUNDS} rounds of {CLAIMERS} claimers for {SLOTS} slots"

@@ -24,7 +24,7 @@ from instance.zygote import _changed, _loaded_files
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[2]
 
-LOCATION = '''
+LOCATION = """
 import json, os, sys, time
 from pathlib import Path
 from dagster import Definitions, in_process_executor, job, op
@@ -38,8 +38,8 @@ def record(context):
     out.mkdir(exist_ok=True)
     preloaded = "resources.sweeps.rdb" in sys.modules  # imported by the zygote (RUN_PRELOAD), not by this location
     premade = getattr(context.instance, "_trainyard_premade", False)  # the instance the zygote made before forking
-    (out / f"{{context.run_id}}.json").write_text(json.dumps({{"value": VALUE, "pid": os.getpid(), "ppid": os.getppid(), "preloaded": preloaded,
-                                                              "premade": premade}}))
+    record = {{"value": VALUE, "pid": os.getpid(), "ppid": os.getppid(), "preloaded": preloaded, "premade": premade}}
+    (out / f"{{context.run_id}}.json").write_text(json.dumps(record))
     while (out.parent / "hold").exists():  # a run to terminate
         time.sleep(0.2)
 
@@ -50,7 +50,7 @@ def hello():
 
 
 defs = Definitions(jobs=[hello])
-'''
+"""
 
 INSTANCE_YAML = """telemetry:
   enabled: false
@@ -74,7 +74,9 @@ class Location:
         self.write("v1")
         (tmp_path / "home").mkdir()
         (tmp_path / "home" / "dagster.yaml").write_text(INSTANCE_YAML)
-        (tmp_path / "workspace.yaml").write_text(f"load_from:\n  - python_file:\n      relative_path: loc.py\n      working_directory: {tmp_path}\n")
+        (tmp_path / "workspace.yaml").write_text(
+            f"load_from:\n  - python_file:\n      relative_path: loc.py\n      working_directory: {tmp_path}\n"
+        )
         self.env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "WARM_RUN_OUT": str(tmp_path / "out")}
         from dagster import DagsterInstance
 
@@ -83,8 +85,14 @@ class Location:
         # failed with "Version table 'alembic_version' has more than one head present", and the first launch with it).
         self.instance = DagsterInstance.from_config(str(tmp_path / "home"))
         self.instance.get_runs(limit=1)
-        self.daemon = subprocess.Popen([str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"], cwd=tmp_path, env=self.env,
-                                       stdout=open(tmp_path / "daemon.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.daemon = subprocess.Popen(
+            [str(BIN / "dagster-daemon"), "run", "-w", "workspace.yaml"],
+            cwd=tmp_path,
+            env=self.env,
+            stdout=open(tmp_path / "daemon.log", "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def write(self, value: str) -> None:
         (self.dir / "loc.py").write_text(LOCATION.format(value=value))
@@ -92,8 +100,14 @@ class Location:
     def launch(self) -> str:
         """`dagster job launch` (the run queue's submit, as the UI's Launch does); returns the run id."""
         before = {r.run_id for r in self.instance.get_runs()}
-        done = subprocess.run([str(BIN / "dagster"), "job", "launch", "-w", "workspace.yaml", "-j", "hello"], cwd=self.dir, env=self.env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [str(BIN / "dagster"), "job", "launch", "-w", "workspace.yaml", "-j", "hello"],
+            cwd=self.dir,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, f"dagster job launch exited {done.returncode}:\n{done.stderr[-3000:]}"
         (run_id,) = {r.run_id for r in self.instance.get_runs()} - before
         return run_id
@@ -115,7 +129,11 @@ class Location:
         return json.loads((self.dir / "out" / f"{run_id}.json").read_text())
 
     def events(self, run_id: str) -> list[str]:
-        return [e.message for e in self.instance.all_logs(run_id) if e.dagster_event and e.dagster_event.event_type_value == "ENGINE_EVENT"]
+        return [
+            e.message
+            for e in self.instance.all_logs(run_id)
+            if e.dagster_event and e.dagster_event.event_type_value == "ENGINE_EVENT"
+        ]
 
     def log(self) -> str:
         return (self.dir / "daemon.log").read_text(errors="replace")[-3000:]
@@ -157,7 +175,9 @@ def until(check: Any, timeout: float = 30) -> None:
 
 
 @pytest.mark.slow
-def test_runs_after_the_first_are_forked_from_the_warm_process_and_edited_code_is_never_run_stale(location: Location) -> None:
+def test_runs_after_the_first_are_forked_from_the_warm_process_and_edited_code_is_never_run_stale(
+    location: Location,
+) -> None:
     first = location.wait(location.launch())
     assert WORKER_TAG not in first.tags  # the first run of a location goes the default way while the zygote starts
     assert any("warm run worker process is starting" in m for m in location.events(first.run_id))
@@ -165,15 +185,25 @@ def test_runs_after_the_first_are_forked_from_the_warm_process_and_edited_code_i
     second = location.wait(location.launch())
     worker = forked(second)
     seen = location.recorded(second.run_id)
-    assert (seen["pid"], seen["ppid"], seen["value"]) == (worker["pid"], worker["zygote"], "v1")  # the run ran in the forked child
-    assert seen["preloaded"] and not location.recorded(first.run_id)["preloaded"]  # the study's storage modules came with the fork
-    assert seen["premade"] and not location.recorded(first.run_id)["premade"]  # and the instance, made once by the zygote
+    assert (seen["pid"], seen["ppid"], seen["value"]) == (
+        worker["pid"],
+        worker["zygote"],
+        "v1",
+    )  # the run ran in the forked child
+    assert (
+        seen["preloaded"] and not location.recorded(first.run_id)["preloaded"]
+    )  # the study's storage modules came with the fork
+    assert (
+        seen["premade"] and not location.recorded(first.run_id)["premade"]
+    )  # and the instance, made once by the zygote
     assert any(m == f"Started process for run (pid: {worker['pid']})." for m in location.events(second.run_id))
 
     location.write("v2")  # a team edits its pipeline: the warm process holds v1
     edited = location.wait(location.launch())
     assert WORKER_TAG not in edited.tags and location.recorded(edited.run_id)["value"] == "v2"
-    assert any("loc.py changed since the warm run worker process loaded it" in m for m in location.events(edited.run_id))
+    assert any(
+        "loc.py changed since the warm run worker process loaded it" in m for m in location.events(edited.run_id)
+    )
     until(lambda: not _alive(worker["zygote"]))  # the stale zygote left
 
     after = location.wait(location.launch())
@@ -191,7 +221,9 @@ def test_terminating_a_forked_run_from_another_process_cancels_it(location: Loca
     until(lambda: (location.dir / "out" / f"{run_id}.json").exists(), timeout=90)
     worker = forked(location.instance.get_run_by_id(run_id))
     assert location.recorded(run_id)["pid"] == worker["pid"]
-    assert location.instance.run_coordinator.cancel_run(run_id)  # from this test's process, as the UI's Terminate from the webserver
+    assert location.instance.run_coordinator.cancel_run(
+        run_id
+    )  # from this test's process, as the UI's Terminate from the webserver
     location.wait(run_id, ("CANCELED",), timeout=60)
     until(lambda: not _alive(worker["pid"]))
 
@@ -223,11 +255,17 @@ def _run_with_origin(location_origin: Any, executable: str, working_directory: s
     from dagster._core.storage.dagster_run import DagsterRun
 
     pointer = FileCodePointer(str(Path(working_directory) / "loc.py"), "defs", working_directory)
-    return DagsterRun(job_name="hello", run_id="r1", remote_job_origin=RemoteJobOrigin(RemoteRepositoryOrigin(location_origin, "__repository__"), "hello"),
-                      job_code_origin=JobPythonOrigin("hello", RepositoryPythonOrigin(executable, pointer)))
+    return DagsterRun(
+        job_name="hello",
+        run_id="r1",
+        remote_job_origin=RemoteJobOrigin(RemoteRepositoryOrigin(location_origin, "__repository__"), "hello"),
+        job_code_origin=JobPythonOrigin("hello", RepositoryPythonOrigin(executable, pointer)),
+    )
 
 
-def test_only_locations_whose_code_is_on_this_machine_are_forked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_locations_whose_code_is_on_this_machine_are_forked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, ManagedGrpcPythonEnvCodeLocationOrigin
     from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
@@ -235,11 +273,15 @@ def test_only_locations_whose_code_is_on_this_machine_are_forked(tmp_path: Path,
     here, there = str(tmp_path), "/nowhere/on/this/machine"
     managed = ManagedGrpcPythonEnvCodeLocationOrigin(LoadableTargetOrigin(python_file="loc.py"), location_name="team")
     assert launcher._key(_run_with_origin(managed, sys.executable, here)) is not None
-    dev = GrpcServerCodeLocationOrigin(host="localhost", socket="/tmp/dagster-dev.sock", location_name="team")  # how `dagster dev` serves
+    dev = GrpcServerCodeLocationOrigin(
+        host="localhost", socket="/tmp/dagster-dev.sock", location_name="team"
+    )  # how `dagster dev` serves
     assert launcher._key(_run_with_origin(dev, sys.executable, here)) is not None
     remote = GrpcServerCodeLocationOrigin(host="code.team.svc", port=4000, location_name="team")
     assert launcher._key(_run_with_origin(remote, sys.executable, here)) is None
-    assert launcher._key(_run_with_origin(dev, sys.executable, there)) is None  # a local port whose code is elsewhere (a container)
+    assert (
+        launcher._key(_run_with_origin(dev, sys.executable, there)) is None
+    )  # a local port whose code is elsewhere (a container)
     assert launcher._key(_run_with_origin(dev, "/nowhere/bin/python", here)) is None
     monkeypatch.setenv("TRAINYARD_WARM_RUN_WORKERS", "0")
     assert launcher._key(_run_with_origin(managed, sys.executable, here)) is None

@@ -1,4 +1,5 @@
-"""Run monitoring of the local instance (issue 49, item 10): a killed run worker is marked failed, its temp folder removed.
+"""Run monitoring of the local instance (issue 49, item 10): a killed run worker is marked failed, its temp folder
+removed.
 
 A real `dagster-daemon` over deploy/local/dagster.yaml's launcher and monitoring
 (polling every second here): a run held in its op has its worker SIGKILLed; the
@@ -70,8 +71,13 @@ def test_a_dead_worker_is_told_from_a_live_one() -> None:
 
 
 @pytest.mark.slow
-def test_a_sigkilled_run_is_marked_failed_and_leaves_no_temp_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monitored = launcher_tests.INSTANCE_YAML + "run_monitoring:\n  enabled: true\n  poll_interval_seconds: 1\n  max_resume_run_attempts: 0\n"
+def test_a_sigkilled_run_is_marked_failed_and_leaves_no_temp_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monitored = (
+        launcher_tests.INSTANCE_YAML
+        + "run_monitoring:\n  enabled: true\n  poll_interval_seconds: 1\n  max_resume_run_attempts: 0\n"
+    )
     monkeypatch.setattr(launcher_tests, "INSTANCE_YAML", monitored)
     monkeypatch.setattr(launcher_tests, "LOCATION", LOCATION.replace("{", "{{").replace("}", "}}"))
     location = launcher_tests.Location(tmp_path)
@@ -91,7 +97,9 @@ def test_a_sigkilled_run_is_marked_failed_and_leaves_no_temp_folder(tmp_path: Pa
                 if failed is not None and failed.status.value == "FAILURE":
                     break
                 time.sleep(0.5)
-            assert failed is not None and failed.status.value == "FAILURE", f"{failed and failed.status}\n{location.log()}"
+            assert failed is not None and failed.status.value == "FAILURE", (
+                f"{failed and failed.status}\n{location.log()}"
+            )
             return failed, seen, [e.message for e in location.instance.all_logs(run_id)]
 
         # Spawned the default way (the warm process is starting): its code server notices the exit, or else monitoring.
@@ -101,7 +109,9 @@ def test_a_sigkilled_run_is_marked_failed_and_leaves_no_temp_folder(tmp_path: Pa
         # Forked: only run monitoring can tell, through WarmRunLauncher.check_run_worker_health.
         second, seen, said = killed(location.launch())
         assert WORKER_TAG in second.tags
-        assert any(f"the run worker (pid {seen['pid']}) " in m and "without recording the run's end" in m for m in said), said[-5:]
+        assert any(
+            f"the run worker (pid {seen['pid']}) " in m and "without recording the run's end" in m for m in said
+        ), said[-5:]
         assert seen["scratch"].startswith(run_temp_dir(second.run_id) + os.sep)
         assert not os.path.exists(run_temp_dir(second.run_id))
     finally:
@@ -122,5 +132,7 @@ def test_the_private_dagster_names_run_monitoring_relies_on_still_exist() -> Non
     assert list(inspect.signature(base.CheckRunHealthResult).parameters)[:2] == ["status", "msg"]
     assert hasattr(base, "LaunchRunContext")
     # The hooks the daemon calls, and that the launcher overrides.
-    assert "supports_check_run_worker_health" in dir(DefaultRunLauncher) and "check_run_worker_health" in dir(DefaultRunLauncher)
+    assert "supports_check_run_worker_health" in dir(DefaultRunLauncher) and "check_run_worker_health" in dir(
+        DefaultRunLauncher
+    )
     assert WarmRunLauncher.check_run_worker_health is not DefaultRunLauncher.check_run_worker_health

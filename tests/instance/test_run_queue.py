@@ -58,12 +58,17 @@ def test_without_an_interval_it_is_dagsters_default(tmp_path: Path) -> None:
 
 def test_an_interval_shorter_than_the_daemons_wait_step_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=rf"dequeue_interval_seconds 0.1 is below {MIN_INTERVAL_SECONDS}"):
-        assert DagsterInstance.from_config(str(_home(tmp_path, {"dequeue_interval_seconds": 0.1}))).run_coordinator is None
+        assert (
+            DagsterInstance.from_config(str(_home(tmp_path, {"dequeue_interval_seconds": 0.1}))).run_coordinator is None
+        )
 
 
 def test_an_interval_that_is_not_a_number_is_refused(tmp_path: Path) -> None:
     with pytest.raises(DagsterInvalidConfigError, match="dequeue_interval_seconds"):
-        assert DagsterInstance.from_config(str(_home(tmp_path, {"dequeue_interval_seconds": "soon"}))).run_coordinator is None
+        assert (
+            DagsterInstance.from_config(str(_home(tmp_path, {"dequeue_interval_seconds": "soon"}))).run_coordinator
+            is None
+        )
 
 
 def test_the_daemons_dequeue_threads_share_one_launcher_registered_to_the_instance(tmp_path: Path, monkeypatch) -> None:
@@ -82,7 +87,9 @@ def test_the_daemons_dequeue_threads_share_one_launcher_registered_to_the_instan
         assert all(registered is instance for _, registered in seen)
 
 
-def _launchers_made_by_four_dequeue_threads(home: Path, launcher_class: type, monkeypatch) -> tuple[list, list, list, DagsterInstance]:
+def _launchers_made_by_four_dequeue_threads(
+    home: Path, launcher_class: type, monkeypatch
+) -> tuple[list, list, list, DagsterInstance]:
     """The daemon's start on the instance in `home`, then four threads asking for its launcher at once; the launchers
     made (`launcher_class`, its construction slowed to widen the window the race needs), what each thread got (the
     launcher and the instance it is registered to), the errors, and the instance."""
@@ -134,13 +141,26 @@ def _k8s_home(tmp_path: Path, coordinator: dict) -> Path:
         "users": [{"name": "u", "user": {"token": "t"}}],
         "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "dagster"}}],
     }))
-    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({
-        "telemetry": {"enabled": False},
-        "run_coordinator": coordinator,
-        "run_launcher": {"module": "dagster_k8s", "class": "K8sRunLauncher", "config": {
-            "load_incluster_config": False, "kubeconfig_file": str(tmp_path / "kubeconfig"), "job_namespace": "dagster",
-            "instance_config_map": "dagster-instance", "service_account_name": "dagster", "image_pull_policy": "IfNotPresent"}},
-    }))
+    (tmp_path / "dagster.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "telemetry": {"enabled": False},
+                "run_coordinator": coordinator,
+                "run_launcher": {
+                    "module": "dagster_k8s",
+                    "class": "K8sRunLauncher",
+                    "config": {
+                        "load_incluster_config": False,
+                        "kubeconfig_file": str(tmp_path / "kubeconfig"),
+                        "job_namespace": "dagster",
+                        "instance_config_map": "dagster-instance",
+                        "service_account_name": "dagster",
+                        "image_pull_policy": "IfNotPresent",
+                    },
+                },
+            }
+        )
+    )
     return tmp_path
 
 
@@ -173,8 +193,14 @@ def test_dagsters_own_queue_on_the_same_instance_makes_a_launcher_per_thread(tmp
     """The control: the chart's default coordinator, everything else the same, races as the note says."""
     from dagster_k8s import K8sRunLauncher
 
-    stock = {"module": "dagster.core.run_coordinator", "class": "QueuedRunCoordinator", "config": _chart_coordinator()["config"]}
-    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(_k8s_home(tmp_path, stock), K8sRunLauncher, monkeypatch)
+    stock = {
+        "module": "dagster.core.run_coordinator",
+        "class": "QueuedRunCoordinator",
+        "config": _chart_coordinator()["config"],
+    }
+    made, seen, errors, instance = _launchers_made_by_four_dequeue_threads(
+        _k8s_home(tmp_path, stock), K8sRunLauncher, monkeypatch
+    )
     with instance:
         assert len(made) > 1
         assert len({id(launcher) for launcher, _ in seen}) + len(errors) > 1
@@ -212,7 +238,9 @@ defs = Definitions(sensors=[make(i) for i in range(8)])
 
 
 @pytest.mark.slow
-def test_the_kubernetes_daemon_keeps_its_postgresql_connections_while_sensors_tick(tmp_path: Path, pg_databases: list[str]) -> None:
+def test_the_kubernetes_daemon_keeps_its_postgresql_connections_while_sensors_tick(
+    tmp_path: Path, pg_databases: list[str]
+) -> None:
     """A real `dagster-daemon` on the chart's instance (its queue `RunQueue`, `K8sRunLauncher`) and PostgreSQL, eight
     sensors ticking: the sessions PostgreSQL establishes in a window, counted by PostgreSQL itself, stay below one per
     tick. Each tick's records, cursor and state, each look at the queue and every other daemon thread's queries each
@@ -244,13 +272,21 @@ def test_the_kubernetes_daemon_keeps_its_postgresql_connections_while_sensors_ti
 
     env = {**os.environ, "DAGSTER_HOME": str(home)}
     with open(tmp_path / "daemon.log", "w") as log:
-        daemon = subprocess.Popen([str(Path(sys.executable).parent / "dagster-daemon"), "run", "-f", "loc.py"], cwd=tmp_path, env=env,
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        daemon = subprocess.Popen(
+            [str(Path(sys.executable).parent / "dagster-daemon"), "run", "-f", "loc.py"],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while ticks() < 8:  # every sensor has ticked: the daemon and its code server are up
             assert daemon.poll() is None, (tmp_path / "daemon.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, f"no ticks after 120 s:\n{(tmp_path / 'daemon.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"no ticks after 120 s:\n{(tmp_path / 'daemon.log').read_text()[-3000:]}"
+            )
             time.sleep(0.5)
         ticks_before, sessions_before = ticks(), sessions_opened(database)
         time.sleep(12)

@@ -23,7 +23,12 @@ def idle_sessions(database: str) -> int:
     """Connections to `database` that sit idle (held by a pool), counted from a connection of its own."""
     engine = sqlalchemy.create_engine(POSTGRES_URL, poolclass=sqlalchemy.pool.NullPool)
     with engine.connect() as conn:
-        return int(conn.execute(sqlalchemy.text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = 'idle'"), {"d": database}).scalar_one())
+        return int(
+            conn.execute(
+                sqlalchemy.text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d AND state = 'idle'"),
+                {"d": database},
+            ).scalar_one()
+        )
 
 
 @op
@@ -55,16 +60,22 @@ def logged_idle_sessions(instance: DagsterInstance, run_id: str) -> int:
 
 @pytest.fixture
 def pg_home(tmp_path: Path, pg_databases: list[str]) -> Iterator[tuple[Path, str]]:
-    (tmp_path / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {pg_databases[0]}\n")
+    (tmp_path / "dagster.yaml").write_text(
+        f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {pg_databases[0]}\n"
+    )
     yield tmp_path, pg_databases[0]
 
 
-def test_a_run_under_the_platform_executor_keeps_its_connections_and_dagsters_own_does_not(pg_home: tuple[Path, str]) -> None:
+def test_a_run_under_the_platform_executor_keeps_its_connections_and_dagsters_own_does_not(
+    pg_home: tuple[Path, str],
+) -> None:
     home, _ = pg_home
     with DagsterInstance.from_config(str(home)) as instance:
         stock = execute_job(reconstructable(stock_job), instance=instance)
         assert stock.success
-        assert logged_idle_sessions(instance, stock.run_id) == 0  # Dagster's default: a connection per query, none left open
+        assert (
+            logged_idle_sessions(instance, stock.run_id) == 0
+        )  # Dagster's default: a connection per query, none left open
     with DagsterInstance.from_config(str(home)) as instance:
         platform = execute_job(reconstructable(platform_job), instance=instance)
         assert platform.success
@@ -107,7 +118,9 @@ def test_a_sqlite_instance_is_left_alone(tmp_path: Path) -> None:
         assert instance.get_runs_count() == 0
 
 
-def test_a_pool_that_cannot_be_made_leaves_the_run_on_a_connection_per_query(pg_home: tuple[Path, str], monkeypatch: Any) -> None:
+def test_a_pool_that_cannot_be_made_leaves_the_run_on_a_connection_per_query(
+    pg_home: tuple[Path, str], monkeypatch: Any
+) -> None:
     home, _ = pg_home
 
     def refuse(storage: Any) -> int:
@@ -133,8 +146,11 @@ def test_the_webservers_pool_is_left_as_dagster_made_it(pg_home: tuple[Path, str
             assert conn.execute(sqlalchemy.text("SHOW statement_timeout")).scalar_one() == "15s"
 
 
-def test_the_process_that_launches_runs_with_the_warm_run_launcher_keeps_its_connections(pg_home: tuple[Path, str]) -> None:
-    """The daemon makes its run launcher when it first launches a run; from then on its queue's looks share a connection."""
+def test_the_process_that_launches_runs_with_the_warm_run_launcher_keeps_its_connections(
+    pg_home: tuple[Path, str],
+) -> None:
+    """The daemon makes its run launcher when it first launches a run; from then on its queue's looks share a
+    connection."""
     home, url = pg_home
     (home / "dagster.yaml").write_text(
         f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {url}\n"
@@ -143,7 +159,10 @@ def test_the_process_that_launches_runs_with_the_warm_run_launcher_keeps_its_con
     with DagsterInstance.from_config(str(home)) as instance:
         assert type(instance.run_storage._engine.pool).__name__ == "NullPool"
         assert type(instance.run_launcher).__name__ == "WarmRunLauncher"
-        assert {type(s._engine.pool).__name__ for s in (instance.run_storage, instance.event_log_storage, instance.schedule_storage)} == {"QueuePool"}
+        assert {
+            type(s._engine.pool).__name__
+            for s in (instance.run_storage, instance.event_log_storage, instance.schedule_storage)
+        } == {"QueuePool"}
         instance.get_runs_count()
         assert idle_sessions(url.rsplit("/", 1)[1]) >= 1
 
@@ -193,7 +212,11 @@ def sessions_opened(database: str) -> int:
     engine = sqlalchemy.create_engine(POSTGRES_URL, poolclass=sqlalchemy.pool.NullPool)
     with engine.connect() as conn:
         conn.execute(sqlalchemy.text("SELECT pg_stat_clear_snapshot()"))
-        return int(conn.execute(sqlalchemy.text("SELECT sessions FROM pg_stat_database WHERE datname = :d"), {"d": database}).scalar_one())
+        return int(
+            conn.execute(
+                sqlalchemy.text("SELECT sessions FROM pg_stat_database WHERE datname = :d"), {"d": database}
+            ).scalar_one()
+        )
 
 
 def _tick(instance: DagsterInstance) -> None:
@@ -206,7 +229,9 @@ def _tick(instance: DagsterInstance) -> None:
 
 
 @pytest.mark.parametrize("pooled", [True, False])
-def test_sensor_ticks_share_one_pooled_instance_per_ref(pg_home: tuple[Path, str], pooled: bool, monkeypatch: Any) -> None:
+def test_sensor_ticks_share_one_pooled_instance_per_ref(
+    pg_home: tuple[Path, str], pooled: bool, monkeypatch: Any
+) -> None:
     """Each tick's context makes a DagsterInstance from the daemon's ref (as the code server's does): its storages
     check their tables and open a connection per query, every tick. `evaluation_instance` keeps one instance per
     ref, pooled: ticks after the first establish no session at all. Dagster's own (`context.instance`) is the
@@ -235,7 +260,9 @@ def test_sensor_ticks_share_one_pooled_instance_per_ref(pg_home: tuple[Path, str
         instance.dispose()
 
 
-def test_an_evaluation_instance_is_one_per_ref_and_process_and_made_once_under_threads(pg_home: tuple[Path, str], monkeypatch: Any) -> None:
+def test_an_evaluation_instance_is_one_per_ref_and_process_and_made_once_under_threads(
+    pg_home: tuple[Path, str], monkeypatch: Any
+) -> None:
     """Threads ticking at once get one instance, its run queue made before any shares it; another ref (another
     DAGSTER_HOME's instance) gets its own; a forked child (another pid) never shares its parent's connections;
     a context built around an instance (no ref) keeps it."""
@@ -278,10 +305,14 @@ def test_an_evaluation_instance_is_one_per_ref_and_process_and_made_once_under_t
 
 
 def terminate_sessions(database: str) -> int:
-    """What a PostgreSQL restart or failover does to held connections: every session to `database` ended by the server."""
+    """What a PostgreSQL restart or failover does to held connections: every session to `database` ended by the
+    server."""
     engine = sqlalchemy.create_engine(POSTGRES_URL, poolclass=sqlalchemy.pool.NullPool)
     with engine.connect() as conn:
-        sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"
+        sql = (
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = :d AND pid <> "
+            "pg_backend_pid()"
+        )
         return int(conn.execute(sqlalchemy.text(sql), {"d": database}).scalar_one())
 
 

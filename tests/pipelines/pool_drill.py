@@ -21,8 +21,12 @@ from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_
 def main(argv: list[str]) -> int:
     home, key = Path(argv[0]), argv[1]
     spec = drill_spec(n_trials=4, parallelism=4)
-    launcher = TrivialLauncher(gate_dir=str(home / "gates"), started_dir=str(home / "started"), barrier_dir=str(home / "barrier"),
-                               timeout_seconds=450)  # outlasts the test's own 400 s wait for two inside and two queued
+    launcher = TrivialLauncher(
+        gate_dir=str(home / "gates"),
+        started_dir=str(home / "started"),
+        barrier_dir=str(home / "barrier"),
+        timeout_seconds=450,
+    )  # outlasts the test's own 400 s wait for two inside and two queued
     defs = build_definitions(spec, resources=drill_resources(home, launcher))
     with DagsterInstance.get() as instance:
         result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(

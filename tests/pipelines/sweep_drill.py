@@ -84,15 +84,21 @@ class TrivialLauncher(Launcher):
             os.remove(self.kill_once_file)
             os.kill(os.getpid(), signal.SIGKILL)
         if self.config_error:
-            raise TrainingConfigError(f"trial {spec.trial_id}: bad config (rank 0): ConfigError: the model returns 1 logit; "
-                                      "a classification of 10 classes needs 10")
+            raise TrainingConfigError(
+                f"trial {spec.trial_id}: bad config (rank 0): ConfigError: the model returns 1 logit; "
+                "a classification of 10 classes needs 10"
+            )
         if self.fail:
             raise TrainingCodeError(f"trial {spec.trial_id}: rank 0 raised RuntimeError: injected failure")
         if self.crash:
             raise RuntimeError(f"trial {spec.trial_id}: the run worker crashed")
         with contextlib.ExitStack() as held:
             if self.barrier_dir:
-                held.enter_context(FileBarrier(Path(self.barrier_dir), self.barrier_parties, self.timeout_seconds).inside(spec.trial_id))
+                held.enter_context(
+                    FileBarrier(Path(self.barrier_dir), self.barrier_parties, self.timeout_seconds).inside(
+                        spec.trial_id
+                    )
+                )
             if self.gate_dir:
                 wait_for_file(Path(self.gate_dir) / spec.trial_id, self.timeout_seconds)
             return self._finish(spec, started)
@@ -104,9 +110,19 @@ class TrivialLauncher(Launcher):
         value = score(spec.model.kwargs)
         wall = time.time() - started
         result = TrainResult(
-            trial_id=spec.trial_id, metrics={"val_acc": value, "test_acc": value}, best_metric=value, epochs=1, global_step=1,
-            train_samples=1, fit_seconds=wall, samples_per_second=1.0, wall_seconds=wall, world_size=1, device_hours=wall / 3600,
-            model_uri=str(out / "model"), lineage={"started": started, "ended": time.time()},
+            trial_id=spec.trial_id,
+            metrics={"val_acc": value, "test_acc": value},
+            best_metric=value,
+            epochs=1,
+            global_step=1,
+            train_samples=1,
+            fit_seconds=wall,
+            samples_per_second=1.0,
+            wall_seconds=wall,
+            world_size=1,
+            device_hours=wall / 3600,
+            model_uri=str(out / "model"),
+            lineage={"started": started, "ended": time.time()},
         )
         (out / RESULT_FILE).write_text(result.model_dump_json())
         return LaunchOutcome(result=result, log_uri="", seconds=wall)
@@ -127,8 +143,13 @@ def wait_for_file(path: Path, timeout: float) -> None:
 
 def drill_spec(**search: Any) -> PipelineSpec:
     # One run per trial unless a test asks for run reuse: these drills test the sensor's own requests.
-    base: dict[str, Any] = {"params": {"lr": FloatParam(low=1e-4, high=1.0, log=True)}, "n_trials": 4, "sampler": "random", "seed": 7,
-                            "reuse_run_under_seconds": 0}
+    base: dict[str, Any] = {
+        "params": {"lr": FloatParam(low=1e-4, high=1.0, log=True)},
+        "n_trials": 4,
+        "sampler": "random",
+        "seed": 7,
+        "reuse_run_under_seconds": 0,
+    }
     base.update(search)
     return small_spec(search=SearchSpec(**base))
 
@@ -136,7 +157,9 @@ def drill_spec(**search: Any) -> PipelineSpec:
 def drill_resources(home: Path, launcher: Launcher, sweeps: Optional[SweepStore] = None) -> dict[str, Any]:
     res = local_resources(home)
     res["launcher"] = launcher
-    res["sweeps"] = sweeps or SweepStore(storage_url=f"sqlite:///{home / 'optuna.db'}", heartbeat_interval=1, grace_period=3)
+    res["sweeps"] = sweeps or SweepStore(
+        storage_url=f"sqlite:///{home / 'optuna.db'}", heartbeat_interval=1, grace_period=3
+    )
     return res
 
 
@@ -164,7 +187,9 @@ def prepared_home(home: Path, spec: PipelineSpec, resources: dict[str, Any], ins
 def run_sweep_asset(spec: PipelineSpec, resources: dict[str, Any], instance: DagsterInstance) -> dict:
     defs = build_definitions(spec, resources=resources)
     key = AssetKey([spec.team, spec.name, "sweep"])
-    result = defs.resolve_job_def(job_names(spec)["prepare"]).execute_in_process(instance=instance, asset_selection=[key])
+    result = defs.resolve_job_def(job_names(spec)["prepare"]).execute_in_process(
+        instance=instance, asset_selection=[key]
+    )
     assert result.success
     return result.output_for_node(f"{spec.team}__{spec.name}__sweep").model_dump()
 
@@ -198,7 +223,9 @@ def drive(home: Path, spec: PipelineSpec, resources: dict[str, Any], instance: D
     started = time.monotonic()
     while time.monotonic() - started < max_seconds:
         cursor = cursor_file.read_text() if cursor_file.exists() else None
-        tick = run_tick(spec, instance, resources["sweeps"], cursor, train_job=names["train"], prepare_job=names["prepare"])
+        tick = run_tick(
+            spec, instance, resources["sweeps"], cursor, train_job=names["train"], prepare_job=names["prepare"]
+        )
         ticks.append(tick)
         if kill_after_tick is not None and len(ticks) == kill_after_tick:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -222,7 +249,9 @@ def main(argv: list[str]) -> int:
     spec = drill_spec(n_trials=n_trials, parallelism=parallelism)
     resources = drill_resources(home, TrivialLauncher(kill_once_file=str(kill_file)))
     instance = open_instance(home)
-    if not (home / "sweep_cursor.json").exists() and not instance.get_latest_materialization_event(AssetKey([spec.team, spec.name, "sweep"])):
+    if not (home / "sweep_cursor.json").exists() and not instance.get_latest_materialization_event(
+        AssetKey([spec.team, spec.name, "sweep"])
+    ):
         prepared_home(home, spec, resources, instance)
     elif (home / "optuna.db").exists():
         # A restart: let the crash lie further back than the grace period, as for a daemon

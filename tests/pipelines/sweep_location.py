@@ -8,7 +8,8 @@ with SWEEP_DRILL_REUSE (seconds) they train without it and a short trial's run
 goes on with the sweep (`SearchSpec.reuse_run_under_seconds`). With
 SWEEP_DRILL_TRIVIAL the trials train nothing (`TrivialLauncher`, still inside the
 barrier, with SWEEP_DRILL_REUSE too); SWEEP_DRILL_SENSOR_SECONDS sets the sweep
-sensor's minimum interval (default 1: it ticks at every daemon look); with SWEEP_DRILL_PREPARE_ONCE a sensor requests one `prepare` run of
+sensor's minimum interval (default 1: it ticks at every daemon look); with SWEEP_DRILL_PREPARE_ONCE a sensor requests
+one `prepare` run of
 `sweep`, so the daemon launches the run that materializes it (from this code
 location, as a run started in the UI or by the landing sensor is).
 """
@@ -32,7 +33,9 @@ from training.spec import PrunerSpec, TrainSpec
 from trainyard import naming
 from trainyard.spec import PipelineSpec
 
-PREPARE_ONCE_KEY = "drill/prepare-once"  # the run key of the one `prepare` run the SWEEP_DRILL_PREPARE_ONCE sensor requests
+PREPARE_ONCE_KEY = (
+    "drill/prepare-once"  # the run key of the one `prepare` run the SWEEP_DRILL_PREPARE_ONCE sensor requests
+)
 
 
 class BarrierLauncher(LocalLauncher):
@@ -59,9 +62,15 @@ def daemon_spec(n_trials: int, parallelism: int) -> PipelineSpec:
 
 
 def prepare_once(spec: PipelineSpec, prepare_job: Any) -> SensorDefinition:
-    """A sensor that requests one run of `prepare` materializing `sweep` (its run key makes the daemon drop every later request)."""
+    """A sensor that requests one run of `prepare` materializing `sweep` (its run key makes the daemon drop every later
+    request)."""
 
-    @sensor(name="drill_prepare_once", job=prepare_job, minimum_interval_seconds=1, default_status=DefaultSensorStatus.RUNNING)
+    @sensor(
+        name="drill_prepare_once",
+        job=prepare_job,
+        minimum_interval_seconds=1,
+        default_status=DefaultSensorStatus.RUNNING,
+    )
     def drill_prepare_once(context: Any) -> RunRequest:
         return RunRequest(run_key=PREPARE_ONCE_KEY, asset_selection=[AssetKey(naming.asset_path(spec, naming.SWEEP))])
 
@@ -73,14 +82,24 @@ def drill_definitions() -> Definitions:
     spec = daemon_spec(int(os.environ["SWEEP_DRILL_TRIALS"]), int(os.environ["SWEEP_DRILL_PARALLELISM"]))
     sweeps = SweepStore(storage_url=os.environ["SWEEP_DRILL_OPTUNA_URL"], heartbeat_interval=2, grace_period=30)
     launcher: Launcher = BarrierLauncher(timeout_seconds=300, barrier_dir=str(home / "barrier"))
-    if os.environ.get("SWEEP_DRILL_REUSE"):  # runs go on with the sweep: real trials, no barrier (a lone last trial would wait forever)
-        spec = spec.model_copy(update={"search": spec.search.model_copy(update={"reuse_run_under_seconds": float(os.environ["SWEEP_DRILL_REUSE"])})})
+    if os.environ.get(
+        "SWEEP_DRILL_REUSE"
+    ):  # runs go on with the sweep: real trials, no barrier (a lone last trial would wait forever)
+        spec = spec.model_copy(
+            update={
+                "search": spec.search.model_copy(
+                    update={"reuse_run_under_seconds": float(os.environ["SWEEP_DRILL_REUSE"])}
+                )
+            }
+        )
         launcher = LocalLauncher(timeout_seconds=300)
     if os.environ.get("SWEEP_DRILL_TRIVIAL"):
         launcher = TrivialLauncher(barrier_dir=str(home / "barrier"), barrier_parties=2, timeout_seconds=120)
     resources = drill_resources(home, launcher, sweeps)
     full = build_definitions(spec, resources=resources)
-    bare = Definitions(assets=list(full.assets or []), jobs=list(full.jobs or []), resources=resources, executor=full.executor)
+    bare = Definitions(
+        assets=list(full.assets or []), jobs=list(full.jobs or []), resources=resources, executor=full.executor
+    )
     interval = int(os.environ.get("SWEEP_DRILL_SENSOR_SECONDS", "1"))
     defs = with_sweep_sensors(bare, spec, minimum_interval_seconds=interval, default_status=DefaultSensorStatus.RUNNING)
     if os.environ.get("SWEEP_DRILL_PREPARE_ONCE"):

@@ -64,7 +64,9 @@ def team_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         del sys.modules[name]
 
 
-def test_discovery_never_runs_a_helper_module_of_a_team_folder(team_folder: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_discovery_never_runs_a_helper_module_of_a_team_folder(
+    team_folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     specs = all_pipelines(team_folder / "workspace.yaml")
 
     assert sorted(specs) == ["catalogteam/diabetes", "catalogteam/wine"]
@@ -80,7 +82,11 @@ def test_find_pipeline_names_the_known_keys(team_folder: Path) -> None:
 
 
 def test_the_project_workspace_serves_every_team_pipeline() -> None:
-    assert location_modules()[:3] == ["pipelines.vision.definitions", "pipelines.tabular.definitions", "pipelines.language.definitions"]
+    assert location_modules()[:3] == [
+        "pipelines.vision.definitions",
+        "pipelines.tabular.definitions",
+        "pipelines.language.definitions",
+    ]
     assert {"vision/digits", "tabular/breast_cancer", "language/precedence"} <= set(all_pipelines())
 
 
@@ -88,7 +94,8 @@ def test_spec_only_team_locations_map_to_their_team_module(tmp_path: Path) -> No
     workspace = tmp_path / "workspace.yaml"
     workspace.write_text(
         "load_from:\n"
-        "  - python_module:\n      module_name: pipelines.locations\n      attribute: fraud\n      location_name: fraud\n"
+        "  - python_module:\n      module_name: pipelines.locations\n      attribute: fraud\n      location_name: "
+        "fraud\n"
         "  - python_module:\n      module_name: pipelines.vision.definitions\n      location_name: vision\n"
     )
     assert location_modules(workspace) == ["pipelines.fraud.team", "pipelines.vision.definitions"]

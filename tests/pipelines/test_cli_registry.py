@@ -32,17 +32,36 @@ class FakeRegistry:
         return f"/store/mlflow-artifacts/{version}"
 
 
-def version(number: str, *, model_path: str, aliases: tuple[str, ...] = (), decision: Optional[Decision] = None) -> ModelVersionInfo:
-    tags = LineageRecord(pipeline="tabular/wine", data_version="md5", world_size=1, strategy="ddp", model=model_path).to_tags()
+def version(
+    number: str, *, model_path: str, aliases: tuple[str, ...] = (), decision: Optional[Decision] = None
+) -> ModelVersionInfo:
+    tags = LineageRecord(
+        pipeline="tabular/wine", data_version="md5", world_size=1, strategy="ddp", model=model_path
+    ).to_tags()
     tags.update(decision.tags() if decision else {})
-    return ModelVersionInfo(name=MODEL, version=number, run_id=f"run{number}", model_uri=f"models:/{MODEL}/{number}", source="", tags=tags, aliases=aliases)
+    return ModelVersionInfo(
+        name=MODEL,
+        version=number,
+        run_id=f"run{number}",
+        model_uri=f"models:/{MODEL}/{number}",
+        source="",
+        tags=tags,
+        aliases=aliases,
+    )
 
 
 def decision(number: str, checks: tuple[Check, ...]) -> Decision:
     promoted = all(c.passed for c in checks)
     return Decision(
-        model=MODEL, version=number, action="promote", promoted=promoted, already_champion=False,
-        reason=summarize(checks, force=False, reason=None), checks=checks, decided_by="sensor", at=f"2026-01-0{number}T00:00:00",
+        model=MODEL,
+        version=number,
+        action="promote",
+        promoted=promoted,
+        already_champion=False,
+        reason=summarize(checks, force=False, reason=None),
+        checks=checks,
+        decided_by="sensor",
+        at=f"2026-01-0{number}T00:00:00",
     )
 
 
@@ -64,17 +83,27 @@ def test_a_lightning_version_keeps_its_strategy() -> None:
 def test_show_says_why_the_newest_challenger_was_rejected() -> None:
     beaten = Check("beats_champion", False, "test_acc=0.9800 does not beat champion v1 (0.9817) by more than 0.0")
     passed = Check("data_validation", True, "expectations check passed")
-    registry = FakeRegistry([
-        version("1", model_path=GBT_MODEL_PATH, aliases=("champion",), decision=decision("1", (passed,))),
-        version("2", model_path=GBT_MODEL_PATH, decision=decision("2", (passed, Check("threshold", False, "test_acc=0.5 misses threshold >= 0.9")))),
-        version("3", model_path=GBT_MODEL_PATH, aliases=("challenger",), decision=decision("3", (passed, beaten))),
-        version("4", model_path=GBT_MODEL_PATH),
-    ])
+    registry = FakeRegistry(
+        [
+            version("1", model_path=GBT_MODEL_PATH, aliases=("champion",), decision=decision("1", (passed,))),
+            version(
+                "2",
+                model_path=GBT_MODEL_PATH,
+                decision=decision("2", (passed, Check("threshold", False, "test_acc=0.5 misses threshold >= 0.9"))),
+            ),
+            version("3", model_path=GBT_MODEL_PATH, aliases=("challenger",), decision=decision("3", (passed, beaten))),
+            version("4", model_path=GBT_MODEL_PATH),
+        ]
+    )
 
     shown = describe(registry, MODEL, registry.versions["1"])
     assert [o["version"] for o in shown["other_decisions"]] == ["4", "3", "2"]
     newest = shown["other_decisions"][1]
-    assert (newest["decision"], newest["aliases"], newest["failed_checks"]) == ("rejected", ["challenger"], [beaten.as_dict()])
+    assert (newest["decision"], newest["aliases"], newest["failed_checks"]) == (
+        "rejected",
+        ["challenger"],
+        [beaten.as_dict()],
+    )
 
     text = render(shown)
     assert "other versions, latest decision (newest first)\n  v4: no decision recorded yet\n" in text

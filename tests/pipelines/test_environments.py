@@ -25,9 +25,19 @@ def test_a_local_code_location_does_not_import_the_kubernetes_client(tmp_path: P
     import subprocess
     import sys
 
-    code = "import sys, pipelines.vision.definitions; print(sorted(m for m in sys.modules if m.split('.')[0] in ('kubernetes', 'dagster_k8s')))"
+    code = (
+        "import sys, pipelines.vision.definitions; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('kubernetes', 'dagster_k8s')))"
+    )
     env = {"PATH": "/usr/bin:/bin", "TRAINYARD_HOME": str(tmp_path), "TRAINYARD_ENV": "local"}
-    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
 
@@ -41,8 +51,12 @@ def test_cluster_environment_names_missing_settings() -> None:
     with pytest.raises(EnvironmentError_, match="needs TRAINYARD_S3_ROOT, TRAINYARD_OPTUNA_URL, MLFLOW_TRACKING_URI, "
                                                 "TRAINYARD_K8S_NAMESPACE, TRAINYARD_TRAINER_IMAGE to be set"):
         cluster_resources({})  # every one at once
-    rest = {"TRAINYARD_OPTUNA_URL": "postgresql://o@db/o", "MLFLOW_TRACKING_URI": "http://m:5000", "TRAINYARD_K8S_NAMESPACE": "ns",
-            "TRAINYARD_TRAINER_IMAGE": "trainer:1"}
+    rest = {
+        "TRAINYARD_OPTUNA_URL": "postgresql://o@db/o",
+        "MLFLOW_TRACKING_URI": "http://m:5000",
+        "TRAINYARD_K8S_NAMESPACE": "ns",
+        "TRAINYARD_TRAINER_IMAGE": "trainer:1",
+    }
     with pytest.raises(EnvironmentError_, match="must be an s3:// URI"):
         cluster_resources({"TRAINYARD_S3_ROOT": "/data", **rest})
 

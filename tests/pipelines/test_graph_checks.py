@@ -1,4 +1,5 @@
-"""The lineage graph tells the state: drift verdicts and promotion decisions are asset checks, through real Dagster runs."""
+"""The lineage graph tells the state: drift verdicts and promotion decisions are asset checks, through real Dagster
+runs."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ def test_a_rejected_retrain_and_a_drifted_delivery_are_warnings_on_the_graph(tra
     assert not drift.passed and drift.severity == AssetCheckSeverity.WARN
     assert drift.metadata["drift_verdict"].value == "drifted"
     assert drift.description.startswith("drifted: ") and drift.metadata["max_psi"].value > 0.2
-    assert evaluations(prepare)[("validated_data", "expectations")].passed  # the on_drift policy let it through: a warning, not a stop
+    assert evaluations(prepare)[
+        ("validated_data", "expectations")
+    ].passed  # the on_drift policy let it through: a warning, not a stop
     sweep = prepare.output_for_node(strict.node("sweep"))
     for key in sweep.trials:
         assert strict.run("train", key).success

@@ -23,7 +23,14 @@ from resources.storage import ObjectStore
 from resources.sweeps import SweepStatus
 from tests.digits import digits_frame
 from tests.pipelines.pipeline_fixtures import small_spec, write_landing
-from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, open_instance, prepared_home, submit
+from tests.pipelines.sweep_drill import (
+    TrivialLauncher,
+    drill_resources,
+    drill_spec,
+    open_instance,
+    prepared_home,
+    submit,
+)
 from trainyard.data import ingest
 from trainyard.naming import RAW_DATA, SWEEP, VALIDATED_DATA, sweep_sensor_name
 from trainyard.spec import RetrainPolicy
@@ -106,7 +113,9 @@ def test_a_team_that_opts_out_gets_a_stopped_sensor_that_never_promotes(tmp_path
 
 def test_a_study_without_a_completed_trial_is_not_promoted() -> None:
     spec = drill_spec()
-    status = SweepStatus(budget=2, complete=0, pruned=0, failed=2, running=0, waiting=0, best=None, stop_reason="2 trials failed")
+    status = SweepStatus(
+        budget=2, complete=0, pruned=0, failed=2, running=0, waiting=0, best=None, stop_reason="2 trials failed"
+    )
     requests, note = final_requests(spec, "s", status, {}, "prep", "promo")
     assert [r.job_name for r in requests] == ["prep"]
     assert note == "; not promoting: no trial of study s completed"
@@ -124,7 +133,15 @@ def test_a_study_promoted_before_the_sensor_saw_it_is_not_promoted_again(tmp_pat
     assert train.success
     # best_model materializes before registered_model (whose trivial model cannot be served): the decision was reached
     defs.resolve_job_def(names["promote"]).execute_in_process(instance=instance, raise_on_error=False)
-    tick = run_tick(spec, instance, resources["sweeps"], None, train_job=names["train"], prepare_job=names["prepare"], promote_job=names["promote"])
+    tick = run_tick(
+        spec,
+        instance,
+        resources["sweeps"],
+        None,
+        train_job=names["train"],
+        prepare_job=names["prepare"],
+        promote_job=names["promote"],
+    )
     assert [r.job_name for r in tick.run_requests] == [names["prepare"]]  # the final report only
     assert f"already promoted study {sweep['study']}" in tick.message
 
@@ -133,7 +150,8 @@ def test_a_study_promoted_before_the_sensor_saw_it_is_not_promoted_again(tmp_pat
 
 
 def stand_ins(spec):
-    """Assets under the pipeline's raw_data and validated_data keys that compute nothing: the sensor reads only the event log."""
+    """Assets under the pipeline's raw_data and validated_data keys that compute nothing: the sensor reads only the
+    event log."""
     raw_key, validated_key = (asset_key(spec, n) for n in (RAW_DATA, VALIDATED_DATA))
 
     @asset(key=raw_key)
@@ -165,7 +183,10 @@ def test_raw_data_materialized_alone_requests_the_rest_of_prepare_once(tmp_path:
         assert [r.asset_selection for r in requests] == [[asset_key(spec, VALIDATED_DATA), asset_key(spec, SWEEP)]]
         request = requests[0]
         assert request.job_name == prepare and request.run_key == f"raw_data/{cursor}"
-        assert request.tags[RAW_DATA_RUN_TAG] == run.run_id and request.tags["trainyard/trigger"] == "raw_data materialized"
+        assert (
+            request.tags[RAW_DATA_RUN_TAG] == run.run_id
+            and request.tags["trainyard/trigger"] == "raw_data materialized"
+        )
         assert run.run_id in note and "validated_data, sweep" in note
         # the next tick has seen it: nothing more for the same materialization
         assert evaluate_raw_data(spec, instance, cursor, prepare) == ([], cursor, "")
@@ -208,12 +229,21 @@ def test_the_sweep_sensor_carries_raw_data_through_prepare_before_any_sweep(tmp_
     with open_instance(tmp_path) as instance:
         materialize([raw], instance=instance)
         first = evaluate(defs, spec, instance, resources)
-        assert [(r.job_name, r.run_key) for r in first.run_requests] == [(job_names(spec)["prepare"], f"raw_data/{SweepCursor.parse(first.cursor).raw}")]
+        assert [(r.job_name, r.run_key) for r in first.run_requests] == [
+            (job_names(spec)["prepare"], f"raw_data/{SweepCursor.parse(first.cursor).raw}")
+        ]
         assert evaluate(defs, spec, instance, resources, first.cursor).run_requests == []
         # a team that opts out starts everything after raw_data itself
         manual = spec.model_copy(update={"retrain": RetrainPolicy(automatic=False)})
         materialize([raw], instance=instance)
-        tick = run_tick(manual, instance, resources["sweeps"], first.cursor, train_job=job_names(manual)["train"], prepare_job=job_names(manual)["prepare"])
+        tick = run_tick(
+            manual,
+            instance,
+            resources["sweeps"],
+            first.cursor,
+            train_job=job_names(manual)["train"],
+            prepare_job=job_names(manual)["prepare"],
+        )
         assert tick.run_requests == []
 
 

@@ -35,11 +35,19 @@ def test_new_files_request_a_run_and_unchanged_data_is_skipped(store: ObjectStor
     assert result.tags["trainyard/new_files"] == "1" and result.tags["trainyard/new_file_names"] == "part-0.csv"
 
     again, same = evaluate_landing(spec, store, cursor)
-    assert isinstance(again, SkipReason) and again.skip_message == "1 landing file(s), unchanged since the last tick" and same == cursor
+    assert (
+        isinstance(again, SkipReason)
+        and again.skip_message == "1 landing file(s), unchanged since the last tick"
+        and same == cursor
+    )
 
     ingest.ingest(store, spec)  # e.g. a manual run ingested it before the sensor ticked
     done, moved = evaluate_landing(spec, store, None)
-    assert isinstance(done, SkipReason) and "all already ingested in their current state" in done.skip_message and moved == digest
+    assert (
+        isinstance(done, SkipReason)
+        and "all already ingested in their current state" in done.skip_message
+        and moved == digest
+    )
 
     write_landing(tmp_path, digits_frame(300).iloc[200:], "part-1.csv")
     new, newer = evaluate_landing(spec, store, moved)
@@ -54,9 +62,15 @@ def test_sensor_definition_targets_prepare_and_keeps_its_cursor(store: ObjectSto
     assert sensor.default_status.value == "RUNNING"  # RetrainPolicy.automatic, the default
     write_landing(tmp_path, digits_frame(200))
     with DagsterInstance.ephemeral() as instance:
-        tick = sensor.evaluate_tick(build_sensor_context(instance=instance, resources={"store": store, "launcher": Launcher()}))
+        tick = sensor.evaluate_tick(
+            build_sensor_context(instance=instance, resources={"store": store, "launcher": Launcher()})
+        )
         assert [r.run_key for r in tick.run_requests] == [f"landing-{tick.cursor}"]
-        quiet = sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=tick.cursor, resources={"store": store, "launcher": Launcher()}))
+        quiet = sensor.evaluate_tick(
+            build_sensor_context(
+                instance=instance, cursor=tick.cursor, resources={"store": store, "launcher": Launcher()}
+            )
+        )
         assert quiet.run_requests == [] and "unchanged since the last tick" in quiet.skip_message
     defs = build_definitions(spec, resources={"store": store})
     assert "test__digits__landing" in [s.name for s in defs.sensors]
@@ -74,16 +88,21 @@ class PrestartCounter(Launcher):
 
 
 def test_a_tick_that_requests_a_sweeping_run_starts_the_warm_worker_server(store: ObjectStore, tmp_path: Path) -> None:
-    """New data whose run sweeps: the warm server starts now; no new data, or an ingest-only run (drift-gated): nothing."""
+    """New data whose run sweeps: the warm server starts now; no new data, or an ingest-only run (drift-gated):
+    nothing."""
     calls = tmp_path / "prestarts"
     calls.touch()
     launcher = PrestartCounter(calls=str(calls))
     spec = small_spec()
     sweeping = build_landing_sensor(spec, job_names(spec)["prepare"])
-    ingest_only = build_landing_sensor(spec, job_names(spec)["prepare"], asset_selection=[AssetKey(["test", "digits", "raw_data"])])
+    ingest_only = build_landing_sensor(
+        spec, job_names(spec)["prepare"], asset_selection=[AssetKey(["test", "digits", "raw_data"])]
+    )
     with DagsterInstance.ephemeral() as instance:
         def tick(sensor, cursor=None):
-            return sensor.evaluate_tick(build_sensor_context(instance=instance, cursor=cursor, resources={"store": store, "launcher": launcher}))
+            return sensor.evaluate_tick(
+                build_sensor_context(instance=instance, cursor=cursor, resources={"store": store, "launcher": launcher})
+            )
 
         assert tick(sweeping).skip_message and calls.read_text() == ""  # no landing files yet
         write_landing(tmp_path, digits_frame(200))
@@ -104,7 +123,13 @@ def test_sensor_run_ingests_only_the_new_file(tmp_path: Path) -> None:
     sensor = build_landing_sensor(spec, harness.names["prepare"])
 
     def tick(cursor):
-        return sensor.evaluate_tick(build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store, "launcher": harness.resources["launcher"]}))
+        return sensor.evaluate_tick(
+            build_sensor_context(
+                instance=harness.instance,
+                cursor=cursor,
+                resources={"store": store, "launcher": harness.resources["launcher"]},
+            )
+        )
 
     first = tick(None)
     assert len(first.run_requests) == 1
@@ -121,7 +146,9 @@ def test_sensor_run_ingests_only_the_new_file(tmp_path: Path) -> None:
     assert run.success, failure_text(run)
     raw2 = run.output_for_node(harness.node("raw_data"))
     assert raw2.files == 2 and raw2.rows == 300 and raw2.md5 != raw.md5
-    materialization = next(e for e in run.all_events if e.event_type_value == "ASSET_MATERIALIZATION" and "raw_data" in str(e.asset_key))
+    materialization = next(
+        e for e in run.all_events if e.event_type_value == "ASSET_MATERIALIZATION" and "raw_data" in str(e.asset_key)
+    )
     meta = materialization.event_specific_data.materialization.metadata
     assert meta["new_files"].value == 1 and meta["files"].value == 2
     assert tick(second.cursor).run_requests == []
@@ -136,7 +163,10 @@ def test_a_removed_file_requests_a_run_and_leaves_the_snapshot(store: ObjectStor
     bad.unlink()
     result, moved = evaluate_landing(spec, store, cursor)
     assert isinstance(result, RunRequest) and moved != cursor  # a deletion is a change, not "all already ingested"
-    assert result.tags["trainyard/removed_files"] == "1" and result.tags["trainyard/new_file_names"] == "part-1.csv (removed)"
+    assert (
+        result.tags["trainyard/removed_files"] == "1"
+        and result.tags["trainyard/new_file_names"] == "part-1.csv (removed)"
+    )
     after = ingest.ingest(store, spec)
     assert after.snapshot.md5 != first.snapshot.md5 and after.snapshot.rows == 200
     quiet, _ = evaluate_landing(spec, store, None)
@@ -166,7 +196,13 @@ def test_removing_a_bad_file_unblocks_the_pipeline(tmp_path: Path) -> None:
     sensor = build_landing_sensor(spec, harness.names["prepare"])
 
     def tick(cursor):
-        return sensor.evaluate_tick(build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store, "launcher": harness.resources["launcher"]}))
+        return sensor.evaluate_tick(
+            build_sensor_context(
+                instance=harness.instance,
+                cursor=cursor,
+                resources={"store": store, "launcher": harness.resources["launcher"]},
+            )
+        )
 
     run = harness.run("prepare")
     assert run.success, failure_text(run)

@@ -34,14 +34,21 @@ CHANCE = 1 / SIGNALS
 def test_language_is_a_code_location_with_the_six_asset_chain() -> None:
     from pipelines.language.definitions import defs
 
-    locations = {e["python_module"]["location_name"]: e["python_module"]["module_name"] for e in yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"]}
+    locations = {
+        e["python_module"]["location_name"]: e["python_module"]["module_name"]
+        for e in yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"]
+    }
     assert locations["language"] == "pipelines.language.definitions"
     names = ["raw_data", "validated_data", "sweep", "trial_model", "best_model", "registered_model"]
-    assert {AssetKey(["language", "precedence", n]) for n in names} <= set(defs.resolve_asset_graph().get_all_asset_keys())
+    assert {AssetKey(["language", "precedence", n]) for n in names} <= set(
+        defs.resolve_asset_graph().get_all_asset_keys()
+    )
     assert defs.get_assets_def(AssetKey(["language", "precedence", "trial_model"])).op.pool == "language_gpu"
     assert {t.name: t.gpu_pool_limit for t in workspace_teams()}["language"] == 2
     assert precedence.distribution == Distribution(procs_per_node=2, strategy="fsdp")
-    assert precedence.features == TOKENS and precedence.search.n_trials == 2 and precedence.promotion.metric == "test_acc"
+    assert (
+        precedence.features == TOKENS and precedence.search.n_trials == 2 and precedence.promotion.metric == "test_acc"
+    )
 
 
 def test_landing_frame_is_deterministic_balanced_and_labelled_by_the_first_signal() -> None:
@@ -77,9 +84,11 @@ def test_bag_of_words_is_at_chance() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.extended(reason="covered in CI: test_tensor_parallel_training_through_torchrun_learns_the_order and "
-                             "test_fsdp_chain_registers_a_champion_well_above_chance train this transformer on the same "
-                             "landing frame (torchrun, tensor parallel; the pipeline's FSDP trials) and assert test_acc > 0.6")
+@pytest.mark.extended(
+    reason="covered in CI: test_tensor_parallel_training_through_torchrun_learns_the_order and "
+    "test_fsdp_chain_registers_a_champion_well_above_chance train this transformer on the same "
+    "landing frame (torchrun, tensor parallel; the pipeline's FSDP trials) and assert test_acc > 0.6"
+)
 def test_a_small_transformer_learns_the_order_in_one_process() -> None:
     xtr, ytr, xte, yte = _split(landing_frame())
     torch.manual_seed(0)
@@ -119,7 +128,11 @@ def test_forward_takes_float_token_ids_and_exports_with_a_dynamic_batch(tmp_path
 
 def test_the_model_supports_every_strategy() -> None:
     model = SequenceTransformer(blocks=2)
-    for dist in (Distribution(procs_per_node=2), Distribution(procs_per_node=2, strategy="fsdp"), Distribution(procs_per_node=4, strategy="tp", tensor_parallel_size=4)):
+    for dist in (
+        Distribution(procs_per_node=2),
+        Distribution(procs_per_node=2, strategy="fsdp"),
+        Distribution(procs_per_node=4, strategy="tp", tensor_parallel_size=4),
+    ):
         check_model_supports(model, dist)
     assert model.fsdp_units() == list(model.blocks)
 
@@ -127,7 +140,11 @@ def test_the_model_supports_every_strategy() -> None:
 def test_heads_must_split_evenly_over_tensor_parallel_ranks() -> None:
     check_heads_split(4, 2)
     check_heads_split(4, 4)
-    with pytest.raises(StrategyConfigError, match=r"heads=4 cannot be split over tensor_parallel_size=8: each rank needs whole heads; use a tensor_parallel_size in \[1, 2, 4\]"):
+    with pytest.raises(
+        StrategyConfigError,
+        match=r"heads=4 cannot be split over tensor_parallel_size=8: each rank needs whole heads; use a "
+              r"tensor_parallel_size in \[1, 2, 4\]",
+    ):
         check_heads_split(4, 8)
 
 
@@ -152,11 +169,15 @@ def _tp_worker(rank: int, world: int, tmp: str) -> None:
         reference = {n: p.grad.clone() for n, p in model.named_parameters()}
         model.zero_grad()
 
-        parallelize_module(model, init_device_mesh("cpu", (world,), mesh_dim_names=("tensor_parallel",)), model.tensor_parallel_plan())
+        parallelize_module(
+            model, init_device_mesh("cpu", (world,), mesh_dim_names=("tensor_parallel",)), model.tensor_parallel_plan()
+        )
         q = model.blocks[0].attn.q.weight
         got = model(x)
         F.cross_entropy(got, y).backward()
-        grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for n, p in model.named_parameters()}
+        grads = {
+            n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad for n, p in model.named_parameters()
+        }
         out = {
             "q_local_shape": list(q.to_local().shape),
             "logits_diff": float((got - want).detach().abs().max()),
@@ -195,10 +216,20 @@ def test_tensor_parallel_training_through_torchrun_learns_the_order(tmp_path: Pa
         uris[split] = str(tmp_path / f"{split}.parquet")
         pq.write_table(pa.Table.from_pandas(rows, preserve_index=False), uris[split])
     spec = TrainSpec(
-        pipeline="language/precedence", trial_id="trial-0000",
+        pipeline="language/precedence",
+        trial_id="trial-0000",
         model=ImportTarget(path="pipelines.language.models:SequenceTransformer", kwargs={"vocab": VOCAB, "lr": 5e-3}),
-        data=DataSpec(train_uri=uris["train"], val_uri=uris["val"], test_uri=uris["test"], features=TOKENS, target=TARGET, version="0" * 32),
-        output_uri=str(tmp_path / "run"), max_epochs=8, batch_size=64,
+        data=DataSpec(
+            train_uri=uris["train"],
+            val_uri=uris["val"],
+            test_uri=uris["test"],
+            features=TOKENS,
+            target=TARGET,
+            version="0" * 32,
+        ),
+        output_uri=str(tmp_path / "run"),
+        max_epochs=8,
+        batch_size=64,
         distribution=Distribution(procs_per_node=2, strategy="tp", tensor_parallel_size=2),
     )
     result = LocalLauncher(timeout_seconds=300).launch(spec).result
@@ -230,5 +261,9 @@ def test_fsdp_chain_registers_a_champion_well_above_chance(tmp_path: Path) -> No
     assert champion.tags["trainyard.model"] == "pipelines.language.models:SequenceTransformer"
     # the exported model serves float token rows and scores what training measured
     split = f"{best['lineage']['data_version']}-{precedence.fingerprint()}"
-    test_df = pd.read_parquet(harness.resources["store"].uri("data", "language", "precedence", "validated", split, "test.parquet"))
-    assert registry.evaluate_accuracy(champion.model_uri, test_df, TARGET) == pytest.approx(best["metrics"]["test_acc"], abs=1e-6)
+    test_df = pd.read_parquet(
+        harness.resources["store"].uri("data", "language", "precedence", "validated", split, "test.parquet")
+    )
+    assert registry.evaluate_accuracy(champion.model_uri, test_df, TARGET) == pytest.approx(
+        best["metrics"]["test_acc"], abs=1e-6
+    )

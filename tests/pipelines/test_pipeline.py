@@ -42,20 +42,28 @@ def test_chain_registers_a_champion_with_lineage(trained) -> None:
     assert champion is not None and champion.version == out["registered"]["version"]
     raw_md5 = out["best"]["lineage"]["data_version"]
     assert champion.tags["trainyard.data_version"] == raw_md5
-    assert len(champion.tags["trainyard.code_version"]) in (40, 7) or champion.tags["trainyard.code_version"] == "unknown"
+    assert (
+        len(champion.tags["trainyard.code_version"]) in (40, 7) or champion.tags["trainyard.code_version"] == "unknown"
+    )
     assert champion.tags["trainyard.trial"] == out["best"]["trial"]
     assert champion.tags["trainyard.promotion.decision"] == "champion"
     # the registered model predicts on the held-out split with the accuracy the trial reported
     import pandas as pd
 
-    test_df = pd.read_parquet(harness.resources["store"].uri("data", "test", "digits", "validated", f"{raw_md5}-{harness.spec.fingerprint()}", "test.parquet"))
+    test_df = pd.read_parquet(
+        harness.resources["store"].uri(
+            "data", "test", "digits", "validated", f"{raw_md5}-{harness.spec.fingerprint()}", "test.parquet"
+        )
+    )
     acc = registry.evaluate_accuracy(champion.model_uri, test_df, "label")
     assert acc == pytest.approx(out["best"]["metrics"]["test_acc"], abs=1e-6)
 
 
 def test_raw_snapshot_restores_with_dvc(trained, tmp_path: Path) -> None:
     harness, out = trained
-    raw = harness.resources["io_manager"].store.read_json(harness.resources["store"].uri("io", "test", "digits", "raw_data", "value.json"))
+    raw = harness.resources["io_manager"].store.read_json(
+        harness.resources["store"].uri("io", "test", "digits", "raw_data", "value.json")
+    )
     versioning: DataVersioning = harness.resources["versioning"]
     from resources.versioning import parse_dvc_file
 
@@ -84,9 +92,15 @@ def test_bad_data_stops_the_graph_and_is_quarantined(tmp_path: Path) -> None:
     assert not result.success
     text = failure_text(result)
     assert "expectations failed" in text and "quarantine" in text
-    checks = {e.event_specific_data.check_name: e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"}
+    checks = {
+        e.event_specific_data.check_name: e.event_specific_data
+        for e in result.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
     assert sorted(checks) == ["drift", "expectations"] and not checks["expectations"].passed
-    assert checks["drift"].passed and checks["drift"].metadata["drift_verdict"].value == "none"  # a first version: nothing to drift from
+    assert (
+        checks["drift"].passed and checks["drift"].metadata["drift_verdict"].value == "none"
+    )  # a first version: nothing to drift from
     quarantined = list((tmp_path / "store" / "quarantine" / "test" / "digits").glob("*/report.json"))
     assert len(quarantined) == 1 and (quarantined[0].parent / "data.parquet").exists()
     import json

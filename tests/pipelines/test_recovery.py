@@ -57,7 +57,11 @@ def test_preempted_trial_is_retried_by_dagster_and_resumes(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_infrastructure_failures_stop_at_the_budget(tmp_path: Path) -> None:
-    harness, _ = prepared(tmp_path, retries=RetrySpec(max_infra_retries=0, wait_seconds=0), distribution=Distribution(procs_per_node=2, max_restarts=0))
+    harness, _ = prepared(
+        tmp_path,
+        retries=RetrySpec(max_infra_retries=0, wait_seconds=0),
+        distribution=Distribution(procs_per_node=2, max_restarts=0),
+    )
     # a rank dies and torchrun has no restarts left: an infrastructure failure, budget 0
     result = harness.run("train", "trial-0000", run_config=trial_config(drill_kill_rank=1, drill_kill_at_step=3))
     assert not result.success

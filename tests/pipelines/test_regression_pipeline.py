@@ -1,4 +1,5 @@
-"""A regression pipeline with a Lightning MLP, from landing files to a champion that serves its test RMSE (real Dagster runs)."""
+"""A regression pipeline with a Lightning MLP, from landing files to a champion that serves its test RMSE (real Dagster
+runs)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ def diabetes_pipeline() -> PipelineSpec:
     columns = {c: ColumnSpec(dtype="float") for c in diabetes.features()}
     columns[diabetes.TARGET] = ColumnSpec(dtype="float", min=0)
     return PipelineSpec(
-        team="health", name="diabetes", source=SourceSpec(prefix="landing/health/diabetes"), columns=columns, target=diabetes.TARGET,
+        team="health",
+        name="diabetes",
+        source=SourceSpec(prefix="landing/health/diabetes"),
+        columns=columns,
+        target=diabetes.TARGET,
         model=ModelSpec(path="tests.diabetes:TinyRegressor", max_epochs=3, batch_size=32),
         search=SearchSpec(params={"lr": FloatParam(low=0.02, high=0.1, log=True)}, n_trials=1),
         distribution=Distribution(procs_per_node=1),
@@ -45,9 +50,13 @@ def test_a_lightning_regression_reaches_a_champion_that_serves_its_test_rmse(tmp
     champion = registry.get_alias("health.diabetes", "champion")
     assert champion is not None and champion.version == out["registered"]["version"]
     split = f"{best['lineage']['data_version']}-{spec.fingerprint()}"
-    test_df = pd.read_parquet(harness.resources["store"].uri("data", "health", "diabetes", "validated", split, "test.parquet"))
+    test_df = pd.read_parquet(
+        harness.resources["store"].uri("data", "health", "diabetes", "validated", split, "test.parquet")
+    )
     mlflow.set_tracking_uri(registry.tracking_uri)
-    served = mlflow.pyfunc.load_model(champion.model_uri).predict(test_df)[diabetes.TARGET]  # the served frame's target column
+    served = mlflow.pyfunc.load_model(champion.model_uri).predict(test_df)[
+        diabetes.TARGET
+    ]  # the served frame's target column
     assert served.dtype == np.float64
     rmse = math.sqrt(float(np.mean((served.to_numpy() - test_df[diabetes.TARGET].to_numpy()) ** 2)))
     assert rmse == pytest.approx(best["metrics"]["test_rmse"], rel=1e-6)

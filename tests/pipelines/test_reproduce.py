@@ -45,7 +45,11 @@ def test_changed_data_file_is_a_data_mismatch(trained, tmp_path: Path) -> None:
     finally:
         Path(train_uri).write_bytes(original)
     checks = {c.name: c for c in report.checks}
-    assert not checks["training data"].ok and "data mismatch" in checks["training data"].detail and "train" in checks["training data"].detail
+    assert (
+        not checks["training data"].ok
+        and "data mismatch" in checks["training data"].detail
+        and "train" in checks["training data"].detail
+    )
     assert not report.reproduced
 
 

@@ -1,4 +1,5 @@
-"""Retraining triggers: a cron schedule that skips unchanged data versions, and a drift sensor against the champion's data."""
+"""Retraining triggers: a cron schedule that skips unchanged data versions, and a drift sensor against the champion's
+data."""
 
 from __future__ import annotations
 
@@ -8,7 +9,15 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from dagster import AssetKey, AssetMaterialization, DagsterInstance, RunRequest, SkipReason, build_schedule_context, build_sensor_context
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    DagsterInstance,
+    RunRequest,
+    SkipReason,
+    build_schedule_context,
+    build_sensor_context,
+)
 
 from pipelines.retrain import DATA_VERSION_TAG, evaluate_drift, prepare_selection
 from resources.registry import ModelRegistry, ModelVersionInfo
@@ -44,7 +53,12 @@ def validated_version(store: ObjectStore, spec, frame, md5: str) -> dict:
     profile, sample = dq.profile_snapshot(store, f"{base}/snapshot.parquet")
     store.write_json(f"{base}/profile.json", profile)
     pq.write_table(sample, str(local / "sample.parquet"))
-    latest = {"md5": md5, "split_id": f"{md5}-split", "profile_uri": f"{base}/profile.json", "sample_uri": f"{base}/sample.parquet"}
+    latest = {
+        "md5": md5,
+        "split_id": f"{md5}-split",
+        "profile_uri": f"{base}/profile.json",
+        "sample_uri": f"{base}/sample.parquet",
+    }
     store.write_json(store.uri("data", spec.team, spec.name, "validated", "latest.json"), latest)
     return latest
 
@@ -69,7 +83,10 @@ def test_drift_against_the_champions_data_decides_retraining(tmp_path: Path) -> 
 
     champion = champion_on(first)
     same, _ = evaluate_drift(spec, store, instance, champion, None)
-    assert isinstance(same, SkipReason) and same.skip_message == f"test/digits: champion v1 was trained on the newest data version {'a' * 32}"
+    assert (
+        isinstance(same, SkipReason)
+        and same.skip_message == f"test/digits: champion v1 was trained on the newest data version {'a' * 32}"
+    )
 
     validated_version(store, spec, digits_frame(600), "b" * 32)  # more of the same digits
     calm, cursor = evaluate_drift(spec, store, instance, champion, None)
@@ -91,9 +108,15 @@ def test_drift_against_the_champions_data_decides_retraining(tmp_path: Path) -> 
     assert fire.tags["trainyard/data_version"] == "c" * 32 and fire.tags["trainyard/drift_column"].startswith("px")
 
     # once the drifted version is swept, the sensor rests
-    instance.report_runless_asset_event(AssetMaterialization(key("sweep"), metadata={"study": study_name(spec, "c" * 32)}))
+    instance.report_runless_asset_event(
+        AssetMaterialization(key("sweep"), metadata={"study": study_name(spec, "c" * 32)})
+    )
     rest, _ = evaluate_drift(spec, store, instance, champion, None)
-    assert isinstance(rest, SkipReason) and rest.skip_message == f"test/digits: data version {'c' * 32} already swept (study {study_name(spec, 'c' * 32)})"
+    assert (
+        isinstance(rest, SkipReason)
+        and rest.skip_message
+        == f"test/digits: data version {'c' * 32} already swept (study {study_name(spec, 'c' * 32)})"
+    )
 
 
 def test_drift_gating_narrows_landing_runs_to_ingest_and_validation(tmp_path: Path) -> None:
@@ -107,7 +130,11 @@ def test_drift_gating_narrows_landing_runs_to_ingest_and_validation(tmp_path: Pa
     write_landing(tmp_path, digits_frame(200))
     defs = build_definitions(gated, resources=resources)
     with DagsterInstance.ephemeral() as instance:
-        tick = defs.get_sensor_def("test__digits__landing").evaluate_tick(build_sensor_context(instance=instance, resources={"store": resources["store"], "launcher": resources["launcher"]}))
+        tick = defs.get_sensor_def("test__digits__landing").evaluate_tick(
+            build_sensor_context(
+                instance=instance, resources={"store": resources["store"], "launcher": resources["launcher"]}
+            )
+        )
     assert [r.asset_selection for r in tick.run_requests] == [[key("raw_data"), key("validated_data")]]
     assert drift_sensor_name(gated) in [s.name for s in defs.sensors]
     off = build_definitions(small_spec(retrain=RetrainPolicy(on_new_data=False, cron="0 3 * * *")), resources=resources)
@@ -125,7 +152,9 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
     launcher = PrestartCounter(calls=str(tmp_path / "prestarts"))
 
     def tick():
-        return schedule.evaluate_tick(build_schedule_context(instance=harness.instance, resources={"store": store, "launcher": launcher}))
+        return schedule.evaluate_tick(
+            build_schedule_context(instance=harness.instance, resources={"store": store, "launcher": launcher})
+        )
 
     empty = tick()
     assert empty.run_requests == [] and "no landing files match" in empty.skip_message
@@ -141,7 +170,10 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
 
     unchanged = tick()
     assert unchanged.run_requests == []
-    assert unchanged.skip_message == f"test/digits: data version {md5} unchanged since the last sweep (study {sweep.study}); not retraining"
+    assert (
+        unchanged.skip_message
+        == f"test/digits: data version {md5} unchanged since the last sweep (study {sweep.study}); not retraining"
+    )
 
     # had it run anyway, the sweep resumes the same study: no new trials on the same data
     rerun = harness.run("prepare")
@@ -166,9 +198,17 @@ def test_schedule_retrains_on_a_new_data_version_only(tmp_path: Path) -> None:
     assert fresh.success, failure_text(fresh)
     new_sweep = fresh.output_for_node(harness.node("sweep"))
     assert new_sweep.study != sweep.study
-    assert sorted(harness.instance.get_dynamic_partitions("test__digits__trials")) == new_sweep.trials == ["trial-0000", "trial-0001"]
+    assert (
+        sorted(harness.instance.get_dynamic_partitions("test__digits__trials"))
+        == new_sweep.trials
+        == ["trial-0000", "trial-0001"]
+    )
     meta = fresh.get_asset_materialization_events()
-    removed = [e.materialization.metadata["removed_partitions"].value for e in meta if e.materialization.metadata.get("removed_partitions")]
+    removed = [
+        e.materialization.metadata["removed_partitions"].value
+        for e in meta
+        if e.materialization.metadata.get("removed_partitions")
+    ]
     assert removed == [1], removed
 
 
@@ -190,12 +230,18 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     job = harness.defs.resolve_job_def(harness.names["prepare"])
 
     def ingest_and_validate() -> dict:
-        run = job.execute_in_process(instance=harness.instance, asset_selection=prepare_selection(spec), raise_on_error=False)
+        run = job.execute_in_process(
+            instance=harness.instance, asset_selection=prepare_selection(spec), raise_on_error=False
+        )
         assert run.success, failure_text(run)
         return run.output_for_node(harness.node("validated_data")).model_dump()
 
     def tick(cursor=None):
-        context = build_sensor_context(instance=harness.instance, cursor=cursor, resources={"store": store, "registry": registry, "launcher": launcher})
+        context = build_sensor_context(
+            instance=harness.instance,
+            cursor=cursor,
+            resources={"store": store, "registry": registry, "launcher": launcher},
+        )
         return sensor.evaluate_tick(context)
 
     frame = digits_frame(900)
@@ -205,7 +251,9 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     client = mlflow.MlflowClient(registry.tracking_uri)
     client.create_registered_model(spec.model_name)
     version = client.create_model_version(
-        spec.model_name, source=str(tmp_path / "model"), tags={DATA_VERSION_TAG: first["md5"], TEST_SPLIT_TAG: first["split_id"]}
+        spec.model_name,
+        source=str(tmp_path / "model"),
+        tags={DATA_VERSION_TAG: first["md5"], TEST_SPLIT_TAG: first["split_id"]},
     )
     registry.set_alias(spec.model_name, CHAMPION, version.version)
     assert tick().run_requests == []  # the champion was trained on the newest data
@@ -214,7 +262,10 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     second = ingest_and_validate()
     calm = tick()
     assert calm.run_requests == [] and "is within drift_psi 0.5; not retraining" in calm.skip_message
-    assert f"of data version {second['md5']} against champion v{version.version}'s data {first['md5']}" in calm.skip_message
+    assert (
+        f"of data version {second['md5']} against champion v{version.version}'s data {first['md5']}"
+        in calm.skip_message
+    )
 
     write_landing(tmp_path, inverted(frame.iloc[600:900]).reset_index(drop=True), "part-2.csv")  # white on black
     third = ingest_and_validate()
@@ -223,7 +274,10 @@ def test_drift_sensor_fires_on_drifted_data_and_skips_undrifted_data(tmp_path: P
     assert (tmp_path / "prestarts").read_text() == "prestart\n"  # only the tick that requests the sweep
     request = fire.run_requests[0]
     assert request.asset_selection == [key("sweep")] and request.run_key == f"drift-{third['md5']}-{version.version}"
-    assert float(request.tags["trainyard/drift_psi"]) > 0.5 and request.tags["trainyard/champion_data_version"] == first["md5"]
+    assert (
+        float(request.tags["trainyard/drift_psi"]) > 0.5
+        and request.tags["trainyard/champion_data_version"] == first["md5"]
+    )
     run = job.execute_in_process(instance=harness.instance, asset_selection=request.asset_selection, tags=request.tags)
     assert run.success
     assert run.output_for_node(harness.node("sweep")).data_md5 == third["md5"]
@@ -239,7 +293,8 @@ class NoChampion(ModelRegistry):
 
 
 def test_the_drift_sensor_and_the_schedule_start_the_warm_worker_server_for_the_runs_that_sweep(tmp_path: Path) -> None:
-    """A request whose run sweeps starts the server at the tick; a skip, or a run that only ingests and validates, does not."""
+    """A request whose run sweeps starts the server at the tick; a skip, or a run that only ingests and validates, does
+    not."""
     from pipelines.environments import local_resources
     from pipelines.factory import build_definitions
 
@@ -254,14 +309,27 @@ def test_the_drift_sensor_and_the_schedule_start_the_warm_worker_server_for_the_
     with DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides={"telemetry": {"enabled": False}}) as instance:
         def schedule_tick(spec):
             schedule = build_definitions(spec, resources=resources).get_schedule_def(retrain_schedule_name(spec))
-            return schedule.evaluate_tick(build_schedule_context(instance=instance, resources={"store": store, "launcher": launcher}))
+            return schedule.evaluate_tick(
+                build_schedule_context(instance=instance, resources={"store": store, "launcher": launcher})
+            )
 
         def drift_tick():
             sensor = build_definitions(gated, resources=resources).get_sensor_def(drift_sensor_name(gated))
-            context = build_sensor_context(instance=instance, resources={"store": store, "registry": NoChampion(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts")), "launcher": launcher})
+            context = build_sensor_context(
+                instance=instance,
+                resources={
+                    "store": store,
+                    "registry": NoChampion(
+                        tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", artifact_root=str(tmp_path / "artifacts")
+                    ),
+                    "launcher": launcher,
+                },
+            )
             return sensor.evaluate_tick(context)
 
-        assert schedule_tick(swept_each_time).skip_message and drift_tick().skip_message  # no landing files, no validated data
+        assert (
+            schedule_tick(swept_each_time).skip_message and drift_tick().skip_message
+        )  # no landing files, no validated data
         assert calls.read_text() == ""
         write_landing(tmp_path, digits_frame(200))
         assert schedule_tick(gated).run_requests[0].asset_selection == [key("raw_data"), key("validated_data")]
@@ -271,6 +339,8 @@ def test_the_drift_sensor_and_the_schedule_start_the_warm_worker_server_for_the_
         validated_version(store, gated, digits_frame(300), "a" * 32)
         assert drift_tick().run_requests[0].asset_selection == [key("sweep")]
         assert calls.read_text() == "prestart\nprestart\n"
-        instance.report_runless_asset_event(AssetMaterialization(key("sweep"), metadata={"study": study_name(gated, "a" * 32)}))
+        instance.report_runless_asset_event(
+            AssetMaterialization(key("sweep"), metadata={"study": study_name(gated, "a" * 32)})
+        )
         assert drift_tick().skip_message.endswith("already swept (study " + study_name(gated, "a" * 32) + ")")
         assert calls.read_text() == "prestart\nprestart\n"

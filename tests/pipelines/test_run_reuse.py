@@ -1,4 +1,5 @@
-"""Run reuse: a short trial's run goes on with the sweep's next trials (`SearchSpec.reuse_run_under_seconds`), through real Dagster runs."""
+"""Run reuse: a short trial's run goes on with the sweep's next trials (`SearchSpec.reuse_run_under_seconds`), through
+real Dagster runs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from pipelines.factory import build_definitions, job_names
 from pipelines.sensors import run_tick
 from resources.launcher import LaunchOutcome, TrainingCodeError
 from resources.sweeps import CLAIMED_BY, SweepStore
-from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, open_instance, prepared_home, submit
+from tests.pipelines.sweep_drill import (
+    TrivialLauncher,
+    drill_resources,
+    drill_spec,
+    open_instance,
+    prepared_home,
+    submit,
+)
 from training.spec import TrainSpec
 from trainyard import naming
 from trainyard.search import FloatParam, IntParam
@@ -28,8 +36,13 @@ def tick(spec, instance, resources, cursor=None):
 
 def materializations(instance) -> list[Any]:
     """Every materialization of trial_model, oldest first: (partition, run id, metadata)."""
-    records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=TRIAL_ASSET), ascending=True)
-    return [(r.event_log_entry.dagster_event.partition, r.event_log_entry.run_id, r.asset_materialization.metadata) for r in records]
+    records = instance.get_event_records(
+        EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=TRIAL_ASSET), ascending=True
+    )
+    return [
+        (r.event_log_entry.dagster_event.partition, r.event_log_entry.run_id, r.asset_materialization.metadata)
+        for r in records
+    ]
 
 
 def started(tmp_path: Path, launcher: Any = None, **search: Any) -> tuple[Any, dict, Any, dict]:
@@ -47,15 +60,24 @@ def test_a_short_trial_run_goes_on_with_the_sweep_and_each_trial_stays_its_parti
     assert [r.partition_key for r in first.run_requests] == ["trial-0000", "trial-0001"]
     run = submit(defs, instance, first.run_requests[0])
     assert run.success
-    # trial-0001 is in flight (requested, not started): the run kept one slot and took trials 2, 3 and 4, then the budget was spent
+    # trial-0001 is in flight (requested, not started): the run kept one slot and took trials 2, 3 and 4, then the
+    # budget was spent
     mats = materializations(instance)
     assert [(p, r) for p, r, _ in mats] == [(f"trial-{n:04d}", run.run_id) for n in (0, 2, 3, 4)]
     assert instance.get_run_by_id(run.run_id).tags[REUSED_RUN_TAG] == "trial-0002,trial-0003,trial-0004"
     study = resources["sweeps"].load(sweep["study"])
     trials = {t.number: t for t in study.get_trials()}
-    assert {n: t.state.name for n, t in trials.items()} == {0: "COMPLETE", 1: "RUNNING", 2: "COMPLETE", 3: "COMPLETE", 4: "COMPLETE"}
+    assert {n: t.state.name for n, t in trials.items()} == {
+        0: "COMPLETE",
+        1: "RUNNING",
+        2: "COMPLETE",
+        3: "COMPLETE",
+        4: "COMPLETE",
+    }
     assert [trials[n].user_attrs.get(CLAIMED_BY) for n in range(5)] == [None, None, run.run_id, run.run_id, run.run_id]
-    for partition, _, meta in mats[1:]:  # each went on trial reads as a run of its own would: value, metadata, stored value
+    for partition, _, meta in mats[
+        1:
+    ]:  # each went on trial reads as a run of its own would: value, metadata, stored value
         number = int(partition.split("-")[1])
         assert meta["val_acc"].value == pytest.approx(trials[number].value)
         assert meta["params"].value == trials[number].params and meta["trained_in_run_of"].value == "trial-0000"
@@ -104,7 +126,8 @@ def test_ask_claimed_keeps_to_the_budget_and_asks_nothing_once_stopped(tmp_path:
 
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
 def test_ask_claimed_draws_within_the_search_space(tmp_path: Path, sampler: str) -> None:
-    """TPE before its startup trials draws as `Study.ask` would (its independent random draw); after them, from its batch fit."""
+    """TPE before its startup trials draws as `Study.ask` would (its independent random draw); after them, from its
+    batch fit."""
     params = {"lr": FloatParam(low=1e-4, high=1.0, log=True), "hidden": IntParam(low=16, high=128, step=16)}
     spec, resources, instance, sweep = started(tmp_path, n_trials=30, parallelism=1, sampler=sampler, params=params)
     sweeps: SweepStore = resources["sweeps"]
@@ -148,7 +171,9 @@ def test_a_long_trial_or_a_run_the_sensor_did_not_start_does_not_go_on(tmp_path:
     spec, resources, instance, sweep = started(tmp_path, n_trials=3, parallelism=1)
     defs = build_definitions(spec, resources=resources)
     # launched by hand (the UI's Materialize): no study tag, one trial
-    result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(instance=instance, partition_key="trial-0000")
+    result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(
+        instance=instance, partition_key="trial-0000"
+    )
     assert result.success and [p for p, _, _ in materializations(instance)] == ["trial-0000"]
     short = drill_spec(n_trials=3, parallelism=1, reuse_run_under_seconds=0.001)  # every trial takes longer than this
     first = tick(short, instance, resources)
@@ -156,8 +181,11 @@ def test_a_long_trial_or_a_run_the_sensor_did_not_start_does_not_go_on(tmp_path:
     assert [p for p, _, _ in materializations(instance)] == ["trial-0000", "trial-0001"]
 
 
-def test_a_successor_run_that_cannot_be_made_fails_its_trial_untrained_and_the_sensor_asks_another(tmp_path: Path, monkeypatch: Any) -> None:
-    """`start_successor`'s failure path, through a real run: the trial it asked is told failed with the reason (its claim
+def test_a_successor_run_that_cannot_be_made_fails_its_trial_untrained_and_the_sensor_asks_another(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """`start_successor`'s failure path, through a real run: the trial it asked is told failed with the reason (its
+    claim
     would leave it in flight with no run: the sensor's cursor has passed it), the run itself succeeds, and the sensor's
     next tick asks a replacement. The gate (code location, sensor on, daemon alive) is opened by hand; the run, made in
     process, has no repository definition to make its successor's run from, so making it fails for real."""
@@ -173,8 +201,15 @@ def test_a_successor_run_that_cannot_be_made_fails_its_trial_untrained_and_the_s
     assert [p for p, _, _ in materializations(instance)] == ["trial-0000"]  # a long trial: the run did not go on
     failed = sweeps.trial(sweep["study"], 2)
     assert failed.state.name == "FAIL" and failed.user_attrs[CLAIMED_BY] == run.run_id
-    assert failed.user_attrs["error"].startswith(f"run {run.run_id} could not start its run (") and "repository definition" in failed.user_attrs["error"]
-    warnings = [e.user_message for e in instance.all_logs(run.run_id) if "could not start the run of trial-0002" in e.user_message]
+    assert (
+        failed.user_attrs["error"].startswith(f"run {run.run_id} could not start its run (")
+        and "repository definition" in failed.user_attrs["error"]
+    )
+    warnings = [
+        e.user_message
+        for e in instance.all_logs(run.run_id)
+        if "could not start the run of trial-0002" in e.user_message
+    ]
     assert warnings and "asks another trial in its place" in warnings[0]
     assert instance.get_runs_count(RunsFilter(tags={"dagster/partition": "trial-0002"})) == 0  # no run was left behind
     again = tick(spec, instance, resources, first.cursor.dump())
@@ -182,7 +217,8 @@ def test_a_successor_run_that_cannot_be_made_fails_its_trial_untrained_and_the_s
 
 
 def _reuse_through_promotion(tmp_path: Path, spec: Any, frame: Any) -> tuple[Any, list[str]]:
-    """Prepare, one `train` run tagged as the sweep sensor tags it (it goes on with every other trial), then `promote`."""
+    """Prepare, one `train` run tagged as the sweep sensor tags it (it goes on with every other trial), then
+    `promote`."""
     from tests.pipelines.pipeline_fixtures import Harness, failure_text, write_landing
     from trainyard.naming import STUDY_TAG
 
@@ -196,13 +232,17 @@ def _reuse_through_promotion(tmp_path: Path, spec: Any, frame: Any) -> tuple[Any
         instance=harness.instance, partition_key="trial-0000", tags={STUDY_TAG: study}, raise_on_error=False)
     assert run.success, failure_text(run)
     key = AssetKey([spec.team, spec.name, "trial_model"])
-    records = harness.instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key))
+    records = harness.instance.get_event_records(
+        EventRecordsFilter(event_type=DagsterEventType.ASSET_MATERIALIZATION, asset_key=key)
+    )
     assert {r.run_id for r in records} == {run.run_id}
     promote = harness.run("promote")
     assert promote.success, failure_text(promote)
     states = [t.state.name for t in harness.resources["sweeps"].load(study).get_trials()]
     assert states == ["COMPLETE"] * 3, states
-    return promote.output_for_node(harness.node("best_model")), sorted(r.event_log_entry.dagster_event.partition for r in records)
+    return promote.output_for_node(harness.node("best_model")), sorted(
+        r.event_log_entry.dagster_event.partition for r in records
+    )
 
 
 @pytest.mark.slow

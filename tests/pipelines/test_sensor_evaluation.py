@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from dagster import DagsterInstance, DagsterInvalidDefinitionError, Definitions, SensorEvaluationContext, SkipReason, build_sensor_context, sensor
+from dagster import (
+    DagsterInstance,
+    DagsterInvalidDefinitionError,
+    Definitions,
+    SensorEvaluationContext,
+    SkipReason,
+    build_sensor_context,
+    sensor,
+)
 from dagster._core.definitions.sensor_definition import SensorExecutionData
 from dagster._grpc.impl import get_external_sensor_execution
 
@@ -28,7 +36,9 @@ from trainyard.spec import RetrainPolicy
 def pg_home(tmp_path: Path, pg_databases: list[str], monkeypatch: Any) -> Iterator[tuple[Path, str]]:
     home = tmp_path / "dagster"
     home.mkdir()
-    (home / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {pg_databases[0]}\n")
+    (home / "dagster.yaml").write_text(
+        f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {pg_databases[0]}\n"
+    )
     shared: dict = {}
     monkeypatch.setattr(storage_connections, "_SHARED", shared)  # this test's pooled instances only
     yield home, pg_databases[0]
@@ -49,16 +59,22 @@ def tick(repository: Any, ref: Any, name: str, log_key: list[str]) -> SensorExec
     return data
 
 
-def test_platform_sensors_make_no_instance_per_tick_and_keep_their_logs(pg_home: tuple[Path, str], tmp_path: Path) -> None:
+def test_platform_sensors_make_no_instance_per_tick_and_keep_their_logs(
+    pg_home: tuple[Path, str], tmp_path: Path
+) -> None:
     """The sweep sensor (resources, a log line every tick), the landing sensor (two resources) and the drift sensor
-    (three, and its own queries) establish no session after their first tick, and the sweep tick's log is in the daemon instance's compute logs, as the UI
+    (three, and its own queries) establish no session after their first tick, and the sweep tick's log is in the daemon
+    instance's compute logs, as the UI
     reads it. The control, a sensor declaring its resource as a parameter, establishes sessions on every tick:
     Dagster builds an instance from the ref for it each time, which is what the platform's sensors would show
     if they declared theirs."""
     home, url = pg_home
     database = url.rsplit("/", 1)[1]
     spec = small_spec(retrain=RetrainPolicy(drift_psi=0.25))  # drift-gated: the drift sensor too
-    defs = Definitions.merge(build_definitions(spec, resources=local_resources(tmp_path / "pipeline")), Definitions(sensors=[declares_its_resource]))
+    defs = Definitions.merge(
+        build_definitions(spec, resources=local_resources(tmp_path / "pipeline")),
+        Definitions(sensors=[declares_its_resource]),
+    )
     repository = defs.get_repository_def()
     with DagsterInstance.from_config(str(home)) as daemon:
         ref = daemon.get_ref()
@@ -88,12 +104,20 @@ def test_evaluation_resources_name_what_is_missing(tmp_path: Path) -> None:
         with evaluation_resources(context, "sweeps") as built:
             assert built.sweeps.storage_url == resources["sweeps"].storage_url
     with build_sensor_context(repository_def=defs.get_repository_def(), sensor_name="test__digits__sweep") as context:
-        with pytest.raises(DagsterInvalidDefinitionError) as missing, evaluation_resources(context, "sweeps", "feature_store"):
+        with (
+            pytest.raises(DagsterInvalidDefinitionError) as missing,
+            evaluation_resources(context, "sweeps", "feature_store"),
+        ):
             pass
-    assert "test__digits__sweep needs the resources ['feature_store'], which the code location does not define" in str(missing.value)
+    assert "test__digits__sweep needs the resources ['feature_store'], which the code location does not define" in str(
+        missing.value
+    )
     assert "'sweeps'" in str(missing.value) and "Definitions(resources=...)" in str(missing.value)
     with build_sensor_context(sensor_name="lonely") as context:
-        with pytest.raises(DagsterInvalidDefinitionError, match=r"lonely needs the resources \['sweeps'\]: evaluate it in its code location"):
+        with pytest.raises(
+            DagsterInvalidDefinitionError,
+            match=r"lonely needs the resources \['sweeps'\]: evaluate it in its code location",
+        ):
             with evaluation_resources(context, "sweeps"):
                 pass
 
@@ -124,8 +148,10 @@ def test_evaluation_resources_build_what_a_resource_depends_on(tmp_path: Path) -
         with evaluation_resources(context, "outer", "by_key") as resources:
             return SkipReason(f"outer over {resources.outer.inner.v}; {resources.by_key}")
 
-    defs = Definitions(sensors=[uses_both], resources={"outer": Outer(inner=Inner(v=7)), "by_key": by_key, "inner": Inner(v=5),
-                                                     "other": Inner(v=9)})
+    defs = Definitions(
+        sensors=[uses_both],
+        resources={"outer": Outer(inner=Inner(v=7)), "by_key": by_key, "inner": Inner(v=5), "other": Inner(v=9)},
+    )
     (tmp_path / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     with DagsterInstance.from_config(str(tmp_path)) as instance:
         data = tick(defs.get_repository_def(), instance.get_ref(), "uses_both", ["t", "0"])

@@ -21,10 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_tabular_is_a_code_location_with_the_six_asset_chain() -> None:
     from pipelines.tabular.definitions import defs
 
-    locations = {e["python_module"]["location_name"]: e["python_module"]["module_name"] for e in yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"]}
+    locations = {
+        e["python_module"]["location_name"]: e["python_module"]["module_name"]
+        for e in yaml.safe_load((ROOT / "workspace.yaml").read_text())["load_from"]
+    }
     assert locations["tabular"] == "pipelines.tabular.definitions"
     names = ["raw_data", "validated_data", "sweep", "trial_model", "best_model", "registered_model"]
-    assert {AssetKey(["tabular", "breast_cancer", n]) for n in names} <= set(defs.resolve_asset_graph().get_all_asset_keys())
+    assert {AssetKey(["tabular", "breast_cancer", n]) for n in names} <= set(
+        defs.resolve_asset_graph().get_all_asset_keys()
+    )
     assert breast_cancer.model.task == "gbt" and breast_cancer.model.path == "lightgbm:train"
 
 
@@ -36,9 +41,13 @@ def test_landing_frame_matches_the_declared_columns() -> None:
 
 def _spec(**over) -> PipelineSpec:
     base = dict(
-        team="t", name="p", source=SourceSpec(prefix="landing/t/p"),
-        columns={"x": ColumnSpec(dtype="float"), "y": ColumnSpec(dtype="float")}, target="y",
-        model=ModelSpec(task="gbt", monitor="val_rmse", monitor_mode="min"), promotion=PromotionSpec(metric="test_rmse", mode="min"),
+        team="t",
+        name="p",
+        source=SourceSpec(prefix="landing/t/p"),
+        columns={"x": ColumnSpec(dtype="float"), "y": ColumnSpec(dtype="float")},
+        target="y",
+        model=ModelSpec(task="gbt", monitor="val_rmse", monitor_mode="min"),
+        promotion=PromotionSpec(metric="test_rmse", mode="min"),
     )
     base.update(over)
     return PipelineSpec(**base)
@@ -53,7 +62,10 @@ def test_a_regression_pipeline_declares_rmse_throughout() -> None:
     ("over", "message"),
     [
         ({"distribution": Distribution(procs_per_node=2)}, "task 'gbt' trains in one process; got world size 2"),
-        ({"promotion": PromotionSpec(metric="test_acc")}, "promotion.metric 'test_acc' is not reported by this gbt model; use one of ['test_rmse', 'test_mae']"),
+        (
+            {"promotion": PromotionSpec(metric="test_acc")},
+            "promotion.metric 'test_acc' is not reported by this gbt model; use one of ['test_rmse', 'test_mae']",
+        ),
     ],
 )
 def test_gbt_pipeline_mistakes_name_the_field(over: dict, message: str) -> None:
@@ -65,9 +77,15 @@ def test_gbt_pipeline_mistakes_name_the_field(over: dict, message: str) -> None:
     ("kwargs", "message"),
     [
         ({"path": "pipelines.vision.models:DigitsMLP"}, "task 'gbt' trains LightGBM and takes no model path"),
-        ({"monitor": "val_loss"}, "monitor 'val_loss' is not a gbt metric; use one of ['val_acc', 'val_balanced_acc', 'val_f1', "
-                                  "'val_logloss', 'val_mae', 'val_pr_auc', 'val_rmse', 'val_roc_auc']"),
-        ({"monitor": "val_rmse", "monitor_mode": "max"}, "monitor_mode 'max' does not fit monitor 'val_rmse'; use 'min'"),
+        (
+            {"monitor": "val_loss"},
+            "monitor 'val_loss' is not a gbt metric; use one of ['val_acc', 'val_balanced_acc', 'val_f1', "
+            "'val_logloss', 'val_mae', 'val_pr_auc', 'val_rmse', 'val_roc_auc']",
+        ),
+        (
+            {"monitor": "val_rmse", "monitor_mode": "max"},
+            "monitor_mode 'max' does not fit monitor 'val_rmse'; use 'min'",
+        ),
     ],
 )
 def test_gbt_model_mistakes_name_the_field(kwargs: dict, message: str) -> None:

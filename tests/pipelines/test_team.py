@@ -35,7 +35,9 @@ def test_pipeline_of_another_team_names_the_field_and_the_fix() -> None:
         "pipeline 'test/digits': team='test' does not match this team module's TeamSpec(name='vision'); "
         "set PipelineSpec(team='vision', ...) or move the pipeline to the 'test' team's module"
     )
-    with pytest.raises(ValueError, match=r"team_definitions needs at least one pipeline, e\.g\. team_definitions\(team, my_pipeline\)"):
+    with pytest.raises(
+        ValueError, match=r"team_definitions needs at least one pipeline, e\.g\. team_definitions\(team, my_pipeline\)"
+    ):
         team_definitions(TeamSpec(name="vision"), resources={})
 
 
@@ -44,7 +46,10 @@ def test_negative_pool_limit_names_the_field_and_the_fix() -> None:
         TeamSpec(name="vision", gpu_pool_limit=-1)
     text = error_text(e)
     assert "gpu_pool_limit" in text
-    assert "gpu_pool_limit=-1 would let no trial train; set it to the most trials the team may train at once (1 or more)" in text
+    assert (
+        "gpu_pool_limit=-1 would let no trial train; set it to the most trials the team may train at once (1 or more)"
+        in text
+    )
 
 
 def test_unknown_priority_class_lists_the_platform_classes() -> None:
@@ -60,14 +65,29 @@ def test_unknown_priority_class_lists_the_platform_classes() -> None:
     "fields, message",
     [
         ({"name": "Vision"}, "team name 'Vision' is not valid; use 1-31 lowercase letters"),
-        ({"queue": "Vision_Queue"}, "queue 'Vision_Queue' is not a Kubernetes name; use lowercase letters, digits and '-'"),
+        (
+            {"queue": "Vision_Queue"},
+            "queue 'Vision_Queue' is not a Kubernetes name; use lowercase letters, digits and '-'",
+        ),
         ({"namespace": "team vision"}, "namespace 'team vision' is not a Kubernetes name"),
-        ({"env": {"DAGSTER_HOME": "/tmp/x"}}, "env 'DAGSTER_HOME' is not a setting the platform reads; use upper-case variables starting with one of"),
+        (
+            {"env": {"DAGSTER_HOME": "/tmp/x"}},
+            "env 'DAGSTER_HOME' is not a setting the platform reads; use upper-case variables starting with one of",
+        ),
         ({"gpu_pools": 2}, "gpu_pools\n  Extra inputs are not permitted"),
-        ({"retrain": {"cron": "daily"}}, "cron 'daily' is not a cron string; use five fields 'minute hour day month weekday', e.g. '0 3 * * *'"),
-        ({"retrain": {"drift_psi": 0.2, "on_new_data": False}}, "with on_new_data=False and no cron nothing ingests new data; set on_new_data=True or a cron schedule"),
+        (
+            {"retrain": {"cron": "daily"}},
+            "cron 'daily' is not a cron string; use five fields 'minute hour day month weekday', e.g. '0 3 * * *'",
+        ),
+        (
+            {"retrain": {"drift_psi": 0.2, "on_new_data": False}},
+            "with on_new_data=False and no cron nothing ingests new data; set on_new_data=True or a cron schedule",
+        ),
         ({"retrain": {"drift_psi": -0.1}}, "drift_psi -0.1 must be above 0"),
-        ({"retrain": {"cron": "0 3 * * *", "timezone": "Mars/Olympus"}}, "timezone 'Mars/Olympus' is not an IANA time zone"),
+        (
+            {"retrain": {"cron": "0 3 * * *", "timezone": "Mars/Olympus"}},
+            "timezone 'Mars/Olympus' is not an IANA time zone",
+        ),
     ],
 )
 def test_other_mistakes_name_the_field_and_the_fix(fields: dict, message: str) -> None:
@@ -83,10 +103,20 @@ def test_team_default_retraining_applies_unless_the_pipeline_sets_its_own(tmp_pa
     assert inherited.retrain_policy == team.retrain and kept.retrain_policy == RetrainPolicy()
     assert inherited.fingerprint() == small_spec().fingerprint()  # triggers do not change what trains
     defs = team_definitions(team, small_spec(), own, resources=local_resources(tmp_path))
-    assert sorted(s.name for s in defs.sensors) == ["test__digits__drift", "test__digits__landing", "test__digits__sweep", "test__own__landing", "test__own__sweep"]
+    assert sorted(s.name for s in defs.sensors) == [
+        "test__digits__drift",
+        "test__digits__landing",
+        "test__digits__sweep",
+        "test__own__landing",
+        "test__own__sweep",
+    ]
     assert [s.name for s in defs.schedules] == [schedule_name(inherited)] == ["test__digits__retrain"]
     schedule = defs.get_schedule_def("test__digits__retrain")
-    assert (schedule.cron_schedule, schedule.execution_timezone, schedule.job_name) == ("0 3 * * *", "UTC", "test__digits__prepare")
+    assert (schedule.cron_schedule, schedule.execution_timezone, schedule.job_name) == (
+        "0 3 * * *",
+        "UTC",
+        "test__digits__prepare",
+    )
     assert drift_sensor_name(inherited) == "test__digits__drift"
 
 
@@ -96,7 +126,9 @@ def test_example_teams_keep_their_behaviour() -> None:
 
     for defs, team, name in ((vision, "vision", "digits"), (tabular, "tabular", "breast_cancer")):
         assert {f"{team}__{name}__landing", f"{team}__{name}__sweep"} <= {s.name for s in defs.sensors}
-        assert not [s.name for s in defs.sensors if s.name.startswith(f"{team}__{name}__") and s.name.endswith("__drift")]
+        assert not [
+            s.name for s in defs.sensors if s.name.startswith(f"{team}__{name}__") and s.name.endswith("__drift")
+        ]
         assert not list(defs.schedules or [])
         trial = defs.get_assets_def(AssetKey([team, name, "trial_model"]))
         assert trial.op.pool == f"{team}_gpu"
@@ -119,7 +151,11 @@ def test_cluster_resources_take_the_teams_queue_priority_and_namespace(tmp_path:
                     env={"TRAINYARD_OPTUNA_URL": "postgresql+psycopg2://optuna@db/vision"})
     res = team_resources(team, base_env=env)
     launcher = res["launcher"]
-    assert (launcher.namespace, launcher.queue_name, launcher.priority_class) == ("vision", "vision-gpu", "trainyard-production")
+    assert (launcher.namespace, launcher.queue_name, launcher.priority_class) == (
+        "vision",
+        "vision-gpu",
+        "trainyard-production",
+    )
     assert res["sweeps"].storage_url == "postgresql+psycopg2://optuna@db/vision"
     local = team_resources(TeamSpec(name="vision", env={"TRAINYARD_HOME": str(tmp_path / "vision")}), base_env={})
     assert local["store"].root == str(tmp_path / "vision" / "store")
@@ -128,15 +164,25 @@ def test_cluster_resources_take_the_teams_queue_priority_and_namespace(tmp_path:
 def test_init_sets_each_teams_pool_limit(tmp_path: Path) -> None:
     (tmp_path / "dagster").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "dagster"), overrides={"telemetry": {"enabled": False}}) as instance:
-        limits = apply_pool_limits(instance, [TeamSpec(name="vision", gpu_pool_limit=3), TeamSpec(name="tabular", gpu_pool_limit=1)])
+        limits = apply_pool_limits(
+            instance, [TeamSpec(name="vision", gpu_pool_limit=3), TeamSpec(name="tabular", gpu_pool_limit=1)]
+        )
         assert limits == {"vision_gpu": 3, "tabular_gpu": 1}
         assert instance.event_log_storage.get_concurrency_info("vision_gpu").slot_count == 3
         assert instance.event_log_storage.get_concurrency_info("tabular_gpu").slot_count == 1
         with pytest.raises(ValueError, match="team 'vision' is declared twice with gpu_pool_limit 3 and 2"):
             apply_pool_limits(instance, [TeamSpec(name="vision", gpu_pool_limit=3), TeamSpec(name="vision")])
     out = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", "init"], cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "TRAINYARD_HOME": str(tmp_path / "home"), "DAGSTER_HOME": str(tmp_path / "home" / "dagster")},
+        [sys.executable, "-m", "pipelines.cli", "init"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "TRAINYARD_HOME": str(tmp_path / "home"),
+            "DAGSTER_HOME": str(tmp_path / "home" / "dagster"),
+        },
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "pool vision_gpu: at most 2 trial(s) at once" in out.stdout
@@ -147,7 +193,11 @@ def test_init_sets_each_teams_pool_limit(tmp_path: Path) -> None:
 def step_events(instance: DagsterInstance, kind: DagsterEventType, step_key: str) -> list[tuple[str, float]]:
     """(run id, timestamp) of every `kind` event of step `step_key`."""
     records = instance.get_event_records(EventRecordsFilter(event_type=kind))
-    return [(r.event_log_entry.run_id, r.event_log_entry.timestamp) for r in records if r.event_log_entry.step_key == step_key]
+    return [
+        (r.event_log_entry.run_id, r.event_log_entry.timestamp)
+        for r in records
+        if r.event_log_entry.step_key == step_key
+    ]
 
 
 def step_intervals(instance: DagsterInstance, step_key: str) -> list[tuple[float, float]]:
@@ -172,15 +222,26 @@ def unclaimed_steps(instance: DagsterInstance, pool: str = "test_gpu") -> set[tu
 def blocked_runs(instance: DagsterInstance, pool: str = "test_gpu") -> set[str]:
     """Runs whose step Dagster reported as waiting for a slot of `pool`."""
     records = instance.get_event_records(EventRecordsFilter(event_type=DagsterEventType.ENGINE_EVENT))
-    return {r.event_log_entry.run_id for r in records if f"blocked by limit for pool {pool}" in (r.event_log_entry.message or "")}
+    return {
+        r.event_log_entry.run_id
+        for r in records
+        if f"blocked by limit for pool {pool}" in (r.event_log_entry.message or "")
+    }
 
 
-def pool_state(instance: DagsterInstance, step_key: str, running: Any, waiting: set[str], pending: set[tuple[str, str]]) -> str:
+def pool_state(
+    instance: DagsterInstance, step_key: str, running: Any, waiting: set[str], pending: set[tuple[str, str]]
+) -> str:
     """What the pool-limit test saw when it gave up: every run (partition, status), the slots' holders, who started."""
     runs = {r.run_id: (r.tags.get("dagster/partition"), r.status.value) for r in instance.get_runs()}
-    holders = [(c.run_id, c.step_key) for c in instance.event_log_storage.get_concurrency_info("test_gpu").claimed_slots]
+    holders = [
+        (c.run_id, c.step_key) for c in instance.event_log_storage.get_concurrency_info("test_gpu").claimed_slots
+    ]
     started = {r for r, _ in step_events(instance, DagsterEventType.STEP_START, step_key)}
-    return f"in the barrier {running}, waiting {waiting}, queued without a slot {pending}, slot holders {holders}, started {started}, runs {runs}"
+    return (
+        f"in the barrier {running}, waiting {waiting}, queued without a slot {pending}, slot holders {holders}, "
+        f"started {started}, runs {runs}"
+    )
 
 
 @pytest.mark.slow
@@ -200,7 +261,9 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
     home = tmp_path
     (home / "dagster").mkdir()
     postgres_url = pg_databases[1]
-    (home / "dagster" / "dagster.yaml").write_text(f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {postgres_url}\n")
+    (home / "dagster" / "dagster.yaml").write_text(
+        f"telemetry:\n  enabled: false\nstorage:\n  postgres:\n    postgres_url: {postgres_url}\n"
+    )
     spec = drill_spec(n_trials=4, parallelism=4)
     instance = DagsterInstance.from_config(str(home / "dagster"))
     assert apply_pool_limits(instance, [TeamSpec(name="test", gpu_pool_limit=2)]) == {"test_gpu": 2}
@@ -218,13 +281,17 @@ def test_pool_limit_holds_with_more_concurrent_trial_runs_than_slots(tmp_path: P
         deadline = time.time() + 400  # a bound for a loaded machine (four Python starts at once), not a measure
         while True:  # two trials train and two steps wait for a slot
             running = barrier.inside_now()
-            waiting = blocked_runs(instance) - {r for r, _ in step_events(instance, DagsterEventType.STEP_START, trial_step)}
+            waiting = blocked_runs(instance) - {
+                r for r, _ in step_events(instance, DagsterEventType.STEP_START, trial_step)
+            }
             pending = unclaimed_steps(instance)
             # A blocked run queues its claim, then logs its event: wait for both.
             if len(running) == 2 and barrier.is_open() and len(waiting) == 2 and {r for r, _ in pending} == waiting:
                 break
             assert len(running) <= 2, f"{running} train at once with two slots"
-            assert all(p.poll() is None for p in procs), [(home / f"{k}.log").read_text()[-2000:] for k in sweep["trials"]]
+            assert all(p.poll() is None for p in procs), [
+                (home / f"{k}.log").read_text()[-2000:] for k in sweep["trials"]
+            ]
             assert time.time() < deadline, pool_state(instance, trial_step, running, waiting, pending)
             time.sleep(0.5)
         # Both slots are claimed and both other steps queue for one: none of them can start
@@ -264,9 +331,17 @@ def test_readme_team_example_builds(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     exec(compile(code, "README.md", "exec"), module.__dict__)
     monkeypatch.setitem(sys.modules, "pipelines.fraud.team", module)
     defs = pipelines.locations.fraud  # what workspace.yaml's `attribute: fraud` makes Dagster read
-    assert sorted(s.name for s in defs.sensors) == ["fraud__transactions__drift", "fraud__transactions__landing", "fraud__transactions__sweep"]
+    assert sorted(s.name for s in defs.sensors) == [
+        "fraud__transactions__drift",
+        "fraud__transactions__landing",
+        "fraud__transactions__sweep",
+    ]
     assert [s.name for s in defs.schedules] == ["fraud__transactions__retrain"]
-    assert defs.get_assets_def(AssetKey(["fraud", "transactions", "trial_model"])).op.pool == module.team.pool == "fraud_gpu"
+    assert (
+        defs.get_assets_def(AssetKey(["fraud", "transactions", "trial_model"])).op.pool
+        == module.team.pool
+        == "fraud_gpu"
+    )
 
 
 def test_a_team_module_declares_exactly_one_team(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -278,7 +353,9 @@ def test_a_team_module_declares_exactly_one_team(monkeypatch: pytest.MonkeyPatch
     module = types.ModuleType("pipelines.noteam.team")
     module.spec = small_spec()
     monkeypatch.setitem(sys.modules, "pipelines.noteam.team", module)
-    with pytest.raises(ValueError, match="pipelines.noteam.team: a team module declares exactly one TeamSpec, found none"):
+    with pytest.raises(
+        ValueError, match="pipelines.noteam.team: a team module declares exactly one TeamSpec, found none"
+    ):
         team_location("pipelines.noteam.team")
 
 
@@ -287,7 +364,9 @@ def test_the_readme_text_corpus_pipeline_is_a_language_model_on_streaming_shards
     import re
     import types
 
-    code = re.search(r"```python\n(# pipelines/docs_team/corpus.py.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    code = re.search(
+        r"```python\n(# pipelines/docs_team/corpus.py.*?)```", (ROOT / "README.md").read_text(), re.S
+    ).group(1)
     assert len(code.splitlines()) <= 30
     module = types.ModuleType("pipelines.docs_team.corpus")
     exec(compile(code, "README.md", "exec"), module.__dict__)
@@ -301,7 +380,9 @@ def test_the_readme_text_corpus_pipeline_is_a_language_model_on_streaming_shards
     assert "vocab_size" in getattr(importlib.import_module(path), name).__init__.__code__.co_varnames
 
 
-def test_the_readmes_own_pipeline_builds_its_location_as_the_shipped_teams_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_readmes_own_pipeline_builds_its_location_as_the_shipped_teams_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """README's "Write your own pipeline", as written: its two files, with the model module a user would write."""
     import importlib
     import re
@@ -312,15 +393,24 @@ def test_the_readmes_own_pipeline_builds_its_location_as_the_shipped_teams_do(tm
     monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
     code = re.search(r"```python\n(# pipelines/myteam/churn.py.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
     churn_code, marker, definitions_code = code.partition("# pipelines/myteam/definitions.py")
-    assert marker and "team_definitions" in definitions_code and "build_definitions" not in code  # the shipped teams' API
+    assert (
+        marker and "team_definitions" in definitions_code and "build_definitions" not in code
+    )  # the shipped teams' API
     team_dir = tmp_path / "src" / "pipelines" / "myteam"
     team_dir.mkdir(parents=True)
     (team_dir / "__init__.py").write_text("")
-    (team_dir / "models.py").write_text("from pipelines.vision.models import DigitsMLP as ChurnNet  # the user's LightningModule\n")
+    (team_dir / "models.py").write_text(
+        "from pipelines.vision.models import DigitsMLP as ChurnNet  # the user's LightningModule\n"
+    )
     (team_dir / "churn.py").write_text(churn_code)
     (team_dir / "definitions.py").write_text(marker + definitions_code)
     monkeypatch.setattr(pipelines, "__path__", [*pipelines.__path__, str(tmp_path / "src" / "pipelines")])
-    for name in ("pipelines.myteam", "pipelines.myteam.models", "pipelines.myteam.churn", "pipelines.myteam.definitions"):
+    for name in (
+        "pipelines.myteam",
+        "pipelines.myteam.models",
+        "pipelines.myteam.churn",
+        "pipelines.myteam.definitions",
+    ):
         monkeypatch.delitem(sys.modules, name, raising=False)
     try:
         defs = importlib.import_module("pipelines.myteam.definitions").defs

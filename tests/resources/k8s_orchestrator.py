@@ -42,8 +42,12 @@ def fast_file(home: Path) -> Path:
 
 def pipeline_spec(**over: Any) -> PipelineSpec:
     """The small digits pipeline as a 2-node gang of one process each, one trial (random sampler, seed 7)."""
-    base: dict[str, Any] = dict(search=SearchSpec(params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, sampler="random", seed=7),
-                                distribution=Distribution(nodes=2, procs_per_node=1))
+    base: dict[str, Any] = dict(
+        search=SearchSpec(
+            params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, sampler="random", seed=7
+        ),
+        distribution=Distribution(nodes=2, procs_per_node=1),
+    )
     base.update(over)
     return small_spec(**base)
 
@@ -67,9 +71,18 @@ def orchestrated_spec(home: Path) -> PipelineSpec:
 
 def k8s_launcher(api_url: str, master_port: int, **over: Any) -> KubernetesLauncher:
     """The Kubernetes launcher of the emulated-cluster tests, at `api_url`; `over` replaces its options."""
-    options: dict[str, Any] = dict(namespace=NAMESPACE, image=IMAGE, api_url=api_url, poll_interval_seconds=0.5, cpu="1",
-                                   memory="1Gi", master_port=master_port, termination_grace_seconds=15, run_timeout_seconds=400,
-                                   queue_timeout_seconds=120)
+    options: dict[str, Any] = dict(
+        namespace=NAMESPACE,
+        image=IMAGE,
+        api_url=api_url,
+        poll_interval_seconds=0.5,
+        cpu="1",
+        memory="1Gi",
+        master_port=master_port,
+        termination_grace_seconds=15,
+        run_timeout_seconds=400,
+        queue_timeout_seconds=120,
+    )
     options.update(over)
     return KubernetesLauncher(**options)
 
@@ -79,7 +92,9 @@ def run_trial(home: Path, api_url: str, master_port: int, tags: Optional[dict[st
     spec = orchestrated_spec(home)
     resources = drill_resources(home, k8s_launcher(api_url, master_port))
     job = build_definitions(spec, resources=resources).resolve_job_def(job_names(spec)["train"])
-    return job.execute_in_process(instance=open_instance(home), partition_key="trial-0000", tags=tags, raise_on_error=False)
+    return job.execute_in_process(
+        instance=open_instance(home), partition_key="trial-0000", tags=tags, raise_on_error=False
+    )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ def publisher(tmp_path: Path, url: str, waits: list[float], **kwargs: object) ->
     return handoff
 
 
-def test_transient_answers_are_retried_with_doubling_waits(tmp_path: Path, webhook: WebhookServer, caplog: pytest.LogCaptureFixture) -> None:
+def test_transient_answers_are_retried_with_doubling_waits(
+    tmp_path: Path, webhook: WebhookServer, caplog: pytest.LogCaptureFixture
+) -> None:
     waits: list[float] = []
     webhook.statuses = [503, 429]
     with caplog.at_level(logging.WARNING):
@@ -36,14 +38,20 @@ def test_transient_answers_are_retried_with_doubling_waits(tmp_path: Path, webho
     assert (receipt.webhook, receipt.status, receipt.attempts) == ("delivered", 200, 3)
     assert waits == [0.5, 1.0]
     assert webhook.event_ids == ["ev-1"] * 3  # the same event id each time, so consumers deduplicate
-    assert f"handoff webhook {endpoint_only(webhook.url)} failed for event ev-1 (attempt 1 of 3), retrying in 0.5s: HTTP 503: busy" in caplog.text
+    assert (
+        f"handoff webhook {endpoint_only(webhook.url)} failed for event ev-1 (attempt 1 of 3), retrying in 0.5s: HTTP "
+        "503: busy"
+        in caplog.text
+    )
 
 
 def test_gives_up_after_the_attempts_with_the_last_answer(tmp_path: Path, webhook: WebhookServer) -> None:
     waits: list[float] = []
     webhook.statuses = [500, 502, 504]
     handoff = publisher(tmp_path, webhook.url, waits, webhook_attempts=2, webhook_backoff_s=0.25)
-    with pytest.raises(HandoffDeliveryFailed, match=r"after 2 attempt\(s\): HTTP 502: busy; the record is at ") as caught:
+    with pytest.raises(
+        HandoffDeliveryFailed, match=r"after 2 attempt\(s\): HTTP 502: busy; the record is at "
+    ) as caught:
         handoff.publish(event())
     assert caught.value.status == 502
     assert waits == [0.25]
@@ -73,9 +81,15 @@ def test_an_unreachable_webhook_is_retried_without_a_status(tmp_path: Path) -> N
 def test_a_webhook_by_reference_is_read_at_delivery_and_its_path_never_shown(
     tmp_path: Path, webhook: WebhookServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The URL's path is the webhook's secret (as Slack's are): config names the variable, messages show the endpoint only."""
+    """The URL's path is the webhook's secret (as Slack's are): config names the variable, messages show the endpoint
+    only."""
     secret_url = webhook.url.rstrip("/") + "/services/T0/B0/hook-s3cret-token"
-    handoff = HandoffPublisher(store=ObjectStore(root=str(tmp_path)), webhook_url_env="TEST_HANDOFF_WEBHOOK", webhook_attempts=2, webhook_backoff_s=0)
+    handoff = HandoffPublisher(
+        store=ObjectStore(root=str(tmp_path)),
+        webhook_url_env="TEST_HANDOFF_WEBHOOK",
+        webhook_attempts=2,
+        webhook_backoff_s=0,
+    )
     assert "hook-s3cret-token" not in repr(handoff) and handoff.webhook_url is None
 
     with pytest.raises(HandoffDeliveryFailed, match=r"variable TEST_HANDOFF_WEBHOOK is not set; the record is at "):

@@ -32,7 +32,10 @@ def test_a_stored_value_that_does_not_fit_fails_naming_asset_and_field(tmp_path:
     stored = tmp_path / "io" / "t" / "p" / "sweep" / "value.json"
     stored.parent.mkdir(parents=True)
     stored.write_text(json.dumps({"study": "s", "trials": ["trial-0000"]}))
-    with pytest.raises(ValueMismatch, match=rf"stored value of asset 'sweep' at {stored} does not match Sweep: field 'data_md5': Field required"):
+    with pytest.raises(
+        ValueMismatch,
+        match=rf"stored value of asset 'sweep' at {stored} does not match Sweep: field 'data_md5': Field required",
+    ):
         manager(tmp_path).load_input(build_input_context(asset_key=KEY))
 
 

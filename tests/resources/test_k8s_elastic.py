@@ -76,12 +76,15 @@ def checkpoint_of_another_gang(c: EmulatedCluster, other: set[str], at_least: in
 
 
 @pytest.mark.slow
-def test_drill_lose_node_a_2_to_4_node_gang_continues_on_3_grows_back_to_4_and_finishes(cluster4: EmulatedCluster, tmp_path: Path) -> None:
+def test_drill_lose_node_a_2_to_4_node_gang_continues_on_3_grows_back_to_4_and_finishes(
+    cluster4: EmulatedCluster, tmp_path: Path
+) -> None:
     """`Distribution(nodes=4, min_nodes=2)`, DDP, one process per node, in a real Dagster run of `trial_model`.
 
     The node of rank 1 is lost after the first checkpoint: the JobSet restarts the
     gang, whose fourth pod cannot be placed; past `resize_after_seconds` the launcher
-    relaunches it on the 3 nodes that have room (the largest size of the range that fits), from the newest committed checkpoint.
+    relaunches it on the 3 nodes that have room (the largest size of the range that fits), from the newest committed
+    checkpoint.
     When the node returns, the capacity probe's pod runs there and the gang grows
     back to 4 at a checkpoint boundary (SIGTERM, checkpoint, relaunch), then finishes.
     """
@@ -93,17 +96,29 @@ def test_drill_lose_node_a_2_to_4_node_gang_continues_on_3_grows_back_to_4_and_f
                          checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
     thread, box = in_thread(run_trial_model, tmp_path, k8s_launcher(c.url, free_port(), resize_after_seconds=3), spec)
 
-    first, step = c.wait_for("a checkpoint of the 4-node gang", lambda: checkpoint_of_another_gang(c, set(), CHECKPOINT_EVERY),
-                             timeout=300)
+    first, step = c.wait_for(
+        "a checkpoint of the 4-node gang", lambda: checkpoint_of_another_gang(c, set(), CHECKPOINT_EVERY), timeout=300
+    )
     victim = next(p for p in c.running(f"{first}-node-0") if index(p) == 1)
     killed = c.lose_node(victim["spec"]["nodeName"])
     assert killed == [victim["metadata"]["name"]]
     smaller, resumed = c.wait_for("a checkpoint of the gang on the nodes left",
                                   lambda: checkpoint_of_another_gang(c, {first}, step + 1), timeout=300)
     c.return_node(victim["spec"]["nodeName"])
-    grown = c.wait_for("the gang to grow back", lambda: next(
-        (p["metadata"]["labels"][GANG_LABEL] for p in c.pods() if p["metadata"]["labels"].get(GANG_LABEL) not in (None, first, smaller)
-         and not p["metadata"]["name"].startswith(f"{smaller}-probe") and p["status"].get("phase") == "Running"), None), timeout=300)
+    grown = c.wait_for(
+        "the gang to grow back",
+        lambda: next(
+            (
+                p["metadata"]["labels"][GANG_LABEL]
+                for p in c.pods()
+                if p["metadata"]["labels"].get(GANG_LABEL) not in (None, first, smaller)
+                and not p["metadata"]["name"].startswith(f"{smaller}-probe")
+                and p["status"].get("phase") == "Running"
+            ),
+            None,
+        ),
+        timeout=300,
+    )
     fast.touch()
     trial: DagsterTrial = finish(thread, box, timeout=600)
     assert trial.result.success, trial.failure()
@@ -115,7 +130,11 @@ def test_drill_lose_node_a_2_to_4_node_gang_continues_on_3_grows_back_to_4_and_f
         seen["sizes"].add(r["world_size"])
         seen["ranks"].add(r["rank"])
     assert list(launches) == [f"{first}-node-0", f"{smaller}-node-0", f"{grown}-node-0"], launches
-    assert [(v["sizes"], v["ranks"]) for v in launches.values()] == [({4}, {0, 1, 2, 3}), ({3}, {0, 1, 2}), ({4}, {0, 1, 2, 3})], launches
+    assert [(v["sizes"], v["ranks"]) for v in launches.values()] == [
+        ({4}, {0, 1, 2, 3}),
+        ({3}, {0, 1, 2}),
+        ({4}, {0, 1, 2, 3}),
+    ], launches
     steps = [v["step"] for v in launches.values()]
     assert steps[0] < step < steps[1] <= resumed < steps[2], (step, resumed, launches)
     # The gangs are the JobSets the launcher created, one per size.
@@ -128,7 +147,9 @@ def test_drill_lose_node_a_2_to_4_node_gang_continues_on_3_grows_back_to_4_and_f
     assert "node lost: 1 of the gang's 4 pods could not be placed" in shrink and "Insufficient cpu" in shrink, shrink
     (grow,) = [m for m in messages if "the gang grows back: 3 -> 4 nodes" in m]
     assert "capacity returned: 1 of 1 capacity probe pods run (nodes node-" in grow, grow
-    assert [m for m in messages if "-probe" in m and "one gang per trial" in m] == []  # gone before the next gang's launch
+    assert [
+        m for m in messages if "-probe" in m and "one gang per trial" in m
+    ] == []  # gone before the next gang's launch
     # Goodput accounts for it: the resizes with their causes, the time at each size.
     result = trial.trained()
     assert result["world_size"] == 4
@@ -151,7 +172,8 @@ def test_a_node_range_is_validated_for_every_size_it_holds() -> None:
 
 
 def test_a_resized_gang_is_a_new_jobset_and_its_capacity_probe_is_shaped_like_its_pods(tmp_path: Path) -> None:
-    """Generation 1 is another JobSet at 2 nodes; the probe's pods ask for what a gang pod asks, pass `restricted`, only sleep."""
+    """Generation 1 is another JobSet at 2 nodes; the probe's pods ask for what a gang pod asks, pass `restricted`, only
+    sleep."""
     from resources.k8s.config import K8sJobConfig
     from resources.k8s.elastic import at_nodes
     from resources.k8s.manifests import PROBE_COMMAND, capacity_probe_manifest, trial_objects
@@ -173,9 +195,15 @@ def test_a_resized_gang_is_a_new_jobset_and_its_capacity_probe_is_shaped_like_it
     schemas = load_crd_schemas()
     for obj in (full, smaller, probe):
         validate_any(obj, schemas)
-    pod, gang_pod = probe["spec"]["template"]["spec"], full["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod, gang_pod = (
+        probe["spec"]["template"]["spec"],
+        full["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
+    )
     assert restricted_violations(pod) == []
-    assert pod["containers"][0]["command"] == PROBE_COMMAND and "kueue.x-k8s.io/queue-name" not in probe["metadata"]["labels"]
+    assert (
+        pod["containers"][0]["command"] == PROBE_COMMAND
+        and "kueue.x-k8s.io/queue-name" not in probe["metadata"]["labels"]
+    )
     assert pod["containers"][0]["resources"] == gang_pod["containers"][0]["resources"]
     assert pod["nodeSelector"] == {"pool": "gpu"}
     assert (probe["spec"]["completions"], probe["spec"]["parallelism"]) == (1, 1)
@@ -194,26 +222,39 @@ def test_the_resizer_waits_for_its_bound_for_the_range_and_for_terminating_pods(
     spec = make_spec(tmp_path, distribution=Distribution(nodes=4, min_nodes=2))
     created: list[dict[str, Any]] = []
     probe_pods: list[PodView] = []
-    sup = SimpleNamespace(namespace=NS, batch=SimpleNamespace(create_namespaced_job=lambda ns, body: created.append(body)),
-                          _api=lambda what, fn, *a, expect=(), **kw: fn(*a, **kw), _pods=lambda name: list(probe_pods))
+    sup = SimpleNamespace(
+        namespace=NS,
+        batch=SimpleNamespace(create_namespaced_job=lambda ns, body: created.append(body)),
+        _api=lambda what, fn, *a, expect=(), **kw: fn(*a, **kw),
+        _pods=lambda name: list(probe_pods),
+    )
     log = SimpleNamespace(info=lambda msg: None)
     cfg = K8sJobConfig(namespace=NS, image="registry.example.com/t@sha256:" + "0" * 64)
 
-    def pod(i: int, node: str = "", unschedulable: str = "", terminating: bool = False, phase: str = "Pending") -> PodView:
-        return PodView(name=f"p{i}", index=i, phase=phase, node=node, unschedulable=unschedulable, terminating=terminating)
+    def pod(
+        i: int, node: str = "", unschedulable: str = "", terminating: bool = False, phase: str = "Pending"
+    ) -> PodView:
+        return PodView(
+            name=f"p{i}", index=i, phase=phase, node=node, unschedulable=unschedulable, terminating=terminating
+        )
 
     full = Resizer(sup, spec, 4, "gang", cfg, 0, None, 10.0, log)
     placed = [pod(0, "a", phase="Running"), pod(1, "b", phase="Running")]
     lost = [pod(2, unschedulable="0/2 nodes are available"), pod(3, unschedulable="0/2 nodes are available")]
     full.check([*placed, *lost], 0.0)
     full.check([*placed, *lost], 9.0)  # within the bound
-    full.check([*placed, *lost, pod(9, "c", terminating=True, phase="Running")], 20.0)  # a node may still free up: timer reset
+    full.check(
+        [*placed, *lost, pod(9, "c", terminating=True, phase="Running")], 20.0
+    )  # a node may still free up: timer reset
     full.check([*placed, *lost], 21.0)
     with pytest.raises(ResizeNeeded) as shrink:
         full.check([*placed, *lost], 31.0)
     assert shrink.value.nodes == 2 and "2 of the gang's 4 pods could not be placed for 10 s" in shrink.value.cause
     below = Resizer(sup, spec, 4, "gang", cfg, 0, None, 10.0, log)
-    for t in (0.0, 100.0):  # one node placed, min_nodes 2: nothing smaller can run, so it waits (the stuck bound applies)
+    for t in (
+        0.0,
+        100.0,
+    ):  # one node placed, min_nodes 2: nothing smaller can run, so it waits (the stuck bound applies)
         below.check([pod(0, "a", phase="Running"), *[pod(i, unschedulable="none") for i in (1, 2, 3)]], t)
     assert created == []
 

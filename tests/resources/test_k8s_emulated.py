@@ -58,7 +58,8 @@ def free_port() -> int:
 
 
 def emulated_cluster(tmp_path: Path) -> Iterator[EmulatedCluster]:
-    """The default emulated cluster of these tests (`cluster`); on the way out, every pod process ended and the launcher kept its role."""
+    """The default emulated cluster of these tests (`cluster`); on the way out, every pod process ended and the launcher
+    kept its role."""
     with EmulatedCluster(tmp_path / "cluster", node_env=NODE_ENV) as c:
         yield c
         c.wait_for("every pod process to end", lambda: not c.live_processes(), timeout=60)
@@ -138,8 +139,12 @@ class DagsterTrial:
 
     def step_seconds(self) -> float:
         """STEP_START -> the step's end (success or failure) of the run's one step, from its event log."""
-        stamps = [e.timestamp for e in self.instance.all_logs(self.result.run_id)
-                  if e.dagster_event is not None and e.dagster_event.event_type_value in ("STEP_START", "STEP_SUCCESS", "STEP_FAILURE")]
+        stamps = [
+            e.timestamp
+            for e in self.instance.all_logs(self.result.run_id)
+            if e.dagster_event is not None
+            and e.dagster_event.event_type_value in ("STEP_START", "STEP_SUCCESS", "STEP_FAILURE")
+        ]
         assert len(stamps) == 2, stamps
         return float(stamps[1] - stamps[0])
 
@@ -176,18 +181,24 @@ def finish(thread: threading.Thread, box: dict[str, Any], timeout: float = 400) 
 
 
 def wait_for_checkpoint(c: EmulatedCluster, at_least: int) -> tuple[str, int]:
-    """(gang name: the JobSet's or the Job's, step) once rank 0 has logged a committed checkpoint at step >= `at_least`."""
+    """(gang name: the JobSet's or the Job's, step) once rank 0 has logged a committed checkpoint at step >=
+    `at_least`."""
+
     def found() -> Optional[tuple[str, int]]:
         for p in c.pods():
             if index(p) == 0:
-                steps = [int(s) for s in re.findall(r"committed checkpoint \S+/step-(\d+)", c.log(p["metadata"]["name"]))]
+                steps = [
+                    int(s) for s in re.findall(r"committed checkpoint \S+/step-(\d+)", c.log(p["metadata"]["name"]))
+                ]
                 if steps and max(steps) >= at_least:
                     return p["metadata"]["labels"][GANG_LABEL], max(steps)
         return None
     return c.wait_for(f"a checkpoint at step >= {at_least}", found, timeout=300)
 
 
-def full_speed_once(c: EmulatedCluster, thread: threading.Thread, until: Path, what: str, landed: Callable[[], bool]) -> None:
+def full_speed_once(
+    c: EmulatedCluster, thread: threading.Thread, until: Path, what: str, landed: Callable[[], bool]
+) -> None:
     """Create `until` (`SlowSteps` stop waiting: see `slow_model`) once `landed()` holds, or once the run ended.
 
     The wait per step is the window in which a disruption reaches the gang; once it has (the
@@ -206,7 +217,9 @@ def replaced(c: EmulatedCluster, gang: str, before: set[str]) -> Callable[[], bo
 
 
 @pytest.mark.slow
-def test_a_user_error_on_node_1_fails_the_dagster_run_at_once_with_its_traceback(cluster: EmulatedCluster, tmp_path: Path) -> None:
+def test_a_user_error_on_node_1_fails_the_dagster_run_at_once_with_its_traceback(
+    cluster: EmulatedCluster, tmp_path: Path
+) -> None:
     """Not restarted, not retried: the child Job failed through the podFailurePolicy on pod 1's real exit code, the
     JobSet's failurePolicy rule failed the JobSet without a restart, and the run failed with rank 1's traceback."""
     model = ModelSpec(path="tests.support.gang_models:UserErrorOnRank", hparams={"hidden": 16, "rank": 1, "at_step": 2},
@@ -229,8 +242,11 @@ def test_a_user_error_on_node_1_fails_the_dagster_run_at_once_with_its_traceback
 
 
 @pytest.mark.slow
-def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(cluster: EmulatedCluster, tmp_path: Path) -> None:
-    """The JobSet path, in a Dagster run: the killed pod's 137 fails the child Job (backoffLimit 0), and the JobSet restarts every pod.
+def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(
+    cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    """The JobSet path, in a Dagster run: the killed pod's 137 fails the child Job (backoffLimit 0), and the JobSet
+    restarts every pod.
 
     No failurePolicy rule matches BackoffLimitExceeded, so the default
     RestartJobSet acts within maxRestarts: the child Job and its pods are
@@ -239,7 +255,10 @@ def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(cl
     ending bitwise where an undisturbed run ends.
     """
     fast = tmp_path / "steps-at-full-speed"
-    spec = pipeline_spec(model=slow_model(0.05, until=fast), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
+    spec = pipeline_spec(
+        model=slow_model(0.05, until=fast),
+        checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False),
+    )
     thread, box = in_thread(run_trial_model, tmp_path, launcher(cluster), spec)
     name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
     first = [p for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"]
@@ -255,15 +274,18 @@ def test_a_pod_killed_mid_epoch_restarts_the_whole_jobset_from_its_checkpoint(cl
     assert js["status"]["terminalState"] == "Completed" and conditions(js)["Completed"]["reason"] == "AllJobsCompleted"
     assert conditions(js)["RestartingJobSet"]["status"] == "False"
     assert cluster.jobsets.restarts == [(name, f"{name}-node-0")]
-    assert cluster.server.count("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets") == 1  # restarted, not relaunched
+    assert (
+        cluster.server.count("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets") == 1
+    )  # restarted, not relaunched
     child = cluster.job(f"{name}-node-0", NS)
     assert child is not None and child["metadata"]["labels"][RESTART_ATTEMPT] == "1"
     assert child["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
     final = gang_pods(cluster, name)
     # The whole gang is new: every pod of the first attempt is gone (the killed one deleted with its Job).
     assert not {p["metadata"]["name"] for p in first} & {p["metadata"]["name"] for p in final}
-    assert sorted((index(p), p["metadata"]["labels"][RESTART_ATTEMPT], p["status"]["phase"], exit_code(p)) for p in final) == [
-        (0, "1", "Succeeded", 0), (1, "1", "Succeeded", 0)]
+    assert sorted(
+        (index(p), p["metadata"]["labels"][RESTART_ATTEMPT], p["status"]["phase"], exit_code(p)) for p in final
+    ) == [(0, "1", "Succeeded", 0), (1, "1", "Succeeded", 0)]
     # The restart in the run's log, with the pod that caused it (not its peer, stopped with SIGTERM after it).
     (restart,) = [m for m in trial.messages() if "restarts the whole gang (restart" in m]
     assert "(restart 1, at most 3 counted" in restart and f"first failed job: {name}-node-0" in restart, restart
@@ -303,7 +325,9 @@ def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedClus
     # once finished all of them first on a loaded machine, and its "preemption" found nothing to resume).
     # Once the preempted pods are gone and re-admitted ones exist, the steps stop waiting (`full_speed_once`).
     fast = tmp_path / "steps-at-full-speed"
-    spec = pipeline_spec(model=slow_model(0.1, until=fast), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False))
+    spec = pipeline_spec(
+        model=slow_model(0.1, until=fast), checkpoint=CheckpointPolicy(every_n_steps=CHECKPOINT_EVERY, async_save=False)
+    )
     thread, box = in_thread(run_trial_model, tmp_path, launcher(cluster), spec)
     name, step = wait_for_checkpoint(cluster, CHECKPOINT_EVERY)
     first = {p["metadata"]["name"] for p in gang_pods(cluster, name) if p["status"].get("phase") == "Running"}
@@ -315,7 +339,10 @@ def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedClus
 
     assert [reason for _, reason in cluster.kueue.evictions] == ["Preempted"]
     (workload,) = cluster.objects("Workload")  # the JobSet is one Workload, one podSet per replicatedJob
-    assert workload["metadata"]["ownerReferences"][0]["kind"] == "JobSet" and workload["metadata"]["ownerReferences"][0]["name"] == name
+    assert (
+        workload["metadata"]["ownerReferences"][0]["kind"] == "JobSet"
+        and workload["metadata"]["ownerReferences"][0]["name"] == name
+    )
     assert [(ps["name"], ps["count"]) for ps in workload["spec"]["podSets"]] == [("node", 2)]
     text = "\n".join(trial.messages())  # the run's log
     assert f"JobSet {name} was suspended again (preempted by Kueue)" in text and "Evicted=True (Preempted" in text
@@ -324,7 +351,9 @@ def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedClus
     assert not first & {p["metadata"]["name"] for p in final}  # the preempted pods were deleted, new ones trained
     assert sorted((index(p), p["status"]["phase"]) for p in final) == [(0, "Succeeded"), (1, "Succeeded")]
     js = jobset(cluster, name)
-    assert js["status"]["restarts"] == 0 and conditions(js)["Suspended"]["status"] == "False"  # a preemption is not a failure
+    assert (
+        js["status"]["restarts"] == 0 and conditions(js)["Suspended"]["status"] == "False"
+    )  # a preemption is not a failure
     child = cluster.job(f"{name}-node-0", NS)
     assert child is not None and child["status"].get("failed", 0) == 0
     result = trial.trained()
@@ -341,9 +370,16 @@ def test_kueue_preemption_checkpoints_requeues_and_resumes(cluster: EmulatedClus
 
 def stuck_launcher(c: EmulatedCluster, **env: str) -> KubernetesLauncher:
     """The launcher `from_env` builds, with a node selector no emulated node matches, pointed at the emulation."""
-    base = KubernetesLauncher.from_env({"TRAINYARD_K8S_NAMESPACE": NS, "TRAINYARD_TRAINER_IMAGE": IMAGE,
-                                        "TRAINYARD_K8S_POD": json.dumps({"node_selector": {"trainyard.io/pool": "gpu-h100"},
-                                                                         "cpu": "1", "memory": "1Gi"}), **env})
+    base = KubernetesLauncher.from_env(
+        {
+            "TRAINYARD_K8S_NAMESPACE": NS,
+            "TRAINYARD_TRAINER_IMAGE": IMAGE,
+            "TRAINYARD_K8S_POD": json.dumps(
+                {"node_selector": {"trainyard.io/pool": "gpu-h100"}, "cpu": "1", "memory": "1Gi"}
+            ),
+            **env,
+        }
+    )
     # Made again, not model_copy'd: a Dagster resource is rebuilt from the fields it was constructed with.
     return KubernetesLauncher(**{**base.model_dump(exclude_unset=True), "api_url": c.url, "poll_interval_seconds": 0.5,
                                  "master_port": free_port()})
@@ -357,7 +393,9 @@ def assert_nothing_left(c: EmulatedCluster) -> None:
 
 def quota_released(c: EmulatedCluster) -> None:
     """Kueue marks a finished Job's Workload Finished on its next pass; then it holds no quota."""
-    c.wait_for("Kueue to release the quota", lambda: c.quota_used() == {}, timeout=60)  # a pass takes 0.1 s; room for load
+    c.wait_for(
+        "Kueue to release the quota", lambda: c.quota_used() == {}, timeout=60
+    )  # a pass takes 0.1 s; room for load
 
 
 def test_a_gang_that_can_never_be_scheduled_fails_the_run_within_the_bound_and_leaves_nothing(cluster: EmulatedCluster,
@@ -369,7 +407,8 @@ def test_a_gang_that_can_never_be_scheduled_fails_the_run_within_the_bound_and_l
     failure = trial.failure()  # the run's failure says why
     assert "didn't match Pod's node affinity/selector" in failure and "holds no quota" in failure, failure
     # The 3 s bound acted, plus admission, a few polls and the step's own work (plan, study); not retried. Room for a
-    # loaded machine: the next bound that could end it is the default unschedulable one, 900 s (the queue's is 86,400 s).
+    # loaded machine: the next bound that could end it is the default unschedulable one, 900 s (the queue's is 86,400
+    # s).
     assert trial.step_seconds() < 3 + 90, trial.step_seconds()
     assert cluster.server.count("POST", f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets") == 1
     events = [e for e in cluster.objects("Event") if e["reason"] == "FailedScheduling"]
@@ -392,7 +431,8 @@ def test_kueue_evicts_a_gang_whose_pods_are_not_ready_and_deactivates_it(tmp_pat
 
 
 def test_a_missing_secret_is_a_config_error_at_once(tmp_path: Path) -> None:
-    """A referenced Secret that does not exist: CreateContainerConfigError from the kubelet, and the launcher fails at once."""
+    """A referenced Secret that does not exist: CreateContainerConfigError from the kubelet, and the launcher fails at
+    once."""
     with EmulatedCluster(tmp_path / "cluster", nodes=[Node("node-a")], node_env=NODE_ENV) as c:
         lx = launcher(c, env_from_secrets=["trainyard-storage"])
         with pytest.raises(StuckGang) as err:
@@ -403,8 +443,11 @@ def test_a_missing_secret_is_a_config_error_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_dagster_run_trains_a_two_node_jobset_on_the_emulated_cluster(cluster: EmulatedCluster, tmp_path: Path) -> None:
-    """`trial_model` materialized by a real Dagster run whose launcher resource is the Kubernetes launcher (default kind: JobSet)."""
+def test_a_dagster_run_trains_a_two_node_jobset_on_the_emulated_cluster(
+    cluster: EmulatedCluster, tmp_path: Path
+) -> None:
+    """`trial_model` materialized by a real Dagster run whose launcher resource is the Kubernetes launcher (default
+    kind: JobSet)."""
     trial = run_trial_model(tmp_path, launcher(cluster), pipeline_spec())
     result = trial.result
     assert result.success, trial.failure()
@@ -422,7 +465,10 @@ def test_a_dagster_run_trains_a_two_node_jobset_on_the_emulated_cluster(cluster:
     assert {k: child["metadata"]["labels"][k] for k in (JOBSET_NAME, REPLICATED_JOB, JOB_INDEX, RESTART_ATTEMPT)} == {
         JOBSET_NAME: name, REPLICATED_JOB: "node", JOB_INDEX: "0", RESTART_ATTEMPT: "0"}
     pods = cluster.pods()
-    assert sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods) == [(0, "Succeeded", 0), (1, "Succeeded", 0)]
+    assert sorted((index(p), p["status"]["phase"], exit_code(p)) for p in pods) == [
+        (0, "Succeeded", 0),
+        (1, "Succeeded", 0),
+    ]
     assert {p["spec"]["hostname"] for p in pods} == {f"{name}-node-0-0", f"{name}-node-0-1"}
     assert {p["spec"]["subdomain"] for p in pods} == {name}
     (svc,) = cluster.objects("Service")  # headless, owned by the JobSet: it goes with it
@@ -446,7 +492,8 @@ def test_the_kubelet_expands_variables_and_resolves_only_whole_pod_names() -> No
 
 
 def reference_weights(trial_spec: TrainSpec, tmp: Path) -> dict[str, Any]:
-    """The final weights of `trial_spec` trained undisturbed by the local launcher at the same world size (2 processes)."""
+    """The final weights of `trial_spec` trained undisturbed by the local launcher at the same world size (2
+    processes)."""
     import torch
 
     from resources.launcher import LocalLauncher
@@ -455,9 +502,14 @@ def reference_weights(trial_spec: TrainSpec, tmp: Path) -> dict[str, Any]:
     kwargs = dict(trial_spec.model.kwargs)
     if "step_seconds" in kwargs:
         kwargs["step_seconds"] = 0.0  # `SlowSteps`' wait changes nothing but time
-    spec = trial_spec.model_copy(update={"output_uri": str(tmp / "reference"), "optuna": None,
-                                         "model": trial_spec.model.model_copy(update={"kwargs": kwargs}),
-                                         "distribution": trial_spec.distribution.model_copy(update={"nodes": 1, "procs_per_node": 2})})
+    spec = trial_spec.model_copy(
+        update={
+            "output_uri": str(tmp / "reference"),
+            "optuna": None,
+            "model": trial_spec.model.model_copy(update={"kwargs": kwargs}),
+            "distribution": trial_spec.distribution.model_copy(update={"nodes": 1, "procs_per_node": 2}),
+        }
+    )
     LocalLauncher().launch(spec)
     latest = CheckpointStore(spec.output_uri + "/checkpoints").latest()
     assert latest is not None

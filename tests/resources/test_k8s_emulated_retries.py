@@ -57,7 +57,9 @@ def launch_in_thread(lx: KubernetesLauncher, spec: TrainSpec) -> tuple[threading
     return in_thread(lx.launch, spec)
 
 
-def fail_on_node_1(cluster: EmulatedCluster, tmp_path: Path, **launcher_options: Any) -> tuple[str, list[dict[str, Any]]]:
+def fail_on_node_1(
+    cluster: EmulatedCluster, tmp_path: Path, **launcher_options: Any
+) -> tuple[str, list[dict[str, Any]]]:
     """Launch a gang whose rank 1 raises at step 2: the launch fails at once, not retryable, with rank 1's traceback,
     and one pod per index was ever created; (the error's text, the pods left)."""
     spec = gang_spec(tmp_path, model=ImportTarget(path="tests.support.gang_models:UserErrorOnRank",
@@ -82,7 +84,8 @@ def fail_on_node_1(cluster: EmulatedCluster, tmp_path: Path, **launcher_options:
 @pytest.mark.extended
 def test_indexed_job_option_a_user_error_on_node_1_fails_the_job_at_once_with_its_traceback(
         cluster: EmulatedCluster, tmp_path: Path) -> None:
-    """The Indexed Job option (`gang_kind="job"`): the same exit-code contract through the Job's own podFailurePolicy."""
+    """The Indexed Job option (`gang_kind="job"`): the same exit-code contract through the Job's own
+    podFailurePolicy."""
     # Not retried: the Job failed through the podFailurePolicy on pod 1's real exit code.
     message, pods = fail_on_node_1(cluster, tmp_path, gang_kind="job")
     job = pods[0]["metadata"]["labels"]["batch.kubernetes.io/job-name"]
@@ -122,7 +125,10 @@ def test_indexed_job_option_a_killed_pod_fails_the_job_and_the_retry_restarts_th
     retry = SimpleNamespace(retry_number=1, log=logging.getLogger("trainyard.k8s"))
     outcome = launcher(cluster, gang_kind="job").launch(spec, retry)
     result = outcome.result
-    assert result.resumed_from is not None and int(result.resumed_from.rsplit("-", 1)[1]) >= step, (result.resumed_from, step)
+    assert result.resumed_from is not None and int(result.resumed_from.rsplit("-", 1)[1]) >= step, (
+        result.resumed_from,
+        step,
+    )
     jobs = sorted(j["metadata"]["name"] for j in cluster.objects("Job"))
     assert len(jobs) == 2 and name in jobs  # the failed attempt's Job stays for its TTL; the retry's is new
     assert cluster.server.count("POST", f"/api/v1/namespaces/{NS}/pods") == 4
@@ -157,8 +163,12 @@ def test_the_orchestrator_killed_mid_trial_and_its_run_retried_runs_one_gang_at_
     node = f"{spec.team}__{spec.name}__trial_model"
     with EmulatedCluster(tmp_path / "cluster", node_env=NODE_ENV) as c:
         prepared_home(home, spec, drill_resources(home, k8s_launcher(c.url, port)), open_instance(home))
-        orchestrator = subprocess.Popen([sys.executable, "-m", "tests.resources.k8s_orchestrator", str(home), c.url, str(port)],
-                                        start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        orchestrator = subprocess.Popen(
+            [sys.executable, "-m", "tests.resources.k8s_orchestrator", str(home), c.url, str(port)],
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             orphan, step = wait_for_checkpoint(c, 10)
         finally:
@@ -168,9 +178,16 @@ def test_the_orchestrator_killed_mid_trial_and_its_run_retried_runs_one_gang_at_
         instance = open_instance(home)
         (dead,) = instance.get_runs(RunsFilter(statuses=[DagsterRunStatus.STARTED]))
         assert jobset(c, orphan)["metadata"]["labels"]["trainyard.io/dagster-run"] == dead.run_id
-        instance.report_run_failed(dead, "the run worker was killed")  # what run monitoring records for a dead run worker
-        thread, box = in_thread(run_trial, home, c.url, port, {"dagster/retry_number": "1", "dagster/parent_run_id": dead.run_id,
-                                                               "dagster/root_run_id": dead.run_id})
+        instance.report_run_failed(
+            dead, "the run worker was killed"
+        )  # what run monitoring records for a dead run worker
+        thread, box = in_thread(
+            run_trial,
+            home,
+            c.url,
+            port,
+            {"dagster/retry_number": "1", "dagster/parent_run_id": dead.run_id, "dagster/root_run_id": dead.run_id},
+        )
         # The retry's own JobSet exists only once the orphan is gone: from then on the steps need no window.
         full_speed_once(c, thread, fast_file(home), "the retry's JobSet",
                         lambda: any(js["metadata"]["name"] != orphan for js in c.objects("JobSet")))
@@ -180,18 +197,23 @@ def test_the_orchestrator_killed_mid_trial_and_its_run_retried_runs_one_gang_at_
         (js,) = c.objects("JobSet")  # the orphan is gone; the retry's JobSet, of attempt 100, trained the trial
         name = js["metadata"]["name"]
         assert name != orphan and js["metadata"]["labels"]["trainyard.io/dagster-run"] == result.run_id
-        assert js["metadata"]["labels"]["trainyard.io/attempt"] == "100" and js["status"]["terminalState"] == "Completed"
+        assert (
+            js["metadata"]["labels"]["trainyard.io/attempt"] == "100" and js["status"]["terminalState"] == "Completed"
+        )
         log = list(c.server.km)
         created = [r.id for r in log if r.method.value == "POST" and r.url.path.endswith("/jobsets")]
         assert len(created) == 2, created  # one gang per attempt, ever
         deleted = [r for r in log if r.method.value == "DELETE" and r.url.path.endswith(f"/jobsets/{orphan}")]
         assert deleted and deleted[0].headers.get("User-Agent") != CONTROLLER_AGENT, "the launcher deleted the orphan"
-        # The orphan's pods were last touched (their finalizer released once their processes ended) before the new JobSet.
+        # The orphan's pods were last touched (their finalizer released once their processes ended) before the new
+        # JobSet.
         orphan_pods = [r.id for r in log if f"/pods/{orphan}-" in r.url.path]
         assert orphan_pods and max(orphan_pods) < created[1] and deleted[0].id < created[1], (max(orphan_pods), created)
         value = result.output_for_node(node)
         trained = json.loads(Path(value.result_uri).read_text())
-        assert trained["resumed_from"] is not None and int(trained["resumed_from"].rsplit("-", 1)[1]) >= step, trained["resumed_from"]
+        assert trained["resumed_from"] is not None and int(trained["resumed_from"].rsplit("-", 1)[1]) >= step, trained[
+            "resumed_from"
+        ]
         trial_spec = TrainSpec.model_validate_json((Path(value.result_uri).parent / "spec.json").read_text())
         latest = CheckpointStore(trial_spec.output_uri + "/checkpoints").latest()
         assert latest is not None and latest.step == trained["global_step"]

@@ -45,8 +45,12 @@ kube = test_k8s_launcher.kube  # the emulated API server, as a fixture
 
 
 def context(run_id: str, run_retry: int = 0, step_retry: int = 0) -> Any:
-    return SimpleNamespace(log=Recorder(), retry_number=step_retry, run_id=run_id,
-                           run=SimpleNamespace(run_id=run_id, tags={"dagster/retry_number": str(run_retry)} if run_retry else {}))
+    return SimpleNamespace(
+        log=Recorder(),
+        retry_number=step_retry,
+        run_id=run_id,
+        run=SimpleNamespace(run_id=run_id, tags={"dagster/retry_number": str(run_retry)} if run_retry else {}),
+    )
 
 
 def launcher(kube: KubeServer, **kw: Any) -> KubernetesLauncher:
@@ -81,7 +85,9 @@ def requests(kube: KubeServer) -> list[str]:
     return [f"{r.method.value} {r.url.path}" for r in list(kube.km) if r.method.value in ("POST", "DELETE")]
 
 
-def test_every_object_carries_run_and_attempt_and_the_service_is_owned_by_its_job(kube: KubeServer, tmp_path: Path) -> None:
+def test_every_object_carries_run_and_attempt_and_the_service_is_owned_by_its_job(
+    kube: KubeServer, tmp_path: Path
+) -> None:
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 102)
     seen: dict[str, Any] = {}
@@ -123,7 +129,9 @@ def test_a_retried_run_deletes_the_orphan_gang_before_starting_its_own(kube: Kub
     assert calls.index(f"DELETE {JOBS}/{earlier_attempt}") < calls.index(f"POST {JOBS}")
     assert calls.index(f"DELETE {SERVICES}/{orphan}") < calls.index(f"POST {JOBS}")
     assert f"DELETE {JOBS}/{bystander}" not in calls and cluster.job(bystander) is not None
-    remaining = [j["metadata"]["name"] for j in jobs(cluster) if j["metadata"]["labels"]["trainyard.io/trial"] == spec.trial_id]
+    remaining = [
+        j["metadata"]["name"] for j in jobs(cluster) if j["metadata"]["labels"]["trainyard.io/trial"] == spec.trial_id
+    ]
     assert remaining == [new]
     assert ctx.log.count(f"deleting Job {NS}/{orphan} (attempt 0 of run {RUN_A})") == 1
 
@@ -133,7 +141,8 @@ def jobs(c: Cluster) -> list[dict[str, Any]]:
 
 
 def test_a_resumed_run_reattaches_to_its_own_gang(kube: KubeServer, tmp_path: Path) -> None:
-    """Run monitoring resumed run A (same run id, same attempt): its gang is re-attached, nothing is deleted or created."""
+    """Run monitoring resumed run A (same run id, same attempt): its gang is re-attached, nothing is deleted or
+    created."""
     spec = two_node_spec(tmp_path)
     setup = Cluster(kube)
     name = gang(setup, spec, 0, RUN_A)
@@ -151,12 +160,17 @@ def test_a_resumed_run_reattaches_to_its_own_gang(kube: KubeServer, tmp_path: Pa
     assert outcome.result.world_size == 2
     calls = requests(kube)[before:]
     # No Job created, nothing deleted before the end (the Service goes with the finished rendezvous).
-    assert f"POST {JOBS}" not in calls and calls[-1:] == [f"DELETE {SERVICES}/{name}"] and len([c for c in calls if "DELETE" in c]) == 1
+    assert (
+        f"POST {JOBS}" not in calls
+        and calls[-1:] == [f"DELETE {SERVICES}/{name}"]
+        and len([c for c in calls if "DELETE" in c]) == 1
+    )
     assert ctx.log.count(f"re-attaching to existing Job {NS}/{name}") == 1
 
 
 def test_a_gang_of_another_run_under_the_same_name_is_waited_out(kube: KubeServer, tmp_path: Path) -> None:
-    """A new run of the same trial at attempt 0 (same Job name): the old Job is deleted and the launch waits until it is gone
+    """A new run of the same trial at attempt 0 (same Job name): the old Job is deleted and the launch waits until it is
+    gone
     (its pods terminate: the foreground-deletion finalizer holds the Job), then creates its own."""
     spec = two_node_spec(tmp_path)
     setup = Cluster(kube)
@@ -190,13 +204,18 @@ def test_gc_deletes_gangs_whose_dagster_run_ended(kube: KubeServer, tmp_path: Pa
     home.mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     instance = DagsterInstance.get()
-    runs = {status: str(uuid.uuid4()) for status in (DagsterRunStatus.STARTED, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)}
+    runs = {
+        status: str(uuid.uuid4())
+        for status in (DagsterRunStatus.STARTED, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED)
+    }
     for status, run_id in runs.items():
         instance.add_run(DagsterRun(job_name="trials", run_id=run_id, status=status))
     unknown = str(uuid.uuid4())
     setup = Cluster(kube)
-    specs = {key: make_spec(tmp_path / key, trial_id=f"trial-{i:04d}", distribution=Distribution(nodes=2, procs_per_node=1))
-             for i, key in enumerate(("running", "failed", "canceled", "unknown", "finished"))}
+    specs = {
+        key: make_spec(tmp_path / key, trial_id=f"trial-{i:04d}", distribution=Distribution(nodes=2, procs_per_node=1))
+        for i, key in enumerate(("running", "failed", "canceled", "unknown", "finished"))
+    }
     live = gang(setup, specs["running"], 0, runs[DagsterRunStatus.STARTED])
     failed = gang(setup, specs["failed"], 0, runs[DagsterRunStatus.FAILURE])
     canceled = gang(setup, specs["canceled"], 0, runs[DagsterRunStatus.CANCELED])
@@ -211,7 +230,9 @@ def test_gc_deletes_gangs_whose_dagster_run_ended(kube: KubeServer, tmp_path: Pa
     js = jobset_manifest(make_spec(tmp_path / "js", trial_id="trial-0050"), "s", 0, CFG, runs[DagsterRunStatus.FAILURE])
     setup.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", js)
     js_name = js["metadata"]["name"]
-    uid = setup.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", js_name)["metadata"]["uid"]
+    uid = setup.custom.get_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NS, "jobsets", js_name)["metadata"][
+        "uid"
+    ]
     setup.batch.create_namespaced_job(NS, {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
         "name": f"{js_name}-node-0", "namespace": NS, "labels": js["metadata"]["labels"],
         "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": js_name, "uid": uid}]},
@@ -245,7 +266,8 @@ JOBSETS = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets"
 
 def test_jobset_gangs_one_per_attempt_orphans_deleted_child_jobs_not_gangs_and_a_resumed_run_reattaches(
         kube: KubeServer, tmp_path: Path) -> None:
-    """The default kind: run A's JobSet is the orphan its retry (run B) deletes, never its child Job directly (the JobSet
+    """The default kind: run A's JobSet is the orphan its retry (run B) deletes, never its child Job directly (the
+    JobSet
     controller's: it carries the trial's labels too); then run B's launch, resumed, re-attaches to its own JobSet."""
     from resources.k8s.manifests import jobset_manifest
 
@@ -267,10 +289,28 @@ def test_jobset_gangs_one_per_attempt_orphans_deleted_child_jobs_not_gangs_and_a
         c.wait(lambda: any(o["metadata"]["name"] == new for o in
                            c.custom.list_namespaced_custom_object(group, version, NS, "jobsets")["items"]))
         write_result(spec)
-        c.custom.patch_namespaced_custom_object(group, version, NS, "jobsets", new, {"status": {
-            "restarts": 0, "terminalState": "Completed",
-            "conditions": [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted", "message": "jobset completed successfully",
-                            "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})
+        c.custom.patch_namespaced_custom_object(
+            group,
+            version,
+            NS,
+            "jobsets",
+            new,
+            {
+                "status": {
+                    "restarts": 0,
+                    "terminalState": "Completed",
+                    "conditions": [
+                        {
+                            "type": "Completed",
+                            "status": "True",
+                            "reason": "AllJobsCompleted",
+                            "message": "jobset completed successfully",
+                            "lastTransitionTime": "2026-01-01T00:00:00Z",
+                        }
+                    ],
+                }
+            },
+        )
 
     before = len(requests(kube))
     with playing(kube, complete):

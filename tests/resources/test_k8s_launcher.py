@@ -60,7 +60,8 @@ CFG = K8sJobConfig(namespace=NS, image="trainer:1", queue_name="trainyard")
 
 
 def launcher_requests_outside_its_role(server: KubeServer) -> list[str]:
-    """Every request the launcher made in namespace `NS` that its Role would not allow (`tests.support.cluster.server`)."""
+    """Every request the launcher made in namespace `NS` that its Role would not allow
+    (`tests.support.cluster.server`)."""
     return requests_outside_role(server, NS)
 
 
@@ -116,12 +117,26 @@ class Cluster:
         self.wait(lambda: self.polls(name) >= start + n)
 
     def queue(self, name: str, message: str) -> None:
-        self.custom.create_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", NS, "workloads", {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-            "metadata": {"name": f"job-{name}-1a2b3", "namespace": NS,
-                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "u1"}]},
-            "status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message}]},
-        })
+        self.custom.create_namespaced_custom_object(
+            "kueue.x-k8s.io",
+            "v1beta2",
+            NS,
+            "workloads",
+            {
+                "apiVersion": "kueue.x-k8s.io/v1beta2",
+                "kind": "Workload",
+                "metadata": {
+                    "name": f"job-{name}-1a2b3",
+                    "namespace": NS,
+                    "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "u1"}],
+                },
+                "status": {
+                    "conditions": [
+                        {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message}
+                    ]
+                },
+            },
+        )
 
     def admit(self, name: str) -> None:
         self.batch.patch_namespaced_job(name, NS, {"spec": {"suspend": False}})
@@ -129,7 +144,9 @@ class Cluster:
     def suspend(self, name: str) -> None:
         self.batch.patch_namespaced_job(name, NS, {"spec": {"suspend": True}})
 
-    def add_pod(self, job: str, index: int, suffix: str = "a", phase: str = "Running", waiting: Optional[tuple[str, str]] = None) -> str:
+    def add_pod(
+        self, job: str, index: int, suffix: str = "a", phase: str = "Running", waiting: Optional[tuple[str, str]] = None
+    ) -> str:
         pod = f"{job}-{index}-{suffix}"
         state = {"waiting": {"reason": waiting[0], "message": waiting[1]}} if waiting else {"running": {}}
         self.core.create_namespaced_pod(NS, {
@@ -143,14 +160,34 @@ class Cluster:
         })
         return pod
 
-    def end_pod(self, pod: str, exit_code: int, reason: str = "Error", disruption: Optional[tuple[str, str]] = None) -> None:
-        conditions = [{"type": "DisruptionTarget", "status": "True", "reason": disruption[0], "message": disruption[1]}] if disruption else []
-        self.core.patch_namespaced_pod_status(pod, NS, {"status": {
-            "phase": "Succeeded" if exit_code == 0 else "Failed",
-            "conditions": conditions,
-            "containerStatuses": [{"name": "trainer", "image": "trainer:1", "imageID": "", "ready": False, "restartCount": 0,
-                                   "state": {"terminated": {"exitCode": exit_code, "reason": reason}}}],
-        }})
+    def end_pod(
+        self, pod: str, exit_code: int, reason: str = "Error", disruption: Optional[tuple[str, str]] = None
+    ) -> None:
+        conditions = (
+            [{"type": "DisruptionTarget", "status": "True", "reason": disruption[0], "message": disruption[1]}]
+            if disruption
+            else []
+        )
+        self.core.patch_namespaced_pod_status(
+            pod,
+            NS,
+            {
+                "status": {
+                    "phase": "Succeeded" if exit_code == 0 else "Failed",
+                    "conditions": conditions,
+                    "containerStatuses": [
+                        {
+                            "name": "trainer",
+                            "image": "trainer:1",
+                            "imageID": "",
+                            "ready": False,
+                            "restartCount": 0,
+                            "state": {"terminated": {"exitCode": exit_code, "reason": reason}},
+                        }
+                    ],
+                }
+            },
+        )
 
     def log(self, pod: str, *lines: str) -> None:
         for line in lines:
@@ -230,13 +267,21 @@ class FakeTime:
             self.hook(self.now)
 
 
-def supervisor(server: KubeServer, clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-               **kw: Any) -> JobSupervisor:
+def supervisor(
+    server: KubeServer,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    **kw: Any,
+) -> JobSupervisor:
     api = server.api_client()
     # Real-time runs stop at 20 s even if a controller thread misbehaves.
-    options: dict[str, Any] = dict(namespace=NS, poll_interval=0.02, run_timeout=20, queue_timeout=20, api_backoff=0.01, log_tail_lines=5)
+    options: dict[str, Any] = dict(
+        namespace=NS, poll_interval=0.02, run_timeout=20, queue_timeout=20, api_backoff=0.01, log_tail_lines=5
+    )
     options.update(kw)
-    return JobSupervisor(client.BatchV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api), clock, sleep, **options)
+    return JobSupervisor(
+        client.BatchV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api), clock, sleep, **options
+    )
 
 
 def two_node_spec(tmp: Path) -> TrainSpec:
@@ -329,29 +374,56 @@ def test_a_disrupted_pod_fails_the_indexed_job_as_a_preemption_not_a_failure(kub
         c.wait_polls(name)
         c.end_pod(pod1, 143, disruption=("PreemptionByScheduler", "Preempted in order to admit critical pod"))
         c.wait_polls(name)  # the launcher sees the disrupted pod before the Job's failure
-        c.finish(name, "Failed", "PodFailurePolicy", f"Pod {NS}/{name}-1-a has condition DisruptionTarget matching FailJob rule at index 0")
+        c.finish(
+            name,
+            "Failed",
+            "PodFailurePolicy",
+            f"Pod {NS}/{name}-1-a has condition DisruptionTarget matching FailJob rule at index 0",
+        )
 
     with playing(kube, play) as cluster, pytest.raises(TrainingPreempted) as err:
         run(supervisor(kube, sleep=cluster.sleep), spec, log)
     assert err.value.retryable
-    assert f"pod {name}-1-a (node rank 1): Failed, exit code 143, PreemptionByScheduler" in str(err.value), str(err.value)
+    assert f"pod {name}-1-a (node rank 1): Failed, exit code 143, PreemptionByScheduler" in str(err.value), str(
+        err.value
+    )
     assert "a disruption, not a failure: the run retries the trial from its last checkpoint" in str(err.value)
-    assert log.count("disruption, not a failure: the Job fails and the run retries the trial from its checkpoint") == 1, log.text()
+    assert (
+        log.count("disruption, not a failure: the Job fails and the run retries the trial from its checkpoint") == 1
+    ), log.text()
 
 
 @pytest.mark.parametrize(
     ("case", "exit_code", "pod_reason", "job_reason", "record", "expected"),
     [
-        ("user", 1, "Error", "BackoffLimitExceeded",
-         {"category": "user", "rank": 0, "error": "ValueError: loss is nan", "traceback": "Traceback (most recent call last): ..."},
-         TrainingCodeError),
+        (
+            "user",
+            1,
+            "Error",
+            "BackoffLimitExceeded",
+            {
+                "category": "user",
+                "rank": 0,
+                "error": "ValueError: loss is nan",
+                "traceback": "Traceback (most recent call last): ...",
+            },
+            TrainingCodeError,
+        ),
         ("config", 78, "Error", "PodFailurePolicy", None, TrainingConfigError),
         ("preempted", 143, "Error", "BackoffLimitExceeded", None, TrainingPreempted),
         ("oom", 137, "OOMKilled", "BackoffLimitExceeded", None, InfrastructureError),
     ],
 )
-def test_failure_carries_pod_reason_and_log_tail(kube: KubeServer, tmp_path: Path, case: str, exit_code: int, pod_reason: str,
-                                                 job_reason: str, record: Optional[dict[str, Any]], expected: type) -> None:
+def test_failure_carries_pod_reason_and_log_tail(
+    kube: KubeServer,
+    tmp_path: Path,
+    case: str,
+    exit_code: int,
+    pod_reason: str,
+    job_reason: str,
+    record: Optional[dict[str, Any]],
+    expected: type,
+) -> None:
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)
     culprit_index = 1 if case == "oom" else 0
@@ -374,7 +446,10 @@ def test_failure_carries_pod_reason_and_log_tail(kube: KubeServer, tmp_path: Pat
     e = err.value
     assert type(e) is expected, str(e)
     message = str(e)
-    assert f"pod {name}-{culprit_index}-a (node rank {culprit_index}): Failed, exit code {exit_code}, {pod_reason}" in message
+    assert (
+        f"pod {name}-{culprit_index}-a (node rank {culprit_index}): Failed, exit code {exit_code}, {pod_reason}"
+        in message
+    )
     assert f"Job {NS}/{name} failed ({job_reason}:" in message
     assert "rank0 step 29" in message and "rank0 step 24" not in message  # the tail, 5 lines
     assert e.log_tail == "\n".join(f"rank0 step {i}" for i in range(25, 30))
@@ -416,7 +491,10 @@ def test_transient_errors_are_retried_and_a_409_on_create_reattaches(kube: KubeS
         outcome = run(supervisor(kube, sleep=sleep, poll_interval=0.03), spec, log)
     assert outcome.result.world_size == 2
     assert kube.count("POST", SERVICES) == 2 and kube.count("POST", JOBS) == 2
-    assert cluster.batch.list_namespaced_job(NS).items[0].metadata.name == name and len(cluster.batch.list_namespaced_job(NS).items) == 1
+    assert (
+        cluster.batch.list_namespaced_job(NS).items[0].metadata.name == name
+        and len(cluster.batch.list_namespaced_job(NS).items) == 1
+    )
     # Backoff doubles per retry: the Job's create, two reads of it after the 409, then the Service's create.
     assert [s for s in sleeps if s != 0.03] == [0.01, 0.01, 0.02, 0.01]
     assert log.count("already existed; re-attaching") == 1
@@ -527,7 +605,9 @@ def suspended_and_resumed(kube: KubeServer, spec: TrainSpec, suspend: Callable[[
 
     t = FakeTime(hook)
     log = Recorder()
-    return run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=5, run_timeout=50, queue_timeout=500), spec, log), log
+    return run(
+        supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=5, run_timeout=50, queue_timeout=500), spec, log
+    ), log
 
 
 def test_queued_time_does_not_count_against_the_run_timeout(kube: KubeServer, tmp_path: Path) -> None:
@@ -566,7 +646,9 @@ def test_pods_stopped_by_a_suspension_are_reported_as_a_disruption(kube: KubeSer
     assert outcome.result.world_size == 2
     assert log.count("was suspended again (preempted by Kueue)") == 1
     for index in (0, 1):
-        assert log.count(f"pod {name}-{index}-a (node rank {index}): Failed, exit code 143, PreemptionByKueue") == 1, log.text()
+        assert log.count(f"pod {name}-{index}-a (node rank {index}): Failed, exit code 143, PreemptionByKueue") == 1, (
+            log.text()
+        )
     assert log.count("disruption, not a failure") == 2, log.text()
 
 
@@ -591,11 +673,24 @@ def test_a_jobset_restart_seen_only_after_its_condition_cleared_names_its_cause_
         cluster.custom.patch_namespaced_custom_object(group, version, NS, "jobsets", name, {"status": fields})
 
     def event(about: str, uid: str, message: str, at: str) -> None:
-        cluster.core.create_namespaced_event(NS, {
-            "metadata": {"name": f"{about}.{at[-3:-1]}", "namespace": NS},
-            "involvedObject": {"kind": "JobSet", "name": about, "namespace": NS, "uid": uid, "apiVersion": f"{group}/{version}"},
-            "reason": "RestartJobSetFailurePolicyAction", "message": message, "type": "Warning",
-            "firstTimestamp": at, "lastTimestamp": at})
+        cluster.core.create_namespaced_event(
+            NS,
+            {
+                "metadata": {"name": f"{about}.{at[-3:-1]}", "namespace": NS},
+                "involvedObject": {
+                    "kind": "JobSet",
+                    "name": about,
+                    "namespace": NS,
+                    "uid": uid,
+                    "apiVersion": f"{group}/{version}",
+                },
+                "reason": "RestartJobSetFailurePolicyAction",
+                "message": message,
+                "type": "Warning",
+                "firstTimestamp": at,
+                "lastTimestamp": at,
+            },
+        )
 
     def restart() -> None:
         for pod in (f"{name}-0-a", f"{name}-1-a"):
@@ -612,12 +707,26 @@ def test_a_jobset_restart_seen_only_after_its_condition_cleared_names_its_cause_
 
     def complete() -> None:
         write_result(spec)
-        status(terminalState="Completed", conditions=[{"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
-                                                       "message": "jobset completed successfully"}])
+        status(
+            terminalState="Completed",
+            conditions=[
+                {
+                    "type": "Completed",
+                    "status": "True",
+                    "reason": "AllJobsCompleted",
+                    "message": "jobset completed successfully",
+                }
+            ],
+        )
 
     actions = {
-        10: lambda: (cluster.custom.patch_namespaced_custom_object(group, version, NS, "jobsets", name, {"spec": {"suspend": False}}),
-                     cluster.add_pod(name, 0), cluster.add_pod(name, 1)),
+        10: lambda: (
+            cluster.custom.patch_namespaced_custom_object(
+                group, version, NS, "jobsets", name, {"spec": {"suspend": False}}
+            ),
+            cluster.add_pod(name, 0),
+            cluster.add_pod(name, 1),
+        ),
         20: lambda: (cluster.end_pod(f"{name}-1-a", 137), cluster.end_pod(f"{name}-0-a", 143)),
         25: restart,
         40: complete,
@@ -691,7 +800,11 @@ def test_a_container_that_cannot_start_fails_the_launch(kube: KubeServer, tmp_pa
     t = FakeTime(hook)
     log = Recorder()
     with pytest.raises(LaunchError, match='CreateContainerConfigError: secret "wandb-credentials" not found') as err:
-        run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, stuck_seconds=60, run_timeout=1000), spec, log)
+        run(
+            supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, stuck_seconds=60, run_timeout=1000),
+            spec,
+            log,
+        )
     assert not err.value.retryable and log.count("CreateContainerConfigError") == 1
     assert cluster.job(name) is None
 
@@ -699,7 +812,11 @@ def test_a_container_that_cannot_start_fails_the_launch(kube: KubeServer, tmp_pa
 def test_api_refusal_is_terminal_and_not_retried(kube: KubeServer, tmp_path: Path) -> None:
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)
-    kube.km[f"post {JOBS}"] << 403 << {"kind": "Status", "code": 403, "message": 'jobs.batch is forbidden: User "x" cannot create'}
+    (
+        kube.km[f"post {JOBS}"]
+        << 403
+        << {"kind": "Status", "code": 403, "message": 'jobs.batch is forbidden: User "x" cannot create'}
+    )
     t = FakeTime()
     with pytest.raises(KubernetesAPIError, match="refused to create Job .* 403 .*forbidden") as err:
         run(supervisor(kube, clock=t.clock, sleep=t.sleep), spec)
@@ -744,8 +861,12 @@ def test_api_backoff_is_capped_and_the_last_error_is_chained() -> None:
         raise ApiException(status=503, reason="Service Unavailable")
 
     t = FakeTime()
-    sup = JobSupervisor(None, None, None, t.clock, t.sleep, namespace=NS, api_retries=4, api_backoff=1.0, api_backoff_max=3.0)
-    with pytest.raises(InfrastructureError, match="could not list things after 5 tries; last error 503 Service Unavailable") as err:
+    sup = JobSupervisor(
+        None, None, None, t.clock, t.sleep, namespace=NS, api_retries=4, api_backoff=1.0, api_backoff_max=3.0
+    )
+    with pytest.raises(
+        InfrastructureError, match="could not list things after 5 tries; last error 503 Service Unavailable"
+    ) as err:
         sup._api("list things", unavailable)
     assert t.sleeps == [1.0, 2.0, 3.0, 3.0] and len(calls) == 5
     assert isinstance(err.value.__cause__, ApiException) and err.value.__cause__.status == 503
@@ -768,7 +889,9 @@ def test_log_follower_emits_each_line_once() -> None:
 def test_attempt_number_separates_step_and_run_retries() -> None:
     assert attempt_number(None) == 0
     assert attempt_number(SimpleNamespace(retry_number=2, run=SimpleNamespace(tags={}))) == 2
-    assert attempt_number(SimpleNamespace(retry_number=1, run=SimpleNamespace(tags={"dagster/retry_number": "3"}))) == 301
+    assert (
+        attempt_number(SimpleNamespace(retry_number=1, run=SimpleNamespace(tags={"dagster/retry_number": "3"}))) == 301
+    )
 
 
 def test_resource_validates_job_config_and_reads_env() -> None:
@@ -795,7 +918,9 @@ def test_the_role_check_sees_a_request_outside_the_role() -> None:
         with pytest.raises(ApiException):
             client.CoreV1Api(api).read_namespaced_secret("trainyard-storage", NS)
         client.BatchV1Api(api).patch_namespaced_job("j", NS, {"spec": {"suspend": False}}, _preload_content=False)
-        client.BatchV1Api(server.api_client(CONTROLLER_AGENT)).list_namespaced_job(NS, _preload_content=False)  # the test's own: not counted
+        client.BatchV1Api(server.api_client(CONTROLLER_AGENT)).list_namespaced_job(
+            NS, _preload_content=False
+        )  # the test's own: not counted
     finally:
         server.stop()
     assert launcher_requests_outside_its_role(server) == [

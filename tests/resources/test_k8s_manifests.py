@@ -18,7 +18,13 @@ import kubernetes_validate
 import pytest
 from pydantic import ValidationError
 
-from resources.k8s.cluster import kueue_objects, priority_classes, rbac_objects, trial_rbac_objects, workload_priority_classes
+from resources.k8s.cluster import (
+    kueue_objects,
+    priority_classes,
+    rbac_objects,
+    trial_rbac_objects,
+    workload_priority_classes,
+)
 from resources.k8s.config import K8sJobConfig, SecretKeyRef, TeamQuota, Toleration
 from resources.k8s.errors import ManifestError
 from resources.k8s.manifests import job_manifest, jobset_manifest, service_manifest, trial_objects
@@ -45,7 +51,9 @@ def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def two_node_spec(tmp_path_factory: pytest.TempPathFactory):
-    return make_spec(tmp_path_factory.mktemp("spec"), distribution=Distribution(nodes=2, procs_per_node=4, accelerator="gpu"))
+    return make_spec(
+        tmp_path_factory.mktemp("spec"), distribution=Distribution(nodes=2, procs_per_node=4, accelerator="gpu")
+    )
 
 
 def full_config(**over: Any) -> K8sJobConfig:
@@ -108,8 +116,14 @@ def test_two_node_job_exact(two_node_spec) -> None:
             "podFailurePolicy": {
                 "rules": [
                     {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                    {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [1, 78]}},
-                    {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [143]}},
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [1, 78]},
+                    },
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [143]},
+                    },
                     {"action": "Count", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}},
                 ]
             },
@@ -121,7 +135,10 @@ def test_two_node_job_exact(two_node_spec) -> None:
                     "automountServiceAccountToken": False,
                     "enableServiceLinks": False,
                     "securityContext": {
-                        "runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001,
+                        "runAsNonRoot": True,
+                        "runAsUser": 10001,
+                        "runAsGroup": 10001,
+                        "fsGroup": 10001,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [
@@ -132,11 +149,21 @@ def test_two_node_job_exact(two_node_spec) -> None:
                             "command": command,
                             "workingDir": "/home/trainer",
                             "env": [
-                                {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
-                                    "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
+                                {
+                                    "name": "JOB_COMPLETION_INDEX",
+                                    "valueFrom": {
+                                        "fieldRef": {
+                                            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"  # noqa: E501
+                                        }
+                                    },
+                                },
                                 {"name": "PYTHONUNBUFFERED", "value": "1"},
-                                {"name": "TRAINYARD_LAUNCH_ID",
-                                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}},
+                                {
+                                    "name": "TRAINYARD_LAUNCH_ID",
+                                    "valueFrom": {
+                                        "fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}
+                                    },
+                                },
                                 {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
                                 {"name": "HOME", "value": "/home/trainer"},
                                 {"name": "TMPDIR", "value": "/tmp"},
@@ -152,7 +179,10 @@ def test_two_node_job_exact(two_node_spec) -> None:
                                 {"name": "MALLOC_TRIM_THRESHOLD_", "value": "4294967296"},
                                 {"name": "AWS_ENDPOINT_URL", "value": "http://minio.storage:9000"},
                                 {"name": "NCCL_SOCKET_IFNAME", "value": "eth0"},
-                                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-credentials", "key": "token"}}},
+                                {
+                                    "name": "HF_TOKEN",
+                                    "valueFrom": {"secretKeyRef": {"name": "hf-credentials", "key": "token"}},
+                                },
                             ],
                             "resources": {
                                 "requests": {"cpu": "30", "memory": "200Gi", "nvidia.com/gpu": 4},
@@ -160,10 +190,16 @@ def test_two_node_job_exact(two_node_spec) -> None:
                             },
                             "ports": [{"name": "rendezvous", "containerPort": 29500, "protocol": "TCP"}],
                             "securityContext": {
-                                "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "privileged": False,
-                                "readOnlyRootFilesystem": True, "runAsNonRoot": True,
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                                "privileged": False,
+                                "readOnlyRootFilesystem": True,
+                                "runAsNonRoot": True,
                             },
-                            "envFrom": [{"secretRef": {"name": "wandb-credentials"}}, {"secretRef": {"name": "s3-credentials"}}],
+                            "envFrom": [
+                                {"secretRef": {"name": "wandb-credentials"}},
+                                {"secretRef": {"name": "s3-credentials"}},
+                            ],
                             "volumeMounts": [
                                 {"name": "home", "mountPath": "/home/trainer"},
                                 {"name": "tmp", "mountPath": "/tmp"},
@@ -207,7 +243,10 @@ def test_invariants_hold_for_other_shapes(tmp_path: Path) -> None:
     assert "nvidia.com/gpu" not in container["resources"]["requests"]  # CPU training holds no GPU
     # No /dev/shm volume and no Secrets; the writable scratch space is always there.
     assert pod["volumes"] == [{"name": "home", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
-    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/home/trainer", "/tmp"] and "envFrom" not in container
+    assert [m["mountPath"] for m in container["volumeMounts"]] == [
+        "/home/trainer",
+        "/tmp",
+    ] and "envFrom" not in container
     assert "affinity" not in pod and "nodeSelector" not in pod and "tolerations" not in pod
     assert "--master-port=29400" in container["command"]
     assert job["metadata"]["labels"]["trainyard.io/attempt"] == "5"
@@ -215,24 +254,43 @@ def test_invariants_hold_for_other_shapes(tmp_path: Path) -> None:
 
 
 def test_pod_failure_rules_follow_the_gang_exit_codes(two_node_spec) -> None:
-    """The container's status is `training.gang`'s contract (tests/training/test_gang.py runs it): each code has its rule."""
+    """The container's status is `training.gang`'s contract (tests/training/test_gang.py runs it): each code has its
+    rule."""
     rules = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["podFailurePolicy"]["rules"]
     by_code = {code: r["action"] for r in rules if "onExitCodes" in r for code in r["onExitCodes"]["values"]}
     # Every failure fails the Job (backoffLimit 0): FailJob rules give the launcher (and a JobSet) the cause in the
     # Job's reason and message; EXIT_INFRA and anything else is counted, past backoffLimit 0.
-    assert by_code == {EXIT_USER_ERROR: "FailJob", EXIT_BAD_CONFIG: "FailJob", EXIT_PREEMPTED: "FailJob", EXIT_INFRA: "Count"}
-    assert all(r["onExitCodes"]["containerName"] == "trainer" and r["onExitCodes"]["operator"] == "In" for r in rules if "onExitCodes" in r)
-    assert rules[0] == {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}  # checked first
-    command = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert by_code == {
+        EXIT_USER_ERROR: "FailJob",
+        EXIT_BAD_CONFIG: "FailJob",
+        EXIT_PREEMPTED: "FailJob",
+        EXIT_INFRA: "Count",
+    }
+    assert all(
+        r["onExitCodes"]["containerName"] == "trainer" and r["onExitCodes"]["operator"] == "In"
+        for r in rules
+        if "onExitCodes" in r
+    )
+    assert rules[0] == {
+        "action": "FailJob",
+        "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+    }  # checked first
+    command = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
     assert command[:3] == ["python", "-m", "training.gang"]
 
 
 def test_trial_objects_are_what_one_attempt_submits(two_node_spec) -> None:
     cfg = full_config()
-    job, service = trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="job")  # the Job first: the Service is owned by it
+    job, service = trial_objects(
+        two_node_spec, SPEC_URI, 1, cfg, kind="job"
+    )  # the Job first: the Service is owned by it
     assert job == job_manifest(two_node_spec, SPEC_URI, 1, cfg)
     assert service == service_manifest(job["metadata"]["name"], cfg, labels=trial_labels(two_node_spec, 1))
-    assert trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="jobset") == [jobset_manifest(two_node_spec, SPEC_URI, 1, cfg)]
+    assert trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="jobset") == [
+        jobset_manifest(two_node_spec, SPEC_URI, 1, cfg)
+    ]
     # With a Dagster run id, every object and every pod carries it (a UUID is a valid label value as it is).
     run_id = "6c4f0a0e-2b1d-4c3e-9f6a-0d2a6f1e8b77"
     for obj in (*trial_objects(two_node_spec, SPEC_URI, 1, cfg, kind="job", run_id=run_id),
@@ -241,8 +299,12 @@ def test_trial_objects_are_what_one_attempt_submits(two_node_spec) -> None:
         for _, pod_labels in _pod_template_labels(obj):
             assert pod_labels["trainyard.io/dagster-run"] == run_id and pod_labels["trainyard.io/attempt"] == "1"
         validate_any(obj, load_crd_schemas())
-    owned = service_manifest("n", cfg, owner={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "n", "uid": "u-1"}})
-    assert owned["metadata"]["ownerReferences"] == [{"apiVersion": "batch/v1", "kind": "Job", "name": "n", "uid": "u-1"}]
+    owned = service_manifest(
+        "n", cfg, owner={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "n", "uid": "u-1"}}
+    )
+    assert owned["metadata"]["ownerReferences"] == [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "n", "uid": "u-1"}
+    ]
     k8s_validate(owned)
     with pytest.raises(ManifestError, match="has no uid yet"):
         service_manifest("n", cfg, owner={"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "n"}})
@@ -254,14 +316,19 @@ def _pod_template_labels(obj: dict) -> list[tuple[str, dict]]:
     if obj["kind"] == "Job":
         return [("job", obj["spec"]["template"]["metadata"]["labels"])]
     if obj["kind"] == "JobSet":
-        return [(rj["name"], rj["template"]["spec"]["template"]["metadata"]["labels"]) for rj in obj["spec"]["replicatedJobs"]]
+        return [
+            (rj["name"], rj["template"]["spec"]["template"]["metadata"]["labels"])
+            for rj in obj["spec"]["replicatedJobs"]
+        ]
     return []
 
 
 def test_single_node_uses_standalone_rendezvous(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, distribution=Distribution(procs_per_node=2))
     job = job_manifest(spec, SPEC_URI, 0, K8sJobConfig(namespace="vision", image="trainer:1", queue_name=None))
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == torchrun_command(spec, SPEC_URI, python="python")
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"] == torchrun_command(
+        spec, SPEC_URI, python="python"
+    )
     assert "--standalone" in job["spec"]["template"]["spec"]["containers"][0]["command"]
     # No queue (a cluster without Kueue): nothing would ever unsuspend the Job.
     assert "suspend" not in job["spec"] and "kueue.x-k8s.io/queue-name" not in job["metadata"]["labels"]
@@ -280,7 +347,10 @@ def test_workload_priority_label_only_when_configured(two_node_spec) -> None:
     job = job_manifest(two_node_spec, SPEC_URI, 0, full_config(workload_priority_class="trainyard-production"))
     assert job["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "trainyard-production"
     assert "kueue.x-k8s.io/priority-class" not in job["spec"]["template"]["metadata"]["labels"]
-    assert "kueue.x-k8s.io/priority-class" not in job_manifest(two_node_spec, SPEC_URI, 0, full_config())["metadata"]["labels"]
+    assert (
+        "kueue.x-k8s.io/priority-class"
+        not in job_manifest(two_node_spec, SPEC_URI, 0, full_config())["metadata"]["labels"]
+    )
 
 
 def test_service_is_headless_and_selects_the_jobs_pods(two_node_spec) -> None:
@@ -293,8 +363,13 @@ def test_service_is_headless_and_selects_the_jobs_pods(two_node_spec) -> None:
         "metadata": {
             "name": NAME,
             "namespace": "vision",
-            "labels": {"cost-center": "ml-vision", "trainyard.io/pipeline": "vision.digits", "trainyard.io/trial": "trial-0000",
-                       "trainyard.io/attempt": "0", "trainyard.io/job-name": NAME},
+            "labels": {
+                "cost-center": "ml-vision",
+                "trainyard.io/pipeline": "vision.digits",
+                "trainyard.io/trial": "trial-0000",
+                "trainyard.io/attempt": "0",
+                "trainyard.io/job-name": NAME,
+            },
         },
         "spec": {
             "clusterIP": "None",
@@ -338,21 +413,46 @@ def test_label_values_are_sanitised() -> None:
     [
         (dict(namespace="Vision_NS"), "namespace='Vision_NS' is not a DNS label; accepted"),
         (dict(image="trainer latest"), "image='trainer latest' is not an image reference"),
-        (dict(image="reg/trainer@sha256:abc"), "has digest 'sha256:abc'; accepted: 'sha256:' followed by 64 lowercase hex digits"),
+        (
+            dict(image="reg/trainer@sha256:abc"),
+            "has digest 'sha256:abc'; accepted: 'sha256:' followed by 64 lowercase hex digits",
+        ),
         (dict(env={"MLFLOW_URI": "http://u:pw@mlflow"}), "env['MLFLOW_URI'] holds a URL with credentials"),
         (dict(env={"HOME": "/root"}), "env['HOME'] is set by the platform"),
         (dict(secret_env={"TMPDIR": SecretKeyRef(secret="s", key="k")}), "secret_env['TMPDIR'] is set by the platform"),
-        (dict(env={"HF_HOME": "/x"}, secret_env={"HF_HOME": SecretKeyRef(secret="s", key="k")}), "env and secret_env both set ['HF_HOME']"),
-        (dict(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "zone", "operator": "In"}]}]}}}), "operator 'In' on key 'zone' needs values"),
-        (dict(affinity={"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}}),
-         "topologyKey"),
+        (
+            dict(env={"HF_HOME": "/x"}, secret_env={"HF_HOME": SecretKeyRef(secret="s", key="k")}),
+            "env and secret_env both set ['HF_HOME']",
+        ),
+        (
+            dict(
+                affinity={
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In"}]}]
+                        }
+                    }
+                }
+            ),
+            "operator 'In' on key 'zone' needs values",
+        ),
+        (
+            dict(
+                affinity={
+                    "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"labelSelector": {}}]}
+                }
+            ),
+            "topologyKey",
+        ),
         (dict(affinity={"nodeAfinity": {}}), "nodeAfinity"),
         (dict(scratch_size="big"), "scratch_size='big' is not a Kubernetes quantity"),
         (dict(memory="lots"), "memory='lots' is not a Kubernetes quantity; accepted"),
         (dict(queue_name="Bad Queue"), "queue_name='Bad Queue' is not a valid Kubernetes name"),
         (dict(env={"WANDB_API_KEY": "abc"}), "env['WANDB_API_KEY'] looks like a credential"),
-        (dict(env={"AWS_SECRET_ACCESS_KEY": "abc"}), "put it in a Secret and list the Secret's name in env_from_secrets"),
+        (
+            dict(env={"AWS_SECRET_ACCESS_KEY": "abc"}),
+            "put it in a Secret and list the Secret's name in env_from_secrets",
+        ),
         (dict(env={"JOB_COMPLETION_INDEX": "0"}), "is set by the platform"),
         (dict(env_from_secrets=("Not_A_Name",)), "env_from_secrets[]='Not_A_Name'"),
         (dict(labels={"trainyard.io/trial": "x"}), "reserved for the platform"),
@@ -415,11 +515,23 @@ def test_jobset_equivalent(two_node_spec, crd_schemas) -> None:
     job = job_manifest(two_node_spec, SPEC_URI, 0, full_config())["spec"]
     assert [r["action"] for r in child["podFailurePolicy"]["rules"]] == ["FailJob", "FailJob", "FailJob", "Count"]
     assert child["podFailurePolicy"] == job["podFailurePolicy"] and job["backoffLimit"] == 0
-    assert js["spec"]["failurePolicy"] == {"maxRestarts": 2, "rules": [  # maxRestarts: backoff_limit
-        {"name": "user-or-config-error", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
-         "onJobFailureMessagePatterns": ["failed with exit code (1|78) matching FailJob rule"]},
-        {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"]},
-        {"name": "deadline", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]}]}
+    assert js["spec"]["failurePolicy"] == {
+        "maxRestarts": 2,
+        "rules": [  # maxRestarts: backoff_limit
+            {
+                "name": "user-or-config-error",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+                "onJobFailureMessagePatterns": ["failed with exit code (1|78) matching FailJob rule"],
+            },
+            {
+                "name": "disruption",
+                "action": "RestartJobSetAndIgnoreMaxRestarts",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            },
+            {"name": "deadline", "action": "FailJobSet", "onJobFailureReasons": ["DeadlineExceeded"]},
+        ],
+    }
     command = child["template"]["spec"]["containers"][0]["command"]
     assert f"--master-addr={name}-node-0-0.{name}" in command and "subdomain" not in child["template"]["spec"]
     assert len(f"{name}-node-0-99999") <= 63
@@ -432,17 +544,29 @@ def test_nodes_to_avoid_are_a_preference_beside_the_teams_own_affinity(two_node_
     affinity = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["affinity"]
     assert affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == AFFINITY["nodeAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]  # the team's own placement is kept
-    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == [{"weight": 100, "preference": {
-        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-node-3", "gpu-node-7"]}]}}]
+    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == [
+        {
+            "weight": 100,
+            "preference": {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-node-3", "gpu-node-7"]}
+                ]
+            },
+        }
+    ]
     crd_validate(js, crd_schemas)
     job = job_manifest(two_node_spec, SPEC_URI, 1, full_config(affinity=None, avoid_nodes=("gpu-node-7",)))
-    assert list(job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]) == ["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert list(job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]) == [
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
     k8s_validate(job)
 
 
 def test_priority_classes() -> None:
     pcs = {p["metadata"]["name"]: p for p in priority_classes()}
-    assert pcs["trainyard-interactive"]["value"] > pcs["trainyard-production"]["value"] > pcs["trainyard-sweep"]["value"]
+    assert (
+        pcs["trainyard-interactive"]["value"] > pcs["trainyard-production"]["value"] > pcs["trainyard-sweep"]["value"]
+    )
     assert pcs["trainyard-sweep"]["preemptionPolicy"] == "Never"
     assert pcs["trainyard-production"]["preemptionPolicy"] == "PreemptLowerPriority"
     assert not any(p["globalDefault"] for p in pcs.values())
@@ -481,8 +605,16 @@ def test_kueue_objects(crd_schemas) -> None:
 def test_rbac_is_least_privilege() -> None:
     objs = rbac_objects("vision", "trainyard-launcher-vision", service_account_namespace="dagster")
     sa, role, binding = objs
-    assert sa == {"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": False,
-                  "metadata": {"name": "trainyard-launcher-vision", "namespace": "dagster", "labels": {"app.kubernetes.io/part-of": "trainyard"}}}
+    assert sa == {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "automountServiceAccountToken": False,
+        "metadata": {
+            "name": "trainyard-launcher-vision",
+            "namespace": "dagster",
+            "labels": {"app.kubernetes.io/part-of": "trainyard"},
+        },
+    }
     assert role["metadata"]["namespace"] == "vision"
     # Exactly what JobSupervisor calls (test_k8s_launcher checks every call it makes against these rules).
     assert {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]} == {
@@ -494,7 +626,9 @@ def test_rbac_is_least_privilege() -> None:
         (("",), ("pods/log",)): {"get"},
         (("kueue.x-k8s.io",), ("workloads",)): {"list"},
     }
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-launcher-vision", "namespace": "dagster"}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "trainyard-launcher-vision", "namespace": "dagster"}
+    ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["metadata"]["namespace"] == "vision"
     for o in objs:
         k8s_validate(o)
@@ -502,7 +636,9 @@ def test_rbac_is_least_privilege() -> None:
 
 def test_trial_service_account_is_bound_only_in_its_namespace_and_granted_nothing() -> None:
     sa, role, binding = trial_rbac_objects("language")
-    assert sa["metadata"]["namespace"] == role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "language"
+    assert (
+        sa["metadata"]["namespace"] == role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "language"
+    )
     assert sa["automountServiceAccountToken"] is False and role["rules"] == []
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "trainyard-trial", "namespace": "language"}]
     for o in (sa, role, binding):

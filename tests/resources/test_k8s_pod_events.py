@@ -19,7 +19,17 @@ from resources.k8s.names import job_name
 from resources.k8s.pod_events import PodWatch, watch_failed_pods
 from resources.k8s.pods import PodView
 from tests.resources import test_k8s_launcher
-from tests.resources.test_k8s_launcher import CFG, NS, Cluster, KubeServer, Recorder, playing, supervisor, two_node_spec, write_result
+from tests.resources.test_k8s_launcher import (
+    CFG,
+    NS,
+    Cluster,
+    KubeServer,
+    Recorder,
+    playing,
+    supervisor,
+    two_node_spec,
+    write_result,
+)
 
 kube = test_k8s_launcher.kube  # the emulated API server, as a fixture
 
@@ -38,7 +48,12 @@ def restart_between_polls(kube: KubeServer, name: str, spec: Any) -> Any:
     """The controllers: admit, run, then fail, delete and replace the gang's pods in one go, then complete."""
 
     def script(c: Cluster) -> None:
-        c.wait(lambda: any(j["metadata"]["name"] == name for j in c.custom.list_namespaced_custom_object(GROUP, VERSION, NS, "jobsets")["items"]))
+        c.wait(
+            lambda: any(
+                j["metadata"]["name"] == name
+                for j in c.custom.list_namespaced_custom_object(GROUP, VERSION, NS, "jobsets")["items"]
+            )
+        )
         c.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "jobsets", name, {"spec": {"suspend": False}})
         c.add_pod(name, 0)
         c.add_pod(name, 1)
@@ -58,15 +73,34 @@ def restart_between_polls(kube: KubeServer, name: str, spec: Any) -> Any:
         c.add_pod(name, 1, "b")
         time.sleep(POLL_S + 0.5)
         write_result(spec)
-        c.custom.patch_namespaced_custom_object(GROUP, VERSION, NS, "jobsets", name, {"status": {
-            "terminalState": "Completed",
-            "conditions": [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted", "message": "jobset completed successfully"}]}})
+        c.custom.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            NS,
+            "jobsets",
+            name,
+            {
+                "status": {
+                    "terminalState": "Completed",
+                    "conditions": [
+                        {
+                            "type": "Completed",
+                            "status": "True",
+                            "reason": "AllJobsCompleted",
+                            "message": "jobset completed successfully",
+                        }
+                    ],
+                }
+            },
+        )
 
     return script
 
 
 @pytest.mark.parametrize("watch", [True, False], ids=["watching", "sleeping"])
-def test_a_pod_deleted_by_a_restart_between_two_polls_is_named_only_when_watched(kube: KubeServer, tmp_path: Path, watch: bool) -> None:
+def test_a_pod_deleted_by_a_restart_between_two_polls_is_named_only_when_watched(
+    kube: KubeServer, tmp_path: Path, watch: bool
+) -> None:
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0, max_length=48)
     log = Recorder()
@@ -87,7 +121,11 @@ def test_a_pod_deleted_by_a_restart_between_two_polls_is_named_only_when_watched
 
 def test_a_watch_the_role_forbids_ends_the_pod_watch_and_polls_go_on(kube: KubeServer) -> None:
     """A Role without `watch` on pods: 403; the thread ends at once (no retry loop) and keeps nothing."""
-    kube.km["get"][PODS][{"watch": "true"}] << 403 << {"kind": "Status", "code": 403, "reason": "Forbidden", "message": "pods is forbidden"}
+    (
+        kube.km["get"][PODS][{"watch": "true"}]
+        << 403
+        << {"kind": "Status", "code": 403, "reason": "Forbidden", "message": "pods is forbidden"}
+    )
     core = Cluster(kube).core
     assert watch_failed_pods(core, NS, "any", 0.2, lambda pod: None, connect_timeout=5) is False
     watch = PodWatch(core, NS, "any", window=0.2, connect_timeout=5).start()
@@ -112,7 +150,9 @@ def test_a_quiet_watch_ends_with_its_window_and_keeps_only_the_gangs_failed_pods
     kept: list[PodView] = []
     started = time.monotonic()
     assert watch_failed_pods(c.core, NS, "a-job", 0.5, kept.append, connect_timeout=5) is True
-    assert 0.45 <= time.monotonic() - started < 30.0  # the 0.5 s window ended it (nothing else would); room for a loaded machine
+    assert (
+        0.45 <= time.monotonic() - started < 30.0
+    )  # the 0.5 s window ended it (nothing else would); room for a loaded machine
     assert [(p.name, p.phase, p.exit_code) for p in kept] == [("a-job-1-a", "Failed", 1)]
 
 
@@ -133,7 +173,11 @@ def test_stop_ends_a_watch_blocked_in_a_long_window_at_once(kube: KubeServer) ->
 
 def test_a_watch_the_api_keeps_failing_is_retried_once_a_pause_not_in_a_busy_loop(kube: KubeServer) -> None:
     """An API that answers the watch with 500 (down, restarting): the thread waits `pause` between tries."""
-    kube.km["get"][PODS][{"watch": "true"}] << 500 << {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd is down"}
+    (
+        kube.km["get"][PODS][{"watch": "true"}]
+        << 500
+        << {"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd is down"}
+    )
     watch = PodWatch(Cluster(kube).core, NS, "a-job", window=2, connect_timeout=5, pause=0.5).start()
     time.sleep(1.2)
     watch.stop()

@@ -1,4 +1,5 @@
-"""Admitted gangs that cannot start: the launcher logs why, waits within a bound counted in admitted time, then fails and deletes.
+"""Admitted gangs that cannot start: the launcher logs why, waits within a bound counted in admitted time, then fails
+and deletes.
 
 Same emulated API as tests/resources/test_k8s_launcher.py (kmock over HTTP, a
 FakeTime whose sleeps play the cluster). The pod conditions, container states,
@@ -40,17 +41,33 @@ kube = test_k8s_launcher.kube  # the emulated API server, as a fixture
 
 def add_pending_pod(c: Cluster, job: str, index: int, suffix: str = "a", *, unschedulable: Optional[str] = None,
                     waiting: Optional[tuple[str, str]] = None) -> str:
-    """A Pending pod as the API shows it: not scheduled (PodScheduled=False/Unschedulable) or with a waiting container."""
+    """A Pending pod as the API shows it: not scheduled (PodScheduled=False/Unschedulable) or with a waiting
+    container."""
     pod = f"{job}-{index}-{suffix}"
     status: dict[str, Any] = {"phase": "Pending"}
     if unschedulable is not None:
-        status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable,
-                                 "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+        status["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": unschedulable,
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ]
     if waiting is not None:
         status["conditions"] = [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False",
                                                                                "reason": "ContainersNotReady"}]
-        status["containerStatuses"] = [{"name": "trainer", "image": "trainer:1", "imageID": "", "ready": False,
-                                        "restartCount": 0, "state": {"waiting": {"reason": waiting[0], "message": waiting[1]}}}]
+        status["containerStatuses"] = [
+            {
+                "name": "trainer",
+                "image": "trainer:1",
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": waiting[0], "message": waiting[1]}},
+            }
+        ]
     c.core.create_namespaced_pod(NS, {
         "metadata": {"name": pod, "namespace": NS, "labels": {LABEL_JOB: job, COMPLETION_INDEX_ANNOTATION: str(index)},
                      "annotations": {COMPLETION_INDEX_ANNOTATION: str(index)}},
@@ -73,8 +90,11 @@ def play(actions: dict[float, Callable[[], Any]]) -> Callable[[float], None]:
     return hook
 
 
-def test_unschedulable_gang_fails_after_its_bound_of_admitted_time_and_is_deleted(kube: KubeServer, tmp_path: Path) -> None:
-    """Admitted at 10 s, unschedulable; Kueue's waitForPodsReady evicts it at 300 s (requeued, not admitted until 500 s);
+def test_unschedulable_gang_fails_after_its_bound_of_admitted_time_and_is_deleted(
+    kube: KubeServer, tmp_path: Path
+) -> None:
+    """Admitted at 10 s, unschedulable; Kueue's waitForPodsReady evicts it at 300 s (requeued, not admitted until 500
+    s);
     unschedulable again: 290 s + 110 s of admitted time reach the 400 s bound at about 610 s, not at 410 s."""
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)
@@ -92,8 +112,19 @@ def test_unschedulable_gang_fails_after_its_bound_of_admitted_time_and_is_delete
     t = FakeTime(play({10: lambda: admit("a"), 300: evict, 500: lambda: admit("b")}))
     log = Recorder()
     with pytest.raises(StuckGang) as err:
-        run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, unschedulable_seconds=400, queue_timeout=5000,
-                       run_timeout=5000), spec, log)
+        run(
+            supervisor(
+                kube,
+                clock=t.clock,
+                sleep=t.sleep,
+                poll_interval=10,
+                unschedulable_seconds=400,
+                queue_timeout=5000,
+                run_timeout=5000,
+            ),
+            spec,
+            log,
+        )
     e = err.value
     assert e.kind == "unschedulable" and not e.retryable
     assert UNSCHEDULABLE in str(e) and "holds no quota" in str(e)
@@ -114,7 +145,12 @@ def test_unschedulable_gang_fails_after_its_bound_of_admitted_time_and_is_delete
         ("ImagePullBackOff", 'Back-off pulling image "registry.example/trainer:1"', "image", (300, 330)),
         ("CrashLoopBackOff", "back-off 5m0s restarting failed container=trainer", "crashloop", (300, 330)),
         ("CreateContainerConfigError", 'secret "wandb-credentials" not found', "config", (10, 20)),
-        ("InvalidImageName", 'Failed to apply default image tag "Trainer:1": invalid reference format', "config", (10, 20)),
+        (
+            "InvalidImageName",
+            'Failed to apply default image tag "Trainer:1": invalid reference format',
+            "config",
+            (10, 20),
+        ),
     ],
 )
 def test_container_that_cannot_start_fails_within_its_bound(kube: KubeServer, tmp_path: Path, reason: str, message: str,
@@ -122,10 +158,16 @@ def test_container_that_cannot_start_fails_within_its_bound(kube: KubeServer, tm
     spec = two_node_spec(tmp_path)
     name = job_name(spec.pipeline, spec.trial_id, 0)
     c = Cluster(kube)
-    t = FakeTime(play({10: lambda: (c.admit(name), c.add_pod(name, 0), add_pending_pod(c, name, 1, waiting=(reason, message)))}))
+    t = FakeTime(
+        play({10: lambda: (c.admit(name), c.add_pod(name, 0), add_pending_pod(c, name, 1, waiting=(reason, message)))})
+    )
     log = Recorder()
     with pytest.raises(StuckGang, match=f"{reason}: ") as err:
-        run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, stuck_seconds=300, run_timeout=5000), spec, log)
+        run(
+            supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, stuck_seconds=300, run_timeout=5000),
+            spec,
+            log,
+        )
     assert err.value.kind == kind and message in str(err.value)
     assert fails_by[0] <= t.now <= fails_by[1], t.now
     assert log.count(f"pod {name}-1-a (node rank 1): {reason}: {message}") == 1, log.text()
@@ -159,7 +201,11 @@ def test_refused_pod_creation_is_read_from_the_jobs_events(kube: KubeServer, tmp
     t = FakeTime(play({10: admit}))
     log = Recorder()
     with pytest.raises(StuckGang, match="exceeded quota: team-gpus") as err:
-        run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, stuck_seconds=120, run_timeout=5000), spec, log)
+        run(
+            supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, stuck_seconds=120, run_timeout=5000),
+            spec,
+            log,
+        )
     assert err.value.kind == "create" and "not this trial's" not in str(err.value)
     assert 120 <= t.now <= 150, t.now
     assert log.count(f"Job {name}: FailedCreate: {refused}") == 1, log.text()
@@ -186,7 +232,9 @@ def test_a_problem_that_clears_restarts_its_timer(kube: KubeServer, tmp_path: Pa
     t = FakeTime(play({10: lambda: (c.admit(name), pulling("a")), 210: lambda: running("b"), 250: lambda: pulling("c"),
                        450: lambda: running("d"), 500: lambda: (write_result(spec), c.finish(name, "Complete"))}))
     log = Recorder()
-    outcome = run(supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, stuck_seconds=300, run_timeout=5000), spec, log)
+    outcome = run(
+        supervisor(kube, clock=t.clock, sleep=t.sleep, poll_interval=10, stuck_seconds=300, run_timeout=5000), spec, log
+    )
     assert outcome.result.world_size == 2
     assert log.count("ImagePullBackOff") == 2
 
@@ -224,8 +272,14 @@ def test_bounds_and_the_active_deadline_come_from_the_environment() -> None:
     default = KubernetesLauncher.from_env(base)
     assert (default.stuck_seconds, default.unschedulable_seconds) == (300, 900)
     assert default.job_config().active_deadline_seconds == DEFAULT_ACTIVE_DEADLINE_SECONDS
-    custom = KubernetesLauncher.from_env({**base, "TRAINYARD_K8S_STUCK_SECONDS": "120", "TRAINYARD_K8S_UNSCHEDULABLE_SECONDS": "1800",
-                                          "TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS": "0"})
+    custom = KubernetesLauncher.from_env(
+        {
+            **base,
+            "TRAINYARD_K8S_STUCK_SECONDS": "120",
+            "TRAINYARD_K8S_UNSCHEDULABLE_SECONDS": "1800",
+            "TRAINYARD_K8S_ACTIVE_DEADLINE_SECONDS": "0",
+        }
+    )
     assert (custom.stuck_seconds, custom.unschedulable_seconds, custom.active_deadline_seconds) == (120, 1800, None)
     sup = custom.supervisor(None)  # type: ignore[arg-type]  # no calls: the API objects are only held
     assert (sup.stuck_seconds, sup.unschedulable_seconds) == (120, 1800)

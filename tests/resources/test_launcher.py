@@ -28,7 +28,15 @@ from resources.launcher import (
 )
 from resources.warm import warm_dir
 from tests.support.train_specs import make_spec
-from training.spec import EXIT_INFRA, EXIT_PREEMPTED, SPEC_FILE, CheckpointPolicy, Distribution, FaultInjection, ImportTarget
+from training.spec import (
+    EXIT_INFRA,
+    EXIT_PREEMPTED,
+    SPEC_FILE,
+    CheckpointPolicy,
+    Distribution,
+    FaultInjection,
+    ImportTarget,
+)
 
 
 def test_torchrun_command_single_node(tmp_path: Path) -> None:
@@ -43,14 +51,26 @@ def test_torchrun_command_multi_node_needs_master(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, distribution=Distribution(nodes=2, procs_per_node=1))
     with pytest.raises(ValueError, match="needs master_addr and node_rank"):
         torchrun_command(spec, "s")
-    cmd = torchrun_command(spec, "s", python="py", node_rank="$(JOB_COMPLETION_INDEX)", master_addr="job-0.svc", master_port=29400)
-    assert cmd[5:9] == ["--max-restarts=2", "--node-rank=$(JOB_COMPLETION_INDEX)", "--master-addr=job-0.svc", "--master-port=29400"]
+    cmd = torchrun_command(
+        spec, "s", python="py", node_rank="$(JOB_COMPLETION_INDEX)", master_addr="job-0.svc", master_port=29400
+    )
+    assert cmd[5:9] == [
+        "--max-restarts=2",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--master-addr=job-0.svc",
+        "--master-port=29400",
+    ]
 
 
 def test_outcome_mapping() -> None:
     assert isinstance(outcome_error(1, [{"category": "config", "rank": 1, "error": "e"}], "", "t"), TrainingConfigError)
     user = outcome_error(1, [{"category": "user", "rank": 1, "error": "boom", "traceback": "TB"}], "", "t")
-    assert isinstance(user, TrainingCodeError) and not user.retryable and "rank 1 raised boom" in str(user) and "TB" in str(user)
+    assert (
+        isinstance(user, TrainingCodeError)
+        and not user.retryable
+        and "rank 1 raised boom" in str(user)
+        and "TB" in str(user)
+    )
     infra = outcome_error(-9, [], "last line", "t")
     assert isinstance(infra, InfrastructureError) and infra.retryable and "last line" in str(infra)
 
@@ -155,48 +175,90 @@ def root_cause_swapped(summary: str) -> str:
     second can come first whenever its exit was seen first.
     """
     other, root = _SUMMARY_ENTRIES.findall(summary)
-    return summary.replace(other, "\0").replace(root, other.replace("[1]:", "[0]:", 1)).replace("\0", root.replace("[0]:", "[1]:", 1))
+    return (
+        summary.replace(other, "\0")
+        .replace(root, other.replace("[1]:", "[0]:", 1))
+        .replace("\0", root.replace("[0]:", "[1]:", 1))
+    )
 
 
 # rank 0's records in those launches: the lost connection ("infra", a consequence), recorded before torchrun's
 # SIGTERM; and the record of a rank that checkpointed on a SIGTERM (from the preemption drill below).
-LOST_PEER = {"rank": 0, "category": "infra", "consequence": True, "time": 1796225701.5250297, "error": (
-    "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:24999: "
-    "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application.")}
+LOST_PEER = {
+    "rank": 0,
+    "category": "infra",
+    "consequence": True,
+    "time": 1796225701.5250297,
+    "error": (
+        "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+        "[127.0.0.1]:24999: "
+        "Connection reset by peer. This is typically caused by a remote worker hanging or bugs in the application."
+    ),
+}
 PREEMPTED = {"rank": 0, "category": "preempted", "consequence": False, "time": 1796227382.2984104,
              "error": "Preempted: SIGTERM: checkpoint at step 9 committed in 0.03 s (deadline 60 s)"}
-RANK_TAILS = {0: ["[rank 0] 2026-12-02 16:02:24,333 INFO: committed checkpoint /tmp/r/run/checkpoints/step-000000004 (47277 bytes)"],
-              1: ["/work/main/.venv/lib/python3.11/site-packages/lightning/pytorch/utilities/_pytree.py:21: deprecated",
-                  "`weights_only` was not set, defaulting to `False`."]}
+RANK_TAILS = {
+    0: [
+        "[rank 0] 2026-12-02 16:02:24,333 INFO: committed checkpoint /tmp/r/run/checkpoints/step-000000004 (47277 "
+        "bytes)"
+    ],
+    1: [
+        "/work/main/.venv/lib/python3.11/site-packages/lightning/pytorch/utilities/_pytree.py:21: deprecated",
+        "`weights_only` was not set, defaulting to `False`.",
+    ],
+}
 
 
-@pytest.mark.parametrize("summary", [STOPPED_SURVIVOR, root_cause_swapped(STOPPED_SURVIVOR)], ids=["root-cause-rank-1", "root-cause-rank-0"])
+@pytest.mark.parametrize(
+    "summary", [STOPPED_SURVIVOR, root_cause_swapped(STOPPED_SURVIVOR)], ids=["root-cause-rank-1", "root-cause-rank-0"]
+)
 @pytest.mark.parametrize("records", [[], [LOST_PEER]], ids=["no-record", "lost-peer-record"])
-def test_a_rank_torchrun_stopped_after_its_peer_was_killed_is_not_blamed(summary: str, records: list[dict[str, Any]]) -> None:
+def test_a_rank_torchrun_stopped_after_its_peer_was_killed_is_not_blamed(
+    summary: str, records: list[dict[str, Any]]
+) -> None:
     exits = parse_worker_exits(summary)
     assert {e.rank: (e.exitcode, e.stopped) for e in exits} == {0: (-15, True), 1: (-9, False)}
-    err = outcome_error(EXIT_INFRA, records, "combined tail", "trial-0000", torchrun_output=summary, rank_tails=RANK_TAILS)
+    err = outcome_error(
+        EXIT_INFRA, records, "combined tail", "trial-0000", torchrun_output=summary, rank_tails=RANK_TAILS
+    )
     assert isinstance(err, InfrastructureError) and err.retryable and err.rank == 1
     first = str(err).splitlines()[0]
-    assert first.startswith("trial trial-0000: rank 1 was killed (signal 9, SIGKILL; pid 8028) without reporting an error (")
+    assert first.startswith(
+        "trial trial-0000: rank 1 was killed (signal 9, SIGKILL; pid 8028) without reporting an error ("
+    )
     assert "rank 0 was killed" not in str(err) and first.count("rank 0 then lost its peer") == 1
     if records:
-        assert first.endswith("; rank 0 then lost its peer (RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
-                              "Read error [127.0.0.1]:24999: Connection reset by peer. This is typically caused by a remote worker hanging or bugs)")
+        assert first.endswith(
+            "; rank 0 then lost its peer (RuntimeError: "
+            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] "
+            "Read error [127.0.0.1]:24999: Connection reset by peer. This is typically caused by a remote worker "
+            "hanging or bugs)"
+        )
     else:
         assert first.endswith("; rank 0 then lost its peer (stopped by torchrun with SIGTERM after rank 1 died)")
-    assert err.log_tail == "\n".join(RANK_TAILS[1]) and str(err).endswith("last 2 log lines of rank 1:\n" + err.log_tail)
+    assert err.log_tail == "\n".join(RANK_TAILS[1]) and str(err).endswith(
+        "last 2 log lines of rank 1:\n" + err.log_tail
+    )
 
 
-@pytest.mark.parametrize("exit_line", ["exitcode  : -15 (pid: 8027)  (SIGTERM)", "exitcode  : 143 (pid: 8027)"], ids=["sigterm", "exit-143"])
+@pytest.mark.parametrize(
+    "exit_line", ["exitcode  : -15 (pid: 8027)  (SIGTERM)", "exitcode  : 143 (pid: 8027)"], ids=["sigterm", "exit-143"]
+)
 @pytest.mark.parametrize("swap", [False, True], ids=["root-cause-rank-1", "root-cause-rank-0"])
 def test_a_preemption_record_of_a_rank_torchrun_stopped_is_not_a_preemption(exit_line: str, swap: bool) -> None:
-    """A survivor that checkpointed on torchrun's SIGTERM records "preempted" and `training.gang` exits 143; the launch was not preempted."""
+    """A survivor that checkpointed on torchrun's SIGTERM records "preempted" and `training.gang` exits 143; the launch
+    was not preempted."""
     summary = STOPPED_SURVIVOR.replace("exitcode  : -15 (pid: 8027)  (SIGTERM)", exit_line)
     summary = root_cause_swapped(summary) if swap else summary
-    err = outcome_error(EXIT_PREEMPTED, [PREEMPTED], "combined tail", "trial-0000", torchrun_output=summary, rank_tails=RANK_TAILS)
+    err = outcome_error(
+        EXIT_PREEMPTED, [PREEMPTED], "combined tail", "trial-0000", torchrun_output=summary, rank_tails=RANK_TAILS
+    )
     assert isinstance(err, InfrastructureError) and err.retryable and err.rank == 1
-    assert str(err).splitlines()[0].startswith("trial trial-0000: rank 1 was killed (signal 9, SIGKILL; pid 8028) without reporting an error")
+    assert (
+        str(err)
+        .splitlines()[0]
+        .startswith("trial trial-0000: rank 1 was killed (signal 9, SIGKILL; pid 8028) without reporting an error")
+    )
     assert "rank 0 then lost its peer (stopped by torchrun with SIGTERM after rank 1 died)" in str(err).splitlines()[0]
 
 
@@ -213,8 +275,18 @@ torch.distributed.elastic.multiprocessing.api.SignalException: Process 8239 got 
 
 def test_a_whole_launch_preemption_is_still_a_preemption() -> None:
     records = [PREEMPTED, {**PREEMPTED, "rank": 1, "time": PREEMPTED["time"] - 0.01}]
-    for failures in (records, []):  # the ranks' records, or none yet: the launch was stopped before they could write one
-        err = outcome_error(EXIT_PREEMPTED, failures, WHOLE_LAUNCH_PREEMPTED, "t", torchrun_output=WHOLE_LAUNCH_PREEMPTED, rank_tails=RANK_TAILS)
+    for failures in (
+        records,
+        [],
+    ):  # the ranks' records, or none yet: the launch was stopped before they could write one
+        err = outcome_error(
+            EXIT_PREEMPTED,
+            failures,
+            WHOLE_LAUNCH_PREEMPTED,
+            "t",
+            torchrun_output=WHOLE_LAUNCH_PREEMPTED,
+            rank_tails=RANK_TAILS,
+        )
         assert isinstance(err, TrainingPreempted) and err.retryable
     assert "checkpoint at step 9 committed" in str(outcome_error(EXIT_PREEMPTED, records, WHOLE_LAUNCH_PREEMPTED, "t"))
 
@@ -257,7 +329,11 @@ def test_exception_on_one_rank_is_terminal_with_its_traceback(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_bad_import_path_is_config_error(tmp_path: Path) -> None:
-    spec = make_spec(tmp_path, model=ImportTarget(path="pipelines.vision.models:NoSuchModel"), distribution=Distribution(procs_per_node=2))
+    spec = make_spec(
+        tmp_path,
+        model=ImportTarget(path="pipelines.vision.models:NoSuchModel"),
+        distribution=Distribution(procs_per_node=2),
+    )
     with pytest.raises(TrainingConfigError, match="has no attribute 'NoSuchModel'"):
         LocalLauncher().launch(spec)
 
@@ -265,14 +341,20 @@ def test_bad_import_path_is_config_error(tmp_path: Path) -> None:
 def test_timeout_stops_the_launch(tmp_path: Path) -> None:
     # 0.05 s per step, 1,000 steps: longer than the timeout on any machine (a plain digits trial on a warm worker
     # finished inside 1 s once its server preloaded what the trial imports).
-    spec = make_spec(tmp_path, max_epochs=200, model=ImportTarget(path="tests.support.gang_models:SlowSteps",
-                                                                  kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.05}))
+    spec = make_spec(
+        tmp_path,
+        max_epochs=200,
+        model=ImportTarget(
+            path="tests.support.gang_models:SlowSteps", kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.05}
+        ),
+    )
     with pytest.raises(InfrastructureError, match="no result after 1 s"):
         LocalLauncher(timeout_seconds=1).launch(spec)
 
 
 def _workers_of(root: int) -> dict[int, int]:
-    """rank -> pid of the `training.entrypoint` processes descended from process `root` (read from /proc): torchrun's."""
+    """rank -> pid of the `training.entrypoint` processes descended from process `root` (read from /proc):
+    torchrun's."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -290,7 +372,9 @@ def _workers_of(root: int) -> dict[int, int]:
             continue
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            environ = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+            environ = dict(
+                kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv
+            )
         except OSError:
             continue
         if b"training.entrypoint" in cmdline and b"RANK" in environ:
@@ -342,8 +426,11 @@ def launch_and_kill(spec: Any, rank: int, warm: bool) -> tuple[Optional[Any], Op
 def test_rank_killed_from_outside_is_blamed_with_its_own_log_lines(tmp_path: Path, warm: bool) -> None:
     """No restarts left: the launch fails, naming the killed rank first and showing that rank's lines."""
     spec = make_spec(
-        tmp_path, distribution=Distribution(procs_per_node=2, max_restarts=0), checkpoint=CheckpointPolicy(every_n_steps=4),
-        max_epochs=6, batch_size=16,
+        tmp_path,
+        distribution=Distribution(procs_per_node=2, max_restarts=0),
+        checkpoint=CheckpointPolicy(every_n_steps=4),
+        max_epochs=6,
+        batch_size=16,
     )
     _, error, _ = launch_and_kill(spec, rank=1, warm=warm)
     assert isinstance(error, InfrastructureError) and error.retryable and error.rank == 1
@@ -360,8 +447,13 @@ def test_rank_killed_from_outside_is_blamed_with_its_own_log_lines(tmp_path: Pat
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "torchrun"])
 def test_rank_killed_from_outside_is_restarted_in_the_job_by_default(tmp_path: Path, warm: bool) -> None:
     """The default `max_restarts` lets torchrun restart the group; it resumes from the newest checkpoint."""
-    spec = make_spec(tmp_path, distribution=Distribution(procs_per_node=2), checkpoint=CheckpointPolicy(every_n_steps=4),
-                     max_epochs=6, batch_size=16)
+    spec = make_spec(
+        tmp_path,
+        distribution=Distribution(procs_per_node=2),
+        checkpoint=CheckpointPolicy(every_n_steps=4),
+        max_epochs=6,
+        batch_size=16,
+    )
     outcome, error, killed_at = launch_and_kill(spec, rank=1, warm=warm)
     assert error is None and outcome is not None
     result = outcome.result

@@ -1,4 +1,5 @@
-"""Live training curves: the local launcher turns each epoch's Pipes record into an asset observation while the trial runs."""
+"""Live training curves: the local launcher turns each epoch's Pipes record into an asset observation while the trial
+runs."""
 
 from __future__ import annotations
 
@@ -107,11 +108,23 @@ with open_dagster_pipes() as pipes:
 
 def fake_torchrun(tmp_path: Path, output_uri: str) -> str:
     result = TrainResult(
-        trial_id=TRIAL, metrics={"val_acc": 0.9}, best_metric=0.9, epochs=3, global_step=3, train_samples=3, fit_seconds=1.0,
-        samples_per_second=1.0, wall_seconds=1.0, world_size=1, device_hours=0.0, model_uri=f"{output_uri}/model",
+        trial_id=TRIAL,
+        metrics={"val_acc": 0.9},
+        best_metric=0.9,
+        epochs=3,
+        global_step=3,
+        train_samples=3,
+        fit_seconds=1.0,
+        samples_per_second=1.0,
+        wall_seconds=1.0,
+        world_size=1,
+        device_hours=0.0,
+        model_uri=f"{output_uri}/model",
     )
     path = tmp_path / "fake-python"
-    path.write_text(FAKE_TORCHRUN.format(python=sys.executable, result_file=RESULT_FILE, result=result.model_dump_json()))
+    path.write_text(
+        FAKE_TORCHRUN.format(python=sys.executable, result_file=RESULT_FILE, result=result.model_dump_json())
+    )
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
     return str(path)
 
@@ -135,7 +148,11 @@ def launch_as_asset(tmp_path: Path, launcher: LocalLauncher, **spec: Any) -> tup
 
 
 def observations(entries: list[EventLogEntry]) -> list[EventLogEntry]:
-    return [e for e in entries if e.dagster_event is not None and e.dagster_event.event_type == DagsterEventType.ASSET_OBSERVATION]
+    return [
+        e
+        for e in entries
+        if e.dagster_event is not None and e.dagster_event.event_type == DagsterEventType.ASSET_OBSERVATION
+    ]
 
 
 def observed(entry: EventLogEntry) -> dict[str, Any]:
@@ -151,7 +168,8 @@ def test_observations_arrive_while_the_trial_runs(tmp_path: Path) -> None:
     _, entries, result_file = launch_as_asset(tmp_path, launcher)
     seen = observations(entries)
     assert [observed(e) for e in seen] == [
-        {"epoch": e, "step": e + 1, "val_acc": pytest.approx(0.3 * (e + 1)), "val_loss": pytest.approx(1.0 / (e + 1))} for e in range(3)
+        {"epoch": e, "step": e + 1, "val_acc": pytest.approx(0.3 * (e + 1)), "val_loss": pytest.approx(1.0 / (e + 1))}
+        for e in range(3)
     ]
     finished = os.stat(result_file).st_mtime
     assert seen[0].timestamp < finished - 1.0  # live: not collected after the run
@@ -161,7 +179,8 @@ def test_observations_arrive_while_the_trial_runs(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_real_trial_is_observed_epoch_by_epoch(tmp_path: Path) -> None:
-    """One torchrun process training the digits MLP for 4 epochs: one observation per epoch, the first before the result."""
+    """One torchrun process training the digits MLP for 4 epochs: one observation per epoch, the first before the
+    result."""
     result, entries, result_file = launch_as_asset(tmp_path, LocalLauncher(progress_poll_seconds=0.1), max_epochs=4)
     seen = observations(entries)
     points = [observed(e) for e in seen]

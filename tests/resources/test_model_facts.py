@@ -37,7 +37,11 @@ def test_facts_are_those_of_the_model_built_here(warm: bool) -> None:
     parallel = describe_model(_query("pipelines.vision.models:DigitsParallelMLP"), warm=warm)
     model = DigitsParallelMLP(n_features=64, n_classes=10)
     assert (parallel.params, parallel.fsdp_units, parallel.parallel, parallel.tp_plan) == (
-        sum(p.numel() for p in model.parameters()), max(1, len(model.fsdp_units())), True, bool(model.tensor_parallel_plan()))
+        sum(p.numel() for p in model.parameters()),
+        max(1, len(model.fsdp_units())),
+        True,
+        bool(model.tensor_parallel_plan()),
+    )
 
 
 def test_classes_are_counted_only_when_the_constructor_needs_them() -> None:
@@ -49,9 +53,14 @@ def test_classes_are_counted_only_when_the_constructor_needs_them() -> None:
 
     facts = describe_model(_query(n_classes=count))
     assert calls == [1] and facts.params == 64 * 64 + 64 + 64 * 7 + 7
-    assert describe_model(_query(hparams={"n_classes": 3}, n_classes=count)).params == 64 * 64 + 64 + 64 * 3 + 3 and calls == [1]
-    # a regression model gets no n_classes, as training.lightning_task.build gives it none: the constructor's default stays
-    assert describe_model(_query(classification=False, n_classes=count)).params == 64 * 64 + 64 + 64 * 10 + 10 and calls == [1]
+    assert describe_model(
+        _query(hparams={"n_classes": 3}, n_classes=count)
+    ).params == 64 * 64 + 64 + 64 * 3 + 3 and calls == [1]
+    # a regression model gets no n_classes, as training.lightning_task.build gives it none: the constructor's default
+    # stays
+    assert describe_model(
+        _query(classification=False, n_classes=count)
+    ).params == 64 * 64 + 64 + 64 * 10 + 10 and calls == [1]
 
 
 def test_a_model_known_to_need_classes_gets_them_with_its_first_question(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,9 +86,14 @@ def test_a_model_known_to_need_classes_gets_them_with_its_first_question(monkeyp
 @pytest.mark.slow
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
 def test_a_model_that_cannot_be_built_is_a_plan_error_naming_it(warm: bool) -> None:
-    with pytest.raises(TrialPlanError, match=r"model 'pipelines.vision.nowhere:Net' cannot be imported: No module named 'pipelines.vision.nowhere'"):
+    with pytest.raises(
+        TrialPlanError,
+        match=r"model 'pipelines.vision.nowhere:Net' cannot be imported: No module named 'pipelines.vision.nowhere'",
+    ):
         describe_model(_query("pipelines.vision.nowhere:Net"), warm=warm)
-    with pytest.raises(TrialPlanError, match=r"model 'pipelines.vision.models:DigitsMLP' rejected hyperparameters .*'depth': 3"):
+    with pytest.raises(
+        TrialPlanError, match=r"model 'pipelines.vision.models:DigitsMLP' rejected hyperparameters .*'depth': 3"
+    ):
         describe_model(_query(hparams={"depth": 3}), warm=warm)
 
 
@@ -95,7 +109,9 @@ def test_a_describer_that_dies_is_a_plan_error_with_its_output(tmp_path: Path, m
                 os._exit(3)
     """))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path))
-    with pytest.raises(TrialPlanError, match=r"model 'dying_team:Net' could not be described for planning: exit status \d+;") as err:
+    with pytest.raises(
+        TrialPlanError, match=r"model 'dying_team:Net' could not be described for planning: exit status \d+;"
+    ) as err:
         describe_model(_query("dying_team:Net"))
     assert "about to die" in str(err.value)
 
@@ -124,10 +140,17 @@ def test_the_caller_never_imports_torch(tmp_path: Path) -> None:
         from resources.model_facts import describe_model
         from trainyard.planner import ModelQuery
         facts = describe_model(ModelQuery("pipelines.vision.models:DigitsMLP", {}, 64, True, lambda: 10))
-        print(json.dumps({"params": facts.params, "torch": "torch" in sys.modules, "lightning": "lightning" in sys.modules}))
+        print(json.dumps({"params": facts.params, "torch": "torch" in sys.modules,
+                          "lightning": "lightning" in sys.modules}))
     """)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
-    assert json.loads(out.stdout.splitlines()[-1]) == {"params": 64 * 64 + 64 + 64 * 10 + 10, "torch": False, "lightning": False}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True
+    )
+    assert json.loads(out.stdout.splitlines()[-1]) == {
+        "params": 64 * 64 + 64 + 64 * 10 + 10,
+        "torch": False,
+        "lightning": False,
+    }
 
 
 def test_a_warm_request_runs_only_the_platform_programs() -> None:
@@ -136,5 +159,8 @@ def test_a_warm_request_runs_only_the_platform_programs() -> None:
     base = {"env": {}, "cwd": "/", "spec_uri": "/s.json", "max_restarts": 0, "run_id": "r"}
     assert Request.parse(json.dumps(base).encode()).entry == "training.entrypoint"  # a launcher of before the field
     assert Request.parse(json.dumps({**base, "entry": "training.describe"}).encode()).entry == "training.describe"
-    with pytest.raises(ValueError, match=r"request field 'entry' must be one of \['training.entrypoint', 'training.describe'\], got 'os'"):
+    with pytest.raises(
+        ValueError,
+        match=r"request field 'entry' must be one of \['training.entrypoint', 'training.describe'\], got 'os'",
+    ):
         Request.parse(json.dumps({**base, "entry": "os"}).encode())

@@ -33,7 +33,8 @@ incarnation, fail, burst = sys.argv[1], sys.argv[2] == "fail", int(sys.argv[3])
 with Reporter(0) as reporter:
     assert reporter.active, "Pipes did not open"
     for epoch in range(3):
-        reporter.progress({"epoch": epoch, "step": 10 * (epoch + 1), "metrics": {"val_loss": 1.0 / (epoch + 1)}, "incarnation": incarnation})
+        reporter.progress({"epoch": epoch, "step": 10 * (epoch + 1), "metrics": {"val_loss": 1.0 / (epoch + 1)},
+                           "incarnation": incarnation})
     for n in range(burst):
         reporter.info(f"burst line {n}")
     if fail:
@@ -63,7 +64,9 @@ def materialize_restarted_gang(uri: str, extra_env: dict[str, str]) -> tuple[dic
     @asset
     def trial(context):  # type: ignore[no-untyped-def]  # Dagster reads the annotation, a string here
         reader = PipesStoreMessageReader(uri, interval=0.2)
-        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=reader) as session:
+        with open_pipes_session(
+            context=context, context_injector=PipesEnvContextInjector(), message_reader=reader
+        ) as session:
             env = {**os.environ, **extra_env, **session.get_bootstrap_env_vars(), "PYTHONPATH": str(ROOT)}
             env.pop("DAGSTER_PIPES_MESSAGES_PATH", None)
             first = run_pod(env, "1", fail=True)
@@ -100,7 +103,9 @@ def test_a_restarted_gangs_messages_all_reach_the_run_from_a_local_store(tmp_pat
 
 def test_a_restarted_gangs_messages_all_reach_the_run_from_s3(s3_endpoint, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint.url)
-    out, logs = materialize_restarted_gang(s3_endpoint.root("trials", "t0", "pipes", "run-0"), {"AWS_ENDPOINT_URL": s3_endpoint.url})
+    out, logs = materialize_restarted_gang(
+        s3_endpoint.root("trials", "t0", "pipes", "run-0"), {"AWS_ENDPOINT_URL": s3_endpoint.url}
+    )
     check(out, logs)
 
 
@@ -112,7 +117,9 @@ def test_the_local_launchers_file_channel_is_unchanged(tmp_path: Path) -> None:
 
     @asset
     def local(context):  # type: ignore[no-untyped-def]
-        with open_pipes_session(context=context, context_injector=PipesEnvContextInjector(), message_reader=PipesTempFileMessageReader()) as session:
+        with open_pipes_session(
+            context=context, context_injector=PipesEnvContextInjector(), message_reader=PipesTempFileMessageReader()
+        ) as session:
             env = {**os.environ, **session.get_bootstrap_env_vars(), "PYTHONPATH": str(ROOT)}
             assert run_pod(env, "1", fail=False) == 0
         out.extend(session.get_custom_messages())

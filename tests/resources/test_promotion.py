@@ -38,15 +38,31 @@ SPLIT = "md5a-fp1"
 
 def test_the_registry_smoke_result_is_what_the_policy_judges() -> None:
     result = SmokeResult("models:/m@challenger", "r1", {"input_example": [1], "test": [1, 2]}, 1.5, 4.25, (), None)
-    check, evidence = check_smoke(PromotionSpec(), result, run_id="r1", test_labels=[1, 2], training_metrics={"test_acc": 1.0})
+    check, evidence = check_smoke(
+        PromotionSpec(), result, run_id="r1", test_labels=[1, 2], training_metrics={"test_acc": 1.0}
+    )
     assert check.passed and evidence["served_value"] == 1.0 and evidence["load_seconds"] == 1.5
 
 
 def test_decision_metadata_for_the_asset() -> None:
-    d = Decision(model="m", version="2", action="register", promoted=True, already_champion=False, reason="policy passed",
-                 checks=(Check("threshold", True, "ok"),), smoke={"passed": True}, handoff_uri="/store/handoff/m/e.json")
+    d = Decision(
+        model="m",
+        version="2",
+        action="register",
+        promoted=True,
+        already_champion=False,
+        reason="policy passed",
+        checks=(Check("threshold", True, "ok"),),
+        smoke={"passed": True},
+        handoff_uri="/store/handoff/m/e.json",
+    )
     meta = decision_metadata(d)
-    assert (meta["decision"], meta["champion"], meta["champion_before"], meta["override"]) == ("champion", True, "", False)
+    assert (meta["decision"], meta["champion"], meta["champion_before"], meta["override"]) == (
+        "champion",
+        True,
+        "",
+        False,
+    )
     assert isinstance(meta["checks"], MarkdownMetadataValue)
     assert meta["checks"].md_str == "| check | result | evidence |\n|---|---|---|\n| threshold | pass | ok |"
     assert meta["smoke_test"].data == {"passed": True} and meta["handoff_event"].path == "/store/handoff/m/e.json"
@@ -152,14 +168,23 @@ def test_decisions_pass_fail_override_and_rollback(world: dict[str, Any], webhoo
     assert (d.smoke["served_metric"], d.smoke["served_value"]) == ("test_acc", world["accuracy"][1])
     assert registry.get_alias("m", CHAMPION).version == v[1]
     event = handoff.read(d.handoff_uri)
-    assert (event.version, event.action, event.previous_version, event.alias_uri) == (v[1], "promote", None, "models:/m@champion")
+    assert (event.version, event.action, event.previous_version, event.alias_uri) == (
+        v[1],
+        "promote",
+        None,
+        "models:/m@champion",
+    )
     assert Path(d.handoff_uri).parent == world["home"] / "store" / "handoff" / "m"
     assert Path(d.handoff_uri).name.endswith(f"-v{v[1]}.json")
-    assert webhook.delivered()[-1]["event_id"] == event.event_id and webhook.delivered()[-1]["record_uri"] == d.handoff_uri
+    assert (
+        webhook.delivered()[-1]["event_id"] == event.event_id and webhook.delivered()[-1]["record_uri"] == d.handoff_uri
+    )
 
     # 3. a better version whose data validation failed is rejected, with the evidence on the version
     quarantined = ValidationEvidence(False, "data version md5a is quarantined", "md5a")
-    d = promotion.decide(registry, handoff, candidate(world, 0, validation=quarantined), action="register", decided_by="test")
+    d = promotion.decide(
+        registry, handoff, candidate(world, 0, validation=quarantined), action="register", decided_by="test"
+    )
     assert d.outcome == "rejected" and [c.name for c in d.checks if not c.passed] == ["data_validation"]
     tags = registry.get_version("m", v[0]).tags
     assert tags["trainyard.promotion.reason"] == "policy failed: data_validation: data version md5a is quarantined"
@@ -168,7 +193,10 @@ def test_decisions_pass_fail_override_and_rollback(world: dict[str, Any], webhoo
     # 4. a version whose recorded accuracy the served model does not reproduce fails the smoke test
     d = promotion.decide(registry, handoff, candidate(world, 0, test_acc=0.5), action="register", decided_by="test")
     assert "serving_smoke_test" in [c.name for c in d.checks if not c.passed]
-    assert "serving does not reproduce the evaluated model" in next(c for c in d.checks if c.name == "serving_smoke_test").detail
+    assert (
+        "serving does not reproduce the evaluated model"
+        in next(c for c in d.checks if c.name == "serving_smoke_test").detail
+    )
 
     # 5. with good evidence it passes and replaces the champion
     d = promotion.decide(registry, handoff, candidate(world, 0), action="register", decided_by="test")
@@ -186,7 +214,10 @@ def test_decisions_pass_fail_override_and_rollback(world: dict[str, Any], webhoo
                          force=True, reason="hotfix INC-7")
     assert (d.outcome, d.override, d.override_reason) == ("champion", True, "hotfix INC-7")
     tags = registry.get_version("m", v[2]).tags
-    assert (tags["trainyard.promotion.override"], tags["trainyard.promotion.override_reason"]) == ("true", "hotfix INC-7")
+    assert (tags["trainyard.promotion.override"], tags["trainyard.promotion.override_reason"]) == (
+        "true",
+        "hotfix INC-7",
+    )
     assert HandoffEvent.model_validate(json.loads(Path(d.handoff_uri).read_text())).override is True
 
     # 7. rollback returns to the previous champion (v0), then to the one before (v1), then stops

@@ -44,8 +44,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from tests.support.models import export_model
 
     home = tmp_path_factory.mktemp("gate")
-    registry = ModelRegistry(tracking_uri=f"sqlite:///{home / 'mlflow.db'}", artifact_root=str(home / "store" / "mlflow-artifacts"),
-                             retry_backoff_s=0.05)
+    registry = ModelRegistry(
+        tracking_uri=f"sqlite:///{home / 'mlflow.db'}",
+        artifact_root=str(home / "store" / "mlflow-artifacts"),
+        retry_backoff_s=0.05,
+    )
     store = ObjectStore(root=str(home / "store"))
     rng = np.random.default_rng(0)
     test_df = pd.DataFrame(rng.normal(size=(60, len(FEATURES))), columns=FEATURES)
@@ -69,11 +72,20 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
-def register(world: dict[str, Any], model: str, seed: int, lineage_kind: str, policy: PromotionSpec = PromotionSpec()) -> Any:
+def register(
+    world: dict[str, Any], model: str, seed: int, lineage_kind: str, policy: PromotionSpec = PromotionSpec()
+) -> Any:
     tags = {**world["lineage"][lineage_kind], "trainyard.test_split": SPLIT, "trainyard.validation": "passed",
             "trainyard.metric.test_acc": repr(world["accuracy"][seed]), POLICY_TAG: policy.model_dump_json()}
-    return world["registry"].register(model, str(world["dirs"][seed]), trial_key=f"study/{lineage_kind}-{seed}", tags=tags,
-                                      metrics={"test_acc": world["accuracy"][seed]}, description="", input_example=world["test_df"][FEATURES])
+    return world["registry"].register(
+        model,
+        str(world["dirs"][seed]),
+        trial_key=f"study/{lineage_kind}-{seed}",
+        tags=tags,
+        metrics={"test_acc": world["accuracy"][seed]},
+        description="",
+        input_example=world["test_df"][FEATURES],
+    )
 
 
 def candidate(world: dict[str, Any], info: Any, seed: int, policy: PromotionSpec = PromotionSpec()) -> Candidate:
@@ -104,21 +116,28 @@ def test_cluster_blocks_dirty_code_and_a_foreign_lock_until_forced_locally_it_wa
     assert (d.outcome, failed(d)) == ("rejected", ["clean_lineage"])
     commit = world["lineage"]["dirty"]["trainyard.code_version"]
     detail = d.checks[-1].detail
-    assert detail.startswith(f"it was trained from uncommitted (dirty) code on top of commit {commit} (trainyard.code_dirty=True); "
-                             "clean lineage is required by the cluster environment's default")
+    assert detail.startswith(
+        f"it was trained from uncommitted (dirty) code on top of commit {commit} (trainyard.code_dirty=True); "
+        "clean lineage is required by the cluster environment's default"
+    )
     assert f'trainyard registry promote gate --version {dirty.version} --force --reason "..."' in detail
     assert registry.get_alias("gate", CHAMPION) is None
-    assert registry.get_version("gate", dirty.version).tags["trainyard.promotion.reason"] == f"policy failed: clean_lineage: {detail}"
+    assert (
+        registry.get_version("gate", dirty.version).tags["trainyard.promotion.reason"]
+        == f"policy failed: clean_lineage: {detail}"
+    )
 
     # 2. committed code with a dependency lock other than the deployed one: blocked, both hashes named
     d = promotion.decide(registry, handoff, candidate(world, foreign, 2), action="register", decided_by="test")
     assert (d.outcome, failed(d)) == ("rejected", ["clean_lineage"])
     trained_lock = world["lineage"]["foreign_lock"]["trainyard.lock_hash"]
     assert d.checks[-1].detail.startswith(
-        f"its dependency lock {trained_lock} (trainyard.lock_hash) differs from the deployed lock {DEPLOYED} (the orchestrator's constraints.txt)"
+        f"its dependency lock {trained_lock} (trainyard.lock_hash) differs from the deployed lock {DEPLOYED} (the "
+        "orchestrator's constraints.txt)"
     )
 
-    # 3. `trainyard registry promote --force --reason` (the CLI's path): champion, recorded as an override with its reason
+    # 3. `trainyard registry promote --force --reason` (the CLI's path): champion, recorded as an override with its
+    # reason
     with pytest.raises(ValueError, match="force=True needs reason"):
         promotion.promote(registry, handoff, world["store"], "gate", version=foreign.version, force=True)
     d = promotion.promote(registry, handoff, world["store"], "gate", version=foreign.version, force=True,
@@ -126,8 +145,13 @@ def test_cluster_blocks_dirty_code_and_a_foreign_lock_until_forced_locally_it_wa
     assert (d.outcome, d.override, failed(d)) == ("champion", True, ["clean_lineage"])
     assert registry.get_alias("gate", CHAMPION).version == foreign.version
     tags = registry.get_version("gate", foreign.version).tags
-    assert (tags["trainyard.promotion.override"], tags["trainyard.promotion.override_reason"]) == ("true", "INC-42: lock bump verified by hand")
-    assert tags["trainyard.promotion.reason"].startswith("OVERRIDE (INC-42: lock bump verified by hand) of policy failed: clean_lineage: its dependency lock")
+    assert (tags["trainyard.promotion.override"], tags["trainyard.promotion.override_reason"]) == (
+        "true",
+        "INC-42: lock bump verified by hand",
+    )
+    assert tags["trainyard.promotion.reason"].startswith(
+        "OVERRIDE (INC-42: lock bump verified by hand) of policy failed: clean_lineage: its dependency lock"
+    )
     assert HandoffEvent.model_validate(json.loads(Path(d.handoff_uri).read_text())).override is True
 
     # 4. locally the same kind of lineage is promoted, with the warning in the decision, its tags and its metadata
@@ -136,7 +160,9 @@ def test_cluster_blocks_dirty_code_and_a_foreign_lock_until_forced_locally_it_wa
     assert (d.outcome, d.override, failed(d)) == ("champion", False, [])
     assert registry.get_alias("gate", CHAMPION).version == better_dirty.version
     warning = d.checks[-1]
-    assert warning.warning and warning.detail.startswith(f"WARNING: it was trained from uncommitted (dirty) code on top of commit {commit}")
+    assert warning.warning and warning.detail.startswith(
+        f"WARNING: it was trained from uncommitted (dirty) code on top of commit {commit}"
+    )
     tags = registry.get_version("gate", better_dirty.version).tags
     assert json.loads(tags[WARNINGS_TAG]) == [f"clean_lineage: {warning.detail}"]
     assert tags["trainyard.promotion.reason"].startswith("policy passed with warnings (clean_lineage): ")
@@ -147,14 +173,20 @@ def test_cluster_blocks_dirty_code_and_a_foreign_lock_until_forced_locally_it_wa
 
 
 @pytest.mark.slow
-def test_the_pipelines_setting_overrides_the_cluster_default(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_pipelines_setting_overrides_the_cluster_default(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     relaxed = PromotionSpec(require_clean_lineage=False)
     info = register(world, "gate_relaxed", 1, "dirty", relaxed)
     monkeypatch.setenv("TRAINYARD_ENV", "cluster")
-    d = promotion.decide(world["registry"], world["handoff"], candidate(world, info, 1, relaxed), action="register", decided_by="test")
+    d = promotion.decide(
+        world["registry"], world["handoff"], candidate(world, info, 1, relaxed), action="register", decided_by="test"
+    )
     assert (d.outcome, failed(d)) == ("champion", [])
     assert d.warnings == (f"clean_lineage: {d.checks[-1].detail}",)
-    assert d.checks[-1].detail.endswith("not blocking: clean lineage is not required by PromotionSpec.require_clean_lineage=False")
+    assert d.checks[-1].detail.endswith(
+        "not blocking: clean lineage is not required by PromotionSpec.require_clean_lineage=False"
+    )
     assert world["registry"].get_alias("gate_relaxed", CHAMPION).version == info.version
 
 
@@ -164,7 +196,9 @@ def test_cli_promote_needs_force_and_reason_where_the_team_requires_clean_lineag
 ) -> None:
     info = register(world, "gate_cli", 1, "dirty", PromotionSpec(require_clean_lineage=True))
     monkeypatch.setenv("TRAINYARD_HOME", str(world["home"]))
-    monkeypatch.delenv("TRAINYARD_ENV", raising=False)  # local: by default only a warning; the team's policy requires it
+    monkeypatch.delenv(
+        "TRAINYARD_ENV", raising=False
+    )  # local: by default only a warning; the team's policy requires it
     monkeypatch.delenv("TRAINYARD_HANDOFF_WEBHOOK", raising=False)
     argv = ["registry", "promote", "gate_cli", "--version", info.version]
 

@@ -43,7 +43,9 @@ def test_concurrent_promotions_leave_consistent_aliases(tmp_path: Path) -> None:
         torch.manual_seed(seed)
         model = torch.nn.Linear(len(FEATURES), len(CLASSES)).eval()
         with torch.no_grad():
-            labels[seed] = np.asarray(CLASSES)[model(torch.tensor(test_df.to_numpy(), dtype=torch.float32)).argmax(1).numpy()]
+            labels[seed] = np.asarray(CLASSES)[
+                model(torch.tensor(test_df.to_numpy(), dtype=torch.float32)).argmax(1).numpy()
+            ]
         dirs[seed] = export_model(model, tmp_path / f"t{seed}", FEATURES, CLASSES)
     test_df["label"] = labels[0]
     accuracy = {s: float((labels[s] == labels[0]).mean()) for s in dirs}
@@ -93,7 +95,9 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
     from trainyard.promotion import SERVED_METRICS, served_metric
     from trainyard.tasks import KNOWN_METRICS
 
-    registry = ModelRegistry(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "a"), retry_backoff_s=0.05)
+    registry = ModelRegistry(
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "a"), retry_backoff_s=0.05
+    )
     handoff = HandoffPublisher(store=ObjectStore(root=str(tmp_path / "store")))
     rng = np.random.default_rng(2)
     test_df = pd.DataFrame(rng.normal(size=(80, len(FEATURES))), columns=FEATURES)
@@ -102,10 +106,21 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
         torch.manual_seed(seed)
         models[seed] = torch.nn.Linear(len(FEATURES), len(CLASSES)).eval()
     with torch.no_grad():
-        test_df["label"] = np.asarray(CLASSES)[models[0](torch.tensor(test_df[FEATURES].to_numpy(), dtype=torch.float32)).argmax(1).numpy()]
-    info = {s: registry.register("r", str(export_model(m, tmp_path / f"t{s}", FEATURES, CLASSES)), trial_key=f"s/trial-{s}",
-                                 tags={"trainyard.test_split": "md5-old-fp1"}, metrics={}, description="", input_example=test_df)
-            for s, m in models.items()}
+        test_df["label"] = np.asarray(CLASSES)[
+            models[0](torch.tensor(test_df[FEATURES].to_numpy(), dtype=torch.float32)).argmax(1).numpy()
+        ]
+    info = {
+        s: registry.register(
+            "r",
+            str(export_model(m, tmp_path / f"t{s}", FEATURES, CLASSES)),
+            trial_key=f"s/trial-{s}",
+            tags={"trainyard.test_split": "md5-old-fp1"},
+            metrics={},
+            description="",
+            input_example=test_df,
+        )
+        for s, m in models.items()
+    }
     served = {s: registry.predict_output(i.model_uri, test_df[FEATURES]) for s, i in info.items()}
     assert list(served[0].columns) == ["label", *(f"proba_{c}" for c in CLASSES)]
     labels = test_df["label"].tolist()
@@ -115,8 +130,15 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
     def decide(seed: int, metric: str, extra: dict[str, float] | None = None) -> Decision:
         value = served_metric(metric, served[seed], labels, target="label")
         metrics = {metric: value, "test_acc": served_metric("test_acc", served[seed], labels), **(extra or {})}
-        cand = Candidate(registry.get_version("r", info[seed].version), PromotionSpec(metric=metric, mode="min" if metric == "test_logloss" else "max"),
-                         metrics, "md5-new-fp1", test_df, "label", PASSED)
+        cand = Candidate(
+            registry.get_version("r", info[seed].version),
+            PromotionSpec(metric=metric, mode="min" if metric == "test_logloss" else "max"),
+            metrics,
+            "md5-new-fp1",
+            test_df,
+            "label",
+            PASSED,
+        )
         return promotion.decide(registry, handoff, cand, action="register", decided_by="test")
 
     from resources.registry.promotion import score_champion
@@ -124,7 +146,9 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
     champion_before = registry.get_version("r", info[1].version)
     for metric in classification:  # every metric: the champion measured on the old split is re-evaluated on this one
         score = score_champion(registry, PromotionSpec(metric=metric), champion_before, "md5-new-fp1", test_df, "label")
-        assert score.served and score.value == pytest.approx(served_metric(metric, served[1], labels, target="label")), (metric, score)
+        assert score.served and score.value == pytest.approx(
+            served_metric(metric, served[1], labels, target="label")
+        ), (metric, score)
     # Whole decisions (each with its serving smoke test, ~10 s) for a lower-is-better and a ranking metric, both ways.
     for metric in ("test_logloss", "test_pr_auc"):
         registry.set_alias("r", CHAMPION, info[1].version)  # the weaker model holds champion, measured on the old split
@@ -134,7 +158,10 @@ def test_every_accepted_metric_decides_a_retrain_on_a_new_split(tmp_path: Path) 
         assert "re-evaluated on this split" in beats.detail and "cannot be re-evaluated" not in d.reason
         assert d.champion_value == pytest.approx(served_metric(metric, served[1], labels, target="label"))
         d = decide(1, metric)  # and back: the weaker candidate loses against the re-evaluated champion
-        assert d.outcome == "rejected" and [c.name for c in d.checks if not c.passed] == ["beats_champion"], (metric, d.reason)
+        assert d.outcome == "rejected" and [c.name for c in d.checks if not c.passed] == ["beats_champion"], (
+            metric,
+            d.reason,
+        )
 
     # The trivial baseline blocks with its evidence: a candidate no better than the class prior is not promoted.
     registry.set_alias("r", CHAMPION, info[1].version)

@@ -62,7 +62,10 @@ def test_write_leaves_no_temporary_files(store):
 def test_json_is_sorted_and_indented(store):
     uri = store.uri("v.json")
     store.write_json(uri, {"b": [1, 2], "a": {"z": None, "y": "é"}})
-    assert store.read_bytes(uri) == b'{\n  "a": {\n    "y": "\\u00e9",\n    "z": null\n  },\n  "b": [\n    1,\n    2\n  ]\n}\n'
+    assert (
+        store.read_bytes(uri)
+        == b'{\n  "a": {\n    "y": "\\u00e9",\n    "z": null\n  },\n  "b": [\n    1,\n    2\n  ]\n}\n'
+    )
     assert store.read_json(uri) == {"a": {"y": "é", "z": None}, "b": [1, 2]}
 
 
@@ -184,7 +187,9 @@ def test_unreachable_endpoint_is_transient(monkeypatch):
 def _client_error(code: str, status: int):
     from botocore.exceptions import ClientError
 
-    return ClientError({"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+    return ClientError(
+        {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
+    )
 
 
 def _chained(outer: BaseException, cause: BaseException) -> BaseException:

@@ -98,7 +98,9 @@ def test_restore_rejects_paths_outside_dest_and_the_working_repo(versioning, tmp
         versioning.restore(text, "../a.csv", str(tmp_path / "fresh"))
     with pytest.raises(DataVersioningError, match="is the working repo_dir"):
         versioning.restore(text, "a.csv", str(tmp_path / "work"))
-    with pytest.raises(DataVersioningError, match=r"rel_path 'b.csv' does not end with the file the .dvc text records \('a.csv'\)"):
+    with pytest.raises(
+        DataVersioningError, match=r"rel_path 'b.csv' does not end with the file the .dvc text records \('a.csv'\)"
+    ):
         versioning.restore(text, "b.csv", str(tmp_path / "fresh"))
 
 

@@ -22,17 +22,28 @@ from typing import Any, Iterator
 import pytest
 
 from resources.launcher import InfrastructureError, LocalLauncher, TrainingPreempted
-from resources.warm import SERVER_THREAD_ENV, WARM_DIR_ENV, WARM_WORKERS_ENV, server_key, stop_servers, training_env, training_root
+from resources.warm import (
+    SERVER_THREAD_ENV,
+    WARM_DIR_ENV,
+    WARM_WORKERS_ENV,
+    server_key,
+    stop_servers,
+    training_env,
+    training_root,
+)
 from tests.support.train_specs import make_spec
 from training.checkpointing import CheckpointStore
 from training.spec import CheckpointPolicy, ImportTarget
 
-WORKER_LINE = re.compile(r"\(spec (\S+)\): worker pid (\d+) started \(restart (\d+)\) by supervisor pid (\d+) of warm server pid (\d+)")
+WORKER_LINE = re.compile(
+    r"\(spec (\S+)\): worker pid (\d+) started \(restart (\d+)\) by supervisor pid (\d+) of warm server pid (\d+)"
+)
 
 
 @pytest.fixture()
 def warm_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A warm directory of the test's own (short: a socket path must stay under 108 bytes); its servers stop after the test."""
+    """A warm directory of the test's own (short: a socket path must stay under 108 bytes); its servers stop after the
+    test."""
     directory = Path(tempfile.mkdtemp(prefix="tyf-"))
     monkeypatch.setenv(WARM_DIR_ENV, str(directory))
     yield directory
@@ -62,7 +73,8 @@ def worker_of(directory: Path, spec_uri: str, timeout: float = 180.0) -> tuple[i
 
 
 def slow_spec(tmp_path: Path) -> Any:
-    """A trial of 0.1 s steps (long enough to be signalled mid-training) until `tmp_path/fast` exists, then at full speed."""
+    """A trial of 0.1 s steps (long enough to be signalled mid-training) until `tmp_path/fast` exists, then at full
+    speed."""
     model = ImportTarget(path="tests.support.gang_models:SlowSteps",
                          kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.1, "until": str(tmp_path / "fast")})
     return make_spec(tmp_path, model=model, checkpoint=CheckpointPolicy(every_n_steps=4), max_epochs=12, batch_size=16)
@@ -105,7 +117,9 @@ def resume(spec: Any, tmp_path: Path, warm_dir: Path, old_server: int) -> tuple[
 
 
 @pytest.mark.slow
-def test_a_stopped_server_checkpoints_its_trials_which_are_retried_as_preempted_and_resume(warm_dir: Path, tmp_path: Path) -> None:
+def test_a_stopped_server_checkpoints_its_trials_which_are_retried_as_preempted_and_resume(
+    warm_dir: Path, tmp_path: Path
+) -> None:
     spec = slow_spec(tmp_path)
     thread, box, worker, server = launched_and_checkpointed(spec, warm_dir)
     os.kill(server, signal.SIGTERM)
@@ -128,7 +142,9 @@ def test_a_stopped_server_checkpoints_its_trials_which_are_retried_as_preempted_
 
 
 @pytest.mark.slow
-def test_a_killed_server_leaves_an_infrastructure_error_and_the_next_launch_starts_a_fresh_server(warm_dir: Path, tmp_path: Path) -> None:
+def test_a_killed_server_leaves_an_infrastructure_error_and_the_next_launch_starts_a_fresh_server(
+    warm_dir: Path, tmp_path: Path
+) -> None:
     spec = slow_spec(tmp_path)
     thread, box, worker, server = launched_and_checkpointed(spec, warm_dir)
     os.kill(server, signal.SIGKILL)
@@ -146,13 +162,18 @@ def test_a_killed_server_leaves_an_infrastructure_error_and_the_next_launch_star
 
 
 def probe(tmp_path: Path, name: str, **over: Any) -> dict[str, Any]:
-    """Launch a 1-epoch `ThreadProbe` trial; what its training process saw, and the warm server it ran on (None: cold)."""
+    """Launch a 1-epoch `ThreadProbe` trial; what its training process saw, and the warm server it ran on (None:
+    cold)."""
     record = tmp_path / f"{name}.json"
     spec = make_spec(tmp_path / name, max_epochs=1, **over,
                      model=ImportTarget(path="tests.support.thread_probe:ThreadProbe", kwargs={"record": str(record)}))
     outcome = LocalLauncher().launch(spec)
     servers = {int(m[5]) for m in WORKER_LINE.finditer(Path(outcome.log_uri).read_text())}
-    return {**json.loads(record.read_text()), "server": servers.pop() if servers else None, "log": Path(outcome.log_uri).read_text()}
+    return {
+        **json.loads(record.read_text()),
+        "server": servers.pop() if servers else None,
+        "log": Path(outcome.log_uri).read_text(),
+    }
 
 
 def environ_of(pid: int) -> dict[str, str]:
@@ -162,7 +183,9 @@ def environ_of(pid: int) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_a_teams_thread_count_reaches_its_trial_on_both_paths(warm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_teams_thread_count_reaches_its_trial_on_both_paths(
+    warm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """OpenMP and OpenBLAS read OMP_NUM_THREADS when they load, which in a warm worker was in its server (started with
     one thread each: a fork server holds no thread pool): the worker gives every runtime its launch's count, so a trial
     sees the team's setting on the warm path as on torchrun's."""
@@ -173,7 +196,8 @@ def test_a_teams_thread_count_reaches_its_trial_on_both_paths(warm_dir: Path, tm
     monkeypatch.setenv(WARM_WORKERS_ENV, "0")
     cold = probe(tmp_path, "cold")
     assert default["server"] and team["server"] and cold["server"] is None, (team["log"][-2000:], cold["log"][-2000:])
-    # One server serves both (thread counts are no part of its key: test_variables_read_when_a_library_loads_...), unless
+    # One server serves both (thread counts are no part of its key: test_variables_read_when_a_library_loads_...),
+    # unless
     # an edit to training/ or an install between the launches replaced it; either way it started with one thread each.
     assert environ_of(team["server"])["OMP_NUM_THREADS"] == "1"
     assert default["env"]["OMP_NUM_THREADS"] == "1" and default["torch"] == 1  # the local launcher's one thread a rank
@@ -181,15 +205,23 @@ def test_a_teams_thread_count_reaches_its_trial_on_both_paths(warm_dir: Path, tm
     for seen in (team, cold):
         assert seen["env"]["OMP_NUM_THREADS"] == "2" and seen["torch"] == 2
         assert {r["threads"] for r in seen["runtimes"]} == {2}, seen["runtimes"]
-    assert {r["api"] for r in team["runtimes"]} == {"openmp", "openblas"}  # torch's and LightGBM's OpenMP, numpy's and scipy's BLAS
+    assert {r["api"] for r in team["runtimes"]} == {
+        "openmp",
+        "openblas",
+    }  # torch's and LightGBM's OpenMP, numpy's and scipy's BLAS
 
 
 def test_variables_read_when_a_library_loads_key_the_server_but_thread_counts_do_not() -> None:
     root = training_root()
     base = training_env({k: v for k, v in os.environ.items() if k not in SERVER_THREAD_ENV})
     key = server_key(sys.executable, root, base)
-    for name, value in (("OMP_PROC_BIND", "close"), ("ARROW_DEFAULT_MEMORY_POOL", "system"), ("KMP_AFFINITY", "compact"),
-                        ("TORCH_CPP_LOG_LEVEL", "INFO"), ("MALLOC_ARENA_MAX", "2")):
+    for name, value in (
+        ("OMP_PROC_BIND", "close"),
+        ("ARROW_DEFAULT_MEMORY_POOL", "system"),
+        ("KMP_AFFINITY", "compact"),
+        ("TORCH_CPP_LOG_LEVEL", "INFO"),
+        ("MALLOC_ARENA_MAX", "2"),
+    ):
         assert server_key(sys.executable, root, {**base, name: value}) != key, name
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         assert server_key(sys.executable, root, {**base, name: "4"}) == key, name
@@ -237,12 +269,30 @@ class TinyLib:
             f'[tool.setuptools]\npackages = ["{self.module}"]\n')
         (self.source / self.module / "__init__.py").write_text(f"VALUE = {value!r}\n")
         shutil.rmtree(self.source / "build", ignore_errors=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-index", "--no-deps",
-                               str(self.source)], capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-build-isolation",
+                "--no-index",
+                "--no-deps",
+                str(self.source),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
 
     def uninstall(self) -> None:
-        subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", self.module.replace("_", "-")], capture_output=True, timeout=300)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "uninstall", "-q", "-y", self.module.replace("_", "-")],
+            capture_output=True,
+            timeout=300,
+        )
 
 
 @pytest.fixture()
@@ -256,21 +306,28 @@ def tinylib(tmp_path: Path) -> Iterator[TinyLib]:
 
 @pytest.mark.extended(reason="pip-installs into the shared venv: the warm servers' keys and the zygotes' install check "
                       "change for every test running beside it on other xdist workers; make test-all runs it")
-def test_a_pip_install_between_two_trials_is_picked_up_by_the_second(warm_dir: Path, tmp_path: Path, tinylib: TinyLib) -> None:
+def test_a_pip_install_between_two_trials_is_picked_up_by_the_second(
+    warm_dir: Path, tmp_path: Path, tinylib: TinyLib
+) -> None:
     seen = {}
     for version, value in (("1.0", "v1"), ("2.0", "v2")):
         tinylib.install(version, value)
         record = tmp_path / f"{value}.json"
-        model = ImportTarget(path="tests.support.thread_probe:ImportProbe", kwargs={"module": tinylib.module, "record": str(record)})
+        model = ImportTarget(
+            path="tests.support.thread_probe:ImportProbe", kwargs={"module": tinylib.module, "record": str(record)}
+        )
         outcome = LocalLauncher().launch(make_spec(tmp_path / value, max_epochs=1, model=model))
         [server] = {int(m[5]) for m in WORKER_LINE.finditer(Path(outcome.log_uri).read_text())}
         seen[value] = (json.loads(record.read_text())["value"], server)
     assert seen["v1"][0] == "v1" and seen["v2"][0] == "v2"
-    assert seen["v1"][1] != seen["v2"][1]  # the install changed the server's key: a new server, with the new installation
+    assert (
+        seen["v1"][1] != seen["v2"][1]
+    )  # the install changed the server's key: a new server, with the new installation
 
 
 def forked_run(location: Any, tries: int = 5) -> Any:
-    """The first of up to `tries` runs that a zygote forked (on a loaded machine it may still be loading the location)."""
+    """The first of up to `tries` runs that a zygote forked (on a loaded machine it may still be loading the
+    location)."""
     for _ in range(tries):
         run = location.wait(location.launch())
         if "trainyard/run_worker" in run.tags:
@@ -343,11 +400,16 @@ def test_an_install_upgrade_or_removal_changes_the_installed_snapshot(tmp_path: 
     paths = [str(site), str(tmp_path / "missing")]
     before, print_before = installed.snapshot(paths), installed.fingerprint(paths)
     assert list(before) == [str(site / "lib-1.0.dist-info")] and installed.changed(before, paths) is None
-    (site / "lib" / "__init__.py").write_text("VALUE = 1\n")  # a file of a package, not its metadata: the module check's
+    (site / "lib" / "__init__.py").write_text(
+        "VALUE = 1\n"
+    )  # a file of a package, not its metadata: the module check's
     assert installed.changed(before, paths) is None
     shutil.rmtree(site / "lib-1.0.dist-info")
     (site / "lib-2.0.dist-info").mkdir()  # what pip does on an upgrade
-    assert installed.changed(before, paths) == str(site / "lib-1.0.dist-info") and installed.fingerprint(paths) != print_before
+    assert (
+        installed.changed(before, paths) == str(site / "lib-1.0.dist-info")
+        and installed.fingerprint(paths) != print_before
+    )
     again = installed.snapshot(paths)
     shutil.rmtree(site / "lib-2.0.dist-info")
     time.sleep(0.05)  # a reinstall takes seconds; the kernel's file times advance in ticks of a few ms
@@ -403,8 +465,9 @@ def test_the_zygote_forks_with_one_thread_and_its_run_workers_get_the_environmen
         warm = forked_run(location)
         zygote = forked(warm)["zygote"]
         assert len(os.listdir(f"/proc/{zygote}/task")) == 1  # numpy and pyarrow loaded (the location imports them)
-        assert {k: environ_of(zygote).get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "JE_ARROW_MALLOC_CONF")} == {
-            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+        assert {
+            k: environ_of(zygote).get(k) for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "JE_ARROW_MALLOC_CONF")
+        } == {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
         seen, default = location.recorded(warm.run_id), location.recorded(spawned.run_id)
         assert seen["ppid"] == zygote
         expected = {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": None, "JE_ARROW_MALLOC_CONF": None}
@@ -416,11 +479,14 @@ def test_the_zygote_forks_with_one_thread_and_its_run_workers_get_the_environmen
 
 
 def test_trials_of_several_gpu_ranks_start_cold_until_forked_nccl_is_proven(tmp_path: Path) -> None:
-    """bench/gpu_forked_nccl.py is the GPU run that would prove NCCL from forked ranks; until then they take torchrun."""
+    """bench/gpu_forked_nccl.py is the GPU run that would prove NCCL from forked ranks; until then they take
+    torchrun."""
     from training.spec import Distribution
 
     def spec(procs: int, accelerator: str) -> Any:
-        return make_spec(tmp_path / f"{accelerator}{procs}", distribution=Distribution(procs_per_node=procs, accelerator=accelerator))
+        return make_spec(
+            tmp_path / f"{accelerator}{procs}", distribution=Distribution(procs_per_node=procs, accelerator=accelerator)
+        )
 
     launcher = LocalLauncher()
     assert launcher._warm(spec(1, "gpu")) and launcher._warm(spec(2, "cpu"))

@@ -21,14 +21,31 @@ from typing import Any, Iterator, Optional
 import pytest
 import torch
 
-from resources.launcher import InfrastructureError, LaunchOutcome, LocalLauncher, TrainingCodeError, TrainingConfigError, TrainingPreempted
-from resources.warm import WARM_DIR_ENV, WARM_WORKERS_ENV, connect, server_key, stop_servers, training_env, training_root
+from resources.launcher import (
+    InfrastructureError,
+    LaunchOutcome,
+    LocalLauncher,
+    TrainingCodeError,
+    TrainingConfigError,
+    TrainingPreempted,
+)
+from resources.warm import (
+    WARM_DIR_ENV,
+    WARM_WORKERS_ENV,
+    connect,
+    server_key,
+    stop_servers,
+    training_env,
+    training_root,
+)
 from tests.support.train_specs import make_spec
 from training.checkpointing import CheckpointStore
 from training.spec import CheckpointPolicy, Distribution, FaultInjection, ImportTarget, TrackerSpec
 from training.warm_protocol import Request
 
-WORKER_LINE = re.compile(r"\(spec (\S+)\): worker pid (\d+) started \(restart (\d+)\) by supervisor pid (\d+) of warm server pid (\d+)")
+WORKER_LINE = re.compile(
+    r"\(spec (\S+)\): worker pid (\d+) started \(restart (\d+)\) by supervisor pid (\d+) of warm server pid (\d+)"
+)
 
 
 def running(pid: int) -> bool:
@@ -166,7 +183,8 @@ def test_a_second_trial_reuses_the_server_and_starts_sooner(cold_and_warm: dict[
 @pytest.mark.slow
 def test_a_two_process_trial_on_warm_workers_is_bitwise_the_torchrun_trial(shared: Path, tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """DDP over gloo with two ranks forked from the server: torchrun's environment per rank, the same weights bit for bit."""
+    """DDP over gloo with two ranks forked from the server: torchrun's environment per rank, the same weights bit for
+    bit."""
     runs = {}
     for name, switch in (("cold", "0"), ("warm", "1")):
         monkeypatch.setenv(WARM_WORKERS_ENV, switch)
@@ -213,7 +231,11 @@ def test_user_error_is_terminal_with_its_traceback(shared: Path, tmp_path: Path)
     with pytest.raises(TrainingCodeError) as err:
         LocalLauncher().launch(spec)
     assert not err.value.retryable
-    assert "rank 0 raised" in str(err.value) and "injected fault at step 2" in str(err.value) and "Traceback" in str(err.value)
+    assert (
+        "rank 0 raised" in str(err.value)
+        and "injected fault at step 2" in str(err.value)
+        and "Traceback" in str(err.value)
+    )
     log = Path(spec.output_uri, "logs", "launcher.log").read_text()
     assert launches(log)
 
@@ -276,9 +298,15 @@ def test_preemption_reaches_the_warm_worker_and_checkpoints(shared: Path, tmp_pa
 
 
 def test_timeout_stops_the_warm_worker(shared: Path, tmp_path: Path) -> None:
-    # 0.05 s per step, 1,000 steps: longer than the timeout on any machine (plain digits steps took 200 epochs in < 8 s).
-    spec = make_spec(tmp_path, max_epochs=200, model=ImportTarget(path="tests.support.gang_models:SlowSteps",
-                                                                  kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.05}))
+    # 0.05 s per step, 1,000 steps: longer than the timeout on any machine (plain digits steps took 200 epochs in < 8
+    # s).
+    spec = make_spec(
+        tmp_path,
+        max_epochs=200,
+        model=ImportTarget(
+            path="tests.support.gang_models:SlowSteps", kwargs={"hidden": 16, "lr": 0.02, "step_seconds": 0.05}
+        ),
+    )
     thread, box = launch_in_thread(spec, LocalLauncher(timeout_seconds=8))
     pid, _ = worker_of(shared, str(tmp_path / "run" / "spec.json"))
     thread.join()
@@ -342,7 +370,9 @@ def test_an_idle_server_exits_and_removes_its_socket(warm_dir: Path, tmp_path: P
 
 
 @pytest.mark.slow
-def test_an_unusable_warm_dir_falls_back_to_torchrun_with_one_warning(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_an_unusable_warm_dir_falls_back_to_torchrun_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
     monkeypatch.setenv(WARM_DIR_ENV, str(not_a_dir))
@@ -359,7 +389,8 @@ def test_a_bad_switch_value_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_same_interpreter_is_one_binary_in_one_environment(tmp_path: Path) -> None:
-    """The run worker's `sys.executable` may be another name of the code server's interpreter; another venv is not it."""
+    """The run worker's `sys.executable` may be another name of the code server's interpreter; another venv is not
+    it."""
     from resources.launcher import same_interpreter
 
     bin_dir = Path(sys.executable).parent
@@ -372,14 +403,19 @@ def test_same_interpreter_is_one_binary_in_one_environment(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_a_warm_trial_records_the_installed_packages_as_a_cold_one_does(tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The warm server lists the installed distributions once for W&B (it parses each one's metadata); the list is the same."""
+def test_a_warm_trial_records_the_installed_packages_as_a_cold_one_does(
+    tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm server lists the installed distributions once for W&B (it parses each one's metadata); the list is the
+    same."""
     recorded = {}
     for how in ("cold", "warm"):
         monkeypatch.setenv(WARM_WORKERS_ENV, "0" if how == "cold" else "1")
         wandb_dir = tmp_path / how / "wandb"
         wandb_dir.mkdir(parents=True)
-        outcome = LocalLauncher().launch(make_spec(tmp_path / how, max_epochs=1, tracker=TrackerSpec(mode="offline", dir=str(wandb_dir))))
+        outcome = LocalLauncher().launch(
+            make_spec(tmp_path / how, max_epochs=1, tracker=TrackerSpec(mode="offline", dir=str(wandb_dir)))
+        )
         assert bool(launches(log_of(outcome))) == (how == "warm")
         [requirements] = wandb_dir.rglob("requirements.txt")
         recorded[how] = requirements.read_text().splitlines()
@@ -389,7 +425,8 @@ def test_a_warm_trial_records_the_installed_packages_as_a_cold_one_does(tmp_path
 
 @pytest.mark.slow
 def test_prestart_starts_one_server_in_the_background_that_a_launch_then_uses(warm_dir: Path, tmp_path: Path) -> None:
-    """The sweep asset's prestart returns at once; a launch that comes before the server listens waits for it, no second one."""
+    """The sweep asset's prestart returns at once; a launch that comes before the server listens waits for it, no second
+    one."""
     launcher = LocalLauncher()
     assert launcher.prestart_warm() is True
     socket_path = warm_dir / f"{server_key(sys.executable, training_root())}.sock"
@@ -413,7 +450,8 @@ def test_prestart_does_nothing_with_warm_workers_off(warm_dir: Path, monkeypatch
 def test_a_launch_that_sets_a_start_time_variable_runs_on_a_server_started_with_it(
     shared: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """glibc reads MALLOC_* when a process starts: a worker forked from a server started without it would not have it."""
+    """glibc reads MALLOC_* when a process starts: a worker forked from a server started without it would not have
+    it."""
     root = training_root()
     plain = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
     arena = {**plain, "MALLOC_ARENA_MAX": "2"}
@@ -423,11 +461,14 @@ def test_a_launch_that_sets_a_start_time_variable_runs_on_a_server_started_with_
     outcome = LocalLauncher().launch(make_spec(tmp_path, max_epochs=1))
     server = launches(log_of(outcome))[0][4]
     assert int((shared / f"{server_key(sys.executable, root, training_env(arena))}.pid").read_text()) == server
-    assert b"MALLOC_ARENA_MAX=2" in Path(f"/proc/{server}/environ").read_bytes().split(b"\0")  # what the server's exec had
+    assert b"MALLOC_ARENA_MAX=2" in Path(f"/proc/{server}/environ").read_bytes().split(
+        b"\0"
+    )  # what the server's exec had
 
 
-def test_warm_trials_share_the_servers_wandb_service_which_stops_with_the_server(warm_dir: Path, tmp_path: Path,
-                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warm_trials_share_the_servers_wandb_service_which_stops_with_the_server(
+    warm_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The server's keeper sets W&B up once; its workers' runs connect to that service (W&B's own debug log says so)
     instead of starting one each; a launch that turns it off starts its own; stopping the server stops the service."""
     connected = "Connected to an existing wandb-core service via WANDB_SERVICE"
@@ -437,7 +478,9 @@ def test_warm_trials_share_the_servers_wandb_service_which_stops_with_the_server
             monkeypatch.setenv(k, v)
         wandb_dir = tmp_path / name / "wandb"
         wandb_dir.mkdir(parents=True)
-        outcome = LocalLauncher().launch(make_spec(tmp_path / name, max_epochs=1, tracker=TrackerSpec(mode="offline", dir=str(wandb_dir))))
+        outcome = LocalLauncher().launch(
+            make_spec(tmp_path / name, max_epochs=1, tracker=TrackerSpec(mode="offline", dir=str(wandb_dir)))
+        )
         assert launches(log_of(outcome)), "the trial did not run on a warm worker"
         [debug] = wandb_dir.rglob("offline-run-*/logs/debug.log")
         return debug.read_text()
@@ -448,7 +491,9 @@ def test_warm_trials_share_the_servers_wandb_service_which_stops_with_the_server
     assert service, server_log.read_text()[:2000]
     socket_path, keeper = Path(service[1]), int(service[2])
     assert socket_path.exists() and running(keeper)
-    assert connected not in run_log("own", TRAINYARD_WARM_WANDB_SERVICE="0")  # the launch's switch: a service of its own
+    assert connected not in run_log(
+        "own", TRAINYARD_WARM_WANDB_SERVICE="0"
+    )  # the launch's switch: a service of its own
     stop_servers(warm_dir)
     deadline = time.monotonic() + 30
     while (running(keeper) or socket_path.exists()) and time.monotonic() < deadline:
@@ -460,7 +505,8 @@ def test_warm_trials_share_the_servers_wandb_service_which_stops_with_the_server
 @pytest.mark.slow
 def test_a_run_id_left_open_in_the_shared_wandb_service_does_not_fail_the_next_trial_that_uses_it(
         warm_dir: Path, tmp_path: Path) -> None:
-    """Found by CI: a trial killed mid-run leaves its W&B run open in the server's shared service, which then refused that
+    """Found by CI: a trial killed mid-run leaves its W&B run open in the server's shared service, which then refused
+    that
     run id ("run ID ... is in use") to a trial writing the same tracker run from another directory. The next trial now
     goes on with a service of its own; a trial whose training raises marks its run failed, which frees the id."""
     connected = "Connected to an existing wandb-core service via WANDB_SERVICE"
@@ -474,11 +520,17 @@ def test_a_run_id_left_open_in_the_shared_wandb_service_does_not_fail_the_next_t
             log = log_of(LocalLauncher().launch(make_spec(tmp_path / name, max_epochs=1, tracker=tracker, **over)))
         except TrainingCodeError as e:
             log = str(e) + Path(e.log_uri).read_text() if getattr(e, "log_uri", None) else str(e)
-        return log, [p.read_text() for p in sorted(wandb_dir.rglob("offline-run-*/logs/debug.log"), key=lambda p: p.stat().st_mtime)]
+        return log, [
+            p.read_text()
+            for p in sorted(wandb_dir.rglob("offline-run-*/logs/debug.log"), key=lambda p: p.stat().st_mtime)
+        ]
 
-    # SIGKILLed at step 2: the first attempt's run stays open in the shared service (the restart has a service of its own).
+    # SIGKILLed at step 2: the first attempt's run stays open in the shared service (the restart has a service of its
+    # own).
     killed, debugs = launch("killed", "trial-0000", faults=FaultInjection(kill_rank=0, kill_at_step=2))
-    assert launches(killed) and connected in debugs[0], "the killed attempt did not use the shared service: this test proves nothing"
+    assert launches(killed) and connected in debugs[0], (
+        "the killed attempt did not use the shared service: this test proves nothing"
+    )
     # The same run id from another directory: refused by the shared service, trained on a service of the trial's own.
     log, debugs = launch("after-kill", "trial-0000")
     assert "the shared W&B service refused run same-pipeline-trial-0000" in log, log[-3000:]

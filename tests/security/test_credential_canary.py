@@ -68,12 +68,18 @@ def set_canary_environment(monkeypatch: pytest.MonkeyPatch, secrets: dict[str, s
 
 
 def scan_dagster(scan: CanaryScan, instance: Any) -> int:
-    """Every run's record, config, tags, snapshots and every event (messages and metadata); returns the number of events."""
+    """Every run's record, config, tags, snapshots and every event (messages and metadata); returns the number of
+    events."""
     events = 0
     for run in instance.get_runs():
         scan.text(f"dagster run {run.run_id}", serialize_value(run))
-        scan.text(f"dagster job snapshot of {run.run_id}", serialize_value(instance.get_job_snapshot(run.job_snapshot_id)))
-        scan.text(f"dagster plan snapshot of {run.run_id}", serialize_value(instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)))
+        scan.text(
+            f"dagster job snapshot of {run.run_id}", serialize_value(instance.get_job_snapshot(run.job_snapshot_id))
+        )
+        scan.text(
+            f"dagster plan snapshot of {run.run_id}",
+            serialize_value(instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)),
+        )
         for entry in instance.all_logs(run.run_id):
             scan.text(f"dagster event of {run.run_id}", serialize_value(entry))
             scan.text(f"dagster message of {run.run_id}", entry.user_message)
@@ -82,7 +88,8 @@ def scan_dagster(scan: CanaryScan, instance: Any) -> int:
 
 
 def scan_mlflow(scan: CanaryScan, tracking_uri: str) -> int:
-    """Every registered version (tags, description, source) and every run (params, tags, metrics); returns the versions read."""
+    """Every registered version (tags, description, source) and every run (params, tags, metrics); returns the versions
+    read."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
@@ -90,16 +97,23 @@ def scan_mlflow(scan: CanaryScan, tracking_uri: str) -> int:
     for model in client.search_registered_models():
         scan.text(f"mlflow model {model.name}", (model.tags, model.description, model.aliases))
         for version in client.search_model_versions(f"name='{model.name}'"):
-            scan.text(f"mlflow version {model.name}/{version.version}", (version.tags, version.description, version.source, version.run_id))
+            scan.text(
+                f"mlflow version {model.name}/{version.version}",
+                (version.tags, version.description, version.source, version.run_id),
+            )
             versions += 1
     experiments = [e.experiment_id for e in client.search_experiments()]
     for run in client.search_runs(experiments):
-        scan.text(f"mlflow run {run.info.run_id}", (run.data.params, run.data.tags, run.data.metrics, run.info.artifact_uri))
+        scan.text(
+            f"mlflow run {run.info.run_id}", (run.data.params, run.data.tags, run.data.metrics, run.info.artifact_uri)
+        )
     return versions
 
 
 @pytest.mark.slow  # a whole pipeline: prepare, one Lightning trial under torchrun, registration and its serving check
-def test_canary_credentials_appear_nowhere_after_a_local_pipeline_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture) -> None:
+def test_canary_credentials_appear_nowhere_after_a_local_pipeline_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture
+) -> None:
     secrets = canaries()
     with postgres_database(secrets["optuna_password"]) as optuna_url:
         set_canary_environment(monkeypatch, secrets, optuna_url)
@@ -107,7 +121,9 @@ def test_canary_credentials_appear_nowhere_after_a_local_pipeline_run(tmp_path: 
         write_landing(home)
         spec = small_spec(
             model=ModelSpec(path="pipelines.vision.models:DigitsMLP", max_epochs=2, batch_size=64),
-            search=SearchSpec(params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, pruner=PrunerSpec(kind="median")),
+            search=SearchSpec(
+                params={"lr": FloatParam(low=5e-3, high=5e-2, log=True)}, n_trials=1, pruner=PrunerSpec(kind="median")
+            ),
         )
         harness = Harness(home, spec)
         assert harness.resources["sweeps"].storage_url_env == OPTUNA_URL_ENV  # the study is the one behind the password
@@ -116,7 +132,10 @@ def test_canary_credentials_appear_nowhere_after_a_local_pipeline_run(tmp_path: 
 
         # The trial trained against the study behind the password: its pod reported each epoch there.
         study = optuna.load_study(study_name=out["sweep"]["study"], storage=optuna_url)
-        assert [t.state.name for t in study.trials] == ["COMPLETE"] and sorted(study.trials[0].intermediate_values) == [0, 1]
+        assert [t.state.name for t in study.trials] == ["COMPLETE"] and sorted(study.trials[0].intermediate_values) == [
+            0,
+            1,
+        ]
 
         scan = CanaryScan(secrets)
         files = scan.tree(home)
@@ -136,7 +155,9 @@ def test_canary_credentials_appear_nowhere_after_a_local_pipeline_run(tmp_path: 
         probe = CanaryScan({"role": optuna_url.split("://", 1)[1].split(":", 1)[0], "study": out["sweep"]["study"]})
         probe.tree(home)
     assert any(SPEC_FILE in h and h.endswith(": role") for h in probe.hits)
-    assert any("runs.db" in h and "[zlib]" in h and h.endswith(": role") for h in probe.hits)  # Dagster's compressed job snapshot
+    assert any(
+        "runs.db" in h and "[zlib]" in h and h.endswith(": role") for h in probe.hits
+    )  # Dagster's compressed job snapshot
     assert any(".wandb" in h and h.endswith(": study") for h in probe.hits)
     assert events > 50 and versions >= 1 and scan.places > len(files)
     assert scan.hits == []
@@ -151,17 +172,26 @@ def load_render() -> Any:
     return module
 
 
-def test_cluster_objects_rendered_with_canary_credentials_hold_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_objects_rendered_with_canary_credentials_hold_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     secrets = canaries()
     optuna_url = f"postgresql+psycopg2://optuna:{secrets['optuna_password']}@optuna-db.platform.svc:5432/optuna"
     set_canary_environment(monkeypatch, secrets, optuna_url)
     env = {
-        "TRAINYARD_S3_ROOT": "s3://trainyard-canary/store", "AWS_ENDPOINT_URL": "http://minio.platform.svc:9000",
-        OPTUNA_URL_ENV: optuna_url, "MLFLOW_TRACKING_URI": "http://mlflow.platform.svc:5000", "TRAINYARD_HOME": str(tmp_path),
-        "TRAINYARD_K8S_NAMESPACE": "team-vision", "TRAINYARD_TRAINER_IMAGE": "registry.example/trainyard-trainer@sha256:" + "0" * 64,
-        "TRAINYARD_K8S_SECRETS": "vision-credentials", "WANDB_API_KEY": secrets["wandb_key"],
-        "AWS_ACCESS_KEY_ID": secrets["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": secrets["aws_secret_access_key"],
-        "MLFLOW_TRACKING_PASSWORD": secrets["mlflow_password"], "PGPASSWORD": secrets["pg_password"],
+        "TRAINYARD_S3_ROOT": "s3://trainyard-canary/store",
+        "AWS_ENDPOINT_URL": "http://minio.platform.svc:9000",
+        OPTUNA_URL_ENV: optuna_url,
+        "MLFLOW_TRACKING_URI": "http://mlflow.platform.svc:5000",
+        "TRAINYARD_HOME": str(tmp_path),
+        "TRAINYARD_K8S_NAMESPACE": "team-vision",
+        "TRAINYARD_TRAINER_IMAGE": "registry.example/trainyard-trainer@sha256:" + "0" * 64,
+        "TRAINYARD_K8S_SECRETS": "vision-credentials",
+        "WANDB_API_KEY": secrets["wandb_key"],
+        "AWS_ACCESS_KEY_ID": secrets["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": secrets["aws_secret_access_key"],
+        "MLFLOW_TRACKING_PASSWORD": secrets["mlflow_password"],
+        "PGPASSWORD": secrets["pg_password"],
     }
     scan = CanaryScan(secrets)
 
@@ -179,7 +209,11 @@ def test_cluster_objects_rendered_with_canary_credentials_hold_none(tmp_path: Pa
     scan.text("trial spec", spec.to_json())
     cfg = resources["launcher"].job_config()
     spec_uri = f"{env['TRAINYARD_S3_ROOT']}/runs/trial-0000/{SPEC_FILE}"
-    manifests = [job_manifest(spec, spec_uri, 0, cfg), jobset_manifest(spec, spec_uri, 0, cfg), service_manifest("trial-0000", cfg)]
+    manifests = [
+        job_manifest(spec, spec_uri, 0, cfg),
+        jobset_manifest(spec, spec_uri, 0, cfg),
+        service_manifest("trial-0000", cfg),
+    ]
     rendered = [yaml.safe_dump(m) for m in manifests]
     assert any("vision-credentials" in text for text in rendered)  # pods take the credentials from the team's Secret
     scan.rows("trial manifest", rendered)

@@ -43,9 +43,14 @@ def test_a_spec_never_holds_a_credential() -> None:
 def test_the_pod_reads_the_url_from_the_variable_the_spec_names() -> None:
     spec = OptunaSpec.by_reference(URL, study_name="s", trial_number=0)
     assert spec.connect_url({OPTUNA_URL_ENV: URL}) == URL
-    team_user = "postgresql://vision:team-pw@db.example:5432/optuna"  # a team's Secret may hold its own user of that database
+    team_user = (
+        "postgresql://vision:team-pw@db.example:5432/optuna"  # a team's Secret may hold its own user of that database
+    )
     assert spec.connect_url({OPTUNA_URL_ENV: team_user}) == team_user
-    with pytest.raises(ValueError, match=f"needs its credentials from the environment variable {OPTUNA_URL_ENV}, which this process does not have"):
+    with pytest.raises(
+        ValueError,
+        match=f"needs its credentials from the environment variable {OPTUNA_URL_ENV}, which this process does not have",
+    ):
         spec.connect_url({})
     other = f"postgresql+psycopg2://optuna:{PASSWORD}@other.example:5432/optuna"
     with pytest.raises(ValueError, match="points to postgresql\\+psycopg2://optuna:\\*\\*\\*@other.example") as info:
@@ -77,7 +82,9 @@ def test_environments_keep_credentials_out_of_resource_config(monkeypatch: pytes
         "TRAINYARD_K8S_NAMESPACE": "team-vision", "TRAINYARD_TRAINER_IMAGE": "registry.example/trainer:1",
         "MLFLOW_TRACKING_URI": f"https://mlflow:{PASSWORD}@mlflow.example",
     }
-    with pytest.raises(EnvironmentError_, match="MLFLOW_TRACKING_URI=https://mlflow:\\*\\*\\*@mlflow.example carries a password") as info:
+    with pytest.raises(
+        EnvironmentError_, match="MLFLOW_TRACKING_URI=https://mlflow:\\*\\*\\*@mlflow.example carries a password"
+    ) as info:
         cluster_resources(env)
     assert PASSWORD not in str(info.value)
     res = cluster_resources({**env, "MLFLOW_TRACKING_URI": "https://mlflow.example"})
@@ -85,15 +92,26 @@ def test_environments_keep_credentials_out_of_resource_config(monkeypatch: pytes
 
 
 @pytest.mark.slow  # two torchrun launches
-def test_a_local_trial_gets_the_resource_s_credentials_from_the_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_local_trial_gets_the_resource_s_credentials_from_the_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv(OPTUNA_URL_ENV, raising=False)
     with postgres_database(PASSWORD) as url:
         sweeps = SweepStore(storage_url=url)  # configured on the resource only: this process's environment has no URL
-        study = sweeps.load_or_create("canary.gbt", "max", SearchSpec(params={"lr": FloatParam(low=0.01, high=0.1)}, n_trials=2))
+        study = sweeps.load_or_create(
+            "canary.gbt", "max", SearchSpec(params={"lr": FloatParam(low=0.01, high=0.1)}, n_trials=2)
+        )
         numbers = [study.ask().number for _ in range(2)]
         specs = [
-            gbt.make_spec(tmp_path, out=f"run-{n}", max_epochs=30, trial_id=f"trial-{n:04d}",
-                          optuna=OptunaSpec.by_reference(url, study_name="canary.gbt", trial_number=n, pruner=PrunerSpec(kind="median")))
+            gbt.make_spec(
+                tmp_path,
+                out=f"run-{n}",
+                max_epochs=30,
+                trial_id=f"trial-{n:04d}",
+                optuna=OptunaSpec.by_reference(
+                    url, study_name="canary.gbt", trial_number=n, pruner=PrunerSpec(kind="median")
+                ),
+            )
             for n in numbers
         ]
         launcher = LocalLauncher(timeout_seconds=600)
@@ -101,10 +119,14 @@ def test_a_local_trial_gets_the_resource_s_credentials_from_the_launcher(tmp_pat
             outcome = launcher.launch(specs[0])
         assert outcome.result.status == "completed"
         reported = optuna.load_study(study_name="canary.gbt", storage=url).trials[numbers[0]].intermediate_values
-        assert reported and all(step % 10 == 0 for step in reported)  # the pod reported to the study behind the password
+        assert reported and all(
+            step % 10 == 0 for step in reported
+        )  # the pod reported to the study behind the password
         written = (tmp_path / "run-0" / "spec.json").read_text()
         assert PASSWORD not in written and OPTUNA_URL_ENV in written
 
-        with pytest.raises(TrainingConfigError, match=f"needs its credentials from the environment variable {OPTUNA_URL_ENV}") as info:
+        with pytest.raises(
+            TrainingConfigError, match=f"needs its credentials from the environment variable {OPTUNA_URL_ENV}"
+        ) as info:
             launcher.launch(specs[1])  # no credentials handed over: the pod says which variable it misses
         assert PASSWORD not in str(info.value) and PASSWORD not in info.value.log_tail

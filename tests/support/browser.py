@@ -30,7 +30,11 @@ def chromium() -> Iterator[Optional[Any]]:
     except ImportError:
         sync_playwright = None
     if executable is None or sync_playwright is None:
-        missing = "chromium (apt-get install chromium)" if executable is None else "playwright (pip install -c constraints.txt playwright)"
+        missing = (
+            "chromium (apt-get install chromium)"
+            if executable is None
+            else "playwright (pip install -c constraints.txt playwright)"
+        )
         if os.environ.get("CI"):
             pytest.fail(f"the UI journey needs {missing}; .ci/run installs both")
         yield None
@@ -64,11 +68,15 @@ def screenshot(page: Any, name: str) -> None:
 
 
 def metadata_rows(page: Any) -> dict[str, str]:
-    """The metadata table(s) on the page as {key: value text}: a row's first cell is the key, its last non-empty one the value.
+    """The metadata table(s) on the page as {key: value text}: a row's first cell is the key, its last non-empty one the
+    value.
 
     (The asset page's table has a timestamp column between them, the partition view a trailing empty one.)
     """
-    cells = page.evaluate("() => Array.from(document.querySelectorAll('tr')).map(tr => Array.from(tr.cells).map(c => c.textContent.trim()))")
+    cells = page.evaluate(
+        "() => Array.from(document.querySelectorAll('tr')).map(tr => Array.from(tr.cells).map(c => "
+        "c.textContent.trim()))"
+    )
     return {row[0]: ([c for c in row[1:] if c] or [""])[-1] for row in cells if len(row) >= 2}
 
 

@@ -90,7 +90,9 @@ def _opened(raw: bytes) -> list[tuple[bytes, str]]:
     if raw[:4] == b"PK\x03\x04":
         try:
             with zipfile.ZipFile(io.BytesIO(raw)) as archive:
-                out += [(archive.read(info), f"zip:{info.filename}") for info in archive.infolist() if not info.is_dir()]
+                out += [
+                    (archive.read(info), f"zip:{info.filename}") for info in archive.infolist() if not info.is_dir()
+                ]
         except (zipfile.BadZipFile, OSError, ValueError):
             pass
     elif raw[:2] == b"\x1f\x8b":
@@ -143,7 +145,9 @@ def postgres_rows(url: str) -> list[str]:
     engine = sqlalchemy.create_engine(url)
     try:
         with engine.connect() as c:
-            tables = [r[0] for r in c.execute(sqlalchemy.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))]
+            tables = [
+                r[0] for r in c.execute(sqlalchemy.text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))
+            ]
             return [r[0] for t in tables for r in c.execute(sqlalchemy.text(f'SELECT t::text FROM "{t}" t'))]
     finally:
         engine.dispose()

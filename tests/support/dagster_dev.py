@@ -20,8 +20,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(check: Callable[[], Any], timeout: float, what: str, interval: float = 3.0, context: Callable[[], str] = lambda: "") -> Any:
-    """Poll `check` until it returns something truthy; fail naming `what` (and `context()`, e.g. a log tail) after `timeout` s."""
+def wait_for(
+    check: Callable[[], Any], timeout: float, what: str, interval: float = 3.0, context: Callable[[], str] = lambda: ""
+) -> Any:
+    """Poll `check` until it returns something truthy; fail naming `what` (and `context()`, e.g. a log tail) after
+    `timeout` s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError):

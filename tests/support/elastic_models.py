@@ -19,9 +19,19 @@ class RecordsWorldSize(SlowSteps):
     """`SlowSteps` whose every process writes, after its first training step, `<record>/<launch>-rank<r>.json`:
     its launch, world size, rank, global step and the time (`at`)."""
 
-    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2, step_seconds: float = 0.1,
-                 until: Optional[str] = None, record: str = "") -> None:
-        super().__init__(n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr, step_seconds=step_seconds, until=until)
+    def __init__(
+        self,
+        n_features: int = 64,
+        n_classes: int = 10,
+        hidden: int = 64,
+        lr: float = 1e-2,
+        step_seconds: float = 0.1,
+        until: Optional[str] = None,
+        record: str = "",
+    ) -> None:
+        super().__init__(
+            n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr, step_seconds=step_seconds, until=until
+        )
         self.record = record
         self._recorded = False
 

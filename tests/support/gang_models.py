@@ -17,7 +17,15 @@ from training.errors import ConfigError
 class _FailsOnRank(DigitsMLP):
     """`DigitsMLP` that raises at training step `at_step` on rank `rank`; the other ranks train on."""
 
-    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2, rank: int = 1, at_step: int = 2) -> None:
+    def __init__(
+        self,
+        n_features: int = 64,
+        n_classes: int = 10,
+        hidden: int = 64,
+        lr: float = 1e-2,
+        rank: int = 1,
+        at_step: int = 2,
+    ) -> None:
         super().__init__(n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr)
         self.fail_rank, self.fail_step = rank, at_step
 
@@ -45,7 +53,8 @@ class UserErrorOnRank(_FailsOnRank):
 
 
 class SlowSteps(DigitsMLP):
-    """`DigitsMLP` whose every training step also waits `step_seconds`: a window in which a disruption lands mid-training.
+    """`DigitsMLP` whose every training step also waits `step_seconds`: a window in which a disruption lands
+    mid-training.
 
     A digits step takes milliseconds, so a 200-step trial could finish before an eviction
     the test asked for has reached its pods on a loaded machine.
@@ -56,8 +65,15 @@ class SlowSteps(DigitsMLP):
     depend on the wait: a trial is bitwise the same with or without it.
     """
 
-    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 64, lr: float = 1e-2, step_seconds: float = 0.1,
-                 until: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        n_features: int = 64,
+        n_classes: int = 10,
+        hidden: int = 64,
+        lr: float = 1e-2,
+        step_seconds: float = 0.1,
+        until: Optional[str] = None,
+    ) -> None:
         super().__init__(n_features=n_features, n_classes=n_classes, hidden=hidden, lr=lr)
         self.step_seconds = step_seconds
         self.until = until

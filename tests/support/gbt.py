@@ -35,12 +35,20 @@ def write_data(directory: Path, kind: str) -> DataSpec:
     frame, target = _frame(kind)
     directory.mkdir(parents=True, exist_ok=True)
     n = len(frame)
-    parts = {"train": frame.iloc[: int(n * 0.7)], "val": frame.iloc[int(n * 0.7) : int(n * 0.85)], "test": frame.iloc[int(n * 0.85) :]}
+    parts = {
+        "train": frame.iloc[: int(n * 0.7)],
+        "val": frame.iloc[int(n * 0.7) : int(n * 0.85)],
+        "test": frame.iloc[int(n * 0.85) :],
+    }
     for name, part in parts.items():
         pq.write_table(pa.Table.from_pandas(part, preserve_index=False), directory / f"{name}.parquet")
     return DataSpec(
-        train_uri=str(directory / "train.parquet"), val_uri=str(directory / "val.parquet"), test_uri=str(directory / "test.parquet"),
-        features=[c for c in frame.columns if c != target], target=target, version="0" * 32,
+        train_uri=str(directory / "train.parquet"),
+        val_uri=str(directory / "val.parquet"),
+        test_uri=str(directory / "test.parquet"),
+        features=[c for c in frame.columns if c != target],
+        target=target,
+        version="0" * 32,
     )
 
 
@@ -53,7 +61,9 @@ def make_spec(tmp: Path, kind: str = "binary", out: str = "run", **over: Any) ->
         out: Name of the run folder and of the spec file.
         **over: `TrainSpec` fields that replace the defaults.
     """
-    monitor = {"binary": ("val_acc", "max"), "multiclass": ("val_logloss", "min"), "regression": ("val_rmse", "min")}[kind]
+    monitor = {"binary": ("val_acc", "max"), "multiclass": ("val_logloss", "min"), "regression": ("val_rmse", "min")}[
+        kind
+    ]
     base: dict[str, Any] = dict(
         pipeline="tabular/test",
         trial_id="trial-0000",

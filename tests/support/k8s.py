@@ -1,4 +1,5 @@
-"""Strict validation of Kubernetes objects (schemas bundled with kubernetes-validate) and the Pod Security Standards' rules."""
+"""Strict validation of Kubernetes objects (schemas bundled with kubernetes-validate) and the Pod Security Standards'
+rules."""
 
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ def _strict(schema: Any) -> Any:
     """Reject unknown fields like the API server's strict field validation does."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
-        if "properties" in schema and "additionalProperties" not in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        if (
+            "properties" in schema
+            and "additionalProperties" not in schema
+            and not schema.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -54,7 +59,8 @@ def _strict(schema: Any) -> Any:
 
 
 def load_crd_schemas(crd_dir: Path = CRD_DIR) -> dict[tuple[str, str], dict[str, Any]]:
-    """(apiVersion, kind) -> strict openAPIV3Schema of every CRD in `crd_dir` (../shared/crds); skips (fails in CI) without it."""
+    """(apiVersion, kind) -> strict openAPIV3Schema of every CRD in `crd_dir` (../shared/crds); skips (fails in CI)
+    without it."""
     if not crd_dir.is_dir():
         message = f"CRD schemas not found at {crd_dir} (a copy of shared/crds beside the repository)"
         if os.environ.get("CI"):
@@ -120,7 +126,9 @@ def _containers(pod: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 def _baseline(pod: dict[str, Any], annotations: dict[str, str]) -> list[str]:
     out: list[str] = []
     psc = pod.get("securityContext") or {}
-    contexts = [("spec.securityContext", psc)] + [(f"{w}.securityContext", c.get("securityContext") or {}) for w, c in _containers(pod)]
+    contexts = [("spec.securityContext", psc)] + [
+        (f"{w}.securityContext", c.get("securityContext") or {}) for w, c in _containers(pod)
+    ]
     for where, sc in contexts:
         if (sc.get("windowsOptions") or {}).get("hostProcess"):
             out.append(f"HostProcess: {where}.windowsOptions.hostProcess is true")
@@ -179,30 +187,46 @@ def _restricted(pod: dict[str, Any]) -> list[str]:
             out.append(f"Running as Non-root user: {where}.securityContext.runAsUser is 0")
         seccomp = (sc.get("seccompProfile") or {}).get("type", pod_seccomp)
         if seccomp not in ("RuntimeDefault", "Localhost"):
-            out.append(f"Seccomp: {where} seccompProfile.type is {seccomp!r} (pod or container); needs RuntimeDefault or Localhost")
+            out.append(
+                f"Seccomp: {where} seccompProfile.type is {seccomp!r} (pod or container); needs RuntimeDefault or "
+                "Localhost"
+            )
         caps = sc.get("capabilities") or {}
         if "ALL" not in (caps.get("drop") or []):
             out.append(f"Capabilities: {where} does not drop ALL")
         if set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
-            out.append(f"Capabilities: {where} adds {sorted(set(caps['add']) - {'NET_BIND_SERVICE'})}; restricted allows only NET_BIND_SERVICE")
+            out.append(
+                f"Capabilities: {where} adds {sorted(set(caps['add']) - {'NET_BIND_SERVICE'})}; restricted allows "
+                "only NET_BIND_SERVICE"
+            )
     return out
 
 
 def restricted_violations(pod: dict[str, Any], annotations: Optional[dict[str, str]] = None) -> list[str]:
-    """What keeps pod spec `pod` (with its metadata `annotations`) from the `restricted` Pod Security level; [] if nothing."""
+    """What keeps pod spec `pod` (with its metadata `annotations`) from the `restricted` Pod Security level; [] if
+    nothing."""
     return _baseline(pod, annotations or {}) + _restricted(pod)
 
 
 def read_only_root_violations(pod: dict[str, Any], env_paths: bool = True) -> list[str]:
     """What breaks trainyard's read-only-root rule: every container's root filesystem read-only, and every
-    environment variable holding an absolute path (HOME, TMPDIR, cache directories) inside a mounted writable emptyDir."""
+    environment variable holding an absolute path (HOME, TMPDIR, cache directories) inside a mounted writable
+    emptyDir."""
     out: list[str] = []
     writable = {v["name"] for v in pod.get("volumes") or [] if "emptyDir" in v}
     for where, c in _containers(pod):
         if (c.get("securityContext") or {}).get("readOnlyRootFilesystem") is not True:
             out.append(f"{where}: readOnlyRootFilesystem is not true")
-        mounts = [m["mountPath"].rstrip("/") + "/" for m in c.get("volumeMounts") or [] if m["name"] in writable and not m.get("readOnly")]
-        paths = [(f"env {e['name']}", e["value"]) for e in c.get("env") or [] if str(e.get("value", "")).startswith("/")] if env_paths else []
+        mounts = [
+            m["mountPath"].rstrip("/") + "/"
+            for m in c.get("volumeMounts") or []
+            if m["name"] in writable and not m.get("readOnly")
+        ]
+        paths = (
+            [(f"env {e['name']}", e["value"]) for e in c.get("env") or [] if str(e.get("value", "")).startswith("/")]
+            if env_paths
+            else []
+        )
         if c.get("workingDir"):
             paths.append(("workingDir", c["workingDir"]))
         for what, path in paths:
@@ -227,7 +251,9 @@ def pod_specs(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, 
         out = []
         for rj in obj["spec"]["replicatedJobs"]:
             template = rj["template"]["spec"]["template"]
-            out.append((f"{name}/{rj['name']}", template["spec"], (template.get("metadata") or {}).get("annotations") or {}))
+            out.append(
+                (f"{name}/{rj['name']}", template["spec"], (template.get("metadata") or {}).get("annotations") or {})
+            )
         return out
     return []
 
@@ -278,7 +304,9 @@ def local_env(container: dict[str, Any], mounts: dict[str, Path], field_refs: di
             env[var["name"]] = remap(var["value"], mounts)
         elif "secretKeyRef" in var["valueFrom"]:
             ref = var["valueFrom"]["secretKeyRef"]
-            assert ref["key"] in secrets.get(ref["name"], {}), f"no data for Secret {ref['name']} key {ref['key']} of {var['name']}"
+            assert ref["key"] in secrets.get(ref["name"], {}), (
+                f"no data for Secret {ref['name']} key {ref['key']} of {var['name']}"
+            )
             env[var["name"]] = secrets[ref["name"]][ref["key"]]
         else:
             path = var["valueFrom"]["fieldRef"]["fieldPath"]
@@ -351,12 +379,28 @@ KUEUE_CONFIGURATION_SCHEMA: dict[str, Any] = _obj(
                     cacheSyncTimeout={"type": "integer"}),
     tls=_obj(minVersion={"type": "string"}, cipherSuites={"type": "array"}, curvePreferences={"type": "array"}),
 )
-KUEUE_FRAMEWORK_NAMES = frozenset({
-    "batch/job", "kubeflow.org/mpijob", "ray.io/rayjob", "ray.io/raycluster", "ray.io/rayservice", "jobset.x-k8s.io/jobset",
-    "kubeflow.org/paddlejob", "kubeflow.org/pytorchjob", "kubeflow.org/tfjob", "kubeflow.org/xgboostjob", "kubeflow.org/jaxjob",
-    "trainer.kubeflow.org/trainjob", "workload.codeflare.dev/appwrapper", "sparkoperator.k8s.io/sparkapplication", "pod",
-    "deployment", "statefulset", "leaderworkerset.x-k8s.io/leaderworkerset",
-})
+KUEUE_FRAMEWORK_NAMES = frozenset(
+    {
+        "batch/job",
+        "kubeflow.org/mpijob",
+        "ray.io/rayjob",
+        "ray.io/raycluster",
+        "ray.io/rayservice",
+        "jobset.x-k8s.io/jobset",
+        "kubeflow.org/paddlejob",
+        "kubeflow.org/pytorchjob",
+        "kubeflow.org/tfjob",
+        "kubeflow.org/xgboostjob",
+        "kubeflow.org/jaxjob",
+        "trainer.kubeflow.org/trainjob",
+        "workload.codeflare.dev/appwrapper",
+        "sparkoperator.k8s.io/sparkapplication",
+        "pod",
+        "deployment",
+        "statefulset",
+        "leaderworkerset.x-k8s.io/leaderworkerset",
+    }
+)
 
 
 def kueue_configuration_validate(config: dict[str, Any]) -> None:

@@ -55,9 +55,20 @@ class TinyTextData(L.LightningDataModule):
         seed: the train loader's shuffle.
     """
 
-    def __init__(self, train_uri: str = "", val_uri: str = "", test_uri: str = "", features: Any = None, target: str = "tokens",
-                 batch_size: int = 16, block_size: int = 16, tokenizer_path: Optional[str] = None, repeats: int = 40,
-                 workdir: Optional[str] = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        train_uri: str = "",
+        val_uri: str = "",
+        test_uri: str = "",
+        features: Any = None,
+        target: str = "tokens",
+        batch_size: int = 16,
+        block_size: int = 16,
+        tokenizer_path: Optional[str] = None,
+        repeats: int = 40,
+        workdir: Optional[str] = None,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         self.batch_size, self.block_size, self.seed = batch_size, block_size, seed
         if tokenizer_path is None:
@@ -87,7 +98,9 @@ class TinyTextData(L.LightningDataModule):
     def _loader(self, split: str, shuffle: bool = False) -> DataLoader:
         rows = self.rows[split]
         generator = torch.Generator().manual_seed(self.seed) if shuffle else None
-        return DataLoader(TensorDataset(rows[:, :-1], rows[:, 1:]), batch_size=self.batch_size, shuffle=shuffle, generator=generator)
+        return DataLoader(
+            TensorDataset(rows[:, :-1], rows[:, 1:]), batch_size=self.batch_size, shuffle=shuffle, generator=generator
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", shuffle=True)

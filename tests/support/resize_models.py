@@ -1,4 +1,5 @@
-"""A tiny shardable classifier that records every trained batch (sample ids and loss), for the resume-at-another-size drills
+"""A tiny shardable classifier that records every trained batch (sample ids and loss), for the resume-at-another-size
+drills
 (`tests/training/test_elastic_resume.py`).
 
 `ElasticRecordingMLP` trains under `ddp`, `fsdp` and `tp` (`training.parallel.ParallelizableModule`; tensor
@@ -29,7 +30,9 @@ from training.parallel import ColwiseParallel, ParallelizableModule, RowwisePara
 class ElasticRecordingMLP(ParallelizableModule):
     """Two layers over the flattened input, Adam; `log_dir` receives every trained batch (see the module docstring)."""
 
-    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 16, lr: float = 0.02, log_dir: str = "") -> None:
+    def __init__(
+        self, n_features: int = 64, n_classes: int = 10, hidden: int = 16, lr: float = 0.02, log_dir: str = ""
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
@@ -44,8 +47,15 @@ class ElasticRecordingMLP(ParallelizableModule):
         loss = F.cross_entropy(self(batch[0]), batch[1])
         self.log("train_loss", loss)
         if self.hparams.log_dir:
-            record = {"world": self.trainer.world_size, "rank": self.global_rank, "epoch": self.current_epoch,
-                      "step": self.global_step, "batch_idx": batch_idx, "loss": float(loss.detach()), "ids": batch[2].tolist()}
+            record = {
+                "world": self.trainer.world_size,
+                "rank": self.global_rank,
+                "epoch": self.current_epoch,
+                "step": self.global_step,
+                "batch_idx": batch_idx,
+                "loss": float(loss.detach()),
+                "ids": batch[2].tolist(),
+            }
             os.makedirs(self.hparams.log_dir, exist_ok=True)
             with open(os.path.join(self.hparams.log_dir, f"ids-rank{self.global_rank}.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")

@@ -66,8 +66,16 @@ def write_image_split(path: str, n: Optional[int] = None, chunk_bytes: int = 409
         writer[i] = {"image": image, "label": int(label), "id": i}
     writer.done()
     writer.merge()
-    meta = {"kind": "image", "format_version": 1, "shape": list(images.shape[1:]), "dtype": "uint8", "min": low, "max": high,
-            "labels": list(range(10)), "items": len(images)}
+    meta = {
+        "kind": "image",
+        "format_version": 1,
+        "shape": list(images.shape[1:]),
+        "dtype": "uint8",
+        "min": low,
+        "max": high,
+        "labels": list(range(10)),
+        "items": len(images),
+    }
     with open(os.path.join(path, "meta.json"), "w") as f:
         json.dump(meta, f)
     return meta

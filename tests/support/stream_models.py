@@ -23,7 +23,9 @@ from torch.nn import functional as F
 class IdRecordingMLP(L.LightningModule):
     """Two layers over the flattened image; `log_dir` receives the trained sample ids (see the module docstring)."""
 
-    def __init__(self, n_features: int = 64, n_classes: int = 10, hidden: int = 16, lr: float = 0.02, log_dir: str = "") -> None:
+    def __init__(
+        self, n_features: int = 64, n_classes: int = 10, hidden: int = 16, lr: float = 0.02, log_dir: str = ""
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(nn.Linear(n_features, hidden), nn.ReLU(), nn.Linear(hidden, n_classes))
@@ -45,8 +47,14 @@ class IdRecordingMLP(L.LightningModule):
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if not self.hparams.log_dir:
             return
-        record = {"rank": self.global_rank, "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-                  "epoch": self.current_epoch, "step": self.global_step, "batch_idx": batch_idx, "ids": batch[2].tolist()}
+        record = {
+            "rank": self.global_rank,
+            "attempt": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+            "epoch": self.current_epoch,
+            "step": self.global_step,
+            "batch_idx": batch_idx,
+            "ids": batch[2].tolist(),
+        }
         os.makedirs(self.hparams.log_dir, exist_ok=True)
         with open(os.path.join(self.hparams.log_dir, f"ids-rank{self.global_rank}.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")

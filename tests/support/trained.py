@@ -89,11 +89,15 @@ def _reroot_text(path: Path, old: str, new: str) -> None:
 
 def _reroot_sqlite(path: Path, old: str, new: str) -> None:
     with contextlib.closing(sqlite3.connect(path)) as db, db:
-        tables = [row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        tables = [
+            row[0]
+            for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+        ]
         for table in tables:
             columns = [row[1] for row in db.execute(f'PRAGMA table_info("{table}")')]
             for column in columns:
                 db.execute(
-                    f'UPDATE "{table}" SET "{column}" = replace("{column}", ?, ?) WHERE typeof("{column}") = \'text\' AND instr("{column}", ?) > 0',
+                    f'UPDATE "{table}" SET "{column}" = replace("{column}", ?, ?) WHERE typeof("{column}") = \'text\' '
+                    f'AND instr("{column}", ?) > 0',
                     (old, new, old),
                 )

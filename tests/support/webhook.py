@@ -31,7 +31,9 @@ class WebhookServer:
                 hook.received.append(Post(dict(self.headers), body, status))
                 self.send_response(status)
                 self.end_headers()
-                self.wfile.write(b"ok" if status < 400 else b"busy" if status in (429,) or status >= 500 else b"refused")
+                self.wfile.write(
+                    b"ok" if status < 400 else b"busy" if status in (429,) or status >= 500 else b"refused"
+                )
 
             def log_message(self, *args: Any) -> None:
                 pass

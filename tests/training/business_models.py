@@ -1,4 +1,5 @@
-"""A small business table as a warehouse exports it, split into Parquet files, and the one-logit model a team writes for it.
+"""A small business table as a warehouse exports it, split into Parquet files, and the one-logit model a team writes for
+it.
 
 Importable without Dagster (training processes import the model by path).
 `write_business_splits` writes train/val/test Parquet files holding string
@@ -20,7 +21,14 @@ import torch
 from tests.business import OneLogitChurnNet
 
 FEATURES = ["plan", "country", "signup_date", "tenure", "charges", "calls"]
-FEATURE_TYPES = {"plan": "category", "country": "str", "signup_date": "date", "tenure": "int", "charges": "float", "calls": "float"}
+FEATURE_TYPES = {
+    "plan": "category",
+    "country": "str",
+    "signup_date": "date",
+    "tenure": "int",
+    "charges": "float",
+    "calls": "float",
+}
 TARGET = "churned"
 KEEP = ["customer_id"]
 
@@ -43,10 +51,15 @@ def business_table(rows: int, seed: int = 0) -> pd.DataFrame:
 
 
 def write_business_splits(directory: Path, rows: int = 1500, seed: int = 0) -> dict[str, str]:
-    """train/val/test Parquet files (70/15/15); the val and test splits also hold a plan ("enterprise") train never saw."""
+    """train/val/test Parquet files (70/15/15); the val and test splits also hold a plan ("enterprise") train never
+    saw."""
     frame = business_table(rows, seed)
     cut = [int(rows * 0.7), int(rows * 0.85)]
-    parts = {"train": frame.iloc[:cut[0]].copy(), "val": frame.iloc[cut[0]:cut[1]].copy(), "test": frame.iloc[cut[1]:].copy()}
+    parts = {
+        "train": frame.iloc[: cut[0]].copy(),
+        "val": frame.iloc[cut[0] : cut[1]].copy(),
+        "test": frame.iloc[cut[1] :].copy(),
+    }
     for split in ("val", "test"):
         parts[split].iloc[:5, parts[split].columns.get_loc("plan")] = "enterprise"
     directory.mkdir(parents=True, exist_ok=True)
@@ -61,7 +74,9 @@ def write_business_splits(directory: Path, rows: int = 1500, seed: int = 0) -> d
 class OneLogitNet(OneLogitChurnNet):
     """The one-logit `BCEWithLogitsLoss` model of `tests.business`, smaller (16 hidden units)."""
 
-    def __init__(self, n_features: int, hidden: int = 16, lr: float = 0.01, class_weights: Optional[torch.Tensor] = None) -> None:
+    def __init__(
+        self, n_features: int, hidden: int = 16, lr: float = 0.01, class_weights: Optional[torch.Tensor] = None
+    ) -> None:
         super().__init__(n_features, hidden, lr, class_weights=class_weights)
 
 

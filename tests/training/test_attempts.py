@@ -1,4 +1,5 @@
-"""Which attempt of a trial may use a warm server's shared W&B service (`training.attempts.private_wandb_unless_first`)."""
+"""Which attempt of a trial may use a warm server's shared W&B service
+(`training.attempts.private_wandb_unless_first`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ def service(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
 
 
-def test_only_an_offline_trials_first_attempt_keeps_the_shared_service(service: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_only_an_offline_trials_first_attempt_keeps_the_shared_service(
+    service: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     assert private_wandb_unless_first(str(tmp_path), "offline") is True
@@ -28,7 +31,9 @@ def test_only_an_offline_trials_first_attempt_keeps_the_shared_service(service: 
     assert "WANDB_SERVICE" not in os.environ
 
 
-def test_a_restarted_rank_and_an_online_run_start_their_own_service(service: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_restarted_rank_and_an_online_run_start_their_own_service(
+    service: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import os
 
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")

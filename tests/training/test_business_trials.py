@@ -24,16 +24,38 @@ sk = pytest.importorskip("sklearn.metrics")
 def business_spec(tmp: Path, task: str, **fields: Any) -> TrainSpec:
     paths = write_business_splits(tmp / "data")
     if task == "gbt":
-        defaults: dict[str, Any] = dict(model=ImportTarget(path="lightgbm:train", kwargs={"num_leaves": 7, "min_data_in_leaf": 10}),
-                                        max_epochs=60, monitor="val_pr_auc", monitor_mode="max")
+        defaults: dict[str, Any] = dict(
+            model=ImportTarget(path="lightgbm:train", kwargs={"num_leaves": 7, "min_data_in_leaf": 10}),
+            max_epochs=60,
+            monitor="val_pr_auc",
+            monitor_mode="max",
+        )
     else:
-        defaults = dict(model=ImportTarget(path="tests.training.business_models:OneLogitNet"), max_epochs=4, batch_size=64,
-                        monitor="val_loss", monitor_mode="min")
+        defaults = dict(
+            model=ImportTarget(path="tests.training.business_models:OneLogitNet"),
+            max_epochs=4,
+            batch_size=64,
+            monitor="val_loss",
+            monitor_mode="min",
+        )
     spec = TrainSpec(
-        pipeline="churn/customers", trial_id="trial-0000", task=task, prediction_task="classification",
-        data=DataSpec(train_uri=paths["train"], val_uri=paths["val"], test_uri=paths["test"], features=FEATURES, target=TARGET,
-                      version="0" * 32, feature_types=FEATURE_TYPES, keep=KEEP),
-        output_uri=str(tmp / "run"), **{**defaults, **fields})
+        pipeline="churn/customers",
+        trial_id="trial-0000",
+        task=task,
+        prediction_task="classification",
+        data=DataSpec(
+            train_uri=paths["train"],
+            val_uri=paths["val"],
+            test_uri=paths["test"],
+            features=FEATURES,
+            target=TARGET,
+            version="0" * 32,
+            feature_types=FEATURE_TYPES,
+            keep=KEEP,
+        ),
+        output_uri=str(tmp / "run"),
+        **{**defaults, **fields},
+    )
     (tmp / "spec.json").write_text(spec.to_json())
     return spec
 
@@ -52,15 +74,29 @@ def check_trial(tmp: Path, spec: TrainSpec) -> TrainResult:
     result = TrainResult.model_validate_json((tmp / "run" / "result.json").read_text())
     m = result.metrics
     for split in ("val", "test"):
-        for name in ("acc", "logloss", "roc_auc", "pr_auc", "f1", "balanced_acc", "precision/yes", "recall/yes", "precision/no", "recall/no"):
+        for name in (
+            "acc",
+            "logloss",
+            "roc_auc",
+            "pr_auc",
+            "f1",
+            "balanced_acc",
+            "precision/yes",
+            "recall/yes",
+            "precision/no",
+            "recall/no",
+        ):
             assert f"{split}_{name}" in m and f"baseline_{split}_{name}" in m
         assert m[f"baseline_{split}_roc_auc"] == 0.5
-    assert m["test_roc_auc"] > 0.7 and m["test_pr_auc"] > m["baseline_test_pr_auc"]  # ranks customers better than the prior
+    assert (
+        m["test_roc_auc"] > 0.7 and m["test_pr_auc"] > m["baseline_test_pr_auc"]
+    )  # ranks customers better than the prior
     model_dir = tmp / "run" / "model"
     meta = json.loads((model_dir / "meta.json").read_text())
     assert meta["classes"] == ["no", "yes"] and meta["positive_label"] == "yes" and meta["keep"] == KEEP
     assert meta["preprocessing"] == "preprocessing.json" and (model_dir / "preprocessing.json").is_file()
-    # serving takes the raw test rows (strings, dates, gaps, a plan train never saw) and returns ids, labels, probabilities
+    # serving takes the raw test rows (strings, dates, gaps, a plan train never saw) and returns ids, labels,
+    # probabilities
     test = pd.read_parquet(spec.data.test_uri)
     assert (test["plan"] == "enterprise").sum() == 5 and test[["charges", "calls", "country"]].isna().any().all()
     out = served(tmp, test.drop(columns=[TARGET]))
@@ -69,11 +105,24 @@ def check_trial(tmp: Path, spec: TrainSpec) -> TrainResult:
     np.testing.assert_allclose(out["proba_no"] + out["proba_yes"], 1.0, rtol=1e-6)
     assert set(out[TARGET]) <= {"no", "yes"}
     y = (test[TARGET] == "yes").to_numpy()
-    assert sk.roc_auc_score(y, out["proba_yes"]) == pytest.approx(m["test_roc_auc"], abs=1e-6)  # serving reproduces training's evaluation
-    assert float((out[TARGET] == test[TARGET]).mean()) == pytest.approx(m["test_acc"], abs=1e-6)  # lightning: a float32 mean
+    assert sk.roc_auc_score(y, out["proba_yes"]) == pytest.approx(
+        m["test_roc_auc"], abs=1e-6
+    )  # serving reproduces training's evaluation
+    assert float((out[TARGET] == test[TARGET]).mean()) == pytest.approx(
+        m["test_acc"], abs=1e-6
+    )  # lightning: a float32 mean
     # rows as a client posts them: ISO text dates, an unseen country and plan, empty cells
-    rows = pd.DataFrame({"customer_id": ["X1", "X2"], "plan": ["platinum", "basic"], "country": ["ZZ", None],
-                         "signup_date": ["2024-02-29", None], "tenure": [3, 40], "charges": [None, 80.5], "calls": [2.0, None]})
+    rows = pd.DataFrame(
+        {
+            "customer_id": ["X1", "X2"],
+            "plan": ["platinum", "basic"],
+            "country": ["ZZ", None],
+            "signup_date": ["2024-02-29", None],
+            "tenure": [3, 40],
+            "charges": [None, 80.5],
+            "calls": [2.0, None],
+        }
+    )
     out = served(tmp, rows)
     assert out["customer_id"].tolist() == ["X1", "X2"] and np.isfinite(out["proba_yes"]).all()
     return result
@@ -85,7 +134,9 @@ def test_gbt_trial_on_a_business_table_serves_probabilities_and_ids(tmp_path: Pa
     result = check_trial(tmp_path, spec)
     assert result.best_metric == pytest.approx(max(result.metrics["val_pr_auc"], result.best_metric))
     state = json.loads((tmp_path / "run" / "model" / "preprocessing.json").read_text())
-    assert state["trainer"] == "gbt" and state["categorical_outputs"]  # plan and country as LightGBM categorical features
+    assert (
+        state["trainer"] == "gbt" and state["categorical_outputs"]
+    )  # plan and country as LightGBM categorical features
 
 
 def test_lightning_one_logit_trial_on_a_business_table_serves_probabilities_and_ids(tmp_path: Path) -> None:
@@ -107,7 +158,12 @@ def test_preprocessing_off_fails_before_compute_naming_the_columns(tmp_path: Pat
 
 
 def test_class_weights_for_a_model_that_takes_none_is_a_config_error_naming_it(tmp_path: Path) -> None:
-    business_spec(tmp_path, "lightning", class_weight="balanced", model=ImportTarget(path="tests.training.business_models:NoWeightsNet"))
+    business_spec(
+        tmp_path,
+        "lightning",
+        class_weight="balanced",
+        model=ImportTarget(path="tests.training.business_models:NoWeightsNet"),
+    )
     assert train(tmp_path) == EXIT_BAD_CONFIG
     error = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())["error"]
     assert "model 'tests.training.business_models:NoWeightsNet' takes no `class_weights` argument" in error
@@ -122,10 +178,16 @@ def test_the_mlflow_model_ships_the_preprocessing_and_serves_raw_rows(tmp_path: 
     assert train(tmp_path) == 0
     test = pd.read_parquet(spec.data.test_uri)
     example = input_example_of(test, FEATURES, KEEP)
-    assert list(example.columns) == ["customer_id", *FEATURES] and not pd.api.types.is_numeric_dtype(example["plan"])  # raw text
-    mlflow.pyfunc.save_model(str(tmp_path / "pyfunc"), python_model=str(SERVING_MODEL_PATH),
-                             artifacts={"model_dir": str(tmp_path / "run" / "model")}, code_paths=[str(path) for path in CODE_PATHS],
-                             input_example=example)
+    assert list(example.columns) == ["customer_id", *FEATURES] and not pd.api.types.is_numeric_dtype(
+        example["plan"]
+    )  # raw text
+    mlflow.pyfunc.save_model(
+        str(tmp_path / "pyfunc"),
+        python_model=str(SERVING_MODEL_PATH),
+        artifacts={"model_dir": str(tmp_path / "run" / "model")},
+        code_paths=[str(path) for path in CODE_PATHS],
+        input_example=example,
+    )
     sys.modules.pop("preprocessing", None)
     loaded = mlflow.pyfunc.load_model(str(tmp_path / "pyfunc"))
     assert str(tmp_path / "pyfunc") in sys.modules["preprocessing"].__file__  # the copy shipped with the model

@@ -1,4 +1,5 @@
-"""ProgressCallback's non-finite-loss check: no host sync per step, and a NaN still fails the trial, before any checkpoint."""
+"""ProgressCallback's non-finite-loss check: no host sync per step, and a NaN still fails the trial, before any
+checkpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +15,18 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from training.callbacks import ProgressCallback, UserCodeError
 
-CONVERSIONS = {"item", "tolist", "__float__", "__bool__", "__int__", "__index__", "numpy", "__array__", "__format__", "__repr__"}
+CONVERSIONS = {
+    "item",
+    "tolist",
+    "__float__",
+    "__bool__",
+    "__int__",
+    "__index__",
+    "numpy",
+    "__array__",
+    "__format__",
+    "__repr__",
+}
 
 
 class Spy(torch.Tensor):
@@ -39,13 +51,22 @@ class _Reporter:
 
 
 def _trainer(**over: Any) -> Any:
-    base = dict(world_size=1, strategy=SimpleNamespace(), log_every_n_steps=50, global_step=0, current_epoch=0, sanity_checking=False)
+    base = dict(
+        world_size=1,
+        strategy=SimpleNamespace(),
+        log_every_n_steps=50,
+        global_step=0,
+        current_epoch=0,
+        sanity_checking=False,
+    )
     return SimpleNamespace(**{**base, **over})
 
 
 def _step(cb: ProgressCallback, trainer: Any, step: int, loss: float) -> None:
     trainer.global_step = step
-    cb.on_train_batch_end(trainer, None, {"loss": torch.tensor(loss).as_subclass(Spy)}, (torch.zeros(4, 3), torch.zeros(4)), step - 1)
+    cb.on_train_batch_end(
+        trainer, None, {"loss": torch.tensor(loss).as_subclass(Spy)}, (torch.zeros(4, 3), torch.zeros(4)), step - 1
+    )
 
 
 def test_finite_losses_are_never_read_by_the_host() -> None:
@@ -67,7 +88,9 @@ def test_a_nan_loss_fails_at_the_next_check_naming_the_steps() -> None:
     for step in range(11, 16):
         _step(cb, trainer, step, float("nan"))  # not checked yet: no sync, no error
     assert Spy.reads == []
-    with pytest.raises(UserCodeError, match=r"training loss is nan at step 16 \(epoch 0\); the first non-finite loss came after step 8"):
+    with pytest.raises(
+        UserCodeError, match=r"training loss is nan at step 16 \(epoch 0\); the first non-finite loss came after step 8"
+    ):
         _step(cb, trainer, 16, float("nan"))
 
 
@@ -110,15 +133,26 @@ class _SaveAt(L.Callback):
     def __init__(self, step: int, path: Path) -> None:
         self.step, self.path = step, path
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if trainer.global_step == self.step:
             trainer.save_checkpoint(self.path)
 
 
 def _fit(callbacks: list[Any], tmp_path: Path) -> L.Trainer:
     data = DataLoader(TensorDataset(torch.randn(64, 3), torch.zeros(64)), batch_size=2)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=1, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path, log_every_n_steps=10)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        log_every_n_steps=10,
+    )
     with pytest.raises(UserCodeError, match="training loss is nan"):
         trainer.fit(_Diverging(nan_from=3), data)
     return trainer

@@ -1,4 +1,5 @@
-"""The causal_lm task: `DecoderLM` trained through the entrypoint, its metrics, its export, and serving it in a fresh process.
+"""The causal_lm task: `DecoderLM` trained through the entrypoint, its metrics, its export, and serving it in a fresh
+process.
 
 One trial (`trained`, one process, in this one) memorises a repeated text
 (`tests.support.lm_data`): its perplexity falls far below the train split's
@@ -45,12 +46,26 @@ CONTINUATION = " fox jumps over the lazy dog. pack my box"
 def lm_spec(tmp: Path, **over: Any) -> TrainSpec:
     """A causal_lm trial of DecoderLM on `TinyTextData`, written to `tmp/spec.json`, output in `tmp/run`."""
     base: dict[str, Any] = dict(
-        pipeline="language/tiny", trial_id="trial-0000", prediction_task="causal_lm",
+        pipeline="language/tiny",
+        trial_id="trial-0000",
+        prediction_task="causal_lm",
         model=ImportTarget(path="pipelines.language.models:DecoderLM", kwargs=HPARAMS),
-        datamodule=ImportTarget(path="tests.support.lm_data:TinyTextData", kwargs={"block_size": BLOCK, "workdir": str(tmp / "tokenizer")}),
-        data=DataSpec(train_uri="memory://train", val_uri="memory://val", test_uri="memory://test", features=["tokens"], target="tokens",
-                      version="0" * 32),
-        output_uri=str(tmp / "run"), max_epochs=30, batch_size=16, monitor="val_loss", monitor_mode="min",
+        datamodule=ImportTarget(
+            path="tests.support.lm_data:TinyTextData", kwargs={"block_size": BLOCK, "workdir": str(tmp / "tokenizer")}
+        ),
+        data=DataSpec(
+            train_uri="memory://train",
+            val_uri="memory://val",
+            test_uri="memory://test",
+            features=["tokens"],
+            target="tokens",
+            version="0" * 32,
+        ),
+        output_uri=str(tmp / "run"),
+        max_epochs=30,
+        batch_size=16,
+        monitor="val_loss",
+        monitor_mode="min",
     )
     base.update(over)
     spec = TrainSpec(**base)
@@ -100,16 +115,30 @@ def test_decoder_is_causal_and_ties_its_head_on_request() -> None:
 def test_the_platform_fills_vocab_size_and_block_size_unless_the_pipeline_sets_them(tmp_path: Path) -> None:
     model, dm = build(lm_spec(tmp_path))
     assert (model.hparams["vocab_size"], model.hparams["block_size"]) == (dm.vocab_size, BLOCK) == (257, BLOCK)
-    model, _ = build(lm_spec(tmp_path, model=ImportTarget(path="pipelines.language.models:DecoderLM", kwargs={**HPARAMS, "block_size": 64})))
+    model, _ = build(
+        lm_spec(
+            tmp_path,
+            model=ImportTarget(path="pipelines.language.models:DecoderLM", kwargs={**HPARAMS, "block_size": 64}),
+        )
+    )
     assert model.hparams["block_size"] == 64
     check_output_fits_task(model, dm, lm_spec(tmp_path))  # logits [batch, length, vocab]: fits
 
 
 def test_a_model_without_next_token_logits_fails_before_training(tmp_path: Path) -> None:
-    spec = lm_spec(tmp_path, model=ImportTarget(path="pipelines.language.models:SequenceTransformer", kwargs={"n_features": BLOCK, "vocab": 257}))
+    spec = lm_spec(
+        tmp_path,
+        model=ImportTarget(
+            path="pipelines.language.models:SequenceTransformer", kwargs={"n_features": BLOCK, "vocab": 257}
+        ),
+    )
     model, dm = build(spec)
     assert isinstance(model, SequenceTransformer)
-    with pytest.raises(ConfigError, match=r"returns shape \[2, 4\] for token ids of shape \[2, 24\]; task 'causal_lm' needs next-token logits \[2, 24, 257\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"returns shape \[2, 4\] for token ids of shape \[2, 24\]; task 'causal_lm' needs next-token logits "
+              r"\[2, 24, 257\]",
+    ):
         check_output_fits_task(model, dm, spec)
     assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == EXIT_BAD_CONFIG
 
@@ -122,7 +151,9 @@ def test_lm_metrics_are_token_weighted_whatever_the_batching() -> None:
     rows = dm.rows["test"]
     with torch.no_grad():
         logits = model(rows[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, dm.vocab_size).double(), rows[:, 1:].reshape(-1)).item()
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, dm.vocab_size).double(), rows[:, 1:].reshape(-1)
+        ).item()
     assert metrics["test_loss"] == pytest.approx(loss, rel=1e-6)
     assert metrics["test_perplexity"] == pytest.approx(math.exp(loss), rel=1e-6)
     whole = evaluate_lm(model, [(rows[:, :-1], rows[:, 1:])])
@@ -146,15 +177,25 @@ def test_without_train_token_counts_the_baseline_is_left_out(caplog: pytest.LogC
 def test_the_trial_memorises_the_text_far_below_the_unigram_baseline(trained: Path) -> None:
     result = result_of(trained)
     m = result.metrics
-    assert set(m) == {f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in ("loss", "perplexity")} | {"tokens_per_second"}
+    assert set(m) == {
+        f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in ("loss", "perplexity")
+    } | {"tokens_per_second"}
     assert m["val_perplexity"] == pytest.approx(math.exp(m["val_loss"]))
     assert m["val_perplexity"] < 1.5 < 20 < m["baseline_val_perplexity"]
     assert m["test_perplexity"] < m["baseline_test_perplexity"] / 10
     assert m["tokens_per_second"] == pytest.approx(result.train_samples * BLOCK / result.fit_seconds)
-    assert result.best_metric == pytest.approx(m["val_loss"], rel=1e-5)  # the epoch's all-reduced val_loss is the whole split's
+    assert result.best_metric == pytest.approx(
+        m["val_loss"], rel=1e-5
+    )  # the epoch's all-reduced val_loss is the whole split's
     meta = read_meta(str(trained / "run" / "model"))
     assert {k: meta[k] for k in ("task", "vocab_size", "block_size", "eos_id", "tokenizer", "input_dtype")} == {
-        "task": "causal_lm", "vocab_size": 257, "block_size": BLOCK, "eos_id": 256, "tokenizer": "tokenizer.json", "input_dtype": "int64"}
+        "task": "causal_lm",
+        "vocab_size": 257,
+        "block_size": BLOCK,
+        "eos_id": 256,
+        "tokenizer": "tokenizer.json",
+        "input_dtype": "int64",
+    }
 
 
 def test_the_served_model_takes_token_ids_and_checks_them(trained: Path) -> None:
@@ -174,7 +215,9 @@ def test_the_served_model_takes_token_ids_and_checks_them(trained: Path) -> None
         model.predict(None, [[1, 2], [3, 257]])
     with pytest.raises(ValueError, match=r"row 1 holds 26 tokens; this output reads 2 to 25 tokens \(block_size 24\)"):
         model.predict(None, [list(range(26))], {"output": "token_nll"})
-    with pytest.raises(ValueError, match=r"params output='probabilities'; a language model serves \['next_token_logits', 'token_nll'\]"):
+    with pytest.raises(
+        ValueError, match=r"params output='probabilities'; a language model serves \['next_token_logits', 'token_nll'\]"
+    ):
         model.predict(None, rows, {"output": "probabilities"})
     with pytest.raises(ValueError, match="a DataFrame with a 'tokens' column"):
         model.predict(None, pd.DataFrame({"ids": [[1, 2]]}))
@@ -217,14 +260,32 @@ def test_exported_model_generates_and_scores_in_a_fresh_serving_only_process(tra
     example = pd.DataFrame({"tokens": [r.tolist() for r in rows[:5]]})
     logged = tmp_path / "logged"
     # As registration logs a causal_lm version: the params in the example make MLflow record their schema.
-    mlflow.pyfunc.save_model(str(logged), python_model=str(SERVING_MODEL_PATH), artifacts={"model_dir": str(trained / "run" / "model")},
-                             input_example=(example, {"output": "next_token_logits"}), code_paths=[str(path) for path in CODE_PATHS])
-    request = {"smoke": SMOKE_SCRIPT, "blocked": list(TRAINING_ONLY_MODULES), "model": str(logged), "rows": rows.tolist(),
-               "serving_file": str(SERVING_MODEL_PATH), "prompt": PROMPT, "n": len(CONTINUATION), "output": str(tmp_path / "out.json")}
+    mlflow.pyfunc.save_model(
+        str(logged),
+        python_model=str(SERVING_MODEL_PATH),
+        artifacts={"model_dir": str(trained / "run" / "model")},
+        input_example=(example, {"output": "next_token_logits"}),
+        code_paths=[str(path) for path in CODE_PATHS],
+    )
+    request = {
+        "smoke": SMOKE_SCRIPT,
+        "blocked": list(TRAINING_ONLY_MODULES),
+        "model": str(logged),
+        "rows": rows.tolist(),
+        "serving_file": str(SERVING_MODEL_PATH),
+        "prompt": PROMPT,
+        "n": len(CONTINUATION),
+        "output": str(tmp_path / "out.json"),
+    }
     (tmp_path / "request.json").write_text(json.dumps(request))
     (tmp_path / "child.py").write_text(CHILD)
-    done = subprocess.run([sys.executable, "-I", str(tmp_path / "child.py"), str(tmp_path / "request.json")], capture_output=True, text=True,
-                          timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-I", str(tmp_path / "child.py"), str(tmp_path / "request.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["blocked_imports"] == [] and out["loaded"] == []
@@ -233,27 +294,44 @@ def test_exported_model_generates_and_scores_in_a_fresh_serving_only_process(tra
     served = math.exp(float(np.mean(out["nll"])))
     assert served == pytest.approx(result_of(trained).metrics["test_perplexity"], rel=1e-4)
     signature = out["signature"]
-    assert json.loads(signature["inputs"]) == [{"type": "array", "items": {"type": "long"}, "name": "tokens", "required": True}]
-    assert json.loads(signature["outputs"]) == [{"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 257]}}]
-    assert json.loads(signature["params"]) == [{"name": "output", "default": "next_token_logits", "shape": None, "type": "string"}]
+    assert json.loads(signature["inputs"]) == [
+        {"type": "array", "items": {"type": "long"}, "name": "tokens", "required": True}
+    ]
+    assert json.loads(signature["outputs"]) == [
+        {"type": "tensor", "tensor-spec": {"dtype": "float32", "shape": [-1, 257]}}
+    ]
+    assert json.loads(signature["params"]) == [
+        {"name": "output", "default": "next_token_logits", "shape": None, "type": "string"}
+    ]
 
 
 def test_a_bpe_tokenizer_travels_with_the_model(tmp_path: Path) -> None:
     tokenizer = train_bpe(tmp_path / "bpe.json")
-    spec = lm_spec(tmp_path, max_epochs=1, limit_train_batches=2,
-                   datamodule=ImportTarget(path="tests.support.lm_data:TinyTextData", kwargs={"block_size": 8, "tokenizer_path": str(tokenizer)}))
+    spec = lm_spec(
+        tmp_path,
+        max_epochs=1,
+        limit_train_batches=2,
+        datamodule=ImportTarget(
+            path="tests.support.lm_data:TinyTextData", kwargs={"block_size": 8, "tokenizer_path": str(tokenizer)}
+        ),
+    )
     assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == 0
     model_dir = Path(spec.output_uri) / "model"
     assert (model_dir / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
     meta = read_meta(str(model_dir))
-    assert meta["vocab_size"] == TinyTextData(block_size=8, tokenizer_path=str(tokenizer)).vocab_size <= 300 and meta["eos_id"] is not None
+    assert (
+        meta["vocab_size"] == TinyTextData(block_size=8, tokenizer_path=str(tokenizer)).vocab_size <= 300
+        and meta["eos_id"] is not None
+    )
     text = generate(str(model_dir), SENTENCES[0], 5)
     assert isinstance(text, str)  # an untrained model's words, decoded by the BPE
     from tokenizers import Tokenizer
 
     served = ExportedModel()
     served.load_dir(str(model_dir))
-    assert served.generate(Tokenizer.from_file(str(tokenizer)).encode(SENTENCES[0]).ids, 5) == text  # ids as they are: the same
+    assert (
+        served.generate(Tokenizer.from_file(str(tokenizer)).encode(SENTENCES[0]).ids, 5) == text
+    )  # ids as they are: the same
     with pytest.raises(ValueError, match="outside the vocabulary"):
         served.generate([10**6], 1)
 
@@ -270,7 +348,9 @@ def test_fsdp_two_processes_train_the_same_model(tmp_path: Path, trained: Path) 
     assert shards == ["shard-00000.pt", "shard-00001.pt"]
     m = result.metrics
     assert m["val_perplexity"] < m["baseline_val_perplexity"] / 5
-    assert result.best_metric == pytest.approx(m["val_loss"], rel=1e-5)  # summed over both ranks, exactly the whole split's
+    assert result.best_metric == pytest.approx(
+        m["val_loss"], rel=1e-5
+    )  # summed over both ranks, exactly the whole split's
     assert m["tokens_per_second"] == pytest.approx(result.train_samples * BLOCK / result.fit_seconds)
     assert result.train_samples == 15 * len(TinyTextData(block_size=BLOCK).rows["train"])
     served = ExportedModel()

@@ -83,7 +83,9 @@ def slow_copy(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return gate
 
 
-def test_the_fence_waits_for_the_deferred_copy_and_the_checkpoint_holds_the_state_at_submit(tmp_path: Path, slow_copy: threading.Event) -> None:
+def test_the_fence_waits_for_the_deferred_copy_and_the_checkpoint_holds_the_state_at_submit(
+    tmp_path: Path, slow_copy: threading.Event
+) -> None:
     model, opt = _model()
     store = CheckpointStore(str(tmp_path / "ckpt"))
     expected = _clone(_state(model, opt, 1))
@@ -120,7 +122,9 @@ def test_the_fence_waits_for_the_deferred_copy_and_the_checkpoint_holds_the_stat
     _assert_same(latest.state, expected)
 
 
-def test_a_weight_changed_before_the_fence_drops_that_checkpoint_and_later_saves_copy_at_once(tmp_path: Path, slow_copy: threading.Event) -> None:
+def test_a_weight_changed_before_the_fence_drops_that_checkpoint_and_later_saves_copy_at_once(
+    tmp_path: Path, slow_copy: threading.Event
+) -> None:
     model, opt = _model()
     store = CheckpointStore(str(tmp_path / "ckpt"))
     with AsyncCheckpointWriter(store) as writer:
@@ -154,8 +158,11 @@ def test_a_program_that_ends_without_a_fence_still_writes_its_checkpoint(tmp_pat
         writer.submit(7, {{"state_dict": model.state_dict()}}, defer=deferrable_storages([model], []))
         assert writer.deferred_saves == 1
     """)  # no fence, no close: the interpreter's exit must neither hang nor lose the save
-    # A hang is the run's timeout (TimeoutExpired); the bound has room for a loaded machine, where importing torch alone took 40 s.
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2])
+    # A hang is the run's timeout (TimeoutExpired); the bound has room for a loaded machine, where importing torch alone
+    # took 40 s.
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=Path(__file__).parents[2]
+    )
     assert done.returncode == 0, done.stderr
     latest = CheckpointStore(str(tmp_path / "ckpt")).latest()
     assert latest is not None and latest.step == 7
@@ -198,8 +205,12 @@ class _Recorder(L.Callback):
         self.every = every
         self.states: dict[int, dict[str, torch.Tensor]] = {}
 
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if trainer.global_step % self.every == 0 and trainer.global_step not in self.states:  # accumulating: the step's first batch
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if (
+            trainer.global_step % self.every == 0 and trainer.global_step not in self.states
+        ):  # accumulating: the step's first batch
             self.states[trainer.global_step] = _clone(pl_module.state_dict())
 
 
@@ -227,9 +238,18 @@ def test_a_lightning_fit_defers_its_copies_and_every_checkpoint_holds_the_weight
     torch.manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(96, 8), torch.randn(96))
     accumulate = 3 if how.startswith("accumulating") else 1
-    trainer = L.Trainer(max_epochs=2 * accumulate, accelerator="cpu", devices=1, plugins=[io], callbacks=[ft, recorder], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        accumulate_grad_batches=accumulate)
+    trainer = L.Trainer(
+        max_epochs=2 * accumulate,
+        accelerator="cpu",
+        devices=1,
+        plugins=[io],
+        callbacks=[ft, recorder],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accumulate_grad_batches=accumulate,
+    )
     trainer.fit(_ManualNet() if how == "manual" else _Net(), torch.utils.data.DataLoader(data, batch_size=8))
     assert trainer.global_step == 24
     assert io.writer is not None and io.writer.deferred_saves >= 5 and io.writer.dropped == []

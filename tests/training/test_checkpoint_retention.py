@@ -1,4 +1,5 @@
-"""Retention deletes dropped checkpoints off the save's path: uncommitted before `save` returns, bytes removed behind it."""
+"""Retention deletes dropped checkpoints off the save's path: uncommitted before `save` returns, bytes removed behind
+it."""
 
 from __future__ import annotations
 
@@ -70,7 +71,9 @@ def test_save_returns_before_the_dropped_checkpoint_is_deleted_and_no_reader_can
     assert len(store.retention_seconds) == 1
 
 
-def test_saving_again_the_step_being_removed_waits_for_the_removal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_saving_again_the_step_being_removed_waits_for_the_removal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Resumed from 10 after 20 was written: saving 15 drops 20 (an abandoned timeline); the run then saves 20 again.
     store = CheckpointStore(str(tmp_path / "ckpt"), keep_last=2)
     store.save(10, _state(10))
@@ -119,22 +122,32 @@ def test_a_failed_removal_is_logged_and_retried_by_the_next_save(tmp_path: Path,
 
 def _run(script: str, root: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script), str(root)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [sys.executable, "-c", textwrap.dedent(script), str(root)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 def test_the_process_exits_only_once_the_removal_is_done(tmp_path: Path) -> None:
     # The script saves and returns at once; the interpreter's exit waits for the background thread.
-    proc = _run("""
+    proc = _run(
+        """
         import sys, time, torch
         from training.checkpointing import CheckpointStore
         store = CheckpointStore(sys.argv[1], keep_last=1)
         store.save(1, {"w": torch.zeros(4_000_000)})
         rm = store.fs.rm
-        store.fs.rm = lambda p, recursive=False, **kw: (time.sleep(0.5) if recursive else None, rm(p, recursive=recursive, **kw))
+        store.fs.rm = lambda p, recursive=False, **kw: (
+            time.sleep(0.5) if recursive else None,
+            rm(p, recursive=recursive, **kw),
+        )
         store.save(2, {"w": torch.ones(4_000_000)})
         print("saved", flush=True)
-    """, tmp_path / "ckpt")
+    """,
+        tmp_path / "ckpt",
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "saved"
     assert _dirs(tmp_path / "ckpt") == ["step-000000002"]
@@ -158,17 +171,23 @@ def test_a_save_while_the_interpreter_shuts_down_removes_in_line(tmp_path: Path)
 
 
 def test_a_process_killed_during_the_removal_leaves_nothing_a_reader_chooses(tmp_path: Path) -> None:
-    # SIGKILL while the old checkpoint's bytes are being removed: it is uncommitted already, and the next save removes it.
+    # SIGKILL while the old checkpoint's bytes are being removed: it is uncommitted already, and the next save removes
+    # it.
     root = tmp_path / "ckpt"
-    proc = _run("""
+    proc = _run(
+        """
         import os, signal, sys, torch
         from training.checkpointing import CheckpointStore
         store = CheckpointStore(sys.argv[1], keep_last=1)
         store.save(1, {"w": torch.zeros(8)})
-        store.fs.rm = lambda p, recursive=False, **kw: os.kill(os.getpid(), signal.SIGKILL) if recursive else os.remove(p)
+        store.fs.rm = lambda p, recursive=False, **kw: (
+            os.kill(os.getpid(), signal.SIGKILL) if recursive else os.remove(p)
+        )
         store.save(2, {"w": torch.ones(8)})
         store.flush()
-    """, root)
+    """,
+        root,
+    )
     assert proc.returncode == -9, proc.stderr
     assert _dirs(root) == ["step-000000001", "step-000000002"]
     store = CheckpointStore(str(root), keep_last=1)

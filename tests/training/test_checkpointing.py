@@ -42,7 +42,9 @@ def _state(seed: int) -> dict:
 
 def _tree(data: bytes, leaf: int = 16 * 2**20) -> str:
     """The manifest's file hash, computed here from its definition: sha256 of each leaf, then of their digests."""
-    return hashlib.sha256(b"".join(hashlib.sha256(data[i:i + leaf]).digest() for i in range(0, len(data), leaf))).hexdigest()
+    return hashlib.sha256(
+        b"".join(hashlib.sha256(data[i : i + leaf]).digest() for i in range(0, len(data), leaf))
+    ).hexdigest()
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -88,9 +90,16 @@ def test_commit_and_load_round_trip(store: CheckpointStore, tmp_path: Path) -> N
     assert sorted(p.name for p in directory.iterdir()) == [MANIFEST, PAYLOAD]
     manifest = json.loads((directory / MANIFEST).read_text())
     payload = (directory / PAYLOAD).read_bytes()
-    assert manifest["files"] == {PAYLOAD: {"sha256_tree": _tree(payload), "leaf_bytes": 16 * 2**20, "size": len(payload)}}
+    assert manifest["files"] == {
+        PAYLOAD: {"sha256_tree": _tree(payload), "leaf_bytes": 16 * 2**20, "size": len(payload)}
+    }
     assert manifest["format_version"] == 2
-    assert (manifest["step"], manifest["epoch"], manifest["metrics"], manifest["best"]) == (12, 3, {"val_acc": 0.75}, True)
+    assert (manifest["step"], manifest["epoch"], manifest["metrics"], manifest["best"]) == (
+        12,
+        3,
+        {"val_acc": 0.75},
+        True,
+    )
 
     loaded = store.latest()
     assert loaded is not None
@@ -141,7 +150,9 @@ def test_partial_directory_is_skipped_and_later_removed(store: CheckpointStore, 
     partial.mkdir()
     (partial / PAYLOAD).write_bytes((tmp_path / "ckpt" / "step-000000001" / PAYLOAD).read_bytes())
 
-    with pytest.warns(SkippedCheckpointWarning, match=re.escape(f"{tmp_path}/ckpt/step-000000002") + ".*missing manifest"):
+    with pytest.warns(
+        SkippedCheckpointWarning, match=re.escape(f"{tmp_path}/ckpt/step-000000002") + ".*missing manifest"
+    ):
         loaded = store.latest()
     assert loaded.step == 1
     assert _steps(store) == [1]
@@ -190,7 +201,9 @@ def test_transient_write_failures_are_retried_with_backoff(store: CheckpointStor
     assert store.latest().step == 1
 
 
-def test_backoff_doubles_without_a_cap_and_each_retry_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_backoff_doubles_without_a_cap_and_each_retry_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     sleeps: list[float] = []
     store = CheckpointStore(str(tmp_path / "ckpt"), max_write_attempts=4, retry_backoff_s=40.0, sleep=sleeps.append)
     store.fail_next_writes = 3
@@ -425,7 +438,9 @@ def _save_sharded(store: CheckpointStore, step: int, token: str, ranks=(0, 1)) -
 
     def run(i: int, rank: int) -> None:
         try:
-            out[i] = store.save(step, _rank_state(rank), shard=ShardSpec(rank=rank, world_size=2, token=token, commit_timeout_s=5))
+            out[i] = store.save(
+                step, _rank_state(rank), shard=ShardSpec(rank=rank, world_size=2, token=token, commit_timeout_s=5)
+            )
         except Exception as e:  # surfaced below
             out[i] = e
 
@@ -472,7 +487,8 @@ def test_a_sharded_checkpoint_read_at_another_world_size_is_verified_in_shares_a
     regions = {("state_dict", "w"): Region([4, 3], [1, 3], [3, 0], torch.float32, "weight 'w'")}
     (row,) = assemble_regions(regions, store.iter_shards("step-000000005")).values()
     assert torch.equal(row, torch.arange(9, 12, dtype=torch.float32).reshape(1, 3))
-    # A corrupt shard is found by the rank whose share it is (rank 1 of 4 verifies saved shard 1), so the ranks skip it together.
+    # A corrupt shard is found by the rank whose share it is (rank 1 of 4 verifies saved shard 1), so the ranks skip it
+    # together.
     data = bytearray((tmp_path / "step-000000005" / "shard-00001.pt").read_bytes())
     data[len(data) // 2] ^= 0xFF
     (tmp_path / "step-000000005" / "shard-00001.pt").write_bytes(bytes(data))
@@ -483,9 +499,15 @@ def test_a_sharded_checkpoint_read_at_another_world_size_is_verified_in_shares_a
 
 def test_a_region_is_assembled_from_the_saved_pieces_that_intersect_it() -> None:
     full = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 4)
-    # Saved by a 2-D mesh: rows in 3 data-parallel blocks x columns in 2 tensor-parallel halves, each block written twice
+    # Saved by a 2-D mesh: rows in 3 data-parallel blocks x columns in 2 tensor-parallel halves, each block written
+    # twice
     # (a replicated placement writes the same piece on several ranks).
-    saved = [{"m": {"w": _marker(full[r:r + 2, c:c + 2].clone(), [6, 4], [r, c])}} for r in (0, 2, 4) for c in (0, 2) for _ in range(2)]
+    saved = [
+        {"m": {"w": _marker(full[r : r + 2, c : c + 2].clone(), [6, 4], [r, c])}}
+        for r in (0, 2, 4)
+        for c in (0, 2)
+        for _ in range(2)
+    ]
     # Now FSDP over 4 ranks (torch's chunks of 6 rows: 2, 2, 2, 0), and one rank holding everything.
     for shape, offset in [([2, 4], [0, 0]), ([2, 4], [4, 0]), ([0, 4], [6, 0]), ([6, 4], [0, 0]), ([3, 1], [2, 3])]:
         region = Region([6, 4], shape, offset, torch.float32, "w")
@@ -502,7 +524,9 @@ def test_a_region_is_assembled_from_the_saved_pieces_that_intersect_it() -> None
             yield shard
             del shard
 
-    (got,) = assemble_regions({("m", "w"): Region([6, 4], [6, 4], [0, 0], torch.float32, "w")}, one_at_a_time()).values()
+    (got,) = assemble_regions(
+        {("m", "w"): Region([6, 4], [6, 4], [0, 0], torch.float32, "w")}, one_at_a_time()
+    ).values()
     assert torch.equal(got, full) and len(alive) == len(saved)
     # The last piece lost: the region it held is not covered; another global shape is another model.
     with pytest.raises(CheckpointLayoutError, match=r"cover 20 of the 24 values"):
@@ -538,7 +562,9 @@ def test_a_sharded_checkpoint_of_another_model_is_refused_not_resharded(tmp_path
     saved = store.load("step-000000005", rank=0, world_size=1).state["state_dict"]["w"]
     regions: dict = {}
     same = distribute_tensor(torch.zeros(4, 3), one_rank_mesh, [Shard(0)])
-    assert _place(saved, same, "weight 'w'", ("state_dict", "w"), regions) is saved and regions[("state_dict", "w")].tensor.shape == (4, 3)
+    assert _place(saved, same, "weight 'w'", ("state_dict", "w"), regions) is saved and regions[
+        ("state_dict", "w")
+    ].tensor.shape == (4, 3)
     wider = distribute_tensor(torch.zeros(8, 3), one_rank_mesh, [Shard(0)])
     with pytest.raises(CheckpointLayoutError, match=r"weight 'w' has shape \[4, 3\], the model's \[8, 3\]"):
         _place(saved, wider, "weight 'w'", ("state_dict", "w"), {})
@@ -585,7 +611,9 @@ def test_sharded_save_on_s3_commits_and_merges(s3_endpoint) -> None:
         t.join()
     assert results[0] == results[1] == f"s3://{s3_endpoint.bucket}/runs/trial-0001/checkpoints/step-000000007"
     whole = store().latest()
-    assert whole.world_size == 2 and torch.equal(whole.state["state_dict"]["w"], torch.arange(12, dtype=torch.float32).reshape(4, 3))
+    assert whole.world_size == 2 and torch.equal(
+        whole.state["state_dict"]["w"], torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    )
     assert store().load("step-000000007", rank=0, world_size=2).state["global_step"] == 5
 
 
@@ -632,7 +660,11 @@ def test_writer_hashes_every_byte_in_order_and_returns_only_when_done(small_leav
             written += buf
             buf[:] = bytes(n)  # the caller reuses its buffer at once: what was written must be hashed already
     assert sink.getvalue() == bytes(written) and writer.size == len(written)
-    assert writer.meta() == {"size": len(written), "sha256_tree": _tree(bytes(written), SMALL_LEAF), "leaf_bytes": SMALL_LEAF}
+    assert writer.meta() == {
+        "size": len(written),
+        "sha256_tree": _tree(bytes(written), SMALL_LEAF),
+        "leaf_bytes": SMALL_LEAF,
+    }
 
 
 def test_large_payload_round_trip_records_the_tree_hash_of_the_file(store: CheckpointStore, tmp_path: Path,
@@ -642,21 +674,31 @@ def test_large_payload_round_trip_records_the_tree_hash_of_the_file(store: Check
     payload = (tmp_path / "ckpt" / "step-000000001" / PAYLOAD).read_bytes()
     manifest = json.loads((tmp_path / "ckpt" / "step-000000001" / MANIFEST).read_text())
     assert len(payload) > 10 * SMALL_LEAF
-    assert manifest["files"][PAYLOAD] == {"size": len(payload), "sha256_tree": _tree(payload, SMALL_LEAF), "leaf_bytes": SMALL_LEAF}
+    assert manifest["files"][PAYLOAD] == {
+        "size": len(payload),
+        "sha256_tree": _tree(payload, SMALL_LEAF),
+        "leaf_bytes": SMALL_LEAF,
+    }
     assert small_leaves and all(isinstance(fd, int) for fd in small_leaves)  # local disk: write-out started early
     assert _same_big(store.latest().state, state)
 
 
-def test_payload_is_a_torch_file_without_torch_crc32_the_manifest_hash_covers_it(store: CheckpointStore, tmp_path: Path) -> None:
+def test_payload_is_a_torch_file_without_torch_crc32_the_manifest_hash_covers_it(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
     state = _big_state(2)
     store.save(1, state)
     path = tmp_path / "ckpt" / "step-000000001" / PAYLOAD
-    assert {i.CRC for i in zipfile.ZipFile(path).infolist()} == {0}  # the crc32 pass is skipped (it was as slow as the write)
+    assert {i.CRC for i in zipfile.ZipFile(path).infolist()} == {
+        0
+    }  # the crc32 pass is skipped (it was as slow as the write)
     assert _same_big(torch.load(path, weights_only=True), state)  # still an ordinary torch.save file
 
 
 @pytest.mark.parametrize("damage", ["first byte", "tensor data", "last byte", "one byte more", "one byte less"])
-def test_damage_anywhere_in_a_payload_is_detected(store: CheckpointStore, tmp_path: Path, small_leaves: list[int], damage: str) -> None:
+def test_damage_anywhere_in_a_payload_is_detected(
+    store: CheckpointStore, tmp_path: Path, small_leaves: list[int], damage: str
+) -> None:
     store.save(1, _big_state(1))
     store.save(2, _big_state(2))
     path = tmp_path / "ckpt" / "step-000000002" / PAYLOAD
@@ -677,7 +719,9 @@ def test_damage_anywhere_in_a_payload_is_detected(store: CheckpointStore, tmp_pa
         store.load("step-000000002")
 
 
-def test_format_1_checkpoint_with_a_plain_sha256_still_loads_and_is_verified(store: CheckpointStore, tmp_path: Path) -> None:
+def test_format_1_checkpoint_with_a_plain_sha256_still_loads_and_is_verified(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
     # As written before the tree hash: torch.save with crc32, the file's plain sha256 in the manifest.
     store.save(1, _state(1))
     old = tmp_path / "ckpt" / "step-000000002"
@@ -697,7 +741,9 @@ def test_format_1_checkpoint_with_a_plain_sha256_still_loads_and_is_verified(sto
 
 
 @pytest.mark.parametrize("leaf", [None, 1, "16777216"])
-def test_a_manifest_with_a_tree_hash_but_no_usable_leaf_size_is_unreadable(store: CheckpointStore, tmp_path: Path, leaf: Any) -> None:
+def test_a_manifest_with_a_tree_hash_but_no_usable_leaf_size_is_unreadable(
+    store: CheckpointStore, tmp_path: Path, leaf: Any
+) -> None:
     store.save(1, _state(1))
     store.save(2, _state(2))
     path = tmp_path / "ckpt" / "step-000000002" / MANIFEST
@@ -731,7 +777,11 @@ class _FailingFile:
 
 @pytest.mark.parametrize("failing_attempts", [1, 3])
 def test_a_write_failing_midway_never_leaves_a_visible_or_partial_checkpoint(
-    store: CheckpointStore, tmp_path: Path, small_leaves: list[int], monkeypatch: pytest.MonkeyPatch, failing_attempts: int
+    store: CheckpointStore,
+    tmp_path: Path,
+    small_leaves: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+    failing_attempts: int,
 ) -> None:
     store.save(1, _big_state(1))
     real_open = store.fs.open
@@ -764,7 +814,11 @@ def test_sharded_manifest_carries_each_shards_tree_hash(tmp_path: Path) -> None:
     files = store.list_committed()[0]["files"]
     for rank in (0, 1):
         data = (tmp_path / "step-000000005" / f"shard-0000{rank}.pt").read_bytes()
-        assert files[f"shard-0000{rank}.pt"] == {"size": len(data), "sha256_tree": _tree(data), "leaf_bytes": 16 * 2**20}
+        assert files[f"shard-0000{rank}.pt"] == {
+            "size": len(data),
+            "sha256_tree": _tree(data),
+            "leaf_bytes": 16 * 2**20,
+        }
 
 
 def test_large_payload_on_s3_is_hashed_in_leaves_and_verified(s3_endpoint, small_leaves: list[int]) -> None:
@@ -782,7 +836,10 @@ def test_large_payload_on_s3_is_hashed_in_leaves_and_verified(s3_endpoint, small
 
 
 def test_region_of_reaches_torchs_private_helper() -> None:
-    """`training.checkpointing.sharding.region_of` is the one adapter to torch's private `compute_local_shape_and_global_offset`."""
+    """`training.checkpointing.sharding.region_of` is the one adapter to torch's private
+    `compute_local_shape_and_global_offset`."""
     import torch.distributed.tensor._utils as dtensor_utils
 
-    assert callable(getattr(dtensor_utils, "compute_local_shape_and_global_offset", None)), "torch moved compute_local_shape_and_global_offset"
+    assert callable(getattr(dtensor_utils, "compute_local_shape_and_global_offset", None)), (
+        "torch moved compute_local_shape_and_global_offset"
+    )

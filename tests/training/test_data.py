@@ -30,7 +30,9 @@ def test_a_gathered_batch_equals_the_row_by_row_collated_one() -> None:
 
 def test_the_module_loads_every_split_in_batches_of_its_size(tmp_path: Path) -> None:
     rows = 50
-    table = pa.table({"a": np.arange(rows, dtype=np.float64), "b": -np.arange(rows, dtype=np.float64), "label": np.arange(rows) % 3})
+    table = pa.table(
+        {"a": np.arange(rows, dtype=np.float64), "b": -np.arange(rows, dtype=np.float64), "label": np.arange(rows) % 3}
+    )
     uris = []
     for split in ("train", "val", "test"):
         pq.write_table(table, tmp_path / f"{split}.parquet")
@@ -41,7 +43,11 @@ def test_the_module_loads_every_split_in_batches_of_its_size(tmp_path: Path) -> 
     assert [len(b[0]) for b in batches] == [8] * 6 + [2]
     x, y = batches[0]
     assert x.dtype == torch.float32 and y.dtype == torch.int64
-    assert x[:, 0].tolist() == list(range(8)) and x[:, 1].tolist() == [-v for v in range(8)] and y.tolist() == [v % 3 for v in range(8)]
+    assert (
+        x[:, 0].tolist() == list(range(8))
+        and x[:, 1].tolist() == [-v for v in range(8)]
+        and y.tolist() == [v % 3 for v in range(8)]
+    )
     assert not dm.val_dataloader().pin_memory  # off by default (no gain measured on an H200)
     with pytest.raises(ValueError, match="batch_size"):
         ParquetDataModule(*uris, features=["a"], target="label", batch_size=0)

@@ -8,7 +8,9 @@ from training.distributed import lost_peer
 
 
 def test_a_collective_that_lost_its_peer_is_a_lost_peer() -> None:
-    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:19862: Connection reset by peer. GLHF!")
+    gloo = RuntimeError(
+        "[gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:19862: Connection reset by peer. GLHF!"
+    )
     assert lost_peer(gloo)
     assert lost_peer(dist.DistNetworkError("store went away"))
 

@@ -19,10 +19,22 @@ def test_trains_exports_and_writes_result(tmp_path: Path) -> None:
     assert entrypoint.main(["--spec", str(tmp_path / "spec.json")]) == 0
     result = TrainResult.model_validate_json((tmp_path / "run" / "result.json").read_text())
     assert result.epochs == 2 and result.world_size == 1
-    assert {"val_acc", "test_acc", "val_logloss", "val_roc_auc", "val_pr_auc", "val_f1", "test_balanced_acc", "baseline_test_acc", "test_recall/9"} <= set(result.metrics)
+    assert {
+        "val_acc",
+        "test_acc",
+        "val_logloss",
+        "val_roc_auc",
+        "val_pr_auc",
+        "val_f1",
+        "test_balanced_acc",
+        "baseline_test_acc",
+        "test_recall/9",
+    } <= set(result.metrics)
     assert 0.0 <= result.metrics["test_acc"] <= 1.0
     assert result.train_samples == 2 * 210  # 70% of 300 rows, two epochs
-    assert set(result.finish_seconds) == {"load_best", "evaluate", "export"} and all(v >= 0 for v in result.finish_seconds.values())
+    assert set(result.finish_seconds) == {"load_best", "evaluate", "export"} and all(
+        v >= 0 for v in result.finish_seconds.values()
+    )
     assert result.checkpoint_uri == CheckpointStore(str(tmp_path / "run" / "checkpoints")).best().uri
     meta = json.loads((tmp_path / "run" / "model" / "meta.json").read_text())
     assert meta["features"] == spec.data.features and meta["classes"] == list(range(10))
@@ -89,7 +101,9 @@ def test_a_restarted_group_skips_a_failure_record_cut_short_and_still_finds_a_te
     monkeypatch.setenv("TRAINYARD_LAUNCH_ID", "launch-1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     assert entrypoint.earlier_terminal_failure(str(tmp_path)) is None
-    (failures / "rank-1.json").write_text(json.dumps({"rank": 1, "launch": "launch-1", "category": "user", "error": "boom"}))
+    (failures / "rank-1.json").write_text(
+        json.dumps({"rank": 1, "launch": "launch-1", "category": "user", "error": "boom"})
+    )
     earlier = entrypoint.earlier_terminal_failure(str(tmp_path))
     assert earlier is not None and earlier["rank"] == 1
 
@@ -128,7 +142,11 @@ def test_the_trained_model_is_kept_without_reading_the_checkpoint_when_the_last_
         trained.bias.fill_(2.0)
     reads: list[str] = []
     real_load = CheckpointStore._load
-    monkeypatch.setattr(CheckpointStore, "_load", lambda self, entry, *a, **k: reads.append(entry.name) or real_load(self, entry, *a, **k))
+    monkeypatch.setattr(
+        CheckpointStore,
+        "_load",
+        lambda self, entry, *a, **k: reads.append(entry.name) or real_load(self, entry, *a, **k),
+    )
     model, uri = _load_best(make_spec(tmp_path), trained, store, step=9)
     assert model is trained and uri == store.uri(9) and reads == []  # the weights in memory are step 9's: nothing read
     # the best is older than the last step: it is read, verified and loaded over the trained weights
@@ -138,7 +156,9 @@ def test_the_trained_model_is_kept_without_reading_the_checkpoint_when_the_last_
     assert torch.equal(model.weight, torch.full((3, 4), 2.0))
 
 
-def test_the_final_evaluation_in_batches_equals_one_pass_and_leaves_the_model_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_final_evaluation_in_batches_equals_one_pass_and_leaves_the_model_where_it_was(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from training import lightning_eval as lightning_task
 
     torch.manual_seed(0)
@@ -150,5 +170,7 @@ def test_the_final_evaluation_in_batches_equals_one_pass_and_leaves_the_model_wh
     assert whole == float((model(x).argmax(dim=1) == y).float().mean())
     reg = torch.nn.Linear(8, 1)
     rmse = lightning_task.evaluate(reg, x, y.float(), "regression")
-    assert rmse == pytest.approx(float(torch.sqrt(torch.mean((reg(x).reshape(-1).double() - y.double()) ** 2))), rel=1e-6)
+    assert rmse == pytest.approx(
+        float(torch.sqrt(torch.mean((reg(x).reshape(-1).double() - y.double()) ** 2))), rel=1e-6
+    )
     assert next(model.parameters()).device.type == "cpu" and not model.training

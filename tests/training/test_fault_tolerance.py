@@ -42,7 +42,13 @@ def test_loader_state_at_epoch_end_moves_to_next_epoch() -> None:
     sampler = ResumableSampler(9, batch_size=3, seed=0, rank=0, world=1)
     loader = ResumableDataLoader(list(range(9)), batch_size=3, sampler=sampler)
     loader.load_state_dict({"epoch": 1, "batches_done": 3})
-    assert sampler.epoch == 2 and loader.state_dict() == {"epoch": 2, "batches_done": 0, "world": 1, "batch_size": 3, "samples_done": 0}
+    assert sampler.epoch == 2 and loader.state_dict() == {
+        "epoch": 2,
+        "batches_done": 0,
+        "world": 1,
+        "batch_size": 3,
+        "samples_done": 0,
+    }
 
 
 def test_loader_without_a_resumable_sampler_says_what_it_needs() -> None:
@@ -158,7 +164,11 @@ def test_transient_storage_failures_are_retried(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_permanent_storage_failure_is_a_clear_retryable_error(tmp_path: Path) -> None:
-    spec = drill_spec(tmp_path, faults=FaultInjection(fail_storage_writes=1000), distribution=Distribution(procs_per_node=1, max_restarts=0))
+    spec = drill_spec(
+        tmp_path,
+        faults=FaultInjection(fail_storage_writes=1000),
+        distribution=Distribution(procs_per_node=1, max_restarts=0),
+    )
     with pytest.raises(InfrastructureError, match="could not write checkpoint") as err:
         LocalLauncher().launch(spec)
     assert err.value.retryable
@@ -166,14 +176,22 @@ def test_permanent_storage_failure_is_a_clear_retryable_error(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_user_error_is_not_restarted(tmp_path: Path) -> None:
-    spec = drill_spec(tmp_path, faults=FaultInjection(raise_at_step=5), distribution=Distribution(procs_per_node=2, max_restarts=3))
+    spec = drill_spec(
+        tmp_path, faults=FaultInjection(raise_at_step=5), distribution=Distribution(procs_per_node=2, max_restarts=3)
+    )
     with pytest.raises(TrainingCodeError, match="injected fault at step 5"):
         LocalLauncher().launch(spec)
     log = Path(spec.output_uri, "logs", "launcher.log").read_text()
     # Each rank raises at step 5; whichever raises first, the group is stopped, so the other may never print
     # (CI once saw only rank 1's). Trained once: no rank raises again on any of the 3 restarts allowed.
-    raised = {rank: [line for line in log.splitlines() if line.startswith(f"[default{rank}]:RuntimeError: injected fault at step 5")]
-              for rank in (0, 1)}
+    raised = {
+        rank: [
+            line
+            for line in log.splitlines()
+            if line.startswith(f"[default{rank}]:RuntimeError: injected fault at step 5")
+        ]
+        for rank in (0, 1)
+    }
     assert raised[0] or raised[1], log[-2000:]
     assert len(raised[0]) <= 1 and len(raised[1]) <= 1, raised  # trained once, not again on every restart
     assert "not training again" in log
@@ -211,12 +229,16 @@ def sharded_reference(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["fsdp", "tp"])
-def test_sharded_killed_rank_resumes_from_its_shards_with_identical_weights(sharded_reference, strategy: str, tmp_path: Path) -> None:
+def test_sharded_killed_rank_resumes_from_its_shards_with_identical_weights(
+    sharded_reference, strategy: str, tmp_path: Path
+) -> None:
     ref_result, ref_weights = sharded_reference[strategy]
     spec = sharded_spec(tmp_path, strategy, faults=FaultInjection(kill_rank=1, kill_at_step=10))
     result = LocalLauncher().launch(spec).result
     assert result.global_step == ref_result.global_step
-    resumed_step = int(result.resumed_from.rsplit("step-", 1)[1])  # fsdp: best at epoch end (7); tp (whole batch per rank): interval (8)
+    resumed_step = int(
+        result.resumed_from.rsplit("step-", 1)[1]
+    )  # fsdp: best at epoch end (7); tp (whole batch per rank): interval (8)
     assert 10 - EVERY <= resumed_step < 10
     assert 0 <= result.goodput["lost_steps"] <= EVERY
     assert_same(final_weights(spec), ref_weights)  # model and optimizer shards, RNG and sampler restored exactly
@@ -228,7 +250,9 @@ def test_sharded_killed_rank_resumes_from_its_shards_with_identical_weights(shar
 def test_sharded_preemption_commits_every_shard_and_the_retry_resumes(sharded_reference, tmp_path: Path) -> None:
     _, ref_weights = sharded_reference["tp"]
     spec = sharded_spec(tmp_path, "tp", faults=FaultInjection(sigterm_at_step=7))
-    with pytest.raises(TrainingPreempted, match="checkpoint at step 8 committed"):  # the agreement after the signal's step
+    with pytest.raises(
+        TrainingPreempted, match="checkpoint at step 8 committed"
+    ):  # the agreement after the signal's step
         LocalLauncher().launch(spec)
     assert CheckpointStore(spec.output_uri + "/checkpoints").list_committed()[0]["step"] == 8
     result = LocalLauncher().launch(spec).result
@@ -239,7 +263,9 @@ def test_sharded_preemption_commits_every_shard_and_the_retry_resumes(sharded_re
 @pytest.mark.slow
 def test_sharded_corrupt_shard_is_skipped_by_every_rank(sharded_reference, tmp_path: Path) -> None:
     _, ref_weights = sharded_reference["fsdp"]
-    spec = sharded_spec(tmp_path, "fsdp", faults=FaultInjection(kill_rank=0, kill_at_step=10, corrupt_latest_checkpoint=True))
+    spec = sharded_spec(
+        tmp_path, "fsdp", faults=FaultInjection(kill_rank=0, kill_at_step=10, corrupt_latest_checkpoint=True)
+    )
     result = LocalLauncher().launch(spec).result
     # rank 0's shard of step 7 was corrupted; rank 1's was fine, yet both resumed from step 4
     assert result.resumed_from.endswith("step-000000004")
@@ -262,13 +288,18 @@ def _failing_rank_zero(tmp_path: Path, commit_timeout_s: float = 600.0) -> tuple
     io = StoreCheckpointIO(store, async_save=True)
     ft = FaultTolerance(CheckpointPolicy(), io, 1, "val_acc", "max", FaultInjection(), FaultMarkers(str(tmp_path)),
                         AttemptLog(str(tmp_path), "a0", time.time()))
-    io.save_checkpoint({"global_step": 8, "epoch": 0, "w": torch.ones(4)}, "unused", {"shard": ShardSpec(0, 2, "save-8", commit_timeout_s=commit_timeout_s)})
+    io.save_checkpoint(
+        {"global_step": 8, "epoch": 0, "w": torch.ones(4)},
+        "unused",
+        {"shard": ShardSpec(0, 2, "save-8", commit_timeout_s=commit_timeout_s)},
+    )
     assert io.writer is not None and io.writer.in_flight and store.latest() is None
     return ft, SimpleNamespace(is_global_zero=True), store
 
 
 def test_a_rank_whose_training_raised_lets_its_checkpoint_write_commit_before_it_leaves(tmp_path: Path) -> None:
-    """Found when a change let ranks run further apart: rank 0 of a sharded save raised (its peer died after writing its shard) and
+    """Found when a change let ranks run further apart: rank 0 of a sharded save raised (its peer died after writing its
+    shard) and
     left while its writer waited for that shard; the retry resumed from the checkpoint before, losing steps."""
     import threading
 
@@ -284,8 +315,9 @@ def test_a_rank_whose_training_raised_lets_its_checkpoint_write_commit_before_it
     peer.join()
 
 
-def test_a_write_that_cannot_finish_holds_a_failing_rank_only_for_the_grace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_a_write_that_cannot_finish_holds_a_failing_rank_only_for_the_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     import time
 
     import training.fault_tolerance as fault_tolerance

@@ -1,4 +1,5 @@
-"""FaultTolerance's rank agreement, on two real gloo processes: collectives only at agreed steps, never per step, never waited on.
+"""FaultTolerance's rank agreement, on two real gloo processes: collectives only at agreed steps, never per step, never
+waited on.
 
 Each rank drives the callback as Lightning would (batch start, a step's work,
 batch end) around a stand-in Trainer whose `save_checkpoint` does what DDP's
@@ -36,7 +37,11 @@ class _Trainer:
         self._ft = ft
 
     def save_checkpoint(self, path: str, storage_options: Any = None) -> None:
-        checkpoint = {"global_step": self.global_step, "epoch": 0, "state_dict": {"w": torch.full((1024,), float(self.global_step))}}
+        checkpoint = {
+            "global_step": self.global_step,
+            "epoch": 0,
+            "state_dict": {"w": torch.full((1024,), float(self.global_step))},
+        }
         self._ft.on_save_checkpoint(self, None, checkpoint)
         if self.is_global_zero:
             self._ft.io.save_checkpoint(checkpoint, path, storage_options)
@@ -54,7 +59,16 @@ def _worker(rank: int, world: int, port: int, out: str, sigterm: dict[int, int],
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     assert control_group(world) is None  # gloo already carries CPU tensors: no second group
     io = StoreCheckpointIO(CheckpointStore(f"{out}/checkpoints", keep_last=2), async_save=True)
-    ft = FaultTolerance(CheckpointPolicy(), io, 1, "val_acc", "max", FaultInjection(), FaultMarkers(out), AttemptLog(out, f"a{rank}", time.time()))
+    ft = FaultTolerance(
+        CheckpointPolicy(),
+        io,
+        1,
+        "val_acc",
+        "max",
+        FaultInjection(),
+        FaultMarkers(out),
+        AttemptLog(out, f"a{rank}", time.time()),
+    )
     trainer = _Trainer(rank, world, ft)
     collectives: list[int] = []
     real = dist.all_reduce
@@ -83,10 +97,19 @@ def _worker(rank: int, world: int, port: int, out: str, sigterm: dict[int, int],
     if preempted_at is None:
         ft.on_train_end(trainer, None)  # type: ignore[arg-type]
     io.teardown()
-    Path(out, f"rank-{rank}.json").write_text(json.dumps({
-        "collectives": collectives, "blocking": blocking, "sync_every": ft.sync_every, "preempted_at": preempted_at, "saved_at": trainer.saved_at,
-        "interval": ft.interval_seconds, "writes": len(io.writer.save_seconds) if io.writer else 0,
-    }))
+    Path(out, f"rank-{rank}.json").write_text(
+        json.dumps(
+            {
+                "collectives": collectives,
+                "blocking": blocking,
+                "sync_every": ft.sync_every,
+                "preempted_at": preempted_at,
+                "saved_at": trainer.saved_at,
+                "interval": ft.interval_seconds,
+                "writes": len(io.writer.save_seconds) if io.writer else 0,
+            }
+        )
+    )
     dist.destroy_process_group()
 
 

@@ -43,7 +43,14 @@ LAUNCH_SECONDS = 300
 
 
 def record(rank: int, category: str, at: float, consequence: bool = False, launch: str = "L") -> dict[str, Any]:
-    return {"rank": rank, "category": category, "time": at, "consequence": consequence, "launch": launch, "error": f"{category} on {rank}"}
+    return {
+        "rank": rank,
+        "category": category,
+        "time": at,
+        "consequence": consequence,
+        "launch": launch,
+        "error": f"{category} on {rank}",
+    }
 
 
 # -- the rule ------------------------------------------------------------------------
@@ -71,7 +78,9 @@ def test_no_cause_is_infrastructure_unless_this_process_was_stopped() -> None:
     assert gang.classify([], 1).code == EXIT_INFRA
     only_lost = gang.classify([record(0, "infra", 1.0, consequence=True)], 1)
     assert only_lost.code == EXIT_INFRA and "recorded only that they lost a peer" in only_lost.reason
-    assert gang.classify([record(0, "infra", 1.0, consequence=True)], 1, signalled=signal.SIGTERM).code == EXIT_PREEMPTED
+    assert (
+        gang.classify([record(0, "infra", 1.0, consequence=True)], 1, signalled=signal.SIGTERM).code == EXIT_PREEMPTED
+    )
     assert gang.classify([], -9).code == EXIT_INFRA
 
 
@@ -88,22 +97,30 @@ def test_only_this_launchs_records_since_it_started_count(tmp_path: Path) -> Non
 
 
 def test_the_spec_is_found_after_the_entrypoint_and_a_command_without_one_cannot_work(tmp_path: Path) -> None:
-    assert gang.spec_uri_of(["--nnodes=1", "--standalone", "-m", "training.entrypoint", "--spec", "s3://b/spec.json"]) == "s3://b/spec.json"
+    assert (
+        gang.spec_uri_of(["--nnodes=1", "--standalone", "-m", "training.entrypoint", "--spec", "s3://b/spec.json"])
+        == "s3://b/spec.json"
+    )
     with pytest.raises(ValueError, match="do not end in '-m training.entrypoint --spec URI'"):
         gang.spec_uri_of(["--nnodes=1", "-m", "training.entrypoint"])
     assert gang.main(["--standalone", "-m", "training.other"]) == EXIT_BAD_CONFIG
     spec = make_spec(tmp_path)
     assert gang.output_uri_of(str(tmp_path / "spec.json")) == spec.output_uri
-    assert gang.output_uri_of(str(tmp_path / "missing" / "spec.json")) == str(tmp_path / "missing")  # where the entrypoint writes then
+    assert gang.output_uri_of(str(tmp_path / "missing" / "spec.json")) == str(
+        tmp_path / "missing"
+    )  # where the entrypoint writes then
 
 
 # -- real launches -------------------------------------------------------------------
 
 
 class Launch:
-    """The wrapped command of `spec` running in its own session, as a pod's main process or the local launcher's child."""
+    """The wrapped command of `spec` running in its own session, as a pod's main process or the local launcher's
+    child."""
 
-    def __init__(self, spec: TrainSpec, tmp: Path, extra: tuple[str, ...] = (), env: Optional[dict[str, str]] = None, **kw: Any) -> None:
+    def __init__(
+        self, spec: TrainSpec, tmp: Path, extra: tuple[str, ...] = (), env: Optional[dict[str, str]] = None, **kw: Any
+    ) -> None:
         cmd = torchrun_command(spec, str(tmp / "spec.json"), python=sys.executable, **kw)
         at = cmd.index("training.entrypoint") - 1
         self.cmd = cmd[:at] + list(extra) + cmd[at:]
@@ -138,7 +155,9 @@ class Launch:
             if ancestor != self.proc.pid:
                 continue
             try:
-                environ = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+                environ = dict(
+                    kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv
+                )
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
             except OSError:
                 continue
@@ -150,20 +169,31 @@ class Launch:
         store = CheckpointStore(str(Path(spec.output_uri) / "checkpoints"))
         deadline = time.monotonic() + LAUNCH_SECONDS
         while not store.list_committed():
-            assert self.proc.poll() is None, f"the launch ended before its first checkpoint:\n{self.log.read_text()[-3000:]}"
+            assert self.proc.poll() is None, (
+                f"the launch ended before its first checkpoint:\n{self.log.read_text()[-3000:]}"
+            )
             assert time.monotonic() < deadline
             time.sleep(0.1)
 
 
 def failing_spec(tmp: Path, model: str, restarts: int, **over: Any) -> TrainSpec:
-    return make_spec(tmp, model=ImportTarget(path=f"tests.support.gang_models:{model}", kwargs={"hidden": 16, "lr": 0.02}),
-                     distribution=Distribution(procs_per_node=2, max_restarts=restarts), **over)
+    return make_spec(
+        tmp,
+        model=ImportTarget(path=f"tests.support.gang_models:{model}", kwargs={"hidden": 16, "lr": 0.02}),
+        distribution=Distribution(procs_per_node=2, max_restarts=restarts),
+        **over,
+    )
 
 
 def long_spec(tmp: Path) -> TrainSpec:
     """Trains far longer than any test waits: stopped from outside after its first checkpoint."""
-    return make_spec(tmp, distribution=Distribution(procs_per_node=2, max_restarts=0), checkpoint=CheckpointPolicy(every_n_steps=4),
-                     max_epochs=200, batch_size=16)
+    return make_spec(
+        tmp,
+        distribution=Distribution(procs_per_node=2, max_restarts=0),
+        checkpoint=CheckpointPolicy(every_n_steps=4),
+        max_epochs=200,
+        batch_size=16,
+    )
 
 
 def recorded(spec: TrainSpec) -> list[dict[str, Any]]:
@@ -176,7 +206,10 @@ def test_a_config_error_on_rank_1_exits_78_after_a_restart(tmp_path: Path) -> No
     spec = failing_spec(tmp_path, "ConfigErrorOnRank", restarts=1)
     launch = Launch(spec, tmp_path)
     assert launch.wait() == EXIT_BAD_CONFIG, launch.log.read_text()[-3000:]
-    assert "torchrun exited 1; rank 1 failed first (config: ConfigError: rank 1: hidden=16 does not fit this shard)" in launch.said()
+    assert (
+        "torchrun exited 1; rank 1 failed first (config: ConfigError: rank 1: hidden=16 does not fit this shard)"
+        in launch.said()
+    )
     assert "exitcode  : 78" in launch.log.read_text()  # the restarted group's ranks, stopped by the record
 
 
@@ -203,7 +236,9 @@ def test_sigterm_to_the_process_group_checkpoints_and_exits_143(tmp_path: Path) 
     records = recorded(spec)
     assert {r["rank"] for r in records} == {0, 1} and {r["category"] for r in records} == {"preempted"}
     step = int(records[0]["error"].split("checkpoint at step ")[1].split()[0])
-    assert CheckpointStore(str(Path(spec.output_uri) / "checkpoints")).latest().step == step  # the preemption checkpoint
+    assert (
+        CheckpointStore(str(Path(spec.output_uri) / "checkpoints")).latest().step == step
+    )  # the preemption checkpoint
 
 
 @pytest.mark.slow
@@ -221,6 +256,8 @@ def test_a_worker_sigkilled_by_pid_exits_75(tmp_path: Path) -> None:
 def test_a_rendezvous_that_never_happens_exits_75(tmp_path: Path) -> None:
     """Node 1 of a 2-node gang whose rank 0 never comes: torchrun gives up; no worker ever started."""
     spec = make_spec(tmp_path, distribution=Distribution(nodes=2, procs_per_node=1, max_restarts=0))
-    launch = Launch(spec, tmp_path, extra=("--rdzv-conf=timeout=2",), node_rank="1", master_addr="127.0.0.1", master_port=1)
+    launch = Launch(
+        spec, tmp_path, extra=("--rdzv-conf=timeout=2",), node_rank="1", master_addr="127.0.0.1", master_port=1
+    )
     assert launch.wait() == EXIT_INFRA, launch.log.read_text()[-3000:]
     assert "no worker recorded a cause" in launch.said() and not Path(spec.output_uri, "failures").exists()

@@ -1,4 +1,5 @@
-"""LightGBM trials (`task="gbt"`) through the entrypoint in one process: objectives, checkpoint resume, pruning, serving."""
+"""LightGBM trials (`task="gbt"`) through the entrypoint in one process: objectives, checkpoint resume, pruning,
+serving."""
 
 from __future__ import annotations
 
@@ -41,8 +42,21 @@ def test_binary_trains_exports_and_serves_its_test_accuracy(tmp_path: Path) -> N
     spec = make_spec(tmp_path)
     assert run(tmp_path) == 0
     res = result(tmp_path)
-    names = ("acc", "logloss", "roc_auc", "pr_auc", "f1", "balanced_acc", "precision/0", "recall/0", "precision/1", "recall/1")
-    assert set(res.metrics) == {"best_iteration"} | {f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in names}
+    names = (
+        "acc",
+        "logloss",
+        "roc_auc",
+        "pr_auc",
+        "f1",
+        "balanced_acc",
+        "precision/0",
+        "recall/0",
+        "precision/1",
+        "recall/1",
+    )
+    assert set(res.metrics) == {"best_iteration"} | {
+        f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in names
+    }
     assert res.metrics["test_roc_auc"] > 0.9 and res.metrics["baseline_test_roc_auc"] == 0.5
     assert res.world_size == 1 and res.best_metric == res.metrics["val_acc"]
     assert res.metrics["test_acc"] > 0.9
@@ -74,14 +88,18 @@ def test_regression_reports_rmse_and_serves_values(tmp_path: Path) -> None:
     spec = make_spec(tmp_path, "regression")
     assert run(tmp_path) == 0
     res = result(tmp_path)
-    assert set(res.metrics) == {"best_iteration"} | {f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in ("rmse", "mae")}
+    assert set(res.metrics) == {"best_iteration"} | {
+        f"{b}{s}_{n}" for b in ("", "baseline_") for s in ("val", "test") for n in ("rmse", "mae")
+    }
     assert res.metrics["test_rmse"] < res.metrics["baseline_test_rmse"]
     assert res.best_metric == res.metrics["val_rmse"]
     meta = json.loads((tmp_path / "run" / "model" / "meta.json").read_text())
     assert meta["task"] == "regression" and "classes" not in meta
     test = pd.read_parquet(spec.data.test_uri)
     predicted = serve(tmp_path / "run" / "model", test).to_numpy()
-    assert float(np.sqrt(np.mean((predicted - test["target"].to_numpy()) ** 2))) == pytest.approx(res.metrics["test_rmse"], rel=1e-12)
+    assert float(np.sqrt(np.mean((predicted - test["target"].to_numpy()) ** 2))) == pytest.approx(
+        res.metrics["test_rmse"], rel=1e-12
+    )
 
 
 @pytest.mark.parametrize(
@@ -91,13 +109,25 @@ def test_regression_reports_rmse_and_serves_values(tmp_path: Path) -> None:
         ({"n_estimators": 500}, ("val_acc", "max"), "['n_estimators']; the number of boosting rounds is max_epochs"),
         ({"seed": 3}, ("val_acc", "max"), "sets ['seed'], which the platform owns"),
         ({"early_stopping_rounds": 0}, ("val_acc", "max"), "early_stopping_rounds=0 must be an integer >= 1"),
-        ({}, ("val_rmse", "min"), "monitor='val_rmse' measures regression, but this is a classification task; use one of ['val_acc', 'val_balanced_acc', 'val_f1', 'val_logloss', 'val_pr_auc', 'val_roc_auc']"),
+        (
+            {},
+            ("val_rmse", "min"),
+            "monitor='val_rmse' measures regression, but this is a classification task; use one of ['val_acc', "
+            "'val_balanced_acc', 'val_f1', 'val_logloss', 'val_pr_auc', 'val_roc_auc']",
+        ),
         ({}, ("val_acc", "min"), "monitor_mode='min' does not fit monitor='val_acc'"),
         ({"num_leaves": -3}, ("val_acc", "max"), "LightGBM rejected"),
     ],
 )
-def test_bad_config_exits_with_the_config_status_and_names_the_field(tmp_path: Path, kwargs: dict, monitor: tuple, message: str) -> None:
-    make_spec(tmp_path, model=ImportTarget(path="lightgbm:train", kwargs={**FAST, **kwargs}), monitor=monitor[0], monitor_mode=monitor[1])
+def test_bad_config_exits_with_the_config_status_and_names_the_field(
+    tmp_path: Path, kwargs: dict, monitor: tuple, message: str
+) -> None:
+    make_spec(
+        tmp_path,
+        model=ImportTarget(path="lightgbm:train", kwargs={**FAST, **kwargs}),
+        monitor=monitor[0],
+        monitor_mode=monitor[1],
+    )
     assert run(tmp_path) == EXIT_BAD_CONFIG
     failure = json.loads((tmp_path / "run" / "failures" / "rank-0.json").read_text())
     assert failure["category"] == "config" and message in failure["error"]
@@ -173,7 +203,12 @@ def test_optuna_pruner_stops_a_bad_trial_and_marks_it_pruned(tmp_path: Path) -> 
         study.tell(t, 0.0)
     number = study.ask().number
     pruner = PrunerSpec(kind="median")  # Optuna's MedianPruner() defaults: 5 startup trials, no warm-up
-    make_spec(tmp_path, kind="multiclass", max_epochs=80, optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number, pruner=pruner))
+    make_spec(
+        tmp_path,
+        kind="multiclass",
+        max_epochs=80,
+        optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number, pruner=pruner),
+    )
     assert run(tmp_path) == 0
     res = result(tmp_path)
     assert res.epochs == gbt.REPORT_EVERY and res.status == "pruned"  # stopped at the first report
@@ -208,19 +243,28 @@ def test_a_trial_whose_pipeline_declares_no_pruner_is_never_pruned(tmp_path: Pat
             t.report(0.0, step)
         study.tell(t, 0.0)
     number = study.ask().number
-    make_spec(tmp_path, kind="multiclass", max_epochs=80, optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number))
+    make_spec(
+        tmp_path,
+        kind="multiclass",
+        max_epochs=80,
+        optuna=OptunaSpec(storage_url=url, study_name="s", trial_number=number),
+    )
     assert run(tmp_path) == 0
     res = result(tmp_path)
     assert res.status != "pruned" and res.epochs > gbt.REPORT_EVERY
     trial = optuna.load_study(study_name="s", storage=url).trials[number]
-    assert trial.state == optuna.trial.TrialState.RUNNING and trial.intermediate_values == {}  # the orchestrator tells it
+    assert (
+        trial.state == optuna.trial.TrialState.RUNNING and trial.intermediate_values == {}
+    )  # the orchestrator tells it
 
 
 def test_metric_values_are_exact() -> None:
     y = np.array([0, 1, 1, 0])
     assert gbt.metric_value("acc", np.array([0.2, 0.7, 0.4, 0.5]), y) == 0.75  # 0.5 is not above the threshold
     assert gbt.metric_value("logloss", np.array([0.5, 0.5, 0.5, 0.5]), y) == pytest.approx(np.log(2))
-    assert gbt.metric_value("acc", np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.5, 0.5]]), y) == 0.75  # ties go to the first class
+    assert (
+        gbt.metric_value("acc", np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.5, 0.5]]), y) == 0.75
+    )  # ties go to the first class
     assert gbt.metric_value("rmse", np.array([1.0, 2.0]), np.array([1.0, 4.0])) == pytest.approx(np.sqrt(2.0))
 
 
@@ -229,7 +273,12 @@ def test_a_gbt_trial_is_a_single_pod_job_on_kubernetes(tmp_path: Path) -> None:
     from resources.k8s.manifests import job_manifest
 
     spec = make_spec(tmp_path)
-    job = job_manifest(spec, "s3://bucket/runs/tabular/test/trial-0000/spec.json", 0, K8sJobConfig(namespace="tabular", image="trainer:1", queue_name="tabular"))
+    job = job_manifest(
+        spec,
+        "s3://bucket/runs/tabular/test/trial-0000/spec.json",
+        0,
+        K8sJobConfig(namespace="tabular", image="trainer:1", queue_name="tabular"),
+    )
     s = job["spec"]
     assert (s["parallelism"], s["completions"], s["suspend"]) == (1, 1, True)
     container = s["template"]["spec"]["containers"][0]

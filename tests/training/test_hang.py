@@ -1,4 +1,5 @@
-"""Hung and slow ranks: the watchdog's rules, its agent half on a real blocked process, and the drills under torchrun."""
+"""Hung and slow ranks: the watchdog's rules, its agent half on a real blocked process, and the drills under
+torchrun."""
 
 from __future__ import annotations
 
@@ -21,8 +22,25 @@ from resources.launch_errors import nodes_to_avoid, outcome_error, read_watchdog
 from resources.launcher import LocalLauncher
 from tests.support.train_specs import make_spec
 from training.attempts import read_attempts
-from training.spec import HANG_ACTION_SECONDS, LAUNCH_ID_ENV, CheckpointPolicy, Distribution, FaultInjection, WatchdogPolicy
-from training.watchdog import BACKWARD, FORWARD, STEP_END, GangWatchdog, Progress, culprit, innermost_frames, read_progress, stragglers
+from training.spec import (
+    HANG_ACTION_SECONDS,
+    LAUNCH_ID_ENV,
+    CheckpointPolicy,
+    Distribution,
+    FaultInjection,
+    WatchdogPolicy,
+)
+from training.watchdog import (
+    BACKWARD,
+    FORWARD,
+    STEP_END,
+    GangWatchdog,
+    Progress,
+    culprit,
+    innermost_frames,
+    read_progress,
+    stragglers,
+)
 
 # What the drill test allows from the hang to the first resumed step beyond the hang timeout: the agent's poll
 # (0.5 s), the stack dumps (at most 3 s), torchrun noticing the kill (0.1 s) and a fresh worker group's start to its
@@ -39,7 +57,9 @@ def test_the_hang_timeout_scales_with_the_step_time_above_a_floor_and_below_the_
     assert policy.hang_timeout(120.0) == 1800 - HANG_ACTION_SECONDS  # capped: the collective must not time out first
     assert policy.hang_timeout(None) is None  # before the first step: unbounded by default
     assert WatchdogPolicy(hang_startup_seconds=900).hang_timeout(None) == 900
-    with pytest.raises(ValueError, match=r"collective_timeout_seconds=300 must be at least hang_floor_seconds \(300\) \+ 60 s"):
+    with pytest.raises(
+        ValueError, match=r"collective_timeout_seconds=300 must be at least hang_floor_seconds \(300\) \+ 60 s"
+    ):
         WatchdogPolicy(collective_timeout_seconds=300)
 
 
@@ -55,7 +75,9 @@ def _progress(rank: int, step: int, phase: int, at: float) -> Progress:
     return Progress(rank, 100 + rank, 0, step, phase, step, step, at, 0.0, 0.0, 0.0)
 
 
-def test_the_rank_furthest_behind_is_blamed_and_its_main_thread_frames_are_read_from_a_real_dump(tmp_path: Path) -> None:
+def test_the_rank_furthest_behind_is_blamed_and_its_main_thread_frames_are_read_from_a_real_dump(
+    tmp_path: Path,
+) -> None:
     waiting = {0: _progress(0, 7, BACKWARD, 10.0), 1: _progress(1, 7, FORWARD, 10.2), 2: _progress(2, 7, BACKWARD, 9.0)}
     assert culprit(waiting) == 1  # never reached the all-reduce the others wait in
     assert culprit({0: _progress(0, 7, STEP_END, 10.0), 1: _progress(1, 6, BACKWARD, 10.0)}) == 1  # a step behind
@@ -63,7 +85,13 @@ def test_the_rank_furthest_behind_is_blamed_and_its_main_thread_frames_are_read_
     with open(path, "w") as f:
         faulthandler.dump_traceback(file=f, all_threads=True)
     frames = innermost_frames(path.read_text())
-    assert frames and "test_hang.py" in frames[0] and frames[0].endswith("in test_the_rank_furthest_behind_is_blamed_and_its_main_thread_frames_are_read_from_a_real_dump")
+    assert (
+        frames
+        and "test_hang.py" in frames[0]
+        and frames[0].endswith(
+            "in test_the_rank_furthest_behind_is_blamed_and_its_main_thread_frames_are_read_from_a_real_dump"
+        )
+    )
 
 
 BLOCKED_WORKER = textwrap.dedent(
@@ -89,8 +117,13 @@ def test_the_agent_names_the_hung_rank_with_its_stack_and_kills_every_worker(tmp
     progress.mkdir()
     workers = {}
     for rank, step in ((0, 12), (1, 11)):  # rank 1 is a step behind
-        workers[rank] = subprocess.Popen([sys.executable, "-c", BLOCKED_WORKER, str(progress), str(rank), str(step)], stdout=subprocess.PIPE,
-                                         text=True, start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+        workers[rank] = subprocess.Popen(
+            [sys.executable, "-c", BLOCKED_WORKER, str(progress), str(rank), str(step)],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[2],
+        )
     try:
         for w in workers.values():
             assert w.stdout is not None and w.stdout.readline().strip() == "ready"
@@ -117,17 +150,26 @@ def test_the_agent_names_the_hung_rank_with_its_stack_and_kills_every_worker(tmp
     assert "rank 1 on pod" in said[0] and "hung at step 11" in said[0]
     # what the orchestrator makes of it when the launch ends on it
     error = outcome_error(75, [written], "", "trial-0000")
-    assert type(error).__name__ == "InfrastructureError" and error.rank == 1 and "stuck_in_the_data_loader" in str(error)
+    assert (
+        type(error).__name__ == "InfrastructureError" and error.rank == 1 and "stuck_in_the_data_loader" in str(error)
+    )
     events = read_watchdog_events(str(out))
     assert [e["kind"] for e in events] == ["hang"] and nodes_to_avoid(events) == [written["node"]]
     assert read_progress(str(progress / "rank-1.progress"), 1) is None  # the group's records are gone with it
-    # and what a Dagster run of the trial shows: a warning naming the rank, pod, node and frames, and the metadata summary
+    # and what a Dagster run of the trial shows: a warning naming the rank, pod, node and frames, and the metadata
+    # summary
     logs, summary = _dagster_run_of(str(out), started - 10)
-    assert any("trial-0000: rank 1 on pod" in m and f"(node {written['node']}) hung at step 11" in m and "stuck_in_the_data_loader" in m
-               for m in logs), logs
+    assert any(
+        "trial-0000: rank 1 on pod" in m
+        and f"(node {written['node']}) hung at step 11" in m
+        and "stuck_in_the_data_loader" in m
+        for m in logs
+    ), logs
     assert summary["hangs"] == 1 and summary["avoid_nodes"] == [written["node"]] and summary["events"][0]["rank"] == 1
     # and the trial's next gang (attempt or resized generation) prefers other nodes than the one its rank hung on
-    cfg = avoid_reported_nodes(make_spec(tmp_path / "spec", output_uri=str(out)), K8sJobConfig(namespace="team", image="t:1"), _Said(said))
+    cfg = avoid_reported_nodes(
+        make_spec(tmp_path / "spec", output_uri=str(out)), K8sJobConfig(namespace="team", image="t:1"), _Said(said)
+    )
     assert cfg.avoid_nodes == (written["node"],) and f"prefers nodes other than {written['node']}" in said[-1]
 
 
@@ -152,7 +194,9 @@ def _dagster_run_of(output_uri: str, since: float) -> tuple[list[str], dict]:
 
 
 @pytest.mark.slow
-def test_drill_hang_is_named_with_its_stack_and_restarted_and_drill_slow_is_reported_with_its_node(tmp_path: Path) -> None:
+def test_drill_hang_is_named_with_its_stack_and_restarted_and_drill_slow_is_reported_with_its_node(
+    tmp_path: Path,
+) -> None:
     policy = WatchdogPolicy(hang_floor_seconds=3, straggler_window_steps=4)
     spec = make_spec(
         tmp_path, distribution=Distribution(procs_per_node=2, max_restarts=1), max_epochs=3, batch_size=16,
@@ -171,13 +215,16 @@ def test_drill_hang_is_named_with_its_stack_and_restarted_and_drill_slow_is_repo
     assert any("callbacks.py" in f and "on_train_batch_start" in f for f in hang["stack"]), hang["stack"]
     # detected within the timeout of the moment the drill recorded, and the gang resumed in-job within the bound
     hung_at = float((out / "faults" / "hang").read_text())
-    # Not before the timeout; after it by one 0.5 s poll on a quiet machine, and the upper bound leaves room for a loaded one.
+    # Not before the timeout; after it by one 0.5 s poll on a quiet machine, and the upper bound leaves room for a
+    # loaded one.
     assert hang["timeout_seconds"] - 0.5 <= hang["time"] - hung_at <= hang["timeout_seconds"] + 15.0
     attempts = read_attempts(str(out))
     assert len(attempts) == 2 and attempts[0]["status"].startswith("hung: rank 1 on pod")
     assert attempts[1]["first_step_at"] - hung_at <= hang["timeout_seconds"] + RESTART_BOUND_SECONDS
     assert result.goodput["restarts"] == 1 and result.goodput["restart_causes"][0].startswith("hung: rank 1")
-    assert 0 < attempts[1]["resumed_from_step"] <= 15 and result.global_step == attempts[1]["last_step"] > 15  # from a checkpoint, to the end
+    assert (
+        0 < attempts[1]["resumed_from_step"] <= 15 and result.global_step == attempts[1]["last_step"] > 15
+    )  # from a checkpoint, to the end
 
     # drill_slow: rank 0, which slept 0.2 s in every step of the first attempt, was reported with its node
     events = read_watchdog_events(str(out))
@@ -211,14 +258,24 @@ def test_hang_and_slow_drills_reach_the_spec_from_the_run_config_and_refuse_what
     from assets.sweeps.trials import TrialConfig, check_drill
 
     config = TrialConfig(drill_hang_rank=1, drill_hang_at_step=50, drill_slow_rank=0, drill_slow_seconds=0.5)
-    assert config.drill() == {"hang_rank": 1, "hang_at_step": 50, "slow_rank": 0, "slow_seconds": 0.5} and config.restarts_expected()
+    assert (
+        config.drill() == {"hang_rank": 1, "hang_at_step": 50, "slow_rank": 0, "slow_seconds": 0.5}
+        and config.restarts_expected()
+    )
     with pytest.raises(Failure) as refused:
-        check_drill("trial-0000", TrialConfig(drill_hang_rank=2, drill_hang_at_step=50, drill_slow_rank=0, drill_slow_seconds=0.5), 1,
-                    {"global_step": 40})
+        check_drill(
+            "trial-0000",
+            TrialConfig(drill_hang_rank=2, drill_hang_at_step=50, drill_slow_rank=0, drill_slow_seconds=0.5),
+            1,
+            {"global_step": 40},
+        )
     assert refused.value.description == (
-        "trial-0000: the drill cannot run: drill_hang_rank=2 names no rank of a 1-process trial (ranks 0..0); drill_slow_rank needs a "
-        "trial of 2 or more processes: a straggler is slower than the others; drill_hang_at_step=50 is past the trial's last step "
-        "(it trained 40 steps); use a step in 1..40")
+        "trial-0000: the drill cannot run: drill_hang_rank=2 names no rank of a 1-process trial (ranks 0..0); "
+        "drill_slow_rank needs a "
+        "trial of 2 or more processes: a straggler is slower than the others; drill_hang_at_step=50 is past the "
+        "trial's last step "
+        "(it trained 40 steps); use a step in 1..40"
+    )
     with pytest.raises(ValueError, match="hang_rank and hang_at_step are set together"):
         FaultInjection(hang_rank=1)
     with pytest.raises(ValueError, match=r"slow_rank and slow_seconds \(> 0\) are set together"):
@@ -228,18 +285,44 @@ def test_hang_and_slow_drills_reach_the_spec_from_the_run_config_and_refuse_what
 @pytest.mark.slow
 def test_drill_slow_on_another_node_is_reported_by_node_0s_agent_with_that_rank_s_pod_and_node(tmp_path: Path) -> None:
     """Two nodes (two `training.gang` agents on this machine, one process each, as two pods would run): each agent sees
-    only its own rank, so the straggler on node 1 is found from the gang-wide window the ranks share, by node 0's agent."""
+    only its own rank, so the straggler on node 1 is found from the gang-wide window the ranks share, by node 0's
+    agent."""
     from tests.support.dagster_dev import free_port
 
     policy = WatchdogPolicy(straggler_window_steps=4)
-    spec = make_spec(tmp_path, distribution=Distribution(nodes=2, procs_per_node=1), max_epochs=2, batch_size=16,
-                     checkpoint=CheckpointPolicy(every_n_steps=100, watchdog=policy), faults=FaultInjection(slow_rank=1, slow_seconds=0.2))
+    spec = make_spec(
+        tmp_path,
+        distribution=Distribution(nodes=2, procs_per_node=1),
+        max_epochs=2,
+        batch_size=16,
+        checkpoint=CheckpointPolicy(every_n_steps=100, watchdog=policy),
+        faults=FaultInjection(slow_rank=1, slow_seconds=0.2),
+    )
     port, root = free_port(), Path(__file__).resolve().parents[2]
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "training.gang", "--nnodes=2", "--nproc-per-node=1", f"--node-rank={i}", "--master-addr=127.0.0.1",
-         f"--master-port={port}", "--max-restarts=0", "-m", "training.entrypoint", "--spec", str(tmp_path / "spec.json")],
-        cwd=root, env={**os.environ, "NODE_NAME": f"node-{'ab'[i]}", "HOSTNAME": f"pod-{'ab'[i]}", LAUNCH_ID_ENV: "gang-1"},
-        stdout=(tmp_path / f"agent-{i}.log").open("w"), stderr=subprocess.STDOUT) for i in range(2)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "training.gang",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={i}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "--max-restarts=0",
+                "-m",
+                "training.entrypoint",
+                "--spec",
+                str(tmp_path / "spec.json"),
+            ],
+            cwd=root,
+            env={**os.environ, "NODE_NAME": f"node-{'ab'[i]}", "HOSTNAME": f"pod-{'ab'[i]}", LAUNCH_ID_ENV: "gang-1"},
+            stdout=(tmp_path / f"agent-{i}.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(2)
+    ]
     try:
         for a in agents:
             a.wait(timeout=120)

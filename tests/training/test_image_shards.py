@@ -30,14 +30,27 @@ CNN = {"channels": 8, "hidden": 32, "lr": 0.01}
 
 
 def image_spec(tmp: Path, paths: dict[str, str], **over: Any) -> TrainSpec:
-    """A classification trial of `DigitsCNN` on the image splits `paths`, written to `tmp/spec.json`, output in `tmp/run`."""
+    """A classification trial of `DigitsCNN` on the image splits `paths`, written to `tmp/spec.json`, output in
+    `tmp/run`."""
     base: dict[str, Any] = dict(
-        pipeline="vision/digit_images", trial_id="trial-0000", prediction_task="classification",
+        pipeline="vision/digit_images",
+        trial_id="trial-0000",
+        prediction_task="classification",
         model=ImportTarget(path="pipelines.vision.models:DigitsCNN", kwargs=CNN),
         datamodule=ImportTarget(path="training.streaming:StreamingShardDataModule"),
-        data=DataSpec(train_uri=paths["train"], val_uri=paths["val"], test_uri=paths["test"], features=["image"], target="label",
-                      version="0" * 32),
-        output_uri=str(tmp / "run"), max_epochs=6, batch_size=32, monitor="val_acc", monitor_mode="max",
+        data=DataSpec(
+            train_uri=paths["train"],
+            val_uri=paths["val"],
+            test_uri=paths["test"],
+            features=["image"],
+            target="label",
+            version="0" * 32,
+        ),
+        output_uri=str(tmp / "run"),
+        max_epochs=6,
+        batch_size=32,
+        monitor="val_acc",
+        monitor_mode="max",
     )
     base.update(over)
     spec = TrainSpec(**base)
@@ -94,10 +107,18 @@ def test_the_platform_fills_the_image_shape_unless_the_pipeline_sets_it(tmp_path
         write_image_split(path, n=40, digits=False, shape=(6, 4, 3), seed=i)
     model, dm = build(image_spec(tmp_path, colour))
     assert dm.input_shape == [3, 6, 4]
-    assert {k: model.hparams[k] for k in ("in_channels", "height", "width", "n_classes")} == {"in_channels": 3, "height": 6, "width": 4,
-                                                                                                "n_classes": 10}
+    assert {k: model.hparams[k] for k in ("in_channels", "height", "width", "n_classes")} == {
+        "in_channels": 3,
+        "height": 6,
+        "width": 4,
+        "n_classes": 10,
+    }
     assert model(dm.example_input()).shape == (2, 10)
-    model, _ = build(image_spec(tmp_path, splits, model=ImportTarget(path="pipelines.vision.models:DigitsCNN", kwargs={**CNN, "width": 16})))
+    model, _ = build(
+        image_spec(
+            tmp_path, splits, model=ImportTarget(path="pipelines.vision.models:DigitsCNN", kwargs={**CNN, "width": 16})
+        )
+    )
     assert (model.hparams["height"], model.hparams["width"]) == (8, 16)  # set by the pipeline: kept
 
 
@@ -111,21 +132,36 @@ def test_the_trial_is_evaluated_on_the_whole_streamed_splits_against_the_train_p
         assert {f"{split}_acc", f"{split}_logloss", f"{split}_balanced_acc", f"{split}_f1", f"{split}_roc_auc",
                 f"baseline_{split}_acc", f"baseline_{split}_logloss"} <= set(m)
     _, labels = digits()
-    majority = np.bincount(labels).argmax()  # every split holds the same digits: the prior's answer scores its own share
+    majority = np.bincount(
+        labels
+    ).argmax()  # every split holds the same digits: the prior's answer scores its own share
     assert m["baseline_test_acc"] == pytest.approx(np.mean(labels == majority))
     assert m["baseline_test_logloss"] == pytest.approx(-np.mean(np.log(np.bincount(labels)[labels] / len(labels))))
     assert m["test_acc"] > 0.7 > m["baseline_test_acc"]
     assert m["val_acc"] == m["test_acc"]  # the same images in both splits, evaluated whole
 
     meta = read_meta(str(trained / "run" / "model"))
-    assert {k: meta[k] for k in ("task", "input_kind", "features", "target", "shape", "input_shape", "scale", "classes", "input_dtype")} == {
-        "task": "classification", "input_kind": "image", "features": ["image"], "target": "label", "shape": [8, 8],
-        "input_shape": [1, 8, 8], "scale": [0, 16], "classes": list(range(10)), "input_dtype": "float32"}
+    assert {
+        k: meta[k]
+        for k in ("task", "input_kind", "features", "target", "shape", "input_shape", "scale", "classes", "input_dtype")
+    } == {
+        "task": "classification",
+        "input_kind": "image",
+        "features": ["image"],
+        "target": "label",
+        "shape": [8, 8],
+        "input_shape": [1, 8, 8],
+        "scale": [0, 16],
+        "classes": list(range(10)),
+        "input_dtype": "float32",
+    }
 
     images, labels = digits()
     out = served(trained / "run" / "model").predict(None, rows(images))
     assert list(out.columns) == ["label", *(f"proba_{d}" for d in range(10))]
-    assert np.mean(out["label"].to_numpy() == labels) == pytest.approx(m["test_acc"], rel=1e-6)  # served as the pod measured it (the pod: a float32 mean)
+    assert np.mean(out["label"].to_numpy() == labels) == pytest.approx(
+        m["test_acc"], rel=1e-6
+    )  # served as the pod measured it (the pod: a float32 mean)
     proba = out[[f"proba_{d}" for d in range(10)]].to_numpy()
     assert -np.mean(np.log(proba[np.arange(len(labels)), labels])) == pytest.approx(m["test_logloss"], rel=1e-5)
 
@@ -150,7 +186,9 @@ def test_served_images_are_read_as_training_read_them(tmp_path: Path, shape: tup
     assert raw.shape == (50, *shape) and raw.max() > 200  # raw 0..255 values, as they landed
     out = served(tmp_path / "model").predict(None, rows(raw))
     expected = np.exp(logits - logits.max(axis=1, keepdims=True))
-    np.testing.assert_allclose(out[[f"proba_{d}" for d in range(10)]].to_numpy(), expected / expected.sum(axis=1, keepdims=True), rtol=1e-6)
+    np.testing.assert_allclose(
+        out[[f"proba_{d}" for d in range(10)]].to_numpy(), expected / expected.sum(axis=1, keepdims=True), rtol=1e-6
+    )
     assert out["label"].tolist() == logits.argmax(axis=1).tolist()
 
 
@@ -159,7 +197,10 @@ def test_a_row_of_the_wrong_size_or_range_is_refused_naming_it(trained: Path) ->
     images, _ = digits(3)
     good = images.reshape(3, -1).tolist()
     cases = [
-        ([good[0], good[1][:63]], r"row 2 holds 63 values; the model reads 64: an image of shape \[8, 8\] flattened row-major"),
+        (
+            [good[0], good[1][:63]],
+            r"row 2 holds 63 values; the model reads 64: an image of shape \[8, 8\] flattened row-major",
+        ),
         ([[*good[0][:5], 17, *good[0][6:]]], r"row 1: value 17 at position 5 is outside the image range 0\.\.16"),
         ([good[0], good[1], [-1] + good[2][1:]], r"row 3: value -1 at position 0 is outside the image range 0\.\.16"),
         ([[math.nan] * 64], r"row 1: value nan at position 0 is outside the image range"),
@@ -180,8 +221,14 @@ def test_an_image_model_meta_without_a_valid_shape_or_scale_is_refused(trained: 
     model_dir = tmp_path / "model"
     shutil.copytree(trained / "run" / "model", model_dir)
     meta = json.loads((model_dir / "meta.json").read_text())
-    for field, value, message in (("shape", [8], r"field 'shape' of an image model must be \[height, width\] or \[height, width, channels\], got \[8\]"),
-                                  ("scale", [16, 0], r"field 'scale' of an image model must be \[min, max\] with min < max, got \[16, 0\]")):
+    for field, value, message in (
+        (
+            "shape",
+            [8],
+            r"field 'shape' of an image model must be \[height, width\] or \[height, width, channels\], got \[8\]",
+        ),
+        ("scale", [16, 0], r"field 'scale' of an image model must be \[min, max\] with min < max, got \[16, 0\]"),
+    ):
         (model_dir / "meta.json").write_text(json.dumps({**meta, field: value}))
         with pytest.raises(ValueError, match=message):
             read_meta(str(model_dir))

@@ -16,12 +16,21 @@ TYPES = {"plan": "category", "signup": "date", "charges": "float", "calls": "int
 
 
 def train_frame() -> pd.DataFrame:
-    return pd.DataFrame({
-        "plan": ["basic", "pro", "basic", None, "plus", "basic"],
-        "signup": [dt.date(2022, 5, 4), dt.date(2021, 1, 31), None, dt.date(2020, 2, 29), dt.date(2023, 12, 1), dt.date(2022, 6, 6)],
-        "charges": [10.0, np.nan, 30.0, 40.0, 50.0, 60.0],
-        "calls": [1, 2, 3, 4, 5, 6],
-    })
+    return pd.DataFrame(
+        {
+            "plan": ["basic", "pro", "basic", None, "plus", "basic"],
+            "signup": [
+                dt.date(2022, 5, 4),
+                dt.date(2021, 1, 31),
+                None,
+                dt.date(2020, 2, 29),
+                dt.date(2023, 12, 1),
+                dt.date(2022, 6, 6),
+            ],
+            "charges": [10.0, np.nan, 30.0, 40.0, 50.0, 60.0],
+            "calls": [1, 2, 3, 4, 5, 6],
+        }
+    )
 
 
 def columns(state: dict, frame: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -40,7 +49,14 @@ def test_lightning_state_one_hot_imputes_with_indicators_scales_and_splits_dates
     assert out["charges__missing"].tolist() == [0, 1, 0, 0, 0, 0]
     np.testing.assert_allclose(out["charges"], (filled - filled.mean()) / filled.std(), rtol=1e-6)
     assert "calls__missing" not in out  # no gaps in train: no indicator
-    assert {"signup__year", "signup__month", "signup__day", "signup__dayofweek", "signup__dayofyear", "signup__year__missing"} <= set(out)
+    assert {
+        "signup__year",
+        "signup__month",
+        "signup__day",
+        "signup__dayofweek",
+        "signup__dayofyear",
+        "signup__year__missing",
+    } <= set(out)
     raw_year = state["columns"][[c["name"] for c in state["columns"]].index("signup__year")]
     years = out["signup__year"] * raw_year["std"] + raw_year["mean"]
     np.testing.assert_allclose(years[[0, 1, 3]], [2022, 2021, 2020], rtol=1e-6)
@@ -54,8 +70,15 @@ def x_dtype(state: dict) -> np.dtype:
 
 def test_a_category_seen_only_outside_train_and_one_unseen_at_serving_are_other() -> None:
     state = pp.fit(train_frame(), TYPES, trainer="lightning")
-    serving = pd.DataFrame({"plan": ["enterprise", "pro"], "signup": ["2024-02-29", None], "charges": [None, 20.0], "calls": [3, None],
-                            "customer_id": ["C1", "C2"]})
+    serving = pd.DataFrame(
+        {
+            "plan": ["enterprise", "pro"],
+            "signup": ["2024-02-29", None],
+            "charges": [None, 20.0],
+            "calls": [3, None],
+            "customer_id": ["C1", "C2"],
+        }
+    )
     out = columns(state, serving)
     assert out[f"plan={pp.OTHER}"].tolist() == [1, 0] and out["plan=pro"].tolist() == [0, 1]
     assert out["charges__missing"].tolist() == [1, 0]
@@ -72,7 +95,9 @@ def test_gbt_state_native_categorical_codes_raw_numbers_and_nan_left_to_lightgbm
     charges = x[:, names.index("charges")]
     assert np.isnan(charges[1]) and charges[0] == 10.0  # not imputed, not scaled
     assert not any(n.endswith("__missing") for n in names)
-    unseen = pp.transform(pd.DataFrame({"plan": ["gold"], "signup": ["2020-01-01"], "charges": [1.0], "calls": [1]}), state)[0]
+    unseen = pp.transform(
+        pd.DataFrame({"plan": ["gold"], "signup": ["2020-01-01"], "charges": [1.0], "calls": [1]}), state
+    )[0]
     assert unseen[0, names.index("plan")] == 3
 
 
@@ -105,7 +130,9 @@ def test_preprocessing_off_names_every_column_that_is_not_a_number() -> None:
 
 
 def test_text_in_a_numeric_column_names_the_column() -> None:
-    with pytest.raises(ConfigError, match="feature 'charges' is declared 'float' but holds 'n/a' \\(row 2 of the input\\)"):
+    with pytest.raises(
+        ConfigError, match="feature 'charges' is declared 'float' but holds 'n/a' \\(row 2 of the input\\)"
+    ):
         pp.fit(pd.DataFrame({"charges": ["1.0", "n/a"]}), {"charges": "float"}, trainer="gbt")
 
 
@@ -119,8 +146,12 @@ def test_labels_sorted_encoded_and_the_positive_class() -> None:
 
 
 def test_index_categoricals_and_no_scaling_for_lightning() -> None:
-    state = pp.fit(train_frame(), TYPES, config={"categorical": "index", "scale": False, "missing_indicators": False, "impute": "zero"},
-                   trainer="lightning")
+    state = pp.fit(
+        train_frame(),
+        TYPES,
+        config={"categorical": "index", "scale": False, "missing_indicators": False, "impute": "zero"},
+        trainer="lightning",
+    )
     out = columns(state, train_frame())
     assert out["plan"].tolist() == [0, 2, 0, 3, 1, 0]  # basic, pro, basic, other, plus, basic as float codes
     assert out["charges"].tolist() == [10.0, 0.0, 30.0, 40.0, 50.0, 60.0]  # imputed with zero, not scaled, no indicator
@@ -129,7 +160,9 @@ def test_index_categoricals_and_no_scaling_for_lightning() -> None:
 
 def test_timestamps_give_their_hour_and_a_missing_column_is_named() -> None:
     frame = pd.DataFrame({"seen": pd.to_datetime(["2024-01-01T10:00Z", "2024-01-02T23:30Z"], utc=True)})
-    state = pp.fit(frame, {"seen": "datetime"}, config={"date_parts": ["hour", "dayofweek"], "scale": False}, trainer="lightning")
+    state = pp.fit(
+        frame, {"seen": "datetime"}, config={"date_parts": ["hour", "dayofweek"], "scale": False}, trainer="lightning"
+    )
     out = columns(state, pd.DataFrame({"seen": ["2024-03-04T05:06:07+00:00", "2024-03-04T05:06:07+02:00"]}))
     assert out["seen__hour"].tolist() == [5, 3] and out["seen__dayofweek"].tolist() == [0, 0]  # in UTC
     with pytest.raises(ValueError, match=r"model input is missing feature columns \['seen'\]"):
@@ -152,8 +185,15 @@ def test_a_bad_served_value_is_named_with_its_declared_dtype_and_1_based_row() -
     state = pp.fit(pd.DataFrame({"commercial": [True, False, True], "seen": ["2024-01-01T00:00Z"] * 3}),
                    {"commercial": "bool", "seen": "datetime"}, trainer="gbt")
     batch = pd.DataFrame({"commercial": ["true", "maybe"], "seen": ["2024-01-01T00:00Z", "2024-01-01T00:00Z"]})
-    with pytest.raises(ValueError, match=r"feature 'commercial' is declared 'bool' but holds 'maybe' \(row 2 of the input\); give true/false"):
+    with pytest.raises(
+        ValueError,
+        match=r"feature 'commercial' is declared 'bool' but holds 'maybe' \(row 2 of the input\); give true/false",
+    ):
         pp.transform(batch, state)
     batch = pd.DataFrame({"commercial": [True, True], "seen": ["2024-01-01T00:00Z", "06/01/2024 10:00"]})
-    with pytest.raises(ValueError, match=r"feature 'seen' is declared 'datetime' but holds '06/01/2024 10:00' \(row 2 of the input\); give ISO 8601"):
+    with pytest.raises(
+        ValueError,
+        match=r"feature 'seen' is declared 'datetime' but holds '06/01/2024 10:00' \(row 2 of the input\); give ISO "
+              r"8601",
+    ):
         pp.transform(batch, state)

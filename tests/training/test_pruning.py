@@ -25,8 +25,12 @@ def study_with_trial(tmp_path: Path, name: str = "s", direction: str = "maximize
 
 
 def test_pruner_kinds() -> None:
-    kinds = {k: type(build_pruner(PrunerSpec(kind=k, lower=0.1) if k == "threshold" else PrunerSpec(kind=k), max_epochs=9)).__name__
-             for k in ("none", "median", "successive_halving", "hyperband", "threshold")}
+    kinds = {
+        k: type(
+            build_pruner(PrunerSpec(kind=k, lower=0.1) if k == "threshold" else PrunerSpec(kind=k), max_epochs=9)
+        ).__name__
+        for k in ("none", "median", "successive_halving", "hyperband", "threshold")
+    }
     assert kinds == {"none": "NopPruner", "median": "MedianPruner", "successive_halving": "SuccessiveHalvingPruner",
                      "hyperband": "HyperbandPruner", "threshold": "ThresholdPruner"}
     with pytest.raises(ConfigError, match="pruner 'hyperband' needs max_resource"):
@@ -68,7 +72,12 @@ def test_median_decision_against_completed_trials(tmp_path: Path) -> None:
             t.report(v, step)
         study.tell(t, curve[-1])
     number = study.ask().number
-    spec = OptunaSpec(storage_url=url, study_name="s", trial_number=number, pruner=PrunerSpec(kind="median", n_startup_trials=3, n_warmup_steps=1))
+    spec = OptunaSpec(
+        storage_url=url,
+        study_name="s",
+        trial_number=number,
+        pruner=PrunerSpec(kind="median", n_startup_trials=3, n_warmup_steps=1),
+    )
     callback = OptunaPruning(spec, "val_acc")
     callback._connect()
     assert callback.decide(0, 0.1) == {"prune": False, "value": 0.1, "error": None}  # warm-up epoch
@@ -77,16 +86,23 @@ def test_median_decision_against_completed_trials(tmp_path: Path) -> None:
     assert callback.reported == [(0, 0.1), (1, 0.65), (2, 0.66)]
     trial = optuna.load_study(study_name="s", storage=url).trials[number]
     assert trial.intermediate_values == {0: 0.1, 1: 0.65, 2: 0.66}
-    assert callback.decide(2, None)["error"] == "metric 'val_acc' was not logged during validation; pruning reports it every epoch"
+    assert (
+        callback.decide(2, None)["error"]
+        == "metric 'val_acc' was not logged during validation; pruning reports it every epoch"
+    )
 
 
 def test_finished_or_missing_trials_fail_before_training(tmp_path: Path) -> None:
     url, number = study_with_trial(tmp_path)
     optuna.load_study(study_name="s", storage=url).tell(number, 0.5)
-    done = OptunaPruning(OptunaSpec(storage_url=url, study_name="s", trial_number=number, pruner=PrunerSpec(kind="median")), "val_acc")
+    done = OptunaPruning(
+        OptunaSpec(storage_url=url, study_name="s", trial_number=number, pruner=PrunerSpec(kind="median")), "val_acc"
+    )
     with pytest.raises(ConfigError, match="trial 0 of study 's' is already COMPLETE"):
         done._connect()
-    missing = OptunaPruning(OptunaSpec(storage_url=url, study_name="nope", trial_number=0, pruner=PrunerSpec(kind="median")), "val_acc")
+    missing = OptunaPruning(
+        OptunaSpec(storage_url=url, study_name="nope", trial_number=0, pruner=PrunerSpec(kind="median")), "val_acc"
+    )
     with pytest.raises(ConfigError, match="optuna study 'nope' does not exist"):
         missing._connect()
 
@@ -114,12 +130,18 @@ def test_trial_storage_checks_the_schema_with_one_query_and_says_what_is_wrong(t
             optuna.storages.RDBStorage(url)
         with pytest.raises(ConfigError) as ours:
             open_trial_storage(url)
-        assert str(optunas.value) in str(ours.value) and advice in str(ours.value), (str(optunas.value), str(ours.value))
+        assert str(optunas.value) in str(ours.value) and advice in str(ours.value), (
+            str(optunas.value),
+            str(ours.value),
+        )
         assert str(ours.value).startswith(f"sqlite:///{tmp_path / 'optuna.db'}: The runtime optuna version")
 
     empty = tmp_path / "empty.db"  # no Optuna tables: Optuna's default open makes them, and the study is missing
     sqlalchemy.create_engine(f"sqlite:///{empty}").connect().close()
-    missing = OptunaPruning(OptunaSpec(storage_url=f"sqlite:///{empty}", study_name="s", trial_number=0, pruner=PrunerSpec(kind="median")), "val_acc")
+    missing = OptunaPruning(
+        OptunaSpec(storage_url=f"sqlite:///{empty}", study_name="s", trial_number=0, pruner=PrunerSpec(kind="median")),
+        "val_acc",
+    )
     with pytest.raises(ConfigError, match=r"optuna study 's' does not exist in sqlite:///.*empty.db"):
         missing._connect()
 
@@ -129,7 +151,11 @@ def pruned_run_spec(tmp_path: Path, procs: int):
     # Deterministic: val_acc of this tiny model stays far below 0.99, so the trial is pruned after the warm-up epoch.
     optuna_spec = OptunaSpec(storage_url=url, study_name="s", trial_number=number,
                              pruner=PrunerSpec(kind="threshold", lower=0.99, n_warmup_steps=1))
-    return make_spec(tmp_path, optuna=optuna_spec, max_epochs=5, distribution=Distribution(procs_per_node=procs)), url, number
+    return (
+        make_spec(tmp_path, optuna=optuna_spec, max_epochs=5, distribution=Distribution(procs_per_node=procs)),
+        url,
+        number,
+    )
 
 
 def test_pruned_single_process_run_writes_a_pruned_result(tmp_path: Path) -> None:

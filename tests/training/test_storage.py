@@ -47,5 +47,8 @@ def test_attempt_heartbeat_is_one_whole_json_file(tmp_path: Path) -> None:
 
 
 def test_gbt_trials_import_it_without_torch() -> None:
-    code = "import sys, training.gbt, training.entrypoint; assert 'torch' not in sys.modules and 'lightning' not in sys.modules"
+    code = (
+        "import sys, training.gbt, training.entrypoint; assert 'torch' not in sys.modules and 'lightning' not in "
+        "sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -116,9 +116,14 @@ def test_check_model_supports() -> None:
         check_model_supports(MLPClassifier(blocks=2), dist)
     check_model_supports(DigitsMLP(), Distribution(procs_per_node=2))
 
-    with pytest.raises(StrategyConfigError, match=r"DigitsMLP does not support strategy 'fsdp': inherit training.parallel.ParallelizableModule;"):
+    with pytest.raises(
+        StrategyConfigError,
+        match=r"DigitsMLP does not support strategy 'fsdp': inherit training.parallel.ParallelizableModule;",
+    ):
         check_model_supports(DigitsMLP(), fsdp)
-    with pytest.raises(StrategyConfigError, match=r"DigitsMLP does not support strategy 'tp'.*implement tensor_parallel_plan\(\)"):
+    with pytest.raises(
+        StrategyConfigError, match=r"DigitsMLP does not support strategy 'tp'.*implement tensor_parallel_plan\(\)"
+    ):
         check_model_supports(DigitsMLP(), tp)
 
     class NoPlan(ParallelizableModule):
@@ -127,14 +132,18 @@ def test_check_model_supports() -> None:
             self.net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
 
     check_model_supports(NoPlan(), fsdp)  # FSDP needs no plan
-    with pytest.raises(StrategyConfigError, match=r"model NoPlan does not support strategy 'tp': tensor_parallel_plan\(\) is empty"):
+    with pytest.raises(
+        StrategyConfigError, match=r"model NoPlan does not support strategy 'tp': tensor_parallel_plan\(\) is empty"
+    ):
         check_model_supports(NoPlan(), tp)
 
     class BadKey(NoPlan):
         def tensor_parallel_plan(self):
             return {"net.0": ColwiseParallel(), "mlp.down": RowwiseParallel()}
 
-    with pytest.raises(StrategyConfigError, match=r"BadKey: tensor_parallel_plan\(\) key 'mlp.down' matches no submodule"):
+    with pytest.raises(
+        StrategyConfigError, match=r"BadKey: tensor_parallel_plan\(\) key 'mlp.down' matches no submodule"
+    ):
         check_model_supports(BadKey(), tp)
 
     class NotLinear(NoPlan):
@@ -163,7 +172,9 @@ def test_full_state_dict_reads_a_distributed_checkpoint_in_one_process(tmp_path:
     loaded = full_state_dict(str(tmp_path / "ckpt"))
     assert loaded.keys() == weights.keys() and all(torch.equal(loaded[k], weights[k]) for k in weights)
 
-    fresh = evaluation_model(DigitsMLP(hidden=8), str(tmp_path / "ckpt"), rebuild=lambda: pytest.fail("unsharded model is reused"))
+    fresh = evaluation_model(
+        DigitsMLP(hidden=8), str(tmp_path / "ckpt"), rebuild=lambda: pytest.fail("unsharded model is reused")
+    )
     assert all(torch.equal(fresh.state_dict()[k], weights[k]) for k in weights)
 
 
@@ -173,7 +184,9 @@ def test_tp_with_a_model_without_plan_fails_as_config_before_training(tmp_path: 
         model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs=HPARAMS),
         distribution=Distribution(procs_per_node=2, strategy="tp", tensor_parallel_size=2),
     )
-    with pytest.raises(TrainingConfigError, match=r"model DigitsMLP does not support strategy 'tp'.*ParallelizableModule"):
+    with pytest.raises(
+        TrainingConfigError, match=r"model DigitsMLP does not support strategy 'tp'.*ParallelizableModule"
+    ):
         LocalLauncher(timeout_seconds=120).launch(spec)
     # Both ranks raise it, but the first to fail stops the group (as torchrun's agent does): its peer may be
     # stopped before writing a record, or write one as a consequence. Every record of a rank's own failure says config.
@@ -192,8 +205,12 @@ def _exported_runs(run: Path) -> None:
 
 @pytest.mark.slow
 def test_ddp_two_processes_match_one_process(tmp_path: Path, single_process: dict[str, torch.Tensor]) -> None:
-    spec = _spec(tmp_path, TRAIN_ROWS // 2, model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs=HPARAMS),
-                 distribution=Distribution(procs_per_node=2))
+    spec = _spec(
+        tmp_path,
+        TRAIN_ROWS // 2,
+        model=ImportTarget(path="pipelines.vision.models:DigitsMLP", kwargs=HPARAMS),
+        distribution=Distribution(procs_per_node=2),
+    )
     result = LocalLauncher(timeout_seconds=300).launch(spec).result
     assert result.world_size == 2 and result.global_step == STEPS
     _assert_close(committed_weights(tmp_path), single_process)
@@ -201,7 +218,9 @@ def test_ddp_two_processes_match_one_process(tmp_path: Path, single_process: dic
 
 @pytest.mark.slow
 def test_fsdp_two_processes_match_one_process(tmp_path: Path, single_process: dict[str, torch.Tensor]) -> None:
-    spec = _spec(tmp_path, TRAIN_ROWS // 2, model=PARALLEL, distribution=Distribution(procs_per_node=2, strategy="fsdp"))
+    spec = _spec(
+        tmp_path, TRAIN_ROWS // 2, model=PARALLEL, distribution=Distribution(procs_per_node=2, strategy="fsdp")
+    )
     result = LocalLauncher(timeout_seconds=300).launch(spec).result
     assert result.global_step == STEPS and result.train_samples == STEPS * TRAIN_ROWS
     newest = CheckpointStore(str(tmp_path / "run" / "checkpoints")).committed()[0][0]
@@ -214,7 +233,12 @@ def test_fsdp_two_processes_match_one_process(tmp_path: Path, single_process: di
 @pytest.mark.slow
 def test_tp_matches_the_unsharded_model(tmp_path: Path, single_process: dict[str, torch.Tensor]) -> None:
     # data_parallel_size 1: both ranks see the whole batch and each holds half of every split layer
-    spec = _spec(tmp_path, TRAIN_ROWS, model=PARALLEL, distribution=Distribution(procs_per_node=2, strategy="tp", tensor_parallel_size=2))
+    spec = _spec(
+        tmp_path,
+        TRAIN_ROWS,
+        model=PARALLEL,
+        distribution=Distribution(procs_per_node=2, strategy="tp", tensor_parallel_size=2),
+    )
     result = LocalLauncher(timeout_seconds=300).launch(spec).result
     assert result.global_step == STEPS and result.train_samples == STEPS * TRAIN_ROWS
     _assert_close(committed_weights(tmp_path), single_process)

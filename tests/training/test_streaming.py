@@ -31,7 +31,9 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def text_module(paths: dict[str, str], **kw: Any) -> StreamingShardDataModule:
-    return StreamingShardDataModule(paths["train"], paths["val"], paths["test"], batch_size=kw.pop("batch_size", B), return_ids=True, **kw)
+    return StreamingShardDataModule(
+        paths["train"], paths["val"], paths["test"], batch_size=kw.pop("batch_size", B), return_ids=True, **kw
+    )
 
 
 def ids_of(loader: Any, batches: int | None = None) -> list[list[int]]:
@@ -55,7 +57,12 @@ def test_text_batches_are_blocks_and_their_next_tokens(text: dict[str, str]) -> 
     assert (dm.kind, dm.vocab_size, dm.eos_id, dm.block_size) == ("text", 64, 63, 8)
     plain = StreamingDataset(text["train"], item_loader=TokensLoader(block_size=9))
     x, y, ids = next(iter(dm.train_dataloader()))
-    assert x.shape == y.shape == (B, 8) and x.dtype == y.dtype == torch.int32 and ids.dtype == torch.int64 and ids.shape == (B,)
+    assert (
+        x.shape == y.shape == (B, 8)
+        and x.dtype == y.dtype == torch.int32
+        and ids.dtype == torch.int64
+        and ids.shape == (B,)
+    )
     assert x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # views of one stacked block: no copies
     for row, i in enumerate(ids.tolist()):  # the id is the block's index in the split's stream
         block = torch.as_tensor(plain[i]).long()
@@ -74,8 +81,16 @@ def test_image_batches_are_scaled_channels_first_with_item_ids(images: dict[str,
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    dm = StreamingShardDataModule(images["train"], images["val"], images["test"], batch_size=8, task="classification", return_ids=True)
-    assert (dm.kind, dm.input_shape, dm.n_features, dm.n_classes, dm.classes()) == ("image", [1, 8, 8], 64, 10, list(range(10)))
+    dm = StreamingShardDataModule(
+        images["train"], images["val"], images["test"], batch_size=8, task="classification", return_ids=True
+    )
+    assert (dm.kind, dm.input_shape, dm.n_features, dm.n_classes, dm.classes()) == (
+        "image",
+        [1, 8, 8],
+        64,
+        10,
+        list(range(10)),
+    )
     x, y, ids = next(iter(dm.train_dataloader()))
     assert x.shape == (8, 1, 8, 8) and x.dtype == torch.float32 and y.dtype == ids.dtype == torch.int64
     for row, i in enumerate(ids.tolist()):
@@ -108,7 +123,9 @@ def test_interleaving_the_ranks_gives_back_the_one_rank_stream(text: dict[str, s
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_loader_workers_do_not_change_the_stream(text: dict[str, str], workers: int) -> None:
-    assert ids_of(text_module(text, num_workers=workers).train_dataloader()) == ids_of(text_module(text).train_dataloader())
+    assert ids_of(text_module(text, num_workers=workers).train_dataloader()) == ids_of(
+        text_module(text).train_dataloader()
+    )
 
 
 def test_an_epoch_reads_every_sample_once_over_the_ranks(text: dict[str, str]) -> None:
@@ -134,7 +151,10 @@ def test_worker_plan_splits_batches_at_chunk_boundaries() -> None:
     visits = worker_plan(stream, batch_size=2, world=1, rank=0, num_workers=1, worker=0)
     assert [(v.position, v.pieces) for v in visits] == [(0, [(0, 2), (2, 3)]), (1, [(0, 1), (1, 3), (3, 5)])]
     # 2 workers: worker 1 reads the rank's batches 1 and 3 (positions 2-3 and 6-7)
-    assert [(v.position, v.pieces) for v in worker_plan(stream, 2, 1, 0, 2, 1)] == [(0, [(2, 3)]), (1, [(0, 1), (3, 5)])]
+    assert [(v.position, v.pieces) for v in worker_plan(stream, 2, 1, 0, 2, 1)] == [
+        (0, [(2, 3)]),
+        (1, [(0, 1), (3, 5)]),
+    ]
 
 
 # -- resume ---------------------------------------------------------------------------------------
@@ -153,7 +173,9 @@ def test_resume_starts_at_the_first_untrained_batch(text: dict[str, str], worker
     resumed = dm._loader("train", train=True, rank=1, world=2)
     resumed.load_state_dict(state)
     assert ids_of(resumed) == reference[6:]
-    assert ids_of(resumed) == ids_of(dm._loader("train", train=True, rank=1, world=2, epoch=1))  # then the next epoch whole
+    assert ids_of(resumed) == ids_of(
+        dm._loader("train", train=True, rank=1, world=2, epoch=1)
+    )  # then the next epoch whole
 
 
 def test_a_state_saved_at_the_end_of_an_epoch_resumes_at_the_next(text: dict[str, str]) -> None:
@@ -166,7 +188,9 @@ def test_a_state_saved_at_the_end_of_an_epoch_resumes_at_the_next(text: dict[str
 
 
 @pytest.mark.parametrize(("before", "after", "done"), [(2, 1, 5), (2, 4, 3), (4, 2, 3), (4, 3, 2)])
-def test_resume_on_another_world_size_continues_the_stream(text: dict[str, str], before: int, after: int, done: int) -> None:
+def test_resume_on_another_world_size_continues_the_stream(
+    text: dict[str, str], before: int, after: int, done: int
+) -> None:
     """`done` batches trained on each of `before` ranks, resumed on `after`: the stream goes on at the next untrained
     sample, a whole global batch of the new world or not (3 x 2 x 4 samples are one and a half of 4 ranks' batches)."""
     dm = text_module(text)
@@ -178,11 +202,13 @@ def test_resume_on_another_world_size_continues_the_stream(text: dict[str, str],
     for loader in loaders:
         loader.load_state_dict(old.state_dict())
     resumed = [ids_of(loader) for loader in loaders]
-    # Interleaving the ranks' batches (rank r trains the remainder's global batches r, r + after, ...) gives the stream back.
+    # Interleaving the ranks' batches (rank r trains the remainder's global batches r, r + after, ...) gives the stream
+    # back.
     merged = [i for j in range(len(resumed[0])) for r in range(after) for i in resumed[r][j]]
     assert merged == stream[start:start + len(merged)] and len(stream) - start - len(merged) < after * B
     assert not set(merged) & set(stream[:start])
-    # Each loader counts the resumed position in its own batches (what the trainer's loop is aligned to), and saves it in samples.
+    # Each loader counts the resumed position in its own batches (what the trainer's loop is aligned to), and saves it
+    # in samples.
     for loader, batches in zip(loaders, resumed):
         assert (loader.consumed[0], len(loader) - loader.consumed[1]) == (0, len(batches))
     loaders[0].mark_consumed(0, loaders[0].consumed[1] + 2)
@@ -205,7 +231,10 @@ def test_fault_tolerance_records_the_trained_position_on_the_loader(text: dict[s
 
 def test_meta_facts_tokenizer_and_token_counts(text: dict[str, str]) -> None:
     dm = text_module(text)
-    assert dm.tokenizer_path is not None and open(dm.tokenizer_path).read() == open(os.path.join(text["train"], "tokenizer.json")).read()
+    assert (
+        dm.tokenizer_path is not None
+        and open(dm.tokenizer_path).read() == open(os.path.join(text["train"], "tokenizer.json")).read()
+    )
     assert dm.tokenizer_path.startswith(dm.cache_dir)
     counts = dm.train_token_counts()
     assert counts is not None and counts.shape == (64,) and counts.sum() == dm.meta["tokens"]
@@ -240,8 +269,19 @@ def test_litdata_still_has_what_the_adapter_uses() -> None:
     for name in ("_create_cache", "_create_shuffler", "__next__", "state_dict"):
         assert callable(getattr(StreamingDataset, name, None)), name
     source = open(StreamingDataset.__next__.__code__.co_filename).read()
-    for attr in ("worker_chunks", "worker_intervals", "_elastic_item_lists", "stop_length", "num_chunks", "upcoming_indexes",
-                 "worker_next_chunk_index", "global_index", "has_triggered_download", "acquire_shared_locks", "enable_mmap_for_chunks"):
+    for attr in (
+        "worker_chunks",
+        "worker_intervals",
+        "_elastic_item_lists",
+        "stop_length",
+        "num_chunks",
+        "upcoming_indexes",
+        "worker_next_chunk_index",
+        "global_index",
+        "has_triggered_download",
+        "acquire_shared_locks",
+        "enable_mmap_for_chunks",
+    ):
         assert f".{attr}" in source, attr
     assert issubclass(_PlannedDataset, StreamingDataset)
     from litdata.streaming import downloader
@@ -249,19 +289,30 @@ def test_litdata_still_has_what_the_adapter_uses() -> None:
     assert isinstance(downloader._OBSTORE_CLIENT_OPTIONS, dict)  # allow_plain_http_endpoint adds allow_http to them
 
 
-def test_s3_reads_through_a_bounded_cache(text: dict[str, str], s3_endpoint: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_s3_reads_through_a_bounded_cache(
+    text: dict[str, str], s3_endpoint: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     client = s3_endpoint.client()
     for split, path in text.items():
         for name in os.listdir(path):
             client.upload_file(os.path.join(path, name), s3_endpoint.bucket, f"shards/{split}/{name}")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint.url)
-    chunk_sizes = [os.path.getsize(os.path.join(text["train"], n)) for n in os.listdir(text["train"]) if n.endswith(".bin")]
+    chunk_sizes = [
+        os.path.getsize(os.path.join(text["train"], n)) for n in os.listdir(text["train"]) if n.endswith(".bin")
+    ]
     assert len(chunk_sizes) >= 8
     bound = 3 * max(chunk_sizes)
     cache = tmp_path / "cache"
     remote = {s: s3_endpoint.root("shards", s) for s in text}
-    dm = StreamingShardDataModule(remote["train"], remote["val"], remote["test"], batch_size=B, return_ids=True, cache_dir=str(cache),
-                                  max_cache_bytes=bound)
+    dm = StreamingShardDataModule(
+        remote["train"],
+        remote["val"],
+        remote["test"],
+        batch_size=B,
+        return_ids=True,
+        cache_dir=str(cache),
+        max_cache_bytes=bound,
+    )
     assert dm.vocab_size == 64 and dm.train_token_counts() is not None
 
     def cached() -> int:  # litdata may delete a chunk between the listing and its stat
@@ -288,16 +339,23 @@ DRILL_BATCH, DRILL_EVERY, DRILL_KILL = 16, 4, 10  # 400 train images: 12 batches
 
 
 def drill_spec(tmp: Path, **over: Any) -> Any:
-    """Two processes training `IdRecordingMLP` on streamed digit images; the Parquet digits serve the final evaluation."""
+    """Two processes training `IdRecordingMLP` on streamed digit images; the Parquet digits serve the final
+    evaluation."""
     from tests.support.train_specs import make_spec
     from training.spec import CheckpointPolicy, Distribution, ImportTarget
 
     shards = write_splits(str(tmp / "shards"), "image", n=400)
     base = dict(
         model=ImportTarget(path="tests.support.stream_models:IdRecordingMLP", kwargs={"log_dir": str(tmp / "ids")}),
-        datamodule=ImportTarget(path="training.streaming:StreamingShardDataModule",
-                                kwargs={"train_uri": shards["train"], "val_uri": shards["val"], "test_uri": shards["test"],
-                                        "return_ids": True}),
+        datamodule=ImportTarget(
+            path="training.streaming:StreamingShardDataModule",
+            kwargs={
+                "train_uri": shards["train"],
+                "val_uri": shards["val"],
+                "test_uri": shards["test"],
+                "return_ids": True,
+            },
+        ),
         distribution=Distribution(procs_per_node=2, max_restarts=1),
         checkpoint=CheckpointPolicy(every_n_steps=DRILL_EVERY, keep_last=2),
         max_epochs=2,
@@ -310,7 +368,9 @@ def drill_spec(tmp: Path, **over: Any) -> Any:
 def trained(tmp: Path) -> list[dict[str, Any]]:
     import json
 
-    return [json.loads(line) for rank in (0, 1) for line in (tmp / "ids" / f"ids-rank{rank}.jsonl").read_text().splitlines()]
+    return [
+        json.loads(line) for rank in (0, 1) for line in (tmp / "ids" / f"ids-rank{rank}.jsonl").read_text().splitlines()
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -342,7 +402,9 @@ def test_a_rank_killed_mid_epoch_resumes_the_exact_sample_stream(drill_reference
     assert result.resumed_from and result.resumed_from.endswith(f"step-{resumed_at:09d}")
     first = [r for r in records if r["attempt"] == 0]
     second = [r for r in records if r["attempt"] == 1]
-    assert max(r["step"] for r in first if r["rank"] == 1) == DRILL_KILL - 1  # killed in step 10's hooks, before recording it
+    assert (
+        max(r["step"] for r in first if r["rank"] == 1) == DRILL_KILL - 1
+    )  # killed in step 10's hooks, before recording it
     assert max(r["step"] for r in first) >= DRILL_KILL - 1 > resumed_at and second
 
     # Each rank's resumed attempt starts with the batch after the checkpoint.
@@ -353,14 +415,21 @@ def test_a_rank_killed_mid_epoch_resumes_the_exact_sample_stream(drill_reference
     # The committed stream (attempt 0 up to the checkpoint, then attempt 1) is the uninterrupted run's, batch for batch.
     committed = [r for r in first if r["step"] <= resumed_at] + second
     key = lambda r: (r["epoch"], r["step"], r["rank"])
-    assert [(key(r), r["ids"]) for r in sorted(committed, key=key)] == [(key(r), r["ids"]) for r in sorted(ref_records, key=key)]
+    assert [(key(r), r["ids"]) for r in sorted(committed, key=key)] == [
+        (key(r), r["ids"]) for r in sorted(ref_records, key=key)
+    ]
     for epoch in (0, 1):
         ids = [i for r in committed if r["epoch"] == epoch for i in r["ids"]]
         per_epoch = 2 * DRILL_BATCH * (400 // (2 * DRILL_BATCH))
         assert len(ids) == len(set(ids)) == per_epoch  # every sample of the epoch once, none twice
     # ...and the stream the data module promises (rank r trains global batches r, r + 2, ...).
-    dm = StreamingShardDataModule(*(spec.datamodule.kwargs[k] for k in ("train_uri", "val_uri", "test_uri")), batch_size=DRILL_BATCH,
-                                  task="classification", seed=spec.seed, return_ids=True)
+    dm = StreamingShardDataModule(
+        *(spec.datamodule.kwargs[k] for k in ("train_uri", "val_uri", "test_uri")),
+        batch_size=DRILL_BATCH,
+        task="classification",
+        seed=spec.seed,
+        return_ids=True,
+    )
     for rank in (0, 1):
         expected = ids_of(dm._loader("train", train=True, rank=rank, world=2))
         assert [r["ids"] for r in sorted(committed, key=key) if r["rank"] == rank and r["epoch"] == 0] == expected

@@ -19,12 +19,20 @@ def rows() -> list[dict]:
 
 
 def test_trials_of_two_studies_with_the_same_label_are_told_apart() -> None:
-    assert study_of_result("s3://b/runs/crm/churn/crm.churn.aaaaaaaaaaaa.f1/trial-0003/result.json") == "crm.churn.aaaaaaaaaaaa.f1"
+    assert (
+        study_of_result("s3://b/runs/crm/churn/crm.churn.aaaaaaaaaaaa.f1/trial-0003/result.json")
+        == "crm.churn.aaaaaaaaaaaa.f1"
+    )
     table = rows()
-    assert [(r["trial"], r["study"]) for r in table] == [("trial-0000", "crm.churn.aaaaaaaaaaaa.f1"), ("trial-0000", "crm.churn.bbbbbbbbbbbb.f2")]
+    assert [(r["trial"], r["study"]) for r in table] == [
+        ("trial-0000", "crm.churn.aaaaaaaaaaaa.f1"),
+        ("trial-0000", "crm.churn.bbbbbbbbbbbb.f2"),
+    ]
     md = render(table, "markdown")
     header = md.splitlines()[0]
-    assert header.startswith(f"| trial | {DIFF_MARK}study | {DIFF_MARK}metric.test_acc |")  # the row's name first, then the differences
+    assert header.startswith(
+        f"| trial | {DIFF_MARK}study | {DIFF_MARK}metric.test_acc |"
+    )  # the row's name first, then the differences
     assert "crm.churn.aaaaaaaaaaaa.f1" in md and "crm.churn.bbbbbbbbbbbb.f2" in md
     only = render(table, "csv", only_differences=True).splitlines()[0]
     assert only == f"trial,{DIFF_MARK}study,{DIFF_MARK}metric.test_acc"

@@ -19,7 +19,13 @@ def test_a_point_keeps_epoch_step_and_finite_numbers_only() -> None:
 
 def test_rows_are_in_epoch_order_and_a_repeated_epoch_keeps_its_last_report() -> None:
     """A restarted attempt trains an epoch again; the weights the trial ends with are the later attempt's."""
-    messages = [progress(0, 4, val_acc=0.2), progress(1, 8, val_acc=0.4), {"type": "other"}, progress(1, 8, val_acc=0.45), progress(2, 12, val_acc=0.6)]
+    messages = [
+        progress(0, 4, val_acc=0.2),
+        progress(1, 8, val_acc=0.4),
+        {"type": "other"},
+        progress(1, 8, val_acc=0.45),
+        progress(2, 12, val_acc=0.6),
+    ]
     rows = epoch_rows(messages)
     assert [(r["epoch"], r["val_acc"]) for r in rows] == [(0, 0.2), (1, 0.45), (2, 0.6)]
 

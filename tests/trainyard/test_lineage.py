@@ -46,21 +46,36 @@ REGISTERED = {
 def test_tags_to_record_to_tags_is_identical() -> None:
     record = LineageRecord.from_tags(REGISTERED)
     assert record.to_tags() == REGISTERED
-    assert (record.seed, record.code_dirty, record.batch_size, record.metrics["test_acc"]) == (0, False, None, 0.9722222222222222)
-    assert record.params == {"lr": "0.003", "hidden": "64"} and record.hparams == {"dropout": "0.1", "optim.betas": "(0.9, 0.99)"}
+    assert (record.seed, record.code_dirty, record.batch_size, record.metrics["test_acc"]) == (
+        0,
+        False,
+        None,
+        0.9722222222222222,
+    )
+    assert record.params == {"lr": "0.003", "hidden": "64"} and record.hparams == {
+        "dropout": "0.1",
+        "optim.betas": "(0.9, 0.99)",
+    }
     assert record.determinism_caveats == ["NCCL reductions are deterministic for a fixed world size"]
 
 
 def test_other_records_tags_are_ignored_and_minimal_records_stay_minimal() -> None:
-    others = {"trainyard.trial_key": "s/trial-0001", "trainyard.promotion.decision": "champion", "trainyard.smoke.passed": "true",
-              "trainyard.handoff.webhook": "delivered", "mlflow.source": "x"}
+    others = {
+        "trainyard.trial_key": "s/trial-0001",
+        "trainyard.promotion.decision": "champion",
+        "trainyard.smoke.passed": "true",
+        "trainyard.handoff.webhook": "delivered",
+        "mlflow.source": "x",
+    }
     assert LineageRecord.from_tags({**REGISTERED, **others}).to_tags() == REGISTERED
     minimal = {"trainyard.pipeline": "t/p", "trainyard.data_version": "md5"}
     assert LineageRecord.from_tags(minimal).to_tags() == minimal
 
 
 def test_missing_or_malformed_tags_name_the_tag() -> None:
-    with pytest.raises(LineageError, match="tag trainyard.data_version is missing: the version was not registered by trainyard"):
+    with pytest.raises(
+        LineageError, match="tag trainyard.data_version is missing: the version was not registered by trainyard"
+    ):
         LineageRecord.from_tags({"trainyard.pipeline": "t/p"})
     with pytest.raises(LineageError, match="tag trainyard.seed is 'x'; expected an integer"):
         LineageRecord.from_tags({**REGISTERED, "trainyard.seed": "x"})
@@ -85,7 +100,9 @@ def spec() -> PipelineSpec:
     )
 
 
-def test_trial_record_is_the_config_and_registration_writes_what_it_always_wrote(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trial_record_is_the_config_and_registration_writes_what_it_always_wrote(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(lineage, "code_version", lambda: ("c" * 40, True))
     monkeypatch.setattr(lineage, "lock_hash", lambda: "feedfacefeedface")
     s = spec()
@@ -102,7 +119,12 @@ def test_trial_record_is_the_config_and_registration_writes_what_it_always_wrote
     assert record.to_tags() == expected
     assert LineageRecord.from_tags(record.to_tags()).to_tags() == expected
     meta = record.to_metadata()
-    assert (meta["params.lr"], meta["metric.test_acc"], meta["code_version"], meta["trial"]) == (0.01, 0.5, "c" * 40, "trial-0000")
+    assert (meta["params.lr"], meta["metric.test_acc"], meta["code_version"], meta["trial"]) == (
+        0.01,
+        0.5,
+        "c" * 40,
+        "trial-0000",
+    )
 
 
 FEAST_LINEAGE = {  # `raw/<md5>/feast.json` as `trainyard.data.feast` writes it
@@ -115,7 +137,9 @@ FEAST_LINEAGE = {  # `raw/<md5>/feast.json` as `trainyard.data.feast` writes it
 }
 
 
-def test_a_feast_trial_record_carries_references_views_service_and_time_range_to_config_and_tags(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_feast_trial_record_carries_references_views_service_and_time_range_to_config_and_tags(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(lineage, "code_version", lambda: ("c" * 40, False))
     config = lineage.record(churn, "md5", params={"num_leaves": 7}, seed=0, feast=FEAST_LINEAGE)
     feast = {
@@ -129,7 +153,9 @@ def test_a_feast_trial_record_carries_references_views_service_and_time_range_to
     assert list(config)[-1] == "feast"
     record = LineageRecord.from_config(config, trial="trial-0001")
     tags = record.to_tags()
-    assert {k: v for k, v in tags.items() if k.startswith("trainyard.feast.")} == {f"trainyard.feast.{k}": v for k, v in feast.items()}
+    assert {k: v for k, v in tags.items() if k.startswith("trainyard.feast.")} == {
+        f"trainyard.feast.{k}": v for k, v in feast.items()
+    }
     assert LineageRecord.from_tags(tags).feast == feast and LineageRecord.from_tags(tags).to_tags() == tags
     assert record.to_metadata()["feast.feature_views"] == "customer_stats@0123456789ab"
     # A landing-file source's record has no feast field at all.
@@ -142,7 +168,11 @@ def test_feast_serving_maps_each_model_input_to_its_reference_in_signature_order
         "project": "commerce",
         "feature_service": "churn_features",
         "entity_keys": ["customer_id"],
-        "features": {"tickets_30d": "customer_stats:tickets_30d", "balance": "customer_stats:balance", "txn_count_7d": "customer_stats:txn_count_7d"},
+        "features": {
+            "tickets_30d": "customer_stats:tickets_30d",
+            "balance": "customer_stats:balance",
+            "txn_count_7d": "customer_stats:txn_count_7d",
+        },
         "feature_views": ["customer_stats@0123456789ab"],
     }
     assert list(served["features"]) == ["tickets_30d", "balance", "txn_count_7d"]
@@ -151,7 +181,11 @@ def test_feast_serving_maps_each_model_input_to_its_reference_in_signature_order
 
 
 def test_feast_serving_refuses_an_input_without_a_reference_or_an_ambiguous_column() -> None:
-    with pytest.raises(LineageError, match=r"model input column\(s\) \['age'\] have no Feast feature reference; the retrieval's references are \['customer_stats:balance'"):
+    with pytest.raises(
+        LineageError,
+        match=r"model input column\(s\) \['age'\] have no Feast feature reference; the retrieval's references are "
+              r"\['customer_stats:balance'",
+    ):
         lineage.feast_serving(FEAST_LINEAGE, ["balance", "age"], ["customer_id"])
     twice = {**FEAST_LINEAGE, "features": ["customer_stats:balance", "accounts:balance"]}
     with pytest.raises(LineageError, match=r"give column\(s\) \['balance'\] more than once"):

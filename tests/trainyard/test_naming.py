@@ -14,10 +14,22 @@ def test_pipeline_names() -> None:
     assert naming.asset_path(spec, naming.SWEEP) == ["test", "digits", "sweep"]
     assert naming.node_name(spec, naming.TRIAL_MODEL) == "test__digits__trial_model"
     assert naming.group_name(spec) == "test_digits"
-    assert naming.job_names(spec) == {"prepare": "test__digits__prepare", "train": "test__digits__train", "promote": "test__digits__promote"}
+    assert naming.job_names(spec) == {
+        "prepare": "test__digits__prepare",
+        "train": "test__digits__train",
+        "promote": "test__digits__promote",
+    }
     assert naming.trials_partitions_name(spec) == "test__digits__trials"
-    assert [naming.sweep_sensor_name(spec), naming.landing_sensor_name(spec), naming.drift_sensor_name(spec), naming.retrain_schedule_name(spec)] == [
-        "test__digits__sweep", "test__digits__landing", "test__digits__drift", "test__digits__retrain",
+    assert [
+        naming.sweep_sensor_name(spec),
+        naming.landing_sensor_name(spec),
+        naming.drift_sensor_name(spec),
+        naming.retrain_schedule_name(spec),
+    ] == [
+        "test__digits__sweep",
+        "test__digits__landing",
+        "test__digits__drift",
+        "test__digits__retrain",
     ]
     assert naming.tracker_project(spec) == "test-digits"
     assert naming.ASSETS == ("raw_data", "validated_data", "sweep", "trial_model", "best_model", "registered_model")
@@ -27,7 +39,9 @@ def test_study_name_is_per_definition_and_data_version() -> None:
     spec = small_spec()
     name = naming.study_name(spec, "0123456789abcdef" * 2)
     assert name == f"test.digits.0123456789ab.{spec.fingerprint()}"
-    assert naming.study_name(small_spec(min_rows=50), "0123456789abcdef" * 2) == name  # min_rows does not change what a trial trains
+    assert (
+        naming.study_name(small_spec(min_rows=50), "0123456789abcdef" * 2) == name
+    )  # min_rows does not change what a trial trains
     assert naming.study_name(spec, "f" * 32) != name
 
 
@@ -57,6 +71,9 @@ def test_store_layout(tmp_path) -> None:
     assert naming.quarantine_dir(store, "t", "p", "m") == f"{root}/quarantine/t/p/m"
     assert naming.handoff_dir(store) == f"{root}/handoff" and naming.handoff_dir(store, "t.p") == f"{root}/handoff/t.p"
     assert naming.asset_value_uri(store, ["t", "p", "sweep"]) == f"{root}/io/t/p/sweep/value.json"
-    assert naming.asset_value_uri(store, ["t", "p", "trial_model"], "trial-0002") == f"{root}/io/t/p/trial_model/trial-0002.json"
+    assert (
+        naming.asset_value_uri(store, ["t", "p", "trial_model"], "trial-0002")
+        == f"{root}/io/t/p/trial_model/trial-0002.json"
+    )
     assert naming.usage_dir(store) == f"{root}/platform/gpu_usage"
     assert naming.reproduction_dir(store, "t.p", "v1-5") == f"{root}/reproductions/t.p/v1-5"

@@ -55,9 +55,13 @@ def test_transformer_activation_estimate() -> None:
     sbh = 2048 * 2 * 1024
     assert shape.activation_bytes() == 2 * sbh * 34 + 4 * 2048 * 2 * 1000
     assert shape.activation_bytes(tensor_parallel_size=2) == (2 * sbh * 34 + 4 * 2048 * 2 * 1000) / 2
-    no_flash = TransformerShape(layers=2, hidden=1024, heads=16, seq_len=2048, micro_batch_size=2, flash_attention=False)
+    no_flash = TransformerShape(
+        layers=2, hidden=1024, heads=16, seq_len=2048, micro_batch_size=2, flash_attention=False
+    )
     assert no_flash.activation_bytes() == 2 * (sbh * 34 + 5 * 16 * 2048 * 2048 * 2)
-    ckpt = TransformerShape(layers=2, hidden=1024, heads=16, seq_len=2048, micro_batch_size=2, activation_checkpointing=True)
+    ckpt = TransformerShape(
+        layers=2, hidden=1024, heads=16, seq_len=2048, micro_batch_size=2, activation_checkpointing=True
+    )
     assert ckpt.activation_bytes() == 2 * 2 * sbh + sbh * 34
 
 
@@ -67,7 +71,13 @@ def test_ddp_when_it_fits() -> None:
     assert p.per_device_gb["ddp"] == pytest.approx((16e9 + 2e9) / GIB + 2.0, rel=1e-15)  # 18.76 GiB
     assert p.usable_gb == 72.0 and p.fits == {"ddp": True, "fsdp": True, "tp": True}
     assert "choose ddp" in p.reasoning
-    assert p.distribution_kwargs() == {"nodes": 1, "procs_per_node": 8, "strategy": "ddp", "tensor_parallel_size": 1, "accelerator": "gpu"}
+    assert p.distribution_kwargs() == {
+        "nodes": 1,
+        "procs_per_node": 8,
+        "strategy": "ddp",
+        "tensor_parallel_size": 1,
+        "accelerator": "gpu",
+    }
 
 
 def test_choice_order_ddp_then_fsdp_then_smallest_tp() -> None:
@@ -80,7 +90,11 @@ def test_choice_order_ddp_then_fsdp_then_smallest_tp() -> None:
     assert fsdp.per_device_gb["fsdp"] == pytest.approx((14e9 + 6 * 7e9 / 32) / GIB + 10, rel=1e-15)
     # 100 GiB of activations: tp=2 halves them to 50 -> 13.04 + 0.61 + 50 = 63.65 <= 71.64
     tp2 = plan(device_memory_gb=79.6, activation_gb=100, **common)
-    assert (tp2.strategy, tp2.tensor_parallel_size) == ("tp", 2) and tp2.fits == {"ddp": False, "fsdp": False, "tp": True}
+    assert (tp2.strategy, tp2.tensor_parallel_size) == ("tp", 2) and tp2.fits == {
+        "ddp": False,
+        "fsdp": False,
+        "tp": True,
+    }
     assert tp2.per_device_gb["tp"] == pytest.approx((14e9 + 3 * 7e9 / 32) / GIB + 50, rel=1e-15)
     # 130 GiB: tp=2 gives 78.7 (no), tp=4 gives 13.04 + 0.31 + 32.5 = 45.85
     tp4 = plan(device_memory_gb=79.6, activation_gb=130, **common)
@@ -90,7 +104,16 @@ def test_choice_order_ddp_then_fsdp_then_smallest_tp() -> None:
 
 def test_tensor_parallel_stays_inside_a_node() -> None:
     # 2 nodes x 2 devices: tp can only be 2
-    p = plan(params=7 * B, dtype_bytes=2, optimizer="adam", device_memory_gb=79.6, devices=4, nodes=2, activation_gb=60, fsdp_units=32)
+    p = plan(
+        params=7 * B,
+        dtype_bytes=2,
+        optimizer="adam",
+        device_memory_gb=79.6,
+        devices=4,
+        nodes=2,
+        activation_gb=60,
+        fsdp_units=32,
+    )
     assert (p.strategy, p.tensor_parallel_size) == ("tp", 2)
     one_per_node = plan(params=1 * B, dtype_bytes=2, optimizer="adam", device_memory_gb=80, devices=4, nodes=4)
     assert "tp" not in one_per_node.per_device_gb and "no tensor parallel group" in one_per_node.reasoning
@@ -98,7 +121,9 @@ def test_tensor_parallel_stays_inside_a_node() -> None:
 
 def test_nothing_fits_says_what_would() -> None:
     shape = TransformerShape(layers=80, hidden=8192, heads=64, seq_len=4096)
-    with pytest.raises(NothingFitsError, match=r"FSDP x TP \(tp=4\) would fit on 24 devices \(3 node\(s\) of 8\)") as err:
+    with pytest.raises(
+        NothingFitsError, match=r"FSDP x TP \(tp=4\) would fit on 24 devices \(3 node\(s\) of 8\)"
+    ) as err:
         plan(params=70 * B, dtype_bytes=2, optimizer="adam", device_memory_gb=79.6, devices=8, shape=shape)
     assert "DDP: 1258.5 GiB" in str(err.value)
     with pytest.raises(NothingFitsError, match="activations and gathered units alone exceed a device"):
@@ -150,19 +175,31 @@ def _trial(strategy: str = "auto", procs: int = 2, nodes: int = 1, memory_gb: fl
     from tests.pipelines.pipeline_fixtures import small_spec
     from trainyard.spec import ModelSpec
 
-    spec = small_spec(model=ModelSpec(path=path, max_epochs=1), distribution=Distribution(nodes=nodes, procs_per_node=procs, strategy=strategy))
-    return plan_trial(spec, {"lr": 0.01, **over}, lambda: 10, environ={DEVICE_MEMORY_ENV: repr(memory_gb)}, describe=describe_model)
+    spec = small_spec(
+        model=ModelSpec(path=path, max_epochs=1),
+        distribution=Distribution(nodes=nodes, procs_per_node=procs, strategy=strategy),
+    )
+    return plan_trial(
+        spec, {"lr": 0.01, **over}, lambda: 10, environ={DEVICE_MEMORY_ENV: repr(memory_gb)}, describe=describe_model
+    )
 
 
 def test_auto_resolves_to_ddp_for_the_digits_model() -> None:
     p = _trial()
-    assert (p.distribution.strategy, p.distribution.tensor_parallel_size, p.chosen_by, p.error) == ("ddp", 1, "planner", None)
+    assert (p.distribution.strategy, p.distribution.tensor_parallel_size, p.chosen_by, p.error) == (
+        "ddp",
+        1,
+        "planner",
+        None,
+    )
     assert p.params == DIGITS_PARAMS and p.distribution.procs_per_node == 2
     assert p.reasoning.startswith("ddp fits: 93.9 KiB of 14.4 GiB usable per device. Chosen by the planner")
     assert f"{DIGITS_PARAMS:,} parameters, 4-byte weights and adam = 16 bytes" in p.reasoning
     table = p.table_markdown().splitlines()
     assert table[0] == "| strategy | params | grads | optimizer | buffers | activations | total | usable | fits |"
-    assert table[2] == "| **ddp** (chosen) | 18.8 KiB | 18.8 KiB | 37.6 KiB | 18.8 KiB | 0 | 93.9 KiB | 14.4 GiB | yes |"
+    assert (
+        table[2] == "| **ddp** (chosen) | 18.8 KiB | 18.8 KiB | 37.6 KiB | 18.8 KiB | 0 | 93.9 KiB | 14.4 GiB | yes |"
+    )
     assert [row.split(" | ")[0] for row in table[3:]] == ["| fsdp", "| fsdp x tp (tp=2)"]
     assert _trial(hidden=128).params == 64 * 128 + 128 + 128 * 10 + 10  # the trial's own hyperparameters
 
@@ -177,17 +214,26 @@ def test_auto_resolves_to_tensor_parallel_dividing_the_world_size() -> None:
     p = _trial(memory_gb=50 * KIB, path="pipelines.vision.models:DigitsParallelMLP")  # 45 KiB usable
     assert (p.distribution.strategy, p.distribution.tensor_parallel_size) == ("tp", 2)
     assert "fsdp needs 75.2 KiB > 45.0 KiB; fsdp x tp (tp=2) fits: 37.6 KiB" in p.reasoning
-    # 4 devices, 27 KiB usable: fsdp 12 B/param (56.4 KiB), tp=2 8 (37.6) do not fit; tp=4 4 (18.8, nothing to gather) does
+    # 4 devices, 27 KiB usable: fsdp 12 B/param (56.4 KiB), tp=2 8 (37.6) do not fit; tp=4 4 (18.8, nothing to gather)
+    # does
     p4 = _trial(procs=4, memory_gb=30 * KIB, path="pipelines.vision.models:DigitsParallelMLP")
     assert (p4.distribution.strategy, p4.distribution.tensor_parallel_size, p4.distribution.world_size) == ("tp", 4, 4)
     # 2 nodes x 2: tensor parallel stays inside a node, so tp=2 (dividing the world size 4) is the only size tried
     d = plan_distribution(Distribution(nodes=2, procs_per_node=2, strategy="auto"), DIGITS_PARAMS, 4, 50 * KIB)
-    assert (d.distribution.strategy, d.distribution.tensor_parallel_size, d.distribution.data_parallel_size) == ("tp", 2, 2)
+    assert (d.distribution.strategy, d.distribution.tensor_parallel_size, d.distribution.data_parallel_size) == (
+        "tp",
+        2,
+        2,
+    )
 
 
 def test_nothing_fits_names_the_field() -> None:
-    with pytest.raises(NothingFitsError, match=r"^distribution\.strategy='auto': no strategy fits 9\.0 KiB usable per device") as err:
-        plan_distribution(Distribution(procs_per_node=2, strategy="auto"), DIGITS_PARAMS, 4, 10 * KIB, device_memory_source="test")
+    with pytest.raises(
+        NothingFitsError, match=r"^distribution\.strategy='auto': no strategy fits 9\.0 KiB usable per device"
+    ) as err:
+        plan_distribution(
+            Distribution(procs_per_node=2, strategy="auto"), DIGITS_PARAMS, 4, 10 * KIB, device_memory_source="test"
+        )
     assert "distribution.procs_per_node" in str(err.value) and DEVICE_MEMORY_ENV in str(err.value)
     p = _trial(memory_gb=10 * KIB)
     assert p.error is not None and p.error.startswith("distribution.strategy='auto': no strategy fits")
@@ -205,12 +251,15 @@ def test_fixed_strategy_is_kept_with_a_warning_when_it_does_not_fit() -> None:
     p = _trial(strategy="ddp", memory_gb=90 * KIB)
     assert (p.distribution.strategy, p.chosen_by, p.error) == ("ddp", "user", None)
     assert p.warnings == (
-        "distribution.strategy='ddp' may not fit: ddp (fixed by the pipeline) needs 93.9 KiB > 81.0 KiB usable per device "
+        "distribution.strategy='ddp' may not fit: ddp (fixed by the pipeline) needs 93.9 KiB > 81.0 KiB usable per "
+        "device "
         "and may run out of memory; strategy 'auto' would choose fsdp (75.2 KiB)",
     )
     assert "**ddp** (fixed)" in p.table_markdown() and p.metadata()["plan_warning"] == p.warnings[0]
     ok = _trial(strategy="fsdp", path="pipelines.vision.models:DigitsParallelMLP")
-    assert ok.warnings == () and ok.reasoning.startswith("fsdp (fixed by the pipeline) fits: 75.2 KiB of 14.4 GiB usable per device; strategy 'auto' would choose ddp")
+    assert ok.warnings == () and ok.reasoning.startswith(
+        "fsdp (fixed by the pipeline) fits: 75.2 KiB of 14.4 GiB usable per device; strategy 'auto' would choose ddp"
+    )
 
 
 def _never(query: ModelQuery):
@@ -221,8 +270,13 @@ def test_gbt_is_not_planned() -> None:
     from trainyard.spec import ColumnSpec, ModelSpec, PipelineSpec, PromotionSpec, SourceSpec
 
     spec = PipelineSpec(
-        team="t", name="p", source=SourceSpec(prefix="landing/t/p"), columns={"x": ColumnSpec(dtype="float"), "y": ColumnSpec(dtype="float")},
-        target="y", model=ModelSpec(task="gbt", monitor="val_rmse", monitor_mode="min"), promotion=PromotionSpec(metric="test_rmse", mode="min"),
+        team="t",
+        name="p",
+        source=SourceSpec(prefix="landing/t/p"),
+        columns={"x": ColumnSpec(dtype="float"), "y": ColumnSpec(dtype="float")},
+        target="y",
+        model=ModelSpec(task="gbt", monitor="val_rmse", monitor_mode="min"),
+        promotion=PromotionSpec(metric="test_rmse", mode="min"),
         distribution=Distribution(strategy="auto"),
     )
     p = plan_trial(spec, {}, lambda: 0, describe=_never)
@@ -237,10 +291,14 @@ def test_auto_is_a_pipeline_setting_only() -> None:
 
     from training.spec import DataSpec, ImportTarget, TrainSpec
 
-    with pytest.raises(ValidationError, match="tensor_parallel_size=2 with strategy 'auto': the planner picks the size"):
+    with pytest.raises(
+        ValidationError, match="tensor_parallel_size=2 with strategy 'auto': the planner picks the size"
+    ):
         Distribution(procs_per_node=2, strategy="auto", tensor_parallel_size=2)
     data = DataSpec(train_uri="a", val_uri="b", test_uri="c", features=["x"], target="y", version="v")
-    with pytest.raises(ValidationError, match="distribution.strategy 'auto' must be resolved by trainyard.planner.plan_trial"):
+    with pytest.raises(
+        ValidationError, match="distribution.strategy 'auto' must be resolved by trainyard.planner.plan_trial"
+    ):
         TrainSpec(pipeline="t/p", trial_id="trial-0000", model=ImportTarget(path="m:M"), data=data, output_uri="/o",
                   distribution=Distribution(strategy="auto"))
 
@@ -271,28 +329,43 @@ def test_trial_model_materialization_carries_the_plan(tmp_path, monkeypatch) -> 
 
     monkeypatch.setenv(DEVICE_MEMORY_ENV, "16")
     spec = small_spec(
-        search=SearchSpec(params={"lr": FloatParam(low=1e-3, high=1e-1, log=True)}, n_trials=1, sampler="random", seed=7),
+        search=SearchSpec(
+            params={"lr": FloatParam(low=1e-3, high=1e-1, log=True)}, n_trials=1, sampler="random", seed=7
+        ),
         distribution=Distribution(procs_per_node=2, strategy="auto"),
     )
     resources = drill_resources(tmp_path, TrivialLauncher())
     instance = open_instance(tmp_path)
     sweep = prepared_home(tmp_path, spec, resources, instance)
     defs = build_definitions(spec, resources=resources)
-    result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(instance=instance, partition_key=sweep["trials"][0])
+    result = defs.resolve_job_def(job_names(spec)["train"]).execute_in_process(
+        instance=instance, partition_key=sweep["trials"][0]
+    )
     assert result.success  # the TrainSpec it launched with (which refuses 'auto') was built
-    meta = instance.get_latest_materialization_event(AssetKey(["test", "digits", "trial_model"])).asset_materialization.metadata
-    assert (meta["strategy"].value, meta["strategy_chosen_by"].value, meta["model_params"].value) == ("ddp", "planner", DIGITS_PARAMS)
+    meta = instance.get_latest_materialization_event(
+        AssetKey(["test", "digits", "trial_model"])
+    ).asset_materialization.metadata
+    assert (meta["strategy"].value, meta["strategy_chosen_by"].value, meta["model_params"].value) == (
+        "ddp",
+        "planner",
+        DIGITS_PARAMS,
+    )
     assert meta["plan_reasoning"].value.startswith("ddp fits: 93.9 KiB of 14.4 GiB usable per device")
-    assert "| **ddp** (chosen) |" in meta["plan"].value and meta["device_memory_source"].value == f"{DEVICE_MEMORY_ENV}=16"
+    assert (
+        "| **ddp** (chosen) |" in meta["plan"].value and meta["device_memory_source"].value == f"{DEVICE_MEMORY_ENV}=16"
+    )
     assert meta["lineage"].value["strategy"] == "ddp"
 
 
 def test_count_classes_reads_the_target_column_without_pandas(tmp_path) -> None:
-    """A run worker plans a trial without importing pandas: the classes of every split, one lacking a class, with pyarrow."""
+    """A run worker plans a trial without importing pandas: the classes of every split, one lacking a class, with
+    pyarrow."""
     import pandas as pd
 
     for split, labels in {"train": [0, 2, 2, 5], "val": [1, 0], "test": [5]}.items():
-        pd.DataFrame({"x": [0.5] * len(labels), "label": labels}).to_parquet(tmp_path / f"{split}.parquet")  # with pandas metadata
+        pd.DataFrame({"x": [0.5] * len(labels), "label": labels}).to_parquet(
+            tmp_path / f"{split}.parquet"
+        )  # with pandas metadata
     code = f"""
 import sys
 from types import SimpleNamespace
@@ -308,7 +381,8 @@ assert "pandas" not in sys.modules, "pandas was imported"
 
 
 def test_count_classes_counts_text_labels(tmp_path) -> None:
-    """A "yes"/"no" or three-word target is counted as it is (it was cast to int, which failed every trial of a model taking n_classes)."""
+    """A "yes"/"no" or three-word target is counted as it is (it was cast to int, which failed every trial of a model
+    taking n_classes)."""
     from types import SimpleNamespace
 
     import pandas as pd
@@ -316,7 +390,11 @@ def test_count_classes_counts_text_labels(tmp_path) -> None:
     from resources.storage import ObjectStore
     from trainyard.planner import count_classes
 
-    for split, labels in {"train": ["approved", "denied", "denied"], "val": ["fraud", None], "test": ["approved"]}.items():
+    for split, labels in {
+        "train": ["approved", "denied", "denied"],
+        "val": ["fraud", None],
+        "test": ["approved"],
+    }.items():
         pd.DataFrame({"outcome": labels}).to_parquet(tmp_path / f"{split}.parquet")
     uris = {s: str(tmp_path / f"{s}.parquet") for s in ("train", "val", "test")}
     assert count_classes(SimpleNamespace(target="outcome"), uris, ObjectStore(root=str(tmp_path))) == 3
@@ -324,7 +402,8 @@ def test_count_classes_counts_text_labels(tmp_path) -> None:
 
 @pytest.mark.parametrize("team", ["vision", "tabular", "language", "platform", "commerce"])
 def test_a_code_location_loads_without_pandas(team: str) -> None:
-    """Every Dagster run worker and code server loads its location: pandas (0.4 s) is imported by the work that needs it."""
+    """Every Dagster run worker and code server loads its location: pandas (0.4 s) is imported by the work that needs
+    it."""
     code = f"import sys, pipelines.{team}.definitions; assert 'pandas' not in sys.modules, 'pandas was imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -336,10 +415,18 @@ def test_the_planner_sizes_a_model_for_the_preprocessed_width() -> None:
     from trainyard.spec import ColumnSpec
 
     assert input_width_bound(small_spec()) == len(small_spec().features)  # numeric, complete: unchanged
-    columns = {"plan": ColumnSpec(dtype="category", domain=["a", "b", "c"]), "country": ColumnSpec(dtype="str", nullable=True),
-               "signup": ColumnSpec(dtype="date"), "seen": ColumnSpec(dtype="datetime"), "charges": ColumnSpec(dtype="float", nullable=True),
-               "label": ColumnSpec(dtype="int", domain=[0, 1])}
+    columns = {
+        "plan": ColumnSpec(dtype="category", domain=["a", "b", "c"]),
+        "country": ColumnSpec(dtype="str", nullable=True),
+        "signup": ColumnSpec(dtype="date"),
+        "seen": ColumnSpec(dtype="datetime"),
+        "charges": ColumnSpec(dtype="float", nullable=True),
+        "label": ColumnSpec(dtype="int", domain=[0, 1]),
+    }
     spec = small_spec(columns=columns, preprocessing=Preprocessing(max_categories=20))
     # plan 3+1, country 20+1 and its indicator, signup 5 parts, seen 6 (the hour too), charges and its indicator
     assert input_width_bound(spec) == 4 + 22 + 5 + 6 + 2
-    assert input_width_bound(small_spec(columns=columns, preprocessing=Preprocessing(categorical="index"))) == 1 + 2 + 5 + 6 + 2
+    assert (
+        input_width_bound(small_spec(columns=columns, preprocessing=Preprocessing(categorical="index")))
+        == 1 + 2 + 5 + 6 + 2
+    )

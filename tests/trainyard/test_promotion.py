@@ -62,7 +62,9 @@ def test_threshold_max_mode() -> None:
 def test_threshold_min_mode_and_absent() -> None:
     assert check_threshold(MIN, 2.0) == Check("threshold", True, "test_rmse=2.0000 meets threshold <= 2.0")
     assert check_threshold(MIN, 2.5).passed is False
-    assert check_threshold(PromotionSpec(), 0.1) == Check("threshold", True, "test_acc=0.1000; no absolute threshold declared")
+    assert check_threshold(PromotionSpec(), 0.1) == Check(
+        "threshold", True, "test_acc=0.1000; no absolute threshold declared"
+    )
     assert check_threshold(MAX, None) == Check("threshold", False, "test_acc was not measured for this version")
     assert check_threshold(MAX, float("nan")).passed is False
 
@@ -76,7 +78,8 @@ def test_beats_champion_needs_more_than_min_improvement() -> None:
     assert ok == Check(
         "beats_champion",
         True,
-        "test_acc=0.9200 beats champion v3 (0.9000, recorded on this split) by more than 0.01 (max) on test split md5a-fp1",
+        "test_acc=0.9200 beats champion v3 (0.9000, recorded on this split) by more than 0.01 (max) on test split "
+        "md5a-fp1",
     )
     assert check_beats_champion(MAX, 0.91, champion, SPLIT).passed is False  # exactly the margin is not enough
     assert check_beats_champion(MAX, 0.95, champion, SPLIT).passed is True
@@ -96,7 +99,9 @@ def test_beats_champion_without_champion_or_comparable_score() -> None:
     )
     unusable = ChampionScore("2", None, "it was measured on split x and no test data is available")
     assert check_beats_champion(MAX, 0.99, unusable, SPLIT) == Check(
-        "beats_champion", False, "champion v2 cannot be compared: it was measured on split x and no test data is available"
+        "beats_champion",
+        False,
+        "champion v2 cannot be compared: it was measured on split x and no test data is available",
     )
 
 
@@ -123,14 +128,20 @@ def test_a_tie_between_float32_training_side_and_float64_served_scores_keeps_the
 
 def test_comparable_value_uses_recorded_scores_against_a_recorded_champion() -> None:
     recorded = ChampionScore("1", 0.9, "recorded on this split")
-    assert comparable_value(MAX, 0.95, recorded, {"served_metric": "test_acc", "served_value": 0.5}) == (0.95, "recorded")
+    assert comparable_value(MAX, 0.95, recorded, {"served_metric": "test_acc", "served_value": 0.5}) == (
+        0.95,
+        "recorded",
+    )
     assert comparable_value(MAX, 0.95, None, {}) == (0.95, "recorded")
     served = ChampionScore("1", 0.9, "re-evaluated on this split", served=True)
     assert comparable_value(MAX, 0.95, served, {"passed": False}) == (None, "served")
     checks = evaluate_policy(MAX, value=0.95, compared=None, champion=served, split_id=SPLIT, validation=PASSED,
                              smoke=Check("serving_smoke_test", False, "did not run"))
     beats = next(c for c in checks if c.name == "beats_champion")
-    assert not beats.passed and beats.detail == "test_acc was not measured from served predictions, as the champion's was for this version"
+    assert (
+        not beats.passed
+        and beats.detail == "test_acc was not measured from served predictions, as the champion's was for this version"
+    )
 
 
 # -- serving smoke test -----------------------------------------------------------------
@@ -138,7 +149,9 @@ def test_comparable_value_uses_recorded_scores_against_a_recorded_champion() -> 
 
 def test_smoke_passes_when_serving_reproduces_training() -> None:
     result = smoke({"input_example": [1, 2], "test": [1, 2, 2, 1]})
-    check, evidence = check_smoke(MAX, result, run_id="r1", test_labels=[1, 2, 2, 2], training_metrics={"test_acc": 0.75})
+    check, evidence = check_smoke(
+        MAX, result, run_id="r1", test_labels=[1, 2, 2, 2], training_metrics={"test_acc": 0.75}
+    )
     assert check == Check(
         "serving_smoke_test",
         True,
@@ -154,7 +167,9 @@ def test_smoke_passes_when_serving_reproduces_training() -> None:
 
 def test_smoke_fails_when_served_accuracy_differs_from_training() -> None:
     result = smoke({"input_example": [1], "test": [1, 2, 2, 1]})
-    check, evidence = check_smoke(MAX, result, run_id="r1", test_labels=[1, 2, 2, 2], training_metrics={"test_acc": 0.8})
+    check, evidence = check_smoke(
+        MAX, result, run_id="r1", test_labels=[1, 2, 2, 2], training_metrics={"test_acc": 0.8}
+    )
     assert not check.passed
     assert check.detail == (
         "served test_acc 0.750000 differs from the training-side 0.800000 by more than 1e-06: "
@@ -170,7 +185,9 @@ def test_smoke_recomputes_rmse_for_regression() -> None:
     assert check.passed, check.detail
     assert evidence["served_metric"] == "test_rmse" and evidence["served_value"] == pytest.approx(1.1547005383792515)
     check, _ = check_smoke(MIN, result, run_id="r1", test_labels=[1.0, 2.0, 2.0], training_metrics={"test_rmse": 1.0})
-    assert not check.passed and check.detail.startswith("served test_rmse 1.154701 differs from the training-side 1.000000")
+    assert not check.passed and check.detail.startswith(
+        "served test_rmse 1.154701 differs from the training-side 1.000000"
+    )
 
 
 def test_smoke_fails_on_process_error_wrong_model_or_missing_rows() -> None:
@@ -197,13 +214,24 @@ def test_policy_passes_only_when_every_check_passes() -> None:
     good_smoke = Check("serving_smoke_test", True, "ok")
     champion = ChampionScore("1", 0.85, "recorded on this split")
     checks = evaluate_policy(MAX, value=0.9, champion=champion, split_id=SPLIT, validation=PASSED, smoke=good_smoke)
-    assert [c.name for c in checks] == ["threshold", "beats_champion", "beats_baseline", "data_validation", "serving_smoke_test"]
+    assert [c.name for c in checks] == [
+        "threshold",
+        "beats_champion",
+        "beats_baseline",
+        "data_validation",
+        "serving_smoke_test",
+    ]
     assert all(c.passed for c in checks)
 
     failed_validation = ValidationEvidence(False, "data version md5a is quarantined", "md5a")
-    checks = evaluate_policy(MAX, value=0.9, champion=champion, split_id=SPLIT, validation=failed_validation, smoke=good_smoke)
+    checks = evaluate_policy(
+        MAX, value=0.9, champion=champion, split_id=SPLIT, validation=failed_validation, smoke=good_smoke
+    )
     assert [c.name for c in checks if not c.passed] == ["data_validation"]
-    assert summarize(checks, force=False, reason=None) == "policy failed: data_validation: data version md5a is quarantined"
+    assert (
+        summarize(checks, force=False, reason=None)
+        == "policy failed: data_validation: data version md5a is quarantined"
+    )
     assert summarize(checks, force=True, reason="INC-7") == (
         "OVERRIDE (INC-7) of policy failed: data_validation: data version md5a is quarantined"
     )
@@ -225,13 +253,18 @@ def test_rollback_skips_the_relative_check_but_not_the_others() -> None:
 
 
 def test_policy_spec_names_field_value_and_rule() -> None:
-    with pytest.raises(pydantic.ValidationError, match="promotion.metric 'val_acc' must be a metric measured on the held-out test split"):
+    with pytest.raises(
+        pydantic.ValidationError,
+        match="promotion.metric 'val_acc' must be a metric measured on the held-out test split",
+    ):
         PromotionSpec(metric="val_acc")
     with pytest.raises(pydantic.ValidationError, match="smoke_test_timeout_s"):
         PromotionSpec(smoke_test_timeout_s=0)
     with pytest.raises(pydantic.ValidationError, match="min_improvement"):
         PromotionSpec(min_improvement=-0.1)
-    with pytest.raises(pydantic.ValidationError, match="promotion.mode 'max' with metric 'test_rmse' would promote worse models"):
+    with pytest.raises(
+        pydantic.ValidationError, match="promotion.mode 'max' with metric 'test_rmse' would promote worse models"
+    ):
         PromotionSpec(metric="test_rmse", mode="max")
     assert PromotionSpec(metric="test_rmse").mode == "min"  # named without its mode, the metric's direction
 
@@ -242,21 +275,30 @@ def test_policy_spec_names_field_value_and_rule() -> None:
 def test_a_candidate_must_beat_the_trivial_baseline_on_the_promotion_metric() -> None:
     auc = PromotionSpec(metric="test_pr_auc")
     assert check_beats_baseline(auc, 0.31, 0.055) == Check(
-        "beats_baseline", True, "test_pr_auc=0.3100 beats the trivial baseline's 0.0550 (baseline_test_pr_auc: the train "
-        "split's class prior for every row; max)")
+        "beats_baseline",
+        True,
+        "test_pr_auc=0.3100 beats the trivial baseline's 0.0550 (baseline_test_pr_auc: the train "
+        "split's class prior for every row; max)",
+    )
     # The majority class scores 0.945 accuracy at 5.5 % positives: a model that always answers "no" only ties it.
     tie = check_beats_baseline(MAX, 0.945, 0.945)
     assert not tie.passed and tie.detail.startswith("test_acc=0.9450 does not beat the trivial baseline's 0.9450")
     assert check_beats_baseline(MIN, 1.5, 2.5).passed and not check_beats_baseline(MIN, 2.5, 2.5).passed
     skipped = check_beats_baseline(MAX, 0.9, None)
-    assert skipped.passed and skipped.detail == "skipped: the trial reported no baseline_test_acc (trained before baselines were reported)"
+    assert (
+        skipped.passed
+        and skipped.detail
+        == "skipped: the trial reported no baseline_test_acc (trained before baselines were reported)"
+    )
 
 
 def test_the_baseline_check_blocks_the_policy_with_its_evidence() -> None:
     checks = evaluate_policy(MAX, value=0.945, champion=None, split_id=SPLIT, validation=PASSED,
                              smoke=Check("serving_smoke_test", True, "ok"), baseline=0.945)
     assert [c.name for c in checks if not c.passed] == ["beats_baseline"]
-    assert summarize(checks, force=False, reason=None).startswith("policy failed: beats_baseline: test_acc=0.9450 does not beat")
+    assert summarize(checks, force=False, reason=None).startswith(
+        "policy failed: beats_baseline: test_acc=0.9450 does not beat"
+    )
 
 
 # -- metrics from served predictions ---------------------------------------------------------
@@ -275,19 +317,31 @@ def test_every_promotion_metric_is_computed_from_the_served_frame() -> None:
     truth = ["no", "yes", "yes", "no"]
     pod = classification_metrics([0, 1, 1, 0], served_frame()[["proba_no", "proba_yes"]].to_numpy(), ["no", "yes"], 1)
     for metric in ("acc", "logloss", "roc_auc", "pr_auc", "f1", "balanced_acc"):
-        assert served_metric(f"test_{metric}", served_frame(), truth, target="churn") == pytest.approx(pod[metric], abs=1e-12), metric
-    assert served_metric("test_pr_auc", served_frame(), truth, target="churn") == pytest.approx(1.0)  # the positive ranks first
-    assert served_metric("test_pr_auc", served_frame(), truth, target="churn", positive_label="no") == pytest.approx(1.0)  # "no" ranks first too
+        assert served_metric(f"test_{metric}", served_frame(), truth, target="churn") == pytest.approx(
+            pod[metric], abs=1e-12
+        ), metric
+    assert served_metric("test_pr_auc", served_frame(), truth, target="churn") == pytest.approx(
+        1.0
+    )  # the positive ranks first
+    assert served_metric("test_pr_auc", served_frame(), truth, target="churn", positive_label="no") == pytest.approx(
+        1.0
+    )  # "no" ranks first too
 
 
 def test_the_served_frame_as_rows_labels_with_probabilities_or_labels_only() -> None:
     frame = served_frame()
     as_rows = served_output(frame.to_dict(orient="records"), "churn")
     assert as_rows.values == ["no", "yes", "no", "no"] and as_rows.classes == ("no", "yes")
-    split = served_output(frame["churn"].tolist(), "churn", {"proba_no": frame["proba_no"].tolist(), "proba_yes": frame["proba_yes"].tolist()})
+    split = served_output(
+        frame["churn"].tolist(),
+        "churn",
+        {"proba_no": frame["proba_no"].tolist(), "proba_yes": frame["proba_yes"].tolist()},
+    )
     assert split.classes == as_rows.classes and (split.proba == as_rows.proba).all()
     truth = ["no", "yes", "yes", "no"]
-    assert served_metric("test_roc_auc", frame.to_dict(orient="records"), truth, target="churn") == served_metric("test_roc_auc", frame, truth)
+    assert served_metric("test_roc_auc", frame.to_dict(orient="records"), truth, target="churn") == served_metric(
+        "test_roc_auc", frame, truth
+    )
     # A version registered before the frame serves labels (a Series): accuracy still, probabilities cannot be invented.
     assert served_metric("test_acc", frame["churn"], truth) == 0.75
     with pytest.raises(ValueError, match="test_roc_auc needs class probabilities, and this version serves labels only"):
@@ -302,24 +356,38 @@ def test_regression_metrics_from_the_served_frame() -> None:
     frame = pd.DataFrame({"id": [1, 2], "progression": [1.0, 4.0]})
     assert served_metric("test_rmse", frame, [1.0, 2.0], target="progression") == pytest.approx(2 ** 0.5)
     assert served_metric("test_mae", frame, [1.0, 2.0], target="progression") == 1.0
-    assert served_metric("test_rmse", [1.0, 4.0], [1.0, 2.0]) == pytest.approx(2 ** 0.5)  # a version that served an array
+    assert served_metric("test_rmse", [1.0, 4.0], [1.0, 2.0]) == pytest.approx(2**0.5)  # a version that served an array
 
 
 def test_the_smoke_test_compares_the_policy_metric_from_served_probabilities() -> None:
     frame = served_frame()
     probabilities = {"test": {"proba_no": frame["proba_no"].tolist(), "proba_yes": frame["proba_yes"].tolist()}}
-    result = SimpleNamespace(**vars(smoke({"input_example": ["no"], "test": frame["churn"].tolist()})), probabilities=probabilities)
+    result = SimpleNamespace(
+        **vars(smoke({"input_example": ["no"], "test": frame["churn"].tolist()})), probabilities=probabilities
+    )
     truth = ["no", "yes", "yes", "no"]
     auc = served_metric("test_roc_auc", frame, truth, target="churn")
-    check, evidence = check_smoke(PromotionSpec(metric="test_roc_auc"), result, run_id="r1", test_labels=truth, target="churn",
-                                  training_metrics={"test_acc": 0.75, "test_roc_auc": auc})
+    check, evidence = check_smoke(
+        PromotionSpec(metric="test_roc_auc"),
+        result,
+        run_id="r1",
+        test_labels=truth,
+        target="churn",
+        training_metrics={"test_acc": 0.75, "test_roc_auc": auc},
+    )
     assert check.passed and (evidence["served_metric"], evidence["served_value"]) == ("test_roc_auc", auc)
     check, _ = check_smoke(PromotionSpec(metric="test_roc_auc"), result, run_id="r1", test_labels=truth, target="churn",
                            training_metrics={"test_roc_auc": auc + 0.01})
     assert not check.passed and "served test_roc_auc" in check.detail
     labels_only = smoke({"input_example": ["no"], "test": frame["churn"].tolist()})
-    check, _ = check_smoke(PromotionSpec(metric="test_roc_auc"), labels_only, run_id="r1", test_labels=truth, target="churn",
-                           training_metrics={"test_roc_auc": auc})
+    check, _ = check_smoke(
+        PromotionSpec(metric="test_roc_auc"),
+        labels_only,
+        run_id="r1",
+        test_labels=truth,
+        target="churn",
+        training_metrics={"test_roc_auc": auc},
+    )
     assert not check.passed and "test_roc_auc cannot be recomputed from the served predictions" in check.detail
 
 
@@ -359,7 +427,11 @@ def test_validation_evidence_from_tags() -> None:
     assert ValidationEvidence.from_tags({}).passed is False
     recorded = ValidationEvidence.from_tags({"trainyard.validation": "passed", "trainyard.validation.summary": "12 ok",
                                              "trainyard.data_version": "md5a"})
-    assert (recorded.passed, recorded.detail, recorded.data_version) == (True, "recorded at registration: passed (12 ok)", "md5a")
+    assert (recorded.passed, recorded.detail, recorded.data_version) == (
+        True,
+        "recorded at registration: passed (12 ok)",
+        "md5a",
+    )
 
 
 def test_decision_tags_record_the_evidence() -> None:
@@ -373,7 +445,9 @@ def test_decision_tags_record_the_evidence() -> None:
     assert tags["trainyard.promotion.decision"] == "champion"
     assert tags["trainyard.promotion.override"] == "true"
     assert tags["trainyard.promotion.override_reason"] == "x"
-    assert json.loads(tags["trainyard.promotion.checks"]) == [{"name": "threshold", "passed": False, "detail": "misses"}]
+    assert json.loads(tags["trainyard.promotion.checks"]) == [
+        {"name": "threshold", "passed": False, "detail": "misses"}
+    ]
     assert tags["trainyard.promotion.champion_before"] == "1"
     assert tags["trainyard.smoke.passed"] == "true"
     assert d.outcome == "champion" and d.champion
@@ -382,13 +456,25 @@ def test_decision_tags_record_the_evidence() -> None:
 
 
 def test_evidence_from_check_states_the_numbers() -> None:
-    evidence = evidence_from_check("expectations", "md5a", "0123456789ab", True, {"expectations": "12", "failed": 0, "max_psi": 0.25})
+    evidence = evidence_from_check(
+        "expectations", "md5a", "0123456789ab", True, {"expectations": "12", "failed": 0, "max_psi": 0.25}
+    )
     assert evidence == ValidationEvidence(
-        True, "expectations check passed for data version md5a in run 01234567: 12 expectations, 0 failed, max drift PSI 0.2500",
-        "md5a", 12, 0, 0.25, "0123456789ab",
+        True,
+        "expectations check passed for data version md5a in run 01234567: 12 expectations, 0 failed, max drift PSI "
+        "0.2500",
+        "md5a",
+        12,
+        0,
+        0.25,
+        "0123456789ab",
     )
     unknown = evidence_from_check("expectations", "md5a", "r2", False, {"max_psi": ""})
-    assert unknown.detail == "expectations check FAILED for data version md5a in run r2: None expectations, None failed, max drift PSI 0.0000"
+    assert (
+        unknown.detail
+        == "expectations check FAILED for data version md5a in run r2: None expectations, None failed, max drift PSI "
+           "0.0000"
+    )
     assert (unknown.passed, unknown.expectations, unknown.max_psi) == (False, None, None)
 
 
@@ -411,7 +497,9 @@ def test_quarantine_since_registration_fails_the_recorded_validation(tmp_path: P
     where = tmp_path / "quarantine" / "vision" / "digits" / "md5a"
     where.mkdir(parents=True)
     assert is_quarantined(store, "vision/digits", "md5a")
-    assert validation_now(store, tags) == ValidationEvidence(False, f"data version md5a has been quarantined since ({where})", "md5a")
+    assert validation_now(store, tags) == ValidationEvidence(
+        False, f"data version md5a has been quarantined since ({where})", "md5a"
+    )
     (where / "release.json").write_text("{}")
     assert validation_now(store, tags).passed
     assert validation_now(None, tags).passed
@@ -430,8 +518,11 @@ def test_policy_module_imports_without_dagster_or_resources() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, trainyard.promotion, trainyard.lineage; "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'resources', 'assets', 'pipelines', 'mlflow'}))")
+    code = (
+        "import sys, trainyard.promotion, trainyard.lineage; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'dagster', 'resources', 'assets', 'pipelines', "
+        "'mlflow'}))"
+    )
     root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

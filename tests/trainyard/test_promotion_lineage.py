@@ -41,14 +41,18 @@ def test_clean_lineage_passes_everywhere_and_names_commit_and_lock(repo: Path) -
     assert tags["trainyard.code_dirty"] == "False" and tags["trainyard.lock_hash"] == DEPLOYED != "unknown"
     for environment in ("local", "cluster"):
         check = check_lineage(PromotionSpec(), tags, environment=environment, deployed_lock=DEPLOYED)
-        assert check == Check("clean_lineage", True, f"trained from committed code {commit} with the deployed dependency lock {DEPLOYED}")
+        assert check == Check(
+            "clean_lineage", True, f"trained from committed code {commit} with the deployed dependency lock {DEPLOYED}"
+        )
 
 
 def test_dirty_code_is_blocked_in_the_cluster_by_default_with_the_way_out(repo: Path) -> None:
     make_dirty(repo)
     tags = trained_tags(repo)
     commit = tags["trainyard.code_version"]
-    check = check_lineage(PromotionSpec(), tags, environment="cluster", deployed_lock=DEPLOYED, model="team.m", version="3")
+    check = check_lineage(
+        PromotionSpec(), tags, environment="cluster", deployed_lock=DEPLOYED, model="team.m", version="3"
+    )
     assert (check.passed, check.warning) == (False, False)
     assert check.detail == (
         f"it was trained from uncommitted (dirty) code on top of commit {commit} (trainyard.code_dirty=True); "
@@ -57,8 +61,19 @@ def test_dirty_code_is_blocked_in_the_cluster_by_default_with_the_way_out(repo: 
         'trainyard registry promote team.m --version 3 --force --reason "..."; '
         "a team relaxes it per pipeline with PromotionSpec(require_clean_lineage=False)"
     )
-    rollback = check_lineage(PromotionSpec(), tags, environment="cluster", deployed_lock=DEPLOYED, model="team.m", version="2", command="rollback")
-    assert 'override (recorded with its reason): trainyard registry rollback team.m --version 2 --force --reason "..."' in rollback.detail
+    rollback = check_lineage(
+        PromotionSpec(),
+        tags,
+        environment="cluster",
+        deployed_lock=DEPLOYED,
+        model="team.m",
+        version="2",
+        command="rollback",
+    )
+    assert (
+        'override (recorded with its reason): trainyard registry rollback team.m --version 2 --force --reason "..."'
+        in rollback.detail
+    )
 
 
 def test_dirty_code_is_a_warning_locally_by_default(repo: Path) -> None:
@@ -67,7 +82,8 @@ def test_dirty_code_is_a_warning_locally_by_default(repo: Path) -> None:
     assert (check.passed, check.warning) == (True, True)
     assert check.detail.startswith("WARNING: it was trained from uncommitted (dirty) code on top of commit ")
     assert check.detail.endswith(
-        "not blocking: clean lineage is not required by the local environment's default (PromotionSpec.require_clean_lineage=None)"
+        "not blocking: clean lineage is not required by the local environment's default "
+        "(PromotionSpec.require_clean_lineage=None)"
     )
 
 
@@ -79,7 +95,8 @@ def test_a_lock_that_differs_from_the_deployed_one_is_blocked_and_both_hashes_na
     check = check_lineage(PromotionSpec(), tags, environment="cluster", deployed_lock=DEPLOYED)
     assert not check.passed
     assert check.detail.startswith(
-        f"its dependency lock {trained_lock} (trainyard.lock_hash) differs from the deployed lock {DEPLOYED} (the orchestrator's constraints.txt); "
+        f"its dependency lock {trained_lock} (trainyard.lock_hash) differs from the deployed lock {DEPLOYED} (the "
+        "orchestrator's constraints.txt); "
         "clean lineage is required by the cluster environment's default"
     )
 
@@ -87,15 +104,26 @@ def test_a_lock_that_differs_from_the_deployed_one_is_blocked_and_both_hashes_na
 def test_the_teams_setting_overrides_the_environment_default(repo: Path) -> None:
     make_dirty(repo)
     tags = trained_tags(repo)
-    relaxed = check_lineage(PromotionSpec(require_clean_lineage=False), tags, environment="cluster", deployed_lock=DEPLOYED)
+    relaxed = check_lineage(
+        PromotionSpec(require_clean_lineage=False), tags, environment="cluster", deployed_lock=DEPLOYED
+    )
     assert (relaxed.passed, relaxed.warning) == (True, True)
-    assert relaxed.detail.endswith("not blocking: clean lineage is not required by PromotionSpec.require_clean_lineage=False")
+    assert relaxed.detail.endswith(
+        "not blocking: clean lineage is not required by PromotionSpec.require_clean_lineage=False"
+    )
     strict = check_lineage(PromotionSpec(require_clean_lineage=True), tags, environment="local", deployed_lock=DEPLOYED)
-    assert not strict.passed and "clean lineage is required by PromotionSpec.require_clean_lineage=True." in strict.detail
+    assert (
+        not strict.passed and "clean lineage is required by PromotionSpec.require_clean_lineage=True." in strict.detail
+    )
     assert "relaxes" not in strict.detail  # the team asked for it; no hint to turn it off
-    assert clean_lineage_required(PromotionSpec(), "cluster") == (True, "the cluster environment's default (PromotionSpec.require_clean_lineage=None)")
+    assert clean_lineage_required(PromotionSpec(), "cluster") == (
+        True,
+        "the cluster environment's default (PromotionSpec.require_clean_lineage=None)",
+    )
     assert clean_lineage_required(PromotionSpec(require_clean_lineage=True), "staging")[0] is True
-    with pytest.raises(ValueError, match="environment 'staging' has no clean-lineage default; use one of \\['cluster', 'local'\\]"):
+    with pytest.raises(
+        ValueError, match="environment 'staging' has no clean-lineage default; use one of \\['cluster', 'local'\\]"
+    ):
         clean_lineage_required(PromotionSpec(), "staging")
 
 
@@ -115,13 +143,17 @@ def test_unknown_or_missing_lineage_is_never_clean(tmp_path: Path, monkeypatch: 
     ]
     clean = {"trainyard.code_version": "c" * 40, "trainyard.code_dirty": "False", "trainyard.lock_hash": DEPLOYED}
     assert lineage_findings(clean, "unknown") == [
-        f"its dependency lock {DEPLOYED} cannot be compared: the deploying orchestrator has no lock file (constraints.txt)"
+        f"its dependency lock {DEPLOYED} cannot be compared: the deploying orchestrator has no lock file "
+        "(constraints.txt)"
     ]
     assert not check_lineage(PromotionSpec(), {}, environment="cluster", deployed_lock=DEPLOYED).passed
 
 
-def test_an_image_without_git_records_the_commit_it_was_built_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The orchestrator image has no `.git`: its build passes the commit in TRAINYARD_CODE_VERSION, so lineage can be clean."""
+def test_an_image_without_git_records_the_commit_it_was_built_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The orchestrator image has no `.git`: its build passes the commit in TRAINYARD_CODE_VERSION, so lineage can be
+    clean."""
     installed = tmp_path / "site-packages"
     installed.mkdir()
     commit = "ab" * 20
@@ -147,7 +179,9 @@ def test_the_warning_travels_with_the_checks_reason_and_tags(repo: Path) -> None
     assert tuple(c.name for c in checks) == CHECK_NAMES and all(c.passed for c in checks)
     reason = summarize(checks, force=False, reason=None)
     assert reason.startswith("policy passed with warnings (clean_lineage): ") and warned.detail in reason
-    d = Decision(model="m", version="1", action="register", promoted=True, already_champion=False, reason=reason, checks=checks)
+    d = Decision(
+        model="m", version="1", action="register", promoted=True, already_champion=False, reason=reason, checks=checks
+    )
     tags = d.tags()
     assert json.loads(tags[WARNINGS_TAG]) == [f"clean_lineage: {warned.detail}"]
     recorded = json.loads(tags["trainyard.promotion.checks"])
@@ -163,17 +197,27 @@ def test_the_model_card_states_the_lineage(repo: Path) -> None:
         model=ModelSpec(path="pipelines.vision.models:DigitsMLP"),
     )
     commit, dirty = lineage.code_version.__wrapped__(str(repo))
-    rec = {"data_version": "md5a", "code_version": commit, "code_dirty": dirty, "lock_hash": lineage.lock_hash(repo / "constraints.txt")}
+    rec = {
+        "data_version": "md5a",
+        "code_version": commit,
+        "code_dirty": dirty,
+        "lock_hash": lineage.lock_hash(repo / "constraints.txt"),
+    }
     best = {"lineage": rec, "metrics": {"test_acc": 0.9}, "trial": "trial-0000", "study": "s", "params": {}}
     validated = {"split_id": "md5a-fp", "rows": {"train": 8, "val": 2, "test": 2}}
     card = model_card(spec, best, validated, PASSED)
     assert f"- lineage: clean (committed code, the deployed dependency lock {DEPLOYED})\n" in card
-    assert "- clean lineage (committed code, the deployed dependency lock): the environment's default (required in cluster)\n" in card
+    assert (
+        "- clean lineage (committed code, the deployed dependency lock): the environment's default (required in "
+        "cluster)\n"
+        in card
+    )
     make_dirty(repo)
     rec["code_dirty"] = lineage.code_version.__wrapped__(str(repo))[1]
     card = model_card(spec, best, validated, PASSED, deployed_lock="0123456789abcdef")
     assert (
-        f"- lineage WARNING: it was trained from uncommitted (dirty) code on top of commit {commit} (trainyard.code_dirty=True); "
+        f"- lineage WARNING: it was trained from uncommitted (dirty) code on top of commit {commit} "
+        "(trainyard.code_dirty=True); "
         f"its dependency lock {DEPLOYED} (trainyard.lock_hash) differs from the deployed lock 0123456789abcdef "
         "(the orchestrator's constraints.txt) (blocks promotion where clean lineage is required)\n"
     ) in card

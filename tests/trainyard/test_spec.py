@@ -93,7 +93,10 @@ def test_bad_team_name() -> None:
 
 def test_fingerprint_tracks_training_inputs_only() -> None:
     assert make().fingerprint() == make(description="other words").fingerprint()
-    assert make().fingerprint() != make(model=ModelSpec(path="pipelines.vision.models:DigitsMLP", max_epochs=3)).fingerprint()
+    assert (
+        make().fingerprint()
+        != make(model=ModelSpec(path="pipelines.vision.models:DigitsMLP", max_epochs=3)).fingerprint()
+    )
 
 
 def test_column_roles_and_business_dtypes_are_checked_at_import() -> None:
@@ -132,7 +135,10 @@ def test_the_target_is_a_label_and_the_fingerprint_keeps_old_studies() -> None:
     assert small_spec(preprocessing=Preprocessing()).fingerprint() == base.fingerprint()
     # ... and change it when set.
     assert small_spec(preprocessing=Preprocessing(categorical="index")).fingerprint() != base.fingerprint()
-    assert small_spec(columns={**columns, "px0_0": ColumnSpec(dtype="float", role="ignore")}).fingerprint() != base.fingerprint()
+    assert (
+        small_spec(columns={**columns, "px0_0": ColumnSpec(dtype="float", role="ignore")}).fingerprint()
+        != base.fingerprint()
+    )
 
 
 def test_a_metric_named_without_its_mode_takes_its_direction() -> None:
@@ -154,7 +160,9 @@ def test_class_weights_and_a_text_target_are_for_classification_only() -> None:
 
     columns = dict(small_spec().columns)
     with _pytest.raises(ValueError, match="weighs classes, but the task is 'regression'"):
-        small_spec(columns={**columns, "label": ColumnSpec(dtype="float")},
-                   model=ModelSpec(path="pipelines.vision.models:DigitsMLP", class_weight="balanced", monitor="val_rmse"))
+        small_spec(
+            columns={**columns, "label": ColumnSpec(dtype="float")},
+            model=ModelSpec(path="pipelines.vision.models:DigitsMLP", class_weight="balanced", monitor="val_rmse"),
+        )
     with _pytest.raises(ValueError, match="regression"):
         small_spec(columns={**columns, "label": ColumnSpec(dtype="category")}, task="regression")

@@ -38,4 +38,7 @@ def test_best_single_objective_breaks_ties_by_the_earlier_trial() -> None:
 
 def test_trials_table() -> None:
     table = trials_markdown_table([T(1, [0.9, 100.0], {"lr": 0.1})], ["val_acc", "model_bytes"])
-    assert table == "| trial | val_acc, model_bytes | params |\n|---|---|---|\n| trial-0001 | 0.9000, 100.0000 | {'lr': 0.1} |"
+    assert (
+        table
+        == "| trial | val_acc, model_bytes | params |\n|---|---|---|\n| trial-0001 | 0.9000, 100.0000 | {'lr': 0.1} |"
+    )

@@ -46,14 +46,37 @@ CONFIGS = {
     "minimal": dict(namespace="vision", image=IMAGE),
     "no /dev/shm": dict(namespace="vision", image=IMAGE, shm_size=None, queue_name=None),
     "everything": dict(
-        namespace="vision", image=IMAGE, queue_name="trainyard", priority_class="trainyard-sweep", service_account="trainyard-trial",
-        cpu="16", memory="96Gi", cpu_limit="32", memory_limit="128Gi", node_selector={"trainyard.io/pool": "gpu"},
+        namespace="vision",
+        image=IMAGE,
+        queue_name="trainyard",
+        priority_class="trainyard-sweep",
+        service_account="trainyard-trial",
+        cpu="16",
+        memory="96Gi",
+        cpu_limit="32",
+        memory_limit="128Gi",
+        node_selector={"trainyard.io/pool": "gpu"},
         tolerations=(Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),),
-        affinity={"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 50, "podAffinityTerm": {
-            "labelSelector": {"matchExpressions": [{"key": "trainyard.io/trial", "operator": "Exists"}]},
-            "topologyKey": "kubernetes.io/hostname"}}]}},
-        shm_size="16Gi", scratch_size="100Gi", env={"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN"},
-        secret_env={"HF_TOKEN": SecretKeyRef(secret="hf", key="token")}, env_from_secrets=("trainyard-storage",),
+        affinity={
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 50,
+                        "podAffinityTerm": {
+                            "labelSelector": {
+                                "matchExpressions": [{"key": "trainyard.io/trial", "operator": "Exists"}]
+                            },
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        },
+        shm_size="16Gi",
+        scratch_size="100Gi",
+        env={"NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN"},
+        secret_env={"HF_TOKEN": SecretKeyRef(secret="hf", key="token")},
+        env_from_secrets=("trainyard-storage",),
     ),
 }
 
@@ -101,14 +124,26 @@ BREAKS: dict[str, tuple[Callable[[dict[str, Any]], Any], str]] = {
     "procMount": (lambda p: _sc(p).update(procMount="Unmasked"), "/proc Mount Type"),
     "seccomp unconfined": (lambda p: _sc(p).update(seccompProfile={"type": "Unconfined"}), "Seccomp"),
     "seccomp unset": (lambda p: p["securityContext"].pop("seccompProfile"), "Seccomp"),
-    "unsafe sysctl": (lambda p: p["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]), "Sysctls"),
-    "volume type": (lambda p: p["volumes"].append({"name": "nfs", "nfs": {"server": "x", "path": "/"}}), "Volume Types"),
+    "unsafe sysctl": (
+        lambda p: p["securityContext"].update(sysctls=[{"name": "kernel.msgmax", "value": "1"}]),
+        "Sysctls",
+    ),
+    "volume type": (
+        lambda p: p["volumes"].append({"name": "nfs", "nfs": {"server": "x", "path": "/"}}),
+        "Volume Types",
+    ),
     "privilege escalation": (lambda p: _sc(p).pop("allowPrivilegeEscalation"), "Privilege Escalation"),
-    "runAsNonRoot unset": (lambda p: (p["securityContext"].pop("runAsNonRoot"), _sc(p).pop("runAsNonRoot")), "Running as Non-root"),
+    "runAsNonRoot unset": (
+        lambda p: (p["securityContext"].pop("runAsNonRoot"), _sc(p).pop("runAsNonRoot")),
+        "Running as Non-root",
+    ),
     "runAsNonRoot false": (lambda p: _sc(p).update(runAsNonRoot=False), "Running as Non-root"),
     "root user": (lambda p: p["securityContext"].update(runAsUser=0), "Running as Non-root user"),
     "capabilities kept": (lambda p: _sc(p).pop("capabilities"), "Capabilities: containers[trainer] does not drop ALL"),
-    "capability added": (lambda p: _sc(p)["capabilities"].update(add=["CHOWN"]), "restricted allows only NET_BIND_SERVICE"),
+    "capability added": (
+        lambda p: _sc(p)["capabilities"].update(add=["CHOWN"]),
+        "restricted allows only NET_BIND_SERVICE",
+    ),
     "init container": (lambda p: p.update(initContainers=[{"name": "setup", "image": IMAGE}]), "initContainers[setup]"),
 }
 
@@ -125,11 +160,15 @@ def test_the_check_fails_on_a_pod_breaking_any_control(specs: dict[str, TrainSpe
 
 def test_the_check_reads_apparmor_annotations(specs: dict[str, TrainSpec]) -> None:
     pod = good_pod(specs)
-    assert restricted_violations(pod, {"container.apparmor.security.beta.kubernetes.io/trainer": "runtime/default"}) == []
+    assert (
+        restricted_violations(pod, {"container.apparmor.security.beta.kubernetes.io/trainer": "runtime/default"}) == []
+    )
     assert restricted_violations(pod, {"container.apparmor.security.beta.kubernetes.io/trainer": "unconfined"})
 
 
-def test_the_read_only_root_check_fails_on_a_writable_root_or_a_path_outside_the_mounts(specs: dict[str, TrainSpec]) -> None:
+def test_the_read_only_root_check_fails_on_a_writable_root_or_a_path_outside_the_mounts(
+    specs: dict[str, TrainSpec],
+) -> None:
     pod = good_pod(specs)
     assert read_only_root_violations(pod) == []
     writable = copy.deepcopy(pod)
@@ -137,10 +176,16 @@ def test_the_read_only_root_check_fails_on_a_writable_root_or_a_path_outside_the
     assert read_only_root_violations(writable) == ["containers[trainer]: readOnlyRootFilesystem is not true"]
     stray = copy.deepcopy(pod)
     _container(stray)["env"].append({"name": "MY_CACHE", "value": "/opt/cache"})
-    assert read_only_root_violations(stray) == ["containers[trainer]: env MY_CACHE=/opt/cache is not inside a writable emptyDir mount"]
+    assert read_only_root_violations(stray) == [
+        "containers[trainer]: env MY_CACHE=/opt/cache is not inside a writable emptyDir mount"
+    ]
     unmounted = copy.deepcopy(pod)
-    _container(unmounted)["volumeMounts"] = [m for m in _container(unmounted)["volumeMounts"] if m["mountPath"] != "/tmp"]
-    assert read_only_root_violations(unmounted) == ["containers[trainer]: env TMPDIR=/tmp is not inside a writable emptyDir mount"]
+    _container(unmounted)["volumeMounts"] = [
+        m for m in _container(unmounted)["volumeMounts"] if m["mountPath"] != "/tmp"
+    ]
+    assert read_only_root_violations(unmounted) == [
+        "containers[trainer]: env TMPDIR=/tmp is not inside a writable emptyDir mount"
+    ]
 
 
 def test_every_rendered_pod_is_restricted_with_a_read_only_root(specs: dict[str, TrainSpec]) -> None:
@@ -191,9 +236,13 @@ def test_libraries_in_the_pod_write_only_into_its_emptydirs(specs: dict[str, Tra
     cwd = Path(remap(container["workingDir"], mounts))
     # Only what the image's ENV would add: nothing of this machine's HOME or caches leaks in.
     base = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**base, **env}, cwd=cwd, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE], env={**base, **env}, cwd=cwd, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     places = json.loads(out.stdout.strip().splitlines()[-1])
     writable = [str(d) + "/" for path, d in mounts.items() if path != "/dev/shm"]
     for what, place in places.items():
-        assert any((place.rstrip("/") + "/").startswith(w) for w in writable), f"{what} writes to {place}, outside {writable}"
+        assert any((place.rstrip("/") + "/").startswith(w) for w in writable), (
+            f"{what} writes to {place}, outside {writable}"
+        )

@@ -58,7 +58,9 @@ TEAM = TeamSpec(name="vision", namespace="vision", queue="vision-gpu", priority_
 
 @pytest.fixture(scope="module")
 def gpu_spec(tmp_path_factory: pytest.TempPathFactory):
-    return make_spec(tmp_path_factory.mktemp("spec"), distribution=Distribution(nodes=2, procs_per_node=4, accelerator="gpu"))
+    return make_spec(
+        tmp_path_factory.mktemp("spec"), distribution=Distribution(nodes=2, procs_per_node=4, accelerator="gpu")
+    )
 
 
 def test_the_teams_pods_carry_its_configuration_over_the_platforms(gpu_spec) -> None:
@@ -66,7 +68,10 @@ def test_the_teams_pods_carry_its_configuration_over_the_platforms(gpu_spec) -> 
     job = job_manifest(gpu_spec, SPEC_URI, 0, launcher.job_config())
     pod = job["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert job["metadata"]["namespace"] == "vision" and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "vision-gpu"
+    assert (
+        job["metadata"]["namespace"] == "vision"
+        and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "vision-gpu"
+    )
     assert container["image"] == TEAM_IMAGE
     assert container["resources"] == {
         "requests": {"cpu": "30", "memory": "200Gi", "nvidia.com/gpu": 4},
@@ -89,19 +94,34 @@ def test_the_teams_pods_carry_its_configuration_over_the_platforms(gpu_spec) -> 
     assert env["NCCL_SOCKET_IFNAME"]["value"] == "eth0" and env["NCCL_IB_HCA"]["value"] == "mlx5"
     assert env["AWS_ENDPOINT_URL"]["value"] == "http://minio.storage:9000"
     assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "vision-hf", "key": "token"}}}
-    assert container["envFrom"] == [{"secretRef": {"name": n}} for n in ("trainyard-storage", "trainyard-tracking", "vision-extra")]
+    assert container["envFrom"] == [
+        {"secretRef": {"name": n}} for n in ("trainyard-storage", "trainyard-tracking", "vision-extra")
+    ]
     assert restricted_violations(pod) == []
     k8s_validate(job)
     jobset = jobset_manifest(gpu_spec, SPEC_URI, 0, launcher.job_config())
-    assert jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"] == container["env"]
+    assert (
+        jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
+        == container["env"]
+    )
 
 
 def test_a_team_without_pod_settings_gets_the_platforms(gpu_spec) -> None:
     env = TeamSpec(name="vision").environment(PLATFORM_ENV)
     assert env[POD_ENV] == PLATFORM_ENV[POD_ENV]
     cfg = KubernetesLauncher.from_env(env).job_config()
-    assert (cfg.image, cfg.cpu, cfg.memory, cfg.shm_size, cfg.node_selector) == (PLATFORM_IMAGE, "16", "96Gi", "8Gi", {"trainyard.io/pool": "gpu"})
-    assert cfg.env == {"AWS_ENDPOINT_URL": "http://minio.storage:9000", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN"}
+    assert (cfg.image, cfg.cpu, cfg.memory, cfg.shm_size, cfg.node_selector) == (
+        PLATFORM_IMAGE,
+        "16",
+        "96Gi",
+        "8Gi",
+        {"trainyard.io/pool": "gpu"},
+    )
+    assert cfg.env == {
+        "AWS_ENDPOINT_URL": "http://minio.storage:9000",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "NCCL_DEBUG": "WARN",
+    }
     # And without any pod configuration at all, the launcher's own defaults.
     bare = {k: v for k, v in PLATFORM_ENV.items() if k != POD_ENV}
     cfg = KubernetesLauncher.from_env(TeamSpec(name="vision").environment(bare)).job_config()
@@ -127,10 +147,32 @@ def test_a_team_may_bring_its_own_image_when_the_platform_names_none() -> None:
         ({"node_selector": {"pool": "a" * 64}}, "node_selector['pool']="),
         ({"tolerations": [{"operator": "Equal", "value": "x"}]}, "toleration with operator 'Equal' needs a key"),
         ({"tolerations": [{"key": "k", "operator": "Sometimes"}]}, "pod.tolerations.0.operator"),
-        ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["new"]}]}]}}}}, "operator 'Gt' on key 'gen' needs exactly one integer"),
-        ({"affinity": {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-            {"weight": 500, "podAffinityTerm": {"topologyKey": "zone"}}]}}}, "less than or equal to 100"),
+        (
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["new"]}]}
+                            ]
+                        }
+                    }
+                }
+            },
+            "operator 'Gt' on key 'gen' needs exactly one integer",
+        ),
+        (
+            {
+                "affinity": {
+                    "podAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {"weight": 500, "podAffinityTerm": {"topologyKey": "zone"}}
+                        ]
+                    }
+                }
+            },
+            "less than or equal to 100",
+        ),
         ({"env": {"WANDB_API_KEY": "abc"}}, "env['WANDB_API_KEY'] looks like a credential"),
         ({"env": {"NCCL_DEBUG": 1}}, "pod.env.NCCL_DEBUG"),
         ({"env": {"TRAINYARD_OPTUNA_URL": "postgresql://optuna:pw@db/optuna"}}, "holds a URL with credentials"),
@@ -148,7 +190,10 @@ def test_pod_settings_are_checked_when_the_team_is_declared(pod: dict[str, Any],
 
 
 def test_a_bad_platform_pod_configuration_names_the_variable() -> None:
-    for text, fragment in [("{cpu: 4}", "TRAINYARD_K8S_POD is not JSON"), ('{"memory": "lots"}', "TRAINYARD_K8S_POD is not a valid pod configuration: memory")]:
+    for text, fragment in [
+        ("{cpu: 4}", "TRAINYARD_K8S_POD is not JSON"),
+        ('{"memory": "lots"}', "TRAINYARD_K8S_POD is not a valid pod configuration: memory"),
+    ]:
         with pytest.raises(ValueError, match=fragment):
             KubernetesLauncher.from_env({**PLATFORM_ENV, POD_ENV: text})
         with pytest.raises(ValueError, match=fragment):
@@ -166,7 +211,10 @@ def test_pod_configuration_round_trips_through_the_environment() -> None:
 
 def test_an_image_named_by_tag_is_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     tagged = {**PLATFORM_ENV, "TRAINYARD_TRAINER_IMAGE": "registry.example/trainyard/trainer:1.4.0"}
-    with caplog.at_level(logging.WARNING, logger="trainyard.k8s"), pytest.warns(UnpinnedImageWarning, match="is not pinned by digest") as caught:
+    with (
+        caplog.at_level(logging.WARNING, logger="trainyard.k8s"),
+        pytest.warns(UnpinnedImageWarning, match="is not pinned by digest") as caught,
+    ):
         launcher = KubernetesLauncher.from_env(tagged)
     assert launcher.image == "registry.example/trainyard/trainer:1.4.0"
     assert "image='registry.example/trainyard/trainer:1.4.0' is not pinned by digest" in str(caught[0].message)
@@ -180,8 +228,14 @@ def test_the_cluster_environment_builds_the_teams_launcher(tmp_path: Path) -> No
     """`pipelines.team.team_resources` -> `pipelines.environments.cluster_resources`: the launcher line there."""
     from pipelines.team import team_resources
 
-    env = {**PLATFORM_ENV, "TRAINYARD_ENV": "cluster", "TRAINYARD_S3_ROOT": "s3://lake/trainyard", "TRAINYARD_HOME": str(tmp_path),
-           "TRAINYARD_OPTUNA_URL": "postgresql+psycopg2://optuna@db/optuna", "MLFLOW_TRACKING_URI": "http://mlflow:5000"}
+    env = {
+        **PLATFORM_ENV,
+        "TRAINYARD_ENV": "cluster",
+        "TRAINYARD_S3_ROOT": "s3://lake/trainyard",
+        "TRAINYARD_HOME": str(tmp_path),
+        "TRAINYARD_OPTUNA_URL": "postgresql+psycopg2://optuna@db/optuna",
+        "MLFLOW_TRACKING_URI": "http://mlflow:5000",
+    }
     cfg = team_resources(TEAM, base_env=env)["launcher"].job_config()
     assert (cfg.image, cfg.cpu, cfg.gpus_per_pod, cfg.shm_size) == (TEAM_IMAGE, "30", 4, "32Gi")
     assert cfg.affinity is not None and cfg.affinity.to_k8s() == AFFINITY

@@ -51,13 +51,19 @@ def test_retries_with_doubling_waits_then_succeeds(caplog: pytest.LogCaptureFixt
         assert registry.lookup("m") == "found m"
     assert registry.waits == [0.5, 1.0]
     assert registry.calls == ["m", "m", "m"]
-    assert "registry http://user:***@mlflow:5000 unavailable during lookup (attempt 1 of 3), retrying in 0.5s: down (1)" in caplog.text
+    assert (
+        "registry http://user:***@mlflow:5000 unavailable during lookup (attempt 1 of 3), retrying in 0.5s: down (1)"
+        in caplog.text
+    )
     assert "secret" not in caplog.text
 
 
 def test_gives_up_after_the_attempts_naming_registry_and_count() -> None:
     registry = FakeRegistry(failures=99, retry_attempts=4, retry_backoff_s=2.0)
-    with pytest.raises(RegistryUnavailable, match=r"^registry http://user:\*\*\*@mlflow:5000 unavailable; gave up after 4 attempt\(s\): down \(4\)$") as caught:
+    with pytest.raises(
+        RegistryUnavailable,
+        match=r"^registry http://user:\*\*\*@mlflow:5000 unavailable; gave up after 4 attempt\(s\): down \(4\)$",
+    ) as caught:
         registry.lookup("m")
     assert registry.waits == [2.0, 4.0, 8.0]
     assert isinstance(caught.value.__cause__, RegistryUnavailable)

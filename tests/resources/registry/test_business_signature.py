@@ -1,4 +1,5 @@
-"""A model of a business table keeps its MLflow signature, with the columns a batch brings in several dtypes typed `Any`.
+"""A model of a business table keeps its MLflow signature, with the columns a batch brings in several dtypes typed
+`Any`.
 
 Regression: a zone-aware `datetime` feature (the canonical type of `dtype="datetime"`)
 made MLflow infer no signature at all, with only a warning. The trial is a real
@@ -32,9 +33,18 @@ def test_a_datetime_feature_keeps_the_signature_and_every_loose_column_is_any(tm
     assert train(tmp_path) == 0
 
     test = pd.read_parquet(spec.data.test_uri)
-    registry = ModelRegistry(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "artifacts"))
-    info = registry.register("crm.churn", str(tmp_path / "run" / "model"), trial_key="s/trial-0000", tags={}, metrics={},
-                             description="", input_example=test)
+    registry = ModelRegistry(
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "artifacts")
+    )
+    info = registry.register(
+        "crm.churn",
+        str(tmp_path / "run" / "model"),
+        trial_key="s/trial-0000",
+        tags={},
+        metrics={},
+        description="",
+        input_example=test,
+    )
     import mlflow
 
     with fluent_uris(registry.tracking_uri):
@@ -46,10 +56,14 @@ def test_a_datetime_feature_keeps_the_signature_and_every_loose_column_is_any(tm
     # A user's batch read back from a CSV: the datetime as text with an offset, ints without gaps, dates as text.
     csv = tmp_path / "batch.csv"
     batch = test.drop(columns=["churned"]).head(40).copy()
-    batch["last_seen"] = batch["last_seen"].dt.tz_convert("Europe/Berlin").map(lambda t: None if pd.isna(t) else t.isoformat())
+    batch["last_seen"] = (
+        batch["last_seen"].dt.tz_convert("Europe/Berlin").map(lambda t: None if pd.isna(t) else t.isoformat())
+    )
     batch.to_csv(csv, index=False)
     served = registry.predict_output(info.model_uri, pd.read_csv(csv))
-    assert list(served["customer_id"]) == list(batch["customer_id"]) and {"proba_no", "proba_yes"} <= set(served.columns)
+    assert list(served["customer_id"]) == list(batch["customer_id"]) and {"proba_no", "proba_yes"} <= set(
+        served.columns
+    )
 
     # A model directory whose meta.json names a state file that is not JSON is refused, and nothing stays registered.
     import shutil
@@ -60,5 +74,7 @@ def test_a_datetime_feature_keeps_the_signature_and_every_loose_column_is_any(tm
     shutil.copytree(tmp_path / "run" / "model", broken)
     (broken / "preprocessing.json").write_text("{ not json")
     with pytest.raises(ValueError, match="names preprocessing state 'preprocessing.json', which cannot be read"):
-        registry.register("crm.broken", str(broken), trial_key="s/trial-0001", tags={}, metrics={}, description="", input_example=test)
+        registry.register(
+            "crm.broken", str(broken), trial_key="s/trial-0001", tags={}, metrics={}, description="", input_example=test
+        )
     assert "crm.broken" not in registry.list_models()  # refused before anything was written

@@ -290,7 +290,9 @@ def test_unreachable_registry_is_retried_then_fails_clearly(
         retry_attempts=3, retry_backoff_s=0.5,
     )
     down._sleep = waits.append
-    with pytest.raises(RegistryUnavailable, match=r"registry http://user:\*\*\*@127.0.0.1:1 unavailable; gave up after 3 attempt\(s\)") as caught:
+    with pytest.raises(
+        RegistryUnavailable, match=r"registry http://user:\*\*\*@127.0.0.1:1 unavailable; gave up after 3 attempt\(s\)"
+    ) as caught:
         _register(down, model_dir, frame, "down/trial-0000", name="tiny-down")
     assert "secret" not in str(caught.value)
     assert waits == [0.5, 1.0]  # exponential backoff, outermost call only (register -> find_version does not multiply)
@@ -353,7 +355,10 @@ def test_lock_is_exclusive_expires_and_names_its_holder(registry: ModelRegistry)
 
     registry = no_waiting(registry)
     with registry.lock("locked", purpose="first holder") as owner:
-        assert registry.get_model_tags(f"locked{registry_module.LOCK_MODEL_SUFFIX}")[registry_module.LOCK_OWNER_TAG] == owner
+        assert (
+            registry.get_model_tags(f"locked{registry_module.LOCK_MODEL_SUFFIX}")[registry_module.LOCK_OWNER_TAG]
+            == owner
+        )
         with pytest.raises(RegistryUnavailable, match="'locked' is locked by .* for 'first holder'; waited 0s"):
             with registry.lock("locked", purpose="second", wait_s=0):
                 pass

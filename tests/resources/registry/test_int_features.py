@@ -41,7 +41,9 @@ def test_int_feature_columns_are_declared_long_and_the_smoke_test_serves_them(tm
     features = test.drop(columns=["target"])
     assert features[INT_COLUMNS].dtypes.tolist() == ["int64", "int64"]
 
-    registry = ModelRegistry(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "artifacts"))
+    registry = ModelRegistry(
+        tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", artifact_root=str(tmp_path / "artifacts")
+    )
     info = registry.register("tabular.ints", model_dir, trial_key="s/trial-0000", tags={}, metrics={}, description="",
                              input_example=test)
     import mlflow
@@ -70,6 +72,8 @@ def test_a_json_client_sends_dates_as_iso_text_and_a_missing_one_as_null() -> No
 
     from resources.registry.serving import client_payload
 
-    frame = pd.DataFrame({"n": [1, 2], "seen": pd.to_datetime(["2024-01-01T10:00Z", None]), "day": [dt.date(2022, 5, 4), None]})
+    frame = pd.DataFrame(
+        {"n": [1, 2], "seen": pd.to_datetime(["2024-01-01T10:00Z", None]), "day": [dt.date(2022, 5, 4), None]}
+    )
     assert client_payload(frame) == {"columns": ["n", "seen", "day"],
                                      "data": [[1, "2024-01-01T10:00:00+00:00", "2022-05-04"], [2, None, None]]}

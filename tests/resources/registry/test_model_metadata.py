@@ -1,4 +1,5 @@
-"""The MLflow model `metadata` a version is registered with (e.g. a Feast source's feature references): plain JSON or a clear error."""
+"""The MLflow model `metadata` a version is registered with (e.g. a Feast source's feature references): plain JSON or a
+clear error."""
 
 from __future__ import annotations
 
@@ -10,8 +11,20 @@ from resources.registry.registration import model_metadata_of
 
 
 def test_metadata_is_copied_as_plain_json() -> None:
-    given = {"feast": {"features": {"balance": "customer_stats:balance"}, "entity_keys": ("customer_id",), "feature_service": None}}
-    assert model_metadata_of(given) == {"feast": {"features": {"balance": "customer_stats:balance"}, "entity_keys": ["customer_id"], "feature_service": None}}
+    given = {
+        "feast": {
+            "features": {"balance": "customer_stats:balance"},
+            "entity_keys": ("customer_id",),
+            "feature_service": None,
+        }
+    }
+    assert model_metadata_of(given) == {
+        "feast": {
+            "features": {"balance": "customer_stats:balance"},
+            "entity_keys": ["customer_id"],
+            "feature_service": None,
+        }
+    }
     assert model_metadata_of(None) is None
 
 
@@ -20,8 +33,14 @@ def test_metadata_is_copied_as_plain_json() -> None:
     [
         (["feast"], r"model_metadata must be a mapping with string keys, got \['feast'\]"),
         ({1: "x"}, r"model_metadata must be a mapping with string keys, got \{1: 'x'\}"),
-        ({"feast": {"at": object()}}, r"model_metadata must hold JSON values only \(the MLmodel file stores it\): Object of type object"),
-        ({"score": math.nan}, r"model_metadata must hold JSON values only \(the MLmodel file stores it\): Out of range float values"),
+        (
+            {"feast": {"at": object()}},
+            r"model_metadata must hold JSON values only \(the MLmodel file stores it\): Object of type object",
+        ),
+        (
+            {"score": math.nan},
+            r"model_metadata must hold JSON values only \(the MLmodel file stores it\): Out of range float values",
+        ),
     ],
 )
 def test_metadata_that_is_not_json_is_refused_naming_the_argument(metadata: object, message: str) -> None:

@@ -66,7 +66,13 @@ def plant_pickled_weight(pt2: Path, marker: Path) -> None:
         config = json.loads(archive.read(config_name))
     entry = next(iter(config["config"].values()))
     entry["use_pickle"] = True
-    rewrite_zip(pt2, {config_name.split("/", 1)[1]: json.dumps(config).encode(), f"data/weights/{entry['path_name']}": torch_payload(marker)})
+    rewrite_zip(
+        pt2,
+        {
+            config_name.split("/", 1)[1]: json.dumps(config).encode(),
+            f"data/weights/{entry['path_name']}": torch_payload(marker),
+        },
+    )
 
 
 @pytest.mark.slow
@@ -93,7 +99,9 @@ def test_planted_pickle_in_a_registered_model_is_refused_by_every_loader(
     assert marker.exists()
 
 
-def test_graph_calling_more_than_torch_operators_is_refused(registry: ModelRegistry, workdir: Path, frame: pd.DataFrame) -> None:
+def test_graph_calling_more_than_torch_operators_is_refused(
+    registry: ModelRegistry, workdir: Path, frame: pd.DataFrame
+) -> None:
     model_uri, pt2 = register(registry, workdir, frame, "tampered-graph")
     with zipfile.ZipFile(pt2) as archive:
         program_name = next(n for n in archive.namelist() if "/models/" in n)

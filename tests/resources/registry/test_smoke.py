@@ -39,7 +39,9 @@ def test_failure_description_names_the_whole_chain() -> None:
 
 def test_request_carries_samples_exactly_as_a_json_client_sends_them(tmp_path: Path) -> None:
     frame = pd.DataFrame({"a": [0.1, 2.5], "b": [3, 4]})
-    request = smoke_request("models:/m@challenger", {"test": frame}, ["wandb", "dagster", "wandb"], str(tmp_path / "out.json"))
+    request = smoke_request(
+        "models:/m@challenger", {"test": frame}, ["wandb", "dagster", "wandb"], str(tmp_path / "out.json")
+    )
     assert request == {
         "model_uri": "models:/m@challenger",
         "blocked": ["dagster", "wandb"],
@@ -66,7 +68,9 @@ def test_isolated_process_reports_a_blocked_import_as_the_error(tmp_path: Path) 
 
 
 def test_blocked_serving_dependency_fails_the_smoke_test(tmp_path: Path) -> None:
-    result = run_smoke_test(f"sqlite:///{tmp_path / 'mlflow.db'}", "models:/m/1", {}, timeout_s=120, blocked_modules=["mlflow"])
+    result = run_smoke_test(
+        f"sqlite:///{tmp_path / 'mlflow.db'}", "models:/m/1", {}, timeout_s=120, blocked_modules=["mlflow"]
+    )
     assert not result.passed
     assert result.error == "ModuleNotFoundError: No module named 'mlflow' (not a serving dependency)"
     assert (result.run_id, result.predictions, result.blocked_imports) == (None, {}, ("mlflow",))
@@ -75,5 +79,7 @@ def test_blocked_serving_dependency_fails_the_smoke_test(tmp_path: Path) -> None
 def test_unreachable_registry_is_retryable_not_a_broken_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    with pytest.raises(RegistryUnavailable, match="smoke test of 'models:/m/1': the serving process could not reach the registry"):
+    with pytest.raises(
+        RegistryUnavailable, match="smoke test of 'models:/m/1': the serving process could not reach the registry"
+    ):
         run_smoke_test("http://127.0.0.1:1", "models:/m/1", {}, timeout_s=120, blocked_modules=["dagster"])

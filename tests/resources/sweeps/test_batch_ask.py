@@ -22,7 +22,12 @@ SPACE = {"lr": FloatParam(low=1e-4, high=1e-1, log=True), "hidden": IntParam(low
 
 def _value(p: dict) -> float:
     """A smooth score with its best at lr 1e-2, hidden 64, tanh, width 20."""
-    return -((math.log10(p["lr"]) + 2) ** 2) - (math.log2(p["hidden"]) - 6) ** 2 - (p["act"] != "tanh") - ((p["width"] - 20) / 10) ** 2
+    return (
+        -((math.log10(p["lr"]) + 2) ** 2)
+        - (math.log2(p["hidden"]) - 6) ** 2
+        - (p["act"] != "tanh")
+        - ((p["width"] - 20) / 10) ** 2
+    )
 
 
 def _seeded(tmp_path: Path, search: SearchSpec, finished: int, running: int, direction="max"):
@@ -31,17 +36,23 @@ def _seeded(tmp_path: Path, search: SearchSpec, finished: int, running: int, dir
     rnd = optuna.samplers.RandomSampler(seed=3)  # the seeded trials' parameters: random, not TPE
     dists = distributions(search)
     for i in range(finished + running):
-        params = {n: rnd.sample_independent(study, optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING), n, d) for n, d in dists.items()}
+        params = {
+            n: rnd.sample_independent(study, optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING), n, d)
+            for n, d in dists.items()
+        }
         value = _value(params) if i < finished else None
         state = optuna.trial.TrialState.COMPLETE if value is not None else optuna.trial.TrialState.RUNNING
-        values = None if value is None else ([value] if isinstance(direction, str) else [value, float(params["hidden"])])
+        values = (
+            None if value is None else ([value] if isinstance(direction, str) else [value, float(params["hidden"])])
+        )
         study.add_trial(optuna.trial.create_trial(state=state, params=params, distributions=dists, values=values))
     return sweeps, study, dists
 
 
 @pytest.mark.parametrize("running,parallelism,direction", [(0, 8, "max"), (5, 8, "max"), (0, 1, "max"), (5, 8, "min")])
 def test_a_batch_of_one_is_exactly_optunas_ask(tmp_path: Path, running: int, parallelism: int, direction: str) -> None:
-    """Same study, same seed: the batch path draws the parameters `Study.ask` draws (with and without constant liar; a loss to minimize too)."""
+    """Same study, same seed: the batch path draws the parameters `Study.ask` draws (with and without constant liar; a
+    loss to minimize too)."""
     search = SearchSpec(params=SPACE, n_trials=100, parallelism=parallelism, seed=11)
     sweeps, study, dists = _seeded(tmp_path, search, finished=30, running=running, direction=direction)
     (batch,) = tpe_batch(study, build_sampler(search, 5), dists, 1)
@@ -54,7 +65,8 @@ def test_a_batch_of_one_is_exactly_optunas_ask(tmp_path: Path, running: int, par
 
 
 def test_the_store_asks_tpe_in_one_batch_and_the_trials_are_ordinary(tmp_path: Path, monkeypatch) -> None:
-    """`SweepStore.ask` with TPE never calls `Study.ask` after the startup trials, and its trials tell and report as any."""
+    """`SweepStore.ask` with TPE never calls `Study.ask` after the startup trials, and its trials tell and report as
+    any."""
     search = SearchSpec(params=SPACE, n_trials=100, parallelism=16, seed=2)
     sweeps, study, dists = _seeded(tmp_path, search, finished=20, running=0)
     study = sweeps.load("b", search)
@@ -79,7 +91,12 @@ def test_before_the_startup_trials_the_store_asks_one_at_a_time(tmp_path: Path) 
 
 
 def test_a_multi_objective_batch_is_drawn_too(tmp_path: Path) -> None:
-    search = SearchSpec(params=SPACE, n_trials=100, parallelism=4, objectives=[Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")])
+    search = SearchSpec(
+        params=SPACE,
+        n_trials=100,
+        parallelism=4,
+        objectives=[Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")],
+    )
     sweeps, study, dists = _seeded(tmp_path, search, finished=25, running=2, direction=["max", "min"])
     (one,) = tpe_batch(study, build_sampler(search, 9), dists, 1)
     study.sampler = build_sampler(search, 9)
@@ -103,7 +120,9 @@ def test_batched_tpe_finds_the_optimum_as_well_as_sequential_tpe(tmp_path: Path)
     well as Optuna's own parallel TPE, and far better than random search.
     """
     def sweep(kind: str, root: Path) -> list[float]:
-        search = SearchSpec(params=SPACE, n_trials=120, parallelism=8, seed=4, sampler="random" if kind == "random" else "tpe")
+        search = SearchSpec(
+            params=SPACE, n_trials=120, parallelism=8, seed=4, sampler="random" if kind == "random" else "tpe"
+        )
         sweeps = store_at(root)
         sweeps.load_or_create("q", "max", search)
         values: list[float] = []
@@ -140,7 +159,9 @@ def _memory_study(n_done: int, n_running: int, space: dict, seed: int, direction
     noise = random.Random(seed)
     trials = []
     for i in range(n_done + n_running):
-        params = {n: rnd.sample_independent(study, create_trial(state=TrialState.RUNNING), n, d) for n, d in dists.items()}
+        params = {
+            n: rnd.sample_independent(study, create_trial(state=TrialState.RUNNING), n, d) for n, d in dists.items()
+        }
         if i >= n_done:
             trials.append(create_trial(state=TrialState.RUNNING, params=params, distributions=dists))
             continue
@@ -216,7 +237,9 @@ def test_fast_log_densities_are_optunas(space) -> None:
 
     search, dists, study = _memory_study(500, 8, space, 5)
     sampler = build_sampler(search, 5)
-    trials = study._get_trials(deepcopy=False, states=[TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING], use_cache=False)
+    trials = study._get_trials(
+        deepcopy=False, states=[TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING], use_cache=False
+    )
     below, above = _split_trials(study, trials, default_gamma(500))
     names = dict(sorted(dists.items()))
     for part, handle_below in ((below, True), (above, False)):
@@ -228,12 +251,15 @@ def test_fast_log_densities_are_optunas(space) -> None:
         for i, d in enumerate(mpe._mixture_distribution.distributions):
             if getattr(d, "step", None) == 0.0:
                 edges[0, i], edges[1, i] = d.low, d.high
-        np.testing.assert_allclose(fast.log_pdf(edges), mpe._mixture_distribution.log_pdf(edges), rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(
+            fast.log_pdf(edges), mpe._mixture_distribution.log_pdf(edges), rtol=1e-11, atol=1e-11
+        )
 
 
 @pytest.mark.parametrize("space,n_done", [(DIGITS, 3000), (MIXED, 300), (SPACE, 60)])
 def test_candidates_drawn_at_once_are_optunas_one_call_at_a_time(space, n_done) -> None:
-    """`sample_draws` returns bit for bit what `mixture.sample` calls return in turn, and leaves the random stream where they leave it."""
+    """`sample_draws` returns bit for bit what `mixture.sample` calls return in turn, and leaves the random stream where
+    they leave it."""
     import numpy as np
     from optuna.samplers._tpe.sampler import _split_trials, default_gamma
     from optuna.trial import TrialState
@@ -242,10 +268,15 @@ def test_candidates_drawn_at_once_are_optunas_one_call_at_a_time(space, n_done) 
 
     search, dists, study = _memory_study(n_done, 8, space, 4)
     sampler = build_sampler(search, 4)
-    trials = study._get_trials(deepcopy=False, states=[TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING], use_cache=False)
+    trials = study._get_trials(
+        deepcopy=False, states=[TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING], use_cache=False
+    )
     below, above = _split_trials(study, trials, default_gamma(n_done))
     names = dict(sorted(dists.items()))
-    mixtures = [sampler._build_parzen_estimator(study, names, part, handle_below=h)._mixture_distribution for part, h in ((below, True), (above, False))]
+    mixtures = [
+        sampler._build_parzen_estimator(study, names, part, handle_below=h)._mixture_distribution
+        for part, h in ((below, True), (above, False))
+    ]
     for seed in range(6):
         one, batch = np.random.RandomState(seed), np.random.RandomState(seed)
         expected = _optunas_own_draws(mixtures, one, 64, 24)
@@ -257,7 +288,8 @@ def test_candidates_drawn_at_once_are_optunas_one_call_at_a_time(space, n_done) 
 
 @pytest.mark.parametrize("parallelism", [1, 8])
 def test_a_study_kept_between_ticks_draws_from_the_trials_stored_now(tmp_path: Path, parallelism: int) -> None:
-    """The sweep store keeps one Study per process between ticks; a tick after others told results draws what a fresh Study draws.
+    """The sweep store keeps one Study per process between ticks; a tick after others told results draws what a fresh
+    Study draws.
 
     Without constant liar (parallelism 1) TPE reads the finished trials through
     the Study's snapshot; with it, the search space is inferred through it. A
@@ -273,15 +305,23 @@ def test_a_study_kept_between_ticks_draws_from_the_trials_stored_now(tmp_path: P
             other.tell(t.number, _value(t.params))
     rnd = optuna.samplers.RandomSampler(seed=9)
     for _ in range(30):
-        params = {n: rnd.sample_independent(other, optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING), n, d) for n, d in dists.items()}
-        other.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, params=params, distributions=dists, values=[_value(params)]))
+        params = {
+            n: rnd.sample_independent(other, optuna.trial.create_trial(state=optuna.trial.TrialState.RUNNING), n, d)
+            for n, d in dists.items()
+        }
+        other.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE, params=params, distributions=dists, values=[_value(params)]
+            )
+        )
     fresh = optuna.load_study(study_name="b", storage=sweeps.storage())
     assert tpe_batch(kept, build_sampler(search, 3), dists, 8) == tpe_batch(fresh, build_sampler(search, 3), dists, 8)
     assert kept._thread_local.cached_all_trials is None
 
 
 def test_the_sampler_of_each_tick_takes_over_the_search_space_and_still_sees_new_trials(tmp_path: Path) -> None:
-    """`SweepStore.load` builds a sampler per tick that keeps the last one's incremental search space, and infers what a fresh one infers.
+    """`SweepStore.load` builds a sampler per tick that keeps the last one's incremental search space, and infers what a
+    fresh one infers.
 
     Both after ordinary new results (the space stands) and after another
     process stored a trial with another range for `lr` (the space loses it,
@@ -310,8 +350,14 @@ def test_the_sampler_of_each_tick_takes_over_the_search_space_and_still_sees_new
     fresh = optuna.load_study(study_name="b", storage=sweeps.storage())
     assert tpe_batch(second, second.sampler, dists, 8) == tpe_batch(fresh, build_sampler(search, seed), dists, 8)
     wider = {**dists, "lr": optuna.distributions.FloatDistribution(1e-5, 1.0, log=True)}
-    other.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, params={"lr": 0.5, "hidden": 32, "act": "relu", "width": 10},
-                                              distributions=wider, values=[0.0]))
+    other.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE,
+            params={"lr": 0.5, "hidden": 32, "act": "relu", "width": 10},
+            distributions=wider,
+            values=[0.0],
+        )
+    )
     third = sweeps.load("b", search)
     assert third.sampler._search_space is space
     assert _spaces(third.sampler, third, dists) is None and fresh_spaces() is None

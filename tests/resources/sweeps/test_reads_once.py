@@ -1,4 +1,5 @@
-"""`SweepStore.reads_once`: a sweep-sensor tick reads the study's trials once per write, and sees every write of its own.
+"""`SweepStore.reads_once`: a sweep-sensor tick reads the study's trials once per write, and sees every write of its
+own.
 
 Reads are counted at `SweepRDBStorage._get_trials` (every database read of a
 study's trials, Optuna's cache included); "another process" is a second
@@ -44,7 +45,9 @@ def _finished(sweeps: Any, study: Any, first: int, count: int) -> None:
         sweeps.tell(study.study_name, n, n / 10, {})
 
 
-def test_inside_a_tick_the_trials_are_read_once_and_again_after_each_write_of_this_process(tmp_path: Path, reads: list[int]) -> None:
+def test_inside_a_tick_the_trials_are_read_once_and_again_after_each_write_of_this_process(
+    tmp_path: Path, reads: list[int]
+) -> None:
     sweeps = store_at(tmp_path)
     study = sweeps.load_or_create("s", "max", SEARCH)
     _finished(sweeps, study, 0, 12)  # past TPE's startup trials: its batch fit reads the study too
@@ -63,7 +66,9 @@ def test_inside_a_tick_the_trials_are_read_once_and_again_after_each_write_of_th
         asked = sweeps.ask(study, SEARCH, 3)  # a write: TPE's fit read before it, the next look reads again
         assert asked == [12, 13, 14]
         after = study.get_trials(deepcopy=False)
-        assert [t.number for t in after] == list(range(15)) and [t.state for t in after[12:]] == [TrialState.RUNNING] * 3
+        assert [t.number for t in after] == list(range(15)) and [t.state for t in after[12:]] == [
+            TrialState.RUNNING
+        ] * 3
         sweeps.tell("s", 12, 0.5, {})  # told through the store's other Study object: the same storage counts it
         assert study.get_trials(deepcopy=False)[12].state == TrialState.COMPLETE
         assert sweeps.status(study, SEARCH).finished == 13
@@ -77,11 +82,15 @@ def test_inside_a_tick_the_trials_are_read_once_and_again_after_each_write_of_th
         held = study.get_trials()
         held[0].user_attrs["mutated"] = True
         again = study.get_trials()
-    assert [(t.number, t.state, t.params, t.values) for t in held] == [(t.number, t.state, t.params, t.values) for t in plain]
+    assert [(t.number, t.state, t.params, t.values) for t in held] == [
+        (t.number, t.state, t.params, t.values) for t in plain
+    ]
     assert "mutated" not in again[0].user_attrs
 
 
-def test_another_process_write_is_seen_on_the_next_tick_and_other_threads_read_as_always(tmp_path: Path, reads: list[int]) -> None:
+def test_another_process_write_is_seen_on_the_next_tick_and_other_threads_read_as_always(
+    tmp_path: Path, reads: list[int]
+) -> None:
     sweeps = store_at(tmp_path)
     study = sweeps.load_or_create("s", "max", SEARCH)
     _finished(sweeps, study, 0, 2)
@@ -91,7 +100,9 @@ def test_another_process_write_is_seen_on_the_next_tick_and_other_threads_read_a
     with sweeps.reads_once("s"):
         assert len(study.get_trials(deepcopy=False)) == 2
         other = optuna.load_study(study_name="s", storage=elsewhere)
-        other.add_trial(optuna.trial.create_trial(params={"lr": 0.01}, distributions=study.get_trials()[0].distributions, value=0.3))
+        other.add_trial(
+            optuna.trial.create_trial(params={"lr": 0.01}, distributions=study.get_trials()[0].distributions, value=0.3)
+        )
         assert len(study.get_trials(deepcopy=False)) == 2  # this tick's read stands
         seen_by: dict[str, int] = {}
         before = len(reads)
@@ -103,7 +114,8 @@ def test_another_process_write_is_seen_on_the_next_tick_and_other_threads_read_a
 
 
 def test_a_sweep_sensor_tick_reads_its_trials_at_most_twice(tmp_path: Path, reads: list[int]) -> None:
-    """The tick that asks (fail_stale, status, the sampler's seed, TPE's space and fit, status after): 8 reads before."""
+    """The tick that asks (fail_stale, status, the sampler's seed, TPE's space and fit, status after): 8 reads
+    before."""
     from pipelines.factory import job_names
     from pipelines.sensors import run_tick
     from tests.pipelines.sweep_drill import TrivialLauncher, drill_resources, drill_spec, open_instance, prepared_home
@@ -118,10 +130,14 @@ def test_a_sweep_sensor_tick_reads_its_trials_at_most_twice(tmp_path: Path, read
     counts = []
     for _ in range(7):
         reads.clear()
-        t = run_tick(spec, instance, resources["sweeps"], cursor, train_job=names["train"], prepare_job=names["prepare"])
+        t = run_tick(
+            spec, instance, resources["sweeps"], cursor, train_job=names["train"], prepare_job=names["prepare"]
+        )
         counts.append((len(reads), len(t.asked)))
         cursor = t.cursor.dump()
-        for key in t.partitions:  # each requested trial trains and tells its result before the next tick, as its run would
+        for (
+            key
+        ) in t.partitions:  # each requested trial trains and tells its result before the next tick, as its run would
             resources["sweeps"].tell(study, naming.trial_number(key), 0.5, {"val_acc": 0.5})
     asking = [n for n, asked in counts if asked]
     assert len(asking) >= 4 and max(asking) <= 2, counts  # one look, one after its own write (the ask)

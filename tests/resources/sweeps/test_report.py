@@ -15,7 +15,10 @@ from trainyard.search import IntParam, Objective, PickPolicy, SearchSpec
 
 def test_trials_markdown_small_and_large() -> None:
     objs = [Objective(metric="val_acc", mode="max")]
-    small = trials_markdown([done(1, 0.5), done(0, 0.25, state=TrialState.PRUNED), done(2, state=TrialState.FAIL, error="rank 1 raised X")], objs)
+    small = trials_markdown(
+        [done(1, 0.5), done(0, 0.25, state=TrialState.PRUNED), done(2, state=TrialState.FAIL, error="rank 1 raised X")],
+        objs,
+    )
     assert small == (
         "| trial | state | val_acc | params | note |\n|---|---|---|---|---|\n"
         "| trial-0000 | PRUNED |  | {'lr': 0.01} | pruned at epoch 0 |\n"
@@ -25,11 +28,18 @@ def test_trials_markdown_small_and_large() -> None:
     large = trials_markdown([done(i, i / 100) for i in range(30)] + [running(30)], objs, limit=3)
     lines = large.splitlines()
     assert lines[0] == "showing the best 3 of 30 completed trials and up to 3 in flight"
-    assert [line.split(" | ")[0] for line in lines[4:]] == ["| trial-0029", "| trial-0028", "| trial-0027", "| trial-0030"]
+    assert [line.split(" | ")[0] for line in lines[4:]] == [
+        "| trial-0029",
+        "| trial-0028",
+        "| trial-0027",
+        "| trial-0030",
+    ]
 
 
 def test_report_has_best_params_history_and_importance(tmp_path: Path) -> None:
-    spec = small_spec(search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=6, sampler="random"))
+    spec = small_spec(
+        search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=6, sampler="random")
+    )
     sweeps = store_at(tmp_path)
     study = sweeps.load_or_create("r", "max", spec.search)
     for n in sweeps.ensure_trials(study, spec.search):
@@ -46,12 +56,20 @@ def test_report_has_best_params_history_and_importance(tmp_path: Path) -> None:
     one.ensure_trials(s1, spec.search)
     one.tell("one", 0, 0.5, {})
     r1 = build_report(one, s1, spec)
-    assert r1.importance_note == "parameter importance needs at least 2 completed trials, the study has 1" and "importance" not in r1.plots
+    assert (
+        r1.importance_note == "parameter importance needs at least 2 completed trials, the study has 1"
+        and "importance" not in r1.plots
+    )
 
 
 def test_multi_objective_report_has_the_pareto_front(tmp_path: Path) -> None:
-    search = SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=5, sampler="random", objectives=MAXMIN,
-                        pick=PickPolicy(limits={"model_bytes": 48_000}))
+    search = SearchSpec(
+        params={**LR, "hidden": IntParam(low=16, high=64, step=16)},
+        n_trials=5,
+        sampler="random",
+        objectives=MAXMIN,
+        pick=PickPolicy(limits={"model_bytes": 48_000}),
+    )
     spec = small_spec(search=search)
     sweeps = store_at(tmp_path)
     study = sweeps.load_or_create("mo", ["max", "min"], search)
@@ -59,14 +77,18 @@ def test_multi_objective_report_has_the_pareto_front(tmp_path: Path) -> None:
         p = sweeps.trial("mo", n).params
         sweeps.tell("mo", n, [1.0 - abs(p["lr"] - 0.01), 1000.0 * p["hidden"]], {})
     report = build_report(sweeps, study, spec)
-    assert report.pareto_md is not None and report.pareto_md.startswith(f"picked trial-{report.best_trial:04d}: best val_acc (max)")
+    assert report.pareto_md is not None and report.pareto_md.startswith(
+        f"picked trial-{report.best_trial:04d}: best val_acc (max)"
+    )
     assert report.best_values[1] <= 48_000 and "pareto" in report.plots
 
 
 def test_a_sweep_where_every_trial_ties_still_reports(tmp_path: Path) -> None:
     # A new team's easy data: every trial reaches val_acc 1.0. fANOVA raises "zero total variance"
     # on such a study; the report must say why there is no importance and never fail the sweep.
-    spec = small_spec(search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=5, sampler="random"))
+    spec = small_spec(
+        search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=5, sampler="random")
+    )
     sweeps = store_at(tmp_path)
     study = sweeps.load_or_create("ties", "max", spec.search)
     for n in sweeps.ensure_trials(study, spec.search):
@@ -74,12 +96,17 @@ def test_a_sweep_where_every_trial_ties_still_reports(tmp_path: Path) -> None:
     report = build_report(sweeps, study, spec)
     assert report.status.complete == 5 and report.best_values == [1.0] and report.best_trial == 0
     assert report.importances == {} and "importance" not in report.plots and "history" in report.plots
-    assert report.importance_note == "every completed trial scored val_acc = 1.0: no parameter explains a difference, so importance is undefined"
+    assert (
+        report.importance_note
+        == "every completed trial scored val_acc = 1.0: no parameter explains a difference, so importance is undefined"
+    )
 
 
 def test_an_importance_evaluator_failure_is_a_note_not_a_failed_sweep(tmp_path: Path, monkeypatch) -> None:
 
-    spec = small_spec(search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=4, sampler="random"))
+    spec = small_spec(
+        search=SearchSpec(params={**LR, "hidden": IntParam(low=16, high=64, step=16)}, n_trials=4, sampler="random")
+    )
     sweeps = store_at(tmp_path)
     study = sweeps.load_or_create("odd", "max", spec.search)
     for n in sweeps.ensure_trials(study, spec.search):
@@ -92,7 +119,11 @@ def test_an_importance_evaluator_failure_is_a_note_not_a_failed_sweep(tmp_path: 
     monkeypatch.setattr(importlib.import_module("optuna.importance"), "get_param_importances", broken)
     report = build_report(sweeps, study, spec)
     assert report.importances == {} and report.best_trial == 3
-    assert report.importance_note == "parameter importance could not be computed (fANOVA): RuntimeError: Encountered zero total variance in all trees."
+    assert (
+        report.importance_note
+        == "parameter importance could not be computed (fANOVA): RuntimeError: Encountered zero total variance in all "
+           "trees."
+    )
 
 
 def test_a_plot_that_cannot_be_drawn_is_a_note_not_a_failed_sweep(tmp_path: Path, monkeypatch) -> None:

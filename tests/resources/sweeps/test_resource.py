@@ -30,7 +30,12 @@ def test_resumed_batches_draw_fresh_parameters(tmp_path: Path) -> None:
 
 
 def test_grid_sweep_visits_every_point_once(tmp_path: Path) -> None:
-    search = SearchSpec(params={"h": IntParam(low=16, high=64, step=16), "act": CategoricalParam(choices=["relu", "tanh"])}, n_trials=8, sampler="grid", parallelism=3)
+    search = SearchSpec(
+        params={"h": IntParam(low=16, high=64, step=16), "act": CategoricalParam(choices=["relu", "tanh"])},
+        n_trials=8,
+        sampler="grid",
+        parallelism=3,
+    )
     sweeps = store_at(tmp_path)
     study = sweeps.load_or_create("g", "max", search)
     while sweeps.status(study, search).remaining:
@@ -73,7 +78,9 @@ def test_a_recorded_failure_stop_counts_the_trials_that_fail_after_it(tmp_path: 
     sweeps.tell("s", 2, None, {"error": "in flight, failed later"}, failed=True)
     st = sweeps.status(store_at(tmp_path).load_or_create("s", "max", search), search)
     assert st.failed == 3
-    assert st.stop_reason == "failure budget spent: 3 trials failed (max_failures 2); last error: in flight, failed later"
+    assert (
+        st.stop_reason == "failure budget spent: 3 trials failed (max_failures 2); last error: in flight, failed later"
+    )
     assert st.summary().endswith(f"0 in flight, 3 failed; stopped: {st.stop_reason}")
 
 
@@ -81,7 +88,9 @@ def test_directions_must_match_an_existing_study(tmp_path: Path) -> None:
     search = SearchSpec(params=LR)
     sweeps = store_at(tmp_path)
     sweeps.load_or_create("s", "max", search)
-    with pytest.raises(SweepError, match=r"study 's' exists with directions \['maximize'\]; this sweep declares \['minimize'\]"):
+    with pytest.raises(
+        SweepError, match=r"study 's' exists with directions \['maximize'\]; this sweep declares \['minimize'\]"
+    ):
         sweeps.load_or_create("s", "min", search)
     with pytest.raises(SweepError, match="study 'nope' does not exist"):
         sweeps.trial("nope", 0)
@@ -96,7 +105,9 @@ def test_pruned_and_multi_objective_tells(tmp_path: Path) -> None:
         sweeps.storage().get_study_id_from_name("p"), 0), 3, 0.42)
     assert sweeps.tell("p", 0, None, {"result_uri": "r"}, pruned=True) == "PRUNED"
     assert sweeps.trial("p", 0).values == [0.42]
-    multi = SearchSpec(params=LR, objectives=[Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")])
+    multi = SearchSpec(
+        params=LR, objectives=[Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")]
+    )
     m = sweeps.load_or_create("m", ["max", "min"], multi)
     sweeps.ensure_trials(m, multi)
     assert sweeps.tell("m", 0, [0.9, 1200.0], {}) == "COMPLETE"
@@ -127,7 +138,12 @@ def test_stale_heartbeat_fails_the_trial(tmp_path: Path) -> None:
 
 def test_cmaes_sweep_adapts_across_fresh_samplers(tmp_path: Path) -> None:
     """Every ask builds a fresh sampler (as a sensor tick does); CMA-ES keeps its state in the study and converges."""
-    search = SearchSpec(params={"x": FloatParam(low=-5, high=5), "y": FloatParam(low=-5, high=5)}, n_trials=40, sampler="cmaes", parallelism=1)
+    search = SearchSpec(
+        params={"x": FloatParam(low=-5, high=5), "y": FloatParam(low=-5, high=5)},
+        n_trials=40,
+        sampler="cmaes",
+        parallelism=1,
+    )
     assert type(build_sampler(search, 1)).__name__ == "CmaEsSampler"
     sweeps = store_at(tmp_path)
     sweeps.load_or_create("c", "min", search)
@@ -138,4 +154,6 @@ def test_cmaes_sweep_adapts_across_fresh_samplers(tmp_path: Path) -> None:
         values.append((p["x"] - 1) ** 2 + (p["y"] + 2) ** 2)
         sweeps.tell("c", number, values[-1], {})
     assert any(k.startswith("cma:") for t in sweeps.load("c").get_trials() for k in t.system_attrs)
-    assert sum(values[-10:]) < 0.25 * sum(values[:10]), values  # the search distribution moved to the optimum and narrowed
+    assert sum(values[-10:]) < 0.25 * sum(values[:10]), (
+        values
+    )  # the search distribution moved to the optimum and narrowed

@@ -29,7 +29,16 @@ def test_status_counts_live_trials_against_the_budget() -> None:
     search = SearchSpec(params=LR, n_trials=5)
     trials = [done(0, 0.5), done(1, 0.7), done(2, state=TrialState.FAIL), running(3)]
     st = sweep_status(trials, search, ["max"], created_at=0.0, now=10.0)
-    assert (st.budget, st.complete, st.failed, st.running, st.live, st.remaining, st.best, st.stop_reason) == (5, 2, 1, 1, 3, 2, 0.7, None)
+    assert (st.budget, st.complete, st.failed, st.running, st.live, st.remaining, st.best, st.stop_reason) == (
+        5,
+        2,
+        1,
+        1,
+        3,
+        2,
+        0.7,
+        None,
+    )
     assert not st.done
     assert st.summary() == "2/5 finished (2 complete, 0 pruned), 1 in flight, 1 failed, best 0.7"
 
@@ -52,13 +61,22 @@ def test_target_and_time_budget() -> None:
     st = sweep_status(trials, SearchSpec(params=LR, n_trials=9, target=0.25), ["min"], created_at=0.0, now=1.0)
     assert st.stop_reason == "target reached: best 0.2 <= target 0.25"
     assert sweep_status(trials, SearchSpec(params=LR, n_trials=9, target=0.1), ["min"], 0.0, 1.0).stop_reason is None
-    st = sweep_status(trials, SearchSpec(params=LR, n_trials=9, timeout_seconds=60), ["min"], created_at=100.0, now=161.0)
+    st = sweep_status(
+        trials, SearchSpec(params=LR, n_trials=9, timeout_seconds=60), ["min"], created_at=100.0, now=161.0
+    )
     assert st.stop_reason == "time budget spent: 61 s since the sweep started (timeout_seconds 60)"
-    assert sweep_status(trials, SearchSpec(params=LR, n_trials=9), ["min"], 0.0, 1.0, stopped="by hand").stop_reason == "by hand"
+    assert (
+        sweep_status(trials, SearchSpec(params=LR, n_trials=9), ["min"], 0.0, 1.0, stopped="by hand").stop_reason
+        == "by hand"
+    )
 
 
 def test_grid_budget_is_the_grid_size() -> None:
-    search = SearchSpec(params={"h": IntParam(low=16, high=64, step=16), "act": CategoricalParam(choices=["relu", "tanh"])}, n_trials=8, sampler="grid")
+    search = SearchSpec(
+        params={"h": IntParam(low=16, high=64, step=16), "act": CategoricalParam(choices=["relu", "tanh"])},
+        n_trials=8,
+        sampler="grid",
+    )
     assert search.grid_size == 8
     assert sweep_status([], search, ["max"], None, 0.0).budget == 8
 
@@ -69,33 +87,68 @@ def test_grid_budget_is_the_grid_size() -> None:
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"params": LR, "n_trials": 2, "sampler": "grid"}, "sampler 'grid' needs discrete parameters; ['lr'] are FloatParam"),
-        ({"params": {"h": IntParam(low=1, high=3)}, "n_trials": 4, "sampler": "grid"}, "n_trials=4 exceeds the 3 points of the grid"),
-        ({"params": LR, "objectives": [Objective(metric="val_acc", mode="max")]}, "objectives lists two or more metrics"),
-        ({"params": LR, "objectives": [Objective(metric="val_acc", mode="max"), Objective(metric="test_acc", mode="max")]},
-         "objectives ['test_acc'] are measured on the test split"),
-        ({"params": LR, "objectives": [Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")],
-          "pruner": PrunerSpec(kind="median")}, "pruner 'median' cannot be used with objectives"),
-        ({"params": LR, "objectives": [Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")],
-          "pick": PickPolicy(limits={"latency": 3.0})}, "pick names ['latency'], which are not among the objectives"),
-        ({"params": LR, "pick": PickPolicy(rule="utopia")}, "pick chooses among a Pareto front and applies to multi-objective sweeps only"),
+        (
+            {"params": LR, "n_trials": 2, "sampler": "grid"},
+            "sampler 'grid' needs discrete parameters; ['lr'] are FloatParam",
+        ),
+        (
+            {"params": {"h": IntParam(low=1, high=3)}, "n_trials": 4, "sampler": "grid"},
+            "n_trials=4 exceeds the 3 points of the grid",
+        ),
+        (
+            {"params": LR, "objectives": [Objective(metric="val_acc", mode="max")]},
+            "objectives lists two or more metrics",
+        ),
+        (
+            {
+                "params": LR,
+                "objectives": [Objective(metric="val_acc", mode="max"), Objective(metric="test_acc", mode="max")],
+            },
+            "objectives ['test_acc'] are measured on the test split",
+        ),
+        (
+            {
+                "params": LR,
+                "objectives": [Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")],
+                "pruner": PrunerSpec(kind="median"),
+            },
+            "pruner 'median' cannot be used with objectives",
+        ),
+        (
+            {
+                "params": LR,
+                "objectives": [Objective(metric="val_acc", mode="max"), Objective(metric="model_bytes", mode="min")],
+                "pick": PickPolicy(limits={"latency": 3.0}),
+            },
+            "pick names ['latency'], which are not among the objectives",
+        ),
+        (
+            {"params": LR, "pick": PickPolicy(rule="utopia")},
+            "pick chooses among a Pareto front and applies to multi-objective sweeps only",
+        ),
         ({"params": LR, "parallelism": 0}, "greater than or equal to 1"),
     ],
 )
 def test_search_spec_names_what_is_wrong(kwargs, message) -> None:
-    with pytest.raises(ValidationError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValidationError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(").replace(")", r"\)")
+    ):
         SearchSpec(**kwargs)
 
 
 def test_objective_metrics_must_be_reported() -> None:
-    search = SearchSpec(params=LR, objectives=[Objective(metric="val_acc", mode="max"), Objective(metric="latency_ms", mode="min")])
+    search = SearchSpec(
+        params=LR, objectives=[Objective(metric="val_acc", mode="max"), Objective(metric="latency_ms", mode="min")]
+    )
     with pytest.raises(ValidationError, match="objective metric 'latency_ms' is not reported by trials"):
         small_spec(search=search)
 
 
 def test_running_a_sweep_differently_keeps_its_study() -> None:
     base = small_spec(search=SearchSpec(params=LR, n_trials=4))
-    paced = small_spec(search=SearchSpec(params=LR, n_trials=40, parallelism=4, timeout_seconds=3600, target=0.99, max_failures=9))
+    paced = small_spec(
+        search=SearchSpec(params=LR, n_trials=40, parallelism=4, timeout_seconds=3600, target=0.99, max_failures=9)
+    )
     other = small_spec(search=SearchSpec(params=LR, n_trials=4, sampler="random"))
     assert base.fingerprint() == paced.fingerprint() != other.fingerprint()
 
@@ -122,10 +175,16 @@ def test_samplers() -> None:
 
 def test_objective_values_come_from_the_result() -> None:
     result = {"best_metric": 0.91, "metrics": {"val_acc": 0.9, "val_loss": 0.3}, "fit_seconds": 12.5}
-    objectives = [Objective(metric="val_loss", mode="min"), Objective(metric="model_bytes", mode="min"), Objective(metric="fit_seconds", mode="min")]
+    objectives = [
+        Objective(metric="val_loss", mode="min"),
+        Objective(metric="model_bytes", mode="min"),
+        Objective(metric="fit_seconds", mode="min"),
+    ]
     assert objective_values(result, objectives, "val_loss", model_bytes=4096) == [0.91, 4096.0, 12.5]
     assert objective_values(result, [Objective(metric="val_acc", mode="max")], "val_loss") == [0.9]
-    with pytest.raises(SweepError, match=r"objective 'val_f1' is not in the trial's result; available: \['device_hours'"):
+    with pytest.raises(
+        SweepError, match=r"objective 'val_f1' is not in the trial's result; available: \['device_hours'"
+    ):
         objective_values(result, [Objective(metric="val_f1", mode="max")], "val_loss")
 
 
@@ -156,13 +215,23 @@ def test_pareto_front_and_pick_policies() -> None:
 @pytest.mark.parametrize(
     "n_trials, pruner, message",
     [
-        (4, PrunerSpec(kind="median"), "pruner 'median' prunes only after 5 completed trial(s) (n_startup_trials=5), and the last of this "
-         "sweep's 4 trial(s) sees at most 3: no trial can be pruned; set n_startup_trials to at most 3, raise n_trials, or drop the pruner"),
+        (
+            4,
+            PrunerSpec(kind="median"),
+            "pruner 'median' prunes only after 5 completed trial(s) (n_startup_trials=5), and the last of this "
+            "sweep's 4 trial(s) sees at most 3: no trial can be pruned; set n_startup_trials to at most 3, raise "
+            "n_trials, or drop the pruner",
+        ),
         (5, PrunerSpec(kind="median"), "sees at most 4: no trial can be pruned; set n_startup_trials to at most 4"),
         (6, PrunerSpec(kind="median"), None),
         (2, PrunerSpec(kind="median", n_startup_trials=0), None),
-        (1, PrunerSpec(kind="median", n_startup_trials=0), "prunes only after 1 completed trial(s) (n_startup_trials=0), and the last of this "
-         "sweep's 1 trial(s) sees at most 0: no trial can be pruned; it needs n_trials >= 2, raise n_trials, or drop the pruner"),
+        (
+            1,
+            PrunerSpec(kind="median", n_startup_trials=0),
+            "prunes only after 1 completed trial(s) (n_startup_trials=0), and the last of this "
+            "sweep's 1 trial(s) sees at most 0: no trial can be pruned; it needs n_trials >= 2, raise n_trials, or "
+            "drop the pruner",
+        ),
         (1, PrunerSpec(kind="threshold", lower=0.5), None),  # no startup count: it can stop the only trial
         (1, PrunerSpec(), None),
     ],
@@ -174,7 +243,8 @@ def test_inert_pruner_names_why_no_trial_can_be_pruned(n_trials, pruner, message
 
 @pytest.mark.parametrize("n_startup_trials, inert", [(4, True), (3, False)])
 def test_inert_pruner_agrees_with_optunas_median_pruner(n_startup_trials: int, inert: bool) -> None:
-    """Optuna's own pruner, as trials use it: 3 trials complete, then the sweep's 4th and last reports far worse values."""
+    """Optuna's own pruner, as trials use it: 3 trials complete, then the sweep's 4th and last reports far worse
+    values."""
     import optuna
 
     spec = PrunerSpec(kind="median", n_startup_trials=n_startup_trials)
@@ -184,7 +254,9 @@ def test_inert_pruner_agrees_with_optunas_median_pruner(n_startup_trials: int, i
         trial = study.ask()
         for epoch in range(3):
             trial.report(value, epoch)
-            assert not trial.should_prune()  # fewer completed trials than the startup count, or no worse than the median
+            assert (
+                not trial.should_prune()
+            )  # fewer completed trials than the startup count, or no worse than the median
         study.tell(trial, value)
     last = study.ask()
     last.report(0.1, 0)

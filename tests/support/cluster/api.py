@@ -40,7 +40,9 @@ class Api:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.http = urllib3.PoolManager(maxsize=4, headers={"User-Agent": CONTROLLER_AGENT, "Content-Type": "application/json"})
+        self.http = urllib3.PoolManager(
+            maxsize=4, headers={"User-Agent": CONTROLLER_AGENT, "Content-Type": "application/json"}
+        )
 
     def _path(self, kind: str, namespace: Optional[str] = None, name: Optional[str] = None) -> str:
         prefix, plural = KINDS[kind]
@@ -48,7 +50,9 @@ class Api:
         return f"{path}/{name}" if name else path
 
     def _call(self, method: str, path: str, body: Optional[dict[str, Any]] = None) -> Any:
-        resp = self.http.request(method, self.url + path, body=None if body is None else json.dumps(body).encode(), timeout=30.0)
+        resp = self.http.request(
+            method, self.url + path, body=None if body is None else json.dumps(body).encode(), timeout=30.0
+        )
         text = resp.data.decode("utf-8", "replace")
         if resp.status >= 400:
             raise ApiError(resp.status, text)
@@ -75,7 +79,8 @@ class Api:
         return self._call("POST", self._path(kind, obj["metadata"]["namespace"]), obj)
 
     def patch(self, obj: dict[str, Any], body: dict[str, Any]) -> Optional[dict[str, Any]]:
-        """Merge `body` into `obj` (kind and name from it) and update `obj` in place to the result; None when it is gone."""
+        """Merge `body` into `obj` (kind and name from it) and update `obj` in place to the result; None when it is
+        gone."""
         meta = obj["metadata"]
         try:
             patched = self._call("PATCH", self._path(obj["kind"], meta["namespace"], meta["name"]), body)
@@ -93,7 +98,9 @@ class Api:
         """Delete `obj`; one already gone is fine."""
         meta = obj["metadata"]
         try:
-            self._call("DELETE", self._path(obj["kind"], meta["namespace"], meta["name"]), {"propagationPolicy": propagation})
+            self._call(
+                "DELETE", self._path(obj["kind"], meta["namespace"], meta["name"]), {"propagationPolicy": propagation}
+            )
         except ApiError as e:
             if e.status != 404:
                 raise

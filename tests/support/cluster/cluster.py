@@ -54,8 +54,15 @@ class EmulatedCluster:
         tick: seconds between reconcile steps.
     """
 
-    def __init__(self, root: Path, nodes: Optional[list[Node]] = None, kueue: Optional[KueueSettings] = None,
-                 node_env: Optional[dict[str, str]] = None, pod_backoff_seconds: float = 1.0, tick: float = 0.1) -> None:
+    def __init__(
+        self,
+        root: Path,
+        nodes: Optional[list[Node]] = None,
+        kueue: Optional[KueueSettings] = None,
+        node_env: Optional[dict[str, str]] = None,
+        pod_backoff_seconds: float = 1.0,
+        tick: float = 0.1,
+    ) -> None:
         self.root = root
         self.nodes = nodes if nodes is not None else [Node("node-a"), Node("node-b")]
         self.kueue_settings = kueue or KueueSettings()
@@ -81,7 +88,9 @@ class EmulatedCluster:
         self._thread.start()
         return self
 
-    def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]) -> None:
+    def __exit__(
+        self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException], tb: Optional[TracebackType]
+    ) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(30)
@@ -94,7 +103,9 @@ class EmulatedCluster:
         while not self._stop.is_set():
             try:
                 self.step()
-            except BaseException as e:  # re-raised in the test by check(); the cluster stops like a crashed control plane
+            except (
+                BaseException
+            ) as e:  # re-raised in the test by check(); the cluster stops like a crashed control plane
                 self.errors.append(e)
                 self.kubelet.stop_all()
                 return
@@ -147,7 +158,8 @@ class EmulatedCluster:
         self.nodes.append(node)
 
     def preempt(self, gang: str, namespace: str) -> None:
-        """Ask Kueue to preempt the admitted Workload of Job or JobSet `gang`: evicted with reason Preempted, its pods stopped."""
+        """Ask Kueue to preempt the admitted Workload of Job or JobSet `gang`: evicted with reason Preempted, its pods
+        stopped."""
         self.kueue.preempt_requests.add((namespace, gang))
 
     # -- reading the cluster ----------------------------------------------------------
@@ -170,11 +182,19 @@ class EmulatedCluster:
 
     def pods(self, job: Optional[str] = None) -> list[dict[str, Any]]:
         """Pods (of Job `job`), oldest first."""
-        pods = [p for p in self.api.list("Pod") if job is None or p["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job]
+        pods = [
+            p
+            for p in self.api.list("Pod")
+            if job is None or p["metadata"]["labels"].get("batch.kubernetes.io/job-name") == job
+        ]
         return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
 
     def running(self, job: str) -> list[dict[str, Any]]:
-        return [p for p in self.pods(job) if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+        return [
+            p
+            for p in self.pods(job)
+            if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        ]
 
     def job(self, name: str, namespace: str) -> Optional[dict[str, Any]]:
         return self.api.get("Job", namespace, name)

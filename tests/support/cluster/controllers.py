@@ -72,7 +72,9 @@ def is_true(obj: dict[str, Any], ctype: str) -> bool:
     return conditions(obj).get(ctype, {}).get("status") == "True"
 
 
-def with_condition(obj: dict[str, Any], ctype: str, status: str, reason: str, message: str = "") -> list[dict[str, Any]]:
+def with_condition(
+    obj: dict[str, Any], ctype: str, status: str, reason: str, message: str = ""
+) -> list[dict[str, Any]]:
     """`obj`'s conditions with `ctype` set (its transition time kept when the status did not change)."""
     out, found = [], False
     for c in (obj.get("status") or {}).get("conditions") or []:
@@ -84,7 +86,9 @@ def with_condition(obj: dict[str, Any], ctype: str, status: str, reason: str, me
                 c["lastTransitionTime"] = now_iso()
         out.append(c)
     if not found:
-        out.append({"type": ctype, "status": status, "reason": reason, "message": message, "lastTransitionTime": now_iso()})
+        out.append(
+            {"type": ctype, "status": status, "reason": reason, "message": message, "lastTransitionTime": now_iso()}
+        )
     return out
 
 
@@ -119,7 +123,8 @@ def suffix() -> str:
 
 
 def record_event(api: Api, obj: dict[str, Any], kind: str, reason: str, message: str, component: str) -> None:
-    """A Warning Event about `obj` (of `kind`), as a controller's event recorder writes it (in the object's namespace)."""
+    """A Warning Event about `obj` (of `kind`), as a controller's event recorder writes it (in the object's
+    namespace)."""
     meta = obj["metadata"]
     api.create("Event", {
         "apiVersion": "v1", "kind": "Event",
@@ -216,12 +221,17 @@ class KueueController:
 
     def step(self, jobs: list[dict[str, Any]], pods: list[dict[str, Any]], workloads: list[dict[str, Any]],
              jobsets: Optional[list[dict[str, Any]]] = None) -> None:
-        """Workloads of queued Jobs and JobSets (a JobSet is ONE Workload, a podSet per replicatedJob; its child Jobs none)."""
+        """Workloads of queued Jobs and JobSets (a JobSet is ONE Workload, a podSet per replicatedJob; its child Jobs
+        none)."""
         jobsets = jobsets or []
         owners = [*jobs, *jobsets]
         by_owner = {wl["metadata"]["labels"].get(JOB_UID_LABEL): wl for wl in workloads}
         for owner in owners:
-            if QUEUE_LABEL in owner["metadata"].get("labels", {}) and owner["metadata"]["uid"] not in by_owner and not terminating(owner):
+            if (
+                QUEUE_LABEL in owner["metadata"].get("labels", {})
+                and owner["metadata"]["uid"] not in by_owner
+                and not terminating(owner)
+            ):
                 wl = self._create_workload(owner)
                 workloads.append(wl)
                 by_owner[owner["metadata"]["uid"]] = wl
@@ -235,7 +245,9 @@ class KueueController:
             if any(is_true(owner, t) for t in finished):
                 self._finish(wl, owner)
                 continue
-            uids = {owner["metadata"]["uid"]} | {j["metadata"]["uid"] for j in jobs if owned_by(j, owner["metadata"]["uid"])}
+            uids = {owner["metadata"]["uid"]} | {
+                j["metadata"]["uid"] for j in jobs if owned_by(j, owner["metadata"]["uid"])
+            }
             owner_pods = [p for p in pods if any(owned_by(p, u) for u in uids)]
             if is_true(wl, "QuotaReserved"):
                 self._watch_admitted(wl, owner, owner_pods)
@@ -247,28 +259,50 @@ class KueueController:
         """Kueue's podSets: one (`main`) for a Job; one per replicatedJob of a JobSet, count replicas x parallelism."""
         spec = owner["spec"]
         if owner.get("kind") == "JobSet":
-            return [{"name": rj["name"], "count": int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("parallelism", 1)),
-                     "template": rj["template"]["spec"]["template"]} for rj in spec["replicatedJobs"]]
+            return [
+                {
+                    "name": rj["name"],
+                    "count": int(rj.get("replicas", 1)) * int(rj["template"]["spec"].get("parallelism", 1)),
+                    "template": rj["template"]["spec"]["template"],
+                }
+                for rj in spec["replicatedJobs"]
+            ]
         return [{"name": "main", "count": spec.get("parallelism", 1), "template": spec["template"]}]
 
     def _create_workload(self, owner: dict[str, Any]) -> dict[str, Any]:
         meta = owner["metadata"]
         kind = owner.get("kind", "Job")
         wl = {
-            "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
-            "metadata": {"name": f"{kind.lower()}-{meta['name']}-{suffix()}", "namespace": meta["namespace"],
-                         "labels": {JOB_UID_LABEL: meta["uid"]},
-                         "ownerReferences": [{"apiVersion": owner.get("apiVersion", "batch/v1"), "kind": kind, "name": meta["name"],
-                                              "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "Workload",
+            "metadata": {
+                "name": f"{kind.lower()}-{meta['name']}-{suffix()}",
+                "namespace": meta["namespace"],
+                "labels": {JOB_UID_LABEL: meta["uid"]},
+                "ownerReferences": [
+                    {
+                        "apiVersion": owner.get("apiVersion", "batch/v1"),
+                        "kind": kind,
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
             "spec": {"active": True, "queueName": meta["labels"][QUEUE_LABEL], "podSets": self.pod_sets(owner)},
             "status": {"conditions": []},
         }
         return self.api.create("Workload", wl)
 
-    def _try_admit(self, wl: dict[str, Any], job: dict[str, Any], job_pods: list[dict[str, Any]], workloads: list[dict[str, Any]]) -> None:
+    def _try_admit(
+        self, wl: dict[str, Any], job: dict[str, Any], job_pods: list[dict[str, Any]], workloads: list[dict[str, Any]]
+    ) -> None:
         s = self.settings
         if wl["spec"]["queueName"] not in s.local_queues:
-            self._set(wl, [("QuotaReserved", "False", "Inadmissible", f"LocalQueue {wl['spec']['queueName']} doesn't exist")])
+            self._set(
+                wl, [("QuotaReserved", "False", "Inadmissible", f"LocalQueue {wl['spec']['queueName']} doesn't exist")]
+            )
             return
         if any(p["status"].get("phase") not in TERMINAL for p in job_pods):
             return  # evicted: requeued once its pods are gone
@@ -279,8 +313,11 @@ class KueueController:
         for res, q in sorted(need.items()):
             free = quota.get(res, Decimal(0)) - used.get(res, Decimal(0))
             if q > free:
-                message = (f"couldn't assign flavors to pod set {wl['spec']['podSets'][0]['name']}: insufficient unused quota for {res} in flavor "
-                           f"{s.flavor}, {q - free} more needed")
+                message = (
+                    f"couldn't assign flavors to pod set {wl['spec']['podSets'][0]['name']}: insufficient unused "
+                    f"quota for {res} in flavor "
+                    f"{s.flavor}, {q - free} more needed"
+                )
                 self._set(wl, [("QuotaReserved", "False", "Pending", message)])
                 return
         self.requeue_at.pop(uid, None)
@@ -302,9 +339,21 @@ class KueueController:
             self.preempt_requests.discard(key)
             for p in job_pods:
                 if p["status"].get("phase") not in TERMINAL:
-                    self.api.patch(p, {"status": {"conditions": with_condition(
-                        p, "DisruptionTarget", "True", "PreemptionByKueue",
-                        f"Kueue preempted Workload {wl['metadata']['name']} to accommodate a higher priority workload")}})
+                    self.api.patch(
+                        p,
+                        {
+                            "status": {
+                                "conditions": with_condition(
+                                    p,
+                                    "DisruptionTarget",
+                                    "True",
+                                    "PreemptionByKueue",
+                                    f"Kueue preempted Workload {wl['metadata']['name']} to accommodate a higher "
+                                    "priority workload",
+                                )
+                            }
+                        },
+                    )
             self._evict(wl, job, "Preempted", "Preempted to accommodate a higher priority Workload", backoff=False)
             return
         parallelism = sum(int(ps["count"]) for ps in wl["spec"]["podSets"])
@@ -312,10 +361,16 @@ class KueueController:
             p["status"].get("phase") == "Succeeded" or (p["status"].get("phase") == "Running" and is_true(p, "Ready"))))
         if ready >= parallelism:
             if not is_true(wl, "PodsReady"):
-                self._set(wl, [("PodsReady", "True", "PodsReady", "All pods reached readiness and the workload is running")])
+                self._set(
+                    wl, [("PodsReady", "True", "PodsReady", "All pods reached readiness and the workload is running")]
+                )
             return
         timeout = self.settings.pods_ready_timeout
-        if timeout is not None and not is_true(wl, "PodsReady") and self.clock() - self.admitted_at.get(uid, self.clock()) > timeout:
+        if (
+            timeout is not None
+            and not is_true(wl, "PodsReady")
+            and self.clock() - self.admitted_at.get(uid, self.clock()) > timeout
+        ):
             ns, name = job["metadata"]["namespace"], wl["metadata"]["name"]
             self._evict(wl, job, "PodsReadyTimeout", f"Exceeded the PodsReady timeout {ns}/{name}", backoff=True)
 
@@ -324,16 +379,27 @@ class KueueController:
         uid = wl["metadata"]["uid"]
         self.evictions.append((wl["metadata"]["name"], reason))
         self.admitted_at.pop(uid, None)
-        updates = [("Evicted", "True", reason, message), ("QuotaReserved", "False", "Pending", message),
-                   ("Admitted", "False", "NoReservation", "The workload has no reservation"), ("PodsReady", "False", reason, message)]
+        updates = [
+            ("Evicted", "True", reason, message),
+            ("QuotaReserved", "False", "Pending", message),
+            ("Admitted", "False", "NoReservation", "The workload has no reservation"),
+            ("PodsReady", "False", reason, message),
+        ]
         body: dict[str, Any] = {}
         if backoff:
             count = int((wl["status"].get("requeueState") or {}).get("count", 0)) + 1
             wait = min(s.backoff_base_seconds * 2 ** (count - 1), s.backoff_max_seconds)
             if s.backoff_limit_count is not None and count > s.backoff_limit_count:
                 body["spec"] = {"active": False}
-                updates.append(("Requeued", "False", "InactiveWorkload",
-                                f"The workload is deactivated due to exceeding the maximum number of re-queuing retries ({reason})"))
+                updates.append(
+                    (
+                        "Requeued",
+                        "False",
+                        "InactiveWorkload",
+                        "The workload is deactivated due to exceeding the maximum number of re-queuing retries "
+                        f"({reason})",
+                    )
+                )
             else:
                 self.requeue_at[uid] = self.clock() + wait
                 updates.append(("Requeued", "False", reason, f"Requeued after {wait:g} s of backoff"))
@@ -350,8 +416,13 @@ class KueueController:
         self._set(wl, [("Finished", "True", "Failed" if failed else "Succeeded",
                         f"{kind} failed" if failed else f"{kind} finished successfully")])
 
-    def _set(self, wl: dict[str, Any], updates: list[tuple[str, str, str, str]], admission: Optional[dict[str, Any]] = None,
-             **body: Any) -> None:
+    def _set(
+        self,
+        wl: dict[str, Any],
+        updates: list[tuple[str, str, str, str]],
+        admission: Optional[dict[str, Any]] = None,
+        **body: Any,
+    ) -> None:
         conds = wl
         for ctype, value, reason, message in updates:
             conds = {"status": {"conditions": with_condition(conds, ctype, value, reason, message)}}
@@ -369,7 +440,9 @@ class JobController:
         self.pod_backoff_seconds = pod_backoff_seconds
         self.clock = clock
         self.counted: set[str] = set()  # terminal pod uids accounted for
-        self.stopped: set[str] = set()  # pods the controller deleted (suspension, finished Job): their failure is not counted
+        self.stopped: set[str] = (
+            set()
+        )  # pods the controller deleted (suspension, finished Job): their failure is not counted
         self.failures: dict[str, int] = {}  # job uid -> counted failures
         self.ignored: dict[str, int] = {}  # job uid -> failures ignored by the podFailurePolicy
         self.last_failure: dict[str, float] = {}
@@ -381,30 +454,48 @@ class JobController:
             self._reconcile(job, mine)
         uids = {j["metadata"]["uid"] for j in jobs}
         for p in pods:  # the tracking finalizer of pods whose Job is gone: nothing is left to account them to
-            if p["metadata"].get("labels", {}).get(CONTROLLER_UID) not in uids and (p["status"].get("phase") in TERMINAL or terminating(p)) \
-                    and JOB_TRACKING in (p["metadata"].get("finalizers") or []):
-                self.api.patch(p, {"metadata": {"finalizers": [f for f in p["metadata"]["finalizers"] if f != JOB_TRACKING]}})
+            if (
+                p["metadata"].get("labels", {}).get(CONTROLLER_UID) not in uids
+                and (p["status"].get("phase") in TERMINAL or terminating(p))
+                and JOB_TRACKING in (p["metadata"].get("finalizers") or [])
+            ):
+                self.api.patch(
+                    p, {"metadata": {"finalizers": [f for f in p["metadata"]["finalizers"] if f != JOB_TRACKING]}}
+                )
 
     def _reconcile(self, job: dict[str, Any], pods: list[dict[str, Any]]) -> None:
         uid = job["metadata"]["uid"]
         spec = job["spec"]
         conds = conditions(job)
         done = any(conds.get(t, {}).get("status") == "True" for t in ("Complete", "Failed"))
-        target = next((t for t in ("FailureTarget", "SuccessCriteriaMet") if conds.get(t, {}).get("status") == "True"), None)
+        target = next(
+            (t for t in ("FailureTarget", "SuccessCriteriaMet") if conds.get(t, {}).get("status") == "True"), None
+        )
         live = [p for p in pods if p["status"].get("phase") not in TERMINAL]
-        completed = {int(p["metadata"]["annotations"][COMPLETION_INDEX]) for p in pods if p["status"].get("phase") == "Succeeded"}
+        completed = {
+            int(p["metadata"]["annotations"][COMPLETION_INDEX]) for p in pods if p["status"].get("phase") == "Succeeded"
+        }
         verdict: Optional[tuple[str, str, str]] = None
         for p in pods:
             if p["status"].get("phase") in TERMINAL and p["metadata"]["uid"] not in self.counted:
-                if p["status"]["phase"] == "Failed" and p["metadata"]["uid"] not in self.stopped and not (done or target):
+                if (
+                    p["status"]["phase"] == "Failed"
+                    and p["metadata"]["uid"] not in self.stopped
+                    and not (done or target)
+                ):
                     verdict = verdict or self._account_failure(job, p)
                 self.counted.add(p["metadata"]["uid"])
             if p["status"].get("phase") in TERMINAL and JOB_TRACKING in (p["metadata"].get("finalizers") or []):
-                self.api.patch(p, {"metadata": {"finalizers": [f for f in p["metadata"]["finalizers"] if f != JOB_TRACKING]}})
-        status: dict[str, Any] = {"active": len([p for p in live if not terminating(p)]),
-                                  "ready": sum(1 for p in live if is_true(p, "Ready")),
-                                  "failed": self.failures.get(uid, 0) + self.ignored.get(uid, 0), "succeeded": len(completed),
-                                  "completedIndexes": ",".join(str(i) for i in sorted(completed))}
+                self.api.patch(
+                    p, {"metadata": {"finalizers": [f for f in p["metadata"]["finalizers"] if f != JOB_TRACKING]}}
+                )
+        status: dict[str, Any] = {
+            "active": len([p for p in live if not terminating(p)]),
+            "ready": sum(1 for p in live if is_true(p, "Ready")),
+            "failed": self.failures.get(uid, 0) + self.ignored.get(uid, 0),
+            "succeeded": len(completed),
+            "completedIndexes": ",".join(str(i) for i in sorted(completed)),
+        }
         if done or terminating(job):
             self._stop(live)
             return
@@ -463,9 +554,16 @@ class JobController:
         name = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
         if action == "FailJob":
             code = exit_code(pod)
-            what = (f"Container {rules[index]['onExitCodes'].get('containerName') or pod['spec']['containers'][0]['name']} for pod "
-                    f"{name} failed with exit code {code} matching FailJob rule at index {index}") if "onExitCodes" in rules[index] \
+            what = (
+                (
+                    "Container "
+                    f"{rules[index]['onExitCodes'].get('containerName') or pod['spec']['containers'][0]['name']} for "
+                    "pod "
+                    f"{name} failed with exit code {code} matching FailJob rule at index {index}"
+                )
+                if "onExitCodes" in rules[index]
                 else f"Pod {name} has condition DisruptionTarget matching FailJob rule at index {index}"
+            )
             return ("FailureTarget", "PodFailurePolicy", what)
         if action == "Ignore":
             self.ignored[uid] = self.ignored.get(uid, 0) + 1
@@ -479,7 +577,9 @@ class JobController:
     def _matches(rule: dict[str, Any], pod: dict[str, Any]) -> bool:
         if "onPodConditions" in rule:
             conds = conditions(pod)
-            return any(conds.get(c["type"], {}).get("status") == c.get("status", "True") for c in rule["onPodConditions"])
+            return any(
+                conds.get(c["type"], {}).get("status") == c.get("status", "True") for c in rule["onPodConditions"]
+            )
         req = rule.get("onExitCodes") or {}
         for cs in pod["status"].get("containerStatuses") or []:
             if req.get("containerName") not in (None, cs["name"]):
@@ -502,9 +602,15 @@ class JobController:
     def _create_missing(self, job: dict[str, Any], pods: list[dict[str, Any]], completed: set[int]) -> None:
         uid = job["metadata"]["uid"]
         failures = self.failures.get(uid, 0) + self.ignored.get(uid, 0)
-        if failures and self.clock() < self.last_failure.get(uid, 0.0) + self.pod_backoff_seconds * 2 ** (self.failures.get(uid, 1) - 1):
+        if failures and self.clock() < self.last_failure.get(uid, 0.0) + self.pod_backoff_seconds * 2 ** (
+            self.failures.get(uid, 1) - 1
+        ):
             return
-        busy = {int(p["metadata"]["annotations"][COMPLETION_INDEX]) for p in pods if p["status"].get("phase") not in TERMINAL}
+        busy = {
+            int(p["metadata"]["annotations"][COMPLETION_INDEX])
+            for p in pods
+            if p["status"].get("phase") not in TERMINAL
+        }
         for index in range(job["spec"].get("completions", 1)):
             if index not in completed and index not in busy:
                 self.api.create("Pod", self._pod(job, index))
@@ -516,14 +622,43 @@ class JobController:
                   CONTROLLER_UID: meta["uid"], "controller-uid": meta["uid"], COMPLETION_INDEX: str(index)}
         annotations = {**(template.get("metadata") or {}).get("annotations", {}), COMPLETION_INDEX: str(index)}
         spec = {**template["spec"], "hostname": f"{name}-{index}"}
-        spec["containers"] = [{**c, "env": [*(c.get("env") or []), *([] if any(e["name"] == "JOB_COMPLETION_INDEX" for e in c.get("env") or [])
-                                             else [{"name": "JOB_COMPLETION_INDEX", "value": str(index)}])]} for c in spec["containers"]]
-        return {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": f"{name}-{index}-{suffix()}", "namespace": meta["namespace"], "labels": labels,
-                             "annotations": annotations, "finalizers": [JOB_TRACKING],
-                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": meta["uid"],
-                                                  "controller": True, "blockOwnerDeletion": True}]},
-                "spec": spec, "status": {"phase": "Pending", "conditions": []}}
+        spec["containers"] = [
+            {
+                **c,
+                "env": [
+                    *(c.get("env") or []),
+                    *(
+                        []
+                        if any(e["name"] == "JOB_COMPLETION_INDEX" for e in c.get("env") or [])
+                        else [{"name": "JOB_COMPLETION_INDEX", "value": str(index)}]
+                    ),
+                ],
+            }
+            for c in spec["containers"]
+        ]
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": f"{name}-{index}-{suffix()}",
+                "namespace": meta["namespace"],
+                "labels": labels,
+                "annotations": annotations,
+                "finalizers": [JOB_TRACKING],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "batch/v1",
+                        "kind": "Job",
+                        "name": name,
+                        "uid": meta["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ],
+            },
+            "spec": spec,
+            "status": {"phase": "Pending", "conditions": []},
+        }
 
 
 class Scheduler:
@@ -548,7 +683,10 @@ class Scheduler:
                       f"{len(nodes)} Preemption is not helpful for scheduling."
             if pod["metadata"]["uid"] not in self.reported:
                 self.reported.add(pod["metadata"]["uid"])
-                self.api.patch(pod, {"status": {"conditions": with_condition(pod, "PodScheduled", "False", "Unschedulable", message)}})
+                self.api.patch(
+                    pod,
+                    {"status": {"conditions": with_condition(pod, "PodScheduled", "False", "Unschedulable", message)}},
+                )
                 record_event(self.api, pod, "Pod", "FailedScheduling", message, "default-scheduler")
 
     def _fit(self, pod: dict[str, Any], pods: list[dict[str, Any]], nodes: list[Node]) -> tuple[Optional[Node], str]:
@@ -561,12 +699,16 @@ class Scheduler:
             reasons[why] = reasons.get(why, 0) + 1
         return None, ", ".join(f"{n} {why}" for why, n in sorted(reasons.items()))
 
-    def _node_misfit(self, pod: dict[str, Any], node: Node, need: dict[str, Decimal], pods: list[dict[str, Any]]) -> Optional[str]:
+    def _node_misfit(
+        self, pod: dict[str, Any], node: Node, need: dict[str, Decimal], pods: list[dict[str, Any]]
+    ) -> Optional[str]:
         labels = node.all_labels()
         selector = pod["spec"].get("nodeSelector") or {}
         terms = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
                  .get("requiredDuringSchedulingIgnoredDuringExecution") or {}).get("nodeSelectorTerms")
-        if any(labels.get(k) != v for k, v in selector.items()) or (terms and not any(self._term(t, labels) for t in terms)):
+        if any(labels.get(k) != v for k, v in selector.items()) or (
+            terms and not any(self._term(t, labels) for t in terms)
+        ):
             return "node(s) didn't match Pod's node affinity/selector"
         used: dict[str, Decimal] = {}
         for other in pods:

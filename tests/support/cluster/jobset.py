@@ -116,7 +116,11 @@ class JobSetController:
             self._write(js, status)
             return
         self._delete_jobs(previous)
-        if not js["spec"].get("suspend") and self._all_ready(js, status["replicatedJobsStatus"]) and "RestartingJobSet" in conditions(js):
+        if (
+            not js["spec"].get("suspend")
+            and self._all_ready(js, status["replicatedJobsStatus"])
+            and "RestartingJobSet" in conditions(js)
+        ):
             self._condition(js, status, "RestartingJobSet", "False", "JobsReady", "all jobs are ready")
         if failed:
             self._failure_policy(js, status, failed)
@@ -219,7 +223,9 @@ class JobSetController:
 
     @staticmethod
     def _all_ready(js: dict[str, Any], statuses: list[dict[str, Any]]) -> bool:
-        return sum(int(rj.get("replicas", 1)) for rj in js["spec"]["replicatedJobs"]) == sum(s["ready"] + s["succeeded"] for s in statuses)
+        return sum(int(rj.get("replicas", 1)) for rj in js["spec"]["replicatedJobs"]) == sum(
+            s["ready"] + s["succeeded"] for s in statuses
+        )
 
     # -- objects -----------------------------------------------------------------------
 
@@ -245,9 +251,13 @@ class JobSetController:
         pod_template = spec.setdefault("template", {})
         pod_meta = pod_template.setdefault("metadata", {})
         stamp = _jobset_labels(js, rj, index, restarts, name)
-        job_meta = {"name": name, "namespace": js["metadata"]["namespace"],
-                    "labels": {**(meta.get("labels") or {}), **stamp}, "annotations": {**(meta.get("annotations") or {}), **stamp},
-                    "ownerReferences": [_controller_ref(js)]}
+        job_meta = {
+            "name": name,
+            "namespace": js["metadata"]["namespace"],
+            "labels": {**(meta.get("labels") or {}), **stamp},
+            "annotations": {**(meta.get("annotations") or {}), **stamp},
+            "ownerReferences": [_controller_ref(js)],
+        }
         pod_meta["labels"] = {**(pod_meta.get("labels") or {}), **stamp}
         pod_meta["annotations"] = {**(pod_meta.get("annotations") or {}), **stamp}
         if (js["spec"].get("network") or {}).get("enableDNSHostnames"):
@@ -260,7 +270,9 @@ class JobSetController:
             if not terminating(j):
                 self.api.delete(j, propagation="Foreground")
 
-    def _condition(self, js: dict[str, Any], status: dict[str, Any], ctype: str, value: str, reason: str, message: str) -> None:
+    def _condition(
+        self, js: dict[str, Any], status: dict[str, Any], ctype: str, value: str, reason: str, message: str
+    ) -> None:
         status["conditions"] = with_condition({"status": status}, ctype, value, reason, message)
 
     def _write(self, js: dict[str, Any], status: dict[str, Any]) -> None:

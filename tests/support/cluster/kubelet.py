@@ -81,9 +81,15 @@ def field_value(pod: dict[str, Any], path: str) -> str:
         ContainerConfigError: a path the kubelet would not resolve here.
     """
     meta, spec, status = pod["metadata"], pod.get("spec", {}), pod.get("status", {})
-    simple = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace"), "metadata.uid": meta.get("uid"),
-              "spec.nodeName": spec.get("nodeName"), "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
-              "status.podIP": status.get("podIP"), "status.hostIP": status.get("hostIP")}
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": spec.get("nodeName"),
+        "spec.serviceAccountName": spec.get("serviceAccountName", "default"),
+        "status.podIP": status.get("podIP"),
+        "status.hostIP": status.get("hostIP"),
+    }
     if path in simple and simple[path] is not None:
         return str(simple[path])
     m = _FIELD.match(path)
@@ -135,16 +141,27 @@ class PodProcess:
         for var in container.get("env") or []:
             ref = (var.get("valueFrom") or {}).get("secretKeyRef")
             if ref and ref["key"] not in secrets[ref["name"]]:
-                raise ContainerConfigError(f"couldn't find key {ref['key']} in Secret {pod['metadata']['namespace']}/{ref['name']}")
+                raise ContainerConfigError(
+                    f"couldn't find key {ref['key']} in Secret {pod['metadata']['namespace']}/{ref['name']}"
+                )
         mounts = local_volumes(spec, container, root)
-        refs = {v["valueFrom"]["fieldRef"]["fieldPath"]: "" for v in container.get("env") or [] if "fieldRef" in (v.get("valueFrom") or {})}
-        # PYTHONPATH is this checkout, the image's copy of the code, never inside a mount (a checkout under /tmp is not the pod's /tmp).
+        refs = {
+            v["valueFrom"]["fieldRef"]["fieldPath"]: ""
+            for v in container.get("env") or []
+            if "fieldRef" in (v.get("valueFrom") or {})
+        }
+        # PYTHONPATH is this checkout, the image's copy of the code, never inside a mount (a checkout under /tmp is not
+        # the pod's /tmp).
         env = {k: v if k == "PYTHONPATH" else remap(v, mounts) for k, v in IMAGE_ENV.items()}
         env.update(local_env(container, mounts, {path: field_value(pod, path) for path in refs}, secrets))
         env = {k: resolve_names(v, dns) for k, v in env.items()}
-        command = [resolve_names(expand(arg, env), dns) for arg in [*container.get("command", []), *container.get("args", [])]]
+        command = [
+            resolve_names(expand(arg, env), dns) for arg in [*container.get("command", []), *container.get("args", [])]
+        ]
         if not command or command[0] != "python":
-            raise ContainerConfigError(f"command {command[:1]} is not the image's python; the emulation runs python only")
+            raise ContainerConfigError(
+                f"command {command[:1]} is not the image's python; the emulation runs python only"
+            )
         self.command = [sys.executable, *command[1:]]
         self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": os.environ.get("LANG", "C.UTF-8"),
                     **env, **(node_env or {}), POD_MARKER: self.uid}
@@ -254,7 +271,9 @@ class Kubelet:
                 continue
             if proc is not None and uid not in self.done:
                 if terminating(pod):
-                    grace = pod["metadata"].get("deletionGracePeriodSeconds", pod["spec"].get("terminationGracePeriodSeconds", 30))
+                    grace = pod["metadata"].get(
+                        "deletionGracePeriodSeconds", pod["spec"].get("terminationGracePeriodSeconds", 30)
+                    )
                     proc.terminate(float(grace), self.clock)
                 code = proc.reap(self.clock)
                 if code is not None:
@@ -265,13 +284,19 @@ class Kubelet:
                 self._release(pod)
 
     def _dns(self, pods: list[dict[str, Any]], services: list[dict[str, Any]]) -> dict[str, str]:
-        """Names cluster DNS gives pods: `<hostname>.<subdomain>` of a pod whose subdomain is a Service of its namespace."""
+        """Names cluster DNS gives pods: `<hostname>.<subdomain>` of a pod whose subdomain is a Service of its
+        namespace."""
         svcs = {(s["metadata"]["namespace"], s["metadata"]["name"]) for s in services if not terminating(s)}
         out = {}
         for p in pods:
             host, sub, ns = p["spec"].get("hostname"), p["spec"].get("subdomain"), p["metadata"]["namespace"]
             if host and sub and (ns, sub) in svcs and p["status"].get("phase") not in TERMINAL:
-                for name in (f"{host}.{sub}", f"{host}.{sub}.{ns}", f"{host}.{sub}.{ns}.svc", f"{host}.{sub}.{ns}.svc.cluster.local"):
+                for name in (
+                    f"{host}.{sub}",
+                    f"{host}.{sub}.{ns}",
+                    f"{host}.{sub}.{ns}.svc",
+                    f"{host}.{sub}.{ns}.svc.cluster.local",
+                ):
                     out[name] = "127.0.0.1"
         return out
 
@@ -282,8 +307,14 @@ class Kubelet:
     def _start(self, pod: dict[str, Any], pods: list[dict[str, Any]], services: list[dict[str, Any]]) -> None:
         container = pod["spec"]["containers"][0]
         try:
-            proc = PodProcess(pod, self.root / pod["metadata"]["name"], self.logs, self._secrets(pod["metadata"]["namespace"]),
-                              self._dns(pods, services), self.node_env)
+            proc = PodProcess(
+                pod,
+                self.root / pod["metadata"]["name"],
+                self.logs,
+                self._secrets(pod["metadata"]["namespace"]),
+                self._dns(pods, services),
+                self.node_env,
+            )
         except ContainerConfigError as e:
             state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
             self.api.patch(pod, {"status": {"containerStatuses": [self._status(container, state, False)]}})
@@ -301,20 +332,50 @@ class Kubelet:
 
     def _terminated(self, pod: dict[str, Any], code: int) -> None:
         container = pod["spec"]["containers"][0]
-        started = ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("running", {}).get("startedAt")
+        started = (
+            ((pod["status"].get("containerStatuses") or [{}])[0].get("state") or {}).get("running", {}).get("startedAt")
+        )
         conds = pod
         for ctype in ("ContainersReady", "Ready"):
-            conds = {"status": {"conditions": with_condition(conds, ctype, "False", "PodCompleted" if code == 0 else "PodFailed", "")}}
+            conds = {
+                "status": {
+                    "conditions": with_condition(
+                        conds, ctype, "False", "PodCompleted" if code == 0 else "PodFailed", ""
+                    )
+                }
+            }
         term = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": started or now_iso(),
                 "finishedAt": now_iso(), "containerID": f"emulated://{pod['metadata']['uid']}"}
-        self.api.patch(pod, {"status": {"phase": "Succeeded" if code == 0 else "Failed", "conditions": conds["status"]["conditions"],
-                                        "containerStatuses": [self._status(container, {"terminated": term}, False)]}})
+        self.api.patch(
+            pod,
+            {
+                "status": {
+                    "phase": "Succeeded" if code == 0 else "Failed",
+                    "conditions": conds["status"]["conditions"],
+                    "containerStatuses": [self._status(container, {"terminated": term}, False)],
+                }
+            },
+        )
 
     def _abandon(self, pod: dict[str, Any]) -> None:
-        """A pod deleted before its container ran (never scheduled, or not configurable): Failed, then released, as PodGC does."""
+        """A pod deleted before its container ran (never scheduled, or not configurable): Failed, then released, as
+        PodGC does."""
         if pod["status"].get("phase") not in TERMINAL:
-            self.api.patch(pod, {"status": {"phase": "Failed", "conditions": with_condition(
-                pod, "DisruptionTarget", "True", "DeletionByPodGC", "PodGC: node no longer exists or pod was deleted before it ran")}})
+            self.api.patch(
+                pod,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "conditions": with_condition(
+                            pod,
+                            "DisruptionTarget",
+                            "True",
+                            "DeletionByPodGC",
+                            "PodGC: node no longer exists or pod was deleted before it ran",
+                        ),
+                    }
+                },
+            )
         self._release(pod)
 
     def _gone_with_node(self, pod: dict[str, Any]) -> None:
@@ -355,7 +416,10 @@ class Kubelet:
             if proc.name == pod_name and proc.exit_code() is None:
                 proc.signal(sig)
                 return
-        raise LookupError(f"pod {pod_name} is not running on this node; running: {sorted(p.name for p in self.procs.values() if p.exit_code() is None)}")
+        raise LookupError(
+            f"pod {pod_name} is not running on this node; running: "
+            f"{sorted(p.name for p in self.procs.values() if p.exit_code() is None)}"
+        )
 
     def stop_all(self) -> None:
         for proc in self.procs.values():

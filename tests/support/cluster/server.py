@@ -227,7 +227,13 @@ class KubeServer:
 
 def launcher_requests_outside_its_role(server: KubeServer, namespace: str) -> list[str]:
     """Every request the launcher made that its Role (`resources.k8s.cluster.LAUNCHER_RULES`) would not allow."""
-    allowed = {(group, resource, verb) for r in LAUNCHER_RULES for group in r["apiGroups"] for resource in r["resources"] for verb in r["verbs"]}
+    allowed = {
+        (group, resource, verb)
+        for r in LAUNCHER_RULES
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+        for verb in r["verbs"]
+    }
     denied = []
     for r in list(server.km):
         if r.headers.get("User-Agent") == CONTROLLER_AGENT:

@@ -33,9 +33,13 @@ def text_spec(**shards: Any) -> PipelineSpec:
 def image_spec(**over: Any) -> PipelineSpec:
     """An image pipeline of 8x8 uint8 digits under `IMAGE_PREFIX/<label>/*.png`."""
     return PipelineSpec(
-        team="vision", name="glyphs", source=SourceSpec(prefix=IMAGE_PREFIX, pattern=["*/*.png", "*/*.npy"]),
+        team="vision",
+        name="glyphs",
+        source=SourceSpec(prefix=IMAGE_PREFIX, pattern=["*/*.png", "*/*.npy"]),
         shards=ImageShards(shape=[8, 8], labels=list(range(10)), shard_bytes=1 << 12),
-        split=SplitSpec(val_fraction=0.2, test_fraction=0.2, seed=3), model=ModelSpec(path="pipelines.vision.models:DigitsMLP"), **over,
+        split=SplitSpec(val_fraction=0.2, test_fraction=0.2, seed=3),
+        model=ModelSpec(path="pipelines.vision.models:DigitsMLP"),
+        **over,
     )
 
 

@@ -56,13 +56,17 @@ def land(store, name: str, data: str | bytes) -> str:
 
 
 def rows(n: int, start: int = 0, positives: float = 0.1) -> str:
-    """`n` good CSV rows: quoted text with commas in the ignored note, a text date, ISO times with and without a zone."""
+    """`n` good CSV rows: quoted text with commas in the ignored note, a text date, ISO times with and without a
+    zone."""
     out = []
     for i in range(start, start + n):
         plan = ["basic", "plus", "pro"][i % 3]
         zone = "Z" if i % 2 else ""
         churned = "yes" if (i % int(1 / positives)) == 0 else "no"
-        out.append(f'C{i:05d},{plan},DE,2022-05-{1 + i % 28:02d},2024-01-02T10:{i % 60:02d}:00{zone},{i % 70},{50 + i % 9}.5,{churned},"a, quoted note"\n')
+        out.append(
+            f"C{i:05d},{plan},DE,2022-05-{1 + i % 28:02d},2024-01-02T10:{i % 60:02d}:00{zone},"
+            f'{i % 70},{50 + i % 9}.5,{churned},"a, quoted note"\n'
+        )
     return "".join(out)
 
 
@@ -87,7 +91,9 @@ def test_csv_and_parquet_land_as_the_stored_columns_in_canonical_types(store):
                     "plan": ["pro", "basic"],
                     "country": ["FR", None],
                     # a timestamp column for a date (its UTC day), naive times for a datetime (UTC)
-                    "signup_date": pa.array([dt.datetime(2022, 5, 4, 23, 0), dt.datetime(2021, 1, 1)], pa.timestamp("ns")),
+                    "signup_date": pa.array(
+                        [dt.datetime(2022, 5, 4, 23, 0), dt.datetime(2021, 1, 1)], pa.timestamp("ns")
+                    ),
                     "last_seen": pa.array([dt.datetime(2024, 1, 2, 8, 0), dt.datetime(2024, 1, 3)], pa.timestamp("ms")),
                     "tenure": [3, 4],
                     "charges": [10.0, None],
@@ -117,10 +123,20 @@ def test_csv_and_parquet_land_as_the_stored_columns_in_canonical_types(store):
     assert data["signup_date"][4:] == [dt.date(2022, 5, 4), dt.date(2021, 1, 1)]
     utc = dt.UTC
     # naive text is UTC, `Z` is UTC, naive Parquet times are UTC
-    assert data["last_seen"][:2] == [dt.datetime(2024, 1, 2, 10, 0, tzinfo=utc), dt.datetime(2024, 1, 2, 10, 1, tzinfo=utc)]
+    assert data["last_seen"][:2] == [
+        dt.datetime(2024, 1, 2, 10, 0, tzinfo=utc),
+        dt.datetime(2024, 1, 2, 10, 1, tzinfo=utc),
+    ]
     assert data["last_seen"][4] == dt.datetime(2024, 1, 2, 8, 0, tzinfo=utc)
     assert result.snapshot.missing == {
-        "customer_id": 0, "plan": 0, "country": 1, "signup_date": 0, "last_seen": 0, "tenure": 0, "charges": 1, "churned": 0
+        "customer_id": 0,
+        "plan": 0,
+        "country": 1,
+        "signup_date": 0,
+        "last_seen": 0,
+        "tenure": 0,
+        "charges": 1,
+        "churned": 0,
     }
 
 
@@ -141,7 +157,10 @@ def test_uncastable_dates_reject_the_file_naming_line_column_and_values(store):
     by_column = {i.column: i for i in record.issues if i.kind == "type"}
     assert set(by_column) == {"signup_date", "last_seen"}
     assert by_column["signup_date"].lines == [3] and by_column["signup_date"].fatal
-    assert f"{uri}: column 'signup_date': 1 value(s) that are not 'date' at line(s) 3; e.g. '04/05/2022'" in by_column["signup_date"].message
+    assert (
+        f"{uri}: column 'signup_date': 1 value(s) that are not 'date' at line(s) 3; e.g. '04/05/2022'"
+        in by_column["signup_date"].message
+    )
     assert "at line(s) 4; e.g. 'yesterday'" in by_column["last_seen"].message
 
 
@@ -163,7 +182,12 @@ def test_uncastable_dates_in_parquet_name_the_row_and_column(store):
     with pytest.raises(ingest.IngestRejected) as e:
         ingest.ingest(store, churn_spec())
     [issue] = [i for i in e.value.records[0].issues if i.kind == "type"]
-    assert issue.column == "signup_date" and issue.lines == [2] and "'not a date'" in issue.message and "row(s) 2" in issue.message
+    assert (
+        issue.column == "signup_date"
+        and issue.lines == [2]
+        and "'not a date'" in issue.message
+        and "row(s) 2" in issue.message
+    )
 
 
 # --------------------------------------------------------------------------- missing values
@@ -232,7 +256,9 @@ def test_a_renamed_column_is_reported_with_the_other_columns_problems(store):
     assert ("domain", "plan") in kinds
     assert ("nulls", "customer_id") in kinds
     renamed = next(i for i in record.issues if i.kind == "columns_renamed")
-    assert "['charges'] not found" in renamed.message and "'monthly_charges'" in renamed.message and uri in renamed.message
+    assert (
+        "['charges'] not found" in renamed.message and "'monthly_charges'" in renamed.message and uri in renamed.message
+    )
     assert record.status == "rejected" and record.quarantine
 
 
@@ -266,33 +292,56 @@ def test_the_suite_types_domains_ids_and_ignored_columns(store, failed):
     assert report.success, report.to_markdown()
     suite = dq.expectation_configs(spec)
     assert suite[1]["kwargs"]["column_list"] == list(spec.stored_columns)  # no `note`
-    types = {e["kwargs"]["column"]: e["kwargs"]["type_list"] for e in suite if e["type"] == "expect_column_values_to_be_in_type_list"}
+    types = {
+        e["kwargs"]["column"]: e["kwargs"]["type_list"]
+        for e in suite
+        if e["type"] == "expect_column_values_to_be_in_type_list"
+    }
     assert types["signup_date"] == ["datetime64[s]"] and types["plan"] == ["str", "StringDtype"]
     domains = {e["kwargs"]["column"] for e in suite if e["type"] == "expect_column_values_to_be_in_set"}
     assert domains == {"plan", "churned"}  # the open category `country` has none
     # a date where a datetime is declared, and the other way round, fail the type expectations
-    swapped = churn_spec(columns={**spec.columns, "signup_date": ColumnSpec(dtype="datetime"), "last_seen": ColumnSpec(dtype="date", role="timestamp")})
+    swapped = churn_spec(
+        columns={
+            **spec.columns,
+            "signup_date": ColumnSpec(dtype="datetime"),
+            "last_seen": ColumnSpec(dtype="date", role="timestamp"),
+        }
+    )
     bad = validate_snapshot(store, snap.uri, swapped).report
-    assert {("expect_column_values_to_be_in_type_list", "signup_date"), ("expect_column_values_to_be_in_type_list", "last_seen")} <= failed(bad)
+    assert {
+        ("expect_column_values_to_be_in_type_list", "signup_date"),
+        ("expect_column_values_to_be_in_type_list", "last_seen"),
+    } <= failed(bad)
 
 
 def test_an_id_is_never_null_even_when_declared_nullable(store, failed):
-    spec = churn_spec(columns={**churn_spec().columns, "customer_id": ColumnSpec(dtype="str", role="id", nullable=True)})
+    spec = churn_spec(
+        columns={**churn_spec().columns, "customer_id": ColumnSpec(dtype="str", role="id", nullable=True)}
+    )
     land(store, "a.csv", HEADER + rows(3).replace("C00001,", ",", 1))
     snap = ingest.ingest(store, spec).snapshot
-    assert ("expect_column_values_to_not_be_null", "customer_id") in failed(validate_snapshot(store, snap.uri, spec).report)
+    assert ("expect_column_values_to_not_be_null", "customer_id") in failed(
+        validate_snapshot(store, snap.uri, spec).report
+    )
 
 
 def test_repeated_ids_are_a_warning_not_a_failure(store):
-    spec = churn_spec(columns={**churn_spec().columns, "last_seen": ColumnSpec(dtype="datetime")})  # no timestamp role: the id alone
+    spec = churn_spec(
+        columns={**churn_spec().columns, "last_seen": ColumnSpec(dtype="datetime")}
+    )  # no timestamp role: the id alone
     body = rows(5)
-    body += body.splitlines(keepends=True)[0].replace("2024-01-02T10:00:00", "2024-02-02T10:00:00")  # same customer, later
+    body += body.splitlines(keepends=True)[0].replace(
+        "2024-01-02T10:00:00", "2024-02-02T10:00:00"
+    )  # same customer, later
     land(store, "a.csv", HEADER + body)
     snap = ingest.ingest(store, spec).snapshot
     report = validate_snapshot(store, snap.uri, spec).report
     assert report.success
     [ids] = [r for r in report.results if r["expectation"] == UNIQUE_IDS_EXPECTATION]
-    assert ids["unexpected_count"] == 1 and ids["severity"] == "warning" and ids["observed_value"]["key"] == "customer_id"
+    assert (
+        ids["unexpected_count"] == 1 and ids["severity"] == "warning" and ids["observed_value"]["key"] == "customer_id"
+    )
     verdict = decide(report, [], spec)
     assert verdict.accepted and any("repeat the customer_id" in w for w in verdict.warnings)
     # with the timestamp role, (id, time) identifies a row: a later export of the customer is no repeat
@@ -332,7 +381,9 @@ def test_rare_positives_reach_every_part(churn_positions_spec, n, positives):
     assert all(((parts == k) & (labels == "yes")).any() for k in range(3))
     hashed = parts_of(split_hashes(table, ["customer_id"], churn_positions_spec), churn_positions_spec)
     moved = np.flatnonzero(parts != hashed)
-    assert len(moved) <= 2 and (labels[moved] == "yes").all()  # only rows of the lacking class move, one per part it lacked
+    assert (
+        len(moved) <= 2 and (labels[moved] == "yes").all()
+    )  # only rows of the lacking class move, one per part it lacked
 
 
 def test_a_split_that_already_has_every_class_everywhere_is_unchanged(churn_positions_spec):
@@ -363,7 +414,8 @@ def test_nan_text_in_a_float_column_is_the_float_reported_with_a_hint_unless_lis
 def test_jsonl_dates_and_times_are_parsed_and_bad_ones_named_by_line(store):
     spec = churn_spec(source=SourceSpec(prefix="landing", pattern="*.jsonl", format="jsonl"))
     good = (
-        '{"customer_id": "C1", "plan": "pro", "country": null, "signup_date": "2022-05-04", "last_seen": "2024-01-02T10:00:00+01:00",'
+        '{"customer_id": "C1", "plan": "pro", "country": null, "signup_date": "2022-05-04", "last_seen": '
+        '"2024-01-02T10:00:00+01:00",'
         ' "tenure": 1, "charges": 2.5, "churned": "no", "note": "x"}\n'
     )
     land(store, "a.jsonl", good)
@@ -394,9 +446,9 @@ def test_platform_checks_hash_dates_and_times_as_themselves_and_check_only_float
 def test_a_zoned_parquet_timestamp_in_a_date_column_keeps_its_own_calendar_day():
     from trainyard.data.canonical import cast_values
 
-    berlin = pa.array([dt.datetime(2022, 5, 3, 22, 0), dt.datetime(2022, 1, 1, 22, 30)], pa.timestamp("us", tz="UTC")).cast(
-        pa.timestamp("us", tz="Europe/Berlin")
-    )  # midnight and 23:30 on the Berlin calendar
+    berlin = pa.array(
+        [dt.datetime(2022, 5, 3, 22, 0), dt.datetime(2022, 1, 1, 22, 30)], pa.timestamp("us", tz="UTC")
+    ).cast(pa.timestamp("us", tz="Europe/Berlin"))  # midnight and 23:30 on the Berlin calendar
     assert cast_values(berlin, pa.date32()).to_pylist() == [dt.date(2022, 5, 4), dt.date(2022, 1, 1)]
 
 

@@ -23,7 +23,9 @@ def test_to_canonical_selects_orders_and_casts(digits_spec):
     )
     raw = pa.table({"label": ["1", "0"], "extra": [9, 9], "ok": ["true", "false"], "n": [10, 20], "x": [1, 2]})
     table = dq.to_canonical(raw, spec)
-    assert table.schema == pa.schema([("x", pa.float64()), ("n", pa.string()), ("ok", pa.bool_()), ("label", pa.int64())])
+    assert table.schema == pa.schema(
+        [("x", pa.float64()), ("n", pa.string()), ("ok", pa.bool_()), ("label", pa.int64())]
+    )
     assert table.to_pydict() == {"x": [1.0, 2.0], "n": ["10", "20"], "ok": [True, False], "label": [1, 0]}
     assert table.schema.metadata is None
 
@@ -40,7 +42,10 @@ def test_to_canonical_missing_column_names_it_and_the_columns_found(spec, digits
 def test_to_canonical_uncastable_values_are_named(digits_spec):
     spec = digits_spec(columns={"x": ColumnSpec(dtype="float"), "label": ColumnSpec(dtype="int")})
     raw = pa.table({"x": [1.0, 2.0, 3.0, 4.0], "label": ["1", "two", None, "three"]})
-    expected = r"column 'label' cannot be cast from string to declared dtype 'int' \(int64\); offending values: \['two', 'three'\]"
+    expected = (
+        r"column 'label' cannot be cast from string to declared dtype 'int' \(int64\); offending values: \['two', "
+        r"'three'\]"
+    )
     with pytest.raises(dq.SchemaMismatch, match=expected):
         dq.to_canonical(raw, spec)
     fractional = pa.table({"x": [1.0], "label": [1.5]})
@@ -48,7 +53,9 @@ def test_to_canonical_uncastable_values_are_named(digits_spec):
         dq.to_canonical(fractional, spec)
 
     nested = pa.table({"x": [1.0], "label": pa.array([[1, 2]])})
-    with pytest.raises(dq.SchemaMismatch, match=r"column 'label' cannot be cast from list<item: int64> .*Arrow has no cast"):
+    with pytest.raises(
+        dq.SchemaMismatch, match=r"column 'label' cannot be cast from list<item: int64> .*Arrow has no cast"
+    ):
         dq.to_canonical(nested, spec)
 
 

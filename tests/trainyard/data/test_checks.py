@@ -33,7 +33,9 @@ def test_nan_and_inf_fail_the_finite_check(tmp_path, digits, spec, digits_spec, 
     between = next(r for r in report.failures() if r["expectation"] == "expect_column_values_to_be_between")
     assert between["unexpected_index_list"] == [4, 8]
     assert ("expect_column_values_to_not_be_null", "pixel_3_4") in failed(report)
-    allowed = digits_spec(columns={**digits_spec().columns, "pixel_3_4": ColumnSpec(dtype="float", nullable=True, finite=False)})
+    allowed = digits_spec(
+        columns={**digits_spec().columns, "pixel_3_4": ColumnSpec(dtype="float", nullable=True, finite=False)}
+    )
     assert dq.validate_snapshot(store, store.uri("d.parquet"), allowed).report.success
 
 
@@ -49,9 +51,15 @@ def test_duplicate_rows_fail_unless_allowed(digits, digits_spec, failed):
     n = len(unique)
     assert dup["unexpected_count"] == 3 and dup["observed_value"] == {"duplicate_rows": 3}
     assert dup["unexpected_index_list"] == [n, n + 1, n + 2]
-    assert dup["unexpected_values"] == [f"row {n} repeats row 5", f"row {n + 1} repeats row 5", f"row {n + 2} repeats row 9"]
+    assert dup["unexpected_values"] == [
+        f"row {n} repeats row 5",
+        f"row {n + 1} repeats row 5",
+        f"row {n + 2} repeats row 9",
+    ]
     assert dq.validate(doubled, digits_spec(allow_duplicate_rows=True)).success
-    assert dq.validate(doubled, digits_spec(allow_duplicate_rows=False, source=SourceSpec(prefix="landing/digits", duplicates="allow"))).success
+    assert dq.validate(
+        doubled, digits_spec(allow_duplicate_rows=False, source=SourceSpec(prefix="landing/digits", duplicates="allow"))
+    ).success
 
 
 def test_duplicate_rows_are_dropped_with_a_count_by_default(digits, digits_spec):

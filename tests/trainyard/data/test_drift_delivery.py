@@ -55,7 +55,11 @@ def land(home: Path, name: str, frame: pd.DataFrame) -> None:
 def validate(harness: Harness) -> tuple[dict[str, Any], Any]:
     """Run raw_data + validated_data; the check's metadata (plain values) and the run."""
     spec = harness.spec
-    keys = [k for k in harness.defs.resolve_all_asset_keys() if k.path[-1] in ("raw_data", "validated_data") and k.path[:2] == [spec.team, spec.name]]
+    keys = [
+        k
+        for k in harness.defs.resolve_all_asset_keys()
+        if k.path[-1] in ("raw_data", "validated_data") and k.path[:2] == [spec.team, spec.name]
+    ]
     job = harness.defs.resolve_job_def(harness.names["prepare"])
     run = job.execute_in_process(instance=harness.instance, asset_selection=keys, raise_on_error=False)
     assert run.success, failure_text(run)
@@ -95,7 +99,9 @@ def test_a_shifted_delivery_is_flagged_by_its_own_rows(tmp_path: Path) -> None:
     diluted = dq.drift(*before, *now, spec)
     assert max(r["psi"] for r in diluted if r["psi"] is not None) < drifted["max_psi"] / 4
     rows = store.read_json(latest["drift_uri"])
-    assert [r["column"] for r in rows] == spec.features == ["plan", "monthly_charges", "tenure"]  # the id is never measured
+    assert (
+        [r["column"] for r in rows] == spec.features == ["plan", "monthly_charges", "tenure"]
+    )  # the id is never measured
     assert {r["column"]: r["drifted"] for r in rows} == {"plan": False, "monthly_charges": True, "tenure": False}
 
 
@@ -109,7 +115,10 @@ def test_one_shifted_file_among_several_is_judged_on_its_own(tmp_path: Path) -> 
     land(tmp_path, "batch-4.csv", batch(4, rows=250, shift=60.0))
     land(tmp_path, "batch-5.csv", batch(5, rows=20, shift=60.0))  # too few rows to be judged alone
     meta, _ = validate(harness)
-    assert meta["drift_verdict"] == "drifted" and meta["drift_scope"] == "batch-4.csv, 250 rows against the previous accepted version"
+    assert (
+        meta["drift_verdict"] == "drifted"
+        and meta["drift_scope"] == "batch-4.csv, 250 rows against the previous accepted version"
+    )
 
 
 @pytest.mark.slow
@@ -122,7 +131,8 @@ def test_a_schema_change_is_its_own_event_not_a_psi(tmp_path: Path) -> None:
     assert meta["schema_change"] == "schema changed: 'tenure' type int64 -> double"
     assert meta["drift_verdict"] == "stable" and meta["max_psi"] < 0.01
     assert meta["drift_scope"] == (
-        "whole version, 300 rows (no new landing file: files were only removed or read again) against the previous accepted version"
+        "whole version, 300 rows (no new landing file: files were only removed or read again) against the previous "
+        "accepted version"
     )
     assert "tenure" not in meta["drift_summary"].split(";")[0]
 

@@ -87,7 +87,10 @@ def test_drift_from_profiles_equals_psi_on_small_data_and_adds_ks(store, digits,
     assert by["pixel_3_4"]["ks"] == pytest.approx(ks_2samp(digits["pixel_3_4"], moved["pixel_3_4"]).statistic)
     assert by["pixel_2_3"]["ks"] == 0.0 and by["checked"]["psi"] == 0.0
     assert not any(r["drifted"] for r in rows)  # thresholds turned off
-    assert {r["column"] for r in dq.drift(*prev, *cur, spec) if r["drifted"]} == {"pixel_3_4", "source"}  # on by default
+    assert {r["column"] for r in dq.drift(*prev, *cur, spec) if r["drifted"]} == {
+        "pixel_3_4",
+        "source",
+    }  # on by default
 
     strict = digits_spec(max_drift_psi=0.25, max_drift_ks=0.2)
     flagged = {r["column"] for r in dq.drift(*prev, *cur, strict) if r["drifted"]}
@@ -125,7 +128,9 @@ def test_continuous_features_use_quantile_bins_with_open_ends():
     prev = pd.Series(rng.normal(0, 1, 5000))
     edges = dq.numeric_edges(prev.to_numpy(), 10)
     assert len(edges) == 9 and np.all(np.diff(edges) > 0)
-    assert dq.psi(prev, pd.Series(rng.normal(0, 1, 5000) * 100)) > dq.PSI_ALERT  # far outside: the open end bins take it
+    assert (
+        dq.psi(prev, pd.Series(rng.normal(0, 1, 5000) * 100)) > dq.PSI_ALERT
+    )  # far outside: the open end bins take it
     assert list(dq.numeric_edges(np.array([0.0, 1.0, 1.0, 3.0]), 10)) == [0.5, 2.0]
 
 

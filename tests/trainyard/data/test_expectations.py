@@ -9,7 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from trainyard.data.expectations import ArrowSuite, UnsupportedExpectation, great_expectations, pandas_frame_for, render_data_docs
+from trainyard.data.expectations import (
+    ArrowSuite,
+    UnsupportedExpectation,
+    great_expectations,
+    pandas_frame_for,
+    render_data_docs,
+)
 
 CONFIGS = [
     {"type": "expect_table_row_count_to_be_between", "kwargs": {"min_value": 10, "max_value": 400}},
@@ -20,7 +26,10 @@ CONFIGS = [
     {"type": "expect_column_values_to_not_be_null", "kwargs": {"column": "x"}},
     {"type": "expect_column_values_to_be_null", "kwargs": {"column": "s"}},
     {"type": "expect_column_values_to_be_between", "kwargs": {"column": "x", "min_value": -2, "max_value": 2}},
-    {"type": "expect_column_values_to_be_between", "kwargs": {"column": "n", "min_value": 0, "max_value": 10, "strict_min": True}},
+    {
+        "type": "expect_column_values_to_be_between",
+        "kwargs": {"column": "n", "min_value": 0, "max_value": 10, "strict_min": True},
+    },
     {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "s", "value_set": ["a", "b", "c"]}},
     {"type": "expect_column_values_to_be_in_set", "kwargs": {"column": "n", "value_set": list(range(11))}},
     {"type": "expect_column_values_to_not_be_in_set", "kwargs": {"column": "n", "value_set": [11]}},
@@ -39,7 +48,10 @@ CONFIGS = [
     {"type": "expect_column_stdev_to_be_between", "kwargs": {"column": "n", "min_value": 0, "max_value": 10}},
     {"type": "expect_column_distinct_values_to_be_in_set", "kwargs": {"column": "s", "value_set": ["a", "b"]}},
     {"type": "expect_column_distinct_values_to_equal_set", "kwargs": {"column": "n", "value_set": list(range(13))}},
-    {"type": "expect_column_unique_value_count_to_be_between", "kwargs": {"column": "s", "min_value": 1, "max_value": 3}},
+    {
+        "type": "expect_column_unique_value_count_to_be_between",
+        "kwargs": {"column": "s", "min_value": 1, "max_value": 3},
+    },
     {"type": "expect_column_values_to_be_between", "kwargs": {"column": "s", "min_value": 0, "max_value": 1}},
 ]
 
@@ -98,14 +110,23 @@ def test_results_equal_great_expectations_pandas_engine(table):
 
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = ProgressBarsConfig(globally=False)
-    batch_definition = context.data_sources.add_pandas(name="p").add_dataframe_asset(name="d").add_batch_definition_whole_dataframe(name="all")
+    batch_definition = (
+        context.data_sources.add_pandas(name="p")
+        .add_dataframe_asset(name="d")
+        .add_batch_definition_whole_dataframe(name="all")
+    )
     expectations = [ExpectationConfiguration(type=c["type"], kwargs=c["kwargs"]).to_domain_obj() for c in CONFIGS]
     ge_suite = context.suites.add(gx.ExpectationSuite(name="t", expectations=expectations))
-    definition = context.validation_definitions.add(gx.ValidationDefinition(name="v", data=batch_definition, suite=ge_suite))
+    definition = context.validation_definitions.add(
+        gx.ValidationDefinition(name="v", data=batch_definition, suite=ge_suite)
+    )
     frame = table.to_pandas().astype({"s": object})
     theirs = {
         _key(r): r
-        for r in definition.run(batch_parameters={"dataframe": frame}, result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5}).results
+        for r in definition.run(
+            batch_parameters={"dataframe": frame},
+            result_format={"result_format": "SUMMARY", "partial_unexpected_count": 5},
+        ).results
     }
     assert len(ours) == len(CONFIGS) == len(theirs)
     for config, mine in zip(CONFIGS, ours):
@@ -150,12 +171,29 @@ def test_unexpected_mask_judges_rows_like_the_counts(table):
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"type": "expect_nothing_at_all", "kwargs": {}}, r"expectation 0 \('expect_nothing_at_all'\): not a valid Great Expectations expectation"),
-        ({"type": "expect_column_values_to_be_between", "kwargs": {"min_value": 1}}, r"(?s)not a valid Great Expectations expectation: .*column\n  field required"),
-        ({"type": "expect_column_values_to_be_unique", "kwargs": {"column": "n"}}, r"needs metric 'column_values.unique.unexpected_count'"),
-        ({"type": "expect_column_quantile_values_to_be_between", "kwargs": {"column": "x", "quantile_ranges": {"quantiles": [0.5], "value_ranges": [[0, 1]]}}},
-         r"needs metric 'column.quantile_values'"),
-        ({"type": "expect_column_pair_values_a_to_be_greater_than_b", "kwargs": {"column_A": "x", "column_B": "n"}}, r"single columns only"),
+        (
+            {"type": "expect_nothing_at_all", "kwargs": {}},
+            r"expectation 0 \('expect_nothing_at_all'\): not a valid Great Expectations expectation",
+        ),
+        (
+            {"type": "expect_column_values_to_be_between", "kwargs": {"min_value": 1}},
+            r"(?s)not a valid Great Expectations expectation: .*column\n  field required",
+        ),
+        (
+            {"type": "expect_column_values_to_be_unique", "kwargs": {"column": "n"}},
+            r"needs metric 'column_values.unique.unexpected_count'",
+        ),
+        (
+            {
+                "type": "expect_column_quantile_values_to_be_between",
+                "kwargs": {"column": "x", "quantile_ranges": {"quantiles": [0.5], "value_ranges": [[0, 1]]}},
+            },
+            r"needs metric 'column.quantile_values'",
+        ),
+        (
+            {"type": "expect_column_pair_values_a_to_be_greater_than_b", "kwargs": {"column_A": "x", "column_B": "n"}},
+            r"single columns only",
+        ),
     ],
 )
 def test_unsupported_expectations_are_named(table, config, message):
@@ -173,7 +211,11 @@ def test_expectations_on_missing_columns_fail_with_the_columns_found(table):
     )
     suite.update(table.to_batches()[0])
     missing, exists = suite.results()
-    assert not missing.success and missing.exception_info["exception_message"] == "column 'nope' does not exist; the data has columns ['x', 'n', 's', 'b']"
+    assert (
+        not missing.success
+        and missing.exception_info["exception_message"]
+        == "column 'nope' does not exist; the data has columns ['x', 'n', 's', 'b']"
+    )
     assert not exists.success and not exists.exception_info.get("raised_exception")
 
 

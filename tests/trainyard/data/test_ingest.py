@@ -93,7 +93,9 @@ def test_file_identity_changes_when_content_is_replaced(where, store, request):
 
 def test_missing_landing_data_names_prefix_and_pattern(store):
     spec = make_spec(source=SourceSpec(prefix="landing/none"))
-    with pytest.raises(dq.MissingLandingData, match=r"no landing files match prefix 'landing/none' with pattern '\*.csv'"):
+    with pytest.raises(
+        dq.MissingLandingData, match=r"no landing files match prefix 'landing/none' with pattern '\*.csv'"
+    ):
         ingest.ingest(store, spec)
 
 
@@ -110,7 +112,11 @@ def test_csv_parquet_and_jsonl_become_one_canonical_snapshot(store):
     assert [r.rows for r in result.ingested] == [2, 2, 2] and not result.rejected and not result.warnings
     table = pq.read_table(result.snapshot.uri)
     assert table.schema == pa.schema([("x", pa.float64()), ("s", pa.string()), ("label", pa.int64())])
-    assert table.to_pydict() == {"x": [1.0, 2.0, 3.0, 4.0, 5.5, 6.0], "s": ["a", "b", "c", "a", "b", "c"], "label": [0, 1, 1, 0, 1, 0]}
+    assert table.to_pydict() == {
+        "x": [1.0, 2.0, 3.0, 4.0, 5.5, 6.0],
+        "s": ["a", "b", "c", "a", "b", "c"],
+        "label": [0, 1, 1, 0, 1, 0],
+    }
     assert result.snapshot.md5 == ingest.file_md5(result.snapshot.uri) and result.snapshot.rows == 6
     stored = json.loads(Path(result.snapshot.uri).with_name("manifest.json").read_text())
     assert [f["uri"] for f in stored["files"]] == result.snapshot.files
@@ -200,7 +206,11 @@ def test_a_new_snapshot_is_pinned_by_the_pinner_given(store):
     result = ingest.ingest(store, make_spec(), Pinner())
     assert pinned == [2] and result.snapshot.md5 == "f" * 32
     assert result.snapshot.uri == store.uri("data", "t", "p", "raw", "f" * 32, "data.parquet")
-    assert store.read_bytes(result.snapshot.uri + ".dvc").decode() == result.snapshot.dvc_file == "outs:\n- md5: " + "f" * 32 + "\n"
+    assert (
+        store.read_bytes(result.snapshot.uri + ".dvc").decode()
+        == result.snapshot.dvc_file
+        == "outs:\n- md5: " + "f" * 32 + "\n"
+    )
     again = ingest.ingest(store, make_spec(), Pinner())
     assert again.reused_snapshot and pinned == [2]  # an unchanged snapshot is not pinned again
 
@@ -216,7 +226,12 @@ def parquet_bytes(table: pa.Table) -> bytes:
 
 BAD_FILES = {
     # name: (file name, content, issue kind, usable under "warn")
-    "corrupt parquet": ("bad.parquet", parquet_bytes(pa.table({"x": [1.0], "s": ["a"], "label": [0]}))[:-30] + b"garbage" * 4, "corrupt", False),
+    "corrupt parquet": (
+        "bad.parquet",
+        parquet_bytes(pa.table({"x": [1.0], "s": ["a"], "label": [0]}))[:-30] + b"garbage" * 4,
+        "corrupt",
+        False,
+    ),
     "bad encoding": ("bad.csv", b"x,s,label\n1,caf\xe9,0\n", "encoding", False),
     "ragged rows": ("bad.csv", "x,s,label\n1,a,0\n2,b\n3,c,1,extra\n4,a,1\n", "ragged_rows", True),
     "empty file": ("bad.csv", b"", "empty", False),
@@ -225,7 +240,12 @@ BAD_FILES = {
     "removed column": ("bad.csv", "x,label\n1,0\n", "columns_missing", False),
     "renamed column": ("bad.csv", "x,S,label\n1,a,0\n", "columns_renamed", False),
     "type change": ("bad.csv", "x,s,label\n1,a,zero\n", "type", False),
-    "type change in parquet": ("bad.parquet", parquet_bytes(pa.table({"x": ["one"], "s": ["a"], "label": [0]})), "type", False),
+    "type change in parquet": (
+        "bad.parquet",
+        parquet_bytes(pa.table({"x": ["one"], "s": ["a"], "label": [0]})),
+        "type",
+        False,
+    ),
     "bad json": ("bad.jsonl", '{"x": 1, "s": "a", "label": 0}\n{"x": 2, "s": \n', "corrupt", False),
 }
 
@@ -247,7 +267,9 @@ def test_bad_file_is_rejected_and_kept_under_reject(store, case):
     assert report["kind"] == "file" and report["status"] == "rejected" and report["policy"] == "reject"
     assert kind in [i["kind"] for i in report["issues"]]
     if content:
-        assert Path(record.quarantine, name).read_bytes() == (content if isinstance(content, bytes) else content.encode())
+        assert Path(record.quarantine, name).read_bytes() == (
+            content if isinstance(content, bytes) else content.encode()
+        )
     [entry] = dq.list_quarantine(store, "t/p")
     assert entry.kind == "file" and entry.id == Path(record.quarantine).name
     # the manifest remembers the rejection: the unchanged file is not read again, and still rejects
@@ -281,13 +303,19 @@ def test_ragged_rows_under_warn_keep_the_good_rows(store):
     result = ingest.ingest(store, make_spec(on_bad_data="warn"))
     assert snapshot_rows(store, result) == {"x": [1.0, 4.0], "s": ["a", "a"], "label": [0, 1]}
     [issue] = result.ingested[0].issues
-    assert issue.message.endswith("2 row(s) with the wrong number of fields at line(s) 3, 4; e.g. expected 3 fields, got 2: '2,b'; expected 3 fields, got 4: '3,c,1,extra'")
+    assert issue.message.endswith(
+        "2 row(s) with the wrong number of fields at line(s) 3, 4; e.g. expected 3 fields, got 2: '2,b'; expected 3 "
+        "fields, got 4: '3,c,1,extra'"
+    )
     assert issue.lines == [3, 4] and any(w.endswith("(accepted without those rows)") for w in result.warnings)
 
 
 def test_renamed_column_message_suggests_the_rename(store):
     land(store, "a.csv", "x,S,label\n1,a,0\n")
-    with pytest.raises(ingest.IngestRejected, match=r"declared column\(s\) \['s'\] not found and undeclared column\(s\) \['S'\] found; renamed\? 'S' -> 's'"):
+    with pytest.raises(
+        ingest.IngestRejected,
+        match=r"declared column\(s\) \['s'\] not found and undeclared column\(s\) \['S'\] found; renamed\? 'S' -> 's'",
+    ):
         ingest.ingest(store, make_spec())
 
 
@@ -333,7 +361,9 @@ def test_a_file_changing_while_read_is_not_ingested(store, monkeypatch):
     land(store, "good.csv", GOOD)
     land(store, "growing.csv", GROWING)
     _ChangingWhileRead(monkeypatch, store, "growing.csv")
-    with pytest.raises(ingest.LandingFileChanged, match=r"growing.csv changed while being read .* ingested once it stops changing"):
+    with pytest.raises(
+        ingest.LandingFileChanged, match=r"growing.csv changed while being read .* ingested once it stops changing"
+    ):
         ingest.ingest(store, make_spec())
     manifest = ingest.load_manifest(store, make_spec())
     assert store.uri("landing", "growing.csv") not in manifest.files  # not recorded: read again next time
@@ -365,7 +395,9 @@ ROW_PROBLEMS = {
 
 
 def _nan_parquet() -> bytes:
-    return parquet_bytes(pa.table({"x": pa.array([1.0, float("nan")], from_pandas=False), "s": ["a", "b"], "label": [0, 1]}))
+    return parquet_bytes(
+        pa.table({"x": pa.array([1.0, float("nan")], from_pandas=False), "s": ["a", "b"], "label": [0, 1]})
+    )
 
 
 @pytest.mark.parametrize("case", sorted(ROW_PROBLEMS))
@@ -402,7 +434,9 @@ def test_repeated_rows_are_dropped_by_default(store, policy):
     snap = ingest.ingest(store, spec).snapshot
     outcome = dq.validate_version(store, spec, {"uri": snap.uri, "md5": snap.md5, "rows": snap.rows, "dvc_file": ""})
     assert outcome.verdict.accepted and outcome.value["set_aside"] == 2
-    assert "2 repeated row(s) dropped, the first of each kept (source.duplicates='keep_first')" in outcome.verdict.warnings
+    assert (
+        "2 repeated row(s) dropped, the first of each kept (source.duplicates='keep_first')" in outcome.verdict.warnings
+    )
     assert sum(outcome.value["rows"].values()) == 21
 
 
@@ -411,7 +445,11 @@ def test_repeated_rows_are_dropped_by_default(store, policy):
 
 def test_incremental_ingest_and_validate_on_s3(s3_endpoint):
     store = ObjectStore(root=s3_endpoint.root("ingest"), endpoint_url=s3_endpoint.url)
-    spec = make_spec(source=SourceSpec(prefix=s3_endpoint.root("ingest", "landing"), pattern=["**/*.csv", "*.parquet"], format="auto"))
+    spec = make_spec(
+        source=SourceSpec(
+            prefix=s3_endpoint.root("ingest", "landing"), pattern=["**/*.csv", "*.parquet"], format="auto"
+        )
+    )
     land(store, "2024/01/a.csv", "x,s,label\n" + "".join(f"{i},a,{i % 2}\n" for i in range(12)))
     first = ingest.ingest(store, spec)
     assert first.snapshot.uri.startswith("s3://") and first.snapshot.rows == 12
@@ -423,7 +461,11 @@ def test_incremental_ingest_and_validate_on_s3(s3_endpoint):
     assert [r.uri.rsplit("/", 1)[1] for r in info.value.records] == ["d.parquet"]
     manifest = ingest.load_manifest(store, spec)
     assert manifest.snapshot.md5 == first.snapshot.md5  # the rejection made no snapshot
-    assert sorted(u.rsplit("/", 1)[1] for u, r in manifest.files.items() if r.status == "accepted") == ["a.csv", "b.csv", "c.parquet"]
+    assert sorted(u.rsplit("/", 1)[1] for u, r in manifest.files.items() if r.status == "accepted") == [
+        "a.csv",
+        "b.csv",
+        "c.parquet",
+    ]
     warned = spec.model_copy(update={"on_bad_data": "warn"})
     second = ingest.ingest(store, warned)
     assert second.ingested == [] and second.unchanged == 4  # every file was read once, a.csv only in the first run
@@ -434,7 +476,9 @@ def test_incremental_ingest_and_validate_on_s3(s3_endpoint):
     outcome = dq.validate_version(store, warned, raw)
     assert outcome.verdict.accepted, outcome.verdict.reasons
     assert outcome.value["train"].startswith("s3://") and store.exists(outcome.value["train"])
-    assert store.read_bytes(outcome.docs_uri).startswith(b"<!DOCTYPE html>") or b"<html" in store.read_bytes(outcome.docs_uri)
+    assert store.read_bytes(outcome.docs_uri).startswith(b"<!DOCTYPE html>") or b"<html" in store.read_bytes(
+        outcome.docs_uri
+    )
 
 
 @pytest.mark.slow
@@ -442,7 +486,11 @@ def test_snapshots_pinned_to_an_s3_dvc_remote_restore_byte_identical(s3_endpoint
     from resources.versioning import DataVersioning
 
     store = ObjectStore(root=s3_endpoint.root("dvc"), endpoint_url=s3_endpoint.url)
-    versioning = DataVersioning(repo_dir=str(tmp_path / "work"), remote_url=s3_endpoint.root("dvc", "dvc-remote"), remote_endpoint_url=s3_endpoint.url)
+    versioning = DataVersioning(
+        repo_dir=str(tmp_path / "work"),
+        remote_url=s3_endpoint.root("dvc", "dvc-remote"),
+        remote_endpoint_url=s3_endpoint.url,
+    )
     spec = make_spec()
     land(store, "a.csv", GOOD)
     first = ingest.ingest(store, spec, versioning)
@@ -452,7 +500,9 @@ def test_snapshots_pinned_to_an_s3_dvc_remote_restore_byte_identical(s3_endpoint
     assert store.read_bytes(second.snapshot.uri + ".dvc").decode() == second.snapshot.dvc_file
     for n, snap in enumerate((first.snapshot, second.snapshot)):
         # another machine: only the .dvc text and the remote
-        elsewhere = DataVersioning(repo_dir=str(tmp_path / f"other-{n}"), remote_url=versioning.remote_url, remote_endpoint_url=s3_endpoint.url)
+        elsewhere = DataVersioning(
+            repo_dir=str(tmp_path / f"other-{n}"), remote_url=versioning.remote_url, remote_endpoint_url=s3_endpoint.url
+        )
         restored = elsewhere.restore(snap.dvc_file, "snapshots/data.parquet", str(tmp_path / f"fresh-{n}"))
         assert Path(restored).read_bytes() == store.read_bytes(snap.uri)
         assert ingest.file_md5(restored) == snap.md5

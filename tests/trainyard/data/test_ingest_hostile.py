@@ -51,11 +51,17 @@ def test_a_csv_with_a_repeated_column_name_is_rejected_naming_both_positions(sto
     assert entry.kind == "file" and entry.summary.startswith(f"{uri}: the file names a column more than once")
 
 
-def test_a_parquet_file_with_repeated_column_names_is_rejected_and_quarantined_not_a_keyerror(store: ObjectStore) -> None:
+def test_a_parquet_file_with_repeated_column_names_is_rejected_and_quarantined_not_a_keyerror(
+    store: ObjectStore,
+) -> None:
     land(store, "a.csv", GOOD)
-    t = pa.Table.from_arrays([pa.array([1.5]), pa.array(["a"]), pa.array([0]), pa.array(["a"])], names=["x", "s", "label", "s"])
+    t = pa.Table.from_arrays(
+        [pa.array([1.5]), pa.array(["a"]), pa.array([0]), pa.array(["a"])], names=["x", "s", "label", "s"]
+    )
     uri = land(store, "b.parquet", parquet_bytes(t))
-    with pytest.raises(ingest.IngestRejected, match=r"b\.parquet: the file names a column more than once .*'s' at positions 2 and 4"):
+    with pytest.raises(
+        ingest.IngestRejected, match=r"b\.parquet: the file names a column more than once .*'s' at positions 2 and 4"
+    ):
         ingest.ingest(store, make_spec())
     [entry] = dq.list_quarantine(store, "t/p")
     assert entry.kind == "file" and entry.summary.startswith(f"{uri}: the file names a column more than once")
@@ -88,7 +94,11 @@ def test_a_symlink_to_a_regular_file_is_a_landing_file(store: ObjectStore) -> No
     os.remove(store.uri("landing", "b.csv"))
     os.symlink(other, store.uri("landing", "b.csv"))
     again = ingest.ingest(store, spec)
-    assert [r.uri for r in again.ingested] == [store.uri("landing", "b.csv")] and snapshot_rows(store, again)["x"] == [1.5, 2.5, 4.5]
+    assert [r.uri for r in again.ingested] == [store.uri("landing", "b.csv")] and snapshot_rows(store, again)["x"] == [
+        1.5,
+        2.5,
+        4.5,
+    ]
 
 
 def test_entries_that_are_no_regular_files_are_named_not_read(store: ObjectStore) -> None:
@@ -97,8 +107,14 @@ def test_entries_that_are_no_regular_files_are_named_not_read(store: ObjectStore
     os.mkfifo(store.uri("landing", "pipe.csv"))  # reading it would block for ever
     result = ingest.ingest(store, make_spec())
     assert result.snapshot.files == [store.uri("landing", "a.csv")]
-    assert f"{store.uri('landing', 'dangling.csv')} is not read: it is a symbolic link to {store.uri('nowhere.csv')!r}, which does not exist" in " ".join(result.warnings)
-    assert f"{store.uri('landing', 'pipe.csv')} is not read: it is a FIFO, not a regular file" in " ".join(result.warnings)
+    assert (
+        f"{store.uri('landing', 'dangling.csv')} is not read: it is a symbolic link to {store.uri('nowhere.csv')!r}, "
+        "which does not exist"
+        in " ".join(result.warnings)
+    )
+    assert f"{store.uri('landing', 'pipe.csv')} is not read: it is a FIFO, not a regular file" in " ".join(
+        result.warnings
+    )
     os.remove(store.uri("landing", "a.csv"))
     with pytest.raises(dq.MissingLandingData, match="dangling.csv is not read: it is a symbolic link"):
         ingest.ingest(store, make_spec())
@@ -121,7 +137,9 @@ def test_an_encoding_error_names_the_line_and_the_column_from_1_by_name(store: O
 
 
 @pytest.mark.parametrize("when", ["hashing", "reading"])
-def test_a_file_removed_between_listing_and_reading_is_retryable_and_named(store: ObjectStore, monkeypatch, when: str) -> None:
+def test_a_file_removed_between_listing_and_reading_is_retryable_and_named(
+    store: ObjectStore, monkeypatch, when: str
+) -> None:
     land(store, "a.csv", GOOD)
     gone = land(store, "b.csv", "x,s,label\n3.5,c,0\n")
     if when == "hashing":
@@ -143,7 +161,10 @@ def test_a_file_removed_between_listing_and_reading_is_retryable_and_named(store
                 return super().batches()
 
         monkeypatch.setattr(landing_parts, "FileReader", Vanishing)
-    with pytest.raises(ingest.LandingFileChanged, match=f"{gone} changed while being read: it was removed after the landing area was listed"):
+    with pytest.raises(
+        ingest.LandingFileChanged,
+        match=f"{gone} changed while being read: it was removed after the landing area was listed",
+    ):
         ingest.ingest(store, make_spec())
     assert dq.list_quarantine(store, "t/p") == []  # nothing blamed on the file
     result = ingest.ingest(store, make_spec())  # the next run: without it
@@ -170,7 +191,9 @@ def test_a_removed_file_under_warn_is_skipped_with_a_warning(store: ObjectStore,
 
 def test_no_space_is_named_and_permanent() -> None:
     assert no_space(OSError(errno.ENOSPC, "No space left on device"))
-    assert no_space(OSError("Error writing bytes to file. Detail: [errno 28] No space left on device"))  # pyarrow's, no errno
+    assert no_space(
+        OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
+    )  # pyarrow's, no errno
     assert classify_error(OSError(errno.ENOSPC, "No space left on device")) is PermanentStorageError
     assert classify_error(OSError(errno.ETIMEDOUT, "timed out")) is TransientStorageError
     assert not no_space(FileNotFoundError(errno.ENOENT, "gone"))
@@ -183,7 +206,10 @@ def test_a_full_disk_while_writing_a_part_says_so_and_blames_no_file(store: Obje
         raise OSError("Error writing bytes to file. Detail: [errno 28] No space left on device")
 
     monkeypatch.setattr(landing_parts, "_write_part", full)
-    with pytest.raises(PermanentStorageError, match=r"cannot write the part of .*part\.arrow: no space left on device; .* bytes free on the filesystem of"):
+    with pytest.raises(
+        PermanentStorageError,
+        match=r"cannot write the part of .*part\.arrow: no space left on device; .* bytes free on the filesystem of",
+    ):
         ingest.ingest(store, make_spec())
     assert dq.list_quarantine(store, "t/p") == [] and ingest.load_manifest(store, make_spec()).files == {}
     monkeypatch.undo()
@@ -212,7 +238,9 @@ def test_a_dvc_failure_shows_dvc_s_own_error_and_a_full_disk_first(tmp_path: Pat
 
     def full(cmd, **kw):
         if "push" in cmd[-1]:
-            return subprocess.CompletedProcess(cmd, 255, "", "ERROR: unexpected error - [Errno 28] No space left on device: '/remote/files'\n")
+            return subprocess.CompletedProcess(
+                cmd, 255, "", "ERROR: unexpected error - [Errno 28] No space left on device: '/remote/files'\n"
+            )
         return real(cmd, **kw)
 
     monkeypatch.setattr(subprocess, "run", full)
@@ -224,13 +252,17 @@ def test_a_dvc_failure_shows_dvc_s_own_error_and_a_full_disk_first(tmp_path: Pat
 # --------------------------------------------------------------------------- through Dagster
 
 
-def test_raw_data_fails_naming_the_file_for_repeated_parquet_columns_and_plainly_for_a_full_disk(tmp_path: Path, monkeypatch) -> None:
+def test_raw_data_fails_naming_the_file_for_repeated_parquet_columns_and_plainly_for_a_full_disk(
+    tmp_path: Path, monkeypatch
+) -> None:
     """Real `raw_data` runs: the failure names the file and its quarantine entry; a full disk is said as such."""
     from tests.pipelines.pipeline_fixtures import Harness, failure_text
     from tests.trainyard.data.test_drift_delivery import PREFIX, batch, churn_spec
     from tests.trainyard.data.test_drift_delivery import land as land_csv
 
-    harness = Harness(tmp_path, churn_spec(source=SourceSpec(prefix=PREFIX, pattern=["*.csv", "*.parquet"], format="auto")))
+    harness = Harness(
+        tmp_path, churn_spec(source=SourceSpec(prefix=PREFIX, pattern=["*.csv", "*.parquet"], format="auto"))
+    )
     spec = harness.spec
     raw = [k for k in harness.defs.resolve_all_asset_keys() if k.path == [spec.team, spec.name, "raw_data"]]
     job = harness.defs.resolve_job_def(harness.names["prepare"])
@@ -242,7 +274,9 @@ def test_raw_data_fails_naming_the_file_for_repeated_parquet_columns_and_plainly
     run = job.execute_in_process(instance=harness.instance, asset_selection=raw, raise_on_error=False)
     assert not run.success
     text = failure_text(run)
-    assert f"{bad}: the file names a column more than once (positions counted from 1): 'plan' at positions 2 and 6" in text
+    assert (
+        f"{bad}: the file names a column more than once (positions counted from 1): 'plan' at positions 2 and 6" in text
+    )
     assert "KeyError" not in text
     [entry] = dq.list_quarantine(harness.resources["store"], spec.key)
     assert entry.summary.startswith(str(bad))
@@ -257,7 +291,10 @@ def test_raw_data_fails_naming_the_file_for_repeated_parquet_columns_and_plainly
     run = job.execute_in_process(instance=harness.instance, asset_selection=raw, raise_on_error=False)
     assert not run.success
     text = failure_text(run)
-    assert "test/churn: ingest could not store the data: cannot write the part of" in text and "no space left on device" in text
+    assert (
+        "test/churn: ingest could not store the data: cannot write the part of" in text
+        and "no space left on device" in text
+    )
 
 
 def test_a_rejected_symlinked_file_is_quarantined_with_its_content(store: ObjectStore) -> None:
@@ -274,7 +311,9 @@ def test_a_rejected_symlinked_file_is_quarantined_with_its_content(store: Object
 def test_text_not_utf8_in_json_lines_and_parquet_names_the_line_or_row_and_column(store: ObjectStore) -> None:
     land(store, "a.jsonl", b'{"x": 1.5, "s": "a", "label": 0}\n{"x": 2.5, "s": "\xff\xfe", "label": 1}\n')
     raw = pa.array([b"a", b"b", b"\xff\xfe"], pa.binary())
-    text = pa.Array.from_buffers(pa.string(), 3, raw.buffers())  # bytes declared as text, as a careless writer leaves them
+    text = pa.Array.from_buffers(
+        pa.string(), 3, raw.buffers()
+    )  # bytes declared as text, as a careless writer leaves them
     land(store, "b.parquet", parquet_bytes(pa.table({"x": [1.5, 2.5, 3.5], "s": text, "label": [0, 1, 0]})))
     with pytest.raises(ingest.IngestRejected) as caught:
         ingest.ingest(store, make_spec())

@@ -18,15 +18,26 @@ from trainyard.spec import ColumnSpec, PipelineSpec, SourceSpec
 def claims_spec(**source) -> PipelineSpec:
     from tests.pipelines.pipeline_fixtures import small_spec
 
-    return small_spec(name="claims", source=SourceSpec(prefix="landing", pattern="*.jsonl", format="jsonl", **source),
-                      columns={"claim_id": ColumnSpec(dtype="str", role="id"), "age": ColumnSpec(dtype="int", nullable=True),
-                               "commercial": ColumnSpec(dtype="bool"), "amount": ColumnSpec(dtype="float"),
-                               "outcome": ColumnSpec(dtype="str", domain=["approved", "denied"])},
-                      target="outcome", min_rows=1)
+    return small_spec(
+        name="claims",
+        source=SourceSpec(prefix="landing", pattern="*.jsonl", format="jsonl", **source),
+        columns={
+            "claim_id": ColumnSpec(dtype="str", role="id"),
+            "age": ColumnSpec(dtype="int", nullable=True),
+            "commercial": ColumnSpec(dtype="bool"),
+            "amount": ColumnSpec(dtype="float"),
+            "outcome": ColumnSpec(dtype="str", domain=["approved", "denied"]),
+        },
+        target="outcome",
+        min_rows=1,
+    )
 
 
 def lines(n: int, **odd: dict) -> str:
-    records = [{"claim_id": f"K{i}", "age": i, "commercial": i % 2 == 0, "amount": 10.5 + i, "outcome": "approved"} for i in range(n)]
+    records = [
+        {"claim_id": f"K{i}", "age": i, "commercial": i % 2 == 0, "amount": 10.5 + i, "outcome": "approved"}
+        for i in range(n)
+    ]
     for index, values in odd.items():
         records[int(index.removeprefix("line")) - 1].update(values)
     return "".join(json.dumps(r) + "\n" for r in records)

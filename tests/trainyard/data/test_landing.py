@@ -28,9 +28,9 @@ def _reader(store, name: str, data: bytes, spec: PipelineSpec, block_bytes: int 
 
 def test_the_format_comes_from_the_source_or_the_extension():
     auto = _spec(format="auto").source
-    assert [file_format(auto, f"s3://b/a{ext}") for ext in (".csv", ".PARQUET", ".pq", ".jsonl", ".ndjson", ".json", ".txt")] == [
-        "csv", "parquet", "parquet", "jsonl", "jsonl", "jsonl", None
-    ]
+    assert [
+        file_format(auto, f"s3://b/a{ext}") for ext in (".csv", ".PARQUET", ".pq", ".jsonl", ".ndjson", ".json", ".txt")
+    ] == ["csv", "parquet", "parquet", "jsonl", "jsonl", "jsonl", None]
     assert file_format(_spec(format="csv").source, "s3://b/a.txt") == "csv"
 
 
@@ -57,4 +57,8 @@ def test_an_unusable_file_raises_its_fatal_issue(store, name, data, kind):
     reader = _reader(store, name, data, _spec(format="auto"))
     with pytest.raises(BadFile) as info:
         list(reader.batches())
-    assert info.value.issue.kind == kind and info.value.issue.fatal and store.uri("landing", name) in info.value.issue.message
+    assert (
+        info.value.issue.kind == kind
+        and info.value.issue.fatal
+        and store.uri("landing", name) in info.value.issue.message
+    )

@@ -1,4 +1,5 @@
-"""Ingest of sharded pipelines: landing files to litdata split directories, versions, incremental landing, tokenizer, s3."""
+"""Ingest of sharded pipelines: landing files to litdata split directories, versions, incremental landing, tokenizer,
+s3."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ import pyarrow.parquet as pq
 import pytest
 
 from resources.storage import ObjectStore
-from tests.trainyard.data.shard_fixtures import IMAGE_PREFIX, TEXT_PREFIX, digit_pngs, image_spec, sentences, text_spec, write_corpus, write_jsonl
+from tests.trainyard.data.shard_fixtures import (
+    IMAGE_PREFIX,
+    TEXT_PREFIX,
+    digit_pngs,
+    image_spec,
+    sentences,
+    text_spec,
+    write_corpus,
+    write_jsonl,
+)
 from training import shard_format
 from trainyard.data.ingest import IngestRejected, load_manifest, pending_files
 from trainyard.data.quarantine import list_quarantine
@@ -24,7 +34,8 @@ def _store(tmp_path: Path) -> ObjectStore:
 
 
 def _landing_documents(files: list[Path], root: Path) -> dict[tuple[str, int], bytes]:
-    """What each landing document is, read here independently of the engine: (file below the store root, line) -> its UTF-8 bytes."""
+    """What each landing document is, read here independently of the engine: (file below the store root, line) -> its
+    UTF-8 bytes."""
     out = {}
     for path in files:
         name = str(path.relative_to(root))
@@ -53,10 +64,14 @@ def test_every_landing_document_is_one_item_of_one_split_with_its_tokens_and_end
     for split in shard_format.SPLITS:
         local = f"{result.snapshot.uri}/{split}"
         meta = shard_format.read_meta(local)
-        assert meta["kind"] == "text" and meta["vocab_size"] == 257 and meta["eos_id"] == 256 and meta["dtype"] == "int32"
+        assert (
+            meta["kind"] == "text" and meta["vocab_size"] == 257 and meta["eos_id"] == 256 and meta["dtype"] == "int32"
+        )
         docs = _documents(local)
         chunks = json.load(open(f"{local}/index.json"))["chunks"]
-        ids = [d for c in chunks for d in shard_format.text_chunk_documents(open(f"{local}/{c['filename']}", "rb").read())]
+        ids = [
+            d for c in chunks for d in shard_format.text_chunk_documents(open(f"{local}/{c['filename']}", "rb").read())
+        ]
         assert len(ids) == len(docs) == meta["items"]
         for doc, tokens in zip(docs, ids):
             assert tokens[-1] == 256 and doc["tokens"] == len(tokens)
@@ -65,7 +80,9 @@ def test_every_landing_document_is_one_item_of_one_split_with_its_tokens_and_end
         assert counts.shape == (257,) and counts.sum() == meta["tokens"] == sum(len(t) for t in ids)
     assert seen == expected
     assert result.snapshot.rows == len(expected) and sorted(result.snapshot.files) == sorted(str(f) for f in files)
-    assert {s: c["items"] for s, c in result.splits.items()} == {s: shard_format.read_meta(f"{result.snapshot.uri}/{s}")["items"] for s in shard_format.SPLITS}
+    assert {s: c["items"] for s, c in result.splits.items()} == {
+        s: shard_format.read_meta(f"{result.snapshot.uri}/{s}")["items"] for s in shard_format.SPLITS
+    }
 
 
 def test_litdata_streams_samples_of_block_size_plus_one_from_the_train_split(tmp_path: Path) -> None:
@@ -77,7 +94,9 @@ def test_litdata_streams_samples_of_block_size_plus_one_from_the_train_split(tmp
     stream = np.concatenate([np.asarray(dataset[i]) for i in range(len(dataset))])
     chunks = json.load(open(f"{train}/index.json"))["chunks"]
     assert len(dataset) == sum(c["dim"] // 17 for c in chunks) > 0
-    whole = np.concatenate([d for c in chunks for d in shard_format.text_chunk_documents(open(f"{train}/{c['filename']}", "rb").read())])
+    whole = np.concatenate(
+        [d for c in chunks for d in shard_format.text_chunk_documents(open(f"{train}/{c['filename']}", "rb").read())]
+    )
     assert set(stream.tolist()) <= set(whole.tolist()) and stream[:17].tolist() == whole[:17].tolist()
 
 
@@ -123,7 +142,11 @@ def test_a_redelivered_file_is_a_duplicate_and_a_removed_one_leaves_the_version(
     smaller = ingest_shards(store, spec)
     assert smaller.removed == [str(files[1])] and str(files[1]) not in smaller.snapshot.files
     assert smaller.snapshot.rows == first.snapshot.rows - 20
-    assert all(d["file"] != str(files[1].relative_to(tmp_path)) for s in shard_format.SPLITS for d in _documents(f"{smaller.snapshot.uri}/{s}"))
+    assert all(
+        d["file"] != str(files[1].relative_to(tmp_path))
+        for s in shard_format.SPLITS
+        for d in _documents(f"{smaller.snapshot.uri}/{s}")
+    )
 
 
 def test_the_bpe_is_trained_on_the_first_delivery_then_frozen(tmp_path: Path) -> None:
@@ -148,12 +171,20 @@ def test_undecodable_files_are_rejected_naming_file_and_line_and_warn_skips_them
     write_corpus(tmp_path)
     land = tmp_path / TEXT_PREFIX
     (land / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
-    (land / "broken.jsonl").write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": "cut\n{"tokens": "nope"}\n', encoding="utf-8")
+    (land / "broken.jsonl").write_text(
+        '{"text": "fine"}\n{"text": "also fine"}\n{"text": "cut\n{"tokens": "nope"}\n', encoding="utf-8"
+    )
     with pytest.raises(IngestRejected) as caught:
         ingest_shards(store, text_spec())
     messages = [i.message for r in caught.value.records for i in r.issues]
-    assert any(m.startswith(f"{land}/broken.jsonl line 3: not a JSON object (Invalid control character at)") for m in messages)
-    assert f"{land}/broken.jsonl line 4: needs a text field 'text' (a string) or a tokens field 'tokens' (a list of integers)" in messages
+    assert any(
+        m.startswith(f"{land}/broken.jsonl line 3: not a JSON object (Invalid control character at)") for m in messages
+    )
+    assert (
+        f"{land}/broken.jsonl line 4: needs a text field 'text' (a string) or a tokens field 'tokens' (a list of "
+        "integers)"
+        in messages
+    )
     assert f"{land}/latin.txt line 1: not valid UTF-8 (byte 3)" in messages
     entries = {e.summary for e in list_quarantine(store, "language/corpus") if e.kind == "file"}
     assert any("broken.jsonl line 3" in s for s in entries) and any("latin.txt" in s for s in entries)
@@ -161,7 +192,9 @@ def test_undecodable_files_are_rejected_naming_file_and_line_and_warn_skips_them
     assert str(land / "broken.jsonl") not in warned.snapshot.files and warned.snapshot.rows == 61
 
 
-def test_s3_landing_is_ingested_and_litdata_streams_the_split_from_s3(s3_endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_s3_landing_is_ingested_and_litdata_streams_the_split_from_s3(
+    s3_endpoint, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = ObjectStore(root=s3_endpoint.root("shards"), endpoint_url=s3_endpoint.url)
     local = tmp_path / "src"
     for path in write_corpus(local):
@@ -169,7 +202,11 @@ def test_s3_landing_is_ingested_and_litdata_streams_the_split_from_s3(s3_endpoin
     spec = text_spec()
     result = ingest_shards(store, spec)
     assert result.snapshot.uri.startswith("s3://") and result.snapshot.rows == 61
-    same = ingest_shards(ObjectStore(root=str(tmp_path / "local")), spec) if shutil.copytree(local / "landing", tmp_path / "local" / "landing") else None
+    same = (
+        ingest_shards(ObjectStore(root=str(tmp_path / "local")), spec)
+        if shutil.copytree(local / "landing", tmp_path / "local" / "landing")
+        else None
+    )
     assert same is not None and same.snapshot.md5 == result.snapshot.md5
     train = f"{result.snapshot.uri}/train"
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint.url)
@@ -177,7 +214,9 @@ def test_s3_landing_is_ingested_and_litdata_streams_the_split_from_s3(s3_endpoin
     meta = shard_format.read_meta(train)
     dataset = shard_format.open_split(train, sample_tokens=17, cache_dir=str(tmp_path / "cache"), max_cache_size="10MB")
     samples = [dataset[i] for i in range(len(dataset))]
-    assert meta["items"] == result.splits["train"]["items"] and len(samples) > 0 and all(s.shape == (17,) for s in samples)
+    assert (
+        meta["items"] == result.splits["train"]["items"] and len(samples) > 0 and all(s.shape == (17,) for s in samples)
+    )
     local_samples = shard_format.open_split(f"{same.snapshot.uri}/train", sample_tokens=17)
     assert [s.tolist() for s in samples] == [local_samples[i].tolist() for i in range(len(local_samples))]
 
@@ -216,7 +255,10 @@ def test_an_image_outside_a_label_directory_or_truncated_is_rejected(tmp_path: P
     (land / "3" / "cut.png").write_bytes(pngs[1].read_bytes()[:40])
     with pytest.raises(IngestRejected) as caught:
         ingest_shards(store, image_spec())
-    reasons = {r.uri.rsplit("/", 2)[-2] + "/" + r.uri.rsplit("/", 1)[-1]: [i.message for i in r.issues] for r in caught.value.records}
+    reasons = {
+        r.uri.rsplit("/", 2)[-2] + "/" + r.uri.rsplit("/", 1)[-1]: [i.message for i in r.issues]
+        for r in caught.value.records
+    }
     assert set(reasons) == {"11/x.png", "3/cut.png"}
     assert "names no label" in reasons["11/x.png"][0] and "not a readable PNG" in reasons["3/cut.png"][0]
     assert load_manifest(store, image_spec()).snapshot is None

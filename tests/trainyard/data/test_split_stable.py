@@ -58,7 +58,9 @@ def customers(n: int, start: int = 0, positives: float = 0.05, seed: int = 0) ->
 
 def no_ids(spec: PipelineSpec) -> PipelineSpec:
     """The same pipeline without an id role: the whole stored row is hashed."""
-    columns = {c: col.model_copy(update={"role": "feature"}) if col.role == "id" else col for c, col in spec.columns.items()}
+    columns = {
+        c: col.model_copy(update={"role": "feature"}) if col.role == "id" else col for c, col in spec.columns.items()
+    }
     return spec.model_copy(update={"columns": columns})
 
 
@@ -67,7 +69,9 @@ def part_of(df: pd.DataFrame, spec: PipelineSpec, key: str = "customer_id") -> d
 
 
 def assert_sizes_near(sizes, n, split, sigmas=4.0):
-    for size, fraction in zip(sizes, (1 - split.val_fraction - split.test_fraction, split.val_fraction, split.test_fraction)):
+    for size, fraction in zip(
+        sizes, (1 - split.val_fraction - split.test_fraction, split.val_fraction, split.test_fraction)
+    ):
         assert abs(size - n * fraction) <= sigmas * np.sqrt(n * fraction * (1 - fraction)), (sizes, n, split)
 
 
@@ -123,7 +127,9 @@ def test_a_class_too_rare_for_every_part_or_too_few_rows_are_named():
     spec = customers_spec()
     data = customers(100).assign(churned="no")
     data.loc[5, "churned"] = "yes"
-    with pytest.raises(dq.SplitError, match=r"class\(es\) \['yes'\] have fewer than 3 rows.*rows per class: \{'no': 99, 'yes': 1\}"):
+    with pytest.raises(
+        dq.SplitError, match=r"class\(es\) \['yes'\] have fewer than 3 rows.*rows per class: \{'no': 99, 'yes': 1\}"
+    ):
         dq.split(data, spec)
     with pytest.raises(dq.SplitError, match=r"cannot split 2 rows .*at least 3 rows"):
         dq.split(customers(2, positives=0.5), spec)
@@ -174,7 +180,9 @@ def typed_table(n: int) -> pa.Table:
                 "at": pa.array([start + dt.timedelta(minutes=int(m)) for m in i * 7], pa.timestamp("us", tz="UTC")),
                 "plan": pa.array([None if k % 11 == 0 else ["basic", "pro"][k % 2] for k in i], pa.string()),
                 "count": pa.array([None if k % 13 == 0 else int(k % 9) for k in i], pa.int64()),
-                "x": pa.array([None if k % 17 == 0 else float(v) for k, v in zip(i, rng.normal(size=n).round(3))], pa.float64()),
+                "x": pa.array(
+                    [None if k % 17 == 0 else float(v) for k, v in zip(i, rng.normal(size=n).round(3))], pa.float64()
+                ),
                 "flag": pa.array(i % 3 == 0),
                 "label": pa.array(label.tolist(), pa.string()),
             }
@@ -187,7 +195,9 @@ def test_the_streamed_split_is_the_in_memory_one_whatever_the_batch_size(store, 
     spec = typed_spec()
     table = typed_table(1500)
     dq.write_parquet_deterministic(table, store.uri("snap.parquet"))
-    in_memory = dq.split(pq.read_table(store.uri("snap.parquet")).to_pandas(), spec)  # ints with nulls come back as floats
+    in_memory = dq.split(
+        pq.read_table(store.uri("snap.parquet")).to_pandas(), spec
+    )  # ints with nulls come back as floats
     from trainyard.data.splitting import key_columns, parts_of, split_hashes
 
     hashed = parts_of(split_hashes(table, key_columns(spec, table.column_names), spec), spec)
@@ -206,7 +216,8 @@ def test_the_streamed_split_is_the_in_memory_one_whatever_the_batch_size(store, 
 
 
 def test_the_shuffled_split_of_earlier_versions_is_kept_with_their_fingerprint() -> None:
-    """Versions validated before the hash split were split by a seeded stratified shuffle; `method="shuffle"` is that split,
+    """Versions validated before the hash split were split by a seeded stratified shuffle; `method="shuffle"` is that
+    split,
     under the fingerprint those versions recorded (7c3c92a70c69: `small_spec()` before `SplitSpec.method` existed)."""
     from pipelines.reproduce import split_as_recorded
     from tests.pipelines.pipeline_fixtures import small_spec

@@ -17,7 +17,9 @@ from trainyard.spec import ColumnSpec, SplitSpec
 
 def assert_sizes_near(sizes, n, split, sigmas=4.0):
     """Part sizes (train, val, test) within `sigmas` binomial standard deviations of the fractions asked."""
-    for size, fraction in zip(sizes, (1 - split.val_fraction - split.test_fraction, split.val_fraction, split.test_fraction)):
+    for size, fraction in zip(
+        sizes, (1 - split.val_fraction - split.test_fraction, split.val_fraction, split.test_fraction)
+    ):
         assert abs(size - n * fraction) <= sigmas * np.sqrt(n * fraction * (1 - fraction)), (sizes, n, split)
 
 

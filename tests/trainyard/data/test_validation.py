@@ -77,7 +77,10 @@ def test_unknown_category_fails_in_set(digits, spec, failed):
     bad.loc[0, "source"] = "fax"
     bad.loc[1, "label"] = 11
     report = dq.validate(bad, spec)
-    assert failed(report) == {("expect_column_values_to_be_in_set", "source"), ("expect_column_values_to_be_in_set", "label")}
+    assert failed(report) == {
+        ("expect_column_values_to_be_in_set", "source"),
+        ("expect_column_values_to_be_in_set", "label"),
+    }
     samples = {r["column"]: r["unexpected_values"] for r in report.failures()}
     assert samples == {"source": ["fax"], "label": [11]}
 
@@ -101,7 +104,9 @@ def test_missing_and_reordered_columns_fail(digits, spec, failed):
 
 
 def test_int_range_is_checked(digits_spec, failed):
-    spec = digits_spec(columns={"x": ColumnSpec(dtype="float"), "label": ColumnSpec(dtype="int", min=0, max=9)}, min_rows=1)
+    spec = digits_spec(
+        columns={"x": ColumnSpec(dtype="float"), "label": ColumnSpec(dtype="int", min=0, max=9)}, min_rows=1
+    )
     report = dq.validate(pd.DataFrame({"x": [0.5, 0.2, 0.3], "label": np.array([1, 2, 12])}), spec)
     assert failed(report) == {("expect_column_values_to_be_between", "label")}
     assert report.failures()[0]["unexpected_values"] == [12]
@@ -110,7 +115,11 @@ def test_int_range_is_checked(digits_spec, failed):
 
 def test_nullable_int_read_back_as_float_passes(tmp_path, digits_spec):
     spec = digits_spec(
-        columns={"x": ColumnSpec(dtype="float"), "n": ColumnSpec(dtype="int", nullable=True), "label": ColumnSpec(dtype="int")},
+        columns={
+            "x": ColumnSpec(dtype="float"),
+            "n": ColumnSpec(dtype="int", nullable=True),
+            "label": ColumnSpec(dtype="int"),
+        },
         min_rows=1,
     )
     table = dq.to_canonical(pa.table({"x": [1.0, 2.0, 3.0], "n": [1, None, 3], "label": [0, 1, 0]}), spec)
@@ -124,24 +133,62 @@ def test_nullable_int_read_back_as_float_passes(tmp_path, digits_spec):
 
 def _report(*failures: dict) -> dq.ValidationReport:
     results = [
-        {"expectation": "expect_a", "column": "x", "kwargs": {}, "success": True, "observed_value": None, "unexpected_count": 0,
-         "unexpected_values": [], "unexpected_index_list": [], "exception": None, "source": "suite", "row_level": True, "sample_rows": []},
+        {
+            "expectation": "expect_a",
+            "column": "x",
+            "kwargs": {},
+            "success": True,
+            "observed_value": None,
+            "unexpected_count": 0,
+            "unexpected_values": [],
+            "unexpected_index_list": [],
+            "exception": None,
+            "source": "suite",
+            "row_level": True,
+            "sample_rows": [],
+        },
         *failures,
     ]
-    return dq.ValidationReport(success=not failures, evaluated=len(results), failed=len(failures), results=results, suite={})
+    return dq.ValidationReport(
+        success=not failures, evaluated=len(results), failed=len(failures), results=results, suite={}
+    )
 
 
-ROW_FAILURE = {"expectation": "expect_column_values_to_be_between", "column": "x", "kwargs": {}, "success": False, "observed_value": None,
-               "unexpected_count": 3, "unexpected_values": [99], "unexpected_index_list": [1], "exception": None, "source": "suite",
-               "row_level": True, "sample_rows": []}
+ROW_FAILURE = {
+    "expectation": "expect_column_values_to_be_between",
+    "column": "x",
+    "kwargs": {},
+    "success": False,
+    "observed_value": None,
+    "unexpected_count": 3,
+    "unexpected_values": [99],
+    "unexpected_index_list": [1],
+    "exception": None,
+    "source": "suite",
+    "row_level": True,
+    "sample_rows": [],
+}
 
 
-TABLE_FAILURE = {**ROW_FAILURE, "expectation": "expect_table_row_count_to_be_between", "column": None, "unexpected_count": None,
-                 "observed_value": 3, "row_level": False}
+TABLE_FAILURE = {
+    **ROW_FAILURE,
+    "expectation": "expect_table_row_count_to_be_between",
+    "column": None,
+    "unexpected_count": None,
+    "observed_value": 3,
+    "row_level": False,
+}
 
 
-DRIFTED = {"column": "x", "method": "psi-quantiles+ks", "psi": 0.9, "ks": 0.5, "ks_pvalue": 0.0, "drifted": True, "note": ""}
-
+DRIFTED = {
+    "column": "x",
+    "method": "psi-quantiles+ks",
+    "psi": 0.9,
+    "ks": 0.5,
+    "ks_pvalue": 0.0,
+    "drifted": True,
+    "note": "",
+}
 
 
 def test_decide_follows_the_policy(digits_spec):
@@ -160,13 +207,20 @@ def test_decide_follows_the_policy(digits_spec):
     assert warned.accepted and warned.set_aside
     assert warned.warnings[0] == "3 failing value(s) set aside in quarantine"
     drift_only = dq.decide(_report(), [DRIFTED], warn)
-    assert drift_only.accepted and not drift_only.set_aside and drift_only.warnings == ["drift on 'x': PSI 0.900, KS 0.500"]
+    assert (
+        drift_only.accepted
+        and not drift_only.set_aside
+        and drift_only.warnings == ["drift on 'x': PSI 0.900, KS 0.500"]
+    )
     assert not dq.decide(_report(TABLE_FAILURE), [], warn).accepted  # too few rows cannot be fixed by dropping rows
 
     # By default a drift beyond the threshold is said, not refused: drift is a reason to retrain.
     default = dq.decide(_report(), [DRIFTED], digits_spec())
     assert default.accepted and not default.set_aside and default.reasons == []
-    assert default.warnings[0].endswith("(on_drift='warn': accepted)") and default.warnings[1] == "drift on 'x': PSI 0.900, KS 0.500"
+    assert (
+        default.warnings[0].endswith("(on_drift='warn': accepted)")
+        and default.warnings[1] == "drift on 'x': PSI 0.900, KS 0.500"
+    )
 
     release = {"released_by": "ada", "released_at": "2026-01-01T00:00:00+00:00", "reason": "checked with the owner"}
     released = dq.decide(_report(TABLE_FAILURE), [], reject, release)
@@ -176,7 +230,9 @@ def test_decide_follows_the_policy(digits_spec):
 
 
 def test_set_aside_rows_moves_exactly_the_failing_rows(store, digits, digits_spec):
-    spec = digits_spec(on_bad_data="warn", allow_duplicate_rows=False, source=SourceSpec(prefix="landing/digits", duplicates="reject"))
+    spec = digits_spec(
+        on_bad_data="warn", allow_duplicate_rows=False, source=SourceSpec(prefix="landing/digits", duplicates="reject")
+    )
     unique = digits.drop_duplicates().reset_index(drop=True)
     bad = pd.concat([unique, unique.iloc[[7]]], ignore_index=True)  # one duplicate at the end
     bad.loc[3, "pixel_4_4"] = 99.0
@@ -228,18 +284,36 @@ def test_validate_version_rejects_then_a_release_lets_it_through(store, digits, 
     assert report["reasons"][0] == "1 of 33 expectations failed"
     failing = [r for r in report["validation"]["results"] if not r["success"]]
     assert [r["_row"] for r in failing[0]["sample_rows"]] == [3, 9]
-    assert open(f"{where}/data.parquet", "rb").read() == open(store.uri("data", "vision", "digits", "raw", "b" * 32, "data.parquet"), "rb").read()
+    assert (
+        open(f"{where}/data.parquet", "rb").read()
+        == open(store.uri("data", "vision", "digits", "raw", "b" * 32, "data.parquet"), "rb").read()
+    )
     assert report["data_docs"] == outcome.docs_uri
     assert store.read_json(store.uri("data", "vision", "digits", "validated", "latest.json"))["md5"] == "a" * 32
 
     [entry] = dq.list_quarantine(store, "vision/digits")
-    assert (entry.id, entry.kind, entry.summary, entry.released) == ("b" * 32, "snapshot", "1 of 33 expectations failed", None)
+    assert (entry.id, entry.kind, entry.summary, entry.released) == (
+        "b" * 32,
+        "snapshot",
+        "1 of 33 expectations failed",
+        None,
+    )
     with pytest.raises(dq.QuarantineError, match="release needs a reason"):
         dq.release_quarantine(store, "vision/digits", "b" * 32, "  ", by="ada")
-    with pytest.raises(dq.QuarantineError, match=r"no quarantine entry 'c+' for pipeline 'vision/digits'; entries: \['b+'\]"):
+    with pytest.raises(
+        dq.QuarantineError, match=r"no quarantine entry 'c+' for pipeline 'vision/digits'; entries: \['b+'\]"
+    ):
         dq.release_quarantine(store, "vision/digits", "c" * 32, "ok", by="ada")
-    record = dq.release_quarantine(store, "vision/digits", "b" * 32, "range checked with the owner", by="ada", at="2026-02-03T04:05:06+00:00")
-    assert record == {"pipeline": "vision/digits", "md5": "b" * 32, "released_by": "ada", "released_at": "2026-02-03T04:05:06+00:00", "reason": "range checked with the owner"}
+    record = dq.release_quarantine(
+        store, "vision/digits", "b" * 32, "range checked with the owner", by="ada", at="2026-02-03T04:05:06+00:00"
+    )
+    assert record == {
+        "pipeline": "vision/digits",
+        "md5": "b" * 32,
+        "released_by": "ada",
+        "released_at": "2026-02-03T04:05:06+00:00",
+        "reason": "range checked with the owner",
+    }
     with pytest.raises(dq.QuarantineError, match="already released by ada at 2026-02-03T04:05:06"):
         dq.release_quarantine(store, "vision/digits", "b" * 32, "again", by="bob")
     assert dq.read_quarantine(store, "vision/digits", "b" * 32)["release"] == record
@@ -264,6 +338,8 @@ def test_validate_version_under_warn_sets_rows_aside(store, digits, digits_spec)
     assert pq.read_table(f"{outcome.quarantine}/rows.parquet").column("_row").to_pylist() == [3, 9]
     [entry] = dq.list_quarantine(store)
     assert (entry.pipeline, entry.kind, entry.id) == ("vision/digits", "rows", "d" * 32)
-    assert not store.exists(store.uri("quarantine", "vision", "digits", "d" * 32))  # the version itself is not quarantined
+    assert not store.exists(
+        store.uri("quarantine", "vision", "digits", "d" * 32)
+    )  # the version itself is not quarantined
     with pytest.raises(dq.QuarantineError, match="rows set aside from an accepted version"):
         dq.release_quarantine(store, "vision/digits", "d" * 32, "x", by="ada")
